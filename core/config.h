@@ -1,0 +1,89 @@
+// The job config: TOML with sections [model] [train] [data] [numerics] [output].
+// Every key is documented in README.md ("Config keys"); the defaults below are the embedded
+// default job (a tiny GPT on the built-in Markov source, which needs no files).
+//
+// Index
+//   ModelConfig .. OutputConfig   one struct per section, one field per key
+//   Config                        the whole job
+//   parse_config                  TOML text -> Config; errors name the key (ConfigError)
+//   load_config                   a file -> Config
+//   apply_override                "section.key=value" from --set
+//   default_config_toml           the embedded default job, as TOML text
+//   config_to_toml                a Config back to TOML (stored in run files)
+#pragma once
+#include "core/numerics.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace px {
+
+struct ModelConfig {
+    i64 vocab = 32;           // V, tokens in the vocabulary
+    i64 seq_len = 128;        // maximum T (rows of wpe); the data's sequence length
+    i64 layers = 2;           // L
+    i64 heads = 4;            // NH; must divide hidden
+    i64 hidden = 64;          // C
+    i64 ffn = 256;            // F, MLP inner size (GPT-2: 4*hidden)
+    double init_std = 0.02;   // std of the normal init of weights (residual projections scaled by 1/sqrt(2L))
+    std::string init_from;    // optional llm.c GPT-2 checkpoint (.bin) to load instead of random init
+};
+
+struct TrainConfig {
+    i64 steps = 600;          // optimizer steps
+    i64 batch_size = 8;       // sequences per optimizer step (global batch)
+    i64 microbatches = 1;     // gradient-accumulation microbatches per step; must divide batch_size
+    double lr = 3e-3;         // peak learning rate
+    double min_lr = 3e-4;     // learning rate at the end of the cosine decay
+    i64 warmup_steps = 30;    // linear warm-up steps
+    double weight_decay = 0.0;  // AdamW decoupled weight decay (not applied to biases and norms)
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double grad_clip = 1.0;   // global-norm clipping threshold; 0 disables
+    std::uint64_t seed = 1337;  // init and sampling seed
+    i64 eval_every = 100;     // validation loss every N steps (and at the last step); 0 disables
+    i64 val_batches = 8;      // validation batches of batch_size sequences
+    i64 threads = 0;          // OpenMP threads; 0 means all cores
+};
+
+struct DataConfig {
+    std::string source = "markov";  // "markov" (built-in) or "bin" (llm.c token files)
+    i64 markov_order = 1;           // k, the order of the Markov chain
+    double markov_alpha = 0.25;     // concentration of the random transition rows (smaller: lower entropy)
+    std::uint64_t markov_seed = 7;  // seed of the transition table
+    std::string train_path;         // llm.c .bin token file for training (source = "bin")
+    std::string val_path;           // llm.c .bin token file for validation (source = "bin")
+};
+
+struct NumericsConfig {
+    Mode mode = Mode::bitwise;  // "bitwise" or "fast"
+    int block = 64;             // canonical reduction block size
+    std::string isa = "auto";   // "auto", "avx512", "avx2" or "scalar"
+};
+
+struct OutputConfig {
+    std::string dir = "runs/default";  // where run.h5 and exports go (--out overrides)
+    bool run_file = true;              // write <dir>/run.h5
+    std::string export_llmc;           // if set, write the final weights as an llm.c checkpoint here
+    bool progress = true;              // progress bar on a terminal
+};
+
+struct Config {
+    ModelConfig model;
+    TrainConfig train;
+    DataConfig data;
+    NumericsConfig numerics;
+    OutputConfig output;
+    std::string source_name = "<default>";  // where it came from, for error messages
+};
+
+Config parse_config(const std::string& toml_text, const std::string& source_name);
+Config load_config(const std::string& path);
+void apply_override(Config& cfg, const std::string& assignment);  // "section.key=value"
+const char* default_config_toml();
+std::string config_to_toml(const Config& cfg);
+Numerics make_numerics(const NumericsConfig& nc);  // resolves isa "auto"; errors if unsupported here
+
+}  // namespace px

@@ -1,0 +1,33 @@
+// Errors. Library code throws; it never calls exit() or abort() on bad input.
+//
+//   Error        base class: a sentence that says what was wrong, where, and what to do
+//   ConfigError  a job config key is unknown, mistyped or out of range (names the key)
+//   DataError    a data or checkpoint file is malformed (names the file)
+//   PX_ASSERT    an internal invariant; violated means a bug in Parallax, not bad input
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace px {
+
+struct Error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+struct ConfigError : Error {
+    using Error::Error;
+};
+struct DataError : Error {
+    using Error::Error;
+};
+struct InternalError : Error {
+    using Error::Error;
+};
+
+[[noreturn]] void assert_failed(const char* expr, const char* file, int line, const std::string& msg);
+
+}  // namespace px
+
+#define PX_ASSERT(cond, msg)                                                                       \
+    do {                                                                                           \
+        if (!(cond)) ::px::assert_failed(#cond, __FILE__, __LINE__, (msg));                        \
+    } while (0)

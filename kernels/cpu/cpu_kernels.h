@@ -1,0 +1,97 @@
+// CPU kernels, fp32. One op per file, forward and backward (llm.c layout).
+//
+// Index
+//   matmul       out = inp · weightᵀ + bias            (matmul.cpp, matmul_avx*.cpp, matmul_fast.cpp)
+//   gemm         the canonical GEMM under matmul        (matmul.cpp)
+//   layernorm    pre-norm LayerNorm, eps 1e-5           (layernorm.cpp)
+//   gelu         GELU, tanh approximation               (gelu.cpp)
+//   attention    causal multi-head attention            (attention.cpp)
+//   residual     out = a + b                            (residual.cpp)
+//   embedding    token + learned position embeddings    (embedding.cpp)
+//   crossentropy softmax cross-entropy per token        (crossentropy.cpp)
+//   adamw        AdamW step                             (adamw.cpp)
+//
+// Rules for every kernel here:
+//   * Argument order: numerics, outputs, saved statistics, inputs, weights, sizes.
+//   * Activations assign. Gradients accumulate: every d-output is added into (+=) what the caller
+//     left there, and a reduced value is formed completely (canonical tree) before it is added.
+//     The one exception is crossentropy_backward, which starts the chain and assigns dlogits.
+//   * In Mode::bitwise every reduction follows the canonical order of core/numerics.h, so the
+//     result does not depend on the thread count, the ISA path, or where a vector ends: threads
+//     split outputs, never a reduction.
+//   * Token reductions (weight gradients) run over the kernel's own BT rows as the tree over
+//     [0, BT). A caller that splits a batch (microbatches, data parallelism) hands each kernel a
+//     row range that is one node of the global tree, so the local tree is that node's subtree.
+//   * exp, log and tanh come from core/mathfun.h, never from libm, on every path.
+#pragma once
+#include "core/numerics.h"
+
+namespace px::cpu {
+
+// out (BT,OC), inp (BT,C), weight (OC,C), bias (OC) or null.
+// out[m][o] = tree_k(inp[m][k]·weight[o][k]) + bias[o]
+void matmul_forward(const Numerics& nx, float* out, const float* inp, const float* weight,
+                    const float* bias, i64 BT, i64 C, i64 OC);
+// dinp (BT,C) += dout·weight (reduction over OC); dweight (OC,C) += doutᵀ·inp and
+// dbias (OC) += Σ dout (reductions over the BT tokens). Null outputs are skipped.
+void matmul_backward(const Numerics& nx, float* dinp, float* dweight, float* dbias,
+                     const float* dout, const float* inp, const float* weight, i64 BT, i64 C, i64 OC);
+
+// Row-major GEMM: c (M,N) = a (M,K) · b (K,N), or c += when accumulate. Element (i,j) of a is
+// a[i*rsa + j*csa] (so transposes are strides), likewise b; c has leading dimension ldc.
+// In bitwise mode each c[i][j] is the canonical tree over K of fma block sums.
+void gemm(const Numerics& nx, float* c, i64 ldc, const float* a, i64 rsa, i64 csa, const float* b,
+          i64 rsb, i64 csb, i64 M, i64 N, i64 K, bool accumulate);
+
+// out (BT,C), mean (BT), rstd (BT); inp (BT,C), weight (C), bias (C)
+void layernorm_forward(const Numerics& nx, float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, i64 BT, i64 C);
+void layernorm_backward(const Numerics& nx, float* dinp, float* dweight, float* dbias,
+                        const float* dout, const float* inp, const float* weight, const float* mean,
+                        const float* rstd, i64 BT, i64 C);
+
+// out (N), inp (N): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+void gelu_forward(const Numerics& nx, float* out, const float* inp, i64 N);
+void gelu_backward(const Numerics& nx, float* dinp, const float* inp, const float* dout, i64 N);
+
+// out (B,T,C); preatt, att (B,NH,T,T) saved; qkv (B,T,3C) holding q, k, v side by side.
+// Causal: query t sees keys 0..t. Softmax: max (exact), Σ exp over key blocks of T in the
+// canonical tree (masked keys skipped), att = e / Σ. out = tree over keys of att·v.
+void attention_forward(const Numerics& nx, float* out, float* preatt, float* att, const float* qkv,
+                       i64 B, i64 T, i64 C, i64 NH);
+// dqkv (B,T,3C) +=; dpreatt, datt (B,NH,T,T) are scratch (assigned).
+void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* datt,
+                        const float* dout, const float* qkv, const float* att, i64 B, i64 T, i64 C,
+                        i64 NH);
+
+// out (N) = inp1 + inp2;  backward: dinp1 += dout, dinp2 += dout
+void residual_forward(const Numerics& nx, float* out, const float* inp1, const float* inp2, i64 N);
+void residual_backward(const Numerics& nx, float* dinp1, float* dinp2, const float* dout, i64 N);
+
+// out (B,T,C) = wte[tokens[b,t]] + wpe[t]; tokens (B,T), wte (V,C), wpe (>=T,C)
+void embedding_forward(const Numerics& nx, float* out, const int* tokens, const float* wte,
+                       const float* wpe, i64 B, i64 T, i64 C);
+// dwte (V,C) += Σ over tokens with that id; dwpe (T,C) += Σ over the B tokens at that position.
+// Both are reductions over the flat token index b*T+t in the canonical tree (empty nodes skipped).
+void embedding_backward(const Numerics& nx, float* dwte, float* dwpe, const float* dout,
+                        const int* tokens, i64 B, i64 T, i64 C, i64 V);
+
+// losses (BT), probs (BT,V) saved; logits (BT,V), targets (BT).
+// loss = log Σ exp(l - max) - (l[target] - max), the sum in the canonical tree over V.
+void crossentropy_forward(const Numerics& nx, float* losses, float* probs, const float* logits,
+                          const int* targets, i64 BT, i64 V);
+// dlogits (BT,V) = (probs - onehot(target))·dloss — assigned, may alias probs.
+void crossentropy_backward(const Numerics& nx, float* dlogits, const float* probs,
+                           const int* targets, float dloss, i64 BT, i64 V);
+
+// param, m, v (N) updated in place from grad (N).
+// g = grad·grad_scale; m = β1·m + (1-β1)·g; v = β2·v + (1-β2)·g²;
+// param -= lr·( (m/bc1) / (sqrt(v/bc2) + eps) + wd·param ),  bc_i = 1 - β_iᵗ
+void adamw_update(const Numerics& nx, float* param, float* m, float* v, const float* grad, i64 N,
+                  float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                  int t);
+
+// Σ x² over x (N): canonical tree in bitwise mode (used by global-norm clipping).
+float sum_squares(const Numerics& nx, const float* x, i64 N);
+
+}  // namespace px::cpu
