@@ -1,1 +1,265 @@
-int main() { return 0; }
+// bench_matmul: the CPU matmuls of GPT-2 124M at B=4, T=64 (BT=256), bitwise against fast
+// (oneDNN), beside the machine's fp32 FMA peak measured in the same run.
+//
+//   build/bench/bench_matmul [--quick] [--reps N] [--threads N]
+//
+// For every shape it prints GFLOP/s of the canonical (bitwise) GEMM on the best ISA path (and
+// on AVX2 when the best is AVX-512, unless --quick), of oneDNN, and the bitwise rate as a share
+// of peak and as a ratio to oneDNN. The host is noisy (±30% between identical runs), so the
+// programs alternate within each repetition and the best of N counts.
+//
+// It also checks its results (a benchmark that is fast and wrong is worth nothing):
+//   * every bitwise run, and the AVX2 run, equals the first bitwise run bit for bit;
+//   * bitwise and fast agree within the fp32 rounding bound |Δ| <= 2·γ(K+1)·(Σ|a||b| + |bias|),
+//     γ(n) = n·u/(1 - n·u), the worst-case bound for a sum of K products plus the bias in any
+//     order (Higham, Accuracy and Stability of Numerical Algorithms, §3.1), once for each side.
+// Failures are printed and make the exit status 1.
+#include "bench/peak.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+using namespace px;
+
+namespace {
+
+enum class Op { forward, dinp, dweight };
+
+struct Case {
+    const char* name;
+    Op op;
+    i64 C, OC;
+    bool bias;  // forward only
+};
+
+constexpr i64 BT = 256;
+
+// GPT-2 124M: C = 768, MLP 3072, vocab 50257 (the LM head has no bias).
+const Case kCases[] = {
+    {"qkv      fwd", Op::forward, 768, 2304, true},
+    {"attproj  fwd", Op::forward, 768, 768, true},
+    {"fc       fwd", Op::forward, 768, 3072, true},
+    {"fcproj   fwd", Op::forward, 3072, 768, true},
+    {"lmhead   fwd", Op::forward, 768, 50257, false},
+    {"qkv      dinp", Op::dinp, 768, 2304, false},
+    {"fc       dinp", Op::dinp, 768, 3072, false},
+    {"fcproj   dinp", Op::dinp, 3072, 768, false},
+    {"lmhead   dinp", Op::dinp, 768, 50257, false},
+    {"qkv      dweight", Op::dweight, 768, 2304, false},
+    {"fc       dweight", Op::dweight, 768, 3072, false},
+    {"fcproj   dweight", Op::dweight, 3072, 768, false},
+    {"lmhead   dweight", Op::dweight, 768, 50257, false},
+};
+
+// Deterministic uniform values in [-1, 1) from a 64-bit mix of (seed, index).
+void fill_uniform(std::vector<float>& v, std::uint64_t seed) {
+    for (size_t i = 0; i < v.size(); i++) {
+        std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + i;
+        x ^= x >> 33;
+        x *= 0xff51afd7ed558ccdull;
+        x ^= x >> 33;
+        x *= 0xc4ceb9fe1a85ec53ull;
+        x ^= x >> 33;
+        v[i] = static_cast<float>(static_cast<double>(x >> 40) / static_cast<double>(1ull << 23) - 1.0);
+    }
+}
+
+double seconds_of(const std::function<void()>& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct Problem {
+    const Case& cs;
+    std::vector<float> inp, weight, bias, dout;
+    i64 out_size;
+
+    explicit Problem(const Case& c) : cs(c) {
+        inp.resize(static_cast<size_t>(BT * c.C));
+        weight.resize(static_cast<size_t>(c.OC * c.C));
+        bias.resize(static_cast<size_t>(c.OC));
+        dout.resize(static_cast<size_t>(BT * c.OC));
+        fill_uniform(inp, 1);
+        fill_uniform(weight, 2);
+        fill_uniform(bias, 3);
+        fill_uniform(dout, 4);
+        out_size = c.op == Op::forward ? BT * c.OC : c.op == Op::dinp ? BT * c.C : c.OC * c.C;
+    }
+    double flops() const { return 2.0 * BT * cs.C * cs.OC; }
+    const char* shape() const {
+        static char buf[64];
+        if (cs.op == Op::forward) std::snprintf(buf, sizeof buf, "%lldx%lldx%lld", (long long)BT, (long long)cs.OC, (long long)cs.C);
+        else if (cs.op == Op::dinp) std::snprintf(buf, sizeof buf, "%lldx%lldx%lld", (long long)BT, (long long)cs.C, (long long)cs.OC);
+        else std::snprintf(buf, sizeof buf, "%lldx%lldx%lld", (long long)cs.OC, (long long)cs.C, (long long)BT);
+        return buf;
+    }
+    // Runs the op into out (gradients accumulate, so out is cleared first, outside the timing).
+    double run(const Numerics& nx, std::vector<float>& out) const {
+        std::fill(out.begin(), out.end(), 0.0f);
+        return seconds_of([&] {
+            switch (cs.op) {
+            case Op::forward:
+                cpu::matmul_forward(nx, out.data(), inp.data(), weight.data(), cs.bias ? bias.data() : nullptr, BT, cs.C, cs.OC);
+                break;
+            case Op::dinp:
+                cpu::matmul_backward(nx, out.data(), nullptr, nullptr, dout.data(), inp.data(), weight.data(), BT, cs.C, cs.OC);
+                break;
+            case Op::dweight:
+                cpu::matmul_backward(nx, nullptr, out.data(), nullptr, dout.data(), inp.data(), weight.data(), BT, cs.C, cs.OC);
+                break;
+            }
+        });
+    }
+    // Σ|a||b| (+|bias|) per output element, through the fast GEMM on absolute values, and K.
+    std::vector<float> abs_products(i64& K) const {
+        auto absv = [](const std::vector<float>& v) {
+            std::vector<float> r(v.size());
+            for (size_t i = 0; i < v.size(); i++) r[i] = std::fabs(v[i]);
+            return r;
+        };
+        const std::vector<float> ai = absv(inp), aw = absv(weight), ad = absv(dout);
+        std::vector<float> s(static_cast<size_t>(out_size));
+        Numerics fast;
+        fast.mode = Mode::fast;
+        switch (cs.op) {
+        case Op::forward: {
+            const std::vector<float> ab = absv(bias);
+            K = cs.C;
+            cpu::matmul_forward(fast, s.data(), ai.data(), aw.data(), cs.bias ? ab.data() : nullptr, BT, cs.C, cs.OC);
+            break;
+        }
+        case Op::dinp:
+            K = cs.OC;
+            cpu::gemm(fast, s.data(), cs.C, ad.data(), cs.OC, 1, aw.data(), cs.C, 1, BT, cs.C, cs.OC, false);
+            break;
+        case Op::dweight:
+            K = BT;
+            cpu::gemm(fast, s.data(), cs.C, ad.data(), 1, cs.OC, ai.data(), cs.C, 1, cs.OC, cs.C, BT, false);
+            break;
+        }
+        return s;
+    }
+};
+
+int failures = 0;
+
+void fail(const char* what, const char* name, const std::string& detail) {
+    std::printf("  FAIL %s %s: %s\n", name, what, detail.c_str());
+    failures++;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    bool quick = false;
+    int reps = 3;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (a == "--quick") quick = true;
+        else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+        else if (a == "--threads" && i + 1 < argc) omp_set_num_threads(std::max(1, std::atoi(argv[++i])));
+        else {
+            std::printf("usage: bench_matmul [--quick] [--reps N] [--threads N]\n");
+            return a == "--help" || a == "-h" ? 0 : 2;
+        }
+    }
+    if (quick) reps = std::min(reps, 2);
+    const int threads = omp_get_max_threads();
+    const Isa best = detect_isa();
+    const bool with_avx2 = !quick && best == Isa::avx512;
+
+    Numerics bit, bit2, fast;
+    bit.isa = best;
+    bit2.isa = Isa::avx2;
+    fast.mode = Mode::fast;
+    fast.isa = best;
+
+    double peak = 0, peak2 = 0;
+    auto measure_peak = [&] {
+        if (best != Isa::scalar) peak = std::max(peak, bench::fp32_fma_peak_gflops(threads, best));
+        if (best == Isa::avx512) peak2 = std::max(peak2, bench::fp32_fma_peak_gflops(threads, Isa::avx2));
+        if (best == Isa::scalar) peak = std::max(peak, bench::fp32_fma_peak_gflops(threads, Isa::scalar));
+    };
+    measure_peak();
+
+    std::printf("bench_matmul: BT=%lld, %d threads, best ISA %s, best of %d, block %d\n", (long long)BT,
+                threads, isa_name(best), reps, bit.block);
+    std::printf("%-17s %-15s %9s %9s %9s %7s %7s\n", "op", "MxNxK", "bitwise", "fast", with_avx2 ? "bit-avx2" : "",
+                "%peak", "bit/fast");
+
+    double sum_bit = 0, sum_fast = 0;  // time-weighted totals
+    for (const Case& cs : kCases) {
+        if (quick && cs.OC == 50257 && cs.op != Op::forward) continue;
+        const Problem pb(cs);
+        std::vector<float> ref(static_cast<size_t>(pb.out_size)), out(ref.size()), outf(ref.size());
+        double tb = 1e30, tf = 1e30, t2 = 1e30;
+        for (int r = 0; r < reps; r++) {
+            // Alternate the programs so that a slow phase of the host hits them alike.
+            tb = std::min(tb, pb.run(bit, r == 0 ? ref : out));
+            if (r > 0 && std::memcmp(out.data(), ref.data(), ref.size() * sizeof(float)) != 0)
+                fail("repeat", cs.name, "a second bitwise run differs from the first");
+            tf = std::min(tf, pb.run(fast, outf));
+            if (with_avx2) {
+                t2 = std::min(t2, pb.run(bit2, out));
+                if (std::memcmp(out.data(), ref.data(), ref.size() * sizeof(float)) != 0)
+                    fail("isa", cs.name, "the AVX2 path differs from the best path");
+            }
+        }
+        measure_peak();
+
+        // bitwise vs fast within the rounding bound.
+        i64 K = 0;
+        const std::vector<float> s = pb.abs_products(K);
+        const double u = std::ldexp(1.0, -24);
+        const double n = static_cast<double>(K + 1);
+        const double gamma = n * u / (1 - n * u);
+        i64 bad = 0, worst_i = 0;
+        double worst = 0;
+        for (size_t i = 0; i < ref.size(); i++) {
+            const double d = std::fabs(static_cast<double>(ref[i]) - outf[i]);
+            const double bound = 2 * gamma * static_cast<double>(s[i]) * (1 + 4 * n * u);
+            if (!(d <= bound)) bad++;
+            if (bound > 0 && d / bound > worst) {
+                worst = d / bound;
+                worst_i = static_cast<i64>(i);
+            }
+        }
+        if (bad > 0) {
+            char buf[160];
+            std::snprintf(buf, sizeof buf, "%lld elements outside the bound, worst at %lld (%.3g of it)", (long long)bad,
+                          (long long)worst_i, worst);
+            fail("bitwise vs fast", cs.name, buf);
+        }
+
+        const double gb = pb.flops() / tb / 1e9, gf = pb.flops() / tf / 1e9, g2 = pb.flops() / t2 / 1e9;
+        sum_bit += tb;
+        sum_fast += tf;
+        char c2[16] = "";
+        if (with_avx2) std::snprintf(c2, sizeof c2, "%9.1f", g2);
+        std::printf("%-17s %-15s %9.1f %9.1f %9s %6.1f%% %7.2f   (err %.2g of bound)\n", cs.name, pb.shape(), gb, gf, c2,
+                    100 * gb / peak, gb / gf, worst);
+        std::fflush(stdout);
+    }
+    std::printf("fp32 FMA peak (%d threads, register-only loop): %s %.1f GFLOP/s", threads, isa_name(best), peak);
+    if (best == Isa::avx512) std::printf(", avx2 %.1f GFLOP/s", peak2);
+    std::printf("\nall shapes: bitwise/fast time ratio %.2f (fast time / bitwise time)\n", sum_fast / sum_bit);
+    if (failures > 0) {
+        std::printf("%d check(s) FAILED\n", failures);
+        return 1;
+    }
+    std::printf("checks passed: repeat runs bit-identical%s, bitwise vs fast within the fp32 bound\n",
+                with_avx2 ? ", avx2 == avx512" : "");
+    return 0;
+}

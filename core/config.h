@@ -7,7 +7,9 @@
 //   Config                        the whole job
 //   parse_config                  TOML text -> Config; errors name the key (ConfigError)
 //   load_config                   a file -> Config
-//   apply_override                "section.key=value" from --set
+//   apply_override(s)             "section.key=value" from --set
+//   validate_config               ranges and cross-key constraints of a Config built in code
+//   config_keys                   every "section.key", in file order
 //   default_config_toml           the embedded default job, as TOML text
 //   config_to_toml                a Config back to TOML (stored in run files)
 #pragma once
@@ -28,6 +30,8 @@ struct ModelConfig {
     i64 ffn = 256;            // F, MLP inner size (GPT-2: 4*hidden)
     double init_std = 0.02;   // std of the normal init of weights (residual projections scaled by 1/sqrt(2L))
     std::string init_from;    // optional llm.c GPT-2 checkpoint (.bin) to load instead of random init
+
+    bool operator==(const ModelConfig&) const = default;
 };
 
 struct TrainConfig {
@@ -46,6 +50,8 @@ struct TrainConfig {
     i64 eval_every = 100;     // validation loss every N steps (and at the last step); 0 disables
     i64 val_batches = 8;      // validation batches of batch_size sequences
     i64 threads = 0;          // OpenMP threads; 0 means all cores
+
+    bool operator==(const TrainConfig&) const = default;
 };
 
 struct DataConfig {
@@ -53,14 +59,19 @@ struct DataConfig {
     i64 markov_order = 1;           // k, the order of the Markov chain
     double markov_alpha = 0.25;     // concentration of the random transition rows (smaller: lower entropy)
     std::uint64_t markov_seed = 7;  // seed of the transition table
+    i64 markov_vocab = 0;           // symbols of the chain; 0 means model.vocab
     std::string train_path;         // llm.c .bin token file for training (source = "bin")
     std::string val_path;           // llm.c .bin token file for validation (source = "bin")
+
+    bool operator==(const DataConfig&) const = default;
 };
 
 struct NumericsConfig {
     Mode mode = Mode::bitwise;  // "bitwise" or "fast"
     int block = 64;             // canonical reduction block size
     std::string isa = "auto";   // "auto", "avx512", "avx2" or "scalar"
+
+    bool operator==(const NumericsConfig&) const = default;
 };
 
 struct OutputConfig {
@@ -68,6 +79,8 @@ struct OutputConfig {
     bool run_file = true;              // write <dir>/run.h5
     std::string export_llmc;           // if set, write the final weights as an llm.c checkpoint here
     bool progress = true;              // progress bar on a terminal
+
+    bool operator==(const OutputConfig&) const = default;
 };
 
 struct Config {
@@ -77,13 +90,25 @@ struct Config {
     NumericsConfig numerics;
     OutputConfig output;
     std::string source_name = "<default>";  // where it came from, for error messages
+
+    bool operator==(const Config&) const = default;  // every field, source_name included
 };
 
+// Errors are ConfigError, "<source>: <what is wrong and what to do>", naming keys as section.key.
+// A missing section or key keeps its default; unknown sections and keys are errors.
 Config parse_config(const std::string& toml_text, const std::string& source_name);
 Config load_config(const std::string& path);
+// The value is read as a TOML value; text that is not TOML (or not a string, for a string key)
+// is taken as a string, so `data.source=bin` works. The result is validated; on error cfg is
+// unchanged and the message starts with "--set <assignment>:".
 void apply_override(Config& cfg, const std::string& assignment);  // "section.key=value"
-const char* default_config_toml();
-std::string config_to_toml(const Config& cfg);
+// Several --set at once, validated after all of them (so `model.heads=3 model.hidden=96` works in
+// either order).
+void apply_overrides(Config& cfg, const std::vector<std::string>& assignments);
+void validate_config(const Config& cfg);  // throws ConfigError naming cfg.source_name and the key
+std::vector<std::string> config_keys();   // "model.vocab", ..., "output.progress"
+const char* default_config_toml();         // the struct defaults, one comment line per key
+std::string config_to_toml(const Config& cfg);  // complete and exact: parse_config gives cfg back
 Numerics make_numerics(const NumericsConfig& nc);  // resolves isa "auto"; errors if unsupported here
 
 }  // namespace px

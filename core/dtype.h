@@ -2,7 +2,10 @@
 //
 // Index
 //   DType, dtype_name, dtype_size     the element types a tensor can hold
+//   dtype_from_name                   the inverse of dtype_name
 //   bf16 / fp16 / fp8 conversions     float -> narrow rounds to nearest even; narrow -> float exact
+//   round_to                          float -> narrow -> float in one call (the value a cast keeps)
+//   kE4M3Max, kE5M2Max, ...           the largest finite value of each narrow type
 //
 // Rules (DESIGN.md §2.6):
 //   bf16, fp16: round to nearest even; overflow goes to infinity; NaN stays NaN (quiet).
@@ -13,6 +16,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 namespace px {
 
@@ -21,6 +26,12 @@ inline constexpr int kNumDTypes = 5;
 
 const char* dtype_name(DType t);  // "f32", "bf16", "f16", "e4m3", "e5m2"
 std::size_t dtype_size(DType t);  // bytes per element
+std::optional<DType> dtype_from_name(std::string_view name);  // inverse of dtype_name; nullopt if unknown
+
+inline constexpr float kBF16Max = 3.38953139e38f;  // 0x7F7F
+inline constexpr float kF16Max = 65504.0f;         // 0x7BFF
+inline constexpr float kE4M3Max = 448.0f;          // 0x7E
+inline constexpr float kE5M2Max = 57344.0f;        // 0x7B
 
 std::uint16_t f32_to_bf16(float x);
 float bf16_to_f32(std::uint16_t h);
@@ -31,7 +42,12 @@ float e4m3_to_f32(std::uint8_t q);
 std::uint8_t f32_to_e5m2(float x, bool saturate = true);
 float e5m2_to_f32(std::uint8_t q);
 
-// Bulk conversions (the same rounding as the scalar functions above).
+// The value x keeps after a cast to t and back (f32: x itself; e5m2 saturating).
+float round_to(DType t, float x);
+
+// Bulk conversions (the same rounding as the scalar functions above). Any pair of types goes
+// through an exact f32 intermediate, so narrow -> narrow rounds once; e5m2 saturates. dst and src
+// must not overlap unless they are the same pointer with the same type.
 void convert(void* dst, DType dst_type, const void* src, DType src_type, std::size_t n);
 
 }  // namespace px

@@ -1,1 +1,232 @@
-// placeholder
+#include "core/job.h"
+
+#include "core/checkpoint_llmc.h"
+#include "core/data.h"
+#include "core/error.h"
+#include "core/runfile.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+
+namespace px {
+
+namespace {
+
+// Post-order over the microbatch leaves of the token tree: after leaf k, merge the top two
+// partials merges[k] times. Every microbatch range must be one node of the tree.
+bool leaf_schedule(i64 lo, i64 hi, i64 blocks_per_mb, std::vector<unsigned char>& merges) {
+    if (hi - lo == blocks_per_mb) return lo % blocks_per_mb == 0;
+    if (hi - lo < blocks_per_mb) return false;
+    const i64 mid = tree_mid(lo, hi);
+    if (!leaf_schedule(lo, mid, blocks_per_mb, merges)) return false;
+    if (!leaf_schedule(mid, hi, blocks_per_mb, merges)) return false;
+    merges[hi / blocks_per_mb - 1]++;
+    return true;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Job::Job(const Config& cfg) : cfg_(cfg), nx_(make_numerics(cfg.numerics)) {
+    if (cfg_.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg_.train.threads));
+    const TrainConfig& tc = cfg_.train;
+    const i64 T = cfg_.model.seq_len;
+    micro_B_ = tc.batch_size / tc.microbatches;
+
+    // Microbatches own token ranges; each must be one node of the batch's token tree.
+    if (tc.microbatches > 1) {
+        const i64 mb_tokens = micro_B_ * T;
+        if (mb_tokens % nx_.block != 0)
+            throw ConfigError("train.microbatches = " + std::to_string(tc.microbatches) +
+                              " gives microbatches of " + std::to_string(mb_tokens) +
+                              " tokens, not a multiple of numerics.block = " +
+                              std::to_string(nx_.block) +
+                              "; a microbatch must own whole blocks of the token reduction "
+                              "(choose fewer microbatches or a smaller numerics.block)");
+        const i64 bpm = mb_tokens / nx_.block;
+        merges_after_.assign(tc.microbatches, 0);
+        if (!leaf_schedule(0, bpm * tc.microbatches, bpm, merges_after_))
+            throw ConfigError("train.microbatches = " + std::to_string(tc.microbatches) +
+                              " splits the batch's " + std::to_string(bpm * tc.microbatches) +
+                              " token blocks into ranges that are not nodes of the canonical "
+                              "reduction tree (DESIGN.md §2.1); use a power of two, or a count "
+                              "whose ranges split at ceil(n/2)");
+    }
+
+    source_ = make_source(cfg_);
+    if (source_->vocab() > cfg_.model.vocab)
+        throw ConfigError("the data has " + std::to_string(source_->vocab()) +
+                          " symbols but model.vocab = " + std::to_string(cfg_.model.vocab));
+
+    model_ = std::make_unique<GPT>(cfg_.model, nx_);
+    if (!cfg_.model.init_from.empty()) {
+        const GPT& m = *model_;
+        read_llmc_checkpoint(cfg_.model.init_from, cfg_.model,
+                             [&m](const std::string& name) { return m.param_ptr(name); });
+    } else {
+        model_->init_random(tc.seed, cfg_.model.init_std);
+    }
+    opt_ = std::make_unique<AdamW>(*model_);
+    grad_stack_.emplace_back(model_->grad_layout().total);
+
+    windows_.resize(static_cast<size_t>(tc.batch_size * (T + 1)));
+    inputs_.resize(static_cast<size_t>(micro_B_ * T));
+    targets_.resize(static_cast<size_t>(micro_B_ * T));
+    losses_.resize(static_cast<size_t>(tc.batch_size * T));
+}
+
+Job::~Job() = default;
+
+double Job::loss_floor() const {
+    const auto* markov = dynamic_cast<const MarkovSource*>(source_.get());
+    return markov ? markov->window_floor(cfg_.model.seq_len) : -1.0;
+}
+
+double Job::entropy_rate() const {
+    const auto* markov = dynamic_cast<const MarkovSource*>(source_.get());
+    return markov ? markov->entropy_rate() : -1.0;
+}
+
+void Job::accumulate_microbatch(int k) {
+    const i64 T = cfg_.model.seq_len;
+    const i64 N = cfg_.train.batch_size * T;
+    for (i64 b = 0; b < micro_B_; b++) {
+        const int* w = windows_.data() + (k * micro_B_ + b) * (T + 1);
+        std::memcpy(inputs_.data() + b * T, w, static_cast<size_t>(T) * sizeof(int));
+        std::memcpy(targets_.data() + b * T, w + 1, static_cast<size_t>(T) * sizeof(int));
+    }
+    model_->forward(inputs_.data(), targets_.data(), micro_B_, T);
+    std::memcpy(losses_.data() + k * micro_B_ * T, model_->losses(),
+                static_cast<size_t>(micro_B_ * T) * sizeof(float));
+
+    if (cfg_.train.microbatches == 1) {
+        grad_stack_[0].zero();
+        model_->backward(grad_stack_[0].data(), inputs_.data(), targets_.data(),
+                         1.0f / static_cast<float>(N));
+        return;
+    }
+    // Stack of partial gradients: this microbatch's node goes on top, then siblings merge.
+    size_t& sp = stack_top_;
+    if (k == 0) sp = 0;
+    if (grad_stack_.size() <= sp) grad_stack_.emplace_back(model_->grad_layout().total);
+    grad_stack_[sp].zero();
+    model_->backward(grad_stack_[sp].data(), inputs_.data(), targets_.data(),
+                     1.0f / static_cast<float>(N));
+    sp++;
+    const i64 n = model_->grad_layout().total;
+    for (int r = 0; r < merges_after_[k]; r++) {
+        float* left = grad_stack_[sp - 2].data();
+        const float* right = grad_stack_[sp - 1].data();
+#pragma omp parallel for schedule(static)
+        for (i64 i = 0; i < n; i++) left[i] = left[i] + right[i];
+        sp--;
+    }
+}
+
+StepMetrics Job::step() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const TrainConfig& tc = cfg_.train;
+    const i64 T = cfg_.model.seq_len;
+    const i64 N = tc.batch_size * T;
+
+    source_->sample(windows_.data(), T, Split::train, step_, 0, tc.batch_size);
+    for (int k = 0; k < tc.microbatches; k++) accumulate_microbatch(k);
+
+    // wte is used twice: embedding and LM head. Their token reductions are complete now.
+    float* g = grad_stack_[0].data();
+    {
+        const TableEntry& e = model_->table().entries[model_->table().wte];
+        float* dwte = g + e.offset;
+        const float* head = g + model_->grad_layout().head_offset;
+        const i64 n = e.numel();
+#pragma omp parallel for schedule(static)
+        for (i64 i = 0; i < n; i++) dwte[i] = dwte[i] + head[i];
+    }
+
+    StepMetrics m;
+    m.step = step_ + 1;
+    m.loss = canonical_sum(losses_.data(), N, nx_.block) / static_cast<float>(N);
+    const float norm = global_grad_norm(nx_, *model_, g);
+    m.grad_norm = norm;
+    m.lr = lr_at(tc, step_);
+    opt_->step(*model_, g, norm, static_cast<float>(m.lr), static_cast<int>(step_ + 1), tc);
+    step_++;
+
+    const double secs = seconds_since(t0);
+    m.step_ms = secs * 1e3;
+    m.tokens_per_s = static_cast<double>(N) / secs;
+    if ((tc.eval_every > 0 && step_ % tc.eval_every == 0) || (step_ == tc.steps && tc.eval_every > 0))
+        m.val_loss = evaluate();
+    history_.push_back(m);
+    for (Observer* o : observers_) o->on_step(*this, m);
+    return m;
+}
+
+double Job::evaluate() {
+    const TrainConfig& tc = cfg_.train;
+    const i64 T = cfg_.model.seq_len;
+    const i64 per_batch = tc.batch_size * T;
+    std::vector<float> all(static_cast<size_t>(tc.val_batches * per_batch));
+    std::vector<int> win(static_cast<size_t>(micro_B_ * (T + 1)));
+    for (i64 j = 0; j < tc.val_batches; j++) {
+        for (i64 k = 0; k < tc.microbatches; k++) {
+            source_->sample(win.data(), T, Split::val, j, k * micro_B_, micro_B_);
+            for (i64 b = 0; b < micro_B_; b++) {
+                std::memcpy(inputs_.data() + b * T, win.data() + b * (T + 1), T * sizeof(int));
+                std::memcpy(targets_.data() + b * T, win.data() + b * (T + 1) + 1, T * sizeof(int));
+            }
+            model_->forward(inputs_.data(), targets_.data(), micro_B_, T);
+            std::memcpy(all.data() + j * per_batch + k * micro_B_ * T, model_->losses(),
+                        static_cast<size_t>(micro_B_ * T) * sizeof(float));
+        }
+    }
+    const i64 n = static_cast<i64>(all.size());
+    return canonical_sum(all.data(), n, nx_.block) / static_cast<double>(n);
+}
+
+void Job::run() {
+    for (Observer* o : observers_) o->on_start(*this);
+    while (step_ < cfg_.train.steps) step();
+    if (!cfg_.output.export_llmc.empty()) {
+        const GPT& m = *model_;
+        write_llmc_checkpoint(cfg_.output.export_llmc, cfg_.model,
+                              [&m](const std::string& name) { return m.param_ptr(name); });
+    }
+    for (Observer* o : observers_) o->on_end(*this);
+}
+
+RunFileObserver::RunFileObserver(const std::string& path, const Config& cfg) {
+    const std::filesystem::path p(path);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+    file_ = std::make_unique<RunFile>(path, config_to_toml(cfg));
+}
+
+RunFileObserver::~RunFileObserver() = default;
+
+void RunFileObserver::on_step(const Job&, const StepMetrics& m) {
+    file_->append("loss", m.step, m.loss);
+    if (m.val_loss >= 0) file_->append("val_loss", m.step, m.val_loss);
+    file_->append("grad_norm", m.step, m.grad_norm);
+    file_->append("lr", m.step, m.lr);
+    file_->append("tokens_per_s", m.step, m.tokens_per_s);
+    file_->append("step_ms", m.step, m.step_ms);
+}
+
+void RunFileObserver::on_end(const Job& job) {
+    file_->set_attr("num_params", static_cast<double>(job.model().num_params()));
+    if (job.entropy_rate() >= 0) {
+        file_->set_attr("entropy_rate", job.entropy_rate());
+        file_->set_attr("loss_floor", job.loss_floor());
+    }
+    file_->flush();
+}
+
+}  // namespace px

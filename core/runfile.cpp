@@ -1,1 +1,231 @@
-// placeholder
+#include "core/runfile.h"
+
+#include "core/error.h"
+
+#include <ctime>
+#include <unordered_map>
+#include <utility>
+
+#include <hdf5.h>
+
+namespace px {
+
+namespace {
+
+constexpr const char* kParallaxVersion =
+    "0.1.0";  // keep in step with meson.build's project version
+constexpr hsize_t kChunkRows = 256;
+
+// Silences HDF5's automatic error-stack printing for one call into this file, and restores
+// whatever the process had before (other code may want HDF5's printing).
+class QuietHdf5 {
+public:
+    QuietHdf5() {
+        H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+        H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    }
+    ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+    QuietHdf5(const QuietHdf5&) = delete;
+    QuietHdf5& operator=(const QuietHdf5&) = delete;
+
+private:
+    H5E_auto2_t func_ = nullptr;
+    void* data_ = nullptr;
+};
+
+// The innermost HDF5 error message (the most specific), then clears the stack.
+std::string hdf5_detail() {
+    std::string msg;
+    H5Ewalk2(
+        H5E_DEFAULT, H5E_WALK_UPWARD,
+        [](unsigned n, const H5E_error2_t* err, void* data) -> herr_t {
+            if (n == 0 && err->desc) *static_cast<std::string*>(data) = err->desc;
+            return 0;
+        },
+        &msg);
+    H5Eclear2(H5E_DEFAULT);
+    return msg.empty() ? std::string() : " (HDF5: " + msg + ")";
+}
+
+// An HDF5 handle closed on scope exit.
+class Handle {
+public:
+    Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+    ~Handle() {
+        if (id_ >= 0) close_(id_);
+    }
+    Handle(const Handle&) = delete;
+    Handle& operator=(const Handle&) = delete;
+    hid_t get() const { return id_; }
+    bool ok() const { return id_ >= 0; }
+
+private:
+    hid_t id_;
+    herr_t (*close_)(hid_t);
+};
+
+std::string iso_time_utc() {
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+}  // namespace
+
+struct RunFile::Impl {
+    struct Metric {
+        hid_t group = -1, step = -1, value = -1;
+        hsize_t rows = 0;
+    };
+
+    std::string path;
+    hid_t file = -1;
+    hid_t metrics = -1;
+    std::unordered_map<std::string, Metric> series;
+
+    ~Impl() {
+        QuietHdf5 quiet;
+        for (auto& [name, m] : series) {
+            if (m.step >= 0) H5Dclose(m.step);
+            if (m.value >= 0) H5Dclose(m.value);
+            if (m.group >= 0) H5Gclose(m.group);
+        }
+        if (metrics >= 0) H5Gclose(metrics);
+        if (file >= 0) {
+            H5Fflush(file, H5F_SCOPE_LOCAL);
+            H5Fclose(file);
+        }
+    }
+
+    [[noreturn]] void fail(const std::string& what) const {
+        throw Error("run file " + path + ": " + what + hdf5_detail());
+    }
+
+    void remove_attr(const std::string& key) {
+        const htri_t exists = H5Aexists(file, key.c_str());
+        if (exists < 0) fail("cannot look up attribute '" + key + "'");
+        if (exists > 0 && H5Adelete(file, key.c_str()) < 0)
+            fail("cannot replace attribute '" + key + "'");
+    }
+
+    void write_string_attr(const std::string& key, const std::string& value) {
+        remove_attr(key);
+        Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+        if (!type.ok() || H5Tset_size(type.get(), H5T_VARIABLE) < 0 ||
+            H5Tset_cset(type.get(), H5T_CSET_UTF8) < 0)
+            fail("cannot make a string type");
+        Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+        Handle attr(
+            H5Acreate2(file, key.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
+            H5Aclose);
+        const char* text = value.c_str();
+        if (!space.ok() || !attr.ok() || H5Awrite(attr.get(), type.get(), &text) < 0)
+            fail("cannot write attribute '" + key + "'");
+    }
+
+    void write_double_attr(const std::string& key, double value) {
+        remove_attr(key);
+        Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+        Handle attr(
+            H5Acreate2(file, key.c_str(), H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+            H5Aclose);
+        if (!space.ok() || !attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_DOUBLE, &value) < 0)
+            fail("cannot write attribute '" + key + "'");
+    }
+
+    // An empty, extendible 1-D dataset of `type` in `group`.
+    hid_t create_series(hid_t group, const char* name, hid_t type, const std::string& metric) {
+        const hsize_t dims = 0, maxdims = H5S_UNLIMITED, chunk = kChunkRows;
+        Handle space(H5Screate_simple(1, &dims, &maxdims), H5Sclose);
+        Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+        if (!space.ok() || !dcpl.ok() || H5Pset_chunk(dcpl.get(), 1, &chunk) < 0)
+            fail("cannot set up /metrics/" + metric + "/" + name);
+        const hid_t d =
+            H5Dcreate2(group, name, type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT);
+        if (d < 0) fail("cannot create /metrics/" + metric + "/" + name);
+        return d;
+    }
+
+    Metric& metric(const std::string& name) {
+        auto it = series.find(name);
+        if (it != series.end()) return it->second;
+        if (name.empty() || name.find('/') != std::string::npos)
+            throw Error("run file " + path + ": metric name '" + name +
+                        "' is not usable: it must be non-empty and contain no '/'");
+        Metric m;
+        m.group = H5Gcreate2(metrics, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        if (m.group < 0) fail("cannot create group /metrics/" + name);
+        Metric& slot = series.emplace(name, m).first->second;  // owned from here: ~Impl closes it
+        slot.step = create_series(slot.group, "step", H5T_STD_I64LE, name);
+        slot.value = create_series(slot.group, "value", H5T_IEEE_F64LE, name);
+        return slot;
+    }
+
+    // Writes row `row` of a 1-D dataset, growing it by one.
+    void write_row(hid_t dset, hsize_t row, hid_t mem_type, const void* v,
+                   const std::string& what) {
+        const hsize_t n = row + 1, one = 1;
+        if (H5Dset_extent(dset, &n) < 0) fail("cannot extend " + what);
+        Handle fspace(H5Dget_space(dset), H5Sclose);
+        Handle mspace(H5Screate_simple(1, &one, nullptr), H5Sclose);
+        if (!fspace.ok() || !mspace.ok() ||
+            H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &row, nullptr, &one, nullptr) < 0 ||
+            H5Dwrite(dset, mem_type, mspace.get(), fspace.get(), H5P_DEFAULT, v) < 0)
+            fail("cannot append to " + what);
+    }
+};
+
+RunFile::RunFile(const std::string& path, const std::string& config_toml)
+    : impl_(std::make_unique<Impl>()) {
+    QuietHdf5 quiet;
+    impl_->path = path;
+    impl_->file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (impl_->file < 0) impl_->fail("cannot create it; does its folder exist and is it writable?");
+    impl_->write_string_attr("config", config_toml);
+    impl_->write_string_attr("parallax_version", kParallaxVersion);
+    impl_->write_string_attr("created", iso_time_utc());
+    impl_->metrics = H5Gcreate2(impl_->file, "metrics", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (impl_->metrics < 0) impl_->fail("cannot create group /metrics");
+}
+
+RunFile::~RunFile() = default;
+RunFile::RunFile(RunFile&&) noexcept = default;
+RunFile& RunFile::operator=(RunFile&&) noexcept = default;
+
+void RunFile::append(const std::string& metric, i64 step, double value) {
+    PX_ASSERT(impl_ != nullptr, "use of a moved-from RunFile");
+    QuietHdf5 quiet;
+    Impl::Metric& m = impl_->metric(metric);
+    const std::int64_t s = step;
+    impl_->write_row(m.step, m.rows, H5T_NATIVE_INT64, &s, "/metrics/" + metric + "/step");
+    impl_->write_row(m.value, m.rows, H5T_NATIVE_DOUBLE, &value, "/metrics/" + metric + "/value");
+    m.rows++;
+}
+
+void RunFile::set_attr(const std::string& key, const std::string& value) {
+    PX_ASSERT(impl_ != nullptr, "use of a moved-from RunFile");
+    QuietHdf5 quiet;
+    impl_->write_string_attr(key, value);
+}
+
+void RunFile::set_attr(const std::string& key, double value) {
+    PX_ASSERT(impl_ != nullptr, "use of a moved-from RunFile");
+    QuietHdf5 quiet;
+    impl_->write_double_attr(key, value);
+}
+
+void RunFile::flush() {
+    PX_ASSERT(impl_ != nullptr, "use of a moved-from RunFile");
+    QuietHdf5 quiet;
+    if (H5Fflush(impl_->file, H5F_SCOPE_LOCAL) < 0) impl_->fail("flush failed");
+}
+
+const std::string& RunFile::path() const {
+    PX_ASSERT(impl_ != nullptr, "use of a moved-from RunFile");
+    return impl_->path;
+}
+
+}  // namespace px

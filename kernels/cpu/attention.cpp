@@ -1,1 +1,180 @@
-// placeholder
+// Causal multi-head self-attention (llm.c layout): qkv (B,T,3C) holds q, k, v side by side; head
+// h uses channels [h·HS, (h+1)·HS) of each. Query t sees keys 0..t.
+//
+// Forward, per (b, h, t):
+//   preatt[j] = (q_t·k_j)·scale, scale = 1/sqrt(HS)      dot: canonical tree over HS
+//   att[j]    = exp(preatt[j] - max) / Σ                   Σ: canonical tree over the key blocks
+//   out_t     = Σ_j att[j]·v_j                             tree over the key blocks, fma inside
+// Backward, per (b, h):
+//   datt[t][j]    = dout_t·v_j                             canonical over HS
+//   dpreatt[t][j] = att[t][j]·(datt[t][j] - Σ_j' att[t][j']·datt[t][j'])   Σ over the key blocks
+//   dq_t += scale·Σ_j dpreatt[t][j]·k_j                    over the key blocks of query t
+//   dk_j += scale·Σ_t dpreatt[t][j]·q_t, dv_j += Σ_t att[t][j]·dout_t   over the query blocks
+//
+// Order (Mode::bitwise): the key (and query) dimension is cut into blocks of nx.block over the
+// full T, whatever the row's causal extent, and combined in the canonical tree; blocks with no
+// unmasked element are absent (skipped), so query t's sums are the prefix subtree of the same
+// tree every query uses. Masked entries are written as exact zeros in preatt, att, datt, dpreatt.
+// Threads take whole (b, h) pairs; nothing of one sum is split.
+#include "kernels/cpu/cpu_kernels.h"
+#include "core/error.h"
+#include "kernels/cpu/vecmath.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace px::cpu {
+
+namespace {
+
+// acc (n) = x (HS) · M[:, j] for j < n, M stored transposed as (HS, T): the HS dimension is cut
+// into blocks, each a sequential fma chain (vectorised across the n outputs), then the tree.
+// sp holds num_blocks(HS, block) rows of n.
+void dots_across(const VecMath& vm, float* sp, const float* x, const float* mt, i64 HS, i64 T, i64 n,
+                 int blk) {
+    const i64 nhb = num_blocks(HS, blk);
+    for (i64 hb = 0; hb < nhb; hb++) {
+        float* acc = sp + hb * n;
+        std::fill(acc, acc + n, 0.0f);
+        const i64 i0 = hb * blk;
+        vm.fma_rows(acc, x + i0, 1, mt + i0 * T, T, std::min<i64>(blk, HS - i0), n);
+    }
+    if (nhb > 1) tree_combine_rows(sp, nhb, n);
+}
+
+// Σ over j < n of x[j] (or x[j]·y[j]) with blocks over the full key range of nkb blocks; blocks
+// at or past num_blocks(n) are absent. present and ep hold nkb entries.
+float causal_reduce(const Numerics& nx, const VecMath& vm, const float* x, const float* y, i64 n, i64 nkb,
+                    float* ep, unsigned char* present) {
+    if (nx.mode == Mode::fast) return y ? vm.fast_dot(x, y, n) : vm.fast_sum(x, n);
+    const i64 np = num_blocks(n, nx.block);
+    if (y)
+        vm.block_dots(ep, x, y, n, nx.block);
+    else
+        vm.block_sums(ep, x, n, nx.block);
+    for (i64 k = 0; k < nkb; k++) present[k] = k < np;
+    tree_combine_rows(ep, nkb, 1, present);
+    return ep[0];
+}
+
+// acc (HS) = Σ_r coef[r·cs]·x_r over rows r in [r0, r1) of a (T, ldx) matrix, blocks of the full T
+// (row index r, block r / blk), rows outside [r0, r1) absent. op holds nkb rows of HS.
+void rows_reduce(const VecMath& vm, float* op, unsigned char* present, const float* coef, i64 cs,
+                 const float* x, i64 ldx, i64 r0, i64 r1, i64 HS, i64 nkb, int blk) {
+    for (i64 kb = 0; kb < nkb; kb++) {
+        const i64 a = std::max(r0, kb * blk), b = std::min(r1, (kb + 1) * blk);
+        present[kb] = a < b;
+        if (a >= b) continue;
+        float* acc = op + kb * HS;
+        std::fill(acc, acc + HS, 0.0f);
+        vm.fma_rows(acc, coef + a * cs, cs, x + a * ldx, ldx, b - a, HS);
+    }
+    tree_combine_rows(op, nkb, HS, present);
+}
+
+}  // namespace
+
+// out (B,T,C); preatt, att (B,NH,T,T); qkv (B,T,3C)
+void attention_forward(const Numerics& nx, float* out, float* preatt, float* att, const float* qkv,
+                       i64 B, i64 T, i64 C, i64 NH) {
+    PX_ASSERT(NH > 0 && C % NH == 0, "attention: C must be a multiple of NH");
+    if (B <= 0 || T <= 0) return;
+    const VecMath& vm = vecmath(nx.isa);
+    const i64 HS = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(float(HS));
+    const int blk = nx.block;
+    const i64 nkb = num_blocks(T, blk);
+#pragma omp parallel
+    {
+        std::vector<float> kt(HS * T), sp(num_blocks(HS, blk) * T), ep(nkb), op(nkb * HS);
+        std::vector<unsigned char> present(nkb);
+#pragma omp for collapse(2) schedule(dynamic)
+        for (i64 b = 0; b < B; b++) {
+            for (i64 h = 0; h < NH; h++) {
+                const float* base = qkv + b * T * C3;
+                // kᵀ (HS, T): a query's scores then vectorise across keys.
+                for (i64 j = 0; j < T; j++)
+                    for (i64 i = 0; i < HS; i++) kt[i * T + j] = base[j * C3 + C + h * HS + i];
+                for (i64 t = 0; t < T; t++) {
+                    const i64 n = t + 1;
+                    const float* q = base + t * C3 + h * HS;
+                    float* pre = preatt + ((b * NH + h) * T + t) * T;
+                    float* a = att + ((b * NH + h) * T + t) * T;
+                    dots_across(vm, sp.data(), q, kt.data(), HS, T, n, blk);
+                    for (i64 j = 0; j < n; j++) pre[j] = sp[j] * scale;
+                    std::fill(pre + n, pre + T, 0.0f);
+                    const float mx = vm.max(pre, n);
+                    vm.exp_sub(a, pre, mx, n);
+                    const float sum = causal_reduce(nx, vm, a, nullptr, n, nkb, ep.data(), present.data());
+                    for (i64 j = 0; j < n; j++) a[j] = a[j] / sum;
+                    std::fill(a + n, a + T, 0.0f);
+                    rows_reduce(vm, op.data(), present.data(), a, 1, base + 2 * C + h * HS, C3, 0, n, HS,
+                                nkb, blk);
+                    std::copy(op.begin(), op.begin() + HS, out + (b * T + t) * C + h * HS);
+                }
+            }
+        }
+    }
+}
+
+// dqkv (B,T,3C) +=; dpreatt, datt (B,NH,T,T) scratch, assigned; dout (B,T,C); qkv (B,T,3C);
+// att (B,NH,T,T)
+void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* datt,
+                        const float* dout, const float* qkv, const float* att, i64 B, i64 T, i64 C,
+                        i64 NH) {
+    PX_ASSERT(NH > 0 && C % NH == 0, "attention: C must be a multiple of NH");
+    if (B <= 0 || T <= 0) return;
+    const VecMath& vm = vecmath(nx.isa);
+    const i64 HS = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(float(HS));
+    const int blk = nx.block;
+    const i64 nkb = num_blocks(T, blk);
+#pragma omp parallel
+    {
+        std::vector<float> vt(HS * T), sp(num_blocks(HS, blk) * T), ep(nkb), op(nkb * HS);
+        std::vector<unsigned char> present(nkb);
+#pragma omp for collapse(2) schedule(dynamic)
+        for (i64 b = 0; b < B; b++) {
+            for (i64 h = 0; h < NH; h++) {
+                const float* base = qkv + b * T * C3;
+                float* dbase = dqkv + b * T * C3;
+                const float* dob = dout + b * T * C + h * HS;
+                const float* ab = att + (b * NH + h) * T * T;
+                float* dab = datt + (b * NH + h) * T * T;
+                float* dpb = dpreatt + (b * NH + h) * T * T;
+                for (i64 j = 0; j < T; j++)
+                    for (i64 i = 0; i < HS; i++) vt[i * T + j] = base[j * C3 + 2 * C + h * HS + i];
+                // Queries: datt, dpreatt, dq.
+                for (i64 t = 0; t < T; t++) {
+                    const i64 n = t + 1;
+                    const float* a = ab + t * T;
+                    float* da = dab + t * T;
+                    float* dp = dpb + t * T;
+                    dots_across(vm, sp.data(), dob + t * C, vt.data(), HS, T, n, blk);
+                    std::copy(sp.begin(), sp.begin() + n, da);
+                    std::fill(da + n, da + T, 0.0f);
+                    const float s = causal_reduce(nx, vm, a, da, n, nkb, ep.data(), present.data());
+                    for (i64 j = 0; j < n; j++) dp[j] = a[j] * (da[j] - s);
+                    std::fill(dp + n, dp + T, 0.0f);
+                    rows_reduce(vm, op.data(), present.data(), dp, 1, base + C + h * HS, C3, 0, n, HS, nkb,
+                                blk);
+                    float* dq = dbase + t * C3 + h * HS;
+                    for (i64 i = 0; i < HS; i++) dq[i] += op[i] * scale;
+                }
+                // Keys: dk_j and dv_j reduce over the queries t >= j.
+                for (i64 j = 0; j < T; j++) {
+                    float* dk = dbase + j * C3 + C + h * HS;
+                    float* dv = dbase + j * C3 + 2 * C + h * HS;
+                    rows_reduce(vm, op.data(), present.data(), dpb + j, T, base + h * HS, C3, j, T, HS, nkb,
+                                blk);
+                    for (i64 i = 0; i < HS; i++) dk[i] += op[i] * scale;
+                    rows_reduce(vm, op.data(), present.data(), ab + j, T, dob, C, j, T, HS, nkb, blk);
+                    for (i64 i = 0; i < HS; i++) dv[i] += op[i];
+                }
+            }
+        }
+    }
+}
+
+}  // namespace px::cpu

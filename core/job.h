@@ -1,0 +1,106 @@
+// The trainer. A Job owns the model, the optimizer and the data source of one config, and runs
+// optimizer steps with gradient accumulation over microbatches, evaluates the validation loss
+// every N steps, and streams metrics to observers (the CLI's progress bar, the run file; the GUI
+// and Python attach here later).
+//
+// Gradient accumulation is a canonical reduction (DESIGN.md §2.1): each microbatch owns one node
+// of the token tree of the whole batch, and microbatch gradients combine in that tree, so the
+// result does not depend on the microbatch count.
+//
+// Index
+//   StepMetrics   what one step reports
+//   Observer      receives metrics as they happen
+//   Job           construction validates the config against the model and data; step(), run()
+#pragma once
+#include "core/arena.h"
+#include "core/config.h"
+#include "core/model.h"
+#include "core/optimizer.h"
+
+#include <memory>
+#include <vector>
+
+namespace px {
+
+class TokenSource;
+class RunFile;
+
+struct StepMetrics {
+    i64 step = 0;           // 1-based
+    double loss = 0;        // mean training loss of the step's batch, nats/token
+    double val_loss = -1;   // validation loss when evaluated this step, else -1
+    double grad_norm = 0;   // before clipping
+    double lr = 0;
+    double tokens_per_s = 0;
+    double step_ms = 0;
+};
+
+class Job;
+
+class Observer {
+public:
+    virtual ~Observer() = default;
+    virtual void on_start(const Job&) {}
+    virtual void on_step(const Job&, const StepMetrics&) {}
+    virtual void on_end(const Job&) {}
+};
+
+class Job {
+public:
+    explicit Job(const Config& cfg);
+    ~Job();
+    Job(const Job&) = delete;
+    Job& operator=(const Job&) = delete;
+
+    void add_observer(Observer* obs) { observers_.push_back(obs); }
+
+    StepMetrics step();   // one optimizer step over train.batch_size sequences
+    double evaluate();    // mean validation loss over train.val_batches batches
+    void run();           // the remaining steps, with evaluation, the run file and the export
+
+    const Config& config() const { return cfg_; }
+    GPT& model() { return *model_; }
+    const GPT& model() const { return *model_; }
+    AdamW& optimizer() { return *opt_; }
+    const TokenSource& source() const { return *source_; }
+    float* grads() const { return grad_stack_[0].data(); }  // last step's complete gradients
+    i64 steps_done() const { return step_; }
+    const std::vector<StepMetrics>& history() const { return history_; }
+    // Expected minimal loss on the validation windows, when the source knows it (else -1).
+    double loss_floor() const;
+    double entropy_rate() const;  // of the source, nats/token, when known (else -1)
+
+private:
+    void accumulate_microbatch(int k);
+
+    Config cfg_;
+    Numerics nx_;
+    std::unique_ptr<GPT> model_;
+    std::unique_ptr<AdamW> opt_;
+    std::unique_ptr<TokenSource> source_;
+    std::vector<Observer*> observers_;
+    std::vector<StepMetrics> history_;
+
+    i64 step_ = 0;
+    i64 micro_B_ = 0;                 // sequences per microbatch
+    std::vector<int> windows_;        // (batch_size, T+1) sampled windows of the current step
+    std::vector<int> inputs_, targets_;  // (micro_B, T)
+    std::vector<float> losses_;       // (batch_size*T) per-token losses of the step
+    std::vector<Arena> grad_stack_;   // [0] is the step's gradient; more for microbatch partials
+    std::vector<unsigned char> merges_after_;  // per microbatch: merges in the token tree
+    size_t stack_top_ = 0;                      // partials on grad_stack_ during a step
+};
+
+// Writes metrics to <dir>/run.h5 (DESIGN.md §6).
+class RunFileObserver : public Observer {
+public:
+    RunFileObserver(const std::string& path, const Config& cfg);
+    ~RunFileObserver() override;
+    void on_step(const Job& job, const StepMetrics& m) override;
+    void on_end(const Job& job) override;
+
+private:
+    std::unique_ptr<RunFile> file_;
+};
+
+}  // namespace px

@@ -1,0 +1,211 @@
+// The project's own exp, log and tanh in fp32 (DESIGN.md §2.4).
+//
+// Index
+//   exp_t, log_t, tanh_t   the algorithms, written once as templates over a SIMD-ops type S
+//   ScalarOps              S for one float at a time (std::fma), used by generic code
+//   exp, log, tanh         scalar wrappers over ScalarOps
+//
+// Why our own: libm differs between versions and machines and has no vector twin that rounds the
+// same way, so a kernel that called it could not promise the same bits on every path. Here every
+// path (scalar, AVX2, AVX-512, and later CUDA) executes the same sequence of IEEE operations:
+// add, sub, mul, div, fma, comparisons, selects, and exact bit manipulations. Nothing depends on
+// the vector width, so a lane computes what the scalar code computes, bit for bit.
+//
+// The ops type S provides (all static):
+//   F, I, M                    float vector, int32 vector, lane mask
+//   set(float) iset(int32)     broadcast
+//   add sub mul div fma        IEEE, fma(a, b, c) = a·b + c rounded once
+//   min(a, b) = a < b ? a : b  max(a, b) = a > b ? a : b  (the x86 semantics, also for NaN)
+//   lt gt eq(F, F) -> M, isnan(F) -> M, mor(M, M), select(M, a, b) = m ? a : b
+//   ibits(F) fbits(I)          reinterpret; iadd isub iand ior, sra<k> sll<k>, cvt(I) -> F
+//
+// Accuracy (measured by tests/test_ops.cpp against double libm): see the constants below and the
+// test; all three are within 2 ulp over the whole float range.
+//
+// An ISA translation unit (compiled with -mavx2 or -mavx512f) defines PX_MATHFUN_NO_SCALAR
+// before including this file: the scalar wrappers are then invisible there, so no inline copy
+// compiled with AVX encodings can be picked by the linker for generic code.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace px::mathfun {
+
+// --- constants ----------------------------------------------------------------------------------
+// Hex literals so the value is the float written, not a decimal that a reader has to round.
+
+// exp: x = n·ln2 + r with n = round(x·log2e), |r| <= ln2/2. Inputs are clamped first so n stays in
+// [-150, 128]: below -104, exp(x) < 2^-150 rounds to 0; above 89, exp(x) > FLT_MAX.
+inline constexpr float kExpLo = -104.0f;
+inline constexpr float kExpHi = 89.0f;
+inline constexpr float kLog2e = 0x1.715476p+0f;
+// 1.5·2^23: adding it rounds x·log2e to an integer held in the low mantissa bits (same rounding
+// on every path, no float->int conversion instruction involved).
+inline constexpr float kShift = 0x1.8p+23f;
+inline constexpr float kLn2Hi = 0x1.62e430p-1f;   // float(ln2); n·kLn2Hi subtracted exactly by fma
+inline constexpr float kLn2Lo = -0x1.05c610p-29f;  // ln2 - kLn2Hi
+// exp(r) = 1 + r + r²·Q(r), Q of degree 5: a weighted least-squares (Lawson, near minimax) fit of
+// (exp(r) - 1 - r)/r² on |r| <= 0.35, coefficients rounded to float. Approximation error with the
+// rounded coefficients: 0.02 ulp.
+inline constexpr float kExpQ0 = 0x1.000000p-1f;
+inline constexpr float kExpQ1 = 0x1.555554p-3f;
+inline constexpr float kExpQ2 = 0x1.555486p-5f;
+inline constexpr float kExpQ3 = 0x1.111280p-7f;
+inline constexpr float kExpQ4 = 0x1.6d946ap-10f;
+inline constexpr float kExpQ5 = 0x1.9f02bep-13f;
+
+// log: x = 2^e·m with m in [sqrt(1/2), sqrt(2)), f = m - 1 (exact), s = f/(2 + f), z = s²,
+// log(1 + f) = f - s·(f - R(z)), R(z) = z·(2/3 + z·(2/5 + z·(2/7 + z·2/9))) (the atanh series;
+// truncation below 0.02 ulp for |s| <= 0.172).
+inline constexpr int32_t kSqrtHalfBits = 0x3f3504f3;  // bits of float(sqrt(1/2))
+inline constexpr float kLogR1 = 0x1.555556p-1f;        // 2/3
+inline constexpr float kLogR2 = 0x1.99999ap-2f;        // 2/5
+inline constexpr float kLogR3 = 0x1.24924ap-2f;        // 2/7
+inline constexpr float kLogR4 = 0x1.c71c72p-3f;        // 2/9
+
+// tanh: |x| < 0.9: x + x·z·P(z), z = x², P of degree 6 (Lawson fit of (tanh(x) - x)/x³ with
+// relative weight; approximation error with float coefficients 0.1 ulp). There is no cancellation
+// near 0, which the exp form would suffer. |x| >= 0.9: 1 - 2/(exp(2|x|) + 1), where the quotient
+// is below 0.3 so its rounding costs little. |x| >= 10 saturates to ±1 (the exact value is within
+// 2^-57 of it).
+inline constexpr float kTanhSmall = 0.9f;
+inline constexpr float kTanhSat = 10.0f;
+inline constexpr float kTanhP0 = -0x1.55554ep-2f;
+inline constexpr float kTanhP1 = 0x1.110f34p-3f;
+inline constexpr float kTanhP2 = -0x1.b9c9f2p-5f;
+inline constexpr float kTanhP3 = 0x1.62ef7cp-6f;
+inline constexpr float kTanhP4 = -0x1.0ed006p-7f;
+inline constexpr float kTanhP5 = 0x1.5283f8p-9f;
+inline constexpr float kTanhP6 = -0x1.dd95a8p-12f;
+
+// --- algorithms ---------------------------------------------------------------------------------
+
+template <class S> inline typename S::F exp_t(typename S::F x) {
+    using F = typename S::F;
+    using I = typename S::I;
+    const F xc = S::min(S::max(x, S::set(kExpLo)), S::set(kExpHi));
+    const F kn = S::fma(xc, S::set(kLog2e), S::set(kShift));
+    const F n = S::sub(kn, S::set(kShift));
+    // Cody–Waite: the first fma is exact (|r| < 1/2 and both terms are multiples of ulp(r)).
+    F r = S::fma(n, S::set(-kLn2Hi), xc);
+    r = S::fma(n, S::set(-kLn2Lo), r);
+    F q = S::set(kExpQ5);
+    q = S::fma(q, r, S::set(kExpQ4));
+    q = S::fma(q, r, S::set(kExpQ3));
+    q = S::fma(q, r, S::set(kExpQ2));
+    q = S::fma(q, r, S::set(kExpQ1));
+    q = S::fma(q, r, S::set(kExpQ0));
+    // 1 + (r + r²·Q): the small part is formed first so the final add rounds once.
+    const F p = S::add(S::set(1.0f), S::fma(S::mul(r, r), q, r));
+    // 2^n as two normal factors so n in [-150, 128] needs no special case: p·2^n1 is exact and the
+    // second product rounds once, also into the subnormal range and to ±inf.
+    const I ni = S::isub(S::ibits(kn), S::ibits(S::set(kShift)));
+    const I n1 = S::template sra<1>(ni);
+    const I n2 = S::isub(ni, n1);
+    const F s1 = S::fbits(S::template sll<23>(S::iadd(n1, S::iset(127))));
+    const F s2 = S::fbits(S::template sll<23>(S::iadd(n2, S::iset(127))));
+    const F y = S::mul(S::mul(p, s1), s2);
+    return S::select(S::isnan(x), S::add(x, x), y);
+}
+
+template <class S> inline typename S::F log_t(typename S::F x) {
+    using F = typename S::F;
+    using I = typename S::I;
+    // Subnormals (and the zero/negative lanes, fixed below) are scaled into the normal range.
+    const auto sub = S::lt(x, S::set(0x1p-126f));
+    const F xs = S::select(sub, S::mul(x, S::set(0x1p23f)), x);
+    const F eadj = S::select(sub, S::set(-23.0f), S::set(0.0f));
+    const I ix = S::isub(S::ibits(xs), S::iset(kSqrtHalfBits));
+    const I e = S::template sra<23>(ix);
+    const F m = S::fbits(S::iadd(S::iand(ix, S::iset(0x007fffff)), S::iset(kSqrtHalfBits)));
+    const F f = S::sub(m, S::set(1.0f));  // exact: m in [0.70, 1.42)
+    const F s = S::div(f, S::add(S::set(2.0f), f));
+    const F z = S::mul(s, s);
+    F rz = S::fma(S::set(kLogR4), z, S::set(kLogR3));
+    rz = S::fma(rz, z, S::set(kLogR2));
+    rz = S::fma(rz, z, S::set(kLogR1));
+    rz = S::mul(rz, z);
+    // log(1+f) = f - s·(f - R): f is exact, the correction (about f²/2) carries the rounding.
+    const F l1p = S::fma(S::sub(S::set(0.0f), s), S::sub(f, rz), f);
+    const F ef = S::add(S::cvt(e), eadj);
+    F y = S::fma(ef, S::set(kLn2Hi), S::fma(ef, S::set(kLn2Lo), l1p));
+    const F inf = S::set(INFINITY);
+    y = S::select(S::eq(x, S::set(0.0f)), S::sub(S::set(0.0f), inf), y);
+    y = S::select(S::lt(x, S::set(0.0f)), S::set(NAN), y);
+    y = S::select(S::eq(x, inf), inf, y);
+    return S::select(S::isnan(x), S::add(x, x), y);
+}
+
+template <class S> inline typename S::F tanh_t(typename S::F x) {
+    using F = typename S::F;
+    const F sign = S::fbits(S::iand(S::ibits(x), S::iset(INT32_MIN)));
+    const F a = S::fbits(S::iand(S::ibits(x), S::iset(0x7fffffff)));
+    // Near 0: odd polynomial.
+    const F z = S::mul(x, x);
+    F p = S::set(kTanhP6);
+    p = S::fma(p, z, S::set(kTanhP5));
+    p = S::fma(p, z, S::set(kTanhP4));
+    p = S::fma(p, z, S::set(kTanhP3));
+    p = S::fma(p, z, S::set(kTanhP2));
+    p = S::fma(p, z, S::set(kTanhP1));
+    p = S::fma(p, z, S::set(kTanhP0));
+    const F small = S::fma(x, S::mul(z, p), x);
+    // Elsewhere: 1 - 2/(e^{2|x|} + 1), sign restored by OR-ing the sign bit.
+    const F e = exp_t<S>(S::add(a, a));
+    F big = S::sub(S::set(1.0f), S::div(S::set(2.0f), S::add(e, S::set(1.0f))));
+    big = S::select(S::lt(a, S::set(kTanhSat)), big, S::set(1.0f));
+    big = S::fbits(S::ior(S::ibits(big), S::ibits(sign)));
+    const F y = S::select(S::lt(a, S::set(kTanhSmall)), small, big);
+    return S::select(S::isnan(x), S::add(x, x), y);
+}
+
+#if !defined(PX_MATHFUN_NO_SCALAR)
+// One float at a time. std::fma is the correctly rounded fused multiply-add on every target
+// (a libm call where the target has no FMA instruction: slower, same bits).
+struct ScalarOps {
+    using F = float;
+    using I = uint32_t;  // unsigned: wrap-around instead of overflow; sra casts to signed
+    using M = bool;
+    static constexpr int W = 1;
+    static F set(float a) { return a; }
+    static I iset(int32_t a) { return static_cast<uint32_t>(a); }
+    static F add(F a, F b) { return a + b; }
+    static F sub(F a, F b) { return a - b; }
+    static F mul(F a, F b) { return a * b; }
+    static F div(F a, F b) { return a / b; }
+    static F sqrt(F a) { return std::sqrt(a); }
+    static F fma(F a, F b, F c) { return std::fma(a, b, c); }
+    static F min(F a, F b) { return a < b ? a : b; }
+    static F max(F a, F b) { return a > b ? a : b; }
+    static M lt(F a, F b) { return a < b; }
+    static M gt(F a, F b) { return a > b; }
+    static M eq(F a, F b) { return a == b; }
+    static M isnan(F a) { return a != a; }
+    static M mor(M a, M b) { return a || b; }
+    static F select(M m, F a, F b) { return m ? a : b; }
+    static I ibits(F a) {
+        I i;
+        std::memcpy(&i, &a, 4);
+        return i;
+    }
+    static F fbits(I i) {
+        F a;
+        std::memcpy(&a, &i, 4);
+        return a;
+    }
+    static I iadd(I a, I b) { return a + b; }
+    static I isub(I a, I b) { return a - b; }
+    static I iand(I a, I b) { return a & b; }
+    static I ior(I a, I b) { return a | b; }
+    template <int k> static I sra(I a) { return static_cast<uint32_t>(static_cast<int32_t>(a) >> k); }
+    template <int k> static I sll(I a) { return a << k; }
+    static F cvt(I a) { return static_cast<float>(static_cast<int32_t>(a)); }
+};
+
+inline float exp(float x) { return exp_t<ScalarOps>(x); }
+inline float log(float x) { return log_t<ScalarOps>(x); }
+inline float tanh(float x) { return tanh_t<ScalarOps>(x); }
+#endif
+
+}  // namespace px::mathfun

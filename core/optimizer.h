@@ -1,0 +1,39 @@
+// Optimizer: AdamW with decoupled weight decay (none on biases and norms), global-norm gradient
+// clipping and a cosine learning-rate schedule with linear warm-up.
+//
+// Index
+//   lr_at              the schedule
+//   global_grad_norm   sqrt of a canonical sum of squares over every gradient
+//   AdamW              first and second moments, one update per step
+#pragma once
+#include "core/arena.h"
+#include "core/config.h"
+#include "core/model.h"
+
+namespace px {
+
+// Learning rate for step (0-based): linear warm-up to train.lr over warmup_steps, then a cosine
+// decay to train.min_lr at the last step.
+double lr_at(const TrainConfig& tc, i64 step);
+
+// ‖g‖₂ over all parameters: each tensor's Σg² is a canonical reduction over its elements; the
+// per-tensor sums then combine in the canonical tree over tensors in table order.
+float global_grad_norm(const Numerics& nx, const GPT& model, float* grads);
+
+class AdamW {
+public:
+    explicit AdamW(const GPT& model);
+
+    // One update from `grads` (a GradLayout buffer whose wte gradient is complete). Clips to
+    // tc.grad_clip by the given norm. t is the 1-based step.
+    void step(GPT& model, float* grads, float grad_norm, float lr, int t, const TrainConfig& tc);
+
+    float* m() const { return m_.data(); }
+    float* v() const { return v_.data(); }
+    i64 size() const { return m_.size(); }
+
+private:
+    Arena m_, v_;
+};
+
+}  // namespace px

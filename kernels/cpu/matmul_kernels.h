@@ -1,0 +1,58 @@
+// Internal interface between the matmul driver (matmul.cpp) and its per-ISA parts
+// (matmul_avx2.cpp, matmul_avx512.cpp, matmul_fast.cpp). Not for use outside kernels/cpu.
+//
+// Index
+//   TileFn, PackFn, GemmKernel   what one ISA path provides to the canonical GEMM driver
+//   scalar/avx2/avx512::gemm_kernel
+//   gemm_fast                    oneDNN sgemm (Mode::fast)
+//
+// Packed layouts. The driver packs A into panels of MR rows and B into panels of NR columns,
+// both k-major ("panel[k][lane]"), zero-padded past the matrix edge so a microkernel always
+// computes a full MR×NR tile; padded lanes hold +0 sums that are never written out.
+//
+// This header includes nothing but core/shapes.h on purpose: the ISA translation units are
+// compiled with -mavx2 / -mavx512f, and any inline function they instantiate from a shared header
+// (std::min, std::vector, ...) could be picked by the linker for generic code too.
+#pragma once
+#include "core/shapes.h"
+
+namespace px::cpu {
+
+// One MR×NR output tile over klen consecutive elements of K (a chunk of whole blocks, so it starts
+// on a block boundary). ap: A panel (klen, MR); bp: B panel (klen, NR).
+// The chunk is cut into blocks of kb elements (only the last block of K may be short). For each
+// block: acc = +0, acc = fma(a, b, acc) in k order; then, merges[blk] times, acc = stack[top] + acc
+// (node = left + right) popping the stack; then push acc. stack holds levels of MR·NR floats, and
+// sp is the number of levels in use on entry.
+using TileFn = void (*)(const float* ap, const float* bp, i64 klen, i64 kb,
+                        const unsigned char* merges, float* stack, int sp);
+
+// Pack one panel: dst[k·W + l] = src[l·ls + k·ks] for l < lanes and +0 for lanes <= l < W,
+// for k < klen. ls is the stride between lanes, ks the stride along K.
+using PackFn = void (*)(float* dst, const float* src, i64 ls, i64 ks, int lanes, int W, i64 klen);
+
+struct GemmKernel {
+    int mr;            // rows of a tile (A panel width)
+    int nr;            // columns of a tile (B panel width)
+    TileFn tile;       // microkernel
+    PackFn pack;       // panel packing (vectorised copy / transpose)
+    const char* name;  // "avx512 14x32", for benchmarks
+};
+
+namespace scalar {
+GemmKernel gemm_kernel();
+}
+namespace avx2 {
+GemmKernel gemm_kernel();
+}
+namespace avx512 {
+GemmKernel gemm_kernel();
+}
+
+// c (M,N) = a·b (or +=) through oneDNN's sgemm, any summation order. Returns false when the
+// strides cannot be expressed as a row-major sgemm (neither stride of an operand is 1); the
+// caller then uses the canonical path.
+bool gemm_fast(float* c, i64 ldc, const float* a, i64 rsa, i64 csa, const float* b, i64 rsb,
+               i64 csb, i64 M, i64 N, i64 K, bool accumulate);
+
+}  // namespace px::cpu
