@@ -34,8 +34,8 @@ double pow_int(double b, int t) {
 
 // param, m, v, grad (N)
 void adamw_update(const Numerics& nx, float* param, float* m, float* v, const float* grad, i64 N,
-                  float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                  int t) {
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float grad_scale, int t) {
     const VecMath& vm = vecmath(nx.isa);
     const AdamWCoeffs c{lr,
                         beta1,

@@ -16,8 +16,8 @@
 // unmasked element are absent (skipped), so query t's sums are the prefix subtree of the same
 // tree every query uses. Masked entries are written as exact zeros in preatt, att, datt, dpreatt.
 // Threads take whole (b, h) pairs; nothing of one sum is split.
-#include "kernels/cpu/cpu_kernels.h"
 #include "core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/vecmath.h"
 
 #include <algorithm>
@@ -31,8 +31,8 @@ namespace {
 // acc (n) = x (HS) · M[:, j] for j < n, M stored transposed as (HS, T): the HS dimension is cut
 // into blocks, each a sequential fma chain (vectorised across the n outputs), then the tree.
 // sp holds num_blocks(HS, block) rows of n.
-void dots_across(const VecMath& vm, float* sp, const float* x, const float* mt, i64 HS, i64 T, i64 n,
-                 int blk) {
+void dots_across(const VecMath& vm, float* sp, const float* x, const float* mt, i64 HS, i64 T,
+                 i64 n, int blk) {
     const i64 nhb = num_blocks(HS, blk);
     for (i64 hb = 0; hb < nhb; hb++) {
         float* acc = sp + hb * n;
@@ -45,8 +45,8 @@ void dots_across(const VecMath& vm, float* sp, const float* x, const float* mt, 
 
 // Σ over j < n of x[j] (or x[j]·y[j]) with blocks over the full key range of nkb blocks; blocks
 // at or past num_blocks(n) are absent. present and ep hold nkb entries.
-float causal_reduce(const Numerics& nx, const VecMath& vm, const float* x, const float* y, i64 n, i64 nkb,
-                    float* ep, unsigned char* present) {
+float causal_reduce(const Numerics& nx, const VecMath& vm, const float* x, const float* y, i64 n,
+                    i64 nkb, float* ep, unsigned char* present) {
     if (nx.mode == Mode::fast) return y ? vm.fast_dot(x, y, n) : vm.fast_sum(x, n);
     const i64 np = num_blocks(n, nx.block);
     if (y)
@@ -106,11 +106,12 @@ void attention_forward(const Numerics& nx, float* out, float* preatt, float* att
                     std::fill(pre + n, pre + T, 0.0f);
                     const float mx = vm.max(pre, n);
                     vm.exp_sub(a, pre, mx, n);
-                    const float sum = causal_reduce(nx, vm, a, nullptr, n, nkb, ep.data(), present.data());
+                    const float sum =
+                        causal_reduce(nx, vm, a, nullptr, n, nkb, ep.data(), present.data());
                     for (i64 j = 0; j < n; j++) a[j] = a[j] / sum;
                     std::fill(a + n, a + T, 0.0f);
-                    rows_reduce(vm, op.data(), present.data(), a, 1, base + 2 * C + h * HS, C3, 0, n, HS,
-                                nkb, blk);
+                    rows_reduce(vm, op.data(), present.data(), a, 1, base + 2 * C + h * HS, C3, 0,
+                                n, HS, nkb, blk);
                     std::copy(op.begin(), op.begin() + HS, out + (b * T + t) * C + h * HS);
                 }
             }
@@ -157,8 +158,8 @@ void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* 
                     const float s = causal_reduce(nx, vm, a, da, n, nkb, ep.data(), present.data());
                     for (i64 j = 0; j < n; j++) dp[j] = a[j] * (da[j] - s);
                     std::fill(dp + n, dp + T, 0.0f);
-                    rows_reduce(vm, op.data(), present.data(), dp, 1, base + C + h * HS, C3, 0, n, HS, nkb,
-                                blk);
+                    rows_reduce(vm, op.data(), present.data(), dp, 1, base + C + h * HS, C3, 0, n,
+                                HS, nkb, blk);
                     float* dq = dbase + t * C3 + h * HS;
                     for (i64 i = 0; i < HS; i++) dq[i] += op[i] * scale;
                 }
@@ -166,10 +167,11 @@ void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* 
                 for (i64 j = 0; j < T; j++) {
                     float* dk = dbase + j * C3 + C + h * HS;
                     float* dv = dbase + j * C3 + 2 * C + h * HS;
-                    rows_reduce(vm, op.data(), present.data(), dpb + j, T, base + h * HS, C3, j, T, HS, nkb,
-                                blk);
+                    rows_reduce(vm, op.data(), present.data(), dpb + j, T, base + h * HS, C3, j, T,
+                                HS, nkb, blk);
                     for (i64 i = 0; i < HS; i++) dk[i] += op[i] * scale;
-                    rows_reduce(vm, op.data(), present.data(), ab + j, T, dob, C, j, T, HS, nkb, blk);
+                    rows_reduce(vm, op.data(), present.data(), ab + j, T, dob, C, j, T, HS, nkb,
+                                blk);
                     for (i64 i = 0; i < HS; i++) dv[i] += op[i];
                 }
             }

@@ -5,9 +5,9 @@
 // with max exact, exp and log from core/mathfun.h, and S the canonical tree over blocks of
 // nx.block logits (Mode::bitwise). Backward: dlogits = (probs - onehot(target))·dloss, assigned.
 // Threads take whole rows.
-#include "kernels/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/mathfun.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/vecmath.h"
 
 #include <string>
@@ -18,8 +18,9 @@ namespace px::cpu {
 namespace {
 void check_target(int target, i64 row, i64 V) {
     if (target < 0 || target >= V)
-        throw Error("crossentropy: target " + std::to_string(target) + " of row " + std::to_string(row) +
-                    " is outside the vocabulary [0, " + std::to_string(V) + ")");
+        throw Error("crossentropy: target " + std::to_string(target) + " of row " +
+                    std::to_string(row) + " is outside the vocabulary [0, " + std::to_string(V) +
+                    ")");
 }
 }  // namespace
 

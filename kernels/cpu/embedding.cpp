@@ -5,8 +5,8 @@
 // output row are grouped by their block n / nx.block, summed sequentially inside a block (from
 // +0, in index order) and the blocks combine in the canonical tree over all num_blocks(B·T) blocks,
 // with the blocks that hold none of the row's tokens skipped. Threads take whole output rows.
-#include "kernels/cpu/cpu_kernels.h"
 #include "core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 #include <algorithm>
 #include <string>
@@ -80,8 +80,9 @@ void embedding_backward(const Numerics& nx, float* dwte, float* dwpe, const floa
         std::vector<i64> start(V + 1, 0), order(BT);
         for (i64 n = 0; n < BT; n++) {
             if (tokens[n] < 0 || tokens[n] >= V)
-                throw Error("embedding_backward: token " + std::to_string(tokens[n]) + " at position " +
-                            std::to_string(n) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+                throw Error("embedding_backward: token " + std::to_string(tokens[n]) +
+                            " at position " + std::to_string(n) +
+                            " is outside the vocabulary [0, " + std::to_string(V) + ")");
             start[tokens[n] + 1]++;
         }
         for (i64 v = 0; v < V; v++) start[v + 1] += start[v];
@@ -96,8 +97,8 @@ void embedding_backward(const Numerics& nx, float* dwte, float* dwpe, const floa
 #pragma omp for schedule(dynamic, 16)
             for (i64 r = 0; r < i64(ids.size()); r++) {
                 const i64 v = ids[r];
-                reduce_tokens(dwte + v * C, dout, order.data() + start[v], start[v + 1] - start[v], C, blk,
-                              nb, p, bids);
+                reduce_tokens(dwte + v * C, dout, order.data() + start[v], start[v + 1] - start[v],
+                              C, blk, nb, p, bids);
             }
         }
     }

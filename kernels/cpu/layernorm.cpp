@@ -79,7 +79,8 @@ void layernorm_backward(const Numerics& nx, float* dinp, float* dweight, float* 
                 if (aw) vm.fma_elem(aw, norm.data(), d, C);
                 if (dinp) {
                     const float dm = reduce_sum(nx, vm, dnorm.data(), C, part) / float(C);
-                    const float dnm = reduce_dot(nx, vm, dnorm.data(), norm.data(), C, part) / float(C);
+                    const float dnm =
+                        reduce_dot(nx, vm, dnorm.data(), norm.data(), C, part) / float(C);
                     float* di = dinp + t * C;
                     for (i64 i = 0; i < C; i++) di[i] += ((dnorm[i] - dm) - norm[i] * dnm) * s;
                 }

@@ -3,6 +3,7 @@
 // Index
 //   AdamWCoeffs        per-call constants of the AdamW element update
 //   VecMath            the table of routines; vecmath(isa) picks one
+//   reduce_sum/_dot    a row's sum in the mode's order (canonical tree in Mode::bitwise)
 //   impl:: templates   the loop bodies, written once over a SIMD-ops type (see core/mathfun.h)
 //
 // Every routine computes, per element (or per block), the same sequence of IEEE operations on
@@ -21,7 +22,8 @@ namespace px::cpu {
 // param -= lr·( (m/bc1) / (sqrt(v/bc2) + eps) + wd·param ) after the moment updates; the bias
 // corrections bc1, bc2 are computed once per call (adamw.cpp).
 struct AdamWCoeffs {
-    float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, grad_scale, bc1, bc2;
+    float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, grad_scale, bc1,
+        bc2;
 };
 
 struct VecMath {
@@ -30,6 +32,7 @@ struct VecMath {
     void (*exp)(float* out, const float* x, i64 n);
     void (*log)(float* out, const float* x, i64 n);
     void (*tanh)(float* out, const float* x, i64 n);
+    void (*erf)(float* out, const float* x, i64 n);
     // out (n) = exp(x - shift): the numerator of a softmax.
     void (*exp_sub)(float* out, const float* x, float shift, i64 n);
     // max of x (n >= 1); NaN if any element is NaN. (The sign of a zero maximum is unspecified;
@@ -42,7 +45,8 @@ struct VecMath {
     void (*adamw)(float* param, float* m, float* v, const float* grad, i64 n, const AdamWCoeffs& c);
     // acc (w) : for r in [0, rows) in order, acc[i] = fma(coef[r·cs], x[r·ldx + i], acc[i]).
     // The sequential in-block part of a canonical reduction, vectorised across w outputs.
-    void (*fma_rows)(float* acc, const float* coef, i64 cs, const float* x, i64 ldx, i64 rows, i64 w);
+    void (*fma_rows)(float* acc, const float* coef, i64 cs, const float* x, i64 ldx, i64 rows,
+                     i64 w);
     // acc (n) = fma(a, b, acc) elementwise.
     void (*fma_elem)(float* acc, const float* a, const float* b, i64 n);
     // part (num_blocks(n, block)): part[j] = sequential fp32 sum from +0 of block j of x (n),
@@ -71,8 +75,8 @@ inline float reduce_sum(const Numerics& nx, const VecMath& vm, const float* x, i
     return tree_sum(part.data(), nb);
 }
 // Σ x·y (n), fma inside a block; as reduce_sum.
-inline float reduce_dot(const Numerics& nx, const VecMath& vm, const float* x, const float* y, i64 n,
-                        std::vector<float>& part) {
+inline float reduce_dot(const Numerics& nx, const VecMath& vm, const float* x, const float* y,
+                        i64 n, std::vector<float>& part) {
     if (n <= 0) return 0.0f;
     if (nx.mode == Mode::fast) return vm.fast_dot(x, y, n);
     const i64 nb = num_blocks(n, nx.block);
@@ -110,37 +114,52 @@ extern const VecMath table;
 //   gather(base, I idx), mask_gather(base, I idx, M)   base[idx] (masked lanes: 0, not read)
 namespace px::cpu::impl {
 
-inline constexpr float kGeluS = 0x1.988454p-1f;  // float(sqrt(2/pi))
-inline constexpr float kGeluA = 0x1.6e4e26p-5f;  // float(0.044715)
+inline constexpr float kGeluS = 0x1.988454p-1f;   // float(sqrt(2/pi))
+inline constexpr float kGeluA = 0x1.6e4e26p-5f;   // float(0.044715)
 inline constexpr float kGeluA3 = 0x1.12ba9ep-3f;  // float(3·0.044715)
 
 // Calls fn(i, k) over [0, n) in steps of W; the last call may have k < W.
-template <class S, class Fn> inline void for_each_vec(i64 n, Fn fn) {
+template <class S, class Fn>
+inline void for_each_vec(i64 n, Fn fn) {
     i64 i = 0;
     for (; i + S::W <= n; i += S::W) fn(i, i64(S::W));
     if (i < n) fn(i, n - i);
 }
 
-template <class S> inline typename S::F ld(const float* p, i64 k) {
+template <class S>
+inline typename S::F ld(const float* p, i64 k) {
     return k == S::W ? S::load(p) : S::load_n(p, k);
 }
-template <class S> inline void st(float* p, typename S::F v, i64 k) {
+template <class S>
+inline void st(float* p, typename S::F v, i64 k) {
     if (k == S::W)
         S::store(p, v);
     else
         S::store_n(p, v, k);
 }
 
-template <class S> void exp_n(float* out, const float* x, i64 n) {
-    for_each_vec<S>(n, [&](i64 i, i64 k) { st<S>(out + i, mathfun::exp_t<S>(ld<S>(x + i, k)), k); });
+template <class S>
+void exp_n(float* out, const float* x, i64 n) {
+    for_each_vec<S>(n,
+                    [&](i64 i, i64 k) { st<S>(out + i, mathfun::exp_t<S>(ld<S>(x + i, k)), k); });
 }
-template <class S> void log_n(float* out, const float* x, i64 n) {
-    for_each_vec<S>(n, [&](i64 i, i64 k) { st<S>(out + i, mathfun::log_t<S>(ld<S>(x + i, k)), k); });
+template <class S>
+void log_n(float* out, const float* x, i64 n) {
+    for_each_vec<S>(n,
+                    [&](i64 i, i64 k) { st<S>(out + i, mathfun::log_t<S>(ld<S>(x + i, k)), k); });
 }
-template <class S> void tanh_n(float* out, const float* x, i64 n) {
-    for_each_vec<S>(n, [&](i64 i, i64 k) { st<S>(out + i, mathfun::tanh_t<S>(ld<S>(x + i, k)), k); });
+template <class S>
+void tanh_n(float* out, const float* x, i64 n) {
+    for_each_vec<S>(n,
+                    [&](i64 i, i64 k) { st<S>(out + i, mathfun::tanh_t<S>(ld<S>(x + i, k)), k); });
 }
-template <class S> void exp_sub_n(float* out, const float* x, float shift, i64 n) {
+template <class S>
+void erf_n(float* out, const float* x, i64 n) {
+    for_each_vec<S>(n,
+                    [&](i64 i, i64 k) { st<S>(out + i, mathfun::erf_t<S>(ld<S>(x + i, k)), k); });
+}
+template <class S>
+void exp_sub_n(float* out, const float* x, float shift, i64 n) {
     const auto sh = S::set(shift);
     for_each_vec<S>(n, [&](i64 i, i64 k) {
         st<S>(out + i, mathfun::exp_t<S>(S::sub(ld<S>(x + i, k), sh)), k);
@@ -148,11 +167,13 @@ template <class S> void exp_sub_n(float* out, const float* x, float shift, i64 n
 }
 
 // Lane rule: take v when v > m or v is NaN, so a NaN lane stays NaN.
-template <class S> inline typename S::F max_nan(typename S::F m, typename S::F v) {
+template <class S>
+inline typename S::F max_nan(typename S::F m, typename S::F v) {
     return S::select(S::mor(S::gt(v, m), S::isnan(v)), v, m);
 }
 
-template <class S> float max_n(const float* x, i64 n) {
+template <class S>
+float max_n(const float* x, i64 n) {
     auto m = S::set(-INFINITY);
     for_each_vec<S>(n, [&](i64 i, i64 k) {
         auto v = ld<S>(x + i, k);
@@ -172,12 +193,14 @@ template <class S> float max_n(const float* x, i64 n) {
 }
 
 // gelu(x) = 0.5·x·(1 + tanh(u)), u = s·(x + a·x³).
-template <class S> inline typename S::F gelu_u(typename S::F x) {
+template <class S>
+inline typename S::F gelu_u(typename S::F x) {
     const auto cube = S::mul(S::mul(S::mul(S::set(kGeluA), x), x), x);
     return S::mul(S::set(kGeluS), S::add(x, cube));
 }
 
-template <class S> void gelu_forward_n(float* out, const float* x, i64 n) {
+template <class S>
+void gelu_forward_n(float* out, const float* x, i64 n) {
     for_each_vec<S>(n, [&](i64 i, i64 k) {
         const auto xv = ld<S>(x + i, k);
         const auto t = mathfun::tanh_t<S>(gelu_u<S>(xv));
@@ -187,13 +210,14 @@ template <class S> void gelu_forward_n(float* out, const float* x, i64 n) {
 
 // gelu'(x) = 0.5·(1 + t) + 0.5·x·(1 - t²)·s·(1 + 3a·x²), t = tanh(u). 1 - t² is one fma, so it is
 // rounded once (cosh, as in llm.c, would overflow for large u).
-template <class S> void gelu_backward_n(float* dinp, const float* x, const float* dout, i64 n) {
+template <class S>
+void gelu_backward_n(float* dinp, const float* x, const float* dout, i64 n) {
     for_each_vec<S>(n, [&](i64 i, i64 k) {
         const auto xv = ld<S>(x + i, k);
         const auto t = mathfun::tanh_t<S>(gelu_u<S>(xv));
         const auto sech2 = S::fma(S::sub(S::set(0.0f), t), t, S::set(1.0f));
-        const auto du = S::mul(S::set(kGeluS),
-                               S::add(S::set(1.0f), S::mul(S::mul(S::set(kGeluA3), xv), xv)));
+        const auto du =
+            S::mul(S::set(kGeluS), S::add(S::set(1.0f), S::mul(S::mul(S::set(kGeluA3), xv), xv)));
         const auto half_x = S::mul(S::set(0.5f), xv);
         const auto local = S::add(S::mul(S::set(0.5f), S::add(S::set(1.0f), t)),
                                   S::mul(S::mul(half_x, sech2), du));
@@ -206,8 +230,8 @@ template <class S>
 void adamw_n(float* param, float* m, float* v, const float* grad, i64 n, const AdamWCoeffs& c) {
     for_each_vec<S>(n, [&](i64 i, i64 k) {
         const auto g = S::mul(ld<S>(grad + i, k), S::set(c.grad_scale));
-        const auto mv = S::add(S::mul(S::set(c.beta1), ld<S>(m + i, k)),
-                               S::mul(S::set(c.one_minus_beta1), g));
+        const auto mv =
+            S::add(S::mul(S::set(c.beta1), ld<S>(m + i, k)), S::mul(S::set(c.one_minus_beta1), g));
         const auto vv = S::add(S::mul(S::set(c.beta2), ld<S>(v + i, k)),
                                S::mul(S::set(c.one_minus_beta2), S::mul(g, g)));
         const auto mhat = S::div(mv, S::set(c.bc1));
@@ -245,12 +269,14 @@ void fma_rows_n(float* acc, const float* coef, i64 cs, const float* x, i64 ldx, 
     for (; i < w; i += W) {
         const i64 k = std::min(W, w - i);
         auto a = ld<S>(acc + i, k);
-        for (i64 r = 0; r < rows; r++) a = S::fma(S::set(coef[r * cs]), ld<S>(x + r * ldx + i, k), a);
+        for (i64 r = 0; r < rows; r++)
+            a = S::fma(S::set(coef[r * cs]), ld<S>(x + r * ldx + i, k), a);
         st<S>(acc + i, a, k);
     }
 }
 
-template <class S> void fma_elem_n(float* acc, const float* a, const float* b, i64 n) {
+template <class S>
+void fma_elem_n(float* acc, const float* a, const float* b, i64 n) {
     for_each_vec<S>(n, [&](i64 i, i64 k) {
         st<S>(acc + i, S::fma(ld<S>(a + i, k), ld<S>(b + i, k), ld<S>(acc + i, k)), k);
     });
@@ -290,9 +316,10 @@ void block_reduce_n(float* part, const float* x, const float* y, i64 n, int bloc
                 const auto act = S::igt(lenv, S::iset(i));
                 const auto idx = S::iadd(offv, S::iset(i));
                 if constexpr (Dot)
-                    acc = S::select(act,
-                                    S::fma(S::mask_gather(xb, idx, act), S::mask_gather(yb, idx, act), acc),
-                                    acc);
+                    acc = S::select(
+                        act,
+                        S::fma(S::mask_gather(xb, idx, act), S::mask_gather(yb, idx, act), acc),
+                        acc);
                 else
                     acc = S::select(act, S::add(acc, S::mask_gather(xb, idx, act)), acc);
             }
@@ -301,14 +328,17 @@ void block_reduce_n(float* part, const float* x, const float* y, i64 n, int bloc
     }
 }
 
-template <class S> void block_sums_n(float* part, const float* x, i64 n, int block) {
+template <class S>
+void block_sums_n(float* part, const float* x, i64 n, int block) {
     block_reduce_n<S, false>(part, x, nullptr, n, block);
 }
-template <class S> void block_dots_n(float* part, const float* x, const float* y, i64 n, int block) {
+template <class S>
+void block_dots_n(float* part, const float* x, const float* y, i64 n, int block) {
     block_reduce_n<S, true>(part, x, y, n, block);
 }
 
-template <class S> inline float hsum(typename S::F v) {
+template <class S>
+inline float hsum(typename S::F v) {
     alignas(64) float lanes[64];
     S::store(lanes, v);
     float r = 0.0f;
@@ -316,7 +346,8 @@ template <class S> inline float hsum(typename S::F v) {
     return r;
 }
 
-template <class S> float fast_sum_n(const float* x, i64 n) {
+template <class S>
+float fast_sum_n(const float* x, i64 n) {
     constexpr i64 W = S::W;
     auto a0 = S::set(0.0f), a1 = a0, a2 = a0, a3 = a0;
     i64 i = 0;
@@ -330,7 +361,8 @@ template <class S> float fast_sum_n(const float* x, i64 n) {
     return hsum<S>(S::add(S::add(a0, a1), S::add(a2, a3)));
 }
 
-template <class S> float fast_dot_n(const float* x, const float* y, i64 n) {
+template <class S>
+float fast_dot_n(const float* x, const float* y, i64 n) {
     constexpr i64 W = S::W;
     auto a0 = S::set(0.0f), a1 = a0, a2 = a0, a3 = a0;
     i64 i = 0;
@@ -347,22 +379,13 @@ template <class S> float fast_dot_n(const float* x, const float* y, i64 n) {
     return hsum<S>(S::add(S::add(a0, a1), S::add(a2, a3)));
 }
 
-template <class S> constexpr VecMath make_table(Isa isa) {
-    return VecMath{isa,
-                   exp_n<S>,
-                   log_n<S>,
-                   tanh_n<S>,
-                   exp_sub_n<S>,
-                   max_n<S>,
-                   gelu_forward_n<S>,
-                   gelu_backward_n<S>,
-                   adamw_n<S>,
-                   fma_rows_n<S>,
-                   fma_elem_n<S>,
-                   block_sums_n<S>,
-                   block_dots_n<S>,
-                   fast_sum_n<S>,
-                   fast_dot_n<S>};
+template <class S>
+constexpr VecMath make_table(Isa isa) {
+    return VecMath{
+        isa,           exp_n<S>,      log_n<S>,          tanh_n<S>,          erf_n<S>,
+        exp_sub_n<S>,  max_n<S>,      gelu_forward_n<S>, gelu_backward_n<S>, adamw_n<S>,
+        fma_rows_n<S>, fma_elem_n<S>, block_sums_n<S>,   block_dots_n<S>,    fast_sum_n<S>,
+        fast_dot_n<S>};
 }
 
 }  // namespace px::cpu::impl

@@ -36,15 +36,24 @@ struct Ops {
     static I isub(I a, I b) { return _mm256_sub_epi32(a, b); }
     static I iand(I a, I b) { return _mm256_and_si256(a, b); }
     static I ior(I a, I b) { return _mm256_or_si256(a, b); }
-    template <int k> static I sra(I a) { return _mm256_srai_epi32(a, k); }
-    template <int k> static I sll(I a) { return _mm256_slli_epi32(a, k); }
+    template <int k>
+    static I sra(I a) {
+        return _mm256_srai_epi32(a, k);
+    }
+    template <int k>
+    static I sll(I a) {
+        return _mm256_slli_epi32(a, k);
+    }
     static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
     static M igt(I a, I b) { return _mm256_castsi256_ps(_mm256_cmpgt_epi32(a, b)); }
-    static I iload(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+    static I iload(const int32_t* p) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    }
     static F load(const float* p) { return _mm256_loadu_ps(p); }
     static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
     static I first(i64 k) {
-        return _mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(k)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        return _mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(k)),
+                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     }
     static F load_n(const float* p, i64 k) { return _mm256_maskload_ps(p, first(k)); }
     static void store_n(float* p, F v, i64 k) { _mm256_maskstore_ps(p, first(k), v); }

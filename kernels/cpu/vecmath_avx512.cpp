@@ -41,8 +41,14 @@ struct Ops {
     static I isub(I a, I b) { return _mm512_sub_epi32(a, b); }
     static I iand(I a, I b) { return _mm512_and_si512(a, b); }
     static I ior(I a, I b) { return _mm512_or_si512(a, b); }
-    template <int k> static I sra(I a) { return _mm512_srai_epi32(a, k); }
-    template <int k> static I sll(I a) { return _mm512_slli_epi32(a, k); }
+    template <int k>
+    static I sra(I a) {
+        return _mm512_srai_epi32(a, k);
+    }
+    template <int k>
+    static I sll(I a) {
+        return _mm512_slli_epi32(a, k);
+    }
     static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
     static M igt(I a, I b) { return _mm512_cmpgt_epi32_mask(a, b); }
     static I iload(const int32_t* p) { return _mm512_loadu_si512(p); }

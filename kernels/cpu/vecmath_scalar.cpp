@@ -22,7 +22,9 @@ struct Ops : mathfun::ScalarOps {
     static I iload(const int32_t* p) { return static_cast<uint32_t>(*p); }
     static M igt(I a, I b) { return static_cast<int32_t>(a) > static_cast<int32_t>(b); }
     static F gather(const float* base, I idx) { return base[static_cast<int32_t>(idx)]; }
-    static F mask_gather(const float* base, I idx, M m) { return m ? base[static_cast<int32_t>(idx)] : 0.0f; }
+    static F mask_gather(const float* base, I idx, M m) {
+        return m ? base[static_cast<int32_t>(idx)] : 0.0f;
+    }
 };
 
 }  // namespace
@@ -34,12 +36,16 @@ const VecMath table = impl::make_table<Ops>(Isa::scalar);
 const VecMath& vecmath(Isa isa) {
     static const Isa best = detect_isa();
     if (static_cast<int>(isa) > static_cast<int>(best))
-        throw Error(std::string("numerics.isa = ") + isa_name(isa) + " is not supported by this CPU (best: " +
-                    isa_name(best) + "); choose " + isa_name(best) + " or scalar");
+        throw Error(std::string("numerics.isa = ") + isa_name(isa) +
+                    " is not supported by this CPU (best: " + isa_name(best) + "); choose " +
+                    isa_name(best) + " or scalar");
     switch (isa) {
-    case Isa::avx2: return avx2::table;
-    case Isa::avx512: return avx512::table;
-    case Isa::scalar: break;
+        case Isa::avx2:
+            return avx2::table;
+        case Isa::avx512:
+            return avx512::table;
+        case Isa::scalar:
+            break;
     }
     return scalar::table;
 }
