@@ -51,11 +51,7 @@ struct StepRunner {
         const double loss = canonical_sum(model.losses(), n, model.numerics().block) / static_cast<double>(n);
         std::fill(grads.begin(), grads.end(), 0.0f);
         model.backward(grads.data(), tokens.data(), targets.data(), 1.0f / static_cast<float>(n));
-        const TableEntry& e = model.table().entries[model.table().wte];
-        float* dwte = grads.data() + e.offset;
-        const float* head = grads.data() + model.grad_layout().head_offset;
-#pragma omp parallel for schedule(static)
-        for (i64 i = 0; i < e.numel(); i++) dwte[i] = dwte[i] + head[i];
+        model.combine_tied_grads(grads.data());
         const float norm = global_grad_norm(model.numerics(), model, grads.data());
         TrainConfig tc;
         opt.step(model, grads.data(), norm, 6e-4f, t, tc);

@@ -142,14 +142,7 @@ StepMetrics Job::step() {
 
     // wte is used twice: embedding and LM head. Their token reductions are complete now.
     float* g = grad_stack_[0].data();
-    {
-        const TableEntry& e = model_->table().entries[model_->table().wte];
-        float* dwte = g + e.offset;
-        const float* head = g + model_->grad_layout().head_offset;
-        const i64 n = e.numel();
-#pragma omp parallel for schedule(static)
-        for (i64 i = 0; i < n; i++) dwte[i] = dwte[i] + head[i];
-    }
+    model_->combine_tied_grads(g);
 
     StepMetrics m;
     m.step = step_ + 1;

@@ -215,4 +215,13 @@ void GPT::backward(float* grads, const int* tokens, const int* targets, float dl
     ops::embedding_backward(nx, grad(grads, table_.wte), grad(grads, table_.wpe), dresidual, tokens);
 }
 
+void GPT::combine_tied_grads(float* grads) const {
+    const TableEntry& e = table_.entries[table_.wte];
+    float* dwte = grads + e.offset;
+    const float* head = grads + glayout_.head_offset;
+    const i64 n = e.numel();
+#pragma omp parallel for schedule(static)
+    for (i64 i = 0; i < n; i++) dwte[i] = dwte[i] + head[i];
+}
+
 }  // namespace px

@@ -52,6 +52,9 @@ public:
     // before its first microbatch). dloss is d(mean loss)/d(token loss) = 1/(tokens in the batch).
     void backward(float* grads, const int* tokens, const int* targets, float dloss);
 
+    // Once every microbatch is in: dwte = dwte(embedding) + dwte(LM head), in that order.
+    void combine_tied_grads(float* grads) const;
+
     i64 activation_bytes() const { return acts_.size() * static_cast<i64>(sizeof(float)); }
 
 private:

@@ -140,10 +140,7 @@ void check_model_gradients(int block) {
     loss32 /= fx.B * fx.T;
     std::vector<float> grads(static_cast<size_t>(model.grad_layout().total), 0.0f);
     model.backward(grads.data(), fx.tok.data(), fx.tgt.data(), 1.0f / static_cast<float>(fx.B * fx.T));
-    // wte's two uses combine once the batch is in (core/model.h GradLayout)
-    const TableEntry& wte = model.table().entries[model.table().wte];
-    for (i64 i = 0; i < wte.numel(); i++)
-        grads[wte.offset + i] += grads[model.grad_layout().head_offset + i];
+    model.combine_tied_grads(grads.data());
 
     RefGPT ref{fx.mc, model.table(), {}};
     ref.p.assign(model.params(), model.params() + model.table().total);

@@ -207,3 +207,24 @@ TEST_CASE("CLI: the embedded default runs, and bad input exits 2 naming the key"
     CHECK(help.rc == 0);
     CHECK_THAT(help.out, Catch::Contains("--set"));
 }
+
+TEST_CASE("weights exported as an llm.c checkpoint load back bit for bit through init_from") {
+    const std::string dir = temp_dir("export");
+    Config c = small_job();
+    c.model.ffn = 4 * c.model.hidden;  // llm.c's format fixes the MLP at 4·C
+    c.train.steps = 2;
+    c.output.export_llmc = dir + "/model.bin";
+    Job trained(c);
+    trained.run();
+
+    Config c2 = small_job();
+    c2.model.ffn = c.model.ffn;
+    c2.model.init_from = c.output.export_llmc;
+    Job loaded(c2);
+    const i64 n = trained.model().table().total;
+    CHECK(std::memcmp(trained.model().params(), loaded.model().params(),
+                      static_cast<size_t>(n) * sizeof(float)) == 0);
+
+    c2.model.layers = 3;  // a checkpoint of another shape is refused, naming the key
+    CHECK_THROWS_WITH(Job(c2), Catch::Contains("model.layers"));
+}
