@@ -1447,32 +1447,3 @@ TEST_CASE("vecmath: every routine gives identical bits on every ISA, bodies and 
         }
     }
 }
-
-// Prints ns per element of the elementwise paths; never fails on a time.
-TEST_CASE("vecmath: speed of the elementwise paths", "[.][speed]") {
-    const i64 n = 1 << 16;
-    Rng r(1);
-    const Vec x = randv(r, n, -5.0f, 5.0f), xp = randv(r, n, 0.01f, 100.0f);
-    Vec y(n), g = randv(r, n), m(n, 0.0f), v(n, 0.0f);
-    for (Isa isa : permitted_isas()) {
-        const auto& vm = cpu::vecmath(isa);
-        const auto time = [&](const char* what, auto fn) {
-            const int reps = isa == Isa::scalar ? 5 : 100;
-            const auto t0 = std::chrono::steady_clock::now();
-            for (int k = 0; k < reps; k++) fn();
-            const double ns =
-                std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0)
-                    .count();
-            std::printf("%-8s %-14s %7.3f ns/elem\n", isa_name(isa), what, ns / double(reps * n));
-        };
-        time("exp", [&] { vm.exp(y.data(), x.data(), n); });
-        time("log", [&] { vm.log(y.data(), xp.data(), n); });
-        time("tanh", [&] { vm.tanh(y.data(), x.data(), n); });
-        time("gelu_fwd", [&] { vm.gelu_forward(y.data(), x.data(), n); });
-        time("gelu_bwd", [&] { vm.gelu_backward(y.data(), x.data(), g.data(), n); });
-        cpu::AdamWCoeffs c{1e-3f, 0.9f, 0.99f, 0.1f, 0.01f, 1e-8f, 0.1f, 1.0f, 0.3f, 0.05f};
-        time("adamw", [&] { vm.adamw(y.data(), m.data(), v.data(), g.data(), n, c); });
-        time("block_sums64", [&] { vm.block_sums(y.data(), x.data(), n, 64); });
-        time("fast_sum", [&] { y[0] = vm.fast_sum(x.data(), n); });
-    }
-}
