@@ -71,7 +71,8 @@ void fill_uniform(std::vector<float>& v, std::uint64_t seed) {
         x ^= x >> 33;
         x *= 0xc4ceb9fe1a85ec53ull;
         x ^= x >> 33;
-        v[i] = static_cast<float>(static_cast<double>(x >> 40) / static_cast<double>(1ull << 23) - 1.0);
+        v[i] = static_cast<float>(static_cast<double>(x >> 40) / static_cast<double>(1ull << 23) -
+                                  1.0);
     }
 }
 
@@ -100,9 +101,15 @@ struct Problem {
     double flops() const { return 2.0 * BT * cs.C * cs.OC; }
     const char* shape() const {
         static char buf[64];
-        if (cs.op == Op::forward) std::snprintf(buf, sizeof buf, "%lldx%lldx%lld", (long long)BT, (long long)cs.OC, (long long)cs.C);
-        else if (cs.op == Op::dinp) std::snprintf(buf, sizeof buf, "%lldx%lldx%lld", (long long)BT, (long long)cs.C, (long long)cs.OC);
-        else std::snprintf(buf, sizeof buf, "%lldx%lldx%lld", (long long)cs.OC, (long long)cs.C, (long long)BT);
+        if (cs.op == Op::forward)
+            std::snprintf(buf, sizeof buf, "%lldx%lldx%lld", (long long)BT, (long long)cs.OC,
+                          (long long)cs.C);
+        else if (cs.op == Op::dinp)
+            std::snprintf(buf, sizeof buf, "%lldx%lldx%lld", (long long)BT, (long long)cs.C,
+                          (long long)cs.OC);
+        else
+            std::snprintf(buf, sizeof buf, "%lldx%lldx%lld", (long long)cs.OC, (long long)cs.C,
+                          (long long)BT);
         return buf;
     }
     // Runs the op into out (gradients accumulate, so out is cleared first, outside the timing).
@@ -110,15 +117,18 @@ struct Problem {
         std::fill(out.begin(), out.end(), 0.0f);
         return seconds_of([&] {
             switch (cs.op) {
-            case Op::forward:
-                cpu::matmul_forward(nx, out.data(), inp.data(), weight.data(), cs.bias ? bias.data() : nullptr, BT, cs.C, cs.OC);
-                break;
-            case Op::dinp:
-                cpu::matmul_backward(nx, out.data(), nullptr, nullptr, dout.data(), inp.data(), weight.data(), BT, cs.C, cs.OC);
-                break;
-            case Op::dweight:
-                cpu::matmul_backward(nx, nullptr, out.data(), nullptr, dout.data(), inp.data(), weight.data(), BT, cs.C, cs.OC);
-                break;
+                case Op::forward:
+                    cpu::matmul_forward(nx, out.data(), inp.data(), weight.data(),
+                                        cs.bias ? bias.data() : nullptr, BT, cs.C, cs.OC);
+                    break;
+                case Op::dinp:
+                    cpu::matmul_backward(nx, out.data(), nullptr, nullptr, dout.data(), inp.data(),
+                                         weight.data(), BT, cs.C, cs.OC);
+                    break;
+                case Op::dweight:
+                    cpu::matmul_backward(nx, nullptr, out.data(), nullptr, dout.data(), inp.data(),
+                                         weight.data(), BT, cs.C, cs.OC);
+                    break;
             }
         });
     }
@@ -134,20 +144,23 @@ struct Problem {
         Numerics fast;
         fast.mode = Mode::fast;
         switch (cs.op) {
-        case Op::forward: {
-            const std::vector<float> ab = absv(bias);
-            K = cs.C;
-            cpu::matmul_forward(fast, s.data(), ai.data(), aw.data(), cs.bias ? ab.data() : nullptr, BT, cs.C, cs.OC);
-            break;
-        }
-        case Op::dinp:
-            K = cs.OC;
-            cpu::gemm(fast, s.data(), cs.C, ad.data(), cs.OC, 1, aw.data(), cs.C, 1, BT, cs.C, cs.OC, false);
-            break;
-        case Op::dweight:
-            K = BT;
-            cpu::gemm(fast, s.data(), cs.C, ad.data(), 1, cs.OC, ai.data(), cs.C, 1, cs.OC, cs.C, BT, false);
-            break;
+            case Op::forward: {
+                const std::vector<float> ab = absv(bias);
+                K = cs.C;
+                cpu::matmul_forward(fast, s.data(), ai.data(), aw.data(),
+                                    cs.bias ? ab.data() : nullptr, BT, cs.C, cs.OC);
+                break;
+            }
+            case Op::dinp:
+                K = cs.OC;
+                cpu::gemm(fast, s.data(), cs.C, ad.data(), cs.OC, 1, aw.data(), cs.C, 1, BT, cs.C,
+                          cs.OC, false);
+                break;
+            case Op::dweight:
+                K = BT;
+                cpu::gemm(fast, s.data(), cs.C, ad.data(), 1, cs.OC, ai.data(), cs.C, 1, cs.OC,
+                          cs.C, BT, false);
+                break;
         }
         return s;
     }
@@ -164,12 +177,15 @@ void fail(const char* what, const char* name, const std::string& detail) {
 
 int main(int argc, char** argv) {
     bool quick = false;
-    int reps = 3;
+    int reps = 5;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
-        if (a == "--quick") quick = true;
-        else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-        else if (a == "--threads" && i + 1 < argc) omp_set_num_threads(std::max(1, std::atoi(argv[++i])));
+        if (a == "--quick")
+            quick = true;
+        else if (a == "--reps" && i + 1 < argc)
+            reps = std::max(1, std::atoi(argv[++i]));
+        else if (a == "--threads" && i + 1 < argc)
+            omp_set_num_threads(std::max(1, std::atoi(argv[++i])));
         else {
             std::printf("usage: bench_matmul [--quick] [--reps N] [--threads N]\n");
             return a == "--help" || a == "-h" ? 0 : 2;
@@ -189,15 +205,17 @@ int main(int argc, char** argv) {
     double peak = 0, peak2 = 0;
     auto measure_peak = [&] {
         if (best != Isa::scalar) peak = std::max(peak, bench::fp32_fma_peak_gflops(threads, best));
-        if (best == Isa::avx512) peak2 = std::max(peak2, bench::fp32_fma_peak_gflops(threads, Isa::avx2));
-        if (best == Isa::scalar) peak = std::max(peak, bench::fp32_fma_peak_gflops(threads, Isa::scalar));
+        if (best == Isa::avx512)
+            peak2 = std::max(peak2, bench::fp32_fma_peak_gflops(threads, Isa::avx2));
+        if (best == Isa::scalar)
+            peak = std::max(peak, bench::fp32_fma_peak_gflops(threads, Isa::scalar));
     };
     measure_peak();
 
-    std::printf("bench_matmul: BT=%lld, %d threads, best ISA %s, best of %d, block %d\n", (long long)BT,
-                threads, isa_name(best), reps, bit.block);
-    std::printf("%-17s %-15s %9s %9s %9s %7s %7s\n", "op", "MxNxK", "bitwise", "fast", with_avx2 ? "bit-avx2" : "",
-                "%peak", "bit/fast");
+    std::printf("bench_matmul: BT=%lld, %d threads, best ISA %s, best of %d, block %d\n",
+                (long long)BT, threads, isa_name(best), reps, bit.block);
+    std::printf("%-17s %-15s %9s %9s %7s %7s %9s %7s\n", "op", "MxNxK", "bitwise", "fast", "%peak",
+                "bit/fast", with_avx2 ? "bit-avx2" : "", with_avx2 ? "%peak2" : "");
 
     double sum_bit = 0, sum_fast = 0;  // time-weighted totals
     for (const Case& cs : kCases) {
@@ -238,28 +256,33 @@ int main(int argc, char** argv) {
         }
         if (bad > 0) {
             char buf[160];
-            std::snprintf(buf, sizeof buf, "%lld elements outside the bound, worst at %lld (%.3g of it)", (long long)bad,
-                          (long long)worst_i, worst);
+            std::snprintf(buf, sizeof buf,
+                          "%lld elements outside the bound, worst at %lld (%.3g of it)",
+                          (long long)bad, (long long)worst_i, worst);
             fail("bitwise vs fast", cs.name, buf);
         }
 
-        const double gb = pb.flops() / tb / 1e9, gf = pb.flops() / tf / 1e9, g2 = pb.flops() / t2 / 1e9;
+        const double gb = pb.flops() / tb / 1e9, gf = pb.flops() / tf / 1e9,
+                     g2 = pb.flops() / t2 / 1e9;
         sum_bit += tb;
         sum_fast += tf;
-        char c2[16] = "";
-        if (with_avx2) std::snprintf(c2, sizeof c2, "%9.1f", g2);
-        std::printf("%-17s %-15s %9.1f %9.1f %9s %6.1f%% %7.2f   (err %.2g of bound)\n", cs.name, pb.shape(), gb, gf, c2,
-                    100 * gb / peak, gb / gf, worst);
+        char c2[32] = "";
+        if (with_avx2) std::snprintf(c2, sizeof c2, "%9.1f %6.1f%%", g2, 100 * g2 / peak2);
+        std::printf("%-17s %-15s %9.1f %9.1f %6.1f%% %7.2f %s   (err %.2g of bound)\n", cs.name,
+                    pb.shape(), gb, gf, 100 * gb / peak, gb / gf, c2, worst);
         std::fflush(stdout);
     }
-    std::printf("fp32 FMA peak (%d threads, register-only loop): %s %.1f GFLOP/s", threads, isa_name(best), peak);
+    std::printf("fp32 FMA peak (%d threads, register-only loop): %s %.1f GFLOP/s", threads,
+                isa_name(best), peak);
     if (best == Isa::avx512) std::printf(", avx2 %.1f GFLOP/s", peak2);
-    std::printf("\nall shapes: bitwise/fast time ratio %.2f (fast time / bitwise time)\n", sum_fast / sum_bit);
+    std::printf("\nall shapes: bitwise/fast time ratio %.2f (fast time / bitwise time)\n",
+                sum_fast / sum_bit);
     if (failures > 0) {
         std::printf("%d check(s) FAILED\n", failures);
         return 1;
     }
-    std::printf("checks passed: repeat runs bit-identical%s, bitwise vs fast within the fp32 bound\n",
-                with_avx2 ? ", avx2 == avx512" : "");
+    std::printf(
+        "checks passed: repeat runs bit-identical%s, bitwise vs fast within the fp32 bound\n",
+        with_avx2 ? ", avx2 == avx512" : "");
     return 0;
 }

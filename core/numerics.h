@@ -25,13 +25,14 @@ namespace px {
 enum class Mode { bitwise, fast };
 enum class Isa { scalar, avx2, avx512 };
 
+Isa detect_isa();                  // best path this CPU supports
+
 struct Numerics {
     Mode mode = Mode::bitwise;  // bitwise: canonical order everywhere; fast: any order, oneDNN
     int block = 64;             // canonical block size of every reduction
-    Isa isa = Isa::scalar;      // vector path; set from detect_isa() or forced by config/tests
+    Isa isa = detect_isa();     // vector path; forced by config or tests (same bits on every path)
 };
 
-Isa detect_isa();                  // best path this CPU supports
 const char* isa_name(Isa isa);     // "scalar", "avx2", "avx512"
 const char* mode_name(Mode mode);  // "bitwise", "fast"
 

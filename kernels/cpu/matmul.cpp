@@ -1,19 +1,23 @@
-// Matmul, forward and backward, on top of one GEMM with two modes (DESIGN.md §2).
+// Matmul, forward and backward, on one GEMM with two modes (DESIGN.md §2).
 //
 // Mode::bitwise — the canonical GEMM. Every c[i][j] is the canonical tree over K: K is cut into
 // blocks of nx.block; inside a block acc = +0, acc = fma(a[i][k], b[k][j], acc) in k order; the
 // block partials combine in the tree of core/numerics.h (node = left + right). How:
 //   * A is packed into panels of MR rows and B into panels of NR columns, k-major and zero-padded,
-//     so a microkernel (matmul_avx512.cpp, matmul_avx2.cpp, scalar below) computes a full MR×NR
-//     tile with one SIMD lane per output column. Every lane runs exactly the scalar sequence, so
-//     the ISA path, the tile size and the tile's position (edge or not) cannot change a bit.
-//   * The microkernel produces block partials left to right and combines them on a small per-tile
-//     stack following make_merge_schedule (a post-order program of the tree).
-//   * K may be processed in chunks of whole blocks (to keep the packed operands cache-sized when
-//     K is long); a tile's stack then lives on between chunks, and the stack height at each chunk
-//     start is read from the schedule, so chunking cannot change the order either.
+//     so a microkernel (matmul_avx512.cpp, matmul_avx2.cpp, the scalar one below) computes a full
+//     MR×NR tile with one SIMD lane per output column. Every lane runs exactly the scalar
+//     sequence, so the ISA path, the tile shape and the tile's position (edge or not) cannot
+//     change a bit.
+//   * The microkernel produces block partials left to right and combines them on a small
+//     per-tile stack in the post-order of the tree (make_merge_schedule).
+//   * Long K is cut into chunks that are nodes of the tree (ChunkPlan), so a tile computes a chunk
+//     from an empty stack and keeps only a short "outer" stack between chunks.
 //   * OpenMP threads split output tiles, never K: thread-count invariant by construction.
-// Mode::fast — oneDNN sgemm (matmul_fast.cpp); bias and dbias use the canonical code (cheap).
+// Mode::fast — oneDNN sgemm (matmul_fast.cpp). dbias uses the canonical code in both modes.
+//
+// Performance notes (2-core AVX-512 host, bench/bench_matmul.cpp): the 14×32 AVX-512 microkernel
+// runs at ~90% of the FMA peak on cached panels; the rest goes to packing (~0.5 cycle per packed
+// element, amortised over the 256 rows of a GPT-2 batch) and to streaming panels from L2.
 #include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/matmul_kernels.h"
@@ -40,24 +44,31 @@ constexpr int NR = 8;
 
 // ap (klen,MR), bp (klen,NR); see TileFn.
 void tile(const float* ap, const float* bp, i64 klen, i64 kb, const unsigned char* merges,
-          float* stack, int sp) {
+          float* stack, float* ostack, int osp, int omerges) {
     constexpr int T = MR * NR;
+    int sp = 0;
     for (i64 k0 = 0; k0 < klen; k0 += kb) {
         const i64 n = std::min(kb, klen - k0);
         float acc[T] = {};
         for (i64 k = 0; k < n; k++) {
             for (int r = 0; r < MR; r++)
-                for (int j = 0; j < NR; j++) acc[r * NR + j] = std::fma(ap[r], bp[j], acc[r * NR + j]);
+                for (int j = 0; j < NR; j++)
+                    acc[r * NR + j] = std::fma(ap[r], bp[j], acc[r * NR + j]);
             ap += MR;
             bp += NR;
         }
-        for (int m = *merges++; m > 0; m--) {
-            sp--;
-            const float* s = stack + sp * T;
-            for (int t = 0; t < T; t++) acc[t] = s[t] + acc[t];
+        auto merge_from = [&](const float* s) {
+            for (int t = 0; t < T; t++) acc[t] = s[t] + acc[t];  // node = left + right
+        };
+        for (int m = *merges++; m > 0; m--) merge_from(stack + (--sp) * T);
+        float* dst;
+        if (k0 + kb >= klen) {  // the chunk's node continues on the outer stack
+            for (int m = omerges; m > 0; m--) merge_from(ostack + (--osp) * T);
+            dst = ostack + osp * T;
+        } else {
+            dst = stack + (sp++) * T;
         }
-        std::copy(acc, acc + T, stack + sp * T);
-        sp++;
+        std::copy(acc, acc + T, dst);
     }
 }
 
@@ -69,17 +80,21 @@ void pack(float* dst, const float* src, i64 ls, i64 ks, int lanes, int W, i64 kl
 
 }  // namespace
 
-GemmKernel gemm_kernel() { return {MR, NR, tile, pack, "scalar 4x8"}; }
+GemmKernel gemm_kernel() {
+    return {MR, NR, tile, pack};
+}
 
 }  // namespace scalar
 
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Scratch memory
+// Scratch memory and blocking parameters
 
-// Growable 64-byte-aligned buffer, one per thread, kept between calls: the packed operands of an
-// LM-head matmul are tens of MB, and fresh pages on every call would cost more than the packing.
+// Growable 64-byte-aligned buffer kept between calls, one per calling thread (ranks may run as
+// threads): the packed operands of an LM-head matmul are tens of MB, and fresh pages on every call
+// would cost more than the packing. It is sized before the parallel region, so an allocation
+// failure throws in the caller instead of inside OpenMP.
 struct Scratch {
     float* p = nullptr;
     size_t cap = 0;  // floats
@@ -101,27 +116,28 @@ struct Scratch {
     }
 };
 
-thread_local Scratch tl_shared;  // the operand packed once per call (calling thread's)
-thread_local Scratch tl_local;   // per OpenMP thread: chunk-packed operand and tile stacks
+thread_local Scratch tl_scratch;
 
-// ---------------------------------------------------------------------------------------------
-// Blocking parameters (measured on a 2-core AVX-512 host, bench/bench_matmul.cpp).
-
-static i64 kKC = getenv("PX_KC") ? atol(getenv("PX_KC")) : 768;  // K elements per chunk (rounded to whole blocks); longer K is chunked
-static i64 kMC = getenv("PX_MC") ? atol(getenv("PX_MC")) : 512;  // rows per item when A is the shared operand
-static i64 kGL = getenv("PX_GL") ? atol(getenv("PX_GL")) : 4;
-static i64 kGL2 = getenv("PX_GL2") ? atol(getenv("PX_GL2")) : 2;
-static i64 kNC = getenv("PX_NC") ? atol(getenv("PX_NC")) : 1024; // columns per item when B is the shared operand
+// Measured on the 2-core AVX-512 host with bench/bench_matmul.cpp; results do not depend on them.
+constexpr i64 kKC = 768;        // most K elements per chunk; GPT-2's C = 768 runs in one chunk
+constexpr i64 kMC = 512;        // most rows per item when A is the shared operand
+constexpr i64 kNC = 1024;       // most columns per item when B is the shared operand
+constexpr i64 kItemPanels = 4;  // most local panels per item (one shared panel meets them in L1)
 
 const GemmKernel& kernel_for(Isa isa) {
     static const Isa best = detect_isa();
-    static const GemmKernel k_scalar = scalar::gemm_kernel();
-    static const GemmKernel k_avx2 = avx2::gemm_kernel();
-    static const GemmKernel k_avx512 = avx512::gemm_kernel();
-    // Every path gives the same bits, so a path the CPU lacks can fall back to the best it has.
-    if (isa == Isa::avx512 && best == Isa::avx512) return k_avx512;
-    if ((isa == Isa::avx512 || isa == Isa::avx2) && best != Isa::scalar) return k_avx2;
-    return k_scalar;
+    // Every path gives the same bits, so a path the CPU lacks falls back to the best it has. Each
+    // ISA's gemm_kernel() is itself compiled for that ISA, so it is only called when supported.
+    if (isa == Isa::avx512 && best == Isa::avx512) {
+        static const GemmKernel k = avx512::gemm_kernel();
+        return k;
+    }
+    if (isa != Isa::scalar && best != Isa::scalar) {
+        static const GemmKernel k = avx2::gemm_kernel();
+        return k;
+    }
+    static const GemmKernel k = scalar::gemm_kernel();
+    return k;
 }
 
 // c (rows,cols) with leading dimension ldc from the tile result s (MR,NR):
@@ -141,6 +157,59 @@ void write_tile(float* c, i64 ldc, const float* s, int NR, int rows, int cols, b
     }
 }
 
+// Prefetch an output tile (rows, cols) for writing while its last chunk computes: write_tile
+// would otherwise wait on memory (dweight accumulates into a matrix of several MB).
+void prefetch_tile(float* c, i64 ldc, int rows, int cols) {
+    for (int r = 0; r < rows; r++) {
+        const char* p = reinterpret_cast<const char*>(c + r * ldc);
+        for (int off = 0; off < cols * 4; off += 64) __builtin_prefetch(p + off, 1, 3);
+        __builtin_prefetch(p + cols * 4 - 1, 1, 3);
+    }
+}
+
+// The K chunks of one GEMM: the maximal nodes of the canonical tree over the K blocks that hold at
+// most max_blocks blocks, left to right. A chunk is a subtree, so a tile computes it from an empty
+// stack (the node's own schedule), and only the node's value joins the tile's persistent "outer"
+// stack, which follows the tree above the chunks. Long K then keeps one small tile state between
+// chunks instead of a whole stack.
+struct ChunkPlan {
+    std::vector<i64> first, count;     // blocks of each chunk
+    std::vector<unsigned char> inner;  // merges after each block, within its chunk
+    std::vector<unsigned char> outer;  // merges after each chunk, above the chunks
+    std::vector<int> outer_sp;         // outer stack height before each chunk
+    int inner_depth = 0, outer_depth = 0;
+};
+
+void plan_chunks(ChunkPlan& p, i64 lo, i64 hi, i64 max_blocks, int height_above) {
+    if (hi - lo <= max_blocks) {
+        p.first.push_back(lo);
+        p.count.push_back(hi - lo);
+        p.outer.push_back(0);
+        p.outer_depth = std::max(p.outer_depth, height_above + 1);
+        return;
+    }
+    const i64 mid = tree_mid(lo, hi);
+    plan_chunks(p, lo, mid, max_blocks, height_above);
+    plan_chunks(p, mid, hi, max_blocks, height_above + 1);
+    p.outer.back()++;
+}
+
+ChunkPlan make_chunk_plan(i64 nb, i64 max_blocks) {
+    ChunkPlan p;
+    plan_chunks(p, 0, nb, max_blocks, 0);
+    p.inner.resize(static_cast<size_t>(nb));
+    int h = 0;
+    for (size_t c = 0; c < p.first.size(); c++) {
+        // A node's subtree has the shape of the tree over its own block count.
+        const MergeSchedule ms = make_merge_schedule(p.count[c]);
+        std::copy(ms.merges_after.begin(), ms.merges_after.end(), p.inner.begin() + p.first[c]);
+        p.inner_depth = std::max(p.inner_depth, ms.depth);
+        p.outer_sp.push_back(h);
+        h += 1 - p.outer[c];
+    }
+    return p;
+}
+
 // c (M,N) = a (M,K) · b (K,N) in the canonical order, or += when accumulate, or = … + bias[j]
 // when bias (N) is given (then accumulate must be false). Strides as in gemm().
 void gemm_canonical(const GemmKernel& kr, i64 block, float* c, i64 ldc, const float* a, i64 rsa,
@@ -148,47 +217,62 @@ void gemm_canonical(const GemmKernel& kr, i64 block, float* c, i64 ldc, const fl
                     const float* bias) {
     const int MR = kr.mr, NR = kr.nr, T = MR * NR;
     const i64 nb = num_blocks(K, static_cast<int>(block));
-    const MergeSchedule ms = make_merge_schedule(nb);
-    const int depth = ms.depth;
+    const ChunkPlan plan = make_chunk_plan(nb, std::max<i64>(1, kKC / block));
+    const i64 nchunks = static_cast<i64>(plan.first.size());
+    const i64 max_klen =
+        std::min(K, (*std::max_element(plan.count.begin(), plan.count.end())) * block);
 
-    // K chunks of whole blocks; the stack height at a chunk's start follows from the schedule.
-    const i64 bpc = std::max<i64>(1, kKC / block);
-    const i64 kc = bpc * block;
-    const i64 nchunks = (nb + bpc - 1) / bpc;
-    std::vector<int> sp0(nchunks);
-    {
-        int h = 0;
-        for (i64 j = 0; j < nb; j++) {
-            if (j % bpc == 0) sp0[j / bpc] = h;
-            h += 1 - ms.merges_after[j];
-        }
-    }
-
-    // The operand with the smaller footprint is packed once, whole, by all threads; the other is
-    // packed per work item and chunk. An item is gm row panels × gn column panels of the output.
+    // The operand with the smaller footprint ("shared") is packed once, whole, by all threads; the
+    // other ("local") is packed per work item and chunk. An item is gm row panels × gn column
+    // panels of the output.
     const i64 mp = (M + MR - 1) / MR, np = (N + NR - 1) / NR;
     const bool a_shared = M <= N;
     const int nthreads_max = omp_get_max_threads();
+    // Groups of panels as equal as possible, so that equal item counts are equal work.
+    auto balanced = [](i64 panels, i64 most) {
+        const i64 groups = (panels + most - 1) / most;
+        return (panels + groups - 1) / groups;
+    };
     i64 gm, gn;
     if (a_shared) {
-        gm = std::min<i64>(mp, std::max<i64>(1, kMC / MR));
-        gn = std::clamp<i64>(np / (8 * nthreads_max), 1, nchunks > 1 ? kGL2 : kGL);
+        gm = balanced(mp, std::max<i64>(1, kMC / MR));
+        gn = balanced(np, std::clamp<i64>(np / (4 * nthreads_max), 1, kItemPanels));
     } else {
-        gn = std::min<i64>(np, std::max<i64>(1, kNC / NR));
-        gm = std::clamp<i64>(mp / (8 * nthreads_max), 1, nchunks > 1 ? kGL2 : kGL);
+        gn = balanced(np, std::max<i64>(1, kNC / NR));
+        gm = balanced(mp, std::clamp<i64>(mp / (4 * nthreads_max), 1, kItemPanels));
     }
     const i64 items_m = (mp + gm - 1) / gm, items_n = (np + gn - 1) / gn;
     const i64 items = items_m * items_n;
+    // Items that share the shared operand's panels are consecutive (so they fall to one thread).
+    auto item_panels = [&](i64 it, i64& p0, i64& p1, i64& q0, i64& q1) {
+        const i64 im = a_shared ? it / items_n : it % items_m;
+        const i64 in = a_shared ? it % items_n : it / items_m;
+        p0 = im * gm, p1 = std::min(mp, p0 + gm);
+        q0 = in * gn, q1 = std::min(np, q0 + gn);
+    };
 
+    // The local operand as a (lanes, klen) block: lane stride and K stride, as pack() reads it.
+    const float* local_src = a_shared ? b : a;
+    const i64 local_w = a_shared ? NR : MR, local_ls = a_shared ? csb : rsa;
+    const i64 local_ks = a_shared ? rsb : csa, local_extent = a_shared ? N : M;
     const i64 shared_panels = a_shared ? mp : np;
-    const i64 shared_w = a_shared ? MR : NR;
-    float* shared = tl_shared.get(static_cast<size_t>(shared_panels * shared_w * K));
-    const i64 local_floats = (a_shared ? gn * NR : gm * MR) * std::min(kc, K);
-    const i64 stack_floats = (nchunks > 1 ? gm * gn : 1) * depth * T;
 
     // Small products are not worth waking threads for; the bits are the same either way.
     const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
     const int nthreads = work < 1 << 18 ? 1 : static_cast<int>(std::min<i64>(nthreads_max, items));
+
+    // Scratch: the shared operand; when K has several chunks, the outer stacks of all tiles (by
+    // item); then one area per thread for its local panels of a chunk and one tile's chunk stack.
+    auto round16 = [](i64 n) { return (n + 15) / 16 * 16; };  // keep areas 64-byte aligned
+    const i64 shared_floats = round16(shared_panels * (a_shared ? MR : NR) * K);
+    const i64 item_outer = nchunks > 1 ? gm * gn * plan.outer_depth * T : 0;
+    const i64 outer_floats = round16(items * item_outer);
+    const i64 local_floats = round16((a_shared ? gn : gm) * local_w * max_klen);
+    const i64 thread_floats = local_floats + round16(plan.inner_depth * T);
+    float* const scratch = tl_scratch.get(
+        static_cast<size_t>(shared_floats + outer_floats + nthreads * thread_floats));
+    float* const shared = scratch;
+    float* const outer = scratch + shared_floats;
 
 #pragma omp parallel num_threads(nthreads)
     {
@@ -202,49 +286,52 @@ void gemm_canonical(const GemmKernel& kr, i64 block, float* c, i64 ldc, const fl
                         static_cast<int>(std::min<i64>(NR, N - p * NR)), NR, K);
         }
 
-        float* local = tl_local.get(static_cast<size_t>(local_floats + stack_floats));
-        float* stacks = local + local_floats;
+        // A static schedule over items, written out because each thread runs its items once per
+        // chunk (chunks outermost, so a chunk of the shared operand stays in L2 across them).
+        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        const i64 it0 = items * tid / nth, it1 = items * (tid + 1) / nth;
+        float* const local = scratch + shared_floats + outer_floats + tid * thread_floats;
+        float* const inner = local + local_floats;
 
-#pragma omp for schedule(static)
-        for (i64 it = 0; it < items; it++) {
-            // Consecutive items share the shared operand's panels: column-major over items when A
-            // is shared, row-major when B is.
-            const i64 im = a_shared ? it % items_m : it / items_n;
-            const i64 in = a_shared ? it / items_m : it % items_n;
-            const i64 p0 = im * gm, p1 = std::min(mp, p0 + gm);  // row panels of this item
-            const i64 q0 = in * gn, q1 = std::min(np, q0 + gn);  // column panels
-            for (i64 ch = 0; ch < nchunks; ch++) {
-                const i64 k0 = ch * kc, klen = std::min(kc, K - k0);
-                const unsigned char* merges = ms.merges_after.data() + ch * bpc;
-                const bool last = ch == nchunks - 1;
-                // Pack this item's share of the other operand for the chunk.
-                if (a_shared) {
-                    for (i64 q = q0; q < q1; q++)
-                        kr.pack(local + (q - q0) * NR * klen, b + q * NR * csb + k0 * rsb, csb, rsb,
-                                static_cast<int>(std::min<i64>(NR, N - q * NR)), NR, klen);
-                } else {
-                    for (i64 p = p0; p < p1; p++)
-                        kr.pack(local + (p - p0) * MR * klen, a + p * MR * rsa + k0 * csa, rsa, csa,
-                                static_cast<int>(std::min<i64>(MR, M - p * MR)), MR, klen);
-                }
-                // One tile: microkernel over the chunk, then write out after the last chunk.
+        for (i64 ch = 0; ch < nchunks; ch++) {
+            const i64 k0 = plan.first[ch] * block;
+            const i64 klen = std::min(K, (plan.first[ch] + plan.count[ch]) * block) - k0;
+            const unsigned char* merges = plan.inner.data() + plan.first[ch];
+            const bool last = ch == nchunks - 1;
+            for (i64 it = it0; it < it1; it++) {
+                i64 p0, p1, q0, q1;
+                item_panels(it, p0, p1, q0, q1);
+                const i64 l0 = a_shared ? q0 : p0, l1 = a_shared ? q1 : p1;  // local panels
+                for (i64 l = l0; l < l1; l++)
+                    kr.pack(local + (l - l0) * local_w * klen,
+                            local_src + l * local_w * local_ls + k0 * local_ks, local_ls, local_ks,
+                            static_cast<int>(std::min<i64>(local_w, local_extent - l * local_w)),
+                            static_cast<int>(local_w), klen);
+
                 auto run_tile = [&](i64 p, i64 q) {
-                    const float* ap = a_shared ? shared + p * MR * K + k0 * MR
-                                               : local + (p - p0) * MR * klen;
-                    const float* bp = a_shared ? local + (q - q0) * NR * klen
-                                               : shared + q * NR * K + k0 * NR;
-                    float* st = stacks + (nchunks > 1 ? ((p - p0) * gn + (q - q0)) * depth * T : 0);
-                    kr.tile(ap, bp, klen, block, merges, st, sp0[ch]);
-                    if (last) {
-                        const i64 i0 = p * MR, j0 = q * NR;
-                        write_tile(c + i0 * ldc + j0, ldc, st, NR,
-                                   static_cast<int>(std::min<i64>(MR, M - i0)),
-                                   static_cast<int>(std::min<i64>(NR, N - j0)), accumulate,
+                    const float* ap =
+                        a_shared ? shared + p * MR * K + k0 * MR : local + (p - p0) * MR * klen;
+                    const float* bp =
+                        a_shared ? local + (q - q0) * NR * klen : shared + q * NR * K + k0 * NR;
+                    const i64 i0 = p * MR, j0 = q * NR;
+                    const int rows = static_cast<int>(std::min<i64>(MR, M - i0));
+                    const int cols = static_cast<int>(std::min<i64>(NR, N - j0));
+                    if (last) prefetch_tile(c + i0 * ldc + j0, ldc, rows, cols);
+                    // A single chunk is the whole tree; otherwise the chunk's node joins the
+                    // tile's outer stack, whose bottom level ends up holding the result.
+                    float* os = nchunks == 1
+                                    ? inner
+                                    : outer + it * item_outer +
+                                          ((p - p0) * gn + (q - q0)) * plan.outer_depth * T;
+                    kr.tile(ap, bp, klen, block, merges, inner, os,
+                            nchunks == 1 ? 0 : plan.outer_sp[ch],
+                            nchunks == 1 ? 0 : plan.outer[ch]);
+                    if (last)
+                        write_tile(c + i0 * ldc + j0, ldc, os, NR, rows, cols, accumulate,
                                    bias != nullptr ? bias + j0 : nullptr);
-                    }
                 };
                 // A panel of the shared operand stays in L1 while it meets the item's few local
-                // panels (in L2), so the shared operand streams from L2/L3 once per item.
+                // panels (L1/L2).
                 if (a_shared) {
                     for (i64 p = p0; p < p1; p++)
                         for (i64 q = q0; q < q1; q++) run_tile(p, q);
@@ -265,10 +352,12 @@ void column_sums_accumulate(i64 block, float* dbias, const float* dout, i64 BT, 
     const i64 nb = num_blocks(BT, static_cast<int>(block));
     const MergeSchedule ms = make_merge_schedule(nb);
     const i64 items = (OC + W - 1) / W;
-    const int nthreads = BT * OC < 1 << 18 ? 1 : static_cast<int>(std::min<i64>(omp_get_max_threads(), items));
+    const int nthreads =
+        BT * OC < 1 << 18 ? 1 : static_cast<int>(std::min<i64>(omp_get_max_threads(), items));
+    std::vector<float> stacks(static_cast<size_t>(nthreads * ms.depth * W));  // one per thread
 #pragma omp parallel num_threads(nthreads)
     {
-        std::vector<float> stack(static_cast<size_t>(ms.depth * W));
+        float* const stack = stacks.data() + omp_get_thread_num() * ms.depth * W;
 #pragma omp for schedule(static)
         for (i64 it = 0; it < items; it++) {
             const i64 o0 = it * W, w = std::min(W, OC - o0);
@@ -282,10 +371,10 @@ void column_sums_accumulate(i64 block, float* dbias, const float* dout, i64 BT, 
                 }
                 for (int m = ms.merges_after[blk]; m > 0; m--) {
                     sp--;
-                    const float* s = stack.data() + sp * W;
+                    const float* s = stack + sp * W;
                     for (i64 j = 0; j < w; j++) acc[j] = s[j] + acc[j];
                 }
-                std::copy(acc, acc + w, stack.data() + sp * W);
+                std::copy(acc, acc + w, stack + sp * W);
                 sp++;
             }
             for (i64 j = 0; j < w; j++) dbias[o0 + j] = dbias[o0 + j] + stack[j];

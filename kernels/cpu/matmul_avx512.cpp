@@ -24,8 +24,9 @@ constexpr int NR = NV * 16;
 
 // ap (klen,MR), bp (klen,NR); see TileFn.
 void tile(const float* ap, const float* bp, i64 klen, i64 kb, const unsigned char* merges,
-          float* stack, int sp) {
+          float* stack, float* ostack, int osp, int omerges) {
     constexpr int T = MR * NR;
+    int sp = 0;
     for (i64 k0 = 0; k0 < klen; k0 += kb) {
         const i64 n = klen - k0 < kb ? klen - k0 : kb;
         __m512 acc[MR][NV];
@@ -46,92 +47,107 @@ void tile(const float* ap, const float* bp, i64 klen, i64 kb, const unsigned cha
             ap += MR;
             bp += NR;
         }
-        // Merge with finished left siblings: node = left + right, left is lower on the stack.
-        for (int m = *merges++; m > 0; m--) {
-            sp--;
-            const float* s = stack + sp * T;
+        // Merge with finished left siblings: node = left + right, the left one lower on the stack.
+        auto merge_from = [&](const float* s) {
 #pragma GCC unroll 32
             for (int r = 0; r < MR; r++)
 #pragma GCC unroll 4
                 for (int v = 0; v < NV; v++)
                     acc[r][v] = _mm512_add_ps(_mm512_loadu_ps(s + r * NR + v * 16), acc[r][v]);
+        };
+        for (int m = *merges++; m > 0; m--) merge_from(stack + (--sp) * T);
+        float* dst;
+        if (k0 + kb >= klen) {
+            // The chunk's last block: its stack is empty, the value is the chunk's node, which
+            // continues on the outer stack.
+            for (int m = omerges; m > 0; m--) merge_from(ostack + (--osp) * T);
+            dst = ostack + osp * T;
+        } else {
+            dst = stack + (sp++) * T;
         }
-        float* s = stack + sp * T;
 #pragma GCC unroll 32
         for (int r = 0; r < MR; r++)
 #pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) _mm512_storeu_ps(s + r * NR + v * 16, acc[r][v]);
-        sp++;
+            for (int v = 0; v < NV; v++) _mm512_storeu_ps(dst + r * NR + v * 16, acc[r][v]);
     }
 }
 
-// 8×8 transpose of rows s[0..8) at column k into d[0..8) (d[i] gets element k+i of every row).
-// Inserting the upper 128-bit halves from memory keeps the shuffle port to 16 ops per 64 floats.
-inline void transpose8(const float* const* s, i64 k, float* d, i64 dstride) {
-    __m256 r[8];
+// 8×8 transpose: d[i·dstride + r] = rows[r][i] for i, r < 8, storing the first `width` lanes of
+// each output row. Inserting the upper 128-bit halves from memory keeps the shuffle port to
+// 16 ops per 64 floats.
+inline void transpose8(const float* const* rows, float* d, i64 dstride, int width) {
+    __m256 r[8], out[8];
     for (int i = 0; i < 4; i++) {
-        r[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(s[i] + k)),
-                                    _mm_loadu_ps(s[i + 4] + k), 1);
-        r[i + 4] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(s[i] + k + 4)),
-                                        _mm_loadu_ps(s[i + 4] + k + 4), 1);
+        r[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(rows[i])),
+                                    _mm_loadu_ps(rows[i + 4]), 1);
+        r[i + 4] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(rows[i] + 4)),
+                                        _mm_loadu_ps(rows[i + 4] + 4), 1);
     }
     for (int h = 0; h < 2; h++) {
         const __m256 t0 = _mm256_unpacklo_ps(r[4 * h + 0], r[4 * h + 1]);
         const __m256 t1 = _mm256_unpackhi_ps(r[4 * h + 0], r[4 * h + 1]);
         const __m256 t2 = _mm256_unpacklo_ps(r[4 * h + 2], r[4 * h + 3]);
         const __m256 t3 = _mm256_unpackhi_ps(r[4 * h + 2], r[4 * h + 3]);
-        float* o = d + 4 * h * dstride;
-        _mm256_storeu_ps(o + 0 * dstride, _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)));
-        _mm256_storeu_ps(o + 1 * dstride, _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)));
-        _mm256_storeu_ps(o + 2 * dstride, _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)));
-        _mm256_storeu_ps(o + 3 * dstride, _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)));
+        out[4 * h + 0] = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+        out[4 * h + 1] = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+        out[4 * h + 2] = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+        out[4 * h + 3] = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    if (width == 8) {
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(d + i * dstride, out[i]);
+    } else {
+        for (int i = 0; i < 8; i++)
+            _mm256_mask_storeu_ps(d + i * dstride, static_cast<__mmask8>((1u << width) - 1),
+                                  out[i]);
     }
 }
-
-constexpr i64 kPrefetchRows = 32;
 
 // dst (klen,W) from src; see PackFn.
 void pack(float* dst, const float* src, i64 ls, i64 ks, int lanes, int W, i64 klen) {
     if (ls == 1) {
-        // Lanes contiguous (e.g. the B operand of dinp): masked row copies, zero fill past lanes.
-        for (i64 k = 0; k < klen; k++) {
-            const float* s = src + k * ks;
-            float* d = dst + k * W;
-            // Rows are far apart (a weight matrix's rows), which the hardware prefetchers follow
-            // poorly: fetch a few rows ahead.
-            if (k + kPrefetchRows < klen) {
-                const char* f = reinterpret_cast<const char*>(s + kPrefetchRows * ks);
-                for (int b = 0; b < lanes * 4; b += 64) _mm_prefetch(f + b, _MM_HINT_T1);
-                _mm_prefetch(f + lanes * 4 - 1, _MM_HINT_T1);
-            }
-            for (int l = 0; l < W; l += 16) {
-                const int nl = lanes - l < 0 ? 0 : (lanes - l > 16 ? 16 : lanes - l);
-                const int nw = W - l > 16 ? 16 : W - l;
-                const __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << nl) - 1), s + l);
-                _mm512_mask_storeu_ps(d + l, (__mmask16)((1u << nw) - 1), v);
-            }
+        // Lanes contiguous (the B operand of dinp, the A operand of dweight): row copies.
+        if (lanes == W && W % 16 == 0) {
+            for (i64 k = 0; k < klen; k++)
+                for (int l = 0; l < W; l += 16)
+                    _mm512_storeu_ps(dst + k * W + l, _mm512_loadu_ps(src + k * ks + l));
+        } else {  // an edge panel or a narrow one (MR = 14): masked, zero fill past lanes
+            for (i64 k = 0; k < klen; k++)
+                for (int l = 0; l < W; l += 16) {
+                    const int nl = lanes - l < 0 ? 0 : (lanes - l > 16 ? 16 : lanes - l);
+                    const int nw = W - l > 16 ? 16 : W - l;
+                    const __m512 v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << nl) - 1),
+                                                           src + k * ks + l);
+                    _mm512_mask_storeu_ps(dst + k * W + l, static_cast<__mmask16>((1u << nw) - 1),
+                                          v);
+                }
         }
         return;
     }
-    int l = 0;
-    i64 k = 0;
     if (ks == 1) {
-        // Lanes are rows contiguous along K (inp, weight in the forward): 8×8 transposes for every
-        // full group of 8 lanes; the rest (partial group, K tail, padding) goes below.
-        for (; l + 8 <= lanes && l + 8 <= W; l += 8) {
-            const float* s[8];
-            for (int i = 0; i < 8; i++) s[i] = src + (l + i) * ls;
-            for (k = 0; k + 8 <= klen; k += 8) transpose8(s, k, dst + k * W + l, W);
-            for (i64 kk = k; kk < klen; kk++)
-                for (int i = 0; i < 8; i++) dst[kk * W + l + i] = s[i][kk];
-        }
+        // Lanes are rows contiguous along K (inp and weight in the forward): 8×8 transposes, with
+        // k outermost so that each destination row is completed while it is in L1. A group with
+        // fewer than 8 rows (MR = 14, an edge panel) reads zeros for the missing ones.
+        static const float zeros[8] = {};
+        i64 k = 0;
+        for (; k + 8 <= klen; k += 8)
+            for (int g = 0; g * 8 < W; g++) {
+                const float* rows[8];
+                for (int i = 0; i < 8; i++)
+                    rows[i] = g * 8 + i < lanes ? src + (g * 8 + i) * ls + k : zeros;
+                transpose8(rows, dst + k * W + g * 8, W, W - g * 8 < 8 ? W - g * 8 : 8);
+            }
+        for (; k < klen; k++)
+            for (int l = 0; l < W; l++) dst[k * W + l] = l < lanes ? src[l * ls + k] : 0.0f;
+        return;
     }
-    for (i64 kk = 0; kk < klen; kk++)
-        for (int i = l; i < W; i++) dst[kk * W + i] = i < lanes ? src[i * ls + kk * ks] : 0.0f;
+    for (i64 k = 0; k < klen; k++)
+        for (int l = 0; l < W; l++) dst[k * W + l] = l < lanes ? src[l * ls + k * ks] : 0.0f;
 }
 
 }  // namespace
 
-GemmKernel gemm_kernel() { return {MR, NR, tile, pack, "avx512 14x32"}; }
+GemmKernel gemm_kernel() {
+    return {MR, NR, tile, pack};
+}
 
 }  // namespace px::cpu::avx512

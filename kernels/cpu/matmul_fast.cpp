@@ -34,8 +34,8 @@ bool gemm_fast(float* c, i64 ldc, const float* a, i64 rsa, i64 csa, const float*
     if (M == 1 && ldc < N) ldc = N;  // one row: the leading dimension is never used
     if (ldc < N || !as_sgemm(M, K, rsa, csa, ta, lda) || !as_sgemm(K, N, rsb, csb, tb, ldb))
         return false;
-    const dnnl_status_t st = dnnl_sgemm(ta, tb, M, N, K, 1.0f, a, lda, b, ldb,
-                                        accumulate ? 1.0f : 0.0f, c, ldc);
+    const dnnl_status_t st =
+        dnnl_sgemm(ta, tb, M, N, K, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
     return st == dnnl_success;
 }
 

@@ -18,25 +18,27 @@
 
 namespace px::cpu {
 
-// One MR×NR output tile over klen consecutive elements of K (a chunk of whole blocks, so it starts
-// on a block boundary). ap: A panel (klen, MR); bp: B panel (klen, NR).
-// The chunk is cut into blocks of kb elements (only the last block of K may be short). For each
-// block: acc = +0, acc = fma(a, b, acc) in k order; then, merges[blk] times, acc = stack[top] + acc
-// (node = left + right) popping the stack; then push acc. stack holds levels of MR·NR floats, and
-// sp is the number of levels in use on entry.
+// One MR×NR output tile over one K chunk: klen consecutive elements that form a node of the
+// canonical tree (matmul.cpp), cut into blocks of kb elements (only the last block of K may be
+// short). ap: packed A panel (klen, MR); bp: packed B panel (klen, NR).
+// For each block: acc = +0, then acc = fma(a, b, acc) in k order; then merges[blk] times
+// acc = stack[top] + acc (node = left + right), popping; then acc is pushed. After the chunk's
+// last block the chunk's own stack is empty, and acc instead merges omerges times with the
+// outer stack `ostack` (height osp on entry) and is pushed there. Stacks hold levels of MR·NR
+// floats; ostack may equal stack when there is a single chunk (osp = omerges = 0).
 using TileFn = void (*)(const float* ap, const float* bp, i64 klen, i64 kb,
-                        const unsigned char* merges, float* stack, int sp);
+                        const unsigned char* merges, float* stack, float* ostack, int osp,
+                        int omerges);
 
 // Pack one panel: dst[k·W + l] = src[l·ls + k·ks] for l < lanes and +0 for lanes <= l < W,
 // for k < klen. ls is the stride between lanes, ks the stride along K.
 using PackFn = void (*)(float* dst, const float* src, i64 ls, i64 ks, int lanes, int W, i64 klen);
 
 struct GemmKernel {
-    int mr;            // rows of a tile (A panel width)
-    int nr;            // columns of a tile (B panel width)
-    TileFn tile;       // microkernel
-    PackFn pack;       // panel packing (vectorised copy / transpose)
-    const char* name;  // "avx512 14x32", for benchmarks
+    int mr;       // rows of a tile (A panel width)
+    int nr;       // columns of a tile (B panel width)
+    TileFn tile;  // microkernel
+    PackFn pack;  // panel packing (vectorised copy / transpose)
 };
 
 namespace scalar {
