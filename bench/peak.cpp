@@ -20,7 +20,9 @@ __attribute__((target("avx512f"))) float run_avx512(long iters) {
         for (int i = 0; i < 12; i++) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
     __m512 s = acc[0];
     for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, acc[i]);
-    return _mm512_reduce_add_ps(s);
+    alignas(64) float out[16];
+    _mm512_store_ps(out, s);
+    return out[0] + out[15];
 }
 
 __attribute__((target("avx2,fma"))) float run_avx2(long iters) {
