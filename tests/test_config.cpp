@@ -86,7 +86,7 @@ TEST_CASE("the embedded default job documents every key with a comment line", "[
     std::vector<std::string> lines;
     for (std::string l; std::getline(in, l);) lines.push_back(l);
     const auto keys = config_keys();
-    CHECK(keys.size() == 36);
+    CHECK(keys.size() == 37);
     for (const auto& k : keys) {
         const std::string name = k.substr(k.find('.') + 1);
         std::string section = "[";  // built by appending: "[" + std::string&& trips GCC 12's -Wrestrict
@@ -281,7 +281,11 @@ TEST_CASE("constraints across keys are sentences naming both keys", "[config]") 
     // vocab^order <= 2^22: 2^22 itself is fine, one more state is not.
     CHECK_NOTHROW(parse_config("[model]\nvocab = 2048\n[data]\nmarkov_order = 2\n", "ok"));  // 2^22
     CHECK_THAT(parse_error("[model]\nvocab = 2049\n[data]\nmarkov_order = 2\n"),
-               Contains("data.markov_order=2 with model.vocab=2049") && Contains("2^22"));
+               Contains("data.markov_order=2 with 2049 symbols") && Contains("2^22"));
+    // A chain over fewer symbols than the vocabulary lifts the limit, but may not exceed it.
+    CHECK_NOTHROW(parse_config("[model]\nvocab = 50257\n[data]\nmarkov_vocab = 256\n", "ok"));
+    CHECK_THAT(parse_error("[model]\nvocab = 32\n[data]\nmarkov_vocab = 33\n"),
+               Contains("data.markov_vocab=33 exceeds model.vocab=32"));
     CHECK_THAT(parse_error("[model]\nvocab = 50000\n[data]\nmarkov_order = 1000000\n"), Contains("data.markov_order=1000000"));
     // The Markov limit does not apply to token files.
     CHECK_NOTHROW(parse_config("[model]\nvocab = 50257\n[data]\nsource = \"bin\"\ntrain_path = \"t.bin\"\nmarkov_order = 3\n", "ok"));

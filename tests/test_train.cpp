@@ -1,6 +1,7 @@
 // Training-level properties: thread, ISA and microbatch invariance in bitwise mode (bit for bit),
 // convergence to the Markov source's entropy rate, and the CLI's behaviour on good and bad input.
 #include "core/config.h"
+#include "core/data.h"
 #include "core/error.h"
 #include "core/job.h"
 
@@ -227,4 +228,15 @@ TEST_CASE("weights exported as an llm.c checkpoint load back bit for bit through
 
     c2.model.layers = 3;  // a checkpoint of another shape is refused, naming the key
     CHECK_THROWS_WITH(Job(c2), Catch::Contains("model.layers"));
+}
+
+TEST_CASE("data.markov_vocab draws from fewer symbols than the model's vocabulary") {
+    Config c = small_job();
+    c.model.vocab = 100;
+    c.data.markov_vocab = 10;
+    c.train.steps = 1;
+    Job job(c);
+    CHECK(job.source().vocab() == 10);
+    job.step();
+    CHECK(std::isfinite(job.history().back().loss));
 }
