@@ -30,12 +30,12 @@ namespace {
 struct StepRunner {
     GPT model;
     AdamW opt;
-    std::vector<float> grads;
+    Arena grads;
     std::vector<int> tokens, targets;
     i64 B, T;
 
     StepRunner(const ModelConfig& mc, const Numerics& nx, i64 B_, i64 T_)
-        : model(mc, nx), opt(model), grads(static_cast<size_t>(model.grad_layout().total)), B(B_), T(T_) {
+        : model(mc, nx), opt(model), grads(model.grad_layout().total), B(B_), T(T_) {
         model.init_random(1337, 0.02);
         for (i64 i = 0; i < B * (T + 1); i++) {
             const int tok = static_cast<int>(uniform_at(42, 7, static_cast<u64>(i)) * static_cast<double>(mc.vocab));
@@ -44,17 +44,34 @@ struct StepRunner {
         }
     }
 
+    // Milliseconds spent per phase in the fastest step so far.
+    double ms_forward = 0, ms_backward = 0, ms_optimizer = 0, ms_best = 1e300;
+
     // One optimizer step; returns the mean loss.
     double step(int t) {
+        using clock = std::chrono::steady_clock;
+        const auto ms = [](clock::time_point a, clock::time_point b) {
+            return std::chrono::duration<double, std::milli>(b - a).count();
+        };
+        const auto t0 = clock::now();
         model.forward(tokens.data(), targets.data(), B, T);
         const i64 n = B * T;
         const double loss = canonical_sum(model.losses(), n, model.numerics().block) / static_cast<double>(n);
-        std::fill(grads.begin(), grads.end(), 0.0f);
+        const auto t1 = clock::now();
+        grads.zero();
         model.backward(grads.data(), tokens.data(), targets.data(), 1.0f / static_cast<float>(n));
         model.combine_tied_grads(grads.data());
+        const auto t2 = clock::now();
         const float norm = global_grad_norm(model.numerics(), model, grads.data());
         TrainConfig tc;
         opt.step(model, grads.data(), norm, 6e-4f, t, tc);
+        const auto t3 = clock::now();
+        if (ms(t0, t3) < ms_best) {
+            ms_best = ms(t0, t3);
+            ms_forward = ms(t0, t1);
+            ms_backward = ms(t1, t2);
+            ms_optimizer = ms(t2, t3);
+        }
         return loss;
     }
 };
@@ -116,6 +133,7 @@ int main(int argc, char** argv) {
     std::printf("check: bitwise repeat identical, loss bitwise %.6f fast %.6f (|diff| %.2e)\n", lb,
                 lf, std::abs(lb - lf));
 
+    for (StepRunner* r : {&rb, &rf}) r->ms_best = 1e300;
     std::vector<double> tb, tf, peaks;
     for (int s = 0; s < steps; s++) {
         peaks.push_back(bench::fp32_fma_peak_gflops(threads, bitwise.isa));
@@ -138,7 +156,13 @@ int main(int argc, char** argv) {
     std::printf("fp32 FMA peak (measured, %d threads): %.1f GFLOP/s (median %.1f)\n", threads, peak,
                 median(peaks));
     const double bf = report("fast", tf);
+    const auto phases = [&](const char* name, const StepRunner& r) {
+        std::printf("%-8s best step: forward %.1f ms, backward %.1f ms, clip+AdamW %.1f ms\n", name,
+                    r.ms_forward, r.ms_backward, r.ms_optimizer);
+    };
     const double bb = report("bitwise", tb);
+    phases("fast", rf);
+    phases("bitwise", rb);
     std::printf("bitwise / fast throughput: %.2f (best), %.2f (median)\n", bf / bb,
                 median(tf) / median(tb));
     return failures == 0 ? 0 : 1;
