@@ -1,0 +1,324 @@
+// Communication: the Communicator interface that every backend implements (in-process threads
+// now; MPI and NCCL, with ranks as processes, later), its errors and its accounting.
+//
+// Index
+//   Algo, algo_for        canonical (bitwise mode) or ring (fast mode), for reducing collectives
+//   Dtype, dtype_of       element types a collective moves: f32, f64, i64
+//   Op, op_name           the kinds of operation; labels of the accounting table
+//   CommError             a collective or message that failed: names it, its group and the ranks
+//   Traffic, traffic      bytes one rank sends and receives for one operation, by its algorithm
+//   OpStats, CommStats    accounting of one group on one rank: per Op calls, bytes, seconds
+//   StatRow, StatsBook    one rank's accounting of all its groups, as rows for metrics
+//   Handle                an asynchronous operation: wait() completes it or throws its error
+//   Request               one operation as plain data: what a backend receives
+//   Communicator          rank, size, group; collectives, send/recv, async variants, split, abort
+//
+// Collectives. Every rank of a group calls the same collectives in the same order; the k-th
+// collective of a group on one rank meets the k-th on every other rank (its sequence number #k,
+// counted from 1 per group). Calling a different collective, a different element count, dtype,
+// algorithm or root at the same #k is an error on every rank that names both sides. Collectives
+// are blocking: they return when this rank's output is complete and its input may be reused.
+//
+// Reducing collectives (all_reduce, reduce_scatter) sum element by element over ranks.
+//   Algo::canonical: element i of the result is the canonical tree (core/numerics.h) over RANK
+//     index of the contributions x_0[i] .. x_{p-1}[i]: a node of ranks [lo, hi) splits at
+//     mid = lo + ceil((hi-lo)/2) and its value is node[lo, mid) + node[mid, hi). It does not
+//     depend on arrival order, timing or chunking, and every rank gets the same bits. When each
+//     rank contributes one node of a bigger block tree (the usual case: tp = 4 over 12 K-blocks
+//     owns [0,3) [3,6) [6,9) [9,12)), this is exactly the single-device sum. Several partials
+//     per rank (tp = 3 over 12 blocks) are combined above this with all_gather_v + the tree.
+//     reduce_scatter's chunk r is bit for bit chunk r of the canonical all_reduce.
+//     Algorithm: direct reduce-scatter (rank r gathers chunk r of every contribution and forms
+//     its tree) then all-gather of the reduced chunks; 2(p-1)/p·n elements sent per rank.
+//   Algo::ring: the classic ring (reduce-scatter then all-gather over p chunks, 2(p-1) steps).
+//     Chunk c is summed sequentially starting at rank c+1 and ending at rank c (its owner), so
+//     results may differ from canonical in the last bits; every rank still gets the same bits.
+//     2(p-1)/p·n elements sent per rank. For fast mode only.
+//   all_reduce_max: the same canonical tree with max (NaN wins); exact, order is irrelevant.
+//
+// Failures are never hangs. A rank that throws (under run_ranks) or calls abort(), a rank that
+// does not arrive within the backend's timeout, or a mismatch, fails the job: every pending and
+// every later operation on every rank throws CommError, whose message names the collective
+// ("all_reduce #12"), the group ("'tp' (size 4)"), which ranks arrived and which are missing,
+// and what to do. A failed job stays failed.
+//
+// Threads. One communicator is used by one thread at a time (async operations run on a progress
+// thread of the backend, in issue order). Different communicators (dp, tp, pp of one rank) may
+// be used from different threads.
+#pragma once
+#include "core/error.h"
+#include "core/numerics.h"
+#include "core/shapes.h"
+
+#include <array>
+#include <cstdint>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace px::comm {
+
+// ---- algorithms and element types ------------------------------------------------------------
+
+enum class Algo : std::uint8_t { canonical, ring };
+inline Algo algo_for(Mode mode) {
+    return mode == Mode::bitwise ? Algo::canonical : Algo::ring;
+}
+const char* algo_name(Algo algo);  // "canonical", "ring"
+
+enum class Dtype : std::uint8_t { f32, f64, i64 };
+const char* dtype_name(Dtype dt);  // "f32", "f64", "i64"
+i64 dtype_size(Dtype dt);          // bytes per element
+
+template <class T>
+constexpr Dtype dtype_of() {
+    if constexpr (std::is_same_v<T, float>)
+        return Dtype::f32;
+    else if constexpr (std::is_same_v<T, double>)
+        return Dtype::f64;
+    else {
+        static_assert(std::is_same_v<T, i64>, "collectives move float, double or px::i64");
+        return Dtype::i64;
+    }
+}
+
+// ---- operations ------------------------------------------------------------------------------
+
+enum class Op : std::uint8_t {
+    all_reduce,      // sum over ranks, in place
+    all_reduce_max,  // max over ranks, in place
+    reduce_scatter,  // rank r gets the sum of chunk r
+    all_gather,      // every rank gets every rank's chunk, in rank order
+    all_gather_v,    // the same with per-rank counts
+    broadcast,       // every rank gets root's buffer
+    all_to_all,      // rank r gets chunk r of every rank
+    all_to_all_v,    // the same with per-pair counts
+    send,            // one message to a peer (blocks until the peer received it)
+    recv,            // one message from a peer
+    barrier,         // no rank leaves before every rank arrived
+    split,           // a new communicator per color
+};
+inline constexpr int kNumOps = 12;
+inline constexpr const char* kOpNames[] = {
+    "all_reduce", "all_reduce_max", "reduce_scatter", "all_gather", "all_gather_v", "broadcast",
+    "all_to_all", "all_to_all_v",   "send",           "recv",       "barrier",      "split",
+};
+static_assert(std::size(kOpNames) == kNumOps, "kOpNames and Op are out of sync");
+static_assert(static_cast<int>(Op::split) == kNumOps - 1, "kNumOps and Op are out of sync");
+inline const char* op_name(Op op) {
+    return kOpNames[static_cast<int>(op)];
+}
+bool is_reducing(Op op);  // all_reduce, all_reduce_max, reduce_scatter
+bool is_p2p(Op op);       // send, recv
+
+// ---- errors ----------------------------------------------------------------------------------
+
+struct CommError : Error {
+    using Error::Error;
+};
+
+// ---- one operation as data -------------------------------------------------------------------
+
+// What a backend receives. Element counts, never bytes. Pointers stay owned by the caller and
+// must stay valid until the operation completes (return, or Handle::wait()).
+struct Request {
+    Op op = Op::barrier;
+    Dtype dtype = Dtype::f32;
+    Algo algo = Algo::canonical;  // reducing collectives only
+    void* out = nullptr;          // output; all_reduce and broadcast: the buffer (== in)
+    const void* in = nullptr;     // this rank's contribution
+    i64 n = 0;                    // whole buffer (all_reduce, broadcast, send, recv) or per rank
+    std::vector<i64> counts;      // all_gather_v: per-rank counts; all_to_all_v: in counts
+    std::vector<i64> out_counts;  // all_to_all_v: out counts
+    int peer = 0;                 // broadcast root, send destination, recv source
+    int tag = 0;                  // send/recv
+    int color = 0, key = 0;       // split
+    std::string name;             // split: the new group's name
+};
+
+// Bytes this rank sends and receives for req in a group of `size`, by the algorithm's actual
+// traffic (ring all_reduce: 2(p-1)/p·n·elem each way; broadcast: the root sends (p-1)·n·elem).
+struct Traffic {
+    i64 sent = 0;
+    i64 recv = 0;
+};
+Traffic traffic(const Request& req, int rank, int size);
+
+// First element of chunk c when n elements are cut into p chunks [lo(c), lo(c+1)) whose sizes
+// differ by at most 1: the chunks of all_reduce's reduce-scatter phase, for both algorithms.
+inline i64 chunk_lo(i64 n, int p, int c) {
+    return n * c / p;
+}
+
+// ---- accounting ------------------------------------------------------------------------------
+
+struct OpStats {
+    i64 calls = 0;       // completed operations
+    i64 bytes_sent = 0;  // by traffic()
+    i64 bytes_recv = 0;
+    double seconds = 0;  // wall time from start to completion on this rank (waiting included)
+};
+
+struct CommStats {
+    std::string group;       // "world", "dp", "tp", ...
+    int rank = 0, size = 0;  // this rank in the group
+    std::array<OpStats, kNumOps> ops{};
+    const OpStats& operator[](Op op) const { return ops[static_cast<int>(op)]; }
+    OpStats total() const;  // over all operations
+};
+
+struct StatRow {
+    int world_rank = 0;  // the rank (process, thread) whose book this is
+    int rank = 0;        // in the group
+    std::string group;
+    std::string op;  // op_name
+    i64 calls = 0, bytes_sent = 0, bytes_recv = 0;
+    double seconds = 0;
+};
+std::vector<StatRow> stat_rows(const CommStats& s, int world_rank);  // one row per Op used
+
+// One rank's accounting, shared by all communicators of that rank (world and its splits).
+// Groups are keyed by name: two communicators of one rank with the same name share a record.
+// Thread-safe (async operations complete on a progress thread).
+class StatsBook {
+public:
+    explicit StatsBook(int world_rank) : world_rank_(world_rank) {}
+    int world_rank() const { return world_rank_; }
+    void add_group(const std::string& group, int rank, int size);  // no-op when known
+    void record(const std::string& group, const Request& req, double seconds);
+    CommStats stats(const std::string& group) const;  // zeros when unknown
+    std::vector<StatRow> rows() const;                // every group, every Op used
+    void reset();                                     // all counters to zero
+
+private:
+    int world_rank_;
+    mutable std::mutex mu_;
+    std::vector<CommStats> groups_;
+};
+
+// ---- asynchronous operations -----------------------------------------------------------------
+
+// An operation in flight. wait() blocks until it completes (bounded by the backend's timeout)
+// and throws CommError if it failed; afterwards the handle is empty. A handle destroyed while
+// pending waits first (so a peer never touches a dead buffer); its error then surfaces at the
+// next operation, because a failure fails the whole job.
+class Handle {
+public:
+    struct State {
+        virtual ~State() = default;
+        virtual void wait() = 0;  // completes or throws; called at most once
+        virtual bool test() = 0;  // true when wait() would not block
+    };
+
+    Handle() = default;
+    explicit Handle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+    Handle(Handle&& o) noexcept = default;
+    Handle& operator=(Handle&& o) noexcept;  // waits on the pending operation it replaces
+    Handle(const Handle&) = delete;
+    Handle& operator=(const Handle&) = delete;
+    ~Handle();
+
+    void wait();                                        // complete; throw its error; then empty
+    bool test() { return !state_ || state_->test(); }   // would wait() return at once?
+    bool pending() const { return state_ != nullptr; }  // not yet waited
+
+private:
+    void wait_quietly() noexcept;
+    std::shared_ptr<State> state_;
+};
+
+// ---- the communicator ------------------------------------------------------------------------
+
+class Communicator {
+public:
+    virtual ~Communicator() = default;
+    Communicator(const Communicator&) = delete;
+    Communicator& operator=(const Communicator&) = delete;
+
+    int rank() const { return rank_; }  // 0 .. size()-1 within the group
+    int size() const { return size_; }
+    const std::string& group() const { return group_; }  // "world", "dp", "tp", "pp", ...
+
+    // Collectives. T is float, double or px::i64. Counts are elements.
+    template <class T>
+    void all_reduce(T* buf, i64 n, Algo algo = Algo::canonical);  // sum
+    template <class T>
+    void all_reduce_max(T* buf, i64 n);  // max
+    // in (p·n_per_rank) -> out (n_per_rank) = chunk rank() of the sum; out may be in + rank()·n.
+    template <class T>
+    void reduce_scatter(T* out, const T* in, i64 n_per_rank, Algo algo = Algo::canonical);
+    // in (n_per_rank) -> out (p·n_per_rank), rank order; in may be out + rank()·n_per_rank.
+    template <class T>
+    void all_gather(T* out, const T* in, i64 n_per_rank);
+    // in (counts[rank()]) -> out (sum counts), rank order; counts equal on every rank.
+    template <class T>
+    void all_gather_v(T* out, const T* in, std::span<const i64> counts);
+    template <class T>
+    void broadcast(T* buf, i64 n, int root);  // buf (n) = root's buf
+    // in (p·n_per_rank, chunk k for rank k) -> out (p·n_per_rank, chunk k from rank k).
+    template <class T>
+    void all_to_all(T* out, const T* in, i64 n_per_rank);
+    // in: in_counts[k] elements for rank k, concatenated; out: out_counts[k] from rank k;
+    // this rank's out_counts[k] must equal rank k's in_counts[rank()].
+    template <class T>
+    void all_to_all_v(T* out, std::span<const i64> out_counts, const T* in,
+                      std::span<const i64> in_counts);
+    void barrier();
+
+    // Point to point. A send completes when the receiver has its data (no hidden buffering, as
+    // with NCCL: a blocking send with no matching recv posted is an error at the timeout).
+    // Messages between one (source, destination, tag) arrive in the order they were sent.
+    template <class T>
+    void send(const T* buf, i64 n, int dst, int tag = 0);
+    template <class T>
+    void recv(T* buf, i64 n, int src, int tag = 0);
+
+    // Asynchronous variants: start now, complete at Handle::wait(); same rules, same order.
+    template <class T>
+    [[nodiscard]] Handle all_reduce_async(T* buf, i64 n, Algo algo = Algo::canonical);
+    template <class T>
+    [[nodiscard]] Handle reduce_scatter_async(T* out, const T* in, i64 n_per_rank,
+                                              Algo algo = Algo::canonical);
+    template <class T>
+    [[nodiscard]] Handle all_gather_async(T* out, const T* in, i64 n_per_rank);
+    template <class T>
+    [[nodiscard]] Handle broadcast_async(T* buf, i64 n, int root);
+    template <class T>
+    [[nodiscard]] Handle all_to_all_async(T* out, const T* in, i64 n_per_rank);
+    template <class T>
+    [[nodiscard]] Handle send_async(const T* buf, i64 n, int dst, int tag = 0);
+    template <class T>
+    [[nodiscard]] Handle recv_async(T* buf, i64 n, int src, int tag = 0);
+
+    // Like MPI_Comm_split: a collective of this group; ranks with the same color form a new
+    // group named `name`, ordered by (key, rank in this group). color < 0: nullptr, no group.
+    virtual std::unique_ptr<Communicator> split(int color, int key, std::string name) = 0;
+    // Fail the job: every pending and later operation on every rank throws CommError(reason).
+    virtual void abort(const std::string& reason) = 0;
+
+    CommStats stats() const { return book_->stats(group_); }          // this group, this rank
+    std::vector<StatRow> stat_rows() const { return book_->rows(); }  // all groups, this rank
+    const std::shared_ptr<StatsBook>& stats_book() const { return book_; }
+
+protected:
+    Communicator(int rank, int size, std::string group, std::shared_ptr<StatsBook> book);
+
+    // What a backend implements. Requests reaching them are checked for this rank's own
+    // consistency (counts, ranges, overlaps); matching across ranks is the backend's job.
+    virtual void run(Request& req) = 0;     // blocking
+    virtual Handle start(Request req) = 0;  // returns at once
+    void record(const Request& req, double seconds) { book_->record(group_, req, seconds); }
+
+private:
+    void check(const Request& req) const;  // throws CommError naming the argument
+
+    int rank_, size_;
+    std::string group_;
+    std::shared_ptr<StatsBook> book_;
+};
+
+}  // namespace px::comm
