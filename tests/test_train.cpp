@@ -240,3 +240,29 @@ TEST_CASE("data.markov_vocab draws from fewer symbols than the model's vocabular
     job.step();
     CHECK(std::isfinite(job.history().back().loss));
 }
+
+TEST_CASE("training on llm.c token files, and a truncated file is named") {
+    const std::string dir = temp_dir("bin");
+    std::vector<std::uint16_t> toks(5000);
+    for (size_t i = 0; i < toks.size(); i++) toks[i] = static_cast<std::uint16_t>((i * 7 + i / 13) % 32);
+    write_llmc_tokens(dir + "/train.bin", toks);
+    write_llmc_tokens(dir + "/val.bin", std::vector<std::uint16_t>(toks.begin(), toks.begin() + 1000));
+    Config c = small_job();
+    c.data.source = "bin";
+    c.data.train_path = dir + "/train.bin";
+    c.data.val_path = dir + "/val.bin";
+    c.train.steps = 3;
+    c.train.eval_every = 3;
+    Job job(c);
+    job.run();
+    CHECK(job.history().back().val_loss > 0);
+    CHECK(job.history().back().loss < job.history().front().loss);
+
+    std::filesystem::resize_file(dir + "/train.bin", 256 * 4 + 2 * 4000);  // 1000 tokens short
+    try {
+        Job broken(c);
+        FAIL("expected a DataError");
+    } catch (const DataError& e) {
+        CHECK_THAT(e.what(), Catch::Contains("train.bin"));
+    }
+}
