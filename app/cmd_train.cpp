@@ -2,6 +2,7 @@
 #include "app/commands.h"
 #include "core/config.h"
 #include "core/job.h"
+#include "core/parallel/runner.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -25,18 +27,40 @@ struct TrainOptions {
     bool quiet = false;
 };
 
-// A one-line progress bar on a terminal; plain log lines (every ~5% of the run) otherwise.
-class Progress : public Observer {
+// Prints the banner, a one-line progress bar on a terminal (plain log lines, every ~5% of the
+// run, otherwise) and the summary. Under a parallel layout it observes rank 0.
+class Console : public Observer {
 public:
-    explicit Progress(bool quiet) : quiet_(quiet), tty_(isatty(fileno(stderr)) != 0) {}
+    Console(bool quiet, std::string run_path)
+        : quiet_(quiet), tty_(isatty(fileno(stderr)) != 0), run_path_(std::move(run_path)) {}
 
     void on_start(const Job& job) override {
-        total_ = job.config().train.steps;
+        const Config& c = job.config();
+        total_ = c.train.steps;
         t0_ = std::chrono::steady_clock::now();
+        std::printf("parallax train: %s | %lld params | L=%lld C=%lld NH=%lld F=%lld V=%lld "
+                    "T=%lld | batch %lld | layout dp%d zero%d, %d microbatches | %s/%s | %d "
+                    "threads per rank\n",
+                    c.source_name.c_str(), static_cast<long long>(job.model().num_params()),
+                    static_cast<long long>(c.model.layers), static_cast<long long>(c.model.hidden),
+                    static_cast<long long>(c.model.heads), static_cast<long long>(c.model.ffn),
+                    static_cast<long long>(c.model.vocab), static_cast<long long>(c.model.seq_len),
+                    static_cast<long long>(c.train.batch_size), job.dp_size(), c.layout.zero,
+                    c.layout.microbatches > 0 ? c.layout.microbatches
+                                              : static_cast<int>(c.train.microbatches),
+                    mode_name(c.numerics.mode == Mode::fast ? Mode::fast : Mode::bitwise),
+                    isa_name(make_numerics(c.numerics).isa), omp_get_max_threads());
+        if (job.entropy_rate() >= 0)
+            std::printf("data: order-%lld Markov source, entropy rate %.4f nats/token, loss floor "
+                        "for %lld-token windows %.4f\n",
+                        static_cast<long long>(c.data.markov_order), job.entropy_rate(),
+                        static_cast<long long>(c.model.seq_len), job.loss_floor());
+        std::fflush(stdout);
     }
 
     void on_step(const Job&, const StepMetrics& m) override {
         if (m.val_loss >= 0) last_val_ = m.val_loss;
+        last_loss_ = m.loss;
         tokens_ += m.tokens_per_s * m.step_ms / 1e3;
         if (quiet_) return;
         const double elapsed = seconds();
@@ -62,16 +86,34 @@ public:
         std::fflush(stderr);
     }
 
+    void on_end(const Job& job) override {
+        const Config& c = job.config();
+        const double secs = seconds();
+        std::printf("\nsummary\n");
+        std::printf("  steps          %lld\n", static_cast<long long>(job.steps_done()));
+        std::printf("  train loss     %.4f\n", last_loss_);
+        if (last_val_ >= 0) std::printf("  val loss       %.4f\n", last_val_);
+        if (job.entropy_rate() >= 0 && last_val_ >= 0)
+            std::printf("  loss floor     %.4f (entropy rate %.4f); val - floor = %+.4f nats/token\n",
+                        job.loss_floor(), job.entropy_rate(), last_val_ - job.loss_floor());
+        std::printf("  time           %.2f s, %.0f tokens/s, %.2f ms/step\n", secs, tokens_ / secs,
+                    secs * 1e3 / static_cast<double>(job.steps_done()));
+        if (c.output.run_file) std::printf("  run file       %s\n", run_path_.c_str());
+        if (!c.output.export_llmc.empty())
+            std::printf("  llm.c weights  %s\n", c.output.export_llmc.c_str());
+        std::fflush(stdout);
+    }
+
     double seconds() const {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     }
-    double tokens() const { return tokens_; }
-    double last_val() const { return last_val_; }
+    double last_loss() const { return last_loss_; }
 
 private:
     bool quiet_, tty_;
+    std::string run_path_;
     i64 total_ = 1;
-    double last_val_ = -1, tokens_ = 0;
+    double last_val_ = -1, last_loss_ = 0, tokens_ = 0;
     std::chrono::steady_clock::time_point t0_;
 };
 
@@ -81,51 +123,24 @@ int run_train(const TrainOptions& opt) {
     apply_overrides(cfg, opt.sets);
     if (!opt.out_dir.empty()) cfg.output.dir = opt.out_dir;
 
-    Job job(cfg);
-    const Config& c = job.config();
-    std::printf("parallax train: %s | %lld params | L=%lld C=%lld NH=%lld F=%lld V=%lld T=%lld | "
-                "batch %lld x %lld microbatches | %s/%s | %d threads\n",
-                cfg.source_name.c_str(), static_cast<long long>(job.model().num_params()),
-                static_cast<long long>(c.model.layers), static_cast<long long>(c.model.hidden),
-                static_cast<long long>(c.model.heads), static_cast<long long>(c.model.ffn),
-                static_cast<long long>(c.model.vocab), static_cast<long long>(c.model.seq_len),
-                static_cast<long long>(c.train.batch_size), static_cast<long long>(c.train.microbatches),
-                mode_name(job.model().numerics().mode), isa_name(job.model().numerics().isa),
-                omp_get_max_threads());
-    if (job.entropy_rate() >= 0)
-        std::printf("data: order-%lld Markov source, entropy rate %.4f nats/token, loss floor for "
-                    "%lld-token windows %.4f\n",
-                    static_cast<long long>(c.data.markov_order), job.entropy_rate(),
-                    static_cast<long long>(c.model.seq_len), job.loss_floor());
-    std::fflush(stdout);
-
-    Progress progress(opt.quiet);
-    job.add_observer(&progress);
+    const std::string run_path = (std::filesystem::path(cfg.output.dir) / "run.h5").string();
+    Console console(opt.quiet || !cfg.output.progress, run_path);
+    std::vector<Observer*> observers{&console};
     std::unique_ptr<RunFileObserver> run_file;
-    const std::string run_path = (std::filesystem::path(c.output.dir) / "run.h5").string();
-    if (c.output.run_file) {
-        run_file = std::make_unique<RunFileObserver>(run_path, c);
-        job.add_observer(run_file.get());
+    if (cfg.output.run_file) {
+        run_file = std::make_unique<RunFileObserver>(run_path, cfg);
+        observers.push_back(run_file.get());
     }
-    job.run();
 
-    const StepMetrics& last = job.history().back();
-    const double secs = progress.seconds();
-    std::printf("\nsummary\n");
-    std::printf("  steps          %lld\n", static_cast<long long>(job.steps_done()));
-    std::printf("  train loss     %.4f\n", last.loss);
-    if (progress.last_val() >= 0) std::printf("  val loss       %.4f\n", progress.last_val());
-    if (job.entropy_rate() >= 0 && progress.last_val() >= 0)
-        std::printf("  loss floor     %.4f (entropy rate %.4f); val - floor = %+.4f nats/token\n",
-                    job.loss_floor(), job.entropy_rate(), progress.last_val() - job.loss_floor());
-    std::printf("  time           %.2f s, %.0f tokens/s, %.2f ms/step\n", secs,
-                progress.tokens() / secs, secs * 1e3 / static_cast<double>(job.steps_done()));
-    if (run_file) std::printf("  run file       %s\n", run_path.c_str());
-    if (!c.output.export_llmc.empty())
-        std::printf("  llm.c weights  %s\n", c.output.export_llmc.c_str());
-    if (!std::isfinite(last.loss)) {
-        std::fprintf(stderr, "parallax: the training loss is not finite at step %lld\n",
-                     static_cast<long long>(last.step));
+    if (world_size(cfg.layout) > 1) {
+        run_layout(cfg, observers);
+    } else {
+        Job job(cfg);
+        for (Observer* o : observers) job.add_observer(o);
+        job.run();
+    }
+    if (!std::isfinite(console.last_loss())) {
+        std::fprintf(stderr, "parallax: the training loss is not finite\n");
         return kRunFailed;
     }
     return kOk;

@@ -43,8 +43,9 @@ struct SectionDef {
     const char* doc;
 };
 
-constexpr std::array<SectionDef, 5> kSections = {{
+constexpr std::array<SectionDef, 6> kSections = {{
     {"model", "The GPT: sizes and initialisation."},
+    {"layout", "The parallel layout: dp x pp x tp ranks, ZeRO, microbatches, pipeline schedule (DESIGN.md section 3)."},
     {"train", "Optimisation: steps, batch, AdamW and the learning-rate schedule."},
     {"data", "Where tokens come from."},
     {"numerics", "How reductions are computed (see DESIGN.md section 2)."},
@@ -63,9 +64,19 @@ const std::array kKeys = {
     PX_KEY(model, ffn, "F, MLP inner size (GPT-2: 4 * hidden)"),
     PX_KEY(model, init_std, "std of the normal init of weights (residual projections scaled by 1/sqrt(2L))"),
     PX_KEY(model, init_from, "llm.c GPT-2 checkpoint (.bin) to load instead of random init; \"\" for none"),
+    PX_KEY(layout, dp, "data-parallel replicas; world size = dp * pp * tp"),
+    PX_KEY(layout, pp, "pipeline stages, each a contiguous run of layers (at most model.layers)"),
+    PX_KEY(layout, tp, "tensor-parallel ranks; must divide model.heads and model.ffn"),
+    PX_KEY(layout, zero, "ZeRO stage over the dp ranks: 0 none, 1 optimizer state, 2 also gradients, 3 also parameters"),
+    PX_KEY(layout, microbatches, "microbatches per step on each dp rank; when > 0 overrides train.microbatches (0: use it); dp * microbatches must divide train.batch_size"),
+    PX_KEY(layout, schedule, "pipeline schedule: \"gpipe\", \"1f1b\" or \"interleaved\""),
+    PX_KEY(layout, virtual_stages, "v, model chunks per pipeline rank; >= 2 exactly when schedule = \"interleaved\""),
+    PX_KEY(layout, recompute, "activation recomputation: \"none\" or \"full\" (each block's forward again in its backward)"),
+    PX_KEY(layout, comm, "reducing collectives: \"auto\" (canonical in bitwise mode, ring in fast), \"canonical\" or \"ring\""),
+    PX_KEY(layout, timeout_s, "seconds a collective waits for its peers before the job fails (> 0)"),
     PX_KEY(train, steps, "optimizer steps"),
     PX_KEY(train, batch_size, "sequences per optimizer step (global batch)"),
-    PX_KEY(train, microbatches, "gradient-accumulation microbatches per step; must divide batch_size"),
+    PX_KEY(train, microbatches, "gradient-accumulation microbatches per step (per dp rank); must divide batch_size"),
     PX_KEY(train, lr, "peak learning rate"),
     PX_KEY(train, min_lr, "learning rate at the end of the cosine decay (0 <= min_lr <= lr)"),
     PX_KEY(train, warmup_steps, "linear warm-up steps"),
@@ -380,6 +391,7 @@ constexpr i64 kMaxMarkovStates = i64{1} << 22;
 // Throws the first problem: single keys in table order, then constraints across keys.
 void check(const Config& c) {
     const ModelConfig& m = c.model;
+    const LayoutConfig& l = c.layout;
     const TrainConfig& t = c.train;
     const DataConfig& d = c.data;
     const NumericsConfig& n = c.numerics;
@@ -391,6 +403,17 @@ void check(const Config& c) {
     at_least("model.hidden", m.hidden, 1);
     at_least("model.ffn", m.ffn, 1);
     positive("model.init_std", m.init_std);
+
+    at_least("layout.dp", l.dp, 1);
+    at_least("layout.pp", l.pp, 1);
+    at_least("layout.tp", l.tp, 1);
+    if (l.zero < 0 || l.zero > 3) throw out_of_range("layout.zero", std::to_string(l.zero), "in 0..3");
+    at_least("layout.microbatches", l.microbatches, 0);
+    one_of("layout.schedule", l.schedule, {"gpipe", "1f1b", "interleaved"});
+    at_least("layout.virtual_stages", l.virtual_stages, 1);
+    one_of("layout.recompute", l.recompute, {"none", "full"});
+    one_of("layout.comm", l.comm, {"auto", "canonical", "ring"});
+    positive("layout.timeout_s", l.timeout_s);
 
     at_least("train.steps", t.steps, 1);
     at_least("train.batch_size", t.batch_size, 1);
@@ -427,6 +450,21 @@ void check(const Config& c) {
         throw Problem{{"train.microbatches", "train.batch_size"},
                       "train.microbatches=" + std::to_string(t.microbatches) + " does not divide train.batch_size=" +
                           std::to_string(t.batch_size) + ": every microbatch must hold the same number of sequences"};
+    if (l.virtual_stages > 1 && l.schedule != "interleaved")
+        throw Problem{{"layout.virtual_stages", "layout.schedule"},
+                      "layout.virtual_stages=" + std::to_string(l.virtual_stages) + " needs layout.schedule = " +
+                          "\"interleaved\", got " + quote(l.schedule) +
+                          ": only the interleaved schedule gives a pipeline rank several model chunks"};
+    if (l.schedule == "interleaved" && l.virtual_stages < 2)
+        throw Problem{{"layout.schedule", "layout.virtual_stages"},
+                      "layout.schedule = \"interleaved\" needs layout.virtual_stages >= 2, got " +
+                          std::to_string(l.virtual_stages) +
+                          ": with one model chunk per rank use layout.schedule = \"1f1b\""};
+    if (l.comm == "ring" && n.mode == Mode::bitwise)
+        throw Problem{{"layout.comm", "numerics.mode"},
+                      "layout.comm = \"ring\" breaks numerics.mode = \"bitwise\": a ring all-reduce sums in ring "
+                      "order, not the canonical tree; use layout.comm = \"auto\" or \"canonical\", or "
+                      "numerics.mode = \"fast\""};
     if (t.min_lr > t.lr)
         throw Problem{{"train.min_lr", "train.lr"},
                       "train.min_lr=" + number(t.min_lr) + " is larger than train.lr=" + number(t.lr) +

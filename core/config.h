@@ -1,9 +1,10 @@
-// The job config: TOML with sections [model] [train] [data] [numerics] [output].
+// The job config: TOML with sections [model] [layout] [train] [data] [numerics] [output].
 // Every key is documented in README.md ("Config keys"); the defaults below are the embedded
 // default job (a tiny GPT on the built-in Markov source, which needs no files).
 //
 // Index
 //   ModelConfig .. OutputConfig   one struct per section, one field per key
+//                                 (LayoutConfig: the parallel layout, DESIGN.md §3)
 //   Config                        the whole job
 //   parse_config                  TOML text -> Config; errors name the key (ConfigError)
 //   load_config                   a file -> Config
@@ -34,10 +35,31 @@ struct ModelConfig {
     bool operator==(const ModelConfig&) const = default;
 };
 
+// The parallel layout as written in the job. Validation here covers each key's range and the rules
+// among layout keys (and layout.comm against numerics.mode); the rules that involve the model
+// and the batch (tp divides heads, pp <= layers, dp * microbatches divides batch_size, token
+// ranges are nodes of the canonical tree, ...) are checked when a px::Layout is built from the
+// config (core/parallel/mesh.h), with a sentence naming the keys. The defaults are one device.
+struct LayoutConfig {
+    int dp = 1;                      // data-parallel replicas; world size = dp * pp * tp
+    int pp = 1;                      // pipeline stages, each a contiguous run of layers
+    int tp = 1;                      // tensor-parallel ranks (Megatron column/row parallel)
+    int zero = 0;                    // ZeRO stage 0..3 over the dp ranks
+    int microbatches = 0;            // per dp rank and step; when > 0 overrides train.microbatches
+    std::string schedule = "1f1b";   // pipeline schedule: "gpipe", "1f1b" or "interleaved"
+    int virtual_stages = 1;          // v, model chunks per pp rank; >= 2 only with "interleaved"
+    std::string recompute = "none";  // activation recomputation: "none" or "full" (per block)
+    std::string comm = "auto";       // reducing collectives: "auto", "canonical" or "ring"
+    double timeout_s = 60.0;         // seconds a collective waits for its peers before failing
+
+    bool operator==(const LayoutConfig&) const = default;
+};
+
 struct TrainConfig {
     i64 steps = 600;          // optimizer steps
     i64 batch_size = 8;       // sequences per optimizer step (global batch)
     i64 microbatches = 1;     // gradient-accumulation microbatches per step; must divide batch_size
+                              // (per dp rank under a layout; layout.microbatches > 0 overrides it)
     double lr = 3e-3;         // peak learning rate
     double min_lr = 3e-4;     // learning rate at the end of the cosine decay
     i64 warmup_steps = 30;    // linear warm-up steps
@@ -85,6 +107,7 @@ struct OutputConfig {
 
 struct Config {
     ModelConfig model;
+    LayoutConfig layout;
     TrainConfig train;
     DataConfig data;
     NumericsConfig numerics;

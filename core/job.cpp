@@ -1,12 +1,14 @@
 #include "core/job.h"
 
 #include "core/checkpoint_llmc.h"
+#include "core/comm/comm.h"
 #include "core/data.h"
 #include "core/error.h"
 #include "core/runfile.h"
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -35,30 +37,52 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Job::Job(const Config& cfg) : cfg_(cfg), nx_(make_numerics(cfg.numerics)) {
+Job::Job(const Config& cfg, ReplicaContext replica)
+    : cfg_(cfg), nx_(make_numerics(cfg.numerics)), replica_(replica) {
     if (cfg_.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg_.train.threads));
     const TrainConfig& tc = cfg_.train;
     const i64 T = cfg_.model.seq_len;
-    micro_B_ = tc.batch_size / tc.microbatches;
+    if (replica_.dp) {
+        dp_rank_ = replica_.dp->rank();
+        dp_size_ = replica_.dp->size();
+    }
+    microbatches_ = cfg_.layout.microbatches > 0 ? cfg_.layout.microbatches
+                                                 : static_cast<int>(tc.microbatches);
+    if (tc.batch_size % (dp_size_ * microbatches_) != 0)
+        throw ConfigError("train.batch_size = " + std::to_string(tc.batch_size) +
+                          " is not divisible by layout.dp × microbatches = " +
+                          std::to_string(dp_size_) + " × " + std::to_string(microbatches_) +
+                          "; every replica and microbatch must hold whole sequences");
+    local_B_ = tc.batch_size / dp_size_;
+    micro_B_ = local_B_ / microbatches_;
 
-    // Microbatches own token ranges; each must be one node of the batch's token tree.
-    if (tc.microbatches > 1) {
+    // Replicas and microbatches own token ranges; each must be one node of the batch's token
+    // tree (DESIGN.md §2.1), so that their gradients combine exactly as the whole batch's.
+    const int parts = dp_size_ * microbatches_;
+    if (parts > 1) {
         const i64 mb_tokens = micro_B_ * T;
         if (mb_tokens % nx_.block != 0)
-            throw ConfigError("train.microbatches = " + std::to_string(tc.microbatches) +
-                              " gives microbatches of " + std::to_string(mb_tokens) +
+            throw ConfigError("layout.dp × microbatches = " + std::to_string(dp_size_) + " × " +
+                              std::to_string(microbatches_) + " gives microbatches of " +
+                              std::to_string(mb_tokens) +
                               " tokens, not a multiple of numerics.block = " +
                               std::to_string(nx_.block) +
                               "; a microbatch must own whole blocks of the token reduction "
                               "(choose fewer microbatches or a smaller numerics.block)");
         const i64 bpm = mb_tokens / nx_.block;
-        merges_after_.assign(tc.microbatches, 0);
-        if (!leaf_schedule(0, bpm * tc.microbatches, bpm, merges_after_))
-            throw ConfigError("train.microbatches = " + std::to_string(tc.microbatches) +
-                              " splits the batch's " + std::to_string(bpm * tc.microbatches) +
+        std::vector<unsigned char> all_merges(static_cast<size_t>(parts), 0);
+        if (!leaf_schedule(0, bpm * parts, bpm, all_merges))
+            throw ConfigError("layout.dp × microbatches = " + std::to_string(dp_size_) + " × " +
+                              std::to_string(microbatches_) + " (train.microbatches = " +
+                              std::to_string(microbatches_) + ") splits the batch's " +
+                              std::to_string(bpm * parts) +
                               " token blocks into ranges that are not nodes of the canonical "
-                              "reduction tree (DESIGN.md §2.1); use a power of two, or a count "
+                              "reduction tree (DESIGN.md §2.1); use powers of two, or counts "
                               "whose ranges split at ceil(n/2)");
+        // This replica's microbatches form the subtree of its own range: same shape, so the
+        // schedule over its leaves is the first `microbatches_` entries of a tree of that size.
+        merges_after_.assign(static_cast<size_t>(microbatches_), 0);
+        if (microbatches_ > 1) leaf_schedule(0, bpm * microbatches_, bpm, merges_after_);
     }
 
     source_ = make_source(cfg_);
@@ -74,13 +98,23 @@ Job::Job(const Config& cfg) : cfg_(cfg), nx_(make_numerics(cfg.numerics)) {
     } else {
         model_->init_random(tc.seed, cfg_.model.init_std);
     }
-    opt_ = std::make_unique<AdamW>(*model_);
+    // ZeRO-1: each replica keeps the AdamW moments of one contiguous slice of the flat
+    // parameter arena and updates only that slice; the slices are then all-gathered.
+    const i64 total = model_->table().total;
+    if (replica_.zero >= 1 && dp_size_ > 1) {
+        auto edge = [&](int r) { return (total * r / dp_size_) / 16 * 16; };
+        opt_ = std::make_unique<AdamW>(*model_, edge(dp_rank_),
+                                       dp_rank_ + 1 == dp_size_ ? total : edge(dp_rank_ + 1));
+    } else {
+        opt_ = std::make_unique<AdamW>(*model_);
+    }
     grad_stack_.emplace_back(model_->grad_layout().total);
 
-    windows_.resize(static_cast<size_t>(tc.batch_size * (T + 1)));
+    windows_.resize(static_cast<size_t>(local_B_ * (T + 1)));
     inputs_.resize(static_cast<size_t>(micro_B_ * T));
     targets_.resize(static_cast<size_t>(micro_B_ * T));
-    losses_.resize(static_cast<size_t>(tc.batch_size * T));
+    losses_.resize(static_cast<size_t>(local_B_ * T));
+    all_losses_.resize(static_cast<size_t>(tc.batch_size * T));
 }
 
 Job::~Job() = default;
@@ -107,7 +141,7 @@ void Job::accumulate_microbatch(int k) {
     std::memcpy(losses_.data() + k * micro_B_ * T, model_->losses(),
                 static_cast<size_t>(micro_B_ * T) * sizeof(float));
 
-    if (cfg_.train.microbatches == 1) {
+    if (microbatches_ == 1) {
         grad_stack_[0].zero();
         model_->backward(grad_stack_[0].data(), inputs_.data(), targets_.data(),
                          1.0f / static_cast<float>(N));
@@ -131,26 +165,53 @@ void Job::accumulate_microbatch(int k) {
     }
 }
 
+void Job::all_gather_tokens(std::vector<float>& all, const float* local, i64 per_rank) {
+    if (dp_size_ == 1) {
+        std::copy(local, local + per_rank, all.begin());
+        return;
+    }
+    replica_.dp->all_gather(all.data(), local, per_rank);
+}
+
 StepMetrics Job::step() {
     const auto t0 = std::chrono::steady_clock::now();
     const TrainConfig& tc = cfg_.train;
     const i64 T = cfg_.model.seq_len;
     const i64 N = tc.batch_size * T;
 
-    source_->sample(windows_.data(), T, Split::train, step_, 0, tc.batch_size);
-    for (int k = 0; k < tc.microbatches; k++) accumulate_microbatch(k);
+    // This replica's sequences [dp_rank·local_B, (dp_rank+1)·local_B) of the step's batch.
+    source_->sample(windows_.data(), T, Split::train, step_, dp_rank_ * local_B_, local_B_);
+    for (int k = 0; k < microbatches_; k++) accumulate_microbatch(k);
 
-    // wte is used twice: embedding and LM head. Their token reductions are complete now.
     float* g = grad_stack_[0].data();
+    if (dp_size_ > 1) {
+        // Every replica holds one node of the token tree; the canonical all-reduce over replicas
+        // forms the nodes above it. The LM head's part of dwte travels separately (GradLayout).
+        replica_.dp->all_reduce(g, model_->grad_layout().total, comm::algo_for(nx_.mode));
+    }
+    // wte is used twice: embedding and LM head. Their token reductions are complete now.
     model_->combine_tied_grads(g);
 
     StepMetrics m;
     m.step = step_ + 1;
-    m.loss = canonical_sum(losses_.data(), N, nx_.block) / static_cast<float>(N);
+    all_gather_tokens(all_losses_, losses_.data(), local_B_ * T);
+    m.loss = canonical_sum(all_losses_.data(), N, nx_.block) / static_cast<float>(N);
     const float norm = global_grad_norm(nx_, *model_, g);
     m.grad_norm = norm;
     m.lr = lr_at(tc, step_);
     opt_->step(*model_, g, norm, static_cast<float>(m.lr), static_cast<int>(step_ + 1), tc);
+    if (opt_->size() != model_->table().total) {
+        // ZeRO-1: every replica updated its slice; gather the slices into every replica.
+        std::vector<i64> counts(static_cast<size_t>(dp_size_));
+        const i64 total = model_->table().total;
+        for (int r = 0; r < dp_size_; r++) {
+            const i64 lo = (total * r / dp_size_) / 16 * 16;
+            const i64 hi = r + 1 == dp_size_ ? total : (total * (r + 1) / dp_size_) / 16 * 16;
+            counts[static_cast<size_t>(r)] = hi - lo;
+        }
+        std::vector<float> mine(model_->params() + opt_->lo(), model_->params() + opt_->hi());
+        replica_.dp->all_gather_v(model_->params(), mine.data(), counts);
+    }
     step_++;
 
     const double secs = seconds_since(t0);
@@ -166,21 +227,31 @@ StepMetrics Job::step() {
 double Job::evaluate() {
     const TrainConfig& tc = cfg_.train;
     const i64 T = cfg_.model.seq_len;
-    const i64 per_batch = tc.batch_size * T;
-    std::vector<float> all(static_cast<size_t>(tc.val_batches * per_batch));
+    const i64 per_batch = tc.batch_size * T, per_rank = local_B_ * T;
+    std::vector<float> local(static_cast<size_t>(tc.val_batches * per_rank));
     std::vector<int> win(static_cast<size_t>(micro_B_ * (T + 1)));
     for (i64 j = 0; j < tc.val_batches; j++) {
-        for (i64 k = 0; k < tc.microbatches; k++) {
-            source_->sample(win.data(), T, Split::val, j, k * micro_B_, micro_B_);
+        for (i64 k = 0; k < microbatches_; k++) {
+            source_->sample(win.data(), T, Split::val, j, dp_rank_ * local_B_ + k * micro_B_,
+                            micro_B_);
             for (i64 b = 0; b < micro_B_; b++) {
                 std::memcpy(inputs_.data() + b * T, win.data() + b * (T + 1), T * sizeof(int));
                 std::memcpy(targets_.data() + b * T, win.data() + b * (T + 1) + 1, T * sizeof(int));
             }
             model_->forward(inputs_.data(), targets_.data(), micro_B_, T);
-            std::memcpy(all.data() + j * per_batch + k * micro_B_ * T, model_->losses(),
+            std::memcpy(local.data() + j * per_rank + k * micro_B_ * T, model_->losses(),
                         static_cast<size_t>(micro_B_ * T) * sizeof(float));
         }
     }
+    // Gather every replica's losses, then put them in token order: batch j, then sequence.
+    std::vector<float> gathered(static_cast<size_t>(tc.val_batches * per_batch));
+    all_gather_tokens(gathered, local.data(), static_cast<i64>(local.size()));
+    std::vector<float> all(gathered.size());
+    for (int r = 0; r < dp_size_; r++)
+        for (i64 j = 0; j < tc.val_batches; j++)
+            std::memcpy(all.data() + j * per_batch + r * per_rank,
+                        gathered.data() + (r * tc.val_batches + j) * per_rank,
+                        static_cast<size_t>(per_rank) * sizeof(float));
     const i64 n = static_cast<i64>(all.size());
     return canonical_sum(all.data(), n, nx_.block) / static_cast<double>(n);
 }
@@ -188,7 +259,7 @@ double Job::evaluate() {
 void Job::run() {
     for (Observer* o : observers_) o->on_start(*this);
     while (step_ < cfg_.train.steps) step();
-    if (!cfg_.output.export_llmc.empty()) {
+    if (!cfg_.output.export_llmc.empty() && dp_rank_ == 0) {
         const GPT& m = *model_;
         write_llmc_checkpoint(cfg_.output.export_llmc, cfg_.model,
                               [&m](const std::string& name) { return m.param_ptr(name); });

@@ -24,6 +24,19 @@ namespace px {
 
 class TokenSource;
 class RunFile;
+namespace comm {
+class Communicator;
+}
+
+// What a Job needs to know when it is one data-parallel replica among several (ranks as threads
+// or processes; core/parallel/runner.h starts them). The replica trains on its share of each
+// batch, a range of sequences that is one node of the batch's token tree, and the replicas'
+// gradients combine in that tree (a canonical all-reduce), so every replica holds exactly the
+// single-device gradient.
+struct ReplicaContext {
+    comm::Communicator* dp = nullptr;  // the data-parallel group; null: the only replica
+    int zero = 0;  // 0: everything replicated; 1: optimizer state sharded, weights all-gathered
+};
 
 struct StepMetrics {
     i64 step = 0;           // 1-based
@@ -47,7 +60,7 @@ public:
 
 class Job {
 public:
-    explicit Job(const Config& cfg);
+    explicit Job(const Config& cfg, ReplicaContext replica = {});
     ~Job();
     Job(const Job&) = delete;
     Job& operator=(const Job&) = delete;
@@ -66,13 +79,20 @@ public:
     float* grads() const { return grad_stack_[0].data(); }  // last step's complete gradients
     i64 steps_done() const { return step_; }
     const std::vector<StepMetrics>& history() const { return history_; }
+    int dp_rank() const { return dp_rank_; }
+    int dp_size() const { return dp_size_; }
     // Expected minimal loss on the validation windows, when the source knows it (else -1).
     double loss_floor() const;
     double entropy_rate() const;  // of the source, nats/token, when known (else -1)
 
 private:
     void accumulate_microbatch(int k);
+    void all_gather_tokens(std::vector<float>& all, const float* local, i64 per_rank);
 
+    ReplicaContext replica_;
+    int dp_rank_ = 0, dp_size_ = 1;
+    int microbatches_ = 1;            // per replica and step
+    i64 local_B_ = 0;                 // sequences per replica and step
     Config cfg_;
     Numerics nx_;
     std::unique_ptr<GPT> model_;
@@ -85,7 +105,8 @@ private:
     i64 micro_B_ = 0;                 // sequences per microbatch
     std::vector<int> windows_;        // (batch_size, T+1) sampled windows of the current step
     std::vector<int> inputs_, targets_;  // (micro_B, T)
-    std::vector<float> losses_;       // (batch_size*T) per-token losses of the step
+    std::vector<float> losses_;       // (local_B*T) per-token losses of this replica's share
+    std::vector<float> all_losses_;   // (batch_size*T) the whole batch's, in token order
     std::vector<Arena> grad_stack_;   // [0] is the step's gradient; more for microbatch partials
     std::vector<unsigned char> merges_after_;  // per microbatch: merges in the token tree
     size_t stack_top_ = 0;                      // partials on grad_stack_ during a step

@@ -1,6 +1,9 @@
 #include "core/optimizer.h"
 
+#include "core/error.h"
 #include "kernels/ops.h"
+
+#include <algorithm>
 
 #include <cmath>
 #include <vector>
@@ -33,7 +36,9 @@ float global_grad_norm(const Numerics& nx, const GPT& model, float* grads) {
     return std::sqrt(total);
 }
 
-AdamW::AdamW(const GPT& model) : m_(model.table().total), v_(model.table().total) {}
+AdamW::AdamW(const GPT& model, i64 lo, i64 hi) : lo_(lo), hi_(hi), m_(hi - lo), v_(hi - lo) {
+    PX_ASSERT(0 <= lo && lo <= hi && hi <= model.table().total, "AdamW shard out of range");
+}
 
 void AdamW::step(GPT& model, float* grads, float grad_norm, float lr, int t,
                  const TrainConfig& tc) {
@@ -41,12 +46,15 @@ void AdamW::step(GPT& model, float* grads, float grad_norm, float lr, int t,
     const float scale = (clip > 0.0f && grad_norm > clip) ? clip / grad_norm : 1.0f;
     const auto& entries = model.table().entries;
     for (size_t i = 0; i < entries.size(); i++) {
-        const int idx = static_cast<int>(i);
         const TableEntry& e = entries[i];
-        Tensor p = model.param(idx), g = model.grad(grads, idx);
-        Tensor mt = p, vt = p;
-        mt.data = m_.data() + e.offset;
-        vt.data = v_.data() + e.offset;
+        // The part of this tensor inside the shard, as a flat slice.
+        const i64 a = std::max(e.offset, lo_), b = std::min(e.offset + e.numel(), hi_);
+        if (a >= b) continue;
+        auto slice = [&](float* base, i64 origin) {
+            Tensor s = view_f32(base + (a - origin), {b - a});
+            s.name = e.name.c_str();
+            return s;
+        };
         const bool decay = kGpt2Params[e.spec].decay;
         ops::AdamWStep s{lr,
                          static_cast<float>(tc.beta1),
@@ -55,7 +63,8 @@ void AdamW::step(GPT& model, float* grads, float grad_norm, float lr, int t,
                          decay ? static_cast<float>(tc.weight_decay) : 0.0f,
                          scale,
                          t};
-        ops::adamw_update(model.numerics(), p, mt, vt, g, s);
+        ops::adamw_update(model.numerics(), slice(model.params(), 0), slice(m_.data(), lo_),
+                          slice(v_.data(), lo_), slice(grads, 0), s);
     }
 }
 

@@ -20,19 +20,26 @@ double lr_at(const TrainConfig& tc, i64 step);
 // per-tensor sums then combine in the canonical tree over tensors in table order.
 float global_grad_norm(const Numerics& nx, const GPT& model, float* grads);
 
+// AdamW over the slice [lo, hi) of the flat parameter arena (all of it by default; one ZeRO
+// shard under data parallelism). The update is elementwise, so a shard updates exactly the
+// elements the whole would.
 class AdamW {
 public:
-    explicit AdamW(const GPT& model);
+    explicit AdamW(const GPT& model) : AdamW(model, 0, model.table().total) {}
+    AdamW(const GPT& model, i64 lo, i64 hi);
 
     // One update from `grads` (a GradLayout buffer whose wte gradient is complete). Clips to
     // tc.grad_clip by the given norm. t is the 1-based step.
     void step(GPT& model, float* grads, float grad_norm, float lr, int t, const TrainConfig& tc);
 
-    float* m() const { return m_.data(); }
+    float* m() const { return m_.data(); }  // moments of elements [lo, hi)
     float* v() const { return v_.data(); }
-    i64 size() const { return m_.size(); }
+    i64 lo() const { return lo_; }
+    i64 hi() const { return hi_; }
+    i64 size() const { return hi_ - lo_; }
 
 private:
+    i64 lo_, hi_;
     Arena m_, v_;
 };
 

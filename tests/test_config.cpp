@@ -47,8 +47,8 @@ std::string set_error(const std::string& assignment) {
 }
 
 bool same_job(const Config& a, const Config& b) {
-    return a.model == b.model && a.train == b.train && a.data == b.data && a.numerics == b.numerics &&
-           a.output == b.output;
+    return a.model == b.model && a.layout == b.layout && a.train == b.train && a.data == b.data &&
+           a.numerics == b.numerics && a.output == b.output;
 }
 
 }  // namespace
@@ -78,6 +78,16 @@ TEST_CASE("defaults: an empty file, the embedded default job and missing section
 
     // Floats accept integers.
     CHECK(parse_config("[train]\nlr = 1\nmin_lr = 0\n", "x").train.lr == 1.0);
+
+    // The default layout is one device.
+    CHECK(def.layout.dp * def.layout.pp * def.layout.tp == 1);
+    CHECK(def.layout.zero == 0);
+    CHECK(def.layout.microbatches == 0);  // train.microbatches
+    CHECK(def.layout.schedule == "1f1b");
+    CHECK(def.layout.virtual_stages == 1);
+    CHECK(def.layout.recompute == "none");
+    CHECK(def.layout.comm == "auto");
+    CHECK(def.layout.timeout_s == 60.0);
 }
 
 TEST_CASE("the embedded default job documents every key with a comment line", "[config]") {
@@ -86,7 +96,7 @@ TEST_CASE("the embedded default job documents every key with a comment line", "[
     std::vector<std::string> lines;
     for (std::string l; std::getline(in, l);) lines.push_back(l);
     const auto keys = config_keys();
-    CHECK(keys.size() == 37);
+    CHECK(keys.size() == 47);
     for (const auto& k : keys) {
         const std::string name = k.substr(k.find('.') + 1);
         std::string section = "[";  // built by appending: "[" + std::string&& trips GCC 12's -Wrestrict
@@ -129,6 +139,15 @@ TEST_CASE("config -> TOML -> config is exact", "[config]") {
             c.model.ffn = 1 + static_cast<i64>(rng() % 10000);
             c.model.init_std = unit(rng) * 0.1 + 1e-9;
             c.model.init_from = strings[rng() % strings.size()];
+            c.layout.dp = 1 + static_cast<int>(rng() % 64);
+            c.layout.pp = 1 + static_cast<int>(rng() % 16);
+            c.layout.tp = 1 + static_cast<int>(rng() % 8);
+            c.layout.zero = static_cast<int>(rng() % 4);
+            c.layout.microbatches = static_cast<int>(rng() % 33);
+            c.layout.schedule = std::vector<std::string>{"gpipe", "1f1b", "interleaved"}[rng() % 3];
+            c.layout.virtual_stages = c.layout.schedule == "interleaved" ? 2 + static_cast<int>(rng() % 4) : 1;
+            c.layout.recompute = rng() % 2 ? "none" : "full";
+            c.layout.timeout_s = unit(rng) * 600 + 1e-3;
             c.train.steps = 1 + static_cast<i64>(rng() % 1000000);
             c.train.microbatches = 1 + static_cast<i64>(rng() % 8);
             c.train.batch_size = c.train.microbatches * (1 + static_cast<i64>(rng() % 64));
@@ -151,6 +170,8 @@ TEST_CASE("config -> TOML -> config is exact", "[config]") {
             c.data.train_path = trial % 2 ? strings[rng() % strings.size()] : "data/train.bin";
             c.data.val_path = strings[rng() % strings.size()];
             c.numerics.mode = trial % 3 ? Mode::bitwise : Mode::fast;
+            c.layout.comm = c.numerics.mode == Mode::fast ? std::vector<std::string>{"auto", "canonical", "ring"}[rng() % 3]
+                                                          : std::vector<std::string>{"auto", "canonical"}[rng() % 2];
             c.numerics.block = 1 + static_cast<int>(rng() % 1024);
             c.numerics.isa = std::vector<std::string>{"auto", "avx512", "avx2", "scalar"}[rng() % 4];
             c.output.dir = strings[rng() % strings.size()];
@@ -198,7 +219,10 @@ TEST_CASE("unknown keys and sections name the key and suggest the nearest", "[co
     CHECK_THAT(parse_error("[numerics]\nzzzzzzzz = 1\n"), Contains("unknown key 'numerics.zzzzzzzz'") &&
                                                               Contains("mode, block, isa"));
     CHECK_THAT(parse_error("[trian]\nlr = 1\n"), Contains("examples/tiny.toml: unknown section [trian] (did you mean [train]?)"));
-    CHECK_THAT(parse_error("[layout]\ntp = 2\n"), Contains("unknown section [layout]") && Contains("model, train, data"));
+    CHECK_THAT(parse_error("[layot]\ntp = 2\n"), Contains("unknown section [layot] (did you mean [layout]?)"));
+    CHECK_THAT(parse_error("[parallel]\ntp = 2\n"), Contains("unknown section [parallel]") && Contains("model, layout, train, data"));
+    CHECK_THAT(parse_error("[layout]\ntp_size = 2\n"), Contains("unknown key 'layout.tp_size'"));
+    CHECK_THAT(parse_error("[train]\ntp = 2\n"), Contains("unknown key 'train.tp' (did you mean 'layout.tp'?)"));
     CHECK_THAT(parse_error("vocab = 3\n"), Contains("unknown key 'vocab' at the top level") && Contains("'model.vocab'"));
     CHECK_THAT(parse_error("[model.sub]\nx = 1\n"), Contains("unknown key 'model.sub'"));
     CHECK_THAT(parse_error("model = 3\n"), Contains("model must be a table"));
@@ -221,6 +245,10 @@ TEST_CASE("wrong types name the key, the expected type and what was given", "[co
     CHECK_THAT(parse_error("[numerics]\nmode = 1\n"), Contains("numerics.mode must be a string"));
     CHECK_THAT(parse_error("[numerics]\nblock = 99999999999\n"), Contains("numerics.block = 99999999999 is out of range"));
     CHECK_THAT(parse_error("[train]\nseed = -1\n"), Contains("train.seed = -1 is out of range: must be >= 0"));
+    CHECK_THAT(parse_error("[layout]\ntp = 2.0\n"), Contains("layout.tp must be an integer, got float 2.0"));
+    CHECK_THAT(parse_error("[layout]\ndp = 4294967296\n"), Contains("layout.dp = 4294967296 is out of range: must fit in 32 bits"));
+    CHECK_THAT(parse_error("[layout]\nschedule = 1\n"), Contains("layout.schedule must be a string, got integer 1"));
+    CHECK_THAT(parse_error("[layout]\ntimeout_s = \"1m\"\n"), Contains("layout.timeout_s must be a number"));
 }
 
 TEST_CASE("values out of range name the key, the value and the rule", "[config]") {
@@ -237,6 +265,18 @@ TEST_CASE("values out of range name the key, the value and the rule", "[config]"
         {"[model]\nffn = 0", "model.ffn = 0 is out of range: must be >= 1"},
         {"[model]\ninit_std = 0", "model.init_std = 0 is out of range: must be > 0"},
         {"[model]\ninit_std = nan", "model.init_std = nan is not a finite number"},
+        {"[layout]\ndp = 0", "layout.dp = 0 is out of range: must be >= 1"},
+        {"[layout]\npp = -1", "layout.pp = -1 is out of range: must be >= 1"},
+        {"[layout]\ntp = 0", "layout.tp = 0 is out of range: must be >= 1"},
+        {"[layout]\nzero = 4", "layout.zero = 4 is out of range: must be in 0..3"},
+        {"[layout]\nzero = -1", "layout.zero = -1 is out of range: must be in 0..3"},
+        {"[layout]\nmicrobatches = -1", "layout.microbatches = -1 is out of range: must be >= 0"},
+        {"[layout]\nschedule = \"zb\"", "layout.schedule must be \"gpipe\", \"1f1b\" or \"interleaved\", got \"zb\""},
+        {"[layout]\nvirtual_stages = 0", "layout.virtual_stages = 0 is out of range: must be >= 1"},
+        {"[layout]\nrecompute = \"selective\"", "layout.recompute must be \"none\" or \"full\", got \"selective\""},
+        {"[layout]\ncomm = \"tree\"", "layout.comm must be \"auto\", \"canonical\" or \"ring\", got \"tree\""},
+        {"[layout]\ntimeout_s = 0", "layout.timeout_s = 0 is out of range: must be > 0"},
+        {"[layout]\ntimeout_s = inf", "layout.timeout_s = inf is not a finite number"},
         {"[train]\nsteps = 0", "train.steps = 0 is out of range: must be >= 1"},
         {"[train]\nbatch_size = 0", "train.batch_size = 0 is out of range: must be >= 1"},
         {"[train]\nmicrobatches = 0", "train.microbatches = 0 is out of range: must be >= 1"},
@@ -287,6 +327,17 @@ TEST_CASE("constraints across keys are sentences naming both keys", "[config]") 
     CHECK_THAT(parse_error("[model]\nvocab = 32\n[data]\nmarkov_vocab = 33\n"),
                Contains("data.markov_vocab=33 exceeds model.vocab=32"));
     CHECK_THAT(parse_error("[model]\nvocab = 50000\n[data]\nmarkov_order = 1000000\n"), Contains("data.markov_order=1000000"));
+    // Layout keys among themselves; rules that involve the model or the batch belong to px::Layout.
+    CHECK_THAT(parse_error("[layout]\nvirtual_stages = 2\n"),
+               Contains("layout.virtual_stages=2 needs layout.schedule = \"interleaved\", got \"1f1b\"") && Contains("(line 2)"));
+    CHECK_THAT(parse_error("[layout]\nschedule = \"interleaved\"\n"),
+               Contains("layout.schedule = \"interleaved\" needs layout.virtual_stages >= 2, got 1"));
+    CHECK_NOTHROW(parse_config("[layout]\npp = 2\nschedule = \"interleaved\"\nvirtual_stages = 2\n", "ok"));
+    CHECK_THAT(parse_error("[layout]\ncomm = \"ring\"\n"),
+               Contains("layout.comm = \"ring\" breaks numerics.mode = \"bitwise\""));
+    CHECK_NOTHROW(parse_config("[layout]\ncomm = \"ring\"\n[numerics]\nmode = \"fast\"\n", "ok"));
+    CHECK_NOTHROW(parse_config("[layout]\ncomm = \"canonical\"\n[numerics]\nmode = \"fast\"\n", "ok"));
+    CHECK_NOTHROW(parse_config("[layout]\ntp = 3\n", "ok"));  // tp vs heads: checked by px::Layout
     // The Markov limit does not apply to token files.
     CHECK_NOTHROW(parse_config("[model]\nvocab = 50257\n[data]\nsource = \"bin\"\ntrain_path = \"t.bin\"\nmarkov_order = 3\n", "ok"));
 }
@@ -337,6 +388,22 @@ TEST_CASE("--set overrides", "[config]") {
         CHECK(c.model.init_from == "gpt2 124M.bin");
         apply_override(c, "output.export_llmc=");
         CHECK(c.output.export_llmc.empty());
+        apply_overrides(c, {"layout.dp=2", "layout.tp=2", "layout.pp=2", "layout.zero=3", "layout.microbatches=4",
+                            "layout.schedule=gpipe", "layout.recompute=full", "layout.timeout_s=5"});
+        CHECK(c.layout.dp == 2);
+        CHECK(c.layout.tp == 2);
+        CHECK(c.layout.pp == 2);
+        CHECK(c.layout.zero == 3);
+        CHECK(c.layout.microbatches == 4);
+        CHECK(c.layout.schedule == "gpipe");
+        CHECK(c.layout.recompute == "full");
+        CHECK(c.layout.timeout_s == 5.0);
+        apply_overrides(c, {"layout.schedule=interleaved", "layout.virtual_stages=2", "layout.comm=canonical"});
+        CHECK(c.layout.schedule == "interleaved");
+        CHECK(c.layout.virtual_stages == 2);
+        CHECK(c.layout.comm == "canonical");
+        const Config back = parse_config(config_to_toml(c), "rt");
+        CHECK(back.layout == c.layout);
     }
     SECTION("values that are not TOML are strings") {
         Config c;
@@ -374,6 +441,12 @@ TEST_CASE("--set overrides", "[config]") {
                    Contains("output.progress must be true or false, got string \"yes\""));
         CHECK_THAT(error_of([&] { apply_override(c, "model.vocab=[1,2]"); }), Contains("model.vocab must be an integer, got an array"));
         CHECK_THAT(error_of([&] { apply_override(c, "model.vocab=3\nmodel.layers=1"); }), Contains("model.vocab must be an integer"));
+        CHECK_THAT(error_of([&] { apply_override(c, "layout.zero=5"); }),
+                   Contains("--set layout.zero=5: layout.zero = 5 is out of range: must be in 0..3"));
+        CHECK_THAT(error_of([&] { apply_override(c, "layout.schedule=interleaved"); }),
+                   Contains("--set layout.schedule=interleaved: layout.schedule = \"interleaved\" needs layout.virtual_stages >= 2"));
+        CHECK_THAT(error_of([&] { apply_override(c, "layout.comm=ring"); }),
+                   Contains("--set layout.comm=ring: layout.comm = \"ring\" breaks numerics.mode = \"bitwise\""));
         CHECK(c == before);
     }
     SECTION("several --set are validated together, in either order") {

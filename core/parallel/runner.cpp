@@ -1,0 +1,62 @@
+#include "core/parallel/runner.h"
+
+#include "core/comm/inproc.h"
+#include "core/error.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <mutex>
+#include <thread>
+
+namespace px {
+
+int world_size(const LayoutConfig& layout) { return layout.dp * layout.pp * layout.tp; }
+
+namespace {
+
+void refuse_unavailable(const LayoutConfig& l) {
+    if (l.tp > 1)
+        throw ConfigError("layout.tp = " + std::to_string(l.tp) +
+                          ": tensor parallelism is not in this build yet; use layout.tp = 1 "
+                          "(data parallelism with ZeRO 0/1 is available)");
+    if (l.pp > 1)
+        throw ConfigError("layout.pp = " + std::to_string(l.pp) +
+                          ": pipeline parallelism is not in this build yet; use layout.pp = 1 "
+                          "(data parallelism with ZeRO 0/1 is available)");
+    if (l.zero > 1)
+        throw ConfigError("layout.zero = " + std::to_string(l.zero) +
+                          ": ZeRO-2/3 are not in this build yet; use layout.zero = 0 or 1");
+}
+
+}  // namespace
+
+void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
+                const std::function<void(Job&)>& inspect) {
+    const LayoutConfig& l = cfg.layout;
+    refuse_unavailable(l);
+    const int n = world_size(l);
+
+    // 1. Ranks: threads; the cores are shared out so that the ranks together use them once.
+    const int threads = cfg.train.threads > 0
+                            ? static_cast<int>(cfg.train.threads)
+                            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / n);
+    Config rank_cfg = cfg;
+    rank_cfg.train.threads = threads;
+
+    std::mutex inspect_mutex;
+    comm::run_ranks(n, l.timeout_s, [&](comm::Communicator& world) {
+        // 2. Data parallelism: with tp = pp = 1 the whole world is the dp group.
+        ReplicaContext replica{&world, l.zero};
+        Job job(rank_cfg, replica);
+        if (world.rank() == 0)
+            for (Observer* o : observers) job.add_observer(o);
+        job.run();
+        if (inspect) {
+            std::lock_guard<std::mutex> lock(inspect_mutex);
+            inspect(job);
+        }
+    });
+}
+
+}  // namespace px
