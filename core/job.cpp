@@ -4,6 +4,7 @@
 #include "core/comm/comm.h"
 #include "core/data.h"
 #include "core/error.h"
+#include "core/parallel/zero.h"
 #include "core/runfile.h"
 
 #include <omp.h>
@@ -98,13 +99,12 @@ Job::Job(const Config& cfg, ReplicaContext replica)
     } else {
         model_->init_random(tc.seed, cfg_.model.init_std);
     }
-    // ZeRO-1: each replica keeps the AdamW moments of one contiguous slice of the flat
-    // parameter arena and updates only that slice; the slices are then all-gathered.
-    const i64 total = model_->table().total;
+    // ZeRO: each replica keeps the AdamW moments of one shard of the flat parameter arena and
+    // updates only that shard (core/parallel/zero.h).
     if (replica_.zero >= 1 && dp_size_ > 1) {
-        auto edge = [&](int r) { return (total * r / dp_size_) / 16 * 16; };
-        opt_ = std::make_unique<AdamW>(*model_, edge(dp_rank_),
-                                       dp_rank_ + 1 == dp_size_ ? total : edge(dp_rank_ + 1));
+        shards_ = std::make_unique<ZeroShards>(*model_, dp_size_, dp_rank_);
+        opt_ = std::make_unique<AdamW>(*model_, shards_->lo(), shards_->hi());
+        if (replica_.zero == 3) shards_->release_params(model_->params());
     } else {
         opt_ = std::make_unique<AdamW>(*model_);
     }
@@ -179,46 +179,48 @@ StepMetrics Job::step() {
     const i64 T = cfg_.model.seq_len;
     const i64 N = tc.batch_size * T;
 
+    const comm::Algo algo = comm::algo_for(nx_.mode);
+    const int zero = shards_ ? replica_.zero : 0;
+    if (zero == 3) shards_->all_gather_params(*replica_.dp, model_->params());  // gather before use
+
     // This replica's sequences [dp_rank·local_B, (dp_rank+1)·local_B) of the step's batch.
     source_->sample(windows_.data(), T, Split::train, step_, dp_rank_ * local_B_, local_B_);
     for (int k = 0; k < microbatches_; k++) accumulate_microbatch(k);
 
+    // Every replica holds one node of the token tree; the canonical collectives over replicas
+    // form the nodes above it. The LM head's part of dwte travels separately (GradLayout) and
+    // joins the embedding's once complete.
     float* g = grad_stack_[0].data();
-    if (dp_size_ > 1) {
-        // Every replica holds one node of the token tree; the canonical all-reduce over replicas
-        // forms the nodes above it. The LM head's part of dwte travels separately (GradLayout).
-        replica_.dp->all_reduce(g, model_->grad_layout().total, comm::algo_for(nx_.mode));
+    float norm = 0.0f;
+    if (zero >= 2) {
+        shards_->reduce_scatter_grads(*replica_.dp, g, algo);
+        shards_->combine_tied(g);
+        norm = shards_->grad_norm(*replica_.dp, g, algo);
+    } else {
+        if (dp_size_ > 1) replica_.dp->all_reduce(g, model_->grad_layout().total, algo);
+        model_->combine_tied_grads(g);
+        norm = global_grad_norm(nx_, *model_, g);
     }
-    // wte is used twice: embedding and LM head. Their token reductions are complete now.
-    model_->combine_tied_grads(g);
 
     StepMetrics m;
     m.step = step_ + 1;
     all_gather_tokens(all_losses_, losses_.data(), local_B_ * T);
     m.loss = canonical_sum(all_losses_.data(), N, nx_.block) / static_cast<float>(N);
-    const float norm = global_grad_norm(nx_, *model_, g);
     m.grad_norm = norm;
     m.lr = lr_at(tc, step_);
     opt_->step(*model_, g, norm, static_cast<float>(m.lr), static_cast<int>(step_ + 1), tc);
-    if (opt_->size() != model_->table().total) {
-        // ZeRO-1: every replica updated its slice; gather the slices into every replica.
-        std::vector<i64> counts(static_cast<size_t>(dp_size_));
-        const i64 total = model_->table().total;
-        for (int r = 0; r < dp_size_; r++) {
-            const i64 lo = (total * r / dp_size_) / 16 * 16;
-            const i64 hi = r + 1 == dp_size_ ? total : (total * (r + 1) / dp_size_) / 16 * 16;
-            counts[static_cast<size_t>(r)] = hi - lo;
-        }
-        std::vector<float> mine(model_->params() + opt_->lo(), model_->params() + opt_->hi());
-        replica_.dp->all_gather_v(model_->params(), mine.data(), counts);
-    }
+    if (zero == 1 || zero == 2) shards_->all_gather_params(*replica_.dp, model_->params());
+    if (zero == 3) shards_->release_params(model_->params());  // free after use
     step_++;
 
     const double secs = seconds_since(t0);
     m.step_ms = secs * 1e3;
     m.tokens_per_s = static_cast<double>(N) / secs;
-    if ((tc.eval_every > 0 && step_ % tc.eval_every == 0) || (step_ == tc.steps && tc.eval_every > 0))
+    if ((tc.eval_every > 0 && step_ % tc.eval_every == 0) || (step_ == tc.steps && tc.eval_every > 0)) {
+        if (zero == 3) shards_->all_gather_params(*replica_.dp, model_->params());
         m.val_loss = evaluate();
+        if (zero == 3) shards_->release_params(model_->params());
+    }
     history_.push_back(m);
     for (Observer* o : observers_) o->on_step(*this, m);
     return m;
@@ -259,6 +261,8 @@ double Job::evaluate() {
 void Job::run() {
     for (Observer* o : observers_) o->on_start(*this);
     while (step_ < cfg_.train.steps) step();
+    // ZeRO-3 keeps only a shard between steps: the finished run holds the whole model.
+    if (shards_ && replica_.zero == 3) shards_->all_gather_params(*replica_.dp, model_->params());
     if (!cfg_.output.export_llmc.empty() && dp_rank_ == 0) {
         const GPT& m = *model_;
         write_llmc_checkpoint(cfg_.output.export_llmc, cfg_.model,

@@ -24,6 +24,7 @@ namespace px {
 
 class TokenSource;
 class RunFile;
+class ZeroShards;
 namespace comm {
 class Communicator;
 }
@@ -35,7 +36,7 @@ class Communicator;
 // single-device gradient.
 struct ReplicaContext {
     comm::Communicator* dp = nullptr;  // the data-parallel group; null: the only replica
-    int zero = 0;  // 0: everything replicated; 1: optimizer state sharded, weights all-gathered
+    int zero = 0;  // ZeRO stage 0..3 (core/parallel/zero.h)
 };
 
 struct StepMetrics {
@@ -90,6 +91,7 @@ private:
     void all_gather_tokens(std::vector<float>& all, const float* local, i64 per_rank);
 
     ReplicaContext replica_;
+    std::unique_ptr<ZeroShards> shards_;  // ZeRO >= 1 with more than one replica
     int dp_rank_ = 0, dp_size_ = 1;
     int microbatches_ = 1;            // per replica and step
     i64 local_B_ = 0;                 // sequences per replica and step

@@ -33,6 +33,7 @@ public:
     const GradLayout& grad_layout() const { return glayout_; }
     i64 num_params() const { return table_.num_params; }
     Numerics& numerics() { return nx_; }
+    const Numerics& numerics() const { return nx_; }
 
     Tensor param(int i) const;                         // view into the parameter arena
     Tensor grad(float* grads, int i) const;            // the same tensor in a gradient buffer

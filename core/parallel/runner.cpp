@@ -19,14 +19,11 @@ void refuse_unavailable(const LayoutConfig& l) {
     if (l.tp > 1)
         throw ConfigError("layout.tp = " + std::to_string(l.tp) +
                           ": tensor parallelism is not in this build yet; use layout.tp = 1 "
-                          "(data parallelism with ZeRO 0/1 is available)");
+                          "(data parallelism with ZeRO 0-3 is available)");
     if (l.pp > 1)
         throw ConfigError("layout.pp = " + std::to_string(l.pp) +
                           ": pipeline parallelism is not in this build yet; use layout.pp = 1 "
-                          "(data parallelism with ZeRO 0/1 is available)");
-    if (l.zero > 1)
-        throw ConfigError("layout.zero = " + std::to_string(l.zero) +
-                          ": ZeRO-2/3 are not in this build yet; use layout.zero = 0 or 1");
+                          "(data parallelism with ZeRO 0-3 is available)");
 }
 
 }  // namespace

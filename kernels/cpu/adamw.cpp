@@ -72,18 +72,25 @@ float sum_squares(const Numerics& nx, const float* x, i64 N) {
         for (float p : part) s += p;
         return float(s);
     }
+    const i64 nb = num_blocks(N, nx.block);
+    std::vector<float> part(nb);
+    sum_squares_blocks(nx, part.data(), x, N);
+    return tree_sum(part.data(), nb);
+}
+
+// part (num_blocks(N)), x (N)
+void sum_squares_blocks(const Numerics& nx, float* part, const float* x, i64 N) {
+    const VecMath& vm = vecmath(nx.isa);
     const int blk = nx.block;
     const i64 nb = num_blocks(N, blk);
-    std::vector<float> part(nb);
     const i64 per = std::max<i64>(1, kChunk / blk);  // blocks per parallel task
     const i64 ntask = (nb + per - 1) / per;
 #pragma omp parallel for schedule(static)
     for (i64 k = 0; k < ntask; k++) {
         const i64 b0 = k * per, b1 = std::min(nb, b0 + per);
         const i64 lo = b0 * blk, hi = std::min(N, b1 * blk);
-        vm.block_dots(part.data() + b0, x + lo, x + lo, hi - lo, blk);
+        vm.block_dots(part + b0, x + lo, x + lo, hi - lo, blk);
     }
-    return tree_sum(part.data(), nb);
 }
 
 }  // namespace px::cpu

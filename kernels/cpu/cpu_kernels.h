@@ -93,5 +93,8 @@ void adamw_update(const Numerics& nx, float* param, float* m, float* v, const fl
 
 // Σ x² over x (N): canonical tree in bitwise mode (used by global-norm clipping).
 float sum_squares(const Numerics& nx, const float* x, i64 N);
+// part (num_blocks(N, nx.block)): the in-block half of sum_squares, part[j] = Σ fma(x, x, ·) over
+// block j from +0. A sharded tensor's owners exchange these and form the same tree.
+void sum_squares_blocks(const Numerics& nx, float* part, const float* x, i64 N);
 
 }  // namespace px::cpu
