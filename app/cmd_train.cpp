@@ -3,6 +3,8 @@
 #include "core/config.h"
 #include "core/job.h"
 #include "core/parallel/runner.h"
+#include "core/state.h"
+#include "core/error.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -24,6 +26,7 @@ struct TrainOptions {
     std::string config_path;
     std::vector<std::string> sets;
     std::string out_dir;
+    std::string dump;
     bool quiet = false;
 };
 
@@ -132,12 +135,22 @@ int run_train(const TrainOptions& opt) {
         observers.push_back(run_file.get());
     }
 
+    LogicalState state;
     if (world_size(cfg.layout) > 1) {
-        run_layout(cfg, observers);
+        run_layout(cfg, observers, [&](Job& job) {
+            if (!opt.dump.empty() && !state.absorb(job))
+                throw Error("data-parallel replicas ended with different weights (rank " +
+                            std::to_string(job.dp_rank()) + "); this is a bug in Parallax");
+        });
     } else {
         Job job(cfg);
         for (Observer* o : observers) job.add_observer(o);
         job.run();
+        if (!opt.dump.empty()) state.absorb(job);
+    }
+    if (!opt.dump.empty()) {
+        write_dump(opt.dump, state, cfg);
+        std::printf("  dump           %s\n", opt.dump.c_str());
     }
     if (!std::isfinite(console.last_loss())) {
         std::fprintf(stderr, "parallax: the training loss is not finite\n");
@@ -157,6 +170,9 @@ std::function<int()> add_train_command(CLI::App& app) {
     sub->add_option("--set", opt->sets, "Override a config key: --set section.key=value (repeatable)")
         ->type_name("KEY=VALUE");
     sub->add_option("--out", opt->out_dir, "Output directory (overrides output.dir)");
+    sub->add_option("--dump", opt->dump,
+                    "Write the final logical weights, Adam moments and per-step loss and grad "
+                    "norm to this HDF5 file, for bit comparison of two runs");
     sub->add_flag("--quiet,-q", opt->quiet, "No progress output, only the summary");
     return [opt] { return run_train(*opt); };
 }

@@ -76,6 +76,7 @@ public:
     GPT& model() { return *model_; }
     const GPT& model() const { return *model_; }
     AdamW& optimizer() { return *opt_; }
+    const AdamW& optimizer() const { return *opt_; }
     const TokenSource& source() const { return *source_; }
     float* grads() const { return grad_stack_[0].data(); }  // last step's complete gradients
     i64 steps_done() const { return step_; }

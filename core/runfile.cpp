@@ -164,6 +164,44 @@ struct RunFile::Impl {
         return slot;
     }
 
+    // The group at `path` ("a/b"), created with its parents when missing; the caller closes it.
+    hid_t group_at(const std::string& gpath) {
+        hid_t g = H5Gopen2(file, "/", H5P_DEFAULT);
+        size_t start = 0;
+        while (g >= 0 && start < gpath.size()) {
+            const size_t end = gpath.find('/', start);
+            const std::string part = gpath.substr(start, end == std::string::npos ? end : end - start);
+            if (part.empty()) fail("empty part in the path '" + gpath + "'");
+            const htri_t exists = H5Lexists(g, part.c_str(), H5P_DEFAULT);
+            const hid_t next = exists > 0 ? H5Gopen2(g, part.c_str(), H5P_DEFAULT)
+                                          : H5Gcreate2(g, part.c_str(), H5P_DEFAULT, H5P_DEFAULT,
+                                                       H5P_DEFAULT);
+            H5Gclose(g);
+            g = next;
+            if (end == std::string::npos) break;
+            start = end + 1;
+        }
+        if (g < 0) fail("cannot create group /" + gpath);
+        return g;
+    }
+
+    void write_array(const std::string& where, hid_t file_type, hid_t mem_type, const void* data,
+                     const std::vector<i64>& shape) {
+        const size_t slash = where.rfind('/');
+        const std::string name = slash == std::string::npos ? where : where.substr(slash + 1);
+        if (name.empty()) fail("array path '" + where + "' has no name");
+        Handle group(group_at(slash == std::string::npos ? "" : where.substr(0, slash)), H5Gclose);
+        std::vector<hsize_t> dims(shape.begin(), shape.end());
+        Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                     H5Sclose);
+        Handle dset(H5Dcreate2(group.get(), name.c_str(), file_type, space.get(), H5P_DEFAULT,
+                               H5P_DEFAULT, H5P_DEFAULT),
+                    H5Dclose);
+        if (!space.ok() || !dset.ok() ||
+            H5Dwrite(dset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+            fail("cannot write /" + where);
+    }
+
     // Writes row `row` of a 1-D dataset, growing it by one.
     void write_row(hid_t dset, hsize_t row, hid_t mem_type, const void* v,
                    const std::string& what) {
@@ -215,6 +253,20 @@ void RunFile::set_attr(const std::string& key, double value) {
     PX_ASSERT(impl_ != nullptr, "use of a moved-from RunFile");
     QuietHdf5 quiet;
     impl_->write_double_attr(key, value);
+}
+
+void RunFile::write_array(const std::string& where, const float* data,
+                          const std::vector<i64>& shape) {
+    PX_ASSERT(impl_ != nullptr, "use of a moved-from RunFile");
+    QuietHdf5 quiet;
+    impl_->write_array(where, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, data, shape);
+}
+
+void RunFile::write_array(const std::string& where, const double* data,
+                          const std::vector<i64>& shape) {
+    PX_ASSERT(impl_ != nullptr, "use of a moved-from RunFile");
+    QuietHdf5 quiet;
+    impl_->write_array(where, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, data, shape);
 }
 
 void RunFile::flush() {

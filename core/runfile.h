@@ -5,6 +5,7 @@
 //                          (ISO 8601, UTC), plus summary attributes from set_attr
 //   /metrics/<name>/step   int64, one row per append, extendible (chunks of 256 rows)
 //   /metrics/<name>/value  float64, the same rows
+//   /<any>/<path>          fixed-size arrays from write_array (dumps: weights, Adam moments)
 // Strings are variable-length UTF-8, so h5py returns them as str.
 //
 // Index
@@ -17,6 +18,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace px {
 
@@ -34,6 +36,10 @@ public:
     void append(const std::string& metric, i64 step, double value);
     void set_attr(const std::string& key, const std::string& value);  // root attribute, replaced
     void set_attr(const std::string& key, double value);
+    // A fixed-size array at `where` ("weights/h.0.ln_1.weight"); missing groups are created.
+    // Names may contain '.', not empty path parts.
+    void write_array(const std::string& where, const float* data, const std::vector<i64>& shape);
+    void write_array(const std::string& where, const double* data, const std::vector<i64>& shape);
     void flush();  // everything appended so far reaches the file
     const std::string& path() const;
 

@@ -1,0 +1,35 @@
+// The logical state of a run: the unsharded weights, Adam moments and per-step metrics that every
+// layout must reproduce bit for bit (DESIGN.md §2), and the dump file that holds them.
+//
+// Index
+//   LogicalState   flat weights and moments laid out as the full model's ParamTable
+//   absorb         add one rank's part (its weights, its optimizer shard, the history)
+//   write_dump     the state as HDF5, for comparing two runs with h5py
+//
+// Dump layout (all little-endian; tensor shapes as in GPT-2, e.g. wte (V,C)):
+//   /weights/<name>, /adam/m/<name>, /adam/v/<name>   float32
+//   /steps/step (int64 as float64), /steps/loss, /steps/grad_norm, /steps/val_loss (-1: none)
+//   root attribute `config`: the job's TOML
+#pragma once
+#include "core/arena.h"
+#include "core/job.h"
+
+#include <string>
+#include <vector>
+
+namespace px {
+
+struct LogicalState {
+    ParamTable table;
+    std::vector<float> params, m, v;
+    std::vector<StepMetrics> history;
+
+    // Takes the weights and history from the first job absorbed; the Adam moments from every
+    // job's optimizer slice [lo, hi). Replicas must agree on the weights: returns false when
+    // this job's weights differ from those already absorbed.
+    bool absorb(const Job& job);
+};
+
+void write_dump(const std::string& path, const LogicalState& state, const Config& cfg);
+
+}  // namespace px
