@@ -80,6 +80,15 @@ Job::Job(const Config& cfg, ReplicaContext replica)
                               " token blocks into ranges that are not nodes of the canonical "
                               "reduction tree (DESIGN.md §2.1); use powers of two, or counts "
                               "whose ranges split at ceil(n/2)");
+        const i64 bpr = bpm * microbatches_;  // blocks per replica
+        if (!is_tree_node(bpm * parts, dp_rank_ * bpr, (dp_rank_ + 1) * bpr))
+            throw ConfigError("layout.dp = " + std::to_string(dp_size_) + ": replica " +
+                              std::to_string(dp_rank_) + " owns token blocks [" +
+                              std::to_string(dp_rank_ * bpr) + "," +
+                              std::to_string((dp_rank_ + 1) * bpr) +
+                              "), not one node of the batch's canonical reduction tree; choose "
+                              "layout.dp and train.batch_size so that each replica's share is "
+                              "a node (e.g. powers of two)");
         // This replica's microbatches form the subtree of its own range: same shape, so the
         // schedule over its leaves is the first `microbatches_` entries of a tree of that size.
         merges_after_.assign(static_cast<size_t>(microbatches_), 0);
@@ -179,7 +188,7 @@ StepMetrics Job::step() {
     const i64 T = cfg_.model.seq_len;
     const i64 N = tc.batch_size * T;
 
-    const comm::Algo algo = comm::algo_for(nx_.mode);
+    const comm::Algo algo = replica_.algo;
     const int zero = shards_ ? replica_.zero : 0;
     if (zero == 3) shards_->all_gather_params(*replica_.dp, model_->params());  // gather before use
 

@@ -13,6 +13,7 @@
 //   Job           construction validates the config against the model and data; step(), run()
 #pragma once
 #include "core/arena.h"
+#include "core/comm/comm.h"
 #include "core/config.h"
 #include "core/model.h"
 #include "core/optimizer.h"
@@ -25,9 +26,7 @@ namespace px {
 class TokenSource;
 class RunFile;
 class ZeroShards;
-namespace comm {
-class Communicator;
-}
+
 
 // What a Job needs to know when it is one data-parallel replica among several (ranks as threads
 // or processes; core/parallel/runner.h starts them). The replica trains on its share of each
@@ -37,6 +36,7 @@ class Communicator;
 struct ReplicaContext {
     comm::Communicator* dp = nullptr;  // the data-parallel group; null: the only replica
     int zero = 0;  // ZeRO stage 0..3 (core/parallel/zero.h)
+    comm::Algo algo = comm::Algo::canonical;  // of the reducing collectives (layout.comm)
 };
 
 struct StepMetrics {

@@ -133,4 +133,9 @@ TEST_CASE("layouts that are not available yet, or impossible, are refused with a
     c.layout.tp = 1;
     c.layout.dp = 3;  // batch 8 is not divisible by 3 replicas
     CHECK_THROWS_WITH(run_layout(c, {}), Catch::Contains("layout.dp"));
+    // 3 replicas of 2 sequences: every microbatch is one block, but replica 1 owns blocks
+    // [2,4) of 6, which is not a node of the tree ([0,6) splits into [0,3) and [3,6)).
+    c.train.batch_size = 6;
+    c.layout.microbatches = 2;
+    CHECK_THROWS_WITH(run_layout(c, {}), Catch::Contains("[2,4)"));
 }

@@ -1,6 +1,7 @@
 #include "core/parallel/runner.h"
 
 #include "core/comm/inproc.h"
+#include "core/parallel/mesh.h"
 #include "core/error.h"
 
 #include <omp.h>
@@ -31,8 +32,10 @@ void refuse_unavailable(const LayoutConfig& l) {
 void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
                 const std::function<void(Job&)>& inspect) {
     const LayoutConfig& l = cfg.layout;
+    // The layout checks itself first: products, divisibility, token-tree nodes (mesh.h).
+    const Layout layout = make_layout(cfg);
     refuse_unavailable(l);
-    const int n = world_size(l);
+    const int n = layout.world_size();
 
     // 1. Ranks: threads; the cores are shared out so that the ranks together use them once.
     const int threads = cfg.train.threads > 0
@@ -44,7 +47,7 @@ void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
     std::mutex inspect_mutex;
     comm::run_ranks(n, l.timeout_s, [&](comm::Communicator& world) {
         // 2. Data parallelism: with tp = pp = 1 the whole world is the dp group.
-        ReplicaContext replica{&world, l.zero};
+        ReplicaContext replica{&world, l.zero, layout.algo};
         Job job(rank_cfg, replica);
         if (world.rank() == 0)
             for (Observer* o : observers) job.add_observer(o);

@@ -1,0 +1,394 @@
+// The layout and its mesh: resolution of the [layout] keys, the validation sentences, token
+// ranges in the canonical tree, and rank arithmetic.
+#include "core/parallel/mesh.h"
+
+#include "core/error.h"
+
+#include <climits>
+#include <cmath>
+#include <cstdio>
+
+namespace px {
+
+namespace {
+
+std::string str(i64 v) {
+    return std::to_string(v);
+}
+
+std::string number(double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", x);
+    return buf;
+}
+
+void at_least(const std::string& key, i64 v, i64 min) {
+    if (v < min)
+        throw ConfigError(key + " = " + str(v) + " is out of range: must be >= " + str(min));
+}
+
+// The smallest node of the tree over [0, nb) that contains [lo, hi).
+std::pair<i64, i64> enclosing_node(i64 nb, i64 lo, i64 hi) {
+    i64 a = 0, b = nb;
+    while (b - a > 1) {
+        const i64 mid = tree_mid(a, b);
+        if (hi <= mid)
+            b = mid;
+        else if (lo >= mid)
+            a = mid;
+        else
+            break;
+    }
+    return {a, b};
+}
+
+std::string blocks(i64 lo, i64 hi) {
+    return "[" + str(lo) + "," + str(hi) + ")";
+}
+
+// "dp rank 1, microbatch 0 owns blocks [2,4) of 6, but ..." for a range that is not a node.
+std::string not_a_node(const std::string& owner, i64 nb, i64 lo, i64 hi) {
+    const auto [a, b] = enclosing_node(nb, lo, hi);
+    const i64 mid = tree_mid(a, b);
+    return owner + " owns token blocks " + blocks(lo, hi) + " of " + str(nb) +
+           ", which is not one node of the tree: " + "the smallest node holding it, " +
+           blocks(a, b) + ", splits into " + blocks(a, mid) + " and " + blocks(mid, b);
+}
+
+// dp × microbatches divides the batch: every dp rank runs the same number of equal microbatches.
+void check_microbatches_divide_batch(const Layout& l) {
+    const i64 dpm = static_cast<i64>(l.dp) * l.microbatches;
+    if (l.batch_size % dpm != 0)
+        throw ConfigError("layout.dp=" + str(l.dp) + " × " + l.microbatches_key + "=" +
+                          str(l.microbatches) + " = " + str(dpm) +
+                          " does not divide train.batch_size=" + str(l.batch_size) +
+                          ": every dp rank runs the same number of equal microbatches "
+                          "(batch_size = dp × microbatches × sequences per microbatch)");
+}
+
+}  // namespace
+
+const char* recompute_name(Recompute r) {
+    return r == Recompute::full ? "full" : "none";
+}
+
+const char* dim_name(MeshDim d) {
+    switch (d) {
+        case MeshDim::pp:
+            return "pp";
+        case MeshDim::dp:
+            return "dp";
+        case MeshDim::tp:
+            return "tp";
+    }
+    return "?";
+}
+
+// ---- the layout ------------------------------------------------------------------------------
+
+Layout make_layout(const LayoutConfig& lc, const ModelConfig& mc, const TrainConfig& tc,
+                   const NumericsConfig& nc) {
+    Layout l;
+    l.dp = lc.dp;
+    l.pp = lc.pp;
+    l.tp = lc.tp;
+    l.zero = lc.zero;
+    if (lc.microbatches > 0) {
+        l.microbatches = lc.microbatches;
+        l.microbatches_key = "layout.microbatches";
+    } else {
+        if (tc.microbatches > INT_MAX)
+            throw ConfigError("train.microbatches = " + str(tc.microbatches) +
+                              " is out of range: must fit in 32 bits");
+        l.microbatches = static_cast<int>(tc.microbatches);
+        l.microbatches_key = "train.microbatches";
+    }
+    l.schedule = parse_schedule(lc.schedule);
+    l.virtual_stages = lc.virtual_stages;
+    if (lc.recompute == "none")
+        l.recompute = Recompute::none;
+    else if (lc.recompute == "full")
+        l.recompute = Recompute::full;
+    else
+        throw ConfigError("layout.recompute must be \"none\" or \"full\", got \"" + lc.recompute +
+                          "\"");
+    l.mode = nc.mode;
+    if (lc.comm == "auto")
+        l.algo = comm::algo_for(nc.mode);
+    else if (lc.comm == "canonical")
+        l.algo = comm::Algo::canonical;
+    else if (lc.comm == "ring")
+        l.algo = comm::Algo::ring;
+    else
+        throw ConfigError("layout.comm must be \"auto\", \"canonical\" or \"ring\", got \"" +
+                          lc.comm + "\"");
+    l.timeout_s = lc.timeout_s;
+    l.layers = mc.layers;
+    l.heads = mc.heads;
+    l.hidden = mc.hidden;
+    l.ffn = mc.ffn;
+    l.batch_size = tc.batch_size;
+    l.seq_len = mc.seq_len;
+    l.block = nc.block;
+    validate_layout(l);
+    return l;
+}
+
+Layout make_layout(const Config& cfg) {
+    try {
+        return make_layout(cfg.layout, cfg.model, cfg.train, cfg.numerics);
+    } catch (const ConfigError& e) {
+        throw ConfigError(cfg.source_name + ": " + e.what());
+    }
+}
+
+void validate_layout(const Layout& l) {
+    const std::string M = l.microbatches_key;  // "layout.microbatches" or "train.microbatches"
+
+    // Ranges (a Config already checked most; a Layout may be built in code).
+    at_least("layout.dp", l.dp, 1);
+    at_least("layout.pp", l.pp, 1);
+    at_least("layout.tp", l.tp, 1);
+    if (l.cp != 1)
+        throw ConfigError("context parallelism is not implemented yet: Layout::cp = " + str(l.cp) +
+                          " must be 1");
+    if (l.ep != 1)
+        throw ConfigError("expert parallelism is not implemented yet: Layout::ep = " + str(l.ep) +
+                          " must be 1");
+    if (l.zero < 0 || l.zero > 3)
+        throw ConfigError("layout.zero = " + str(l.zero) + " is out of range: must be in 0..3");
+    at_least(M, l.microbatches, 1);
+    at_least("layout.virtual_stages", l.virtual_stages, 1);
+    if (!std::isfinite(l.timeout_s) || !(l.timeout_s > 0))
+        throw ConfigError("layout.timeout_s = " + number(l.timeout_s) +
+                          " is out of range: must be > 0");
+    at_least("model.layers", l.layers, 1);
+    at_least("model.heads", l.heads, 1);
+    at_least("model.hidden", l.hidden, 1);
+    at_least("model.ffn", l.ffn, 1);
+    at_least("train.batch_size", l.batch_size, 1);
+    at_least("model.seq_len", l.seq_len, 1);
+    at_least("numerics.block", l.block, 1);
+
+    // Schedule and collectives.
+    const bool interleaved = l.schedule == ScheduleKind::interleaved;
+    if (l.virtual_stages > 1 && !interleaved)
+        throw ConfigError(
+            "layout.virtual_stages=" + str(l.virtual_stages) +
+            " needs layout.schedule = \"interleaved\", got \"" + schedule_name(l.schedule) +
+            "\": only the interleaved schedule gives a pipeline rank several model chunks");
+    if (interleaved && l.virtual_stages < 2)
+        throw ConfigError(
+            "layout.schedule = \"interleaved\" needs layout.virtual_stages >= 2, got " +
+            str(l.virtual_stages) +
+            ": with one model chunk per rank use layout.schedule = \"1f1b\"");
+    if (l.algo == comm::Algo::ring && l.mode == Mode::bitwise)
+        throw ConfigError(
+            "layout.comm = \"ring\" breaks numerics.mode = \"bitwise\": a ring all-reduce sums "
+            "in ring order, not the canonical tree; use layout.comm = \"auto\" or \"canonical\", "
+            "or numerics.mode = \"fast\"");
+
+    // Tensor parallelism: Megatron's column/row split needs whole heads and equal column shards.
+    if (l.heads % l.tp != 0)
+        throw ConfigError("layout.tp=" + str(l.tp) +
+                          " does not divide model.heads=" + str(l.heads) +
+                          ": each tensor-parallel rank must own whole attention heads; choose "
+                          "layout.tp among the divisors of model.heads");
+    if (l.hidden % l.tp != 0)  // qkv's 3·hidden columns then divide too
+        throw ConfigError("layout.tp=" + str(l.tp) +
+                          " does not divide model.hidden=" + str(l.hidden) +
+                          ": the column-parallel qkv and the row-parallel attention projection "
+                          "split hidden evenly");
+    if (l.ffn % l.tp != 0)
+        throw ConfigError("layout.tp=" + str(l.tp) + " does not divide model.ffn=" + str(l.ffn) +
+                          ": the column-parallel fc and the row-parallel proj of the MLP split its "
+                          "ffn columns evenly");
+
+    // Pipeline stages.
+    if (l.pp > l.layers)
+        throw ConfigError("layout.pp=" + str(l.pp) + " is more than model.layers=" + str(l.layers) +
+                          " (each pipeline stage needs at least one layer)");
+    if (interleaved && l.layers % (static_cast<i64>(l.pp) * l.virtual_stages) != 0)
+        throw ConfigError(
+            "the interleaved schedule needs model.layers divisible by "
+            "layout.pp × layout.virtual_stages = " +
+            str(l.pp) + " × " + str(l.virtual_stages) + " = " +
+            str(static_cast<i64>(l.pp) * l.virtual_stages) + ", got model.layers=" + str(l.layers) +
+            " (every model chunk holds the same number of layers)");
+
+    // Microbatches.
+    check_microbatches_divide_batch(l);
+    if (interleaved && l.microbatches % l.pp != 0)
+        throw ConfigError("the interleaved schedule needs " + M + "=" + str(l.microbatches) +
+                          " divisible by layout.pp=" + str(l.pp) +
+                          " (it runs microbatches in groups of pp, as Megatron's does)");
+
+    // Token ranges are nodes of the canonical tree.
+    token_ranges(l);
+}
+
+// ---- token ranges ----------------------------------------------------------------------------
+
+std::vector<TokenRange> token_ranges(const Layout& l) {
+    const i64 T = l.seq_len, N = l.batch_size * T, nb = l.token_blocks();
+    const i64 dp = l.dp, M = l.microbatches;
+    at_least("layout.dp", dp, 1);
+    at_least(l.microbatches_key, M, 1);
+    at_least("numerics.block", l.block, 1);
+    check_microbatches_divide_batch(l);
+    const i64 mbs = l.batch_size / (dp * M);
+    const std::string who = "layout.dp=" + str(dp) + " × " + l.microbatches_key + "=" + str(M) +
+                            " with train.batch_size=" + str(l.batch_size) +
+                            ", model.seq_len=" + str(T) + " and numerics.block=" + str(l.block);
+    const std::string why =
+        " (DESIGN.md §2.1: a weight gradient reduces over the batch's tokens in blocks of "
+        "numerics.block combined in a fixed tree, and each dp rank and microbatch must own one "
+        "node of it for the sum to equal the single-device one)";
+    const std::string fix_block =
+        "; choose fewer microbatches, or a numerics.block that divides the tokens of a "
+        "microbatch (" +
+        str(mbs) + " × " + str(T) + ")";
+    const std::string fix_node =
+        "; choose dp × microbatches as a power of two (every power of two that divides "
+        "train.batch_size works), or counts whose ranges follow the tree's splits at ceil(n/2)";
+
+    // A range ends on a block boundary, or at the end of the batch.
+    auto block_of = [&](i64 sample, const std::string& owner) {
+        const i64 tok = sample * T;
+        if (tok == N) return nb;
+        if (tok % l.block != 0)
+            throw ConfigError(who + ": " + owner + " starts or ends at token " + str(tok) +
+                              ", inside a block of " + str(l.block) + " tokens" + why + fix_block);
+        return tok / l.block;
+    };
+
+    std::vector<TokenRange> out;
+    for (int d = 0; d < l.dp; d++) {
+        const std::string rank = "dp rank " + std::to_string(d);
+        const i64 lo = block_of(d * M * mbs, rank), hi = block_of((d + 1) * M * mbs, rank);
+        // The whole rank is one node: its microbatches combine locally, then one partial per rank.
+        if (!is_tree_node(nb, lo, hi))
+            throw ConfigError(who + ": " + not_a_node(rank, nb, lo, hi) + why + fix_node);
+        for (int k = 0; k < l.microbatches; k++) {
+            TokenRange r;
+            r.dp_rank = d;
+            r.microbatch = k;
+            r.sample_lo = (d * M + k) * mbs;
+            r.sample_hi = r.sample_lo + mbs;
+            const std::string owner = rank + ", microbatch " + std::to_string(k);
+            r.block_lo = block_of(r.sample_lo, owner);
+            r.block_hi = block_of(r.sample_hi, owner);
+            if (!is_tree_node(nb, r.block_lo, r.block_hi))
+                throw ConfigError(who + ": " + not_a_node(owner, nb, r.block_lo, r.block_hi) + why +
+                                  fix_node);
+            out.push_back(r);
+        }
+    }
+    return out;
+}
+
+// ---- the mesh --------------------------------------------------------------------------------
+
+Mesh::Mesh(Layout layout) : l_(std::move(layout)) {
+    validate_layout(l_);
+}
+
+int Mesh::size(MeshDim d) const {
+    return d == MeshDim::pp ? l_.pp : d == MeshDim::dp ? l_.dp : l_.tp;
+}
+
+int Mesh::rank_of(Coord c) const {
+    PX_ASSERT(c.pp >= 0 && c.pp < l_.pp && c.dp >= 0 && c.dp < l_.dp && c.tp >= 0 && c.tp < l_.tp,
+              "mesh coordinates out of range");
+    return (c.pp * l_.dp + c.dp) * l_.tp + c.tp;
+}
+
+Coord Mesh::coord_of(int rank) const {
+    PX_ASSERT(rank >= 0 && rank < world_size(),
+              "rank " + std::to_string(rank) + " outside the mesh");
+    Coord c;
+    c.tp = rank % l_.tp;
+    c.dp = (rank / l_.tp) % l_.dp;
+    c.pp = rank / (l_.tp * l_.dp);
+    return c;
+}
+
+std::vector<int> Mesh::group(MeshDim d, int rank) const {
+    Coord c = coord_of(rank);
+    std::vector<int> g;
+    for (int i = 0; i < size(d); i++) {
+        (d == MeshDim::pp ? c.pp : d == MeshDim::dp ? c.dp : c.tp) = i;
+        g.push_back(rank_of(c));
+    }
+    return g;
+}
+
+// The index of the rank's group among the groups of d: the other coordinates, outermost first.
+int Mesh::group_color(MeshDim d, int rank) const {
+    const Coord c = coord_of(rank);
+    switch (d) {
+        case MeshDim::tp:
+            return c.pp * l_.dp + c.dp;
+        case MeshDim::dp:
+            return c.pp * l_.tp + c.tp;
+        case MeshDim::pp:
+            return c.dp * l_.tp + c.tp;
+    }
+    return 0;
+}
+
+std::vector<std::vector<int>> Mesh::groups(MeshDim d) const {
+    std::vector<std::vector<int>> out(static_cast<size_t>(world_size() / size(d)));
+    for (int r = 0; r < world_size(); r++)
+        if (coord_of(r)[d] == 0) out[static_cast<size_t>(group_color(d, r))] = group(d, r);
+    return out;
+}
+
+void Mesh::require_world_size(int ranks) const {
+    if (ranks == world_size()) return;
+    throw ConfigError("the layout needs layout.pp × layout.dp × layout.tp = " + str(l_.pp) + " × " +
+                      str(l_.dp) + " × " + str(l_.tp) + " = " + str(world_size()) + " ranks, but " +
+                      str(ranks) + " were started: start " + str(world_size()) +
+                      " ranks or change the layout");
+}
+
+LayerRange Mesh::layers(int pp_rank, int chunk) const {
+    PX_ASSERT(pp_rank >= 0 && pp_rank < l_.pp && chunk >= 0 && chunk < l_.virtual_stages,
+              "stage out of range");
+    const i64 S = l_.num_stages(), L = l_.layers, k = stage_of(pp_rank, chunk, l_.pp);
+    auto boundary = [&](i64 j) { return static_cast<int>((j * L + S - 1) / S); };  // ceil(j·L/S)
+    return {boundary(k), boundary(k + 1)};
+}
+
+Schedule Mesh::schedule() const {
+    return make_schedule(l_.schedule, l_.pp, l_.microbatches, l_.virtual_stages);
+}
+
+int Mesh::pp_peer(int rank, int pp_rank) const {
+    Coord c = coord_of(rank);
+    c.pp = pp_rank;
+    return rank_of(c);
+}
+
+std::string Mesh::describe() const {
+    std::string s = str(world_size()) + " ranks = pp " + str(l_.pp) + " × dp " + str(l_.dp) +
+                    " × tp " + str(l_.tp) + " (tp innermost); ZeRO-" + str(l_.zero) + "; " +
+                    str(l_.microbatches) + " microbatches of " + str(l_.microbatch_size()) +
+                    " sequences per dp rank; schedule " + schedule_name(l_.schedule);
+    if (l_.virtual_stages > 1) s += " with " + str(l_.virtual_stages) + " chunks per rank";
+    s += "; recompute " + std::string(recompute_name(l_.recompute)) + "; " +
+         (l_.algo == comm::Algo::canonical ? "canonical" : "ring") + " collectives\n";
+    for (int r = 0; r < world_size(); r++) {
+        const Coord c = coord_of(r);
+        s += "rank " + str(r) + ": pp " + str(c.pp) + ", dp " + str(c.dp) + ", tp " + str(c.tp) +
+             ", layers";
+        for (int ch = 0; ch < l_.virtual_stages; ch++) {
+            const LayerRange lr = layers(c.pp, ch);
+            s += " [" + str(lr.lo) + "," + str(lr.hi) + ")";
+        }
+        s += "\n";
+    }
+    return s;
+}
+
+}  // namespace px

@@ -1,0 +1,171 @@
+// The parallel layout and its rank mesh (DESIGN.md §3): dp × pp × tp ranks (cp and ep come
+// later), the ZeRO stage, microbatches, the pipeline schedule and recomputation. A Layout is the
+// [layout] section resolved against the model, the batch and the numerics; it validates itself at
+// construction, throwing ConfigError with a sentence that names the keys and the product or
+// divisibility that fails ("layout.tp=3 does not divide model.heads=4 ...").
+//
+// Index
+//   Recompute, recompute_name   none | full (each block's forward again in its backward)
+//   Layout                      the resolved layout, and the model/batch facts it is checked
+//   against make_layout                 from a Config (or its sections): resolves and validates
+//   validate_layout             every rule below; throws ConfigError naming the keys
+//   TokenRange, token_ranges    the sequences and token blocks of each (dp rank, microbatch)
+//   MeshDim, dim_name, Coord        mesh dimensions (pp, dp, tp) and a rank's coordinates
+//   LayerRange                  the contiguous layers of one virtual pipeline stage
+//   Mesh                        world size, rank <-> coordinates, groups, stages, schedule
+//
+// Rank order (Megatron's): tp innermost, then dp, then pp outermost,
+//     rank = (pp_rank · dp + dp_rank) · tp + tp_rank,
+// so the ranks of a tp group are neighbours (one node, the fastest links: tp talks every layer),
+// a dp group strides by tp, and a pipeline stage is one contiguous block of dp · tp ranks. Later,
+// cp sits between dp and tp (Megatron's tp, cp, dp, pp) and ep divides dp (experts reuse the dp
+// ranks); both are 1 now and validate_layout says so if they are not.
+//
+// Rules (validate_layout, in this order):
+//   ranges        dp, pp, tp, microbatches, virtual_stages >= 1; zero in 0..3; timeout_s > 0
+//   schedule      virtual_stages >= 2 exactly when the schedule is interleaved; ring collectives
+//                 only in fast numerics (ring order is not the canonical tree)
+//   tp            divides model.heads (a rank owns whole heads), model.hidden (so also the
+//                 3·hidden columns of qkv) and model.ffn (column-parallel fc, row-parallel proj)
+//   pp            pp <= model.layers (each stage needs a layer); layers need not divide evenly:
+//                 earlier stages take the extra layers (the last stage also holds the LM head and
+//                 the loss). Interleaved: model.layers divisible by pp × virtual_stages.
+//   microbatches  dp × microbatches divides train.batch_size; GPipe and 1F1B run any count >= 1
+//                 (1F1B simply has a longer bubble below pp); interleaved needs a multiple of pp
+//                 (as Megatron: it runs microbatches in groups of pp).
+//   tokens        every (dp rank, microbatch) and every dp rank owns whole token blocks forming one
+//                 node of the canonical tree over the batch's blocks (token_ranges)
+//   zero          any stage with any dp: with dp = 1 a ZeRO shard is the whole state (trivial).
+#pragma once
+#include "core/comm/comm.h"
+#include "core/config.h"
+#include "core/parallel/schedule.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace px {
+
+// ---- the layout ------------------------------------------------------------------------------
+
+enum class Recompute : std::uint8_t { none, full };
+const char* recompute_name(Recompute r);  // "none", "full"
+
+struct Layout {
+    int dp = 1;            // data-parallel replicas
+    int pp = 1;            // pipeline ranks
+    int tp = 1;            // tensor-parallel ranks
+    int cp = 1;            // context parallel: not yet (must be 1)
+    int ep = 1;            // expert parallel, dividing dp: not yet (must be 1)
+    int zero = 0;          // ZeRO stage over the dp group: 1 optimizer state, 2 + grads, 3 + params
+    int microbatches = 1;  // per dp rank and step (resolved)
+    std::string microbatches_key = "train.microbatches";  // the key it came from, for messages
+    ScheduleKind schedule = ScheduleKind::one_f_one_b;
+    int virtual_stages = 1;  // v, model chunks per pp rank
+    Recompute recompute = Recompute::none;
+    Mode mode = Mode::bitwise;                // numerics.mode
+    comm::Algo algo = comm::Algo::canonical;  // reducing collectives (layout.comm resolved)
+    double timeout_s = 60.0;                  // collective timeout
+
+    // What the layout is checked against (model, train, numerics).
+    i64 layers = 2, heads = 4, hidden = 64, ffn = 256;  // L, NH, C, F
+    i64 batch_size = 8;                                 // sequences per step (global batch)
+    i64 seq_len = 128;                                  // T, tokens per sequence
+    int block = 64;                                     // numerics.block
+
+    int world_size() const { return dp * pp * tp; }
+    int num_stages() const { return pp * virtual_stages; }  // virtual stages S
+    // Sequences per microbatch, and the leaves of the batch's token tree.
+    i64 microbatch_size() const { return batch_size / (static_cast<i64>(dp) * microbatches); }
+    i64 token_blocks() const { return num_blocks(batch_size * seq_len, block); }
+};
+
+// Resolves the [layout] keys (layout.microbatches = 0 takes train.microbatches; layout.comm
+// "auto" is canonical in bitwise mode, ring in fast) and validates. From a Config, messages begin
+// with "<cfg.source_name>: ".
+Layout make_layout(const LayoutConfig& lc, const ModelConfig& mc, const TrainConfig& tc,
+                   const NumericsConfig& nc);
+Layout make_layout(const Config& cfg);
+void validate_layout(const Layout& l);  // throws ConfigError: one sentence naming the keys
+
+// ---- token ranges ----------------------------------------------------------------------------
+
+// The weight gradient reduces over the tokens of the global batch in the canonical tree over
+// blocks of numerics.block tokens (DESIGN.md §2.1); DP ranks and microbatches are owners of token
+// ranges. dp rank d owns sequences [d·B/dp, (d+1)·B/dp) and its microbatch k the k-th equal part
+// of that (dp-major), so a rank's microbatches combine locally (a subtree) and the dp all-reduce
+// adds one node per rank; when every rank's range is a node the canonical tree over rank indices
+// (comm::Algo::canonical) is exactly the block tree.
+struct TokenRange {
+    int dp_rank = 0;
+    int microbatch = 0;
+    i64 sample_lo = 0, sample_hi = 0;  // sequences [lo, hi) of the global batch
+    i64 block_lo = 0, block_hi = 0;    // token blocks [lo, hi): one node of the batch's tree
+
+    bool operator==(const TokenRange&) const = default;
+};
+// One per (dp rank, microbatch), dp-major. Throws ConfigError naming layout.dp, the microbatches
+// key, train.batch_size, model.seq_len and numerics.block when a range does not end on a block
+// boundary or is not one node of the tree (or a dp rank's whole range is not).
+std::vector<TokenRange> token_ranges(const Layout& l);
+
+// ---- the mesh --------------------------------------------------------------------------------
+
+enum class MeshDim : std::uint8_t { pp, dp, tp };  // outermost to innermost
+const char* dim_name(MeshDim d);  // "pp", "dp", "tp": group names for Communicator::split
+
+struct Coord {
+    int pp = 0, dp = 0, tp = 0;
+    int operator[](MeshDim d) const { return d == MeshDim::pp ? pp : d == MeshDim::dp ? dp : tp; }
+    bool operator==(const Coord&) const = default;
+};
+
+struct LayerRange {
+    int lo = 0, hi = 0;  // layers [lo, hi)
+    int size() const { return hi - lo; }
+    bool operator==(const LayerRange&) const = default;
+};
+
+class Mesh {
+public:
+    explicit Mesh(Layout layout);  // validates: ConfigError naming the keys
+
+    const Layout& layout() const { return l_; }
+    int world_size() const { return l_.world_size(); }
+    int size(MeshDim d) const;  // dp, pp or tp
+
+    int rank_of(Coord c) const;  // (pp·dp + dp)·tp + tp
+    Coord coord_of(int rank) const;
+
+    // The world ranks that share every coordinate but d with `rank`, ordered along d; a rank's
+    // index in it is coord_of(rank)[d]. For Communicator::split: color = group_color, key = the
+    // coordinate along d.
+    std::vector<int> group(MeshDim d, int rank) const;
+    int group_color(MeshDim d, int rank) const;  // 0 .. world/size(d)-1, the index in groups(d)
+    std::vector<std::vector<int>> groups(MeshDim d) const;  // every group of d, by color
+    std::vector<int> dp_group(int rank) const { return group(MeshDim::dp, rank); }
+    std::vector<int> tp_group(int rank) const { return group(MeshDim::tp, rank); }
+    std::vector<int> pp_group(int rank) const { return group(MeshDim::pp, rank); }
+
+    // ConfigError when `ranks` processes or threads were started for a layout of another size.
+    void require_world_size(int ranks) const;
+
+    // Pipeline. Virtual stage k = chunk · pp + pp_rank holds layers [ceil(k·L/S), ceil((k+1)·L/S))
+    // with S = pp · v: contiguous, earlier stages take the extras (interleaved: L/S each). Stage 0
+    // also holds the embedding, stage S-1 the final norm, the LM head and the loss (tied wte: its
+    // gradient adds the two halves across the first and the last stage).
+    LayerRange layers(int pp_rank, int chunk = 0) const;
+    Schedule schedule() const;  // the layout's schedule over pp ranks
+    // The world rank with rank's dp and tp coordinates at pipeline rank pp_rank: maps a
+    // schedule's Action::peer (a pp rank) to the rank to send to.
+    int pp_peer(int rank, int pp_rank) const;
+
+    std::vector<TokenRange> token_ranges() const { return px::token_ranges(l_); }
+    std::string describe() const;  // a summary line, then per rank its coordinates and layers
+
+private:
+    Layout l_;
+};
+
+}  // namespace px
