@@ -182,8 +182,28 @@ void Job::all_gather_tokens(std::vector<float>& all, const float* local, i64 per
     replica_.dp->all_gather(all.data(), local, per_rank);
 }
 
+MemoryStats Job::memory() const {
+    MemoryStats m;
+    m.params = model_->table().total * static_cast<i64>(sizeof(float));
+    for (const Arena& a : grad_stack_) m.grads += a.size() * static_cast<i64>(sizeof(float));
+    m.optimizer = 2 * opt_->size() * static_cast<i64>(sizeof(float));
+    m.activations = model_->activation_bytes();
+    if (shards_) m.comm = shards_->staging_bytes();
+    return m;
+}
+
+namespace {
+double bytes_sent(const comm::Communicator* c) {
+    if (!c) return 0;
+    double b = 0;
+    for (const comm::StatRow& r : c->stats_book()->rows()) b += static_cast<double>(r.bytes_sent);
+    return b;
+}
+}  // namespace
+
 StepMetrics Job::step() {
     const auto t0 = std::chrono::steady_clock::now();
+    const double sent0 = bytes_sent(replica_.dp);
     const TrainConfig& tc = cfg_.train;
     const i64 T = cfg_.model.seq_len;
     const i64 N = tc.batch_size * T;
@@ -223,6 +243,7 @@ StepMetrics Job::step() {
     step_++;
 
     const double secs = seconds_since(t0);
+    m.comm_bytes = bytes_sent(replica_.dp) - sent0;
     m.step_ms = secs * 1e3;
     m.tokens_per_s = static_cast<double>(N) / secs;
     if ((tc.eval_every > 0 && step_ % tc.eval_every == 0) || (step_ == tc.steps && tc.eval_every > 0)) {
@@ -295,10 +316,17 @@ void RunFileObserver::on_step(const Job&, const StepMetrics& m) {
     file_->append("lr", m.step, m.lr);
     file_->append("tokens_per_s", m.step, m.tokens_per_s);
     file_->append("step_ms", m.step, m.step_ms);
+    file_->append("comm_bytes", m.step, m.comm_bytes);
 }
 
 void RunFileObserver::on_end(const Job& job) {
     file_->set_attr("num_params", static_cast<double>(job.model().num_params()));
+    const MemoryStats mem = job.memory();  // rank 0's
+    file_->set_attr("memory_params_bytes", static_cast<double>(mem.params));
+    file_->set_attr("memory_grads_bytes", static_cast<double>(mem.grads));
+    file_->set_attr("memory_optimizer_bytes", static_cast<double>(mem.optimizer));
+    file_->set_attr("memory_activations_bytes", static_cast<double>(mem.activations));
+    file_->set_attr("memory_comm_bytes", static_cast<double>(mem.comm));
     if (job.entropy_rate() >= 0) {
         file_->set_attr("entropy_rate", job.entropy_rate());
         file_->set_attr("loss_floor", job.loss_floor());

@@ -47,6 +47,17 @@ struct StepMetrics {
     double lr = 0;
     double tokens_per_s = 0;
     double step_ms = 0;
+    double comm_bytes = 0;  // bytes this rank sent in collectives during the step, all groups
+};
+
+// Bytes a rank holds, by what they are for (core/parallel: per-rank memory accounting).
+struct MemoryStats {
+    i64 params = 0;       // weights (all of them are resident, also under ZeRO-3, see zero.h)
+    i64 grads = 0;        // gradient buffers, microbatch partials included
+    i64 optimizer = 0;    // AdamW moments (this rank's shard)
+    i64 activations = 0;  // one microbatch's activations and backward scratch
+    i64 comm = 0;         // staging buffers of the collectives
+    i64 total() const { return params + grads + optimizer + activations + comm; }
 };
 
 class Job;
@@ -81,6 +92,7 @@ public:
     float* grads() const { return grad_stack_[0].data(); }  // last step's complete gradients
     i64 steps_done() const { return step_; }
     const std::vector<StepMetrics>& history() const { return history_; }
+    MemoryStats memory() const;
     int dp_rank() const { return dp_rank_; }
     int dp_size() const { return dp_size_; }
     // Expected minimal loss on the validation windows, when the source knows it (else -1).

@@ -44,6 +44,9 @@ public:
     float grad_norm(comm::Communicator& dp, const float* grads, comm::Algo algo) const;
     void all_gather_params(comm::Communicator& dp, float* params) const;
     void release_params(float* params) const;
+    i64 staging_bytes() const {
+        return static_cast<i64>((staging_.capacity() + piece_.capacity()) * sizeof(float));
+    }
 
 private:
     // Reduce-scatter the segment seg[0, n) cut at `cuts` (size dp+1), in place on this rank's piece.
