@@ -103,16 +103,16 @@ private:
     void accumulate_microbatch(int k);
     void all_gather_tokens(std::vector<float>& all, const float* local, i64 per_rank);
 
-    ReplicaContext replica_;
-    std::unique_ptr<ZeroShards> shards_;  // ZeRO >= 1 with more than one replica
-    int dp_rank_ = 0, dp_size_ = 1;
-    int microbatches_ = 1;            // per replica and step
-    i64 local_B_ = 0;                 // sequences per replica and step
     Config cfg_;
     Numerics nx_;
     std::unique_ptr<GPT> model_;
     std::unique_ptr<AdamW> opt_;
     std::unique_ptr<TokenSource> source_;
+    ReplicaContext replica_;
+    std::unique_ptr<ZeroShards> shards_;  // ZeRO >= 1 with more than one replica
+    int dp_rank_ = 0, dp_size_ = 1;
+    int microbatches_ = 1;            // per replica and step
+    i64 local_B_ = 0;                 // sequences per replica and step
     std::vector<Observer*> observers_;
     std::vector<StepMetrics> history_;
 

@@ -5,6 +5,7 @@
 #include "core/job.h"
 #include "core/parallel/runner.h"
 #include "core/state.h"
+#include "tests/test_util.h"
 
 #include <catch2/catch.hpp>
 
@@ -17,22 +18,10 @@ using namespace px;
 namespace {
 
 Config small_job() {
-    Config c = parse_config(default_config_toml(), "test");
-    c.model.vocab = 32;
-    c.model.seq_len = 64;
-    c.model.layers = 2;
-    c.model.heads = 4;
-    c.model.hidden = 32;
-    c.model.ffn = 80;
-    c.train.batch_size = 8;
-    c.train.microbatches = 1;
-    c.train.steps = 5;
-    c.train.warmup_steps = 2;
-    c.train.eval_every = 5;
+    Config c = test::small_job();
+    c.train.eval_every = 5;  // validation loss compared too
     c.train.val_batches = 2;
     c.train.threads = 1;
-    c.output.run_file = false;
-    c.layout.timeout_s = 30;
     return c;
 }
 
@@ -60,10 +49,7 @@ std::vector<double> series(const State& s, double StepMetrics::*field) {
     return out;
 }
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
+using test::same_bits;
 
 void check_layout(Config c, int dp, int zero, int microbatches) {
     const State ref = single_device(c);

@@ -4,6 +4,7 @@
 #include "core/data.h"
 #include "core/error.h"
 #include "core/job.h"
+#include "tests/test_util.h"
 
 #include <catch2/catch.hpp>
 
@@ -20,22 +21,9 @@ using namespace px;
 
 namespace {
 
-Config small_job() {
-    Config c = parse_config(default_config_toml(), "test");
-    c.model.vocab = 32;
-    c.model.seq_len = 64;
-    c.model.layers = 2;
-    c.model.heads = 4;
-    c.model.hidden = 32;
-    c.model.ffn = 80;
-    c.train.batch_size = 8;
-    c.train.microbatches = 1;
-    c.train.steps = 5;
-    c.train.warmup_steps = 2;
-    c.train.eval_every = 0;
-    c.output.run_file = false;
-    return c;
-}
+using test::same_bits;
+using test::small_job;
+using test::temp_dir;
 
 struct Snapshot {
     std::vector<float> params, m, v;
@@ -55,11 +43,6 @@ Snapshot train(const Config& c) {
     s.m.assign(job.optimizer().m(), job.optimizer().m() + n);
     s.v.assign(job.optimizer().v(), job.optimizer().v() + n);
     return s;
-}
-
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 void require_identical(const Snapshot& a, const Snapshot& b) {
@@ -87,13 +70,6 @@ Cmd run_cli(const std::string& args) {
     while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
     const int status = pclose(f);
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string temp_dir(const std::string& name) {
-    const auto p = std::filesystem::temp_directory_path() / ("parallax_test_" + name);
-    std::filesystem::remove_all(p);
-    std::filesystem::create_directories(p);
-    return p.string();
 }
 
 }  // namespace
