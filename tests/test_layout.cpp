@@ -38,11 +38,12 @@ Layout base() {
 }
 
 Layout mesh_layout(int dp, int pp, int tp) {
-    Layout l;
+    Layout l = base();
     l.dp = dp;
     l.pp = pp;
     l.tp = tp;
     l.layers = 8;
+    l.block = 16;  // tensor-parallel shares of C = 64 and F = 256 stay whole blocks up to tp = 4
     return l;
 }
 
@@ -180,7 +181,7 @@ TEST_CASE("pipeline stages own contiguous layers", "[layout]") {
 TEST_CASE("make_layout resolves the [layout] keys", "[layout]") {
     Config c;
     apply_overrides(c, {"layout.dp=2", "layout.tp=2", "layout.pp=2", "layout.zero=3",
-                        "layout.microbatches=4", "layout.schedule=1f1b"});
+                        "layout.microbatches=4", "layout.schedule=1f1b", "numerics.block=16"});
     const Layout l = make_layout(c);
     CHECK(l.world_size() == 8);
     CHECK(l.zero == 3);
@@ -684,4 +685,19 @@ TEST_CASE("make_schedule and the layout's schedule", "[layout][schedule]") {
     CHECK(s.kind == ScheduleKind::interleaved);
     CHECK(s.microbatches == 4);
     CHECK(check_schedule(s).ok());
+}
+
+TEST_CASE("layout: tensor-parallel shares must be whole canonical blocks in bitwise mode",
+          "[layout]") {
+    Config c = parse_config(default_config_toml(), "test");
+    c.model.hidden = 96;
+    c.model.heads = 4;
+    c.model.ffn = 384;
+    c.layout.tp = 4;  // 24 channels per rank, blocks of 64
+    CHECK_THROWS_WITH(make_layout(c), Catch::Contains("not whole blocks of numerics.block=64"));
+    c.numerics.block = 8;  // 3 blocks per rank: fine
+    CHECK_NOTHROW(make_layout(c));
+    c.numerics.block = 64;
+    c.numerics.mode = Mode::fast;  // fast mode may cut anywhere
+    CHECK_NOTHROW(make_layout(c));
 }

@@ -203,6 +203,16 @@ void validate_layout(const Layout& l) {
         throw ConfigError("layout.tp=" + str(l.tp) + " does not divide model.ffn=" + str(l.ffn) +
                           ": the column-parallel fc and the row-parallel proj of the MLP split its "
                           "ffn columns evenly");
+    // In bitwise mode a reduction block is one sequential fma chain: it cannot be cut between
+    // ranks, so every rank's share of hidden and ffn must be whole blocks.
+    if (l.tp > 1 && l.mode == Mode::bitwise &&
+        ((l.hidden / l.tp) % l.block != 0 || (l.ffn / l.tp) % l.block != 0))
+        throw ConfigError("layout.tp=" + str(l.tp) + " gives each rank " + str(l.hidden / l.tp) +
+                          " of model.hidden=" + str(l.hidden) + " and " + str(l.ffn / l.tp) +
+                          " of model.ffn=" + str(l.ffn) +
+                          " channels, not whole blocks of numerics.block=" + str(l.block) +
+                          "; a block of a canonical reduction cannot be split between ranks "
+                          "(choose a smaller layout.tp or numerics.block)");
 
     // Pipeline stages.
     if (l.pp > l.layers)
