@@ -2,6 +2,7 @@
 #include "app/commands.h"
 #include "core/config.h"
 #include "core/job.h"
+#include "core/parallel/pipeline.h"
 #include "core/parallel/runner.h"
 #include "core/state.h"
 #include "core/error.h"
@@ -37,14 +38,14 @@ public:
     Console(bool quiet, std::string run_path)
         : quiet_(quiet), tty_(isatty(fileno(stderr)) != 0), run_path_(std::move(run_path)) {}
 
-    void on_start(const Job& job) override {
+    void on_start(const RunView& job) override {
         const Config& c = job.config();
         total_ = c.train.steps;
         t0_ = std::chrono::steady_clock::now();
         std::printf("parallax train: %s | %lld params | L=%lld C=%lld NH=%lld F=%lld V=%lld "
                     "T=%lld | batch %lld | layout dp%d zero%d, %d microbatches | %s/%s | %d "
                     "threads per rank\n",
-                    c.source_name.c_str(), static_cast<long long>(job.model().num_params()),
+                    c.source_name.c_str(), static_cast<long long>(job.num_params()),
                     static_cast<long long>(c.model.layers), static_cast<long long>(c.model.hidden),
                     static_cast<long long>(c.model.heads), static_cast<long long>(c.model.ffn),
                     static_cast<long long>(c.model.vocab), static_cast<long long>(c.model.seq_len),
@@ -61,7 +62,7 @@ public:
         std::fflush(stdout);
     }
 
-    void on_step(const Job&, const StepMetrics& m) override {
+    void on_step(const RunView&, const StepMetrics& m) override {
         if (m.val_loss >= 0) last_val_ = m.val_loss;
         last_loss_ = m.loss;
         tokens_ += m.tokens_per_s * m.step_ms / 1e3;
@@ -89,7 +90,7 @@ public:
         std::fflush(stderr);
     }
 
-    void on_end(const Job& job) override {
+    void on_end(const RunView& job) override {
         const Config& c = job.config();
         const double secs = seconds();
         std::printf("\nsummary\n");
@@ -136,7 +137,14 @@ int run_train(const TrainOptions& opt) {
     }
 
     LogicalState state;
-    if (world_size(cfg.layout) > 1) {
+    if (cfg.layout.pp > 1) {
+        run_pipeline(cfg, observers, [&](PipelineJob& stage) {
+            if (!opt.dump.empty() && !state.absorb(stage))
+                throw Error("pipeline stages disagree on a shared tensor or on the metrics "
+                            "(pp rank " + std::to_string(stage.pp_rank()) +
+                            "); this is a bug in Parallax");
+        });
+    } else if (world_size(cfg.layout) > 1) {
         run_layout(cfg, observers, [&](Job& job) {
             if (!opt.dump.empty() && !state.absorb(job))
                 throw Error("data-parallel replicas ended with different weights (rank " +

@@ -21,34 +21,64 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, i64 B, i64 T) {
     case Dim::C: return mc.hidden;
     case Dim::C3: return 3 * mc.hidden;
     case Dim::F: return mc.ffn;
-    case Dim::L: return mc.layers;
+    case Dim::L:
+    case Dim::LS: return mc.layers;
     case Dim::B: return B;
     case Dim::NH: return mc.heads;
     }
     return 0;
 }
 
-ParamTable ParamTable::build(const ModelConfig& mc) {
+ModelPart ModelPart::whole(const ModelConfig& mc) {
+    ModelPart p;
+    p.chunks = {{0, static_cast<int>(mc.layers)}};
+    return p;
+}
+
+ParamTable ParamTable::build(const ModelConfig& mc) { return build(mc, ModelPart::whole(mc)); }
+
+ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part) {
+    const int L = static_cast<int>(mc.layers);
+    for (size_t c = 0; c < part.chunks.size(); c++) {
+        const LayerSpan s = part.chunks[c];
+        const int prev_hi = c > 0 ? part.chunks[c - 1].hi : 0;
+        PX_ASSERT(s.lo >= prev_hi && s.lo <= s.hi && s.hi <= L,
+                  "a model part's layer spans must be disjoint, increasing and inside the model");
+    }
     ParamTable t;
+    t.layer_first.assign(static_cast<size_t>(L), -1);
+    // id: the index in the whole model's table (global tensors before the layers, then layer
+    // l's at 2 + l·kNumLayerParams, then those after the layers).
+    auto id_of = [&](int spec, int layer) {
+        if (layer >= 0) return kFirstLayerSpec + layer * kNumLayerParams + (spec - kFirstLayerSpec);
+        return spec < kFirstLayerSpec ? spec : spec + (L - 1) * kNumLayerParams;
+    };
     auto add = [&](int spec, int layer) {
         const ParamSpec& s = kGpt2Params[spec];
         TableEntry e;
         e.name = layer >= 0 ? "h." + std::to_string(layer) + "." + s.name : std::string(s.name);
         e.spec = spec;
         e.layer = layer;
+        e.id = id_of(spec, layer);
         e.rows = resolve_dim(s.rows, mc);
         e.cols = resolve_dim(s.cols, mc);
         e.offset = t.total;
         t.total += align_up(e.numel());
         t.num_params += e.numel();
         t.entries.push_back(std::move(e));
+        return static_cast<int>(t.entries.size()) - 1;
     };
-    for (int s = 0; s < kFirstLayerSpec; s++) add(s, -1);
-    for (int l = 0; l < mc.layers; l++)
-        for (int p = 0; p < kNumLayerParams; p++) add(kFirstLayerSpec + p, l);
-    for (int s = kFirstLayerSpec + kNumLayerParams; s < kNumParamSpecs; s++) add(s, -1);
-    t.lnfw = static_cast<int>(t.entries.size()) - 2;
-    t.lnfb = static_cast<int>(t.entries.size()) - 1;
+    if (part.holds_wte()) t.wte = add(0, -1);
+    if (part.embedding) t.wpe = add(1, -1);
+    for (const LayerSpan& span : part.chunks)
+        for (int l = span.lo; l < span.hi; l++) {
+            t.layer_first[static_cast<size_t>(l)] = static_cast<int>(t.entries.size());
+            for (int p = 0; p < kNumLayerParams; p++) add(kFirstLayerSpec + p, l);
+        }
+    if (part.head) {
+        t.lnfw = add(kFirstLayerSpec + kNumLayerParams, -1);
+        t.lnfb = add(kFirstLayerSpec + kNumLayerParams + 1, -1);
+    }
     return t;
 }
 
@@ -83,13 +113,24 @@ void Arena::zero() {
     }
 }
 
-ActTable ActTable::build(const ModelConfig& mc, i64 B, i64 T) {
+i64 resolve_dim(Dim d, const ModelConfig& mc, const ActShape& shape) {
+    switch (d) {
+    case Dim::T: return shape.T;
+    case Dim::B: return shape.B;
+    case Dim::L: return shape.layers;
+    case Dim::LS: return shape.recompute ? std::min(shape.layers, 1) : shape.layers;
+    default: return resolve_dim(d, mc, shape.B, shape.T);
+    }
+}
+
+ActTable ActTable::build(const ModelConfig& mc, const ActShape& shape) {
+    auto size = [&](Dim d) { return resolve_dim(d, mc, shape); };
     ActTable t;
     for (int i = 0; i < kNumActs; i++) {
         const ActSpec& s = kGpt2Acts[i];
-        i64 n = resolve_dim(s.d0, mc, B, T) * resolve_dim(s.d1, mc, B, T) *
-                resolve_dim(s.d2, mc, B, T) * resolve_dim(s.d3, mc, B, T);
-        if (i == ATT) n *= T;  // (L,B,NH,T,T)
+        i64 n = size(s.d0) * size(s.d1) * size(s.d2) * size(s.d3);
+        if (i == ATT) n *= shape.T;  // (LS,B,NH,T,T)
+        if (s.head && !shape.head) n = 0;
         t.offset[i] = t.total;
         t.numel[i] = n;
         t.total += align_up(n);

@@ -309,7 +309,7 @@ RunFileObserver::RunFileObserver(const std::string& path, const Config& cfg) {
 
 RunFileObserver::~RunFileObserver() = default;
 
-void RunFileObserver::on_step(const Job&, const StepMetrics& m) {
+void RunFileObserver::on_step(const RunView&, const StepMetrics& m) {
     file_->append("loss", m.step, m.loss);
     if (m.val_loss >= 0) file_->append("val_loss", m.step, m.val_loss);
     file_->append("grad_norm", m.step, m.grad_norm);
@@ -319,8 +319,8 @@ void RunFileObserver::on_step(const Job&, const StepMetrics& m) {
     file_->append("comm_bytes", m.step, m.comm_bytes);
 }
 
-void RunFileObserver::on_end(const Job& job) {
-    file_->set_attr("num_params", static_cast<double>(job.model().num_params()));
+void RunFileObserver::on_end(const RunView& job) {
+    file_->set_attr("num_params", static_cast<double>(job.num_params()));
     const MemoryStats mem = job.memory();  // rank 0's
     file_->set_attr("memory_params_bytes", static_cast<double>(mem.params));
     file_->set_attr("memory_grads_bytes", static_cast<double>(mem.grads));

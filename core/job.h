@@ -60,17 +60,30 @@ struct MemoryStats {
     i64 total() const { return params + grads + optimizer + activations + comm; }
 };
 
-class Job;
+// What observers may read of a running job, whatever runs it: a single device or data-parallel
+// replica (Job) or a pipeline stage (core/parallel/pipeline.h). Observers see rank 0.
+class RunView {
+public:
+    virtual ~RunView() = default;
+    virtual const Config& config() const = 0;
+    virtual i64 num_params() const = 0;  // of the whole model
+    virtual i64 steps_done() const = 0;
+    virtual const std::vector<StepMetrics>& history() const = 0;
+    virtual int dp_size() const = 0;
+    virtual double entropy_rate() const = 0;  // of the source, nats/token, when known (else -1)
+    virtual double loss_floor() const = 0;    // minimal loss on validation windows (else -1)
+    virtual MemoryStats memory() const = 0;   // this rank's
+};
 
 class Observer {
 public:
     virtual ~Observer() = default;
-    virtual void on_start(const Job&) {}
-    virtual void on_step(const Job&, const StepMetrics&) {}
-    virtual void on_end(const Job&) {}
+    virtual void on_start(const RunView&) {}
+    virtual void on_step(const RunView&, const StepMetrics&) {}
+    virtual void on_end(const RunView&) {}
 };
 
-class Job {
+class Job : public RunView {
 public:
     explicit Job(const Config& cfg, ReplicaContext replica = {});
     ~Job();
@@ -83,21 +96,22 @@ public:
     double evaluate();    // mean validation loss over train.val_batches batches
     void run();           // the remaining steps, with evaluation, the run file and the export
 
-    const Config& config() const { return cfg_; }
+    const Config& config() const override { return cfg_; }
+    i64 num_params() const override { return model_->num_params(); }
     GPT& model() { return *model_; }
     const GPT& model() const { return *model_; }
     AdamW& optimizer() { return *opt_; }
     const AdamW& optimizer() const { return *opt_; }
     const TokenSource& source() const { return *source_; }
     float* grads() const { return grad_stack_[0].data(); }  // last step's complete gradients
-    i64 steps_done() const { return step_; }
-    const std::vector<StepMetrics>& history() const { return history_; }
-    MemoryStats memory() const;
+    i64 steps_done() const override { return step_; }
+    const std::vector<StepMetrics>& history() const override { return history_; }
+    MemoryStats memory() const override;
     int dp_rank() const { return dp_rank_; }
-    int dp_size() const { return dp_size_; }
+    int dp_size() const override { return dp_size_; }
     // Expected minimal loss on the validation windows, when the source knows it (else -1).
-    double loss_floor() const;
-    double entropy_rate() const;  // of the source, nats/token, when known (else -1)
+    double loss_floor() const override;
+    double entropy_rate() const override;
 
 private:
     void accumulate_microbatch(int k);
@@ -132,8 +146,8 @@ class RunFileObserver : public Observer {
 public:
     RunFileObserver(const std::string& path, const Config& cfg);
     ~RunFileObserver() override;
-    void on_step(const Job& job, const StepMetrics& m) override;
-    void on_end(const Job& job) override;
+    void on_step(const RunView& run, const StepMetrics& m) override;
+    void on_end(const RunView& run) override;
 
 private:
     std::unique_ptr<RunFile> file_;

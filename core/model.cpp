@@ -4,6 +4,7 @@
 #include "core/rng.h"
 #include "kernels/ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -31,10 +32,58 @@ void zero(const Tensor& t) { std::memset(t.data, 0, static_cast<size_t>(t.numel(
 
 }  // namespace
 
-GPT::GPT(const ModelConfig& mc, const Numerics& nx)
-    : mc_(mc), nx_(nx), table_(ParamTable::build(mc)) {
+// ---- activations -----------------------------------------------------------------------------
+
+Activations::Activations(const ModelConfig& mc, const ActShape& shape)
+    : mc_(mc), shape_(shape), table_(ActTable::build(mc, shape)), arena_(table_.total) {}
+
+Tensor Activations::tensor(int a) const {
+    const ActSpec& s = kGpt2Acts[a];
+    PX_ASSERT(!s.head || shape_.head, std::string("activation ") + s.name +
+                                          " belongs to the head, which this chunk does not run");
+    i64 dims[5];
+    int nd = 0;
+    for (Dim d : {s.d0, s.d1, s.d2, s.d3})
+        if (d != Dim::one) dims[nd++] = resolve_dim(d, mc_, shape_);
+    if (a == ATT) dims[nd++] = shape_.T;
+    if (nd > kMaxDims) {  // (L,B,NH,T,T): fold L into B for the whole-tensor view
+        dims[1] *= dims[0];
+        for (int i = 0; i < nd - 1; i++) dims[i] = dims[i + 1];
+        nd--;
+    }
+    return make_view(arena_.data() + table_.offset[a], dims, nd, s.name);
+}
+
+Tensor Activations::layer(int a, int i) const {
+    const ActSpec& s = kGpt2Acts[a];
+    PX_ASSERT(s.d0 == Dim::L || s.d0 == Dim::LS,
+              "Activations::layer on a tensor without a layer dimension");
+    PX_ASSERT(i >= 0 && i < shape_.layers, "Activations::layer: layer out of range");
+    // Under recompute a block's internals have one slot, shared by all layers of the chunk.
+    const int slot = s.d0 == Dim::LS && shape_.recompute ? 0 : i;
+    i64 dims[4];
+    int nd = 0;
+    for (Dim d : {s.d1, s.d2, s.d3})
+        if (d != Dim::one) dims[nd++] = resolve_dim(d, mc_, shape_);
+    if (a == ATT) dims[nd++] = shape_.T;
+    i64 per_layer = 1;
+    for (int j = 0; j < nd; j++) per_layer *= dims[j];
+    return make_view(arena_.data() + table_.offset[a] + slot * per_layer, dims, nd, s.name);
+}
+
+float* Activations::output() const {
+    return shape_.layers > 0 ? layer(RESIDUAL3, shape_.layers - 1).f32() : input();
+}
+
+// ---- parameters ------------------------------------------------------------------------------
+
+GPT::GPT(const ModelConfig& mc, const Numerics& nx) : GPT(mc, nx, ModelPart::whole(mc)) {}
+
+GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part)
+    : mc_(mc), nx_(nx), part_(part), table_(ParamTable::build(mc, part)) {
+    PX_ASSERT(!part_.chunks.empty(), "a model part needs at least one chunk of layers");
     glayout_.head_offset = table_.total;
-    glayout_.total = table_.total + align16(mc.vocab * mc.hidden);
+    glayout_.total = table_.total + (part_.holds_wte() ? align16(mc.vocab * mc.hidden) : 0);
     params_ = Arena(table_.total);
 }
 
@@ -43,7 +92,7 @@ Tensor GPT::param(int i) const {
     Tensor t = e.rows == 1 ? view_f32(params_.data() + e.offset, {e.cols})
                            : view_f32(params_.data() + e.offset, {e.rows, e.cols});
     t.name = e.name.c_str();
-    t.id = i;
+    t.id = e.id;
     return t;
 }
 
@@ -54,6 +103,7 @@ Tensor GPT::grad(float* grads, int i) const {
 }
 
 Tensor GPT::grad_head(float* grads) const {
+    PX_ASSERT(part_.holds_wte(), "grad_head of a model part without wte");
     return view_f32(grads + glayout_.head_offset, {mc_.vocab, mc_.hidden}, "lm_head(wte)");
 }
 
@@ -65,16 +115,15 @@ float* GPT::param_ptr(const std::string& name) const {
 void GPT::init_random(std::uint64_t seed, double init_std) {
     // GPT-2: weights N(0, std), residual projections N(0, std/sqrt(2L)), biases 0, norms 1.
     const double residual_std = init_std / std::sqrt(2.0 * static_cast<double>(mc_.layers));
-    for (size_t i = 0; i < table_.entries.size(); i++) {
-        const TableEntry& e = table_.entries[i];
+    for (const TableEntry& e : table_.entries) {
         float* p = params_.data() + e.offset;
+        const u32 id = static_cast<u32>(e.id);
         switch (kGpt2Params[e.spec].init) {
         case ParamSpec::normal:
-            fill_normal(p, e.numel(), 0.0f, static_cast<float>(init_std), seed, static_cast<u32>(i), 0);
+            fill_normal(p, e.numel(), 0.0f, static_cast<float>(init_std), seed, id, 0);
             break;
         case ParamSpec::residual_normal:
-            fill_normal(p, e.numel(), 0.0f, static_cast<float>(residual_std), seed,
-                        static_cast<u32>(i), 0);
+            fill_normal(p, e.numel(), 0.0f, static_cast<float>(residual_std), seed, id, 0);
             break;
         case ParamSpec::zeros: std::fill(p, p + e.numel(), 0.0f); break;
         case ParamSpec::ones: std::fill(p, p + e.numel(), 1.0f); break;
@@ -82,140 +131,176 @@ void GPT::init_random(std::uint64_t seed, double init_std) {
     }
 }
 
-void GPT::ensure_acts(i64 B, i64 T) {
-    if (B == B_ && T == T_) return;
+// ---- chunks ----------------------------------------------------------------------------------
+
+Activations GPT::make_activations(int chunk, i64 B, i64 T, bool recompute) const {
+    PX_ASSERT(chunk >= 0 && chunk < num_chunks(), "chunk out of range");
     if (T > mc_.seq_len)
         throw ConfigError("a sequence of " + std::to_string(T) + " tokens exceeds model.seq_len = " +
                           std::to_string(mc_.seq_len));
-    atable_ = ActTable::build(mc_, B, T);
-    acts_ = Arena(atable_.total);
-    B_ = B;
-    T_ = T;
+    ActShape shape;
+    shape.B = B;
+    shape.T = T;
+    shape.layers = part_.chunks[static_cast<size_t>(chunk)].size();
+    shape.head = has_head(chunk);
+    shape.recompute = recompute;
+    return Activations(mc_, shape);
 }
 
-Tensor GPT::act(int a) const {
-    const ActSpec& s = kGpt2Acts[a];
-    i64 dims[5];
-    int nd = 0;
-    for (Dim d : {s.d0, s.d1, s.d2, s.d3})
-        if (d != Dim::one) dims[nd++] = resolve_dim(d, mc_, B_, T_);
-    if (a == ATT) dims[nd++] = T_;
-    if (nd > kMaxDims) {  // (L,B,NH,T,T): fold L into B for the whole-tensor view
-        dims[1] *= dims[0];
-        for (int i = 0; i < nd - 1; i++) dims[i] = dims[i + 1];
-        nd--;
+GradSpan GPT::grad_span(int chunk) const {
+    PX_ASSERT(chunk >= 0 && chunk < num_chunks(), "chunk out of range");
+    // A chunk's tensors are consecutive entries of the table (embedding, its layers, ln_f).
+    const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];
+    int first = has_embedding(chunk) ? table_.wte : -1, last = -1;
+    if (layers.size() > 0) {
+        if (first < 0) first = table_.layer_index(layers.lo, LN1W);
+        last = table_.layer_index(layers.hi - 1, FCPROJB);
     }
-    return make_view(acts_.data() + atable_.offset[a], dims, nd, s.name);
+    if (has_embedding(chunk)) last = std::max(last, table_.wpe);
+    if (has_head(chunk)) {
+        if (first < 0) first = table_.lnfw;
+        last = table_.lnfb;
+    }
+    GradSpan s;
+    if (first < 0) return s;  // an empty chunk
+    const TableEntry& e = table_.entries[static_cast<size_t>(last)];
+    s.lo = table_.entries[static_cast<size_t>(first)].offset;
+    s.hi = e.offset + align16(e.numel());
+    if (has_head(chunk)) s.hi = glayout_.total;  // and the LM head's part of dwte
+    return s;
 }
 
-Tensor GPT::act_layer(int a, int l) const {
-    const ActSpec& s = kGpt2Acts[a];
-    PX_ASSERT(s.d0 == Dim::L, "act_layer on a tensor without a layer dimension");
-    i64 dims[4];
-    int nd = 0;
-    for (Dim d : {s.d1, s.d2, s.d3})
-        if (d != Dim::one) dims[nd++] = resolve_dim(d, mc_, B_, T_);
-    if (a == ATT) dims[nd++] = T_;
-    i64 per_layer = 1;
-    for (int i = 0; i < nd; i++) per_layer *= dims[i];
-    return make_view(acts_.data() + atable_.offset[a] + l * per_layer, dims, nd, s.name);
+// Block l: residual2 = x + attn(ln1(x)), residual3 = residual2 + mlp(ln2(residual2)).
+void GPT::block_forward(Activations& a, int l, int i) const {
+    const Numerics& nx = nx_;
+    const Tensor residual = i == 0 ? a.tensor(ENCODED) : a.layer(RESIDUAL3, i - 1);
+    const Tensor ln1 = a.layer(LN1, i), qkv = a.layer(QKV, i), atty = a.layer(ATTY, i);
+    const Tensor att = a.layer(ATT, i), residual2 = a.layer(RESIDUAL2, i);
+    const Tensor ln2 = a.layer(LN2, i), fch = a.layer(FCH, i);
+    const Tensor fch_gelu = a.layer(FCH_GELU, i), residual3 = a.layer(RESIDUAL3, i);
+    // The attention output projection and the MLP output reuse the backward scratch of
+    // the same shape as their staging buffer (it is free during the forward pass).
+    const Tensor proj = a.tensor(DBUF_C);
+    const Tensor qkvb = P(l, QKVB), attprojb = P(l, ATTPROJB), fcb = P(l, FCB),
+                 fcprojb = P(l, FCPROJB);
+
+    ops::layernorm_forward(nx, ln1, a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i), residual,
+                           P(l, LN1W), P(l, LN1B));
+    ops::matmul_forward(nx, qkv, ln1, P(l, QKVW), &qkvb);
+    ops::attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, mc_.heads);
+    ops::matmul_forward(nx, proj, atty, P(l, ATTPROJW), &attprojb);
+    ops::residual_forward(nx, residual2, residual, proj);
+    ops::layernorm_forward(nx, ln2, a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i), residual2,
+                           P(l, LN2W), P(l, LN2B));
+    ops::matmul_forward(nx, fch, ln2, P(l, FCW), &fcb);
+    ops::gelu_forward(nx, fch_gelu, fch);
+    ops::matmul_forward(nx, proj, fch_gelu, P(l, FCPROJW), &fcprojb);
+    ops::residual_forward(nx, residual3, residual2, proj);
 }
+
+// dresidual holds d(residual3) on entry and d(x) on return.
+void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
+    const Numerics& nx = nx_;
+    auto G = [&](LayerParam p) { return grad(grads, table_.layer_index(l, p)); };
+    const Tensor residual = i == 0 ? a.tensor(ENCODED) : a.layer(RESIDUAL3, i - 1);
+    const Tensor dresidual = a.tensor(DRESIDUAL), dbuf_c = a.tensor(DBUF_C);
+    const Tensor dfch_gelu = a.tensor(DBUF_F), dfch = a.tensor(DBUF_F2), dqkv = a.tensor(DBUF_C3);
+    const Tensor dfcprojw = G(FCPROJW), dfcprojb = G(FCPROJB), dfcw = G(FCW), dfcb = G(FCB),
+                 dattprojw = G(ATTPROJW), dattprojb = G(ATTPROJB), dqkvw = G(QKVW),
+                 dqkvb = G(QKVB);
+
+    // residual3 = residual2 + mlp(ln2(residual2)): dresidual flows to both branches.
+    zero(dfch_gelu);
+    ops::matmul_backward(nx, &dfch_gelu, &dfcprojw, &dfcprojb, dresidual, a.layer(FCH_GELU, i),
+                         P(l, FCPROJW));
+    zero(dfch);
+    ops::gelu_backward(nx, dfch, a.layer(FCH, i), dfch_gelu);
+    zero(dbuf_c);
+    ops::matmul_backward(nx, &dbuf_c, &dfcw, &dfcb, dfch, a.layer(LN2, i), P(l, FCW));
+    ops::layernorm_backward(nx, dresidual, G(LN2W), G(LN2B), dbuf_c, a.layer(RESIDUAL2, i),
+                            P(l, LN2W), a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i));
+
+    // residual2 = residual + attn(ln1(residual)).
+    zero(dbuf_c);
+    ops::matmul_backward(nx, &dbuf_c, &dattprojw, &dattprojb, dresidual, a.layer(ATTY, i),
+                         P(l, ATTPROJW));
+    zero(dqkv);
+    ops::attention_backward(nx, dqkv, a.tensor(DPREATT), a.tensor(DATT), dbuf_c, a.layer(QKV, i),
+                            a.layer(ATT, i), mc_.heads);
+    zero(dbuf_c);
+    ops::matmul_backward(nx, &dbuf_c, &dqkvw, &dqkvb, dqkv, a.layer(LN1, i), P(l, QKVW));
+    ops::layernorm_backward(nx, dresidual, G(LN1W), G(LN1B), dbuf_c, residual, P(l, LN1W),
+                            a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i));
+}
+
+void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targets) const {
+    const Numerics& nx = nx_;
+    const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];
+    PX_ASSERT(a.shape().layers == layers.size() && a.shape().head == has_head(chunk),
+              "activations made for another chunk");
+    if (has_embedding(chunk))
+        ops::embedding_forward(nx, a.tensor(ENCODED), tokens, param(table_.wte),
+                               param(table_.wpe));
+    for (int l = layers.lo; l < layers.hi; l++) block_forward(a, l, l - layers.lo);
+    if (!has_head(chunk)) return;
+    const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
+    ops::layernorm_forward(nx, a.tensor(LNF), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD), last,
+                           param(table_.lnfw), param(table_.lnfb));
+    // LM head tied to wte: logits (B,T,V) = lnf · wteᵀ, written into probs, then softmax in place.
+    const Tensor probs = a.tensor(PROBS);
+    ops::matmul_forward(nx, probs, a.tensor(LNF), param(table_.wte), nullptr);
+    ops::crossentropy_forward(nx, a.tensor(LOSSES), probs, probs, targets);
+}
+
+void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, const int* targets,
+                   float dloss) const {
+    const Numerics& nx = nx_;
+    const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];
+    PX_ASSERT(a.shape().layers == layers.size() && a.shape().head == has_head(chunk),
+              "activations made for another chunk");
+    const Tensor dresidual = a.tensor(DRESIDUAL);
+
+    if (has_head(chunk)) {
+        const Tensor probs = a.tensor(PROBS), dbuf_c = a.tensor(DBUF_C);
+        ops::crossentropy_backward(nx, probs, probs, targets, dloss);  // probs now hold dlogits
+        // LM head: dlnf = dlogits · wte, and its wte gradient kept apart (see GradLayout).
+        const Tensor head = grad_head(grads);
+        zero(dbuf_c);
+        ops::matmul_backward(nx, &dbuf_c, &head, nullptr, probs, a.tensor(LNF), param(table_.wte));
+        zero(dresidual);
+        const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
+        ops::layernorm_backward(nx, dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb),
+                                dbuf_c, last, param(table_.lnfw), a.tensor(LNF_MEAN),
+                                a.tensor(LNF_RSTD));
+    }
+    for (int l = layers.hi - 1; l >= layers.lo; l--) {
+        // Recompute: the block's internals were not kept; its forward from the kept input
+        // refills them bit for bit (its output, written again, is unchanged).
+        if (a.shape().recompute) block_forward(a, l, l - layers.lo);
+        block_backward(a, grads, l, l - layers.lo);
+    }
+    if (has_embedding(chunk))
+        ops::embedding_backward(nx, grad(grads, table_.wte), grad(grads, table_.wpe), dresidual,
+                                tokens);
+}
+
+// ---- the whole model on one device -----------------------------------------------------------
 
 void GPT::forward(const int* tokens, const int* targets, i64 B, i64 T) {
-    ensure_acts(B, T);
-    const Numerics& nx = nx_;
-    const i64 L = mc_.layers, NH = mc_.heads;
-    const Tensor wte = param(table_.wte), wpe = param(table_.wpe);
-
-    ops::embedding_forward(nx, act(ENCODED), tokens, wte, wpe);
-    for (int l = 0; l < L; l++) {
-        const Tensor residual = l == 0 ? act(ENCODED) : act_layer(RESIDUAL3, l - 1);
-        const Tensor ln1 = act_layer(LN1, l), qkv = act_layer(QKV, l), atty = act_layer(ATTY, l);
-        const Tensor att = act_layer(ATT, l), residual2 = act_layer(RESIDUAL2, l);
-        const Tensor ln2 = act_layer(LN2, l), fch = act_layer(FCH, l);
-        const Tensor fch_gelu = act_layer(FCH_GELU, l), residual3 = act_layer(RESIDUAL3, l);
-        // The attention output projection and the MLP output reuse the backward scratch of
-        // the same shape as their staging buffer (it is free during the forward pass).
-        const Tensor proj = act(DBUF_C);
-        const Tensor qkvb = P(l, QKVB), attprojb = P(l, ATTPROJB), fcb = P(l, FCB),
-                     fcprojb = P(l, FCPROJB);
-
-        ops::layernorm_forward(nx, ln1, act_layer(LN1_MEAN, l), act_layer(LN1_RSTD, l), residual,
-                               P(l, LN1W), P(l, LN1B));
-        ops::matmul_forward(nx, qkv, ln1, P(l, QKVW), &qkvb);
-        ops::attention_forward(nx, atty, act(DPREATT), att, qkv, NH);
-        ops::matmul_forward(nx, proj, atty, P(l, ATTPROJW), &attprojb);
-        ops::residual_forward(nx, residual2, residual, proj);
-        ops::layernorm_forward(nx, ln2, act_layer(LN2_MEAN, l), act_layer(LN2_RSTD, l), residual2,
-                               P(l, LN2W), P(l, LN2B));
-        ops::matmul_forward(nx, fch, ln2, P(l, FCW), &fcb);
-        ops::gelu_forward(nx, fch_gelu, fch);
-        ops::matmul_forward(nx, proj, fch_gelu, P(l, FCPROJW), &fcprojb);
-        ops::residual_forward(nx, residual3, residual2, proj);
-    }
-    const Tensor last = L > 0 ? act_layer(RESIDUAL3, static_cast<int>(L) - 1) : act(ENCODED);
-    ops::layernorm_forward(nx, act(LNF), act(LNF_MEAN), act(LNF_RSTD), last, param(table_.lnfw),
-                           param(table_.lnfb));
-    // LM head tied to wte: logits (B,T,V) = lnf · wteᵀ, written into probs, then softmax in place.
-    const Tensor probs = act(PROBS);
-    ops::matmul_forward(nx, probs, act(LNF), wte, nullptr);
-    ops::crossentropy_forward(nx, act(LOSSES), probs, probs, targets);
+    PX_ASSERT(num_chunks() == 1 && part_.embedding && part_.head,
+              "the single-device forward needs the whole model");
+    const ActShape& s = acts_.shape();
+    if (acts_.bytes() == 0 || s.B != B || s.T != T) acts_ = make_activations(0, B, T);
+    forward(acts_, 0, tokens, targets);
 }
 
 void GPT::backward(float* grads, const int* tokens, const int* targets, float dloss) {
-    PX_ASSERT(B_ > 0, "backward before forward");
-    const Numerics& nx = nx_;
-    const i64 L = mc_.layers, NH = mc_.heads;
-    const Tensor wte = param(table_.wte);
-    auto G = [&](int l, LayerParam p) { return grad(grads, table_.layer_index(l, p)); };
-
-    const Tensor probs = act(PROBS), dresidual = act(DRESIDUAL), dbuf_c = act(DBUF_C);
-    ops::crossentropy_backward(nx, probs, probs, targets, dloss);  // probs now hold dlogits
-
-    // LM head: dlnf = dlogits · wte, and its wte gradient kept apart (see GradLayout).
-    const Tensor head = grad_head(grads);
-    zero(dbuf_c);
-    ops::matmul_backward(nx, &dbuf_c, &head, nullptr, probs, act(LNF), wte);
-    zero(dresidual);
-    const Tensor last = L > 0 ? act_layer(RESIDUAL3, static_cast<int>(L) - 1) : act(ENCODED);
-    ops::layernorm_backward(nx, dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb),
-                            dbuf_c, last, param(table_.lnfw), act(LNF_MEAN), act(LNF_RSTD));
-
-    for (int l = static_cast<int>(L) - 1; l >= 0; l--) {
-        const Tensor residual = l == 0 ? act(ENCODED) : act_layer(RESIDUAL3, l - 1);
-        const Tensor dfch_gelu = act(DBUF_F), dfch = act(DBUF_F2), dqkv = act(DBUF_C3);
-        const Tensor dfcprojw = G(l, FCPROJW), dfcprojb = G(l, FCPROJB), dfcw = G(l, FCW),
-                     dfcb = G(l, FCB), dattprojw = G(l, ATTPROJW), dattprojb = G(l, ATTPROJB),
-                     dqkvw = G(l, QKVW), dqkvb = G(l, QKVB);
-
-        // residual3 = residual2 + mlp(ln2(residual2)): dresidual flows to both branches.
-        zero(dfch_gelu);
-        ops::matmul_backward(nx, &dfch_gelu, &dfcprojw, &dfcprojb, dresidual,
-                             act_layer(FCH_GELU, l), P(l, FCPROJW));
-        zero(dfch);
-        ops::gelu_backward(nx, dfch, act_layer(FCH, l), dfch_gelu);
-        zero(dbuf_c);
-        ops::matmul_backward(nx, &dbuf_c, &dfcw, &dfcb, dfch, act_layer(LN2, l), P(l, FCW));
-        ops::layernorm_backward(nx, dresidual, G(l, LN2W), G(l, LN2B), dbuf_c,
-                                act_layer(RESIDUAL2, l), P(l, LN2W), act_layer(LN2_MEAN, l),
-                                act_layer(LN2_RSTD, l));
-
-        // residual2 = residual + attn(ln1(residual)).
-        zero(dbuf_c);
-        ops::matmul_backward(nx, &dbuf_c, &dattprojw, &dattprojb, dresidual, act_layer(ATTY, l),
-                             P(l, ATTPROJW));
-        zero(dqkv);
-        ops::attention_backward(nx, dqkv, act(DPREATT), act(DATT), dbuf_c, act_layer(QKV, l),
-                                act_layer(ATT, l), NH);
-        zero(dbuf_c);
-        ops::matmul_backward(nx, &dbuf_c, &dqkvw, &dqkvb, dqkv, act_layer(LN1, l), P(l, QKVW));
-        ops::layernorm_backward(nx, dresidual, G(l, LN1W), G(l, LN1B), dbuf_c, residual,
-                                P(l, LN1W), act_layer(LN1_MEAN, l), act_layer(LN1_RSTD, l));
-    }
-    ops::embedding_backward(nx, grad(grads, table_.wte), grad(grads, table_.wpe), dresidual, tokens);
+    PX_ASSERT(acts_.bytes() > 0, "backward before forward");
+    backward(acts_, 0, grads, tokens, targets, dloss);
 }
 
 void GPT::combine_tied_grads(float* grads) const {
+    PX_ASSERT(part_.holds_wte(), "combine_tied_grads on a model part without wte");
     const TableEntry& e = table_.entries[table_.wte];
     float* dwte = grads + e.offset;
     const float* head = grads + glayout_.head_offset;

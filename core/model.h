@@ -1,11 +1,16 @@
 // The GPT-2 model: token and learned position embeddings, L pre-LayerNorm blocks (causal
 // multi-head attention, GELU-tanh MLP), a final LayerNorm and an LM head tied to wte.
 // Forward and backward are written out per layer, as llm.c does. This file knows nothing of
-// parallelism; layouts wrap it from core/parallel.
+// parallelism; layouts wrap it from core/parallel. A GPT may hold only part of the model
+// (ModelPart: some runs of layers, with or without the embedding and the head), which is what a
+// pipeline stage is; the whole model is the part with everything, and runs exactly as before.
 //
 // Index
 //   GradLayout    where each parameter's gradient lives in a gradient buffer
-//   GPT           parameters, activations of one microbatch, forward, backward
+//   GradSpan      the floats of a gradient buffer that one chunk's backward writes
+//   Activations   the activations of one microbatch on one chunk of layers
+//   GPT           parameters; forward and backward of a chunk on a microbatch; the single-device
+//                 forward/backward over the whole model with activations it keeps itself
 #pragma once
 #include "core/arena.h"
 #include "core/config.h"
@@ -19,19 +24,57 @@ namespace px {
 // A gradient buffer holds one gradient per parameter, laid out as the ParamTable, then the LM
 // head's contribution to wte kept apart (V,C): wte is used twice, and the two token reductions
 // combine only once the whole batch is in, so the sum is the same however the batch is split.
+// Every part that holds wte has the head region (a part with the embedding but not the head
+// gets the head's contribution there from whoever runs the head); a part without wte has none.
 struct GradLayout {
     i64 head_offset = 0;  // floats from the start of the buffer
     i64 total = 0;        // floats in one gradient buffer
 };
 
+// Floats [lo, hi) of a gradient buffer: the parameters of one chunk (with the embedding before
+// chunk 0, ln_f and the head region after the last chunk, when the part has them). The spans of
+// a part's chunks are disjoint; nothing outside its span is touched by a chunk's backward.
+struct GradSpan {
+    i64 lo = 0, hi = 0;
+};
+
+// The activations of one microbatch (B sequences of T tokens) on one chunk of layers: its input
+// hidden state, each block's saved tensors, the head's when the chunk ends in it, and the
+// backward's scratch (ActTable). Recompute: only the residual stream (each block's input and
+// output) is kept; a block's internals live in one shared slot, refilled by recomputing the
+// block's forward inside backward, which gives the same bits (same inputs, same kernels).
+class Activations {
+public:
+    Activations() = default;
+    Activations(const ModelConfig& mc, const ActShape& shape);
+
+    const ActShape& shape() const { return shape_; }
+    Tensor tensor(int a) const;            // the whole tensor
+    Tensor layer(int a, int i) const;      // local layer i (0 .. layers-1) of a per-layer tensor
+    float* input() const { return tensor(ENCODED).f32(); }      // (B,T,C) the chunk's input
+    float* output() const;                                      // (B,T,C) its last block's output
+    float* dresidual() const { return tensor(DRESIDUAL).f32(); }  // (B,T,C) see kGpt2Acts
+    const float* losses() const { return tensor(LOSSES).f32(); }  // (B,T) head chunks only
+    i64 bytes() const { return arena_.size() * static_cast<i64>(sizeof(float)); }
+
+private:
+    ModelConfig mc_;
+    ActShape shape_;
+    ActTable table_{};
+    Arena arena_;
+};
+
 class GPT {
 public:
-    GPT(const ModelConfig& mc, const Numerics& nx);
+    GPT(const ModelConfig& mc, const Numerics& nx);                       // the whole model
+    GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part);  // a part of it
 
     const ModelConfig& config() const { return mc_; }
+    const ModelPart& part() const { return part_; }
+    int num_chunks() const { return static_cast<int>(part_.chunks.size()); }
     const ParamTable& table() const { return table_; }
     const GradLayout& grad_layout() const { return glayout_; }
-    i64 num_params() const { return table_.num_params; }
+    i64 num_params() const { return table_.num_params; }  // of this part
     Numerics& numerics() { return nx_; }
     const Numerics& numerics() const { return nx_; }
 
@@ -41,13 +84,31 @@ public:
     float* params() const { return params_.data(); }
     float* param_ptr(const std::string& name) const;  // null if no such parameter
 
-    // GPT-2 initialisation from Philox keyed by (seed, tensor id, element index).
+    // GPT-2 initialisation from Philox keyed by (seed, tensor id, element index), with the ids
+    // of the whole model: a part draws exactly the numbers the whole model has there.
     void init_random(std::uint64_t seed, double init_std);
 
+    // ---- chunks: one run of layers on one microbatch, with caller-owned activations ----------
+    // Activations sized for chunk c on microbatches of B sequences of T tokens.
+    Activations make_activations(int chunk, i64 B, i64 T, bool recompute = false) const;
+    GradSpan grad_span(int chunk) const;
+    // Forward of chunk c. Input: the tokens (B,T) when the chunk starts with the embedding, else
+    // the hidden state the caller put in a.input(). Output: a.output() (B,T,C), and when the chunk
+    // ends in the head, the per-token losses a.losses() (B,T) against targets (B,T).
+    void forward(Activations& a, int chunk, const int* tokens, const int* targets) const;
+    // Backward of chunk c, after its forward on `a`: adds the microbatch's gradients into `grads`
+    // (a GradLayout buffer; only grad_span(c) is touched). Output gradient: from the loss when
+    // the chunk ends in the head (dloss = d(mean loss)/d(token loss) = 1/tokens in the batch),
+    // else the caller put d(output) in a.dresidual(). Afterwards a.dresidual() holds d(input)
+    // (when the chunk starts with the embedding, d(encoded), already in wte's and wpe's grads).
+    void backward(Activations& a, int chunk, float* grads, const int* tokens, const int* targets,
+                  float dloss) const;
+
+    // ---- the whole model on one device ------------------------------------------------------
     // tokens, targets (B,T). Fills the per-token losses (B,T) (the mean is the caller's, since
     // it is a reduction over the whole batch). Activations are kept for backward.
     void forward(const int* tokens, const int* targets, i64 B, i64 T);
-    const float* losses() const { return act(LOSSES).f32(); }
+    const float* losses() const { return acts_.losses(); }
 
     // Adds this microbatch's gradients into `grads` (a GradLayout buffer, zeroed by the caller
     // before its first microbatch). dloss is d(mean loss)/d(token loss) = 1/(tokens in the batch).
@@ -56,22 +117,23 @@ public:
     // Once every microbatch is in: dwte = dwte(embedding) + dwte(LM head), in that order.
     void combine_tied_grads(float* grads) const;
 
-    i64 activation_bytes() const { return acts_.size() * static_cast<i64>(sizeof(float)); }
+    i64 activation_bytes() const { return acts_.bytes(); }
 
 private:
-    Tensor act(int a) const;            // whole activation tensor of the microbatch
-    Tensor act_layer(int a, int l) const;  // layer l of a per-layer activation
     Tensor P(int l, LayerParam p) const { return param(table_.layer_index(l, p)); }
-    void ensure_acts(i64 B, i64 T);
+    bool has_embedding(int chunk) const { return chunk == 0 && part_.embedding; }
+    bool has_head(int chunk) const { return chunk == num_chunks() - 1 && part_.head; }
+    // Block l of the model, local layer i of the chunk's activations.
+    void block_forward(Activations& a, int l, int i) const;
+    void block_backward(Activations& a, float* grads, int l, int i) const;
 
     ModelConfig mc_;
     Numerics nx_;
+    ModelPart part_;
     ParamTable table_;
     GradLayout glayout_;
     Arena params_;
-    Arena acts_;
-    ActTable atable_{};
-    i64 B_ = 0, T_ = 0;
+    Activations acts_;  // the single-device forward/backward's
 };
 
 }  // namespace px

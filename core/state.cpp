@@ -23,6 +23,55 @@ bool LogicalState::absorb(const Job& job) {
     return agree;
 }
 
+namespace {
+
+bool same_history(const std::vector<StepMetrics>& a, const std::vector<StepMetrics>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); i++)
+        if (std::memcmp(&a[i].loss, &b[i].loss, sizeof(double)) != 0 ||
+            std::memcmp(&a[i].grad_norm, &b[i].grad_norm, sizeof(double)) != 0 ||
+            std::memcmp(&a[i].val_loss, &b[i].val_loss, sizeof(double)) != 0)
+            return false;
+    return true;
+}
+
+}  // namespace
+
+bool LogicalState::absorb(const PipelineJob& stage) {
+    bool agree = true;
+    if (params.empty()) {
+        table = ParamTable::build(stage.config().model);
+        params.assign(static_cast<size_t>(table.total), 0.0f);
+        m = v = params;
+        seen_.assign(table.entries.size(), 0);
+        history = stage.history();
+    } else if (!same_history(history, stage.history())) {
+        agree = false;
+    }
+    const GPT& model = stage.model();
+    for (const TableEntry& e : model.table().entries) {
+        const size_t id = static_cast<size_t>(e.id);
+        const i64 dst = table.entries[id].offset;
+        const size_t bytes = static_cast<size_t>(e.numel()) * sizeof(float);
+        const float* src[3] = {model.params() + e.offset, stage.optimizer().m() + e.offset,
+                               stage.optimizer().v() + e.offset};
+        float* out[3] = {params.data() + dst, m.data() + dst, v.data() + dst};
+        for (int k = 0; k < 3; k++) {
+            if (seen_[id] && std::memcmp(out[k], src[k], bytes) != 0) agree = false;
+            std::memcpy(out[k], src[k], bytes);
+        }
+        seen_[id] = 1;
+    }
+    return agree;
+}
+
+bool LogicalState::complete() const {
+    if (seen_.empty()) return !params.empty();
+    for (char x : seen_)
+        if (!x) return false;
+    return true;
+}
+
 void write_dump(const std::string& path, const LogicalState& state, const Config& cfg) {
     RunFile file(path, config_to_toml(cfg));
     for (const TableEntry& e : state.table.entries) {

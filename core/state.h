@@ -13,6 +13,7 @@
 #pragma once
 #include "core/arena.h"
 #include "core/job.h"
+#include "core/parallel/pipeline.h"
 
 #include <string>
 #include <vector>
@@ -28,6 +29,15 @@ struct LogicalState {
     // job's optimizer slice [lo, hi). Replicas must agree on the weights: returns false when
     // this job's weights differ from those already absorbed.
     bool absorb(const Job& job);
+    // A pipeline stage: its tensors go to their places in the whole model by tensor id. Tensors
+    // held by two stages (wte) must agree; returns false otherwise, or when the stage's history
+    // differs from what is already absorbed.
+    bool absorb(const PipelineJob& stage);
+    // Whether every tensor of the whole model has been absorbed from some stage.
+    bool complete() const;
+
+private:
+    std::vector<char> seen_;  // per whole-model tensor id
 };
 
 void write_dump(const std::string& path, const LogicalState& state, const Config& cfg);

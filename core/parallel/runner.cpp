@@ -2,6 +2,7 @@
 
 #include "core/comm/inproc.h"
 #include "core/parallel/mesh.h"
+#include "core/parallel/pipeline.h"
 #include "core/error.h"
 
 #include <omp.h>
@@ -20,11 +21,11 @@ void refuse_unavailable(const LayoutConfig& l) {
     if (l.tp > 1)
         throw ConfigError("layout.tp = " + std::to_string(l.tp) +
                           ": tensor parallelism is not in this build yet; use layout.tp = 1 "
-                          "(data parallelism with ZeRO 0-3 is available)");
+                          "(data parallelism with ZeRO 0-3 and pipeline parallelism are available)");
     if (l.pp > 1)
         throw ConfigError("layout.pp = " + std::to_string(l.pp) +
                           ": pipeline parallelism is not in this build yet; use layout.pp = 1 "
-                          "(data parallelism with ZeRO 0-3 is available)");
+                          "(data parallelism with ZeRO 0-3 and pipeline parallelism are available)");
 }
 
 }  // namespace
@@ -36,6 +37,10 @@ void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
     const Layout layout = make_layout(cfg);
     refuse_unavailable(l);
     const int n = layout.world_size();
+    if (l.pp > 1) {  // 4. pipeline parallelism: stages of layers, a schedule of actions
+        run_pipeline(cfg, observers);
+        return;
+    }
 
     // 1. Ranks: threads; the cores are shared out so that the ranks together use them once.
     const int threads = cfg.train.threads > 0

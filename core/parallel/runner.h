@@ -23,8 +23,9 @@ namespace px {
 int world_size(const LayoutConfig& layout);
 
 // Trains cfg for train.steps steps on world_size(cfg.layout) in-process ranks. `observers`
-// receive rank 0's metrics. `inspect`, when given, is called once per rank after its last step,
-// one rank at a time (tests read every replica's weights and moments there).
+// receive rank 0's metrics. `inspect`, when given, is called once per data-parallel replica after
+// its last step, one rank at a time (tests read every replica's weights and moments there);
+// pipeline layouts hand their stages to run_pipeline's own inspect instead (pipeline.h).
 void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
                 const std::function<void(Job&)>& inspect = {});
 

@@ -1,0 +1,188 @@
+// Pipeline parallelism (DESIGN.md §3, PP) on the pp group: each pp rank holds the layers of its
+// virtual stages as one GPT over a ModelPart (core/model.h) and runs its schedule's action list
+// (core/parallel/schedule.h) with point-to-point messages. dp = tp = 1 for now.
+//
+// Index
+//   stage_part         the ModelPart of a pp rank: its chunks' layers, embedding, head
+//   TreeAccumulator    one chunk's microbatch gradients, combined in the token tree in any order
+//   PipelineJob        one pp rank: step(), evaluate(), run(); its stage's model and optimizer
+//   run_pipeline       trains a config with layout.pp >= 2 on pp in-process ranks
+//
+// The math. Virtual stage k computes h_k = f_k(h_{k-1}) on each microbatch (h_{-1}: the tokens,
+// f_0 starts with the embedding; the last stage ends in ln_f, the LM head and the per-token
+// losses). Forward: recv h_{k-1}, compute, send h_k. Backward: recv dL/dh_k, compute the chunk's
+// weight gradients and dL/dh_{k-1}, send it back (the last stage starts from dL/dloss_t = 1/N,
+// N = the tokens of the whole batch). Messages are (B,T,C) fp32 hidden states, copied bit for bit.
+//
+// Why every bit equals the single device's (DESIGN.md §2):
+//   1. A stage runs the single device's kernels on the single device's inputs: messages move
+//      bits, they never add. Recompute "full" reruns a block's forward from its kept input:
+//      same inputs, same kernels, same bits.
+//   2. Each chunk combines its microbatch gradients in the token tree (TreeAccumulator) exactly
+//      as Job does: node = left + right over the same leaves.
+//   3. Tied wte: the first stage holds the embedding's part of dwte, the last stage the LM head's
+//      (GradLayout's head region). They swap them, and both form dwte = embedding + head
+//      (GPT::combine_tied_grads), so both hold the same gradient and apply the same AdamW update
+//      to their copy of wte.
+//   4. Loss: the last stage holds every token's loss; canonical_sum / N there, then broadcast.
+//   5. Grad norm: each tensor's canonical sum of squares on the stage that owns it (wte: the
+//      first stage), gathered over the pp group, then the tree over tensors in the whole model's
+//      table order, as global_grad_norm.
+//   6. AdamW is elementwise, with the global norm's clip scale: each stage updates its tensors.
+//
+// Messages. Sends are posted asynchronously and recvs block, as the schedule's contract says
+// (so no rank can deadlock on a send); each send's Handle stays with the activations it reads and
+// is completed before they are written again, at the latest at the end of the step. Tags:
+// message_tag of the action in a step; fixed tags above their range for the tied-wte exchange
+// and for validation forwards.
+#pragma once
+#include "core/arena.h"
+#include "core/config.h"
+#include "core/job.h"
+#include "core/model.h"
+#include "core/optimizer.h"
+#include "core/parallel/mesh.h"
+#include "core/parallel/schedule.h"
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace px {
+
+class TokenSource;
+
+// Pipeline rank p holds the virtual stages k = c·pp + p (chunk c = 0 .. v-1), with the layers
+// Mesh::layers gives them; the embedding if it holds stage 0, the head if it holds stage S-1.
+ModelPart stage_part(const Mesh& mesh, int pp_rank);
+
+// ---- gradient accumulation -------------------------------------------------------------------
+
+// The microbatch gradients of one model chunk, combined in the canonical token tree (DESIGN.md
+// §2.1): microbatch k owns token blocks [k·b, (k+1)·b) of the batch's tree, one node of it; a
+// node's gradient is left + right once both children are in. Microbatches may finish in any
+// order (every schedule here runs a chunk's backwards in increasing microbatch order, which
+// makes this Job's stack: at most log2(m)+1 partials); the result is the same bits either way.
+// Leaf 0 accumulates into `result`, so the root ends there; other leaves use pooled buffers.
+// Only floats [span.lo, span.hi) are zeroed and combined: the chunk's part of a gradient buffer.
+class TreeAccumulator {
+public:
+    TreeAccumulator(int microbatches, i64 blocks_per_microbatch, float* result, i64 floats,
+                    GradSpan span);
+    float* begin(int k);  // where microbatch k's backward accumulates (its span zeroed)
+    void end(int k);      // k is complete: combine every node whose children are complete
+    bool complete() const { return nodes_[0].done; }  // the whole batch is in `result`
+    void reset();                                     // for the next step
+    int buffers() const { return static_cast<int>(pool_.size()); }  // partial buffers made
+    i64 bytes() const;                                              // of those buffers
+
+private:
+    struct Node {
+        int left = -1, right = -1, parent = -1;
+        bool done = false;
+        float* buf = nullptr;
+    };
+    int build(i64 lo, i64 hi, i64 blocks_per_microbatch, int parent);
+    float* take();
+
+    float* result_;
+    i64 floats_;
+    GradSpan span_;
+    std::vector<Node> nodes_;  // [0] is the root
+    std::vector<int> leaf_;    // per microbatch: its node
+    std::vector<Arena> pool_;  // partial gradients made so far
+    std::vector<float*> free_;
+};
+
+// ---- one pipeline rank -----------------------------------------------------------------------
+
+class PipelineJob : public RunView {
+public:
+    // `pp` is the pipeline group (its rank is the pp rank). Validates the layout (ConfigError
+    // naming the keys: pp <= layers, interleaved divisibility, microbatches, token-tree nodes).
+    PipelineJob(const Config& cfg, comm::Communicator& pp);
+    ~PipelineJob();
+    PipelineJob(const PipelineJob&) = delete;
+    PipelineJob& operator=(const PipelineJob&) = delete;
+
+    // One optimizer step. Every rank returns the same metrics, except comm_bytes (this rank's).
+    StepMetrics step();
+    double evaluate();  // mean validation loss over train.val_batches batches (every rank)
+    // The remaining steps (on_step after each), then the llm.c export on pp rank 0 if asked.
+    void run(const std::function<void(const StepMetrics&)>& on_step = {});
+
+    // Collective over the pp group: the whole model's flat arrays (ParamTable::build(model)
+    // layout) of weights and Adam moments, assembled from the stages on every rank. Null
+    // pointers are skipped. Throws InternalError if the two copies of wte differ.
+    void gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v);
+
+    const Config& config() const override { return cfg_; }
+    const Layout& layout() const { return mesh_.layout(); }
+    const Schedule& schedule() const { return schedule_; }
+    int pp_rank() const { return rank_; }
+    int pp_size() const { return pp_; }
+    int dp_size() const override { return 1; }  // pipelines run with dp = 1 for now
+    GPT& model() { return *model_; }   // this stage
+    const GPT& model() const { return *model_; }
+    const AdamW& optimizer() const { return *opt_; }
+    float* grads() const { return grads_.data(); }  // last step's complete gradients (GradLayout)
+    i64 num_params() const override;                // of the whole model
+    i64 steps_done() const override { return step_; }
+    const std::vector<StepMetrics>& history() const override { return history_; }
+    double loss_floor() const override;
+    double entropy_rate() const override;
+    // Activation sets made for chunk c: the most (microbatch, chunk) forwards held at once (plus
+    // any whose outgoing message was still in flight), e.g. min(pp, m) on 1F1B's first stage.
+    int activation_sets(int chunk) const;
+    i64 activation_bytes() const;  // all of them
+    // This rank's bytes as Job::memory counts them: its stage's weights, gradients (microbatch
+    // partials included), moments and activation sets; messages need no staging buffers.
+    MemoryStats memory() const override;
+
+private:
+    struct Slot;
+    Slot* acquire(int chunk);
+    void release(int chunk, Slot* s);
+    void run_actions();
+    void wait_sends();
+    void exchange_tied_grads(float* g);
+    float grad_norm(float* g);
+    bool first_stage() const { return rank_ == 0; }
+    bool last_stage() const { return rank_ == pp_ - 1; }
+    bool is_last_virtual(int chunk) const { return stage_of(rank_, chunk, pp_) == S_ - 1; }
+    const int* tokens(int m) const { return inputs_.data() + m * micro_B_ * T_; }
+    const int* targets(int m) const { return targets_.data() + m * micro_B_ * T_; }
+
+    Config cfg_;
+    Numerics nx_;
+    Mesh mesh_;
+    Schedule schedule_;
+    comm::Communicator& comm_;
+    int rank_ = 0, pp_ = 1, v_ = 1, S_ = 1, M_ = 1;
+    i64 T_ = 0, micro_B_ = 0, hidden_floats_ = 0;  // hidden_floats_: one (micro_B,T,C) message
+    bool recompute_ = false;
+    std::vector<ModelPart> parts_;  // every pp rank's, for the norm's owners and gather_full
+    std::vector<int> owner_;        // per tensor id of the whole model: the pp rank that owns it
+    std::unique_ptr<GPT> model_;
+    std::unique_ptr<AdamW> opt_;
+    std::unique_ptr<TokenSource> source_;
+    Arena grads_;                       // the step's gradient (GradLayout of the stage)
+    std::vector<TreeAccumulator> acc_;  // per chunk
+    std::vector<std::vector<std::unique_ptr<Slot>>> slots_;  // per chunk: every set made
+    std::vector<std::vector<Slot*>> free_;                   // per chunk: sets not in use
+    std::vector<std::vector<Slot*>> live_;                   // per chunk, per microbatch
+
+    i64 step_ = 0;
+    std::vector<int> windows_;           // (batch_size, T+1)
+    std::vector<int> inputs_, targets_;  // (batch_size, T): microbatch m at m·micro_B·T
+    std::vector<float> all_losses_;      // (batch_size·T), last stage
+    std::vector<StepMetrics> history_;
+};
+
+// Trains cfg (layout.pp >= 2, dp = tp = 1) for train.steps steps on pp in-process ranks.
+// `observers` follow pp rank 0 (metrics are the same on every rank but comm_bytes). `inspect`,
+// when given, is called once per rank after its last step, one rank at a time.
+void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers = {},
+                  const std::function<void(PipelineJob&)>& inspect = {});
+
+}  // namespace px

@@ -1,0 +1,351 @@
+// Pipeline parallelism on in-process ranks against the single-device run: 5 steps, then loss,
+// grad norm and validation loss histories, every weight and every Adam moment compared bit for
+// bit, for GPipe, 1F1B and interleaved 1F1B, several pp degrees (pp3 too) and microbatch
+// counts, and full recomputation. Also: the tree accumulator against sequential accumulation,
+// the schedules' backward order, activation memory, the llm.c export, and refused layouts.
+#include "core/comm/inproc.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/job.h"
+#include "core/parallel/pipeline.h"
+#include "core/rng.h"
+#include "core/state.h"
+#include "tests/test_util.h"
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <string>
+#include <vector>
+
+using namespace px;
+using test::same_bits;
+
+namespace {
+
+Config small_job(int layers = 4) {
+    Config c = test::small_job();
+    c.model.layers = layers;
+    c.train.eval_every = 5;  // validation loss compared too
+    c.train.val_batches = 2;
+    c.train.threads = 1;
+    c.train.weight_decay = 0.1;  // decay on matrices only: the per-tensor rule is exercised
+    return c;
+}
+
+using State = LogicalState;
+
+State single_device(const Config& c) {
+    Job job(c);
+    job.run();
+    State s;
+    s.absorb(job);
+    return s;
+}
+
+std::vector<double> series(const State& s, double StepMetrics::*field) {
+    std::vector<double> out;
+    for (const StepMetrics& m : s.history) out.push_back(m.*field);
+    return out;
+}
+
+// Each stage's tensors go to the whole model's arena by their tensor id (this does not use
+// PipelineJob::gather_full, which a test below checks separately). Tensors held by two stages
+// (wte) must agree, every tensor must be on some stage, and every rank's metrics agree.
+State pipeline(const Config& c, bool& stages_agree) {
+    State s;
+    stages_agree = true;
+    run_pipeline(c, {}, [&](PipelineJob& job) { stages_agree = s.absorb(job) && stages_agree; });
+    stages_agree = stages_agree && s.complete();
+    return s;
+}
+
+Config with_layout(Config c, int pp, const std::string& schedule, int microbatches, int v = 1,
+                   const std::string& recompute = "none") {
+    c.layout.pp = pp;
+    c.layout.schedule = schedule;
+    c.layout.microbatches = microbatches;
+    c.layout.virtual_stages = v;
+    c.layout.recompute = recompute;
+    return c;
+}
+
+// Histories, weights and moments of a pipeline run equal the single device's, bit for bit.
+void check_same(const State& ref, const State& got, bool agree) {
+    CHECK(agree);
+    CHECK(same_bits(series(ref, &StepMetrics::loss), series(got, &StepMetrics::loss)));
+    CHECK(same_bits(series(ref, &StepMetrics::grad_norm), series(got, &StepMetrics::grad_norm)));
+    CHECK(same_bits(series(ref, &StepMetrics::val_loss), series(got, &StepMetrics::val_loss)));
+    CHECK(same_bits(ref.params, got.params));
+    CHECK(same_bits(ref.m, got.m));
+    CHECK(same_bits(ref.v, got.v));
+}
+
+// The pipeline run of `base` under the given layout equals the single-device `ref` bit for bit.
+void check_pipeline(const Config& base, const State& ref, int pp, const std::string& schedule,
+                    int microbatches, int v = 1, const std::string& recompute = "none") {
+    bool agree = false;
+    const State got = pipeline(with_layout(base, pp, schedule, microbatches, v, recompute), agree);
+    INFO("pp" << pp << " " << schedule << " v=" << v << ", " << microbatches
+              << " microbatches, recompute " << recompute);
+    check_same(ref, got, agree);
+}
+
+}  // namespace
+
+TEST_CASE("a model part initialises exactly the single device's numbers, under the same names") {
+    const Config c = small_job(6);
+    GPT whole(c.model, Numerics{});
+    whole.init_random(7, 0.02);
+    ModelPart part;
+    part.chunks = {{1, 3}, {4, 6}};
+    part.embedding = false;
+    part.head = true;
+    GPT stage(c.model, Numerics{}, part);
+    stage.init_random(7, 0.02);
+    CHECK(stage.table().wte == 0);  // the head needs wte
+    CHECK(stage.table().wpe == -1);
+    CHECK_FALSE(stage.table().has_layer(0));
+    CHECK(stage.table().has_layer(4));
+    CHECK(stage.table().entries.size() == static_cast<size_t>(1 + 4 * kNumLayerParams + 2));
+    for (const TableEntry& e : stage.table().entries) {
+        const TableEntry& w = whole.table().entries[static_cast<size_t>(e.id)];
+        CHECK(w.name == e.name);
+        CHECK(std::memcmp(whole.params() + w.offset, stage.params() + e.offset,
+                          static_cast<size_t>(e.numel()) * sizeof(float)) == 0);
+    }
+    // The whole model is the part with everything: ids are table indices.
+    for (size_t i = 0; i < whole.table().entries.size(); i++)
+        CHECK(whole.table().entries[i].id == static_cast<int>(i));
+    // Chunk spans of a part are disjoint and cover its gradient buffer after wte.
+    const GradSpan s0 = stage.grad_span(0), s1 = stage.grad_span(1);
+    CHECK(s0.lo == stage.table().entries[1].offset);
+    CHECK(s0.hi == s1.lo);
+    CHECK(s1.hi == stage.grad_layout().total);
+}
+
+TEST_CASE("the tree accumulator combines microbatches in the token tree, in any order") {
+    // Eight microbatch gradients of one chunk, with values whose sum depends on the order.
+    const int M = 8;
+    const i64 n = 64;
+    std::vector<std::vector<float>> leaf(M, std::vector<float>(n));
+    for (int k = 0; k < M; k++) fill_normal(leaf[k].data(), n, 0.0f, 1.0f + 1e3f * k, 99, k, 0);
+
+    // The canonical tree over leaves: ((0+1)+(2+3))+((4+5)+(6+7)).
+    std::vector<float> tree(n), sequential(n, 0.0f);
+    for (i64 i = 0; i < n; i++) {
+        float p[M];
+        for (int k = 0; k < M; k++) p[k] = leaf[k][i];
+        tree[i] = tree_sum(p, M);
+        for (int k = 0; k < M; k++) sequential[i] += leaf[k][i];
+    }
+    REQUIRE_FALSE(same_bits(tree, sequential));  // the data tells the two orders apart
+
+    auto accumulate = [&](const std::vector<int>& order) {
+        std::vector<float> result(n + 16, -1.0f);
+        TreeAccumulator acc(M, 2, result.data(), n + 16, GradSpan{8, 8 + n});
+        for (int k : order) {
+            float* g = acc.begin(k);
+            for (i64 i = 0; i < n; i++) g[8 + i] += leaf[k][i];
+            acc.end(k);
+        }
+        CHECK(acc.complete());
+        CHECK(result[0] == -1.0f);  // outside the span: untouched
+        return std::vector<float>(result.begin() + 8, result.begin() + 8 + n);
+    };
+    const std::vector<float> in_order = accumulate({0, 1, 2, 3, 4, 5, 6, 7});
+    CHECK(same_bits(in_order, tree));
+    CHECK_FALSE(same_bits(in_order, sequential));
+    CHECK(same_bits(accumulate({7, 3, 0, 5, 1, 6, 2, 4}), tree));  // any order, same bits
+    CHECK(same_bits(accumulate({4, 5, 6, 7, 0, 1, 2, 3}), tree));
+
+    // In order it is Job's stack: log2(8) partials besides the result.
+    std::vector<float> result(n);
+    TreeAccumulator acc(M, 1, result.data(), n, GradSpan{0, n});
+    for (int k = 0; k < M; k++) {
+        acc.begin(k);
+        acc.end(k);
+    }
+    CHECK(acc.buffers() == 3);
+}
+
+TEST_CASE("every schedule runs a chunk's backwards in increasing microbatch order") {
+    // Not needed for the bits (TreeAccumulator takes any order), but it keeps the partials to
+    // log2(m)+1 per chunk, as Job's stack.
+    auto check = [](const Schedule& s) {
+        for (int p = 0; p < s.pp; p++) {
+            std::vector<int> next(static_cast<size_t>(s.virtual_stages), 0);
+            for (const Action& a : s.ranks[static_cast<size_t>(p)])
+                if (a.kind == Action::backward) CHECK(a.microbatch == next[a.chunk]++);
+        }
+    };
+    for (int pp : {2, 3, 4})
+        for (int m : {1, 2, 4, 8}) {
+            check(gpipe(pp, m));
+            check(one_f_one_b(pp, m));
+        }
+    for (int m : {2, 4, 8}) check(interleaved_1f1b(2, m, 2));
+    check(interleaved_1f1b(4, 8, 2));
+}
+
+TEST_CASE("GPipe and 1F1B at pp2 and pp4 are bit-identical to the single device") {
+    const Config base = small_job(4);
+    const State ref = single_device(base);
+    for (const char* schedule : {"gpipe", "1f1b"})
+        for (int pp : {2, 4})
+            for (int m : {1, 2, 4, 8}) check_pipeline(base, ref, pp, schedule, m);
+}
+
+TEST_CASE("pp3, a degree that is not a power of two, is bit-identical to the single device") {
+    const Config six = small_job(6);  // two layers per stage
+    const State ref6 = single_device(six);
+    for (int m : {1, 2, 4, 8}) check_pipeline(six, ref6, 3, "1f1b", m);
+    check_pipeline(six, ref6, 3, "gpipe", 4);
+    const Config four = small_job(4);  // uneven stages: layers [0,2) [2,3) [3,4)
+    check_pipeline(four, single_device(four), 3, "1f1b", 2);
+}
+
+TEST_CASE("interleaved 1F1B with two chunks per rank is bit-identical to the single device") {
+    const Config base = small_job(4);  // four virtual stages of one layer
+    const State ref = single_device(base);
+    for (int m : {2, 4, 8}) check_pipeline(base, ref, 2, "interleaved", m, 2);
+    const Config eight = small_job(8);
+    check_pipeline(eight, single_device(eight), 4, "interleaved", 4, 2);
+}
+
+TEST_CASE("full recomputation is bit-identical to the single device, with less memory") {
+    const Config base = small_job(4);
+    const State ref = single_device(base);
+    check_pipeline(base, ref, 2, "1f1b", 1, 1, "full");
+    check_pipeline(base, ref, 2, "1f1b", 4, 1, "full");
+    check_pipeline(base, ref, 2, "gpipe", 8, 1, "full");
+    check_pipeline(base, ref, 2, "interleaved", 4, 2, "full");
+
+    // Memory: per microbatch in flight, recompute keeps each block's input, not its internals.
+    Config c = with_layout(base, 2, "1f1b", 4);
+    c.train.eval_every = 0;
+    c.train.steps = 1;
+    std::vector<i64> bytes(2, 0);
+    for (int r = 0; r < 2; r++) {
+        c.layout.recompute = r ? "full" : "none";
+        run_pipeline(c, {}, [&](PipelineJob& job) {
+            if (job.pp_rank() == 0) bytes[r] = job.activation_bytes();
+        });
+    }
+    CHECK(bytes[1] < bytes[0]);
+}
+
+TEST_CASE("1F1B holds at most pp microbatches in flight on the first stage, GPipe all of them") {
+    Config c = small_job(4);
+    c.train.eval_every = 0;  // validation forwards would add sets of their own
+    c.train.steps = 2;
+    for (const char* schedule : {"gpipe", "1f1b"}) {
+        const Config pc = with_layout(c, 4, schedule, 8);
+        const SimResult sim = check_schedule(make_schedule(parse_schedule(schedule), 4, 8));
+        REQUIRE(sim.ok());
+        int sets = -1;
+        run_pipeline(pc, {}, [&](PipelineJob& job) {
+            if (job.pp_rank() == 0) sets = job.activation_sets(0);
+        });
+        INFO(schedule);
+        CHECK(sets == sim.peak_in_flight[0]);
+        CHECK(sets == (std::string(schedule) == "gpipe" ? 8 : 4));
+    }
+}
+
+TEST_CASE("a step reports the bytes its rank sent: activations, the tied gradient, the norms") {
+    Config c = with_layout(small_job(4), 2, "1f1b", 4);
+    c.train.steps = 2;
+    c.train.eval_every = 0;
+    struct Sent : Observer {
+        std::vector<double> bytes;
+        void on_step(const RunView&, const StepMetrics& m) override { bytes.push_back(m.comm_bytes); }
+    } observer;
+    run_pipeline(c, {&observer});
+    const std::vector<double>& sent = observer.bytes;
+    // Rank 0 sends every microbatch's hidden state (the batch's B·T·C floats) and the
+    // embedding's dwte (V·C); its part of the norm gather is a few hundred bytes.
+    const double acts = 8.0 * 64 * 32 * 4, tied = 32.0 * 32 * 4;
+    REQUIRE(sent.size() == 2);
+    for (double b : sent) {
+        CHECK(b >= acts + tied);
+        CHECK(b < acts + tied + 1024);
+    }
+}
+
+TEST_CASE("gather_full assembles the stages into the single device's state") {
+    const Config base = small_job(4);
+    const State ref = single_device(base);
+    const Config c = with_layout(base, 2, "interleaved", 4, 2);
+    std::vector<float> params, m, v;
+    std::mutex mu;
+    comm::run_ranks(2, 30, [&](comm::Communicator& world) {
+        PipelineJob job(c, world);
+        job.run();
+        std::vector<float> p, mm, vv;
+        job.gather_full(&p, &mm, &vv);
+        std::lock_guard<std::mutex> lock(mu);
+        if (world.rank() == 1) {
+            params = p;
+            m = mm;
+            v = vv;
+        }
+    });
+    CHECK(same_bits(ref.params, params));
+    CHECK(same_bits(ref.m, m));
+    CHECK(same_bits(ref.v, v));
+}
+
+TEST_CASE("a pipeline exports and loads llm.c checkpoints like the single device") {
+    namespace fs = std::filesystem;
+    const fs::path dir = test::temp_dir("pipeline_llmc");
+    auto read = [](const fs::path& p) {
+        std::ifstream f(p, std::ios::binary);
+        return std::vector<char>(std::istreambuf_iterator<char>(f), {});
+    };
+    Config c = small_job(4);
+    c.model.ffn = 4 * c.model.hidden;  // llm.c's format fixes the MLP at 4·C
+    c.train.steps = 2;
+    c.output.export_llmc = (dir / "single.bin").string();
+    Job single(c);
+    single.run();
+    Config pc = with_layout(c, 2, "1f1b", 2);
+    pc.output.export_llmc = (dir / "pipeline.bin").string();
+    run_pipeline(pc);
+    const std::vector<char> a = read(dir / "single.bin"), b = read(dir / "pipeline.bin");
+    CHECK(!a.empty());
+    CHECK(a == b);
+
+    // Start from that checkpoint: the pipeline's stages each read their part of it.
+    Config from = c;
+    from.model.init_from = (dir / "single.bin").string();
+    from.output.export_llmc.clear();
+    const State ref = single_device(from);
+    bool agree = false;
+    const State got = pipeline(with_layout(from, 2, "gpipe", 4), agree);
+    check_same(ref, got, agree);
+    fs::remove_all(dir);
+}
+
+TEST_CASE("pipeline layouts that cannot work are refused with a sentence naming the keys") {
+    Config c = small_job(4);
+    CHECK_THROWS_WITH(run_pipeline(with_layout(c, 5, "1f1b", 1)),
+                      Catch::Contains("layout.pp=5") && Catch::Contains("model.layers=4"));
+    CHECK_THROWS_WITH(run_pipeline(with_layout(small_job(8), 4, "interleaved", 2, 2)),
+                      Catch::Contains("divisible by layout.pp=4"));
+    CHECK_THROWS_WITH(run_pipeline(with_layout(small_job(6), 2, "interleaved", 4, 2)),
+                      Catch::Contains("model.layers") && Catch::Contains("layout.virtual_stages"));
+    CHECK_THROWS_WITH(run_pipeline(with_layout(c, 2, "1f1b", 3)),
+                      Catch::Contains("train.batch_size"));
+    Config six = with_layout(c, 2, "1f1b", 3);
+    six.train.batch_size = 6;  // 6 blocks in microbatches of 2: [2,4) is not a node
+    CHECK_THROWS_WITH(run_pipeline(six), Catch::Contains("not one node"));
+    CHECK_THROWS_WITH(run_pipeline(with_layout(c, 1, "1f1b", 1)), Catch::Contains("layout.pp"));
+    Config dp = with_layout(c, 2, "1f1b", 2);
+    dp.layout.dp = 2;
+    CHECK_THROWS_WITH(run_pipeline(dp), Catch::Contains("layout.dp"));
+}
