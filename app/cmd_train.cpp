@@ -147,7 +147,7 @@ int run_train(const TrainOptions& opt) {
     } else if (world_size(cfg.layout) > 1) {
         run_layout(cfg, observers, [&](Job& job) {
             if (!opt.dump.empty() && !state.absorb(job))
-                throw Error("data-parallel replicas ended with different weights (rank " +
+                throw Error("ranks disagree on a replicated tensor or on the metrics (dp rank " +
                             std::to_string(job.dp_rank()) + "); this is a bug in Parallax");
         });
     } else {

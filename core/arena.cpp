@@ -25,8 +25,20 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, i64 B, i64 T) {
     case Dim::LS: return mc.layers;
     case Dim::B: return B;
     case Dim::NH: return mc.heads;
+    case Dim::CA: return mc.hidden;
     }
     return 0;
+}
+
+i64 resolve_dim(Dim d, const ModelConfig& mc, const TpDims& tp) {
+    switch (d) {
+    case Dim::V: return tp.vocab >= 0 ? tp.vocab : mc.vocab;
+    case Dim::C3:
+    case Dim::F:
+    case Dim::NH:
+    case Dim::CA: return resolve_dim(d, mc) / tp.tp;
+    default: return resolve_dim(d, mc);
+    }
 }
 
 ModelPart ModelPart::whole(const ModelConfig& mc) {
@@ -38,6 +50,10 @@ ModelPart ModelPart::whole(const ModelConfig& mc) {
 ParamTable ParamTable::build(const ModelConfig& mc) { return build(mc, ModelPart::whole(mc)); }
 
 ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part) {
+    return build(mc, part, TpDims{});
+}
+
+ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part, const TpDims& tp) {
     const int L = static_cast<int>(mc.layers);
     for (size_t c = 0; c < part.chunks.size(); c++) {
         const LayerSpan s = part.chunks[c];
@@ -60,8 +76,8 @@ ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part) {
         e.spec = spec;
         e.layer = layer;
         e.id = id_of(spec, layer);
-        e.rows = resolve_dim(s.rows, mc);
-        e.cols = resolve_dim(s.cols, mc);
+        e.rows = resolve_dim(s.rows, mc, tp);
+        e.cols = resolve_dim(s.cols, mc, tp);
         e.offset = t.total;
         t.total += align_up(e.numel());
         t.num_params += e.numel();
@@ -119,6 +135,11 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, const ActShape& shape) {
     case Dim::B: return shape.B;
     case Dim::L: return shape.layers;
     case Dim::LS: return shape.recompute ? std::min(shape.layers, 1) : shape.layers;
+    case Dim::V:
+    case Dim::C3:
+    case Dim::F:
+    case Dim::NH:
+    case Dim::CA: return resolve_dim(d, mc, shape.tp);
     default: return resolve_dim(d, mc, shape.B, shape.T);
     }
 }

@@ -25,7 +25,9 @@ namespace px {
 // The symbolic size of one tensor dimension, resolved against a ModelConfig (and, for
 // activations, a microbatch). L is the layers of the run an activation table covers; LS the
 // layers whose block internals it keeps: L, or 1 when blocks are recomputed in backward.
-enum class Dim : std::uint8_t { one, V, T, C, C3, F, L, LS, B, NH };
+// CA is the channels of the attention heads a model holds: C, or C/tp in a tensor-parallel shard
+// (where C3, F, NH and V are the shard's too; see TpDims).
+enum class Dim : std::uint8_t { one, V, T, C, C3, F, L, LS, B, NH, CA };
 
 struct ParamSpec {
     const char* name;  // GPT-2 name; per-layer names get the prefix "h.{i}."
@@ -43,7 +45,7 @@ inline constexpr ParamSpec kGpt2Params[] = {
     {"ln_1.bias", true, Dim::one, Dim::C, false, ParamSpec::zeros},
     {"attn.c_attn.weight", true, Dim::C3, Dim::C, true, ParamSpec::normal},
     {"attn.c_attn.bias", true, Dim::one, Dim::C3, false, ParamSpec::zeros},
-    {"attn.c_proj.weight", true, Dim::C, Dim::C, true, ParamSpec::residual_normal},
+    {"attn.c_proj.weight", true, Dim::C, Dim::CA, true, ParamSpec::residual_normal},
     {"attn.c_proj.bias", true, Dim::one, Dim::C, false, ParamSpec::zeros},
     {"ln_2.weight", true, Dim::one, Dim::C, false, ParamSpec::ones},
     {"ln_2.bias", true, Dim::one, Dim::C, false, ParamSpec::zeros},
@@ -70,6 +72,16 @@ static_assert(kGpt2Params[kFirstLayerSpec + FCPROJB].per_layer &&
 // A dimension's size for a config (and B sequences of T tokens; T = 0: model.seq_len). L and
 // LS are model.layers here; an activation table resolves them for its run (below).
 i64 resolve_dim(Dim d, const ModelConfig& mc, i64 B = 1, i64 T = 0);
+
+// The local sizes of a tensor-parallel shard (core/parallel/tp_model.h): with tp ranks a model
+// holds 3C/tp rows of qkv (C3), C/tp attention channels (CA), NH/tp heads, F/tp ffn rows and
+// `vocab` rows of wte. The default is the whole model.
+struct TpDims {
+    int tp = 1;
+    i64 vocab = -1;  // rows of wte held; -1: model.vocab
+};
+// A dimension's size in such a shard (T = model.seq_len, B = 1 as above).
+i64 resolve_dim(Dim d, const ModelConfig& mc, const TpDims& tp);
 
 // Layers [lo, hi) of the model.
 struct LayerSpan {
@@ -114,6 +126,8 @@ struct ParamTable {
 
     static ParamTable build(const ModelConfig& mc);  // the whole model
     static ParamTable build(const ModelConfig& mc, const ModelPart& part);
+    // A tensor-parallel shard of the part: local shapes, the whole model's ids and names.
+    static ParamTable build(const ModelConfig& mc, const ModelPart& part, const TpDims& tp);
     static int num_tensors(const ModelConfig& mc) {  // entries of the whole model's table
         return 2 + static_cast<int>(mc.layers) * kNumLayerParams + 2;
     }
@@ -159,7 +173,7 @@ inline constexpr ActSpec kGpt2Acts[] = {
     {"ln1_mean", Dim::LS, Dim::B, Dim::T, Dim::one, false},   // (LS,B,T)
     {"ln1_rstd", Dim::LS, Dim::B, Dim::T, Dim::one, false},   // (LS,B,T)
     {"qkv", Dim::LS, Dim::B, Dim::T, Dim::C3, false},         // (LS,B,T,3C)
-    {"atty", Dim::LS, Dim::B, Dim::T, Dim::C, false},         // (LS,B,T,C)
+    {"atty", Dim::LS, Dim::B, Dim::T, Dim::CA, false},        // (LS,B,T,C)
     {"att", Dim::LS, Dim::B, Dim::NH, Dim::T, false},         // (LS,B,NH,T,T): last T folded in
     {"residual2", Dim::LS, Dim::B, Dim::T, Dim::C, false},    // (LS,B,T,C)
     {"ln2", Dim::LS, Dim::B, Dim::T, Dim::C, false},          // (LS,B,T,C)
@@ -197,6 +211,7 @@ struct ActShape {
     int layers = 0;          // L, layers of the run
     bool head = true;        // the run ends in the LM head
     bool recompute = false;  // keep one block's internals (LS = 1), recomputed in backward
+    TpDims tp;               // a tensor-parallel shard's local sizes (default: the whole model)
 };
 
 // An activation's size along one dimension, in a table built for `shape`.

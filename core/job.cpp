@@ -4,6 +4,7 @@
 #include "core/comm/comm.h"
 #include "core/data.h"
 #include "core/error.h"
+#include "core/parallel/tp_model.h"
 #include "core/parallel/zero.h"
 #include "core/runfile.h"
 
@@ -100,8 +101,23 @@ Job::Job(const Config& cfg, ReplicaContext replica)
         throw ConfigError("the data has " + std::to_string(source_->vocab()) +
                           " symbols but model.vocab = " + std::to_string(cfg_.model.vocab));
 
-    model_ = std::make_unique<GPT>(cfg_.model, nx_);
-    if (!cfg_.model.init_from.empty()) {
+    if (tp_size() > 1) {
+        // Tensor parallelism: this rank holds its shard of every layer (tp_model.h).
+        model_ = make_tp_model(*replica_.tp, nx_, cfg_.model);
+    } else {
+        model_ = std::make_unique<GPT>(cfg_.model, nx_);
+    }
+    const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());
+    if (tpl && !cfg_.model.init_from.empty()) {
+        // A checkpoint holds the logical tensors: read them whole, keep this shard's slices.
+        const ParamTable full = ParamTable::build(cfg_.model);
+        std::vector<float> buf(static_cast<size_t>(full.total));
+        read_llmc_checkpoint(cfg_.model.init_from, cfg_.model, [&](const std::string& name) {
+            const int i = full.find(name);
+            return i < 0 ? nullptr : buf.data() + full.entries[static_cast<size_t>(i)].offset;
+        });
+        load_logical(*tpl, *model_, full, buf.data());
+    } else if (!cfg_.model.init_from.empty()) {
         const GPT& m = *model_;
         read_llmc_checkpoint(cfg_.model.init_from, cfg_.model,
                              [&m](const std::string& name) { return m.param_ptr(name); });
@@ -224,11 +240,14 @@ StepMetrics Job::step() {
     if (zero >= 2) {
         shards_->reduce_scatter_grads(*replica_.dp, g, algo);
         shards_->combine_tied(g);
-        norm = shards_->grad_norm(*replica_.dp, g, algo);
+        const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());
+        norm = tpl ? tp_grad_norm(*tpl, *model_, g, replica_.dp, shards_->lo(), shards_->hi())
+                   : shards_->grad_norm(*replica_.dp, g, algo);
     } else {
         if (dp_size_ > 1) replica_.dp->all_reduce(g, model_->grad_layout().total, algo);
         model_->combine_tied_grads(g);
-        norm = global_grad_norm(nx_, *model_, g);
+        const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());
+        norm = tpl ? tp_grad_norm(*tpl, *model_, g) : global_grad_norm(nx_, *model_, g);
     }
 
     StepMetrics m;
@@ -293,7 +312,21 @@ void Job::run() {
     while (step_ < cfg_.train.steps) step();
     // ZeRO-3 keeps only a shard between steps: the finished run holds the whole model.
     if (shards_ && replica_.zero == 3) shards_->all_gather_params(*replica_.dp, model_->params());
-    if (!cfg_.output.export_llmc.empty() && dp_rank_ == 0) {
+    const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());
+    if (tpl && !cfg_.output.export_llmc.empty()) {
+        // The logical tensors from every tp rank's shard (a collective of the tp group).
+        const ParamTable full = ParamTable::build(cfg_.model);
+        std::vector<float> buf(static_cast<size_t>(full.total));
+        gather_logical(*tpl, *model_, full, buf.data());
+        if (dp_rank_ == 0 && tp_rank() == 0)
+            write_llmc_checkpoint(cfg_.output.export_llmc, cfg_.model,
+                                  [&](const std::string& name) -> float* {
+                                      const int i = full.find(name);
+                                      return i < 0 ? nullptr
+                                                   : buf.data() +
+                                                         full.entries[static_cast<size_t>(i)].offset;
+                                  });
+    } else if (!cfg_.output.export_llmc.empty() && dp_rank_ == 0) {
         const GPT& m = *model_;
         write_llmc_checkpoint(cfg_.output.export_llmc, cfg_.model,
                               [&m](const std::string& name) { return m.param_ptr(name); });

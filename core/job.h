@@ -37,6 +37,10 @@ struct ReplicaContext {
     comm::Communicator* dp = nullptr;  // the data-parallel group; null: the only replica
     int zero = 0;  // ZeRO stage 0..3 (core/parallel/zero.h)
     comm::Algo algo = comm::Algo::canonical;  // of the reducing collectives (layout.comm)
+    // The tensor-parallel group this replica is cut over (core/parallel/tp_model.h); null or
+    // of size 1: the replica holds the whole model. Each tp rank of a replica trains the same
+    // sequences on its shard of the model; gradients are all-reduced over dp only.
+    comm::Communicator* tp = nullptr;
 };
 
 struct StepMetrics {
@@ -97,7 +101,9 @@ public:
     void run();           // the remaining steps, with evaluation, the run file and the export
 
     const Config& config() const override { return cfg_; }
-    i64 num_params() const override { return model_->num_params(); }
+    i64 num_params() const override {  // of the whole model, also when this rank holds a shard
+        return tp_size() > 1 ? ParamTable::build(cfg_.model).num_params : model_->num_params();
+    }
     GPT& model() { return *model_; }
     const GPT& model() const { return *model_; }
     AdamW& optimizer() { return *opt_; }
@@ -108,6 +114,8 @@ public:
     const std::vector<StepMetrics>& history() const override { return history_; }
     MemoryStats memory() const override;
     int dp_rank() const { return dp_rank_; }
+    int tp_rank() const { return replica_.tp ? replica_.tp->rank() : 0; }
+    int tp_size() const { return replica_.tp ? replica_.tp->size() : 1; }
     int dp_size() const override { return dp_size_; }
     // Expected minimal loss on the validation windows, when the source knows it (else -1).
     double loss_floor() const override;

@@ -80,10 +80,17 @@ float* Activations::output() const {
 GPT::GPT(const ModelConfig& mc, const Numerics& nx) : GPT(mc, nx, ModelPart::whole(mc)) {}
 
 GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part)
-    : mc_(mc), nx_(nx), part_(part), table_(ParamTable::build(mc, part)) {
+    : GPT(mc, nx, part, nullptr) {}
+
+GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
+         std::shared_ptr<const ParallelLayers> layers)
+    : mc_(mc), nx_(nx), part_(part), layers_(std::move(layers)),
+      dims_(layers_ ? layers_->dims() : TpDims{}), table_(ParamTable::build(mc, part, dims_)) {
     PX_ASSERT(!part_.chunks.empty(), "a model part needs at least one chunk of layers");
     glayout_.head_offset = table_.total;
-    glayout_.total = table_.total + (part_.holds_wte() ? align16(mc.vocab * mc.hidden) : 0);
+    glayout_.total =
+        table_.total +
+        (part_.holds_wte() ? align16(resolve_dim(Dim::V, mc, dims_) * mc.hidden) : 0);
     params_ = Arena(table_.total);
 }
 
@@ -104,7 +111,8 @@ Tensor GPT::grad(float* grads, int i) const {
 
 Tensor GPT::grad_head(float* grads) const {
     PX_ASSERT(part_.holds_wte(), "grad_head of a model part without wte");
-    return view_f32(grads + glayout_.head_offset, {mc_.vocab, mc_.hidden}, "lm_head(wte)");
+    return view_f32(grads + glayout_.head_offset, {resolve_dim(Dim::V, mc_, dims_), mc_.hidden},
+                    "lm_head(wte)");
 }
 
 float* GPT::param_ptr(const std::string& name) const {
@@ -118,13 +126,14 @@ void GPT::init_random(std::uint64_t seed, double init_std) {
     for (const TableEntry& e : table_.entries) {
         float* p = params_.data() + e.offset;
         const u32 id = static_cast<u32>(e.id);
+        // A shard draws its slice of the whole tensor's numbers (same ids, logical indices).
+        auto normal = [&](double std) {
+            if (layers_) layers_->fill_normal(p, e, static_cast<float>(std), seed);
+            else fill_normal(p, e.numel(), 0.0f, static_cast<float>(std), seed, id, 0);
+        };
         switch (kGpt2Params[e.spec].init) {
-        case ParamSpec::normal:
-            fill_normal(p, e.numel(), 0.0f, static_cast<float>(init_std), seed, id, 0);
-            break;
-        case ParamSpec::residual_normal:
-            fill_normal(p, e.numel(), 0.0f, static_cast<float>(residual_std), seed, id, 0);
-            break;
+        case ParamSpec::normal: normal(init_std); break;
+        case ParamSpec::residual_normal: normal(residual_std); break;
         case ParamSpec::zeros: std::fill(p, p + e.numel(), 0.0f); break;
         case ParamSpec::ones: std::fill(p, p + e.numel(), 1.0f); break;
         }
@@ -144,6 +153,7 @@ Activations GPT::make_activations(int chunk, i64 B, i64 T, bool recompute) const
     shape.layers = part_.chunks[static_cast<size_t>(chunk)].size();
     shape.head = has_head(chunk);
     shape.recompute = recompute;
+    shape.tp = dims_;
     return Activations(mc_, shape);
 }
 
@@ -170,6 +180,18 @@ GradSpan GPT::grad_span(int chunk) const {
     return s;
 }
 
+void GPT::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
+                         const Tensor* bias) const {
+    if (layers_) layers_->linear_forward(l, out, inp, weight, bias);
+    else ops::matmul_forward(nx_, out, inp, weight, bias);
+}
+
+void GPT::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
+                          const Tensor& dout, const Tensor& inp, const Tensor& weight) const {
+    if (layers_) layers_->linear_backward(l, dinp, dweight, dbias, dout, inp, weight);
+    else ops::matmul_backward(nx_, &dinp, &dweight, dbias, dout, inp, weight);
+}
+
 // Block l: residual2 = x + attn(ln1(x)), residual3 = residual2 + mlp(ln2(residual2)).
 void GPT::block_forward(Activations& a, int l, int i) const {
     const Numerics& nx = nx_;
@@ -186,15 +208,15 @@ void GPT::block_forward(Activations& a, int l, int i) const {
 
     ops::layernorm_forward(nx, ln1, a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i), residual,
                            P(l, LN1W), P(l, LN1B));
-    ops::matmul_forward(nx, qkv, ln1, P(l, QKVW), &qkvb);
-    ops::attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, mc_.heads);
-    ops::matmul_forward(nx, proj, atty, P(l, ATTPROJW), &attprojb);
+    linear_forward(Linear::qkv, qkv, ln1, P(l, QKVW), &qkvb);
+    ops::attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, resolve_dim(Dim::NH, mc_, dims_));
+    linear_forward(Linear::attn_proj, proj, atty, P(l, ATTPROJW), &attprojb);
     ops::residual_forward(nx, residual2, residual, proj);
     ops::layernorm_forward(nx, ln2, a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i), residual2,
                            P(l, LN2W), P(l, LN2B));
-    ops::matmul_forward(nx, fch, ln2, P(l, FCW), &fcb);
+    linear_forward(Linear::fc, fch, ln2, P(l, FCW), &fcb);
     ops::gelu_forward(nx, fch_gelu, fch);
-    ops::matmul_forward(nx, proj, fch_gelu, P(l, FCPROJW), &fcprojb);
+    linear_forward(Linear::fc_proj, proj, fch_gelu, P(l, FCPROJW), &fcprojb);
     ops::residual_forward(nx, residual3, residual2, proj);
 }
 
@@ -211,24 +233,26 @@ void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
 
     // residual3 = residual2 + mlp(ln2(residual2)): dresidual flows to both branches.
     zero(dfch_gelu);
-    ops::matmul_backward(nx, &dfch_gelu, &dfcprojw, &dfcprojb, dresidual, a.layer(FCH_GELU, i),
-                         P(l, FCPROJW));
+    linear_backward(Linear::fc_proj, dfch_gelu, dfcprojw, &dfcprojb, dresidual,
+                    a.layer(FCH_GELU, i), P(l, FCPROJW));
     zero(dfch);
     ops::gelu_backward(nx, dfch, a.layer(FCH, i), dfch_gelu);
     zero(dbuf_c);
-    ops::matmul_backward(nx, &dbuf_c, &dfcw, &dfcb, dfch, a.layer(LN2, i), P(l, FCW));
+    linear_backward(Linear::fc, dbuf_c, dfcw, &dfcb, dfch, a.layer(LN2, i), P(l, FCW));
     ops::layernorm_backward(nx, dresidual, G(LN2W), G(LN2B), dbuf_c, a.layer(RESIDUAL2, i),
                             P(l, LN2W), a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i));
 
     // residual2 = residual + attn(ln1(residual)).
-    zero(dbuf_c);
-    ops::matmul_backward(nx, &dbuf_c, &dattprojw, &dattprojb, dresidual, a.layer(ATTY, i),
-                         P(l, ATTPROJW));
+    const Tensor datty = a.layer(ATTY, i);  // d(atty) staged in dbuf_c, sized like atty
+    const Tensor dbuf_a = view_f32(dbuf_c.f32(), {datty.shape[0], datty.shape[1], datty.shape[2]});
+    zero(dbuf_a);
+    linear_backward(Linear::attn_proj, dbuf_a, dattprojw, &dattprojb, dresidual, a.layer(ATTY, i),
+                    P(l, ATTPROJW));
     zero(dqkv);
-    ops::attention_backward(nx, dqkv, a.tensor(DPREATT), a.tensor(DATT), dbuf_c, a.layer(QKV, i),
-                            a.layer(ATT, i), mc_.heads);
+    ops::attention_backward(nx, dqkv, a.tensor(DPREATT), a.tensor(DATT), dbuf_a, a.layer(QKV, i),
+                            a.layer(ATT, i), resolve_dim(Dim::NH, mc_, dims_));
     zero(dbuf_c);
-    ops::matmul_backward(nx, &dbuf_c, &dqkvw, &dqkvb, dqkv, a.layer(LN1, i), P(l, QKVW));
+    linear_backward(Linear::qkv, dbuf_c, dqkvw, &dqkvb, dqkv, a.layer(LN1, i), P(l, QKVW));
     ops::layernorm_backward(nx, dresidual, G(LN1W), G(LN1B), dbuf_c, residual, P(l, LN1W),
                             a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i));
 }
@@ -238,9 +262,14 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
     const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];
     PX_ASSERT(a.shape().layers == layers.size() && a.shape().head == has_head(chunk),
               "activations made for another chunk");
-    if (has_embedding(chunk))
-        ops::embedding_forward(nx, a.tensor(ENCODED), tokens, param(table_.wte),
-                               param(table_.wpe));
+    if (has_embedding(chunk)) {
+        if (layers_)
+            layers_->embedding_forward(a.tensor(ENCODED), tokens, param(table_.wte),
+                                       param(table_.wpe));
+        else
+            ops::embedding_forward(nx, a.tensor(ENCODED), tokens, param(table_.wte),
+                                   param(table_.wpe));
+    }
     for (int l = layers.lo; l < layers.hi; l++) block_forward(a, l, l - layers.lo);
     if (!has_head(chunk)) return;
     const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
@@ -248,6 +277,10 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
                            param(table_.lnfw), param(table_.lnfb));
     // LM head tied to wte: logits (B,T,V) = lnf · wteᵀ, written into probs, then softmax in place.
     const Tensor probs = a.tensor(PROBS);
+    if (layers_) {
+        layers_->head_forward(a.tensor(LOSSES), probs, a.tensor(LNF), param(table_.wte), targets);
+        return;
+    }
     ops::matmul_forward(nx, probs, a.tensor(LNF), param(table_.wte), nullptr);
     ops::crossentropy_forward(nx, a.tensor(LOSSES), probs, probs, targets);
 }
@@ -262,11 +295,17 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
 
     if (has_head(chunk)) {
         const Tensor probs = a.tensor(PROBS), dbuf_c = a.tensor(DBUF_C);
-        ops::crossentropy_backward(nx, probs, probs, targets, dloss);  // probs now hold dlogits
         // LM head: dlnf = dlogits · wte, and its wte gradient kept apart (see GradLayout).
         const Tensor head = grad_head(grads);
         zero(dbuf_c);
-        ops::matmul_backward(nx, &dbuf_c, &head, nullptr, probs, a.tensor(LNF), param(table_.wte));
+        if (layers_) {
+            layers_->head_backward(dbuf_c, head, probs, a.tensor(LNF), param(table_.wte), targets,
+                                   dloss);
+        } else {
+            ops::crossentropy_backward(nx, probs, probs, targets, dloss);  // probs: dlogits
+            ops::matmul_backward(nx, &dbuf_c, &head, nullptr, probs, a.tensor(LNF),
+                                 param(table_.wte));
+        }
         zero(dresidual);
         const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
         ops::layernorm_backward(nx, dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb),
@@ -279,9 +318,14 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
         if (a.shape().recompute) block_forward(a, l, l - layers.lo);
         block_backward(a, grads, l, l - layers.lo);
     }
-    if (has_embedding(chunk))
-        ops::embedding_backward(nx, grad(grads, table_.wte), grad(grads, table_.wpe), dresidual,
-                                tokens);
+    if (has_embedding(chunk)) {
+        if (layers_)
+            layers_->embedding_backward(grad(grads, table_.wte), grad(grads, table_.wpe),
+                                        dresidual, tokens);
+        else
+            ops::embedding_backward(nx, grad(grads, table_.wte), grad(grads, table_.wpe),
+                                    dresidual, tokens);
+    }
 }
 
 // ---- the whole model on one device -----------------------------------------------------------

@@ -9,6 +9,7 @@
 //   GradLayout    where each parameter's gradient lives in a gradient buffer
 //   GradSpan      the floats of a gradient buffer that one chunk's backward writes
 //   Activations   the activations of one microbatch on one chunk of layers
+//   ParallelLayers the layers a tensor-parallel layout distributes (absent: the plain kernels)
 //   GPT           parameters; forward and backward of a chunk on a microbatch; the single-device
 //                 forward/backward over the whole model with activations it keeps itself
 #pragma once
@@ -18,6 +19,7 @@
 #include "core/tensor.h"
 
 #include <cstdint>
+#include <memory>
 
 namespace px {
 
@@ -64,10 +66,48 @@ private:
     Arena arena_;
 };
 
+// The linear layers of a block, for ParallelLayers.
+enum class Linear : std::uint8_t { qkv, attn_proj, fc, fc_proj };
+
+// The layers whose math a layout distributes over ranks (core/parallel/tp_model.h implements
+// them over a tensor-parallel group). The model only says which layer runs on which tensors; a
+// GPT without ParallelLayers calls the plain kernels (kernels/ops.h). Tensors are the model's
+// local ones (shapes from dims()); gradients accumulate, activations assign, as in the kernels.
+class ParallelLayers {
+public:
+    virtual ~ParallelLayers() = default;
+    virtual TpDims dims() const = 0;  // local sizes of parameters and activations
+    // p (e's local elements) = this model's slice of e's initialisation N(0, std) (core/rng.h).
+    virtual void fill_normal(float* p, const TableEntry& e, float std,
+                             std::uint64_t seed) const = 0;
+    // out = inp·weightᵀ + bias, as ops::matmul_forward / matmul_backward.
+    virtual void linear_forward(Linear l, const Tensor& out, const Tensor& inp,
+                                const Tensor& weight, const Tensor* bias) const = 0;
+    virtual void linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight,
+                                 const Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                                 const Tensor& weight) const = 0;
+    // As ops::embedding_forward / embedding_backward.
+    virtual void embedding_forward(const Tensor& out, const int* tokens, const Tensor& wte,
+                                   const Tensor& wpe) const = 0;
+    virtual void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                    const int* tokens) const = 0;
+    // The LM head tied to wte and the loss: logits = lnf·wteᵀ into probs, softmax in place, the
+    // per-token losses. Backward: probs become dlogits; dlnf +=, dwte_head +=.
+    virtual void head_forward(const Tensor& losses, const Tensor& probs, const Tensor& lnf,
+                              const Tensor& wte, const int* targets) const = 0;
+    virtual void head_backward(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
+                               const Tensor& lnf, const Tensor& wte, const int* targets,
+                               float dloss) const = 0;
+};
+
 class GPT {
 public:
     GPT(const ModelConfig& mc, const Numerics& nx);                       // the whole model
     GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part);  // a part of it
+    // A part whose layers run through `layers` (a tensor-parallel shard: local shapes).
+    GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
+        std::shared_ptr<const ParallelLayers> layers);
+    const ParallelLayers* parallel_layers() const { return layers_.get(); }  // null: plain
 
     const ModelConfig& config() const { return mc_; }
     const ModelPart& part() const { return part_; }
@@ -80,7 +120,7 @@ public:
 
     Tensor param(int i) const;                         // view into the parameter arena
     Tensor grad(float* grads, int i) const;            // the same tensor in a gradient buffer
-    Tensor grad_head(float* grads) const;              // (V,C) LM-head part of dwte
+    Tensor grad_head(float* grads) const;              // (V,C) LM-head part of dwte (local V)
     float* params() const { return params_.data(); }
     float* param_ptr(const std::string& name) const;  // null if no such parameter
 
@@ -126,10 +166,17 @@ private:
     // Block l of the model, local layer i of the chunk's activations.
     void block_forward(Activations& a, int l, int i) const;
     void block_backward(Activations& a, float* grads, int l, int i) const;
+    // ParallelLayers' linear, or ops::matmul_* when there is none.
+    void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
+                        const Tensor* bias) const;
+    void linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
+                         const Tensor& dout, const Tensor& inp, const Tensor& weight) const;
 
     ModelConfig mc_;
     Numerics nx_;
     ModelPart part_;
+    std::shared_ptr<const ParallelLayers> layers_;  // null: the plain kernels
+    TpDims dims_;                                   // local sizes (the whole model without layers_)
     ParamTable table_;
     GradLayout glayout_;
     Arena params_;

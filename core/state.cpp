@@ -1,12 +1,16 @@
 #include "core/state.h"
 
+#include "core/error.h"
+#include "core/parallel/tp_model.h"
 #include "core/runfile.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace px {
 
 bool LogicalState::absorb(const Job& job) {
+    if (job.model().parallel_layers()) return absorb_tp(job);
     const GPT& model = job.model();
     const i64 n = model.table().total;
     if (params.empty()) {
@@ -37,6 +41,40 @@ bool same_history(const std::vector<StepMetrics>& a, const std::vector<StepMetri
 
 }  // namespace
 
+bool LogicalState::absorb_tp(const Job& job) {
+    const GPT& model = job.model();
+    const auto* tpl = dynamic_cast<const TpLayers*>(model.parallel_layers());
+    PX_ASSERT(tpl != nullptr, "LogicalState: a model with parallel layers other than TpLayers");
+    bool agree = true;
+    if (params.empty()) {
+        table = ParamTable::build(job.config().model);
+        params.assign(static_cast<size_t>(table.total), 0.0f);
+        m = v = params;
+        filled_.assign(params.size(), 0);
+        history = job.history();
+    } else if (!same_history(history, job.history())) {
+        agree = false;
+    }
+    const AdamW& opt = job.optimizer();
+    for (const TableEntry& e : model.table().entries) {
+        const i64 dst0 = table.entries[static_cast<size_t>(e.id)].offset;
+        const std::vector<i64> idx = logical_indices(*tpl, e, job.config().model);
+        for (i64 j = 0; j < e.numel(); j++) {
+            const size_t dst = static_cast<size_t>(dst0 + idx[static_cast<size_t>(j)]);
+            const i64 src = e.offset + j;
+            const float w = model.params()[src];
+            if (filled_[dst] && std::memcmp(&params[dst], &w, sizeof(float)) != 0) agree = false;
+            params[dst] = w;
+            filled_[dst] = 1;
+            if (src >= opt.lo() && src < opt.hi()) {  // this rank's ZeRO-1 slice
+                m[dst] = opt.m()[src - opt.lo()];
+                v[dst] = opt.v()[src - opt.lo()];
+            }
+        }
+    }
+    return agree;
+}
+
 bool LogicalState::absorb(const PipelineJob& stage) {
     bool agree = true;
     if (params.empty()) {
@@ -66,6 +104,7 @@ bool LogicalState::absorb(const PipelineJob& stage) {
 }
 
 bool LogicalState::complete() const {
+    if (!filled_.empty()) return std::find(filled_.begin(), filled_.end(), 0) == filled_.end();
     if (seen_.empty()) return !params.empty();
     for (char x : seen_)
         if (!x) return false;

@@ -27,17 +27,22 @@ struct LogicalState {
 
     // Takes the weights and history from the first job absorbed; the Adam moments from every
     // job's optimizer slice [lo, hi). Replicas must agree on the weights: returns false when
-    // this job's weights differ from those already absorbed.
+    // this job's weights differ from those already absorbed. A tensor-parallel rank's shards go
+    // to their logical places (tp_model.h logical_indices); replicated tensors and every dp
+    // replica's copy of a shard must agree, and so must the histories.
     bool absorb(const Job& job);
     // A pipeline stage: its tensors go to their places in the whole model by tensor id. Tensors
     // held by two stages (wte) must agree; returns false otherwise, or when the stage's history
     // differs from what is already absorbed.
     bool absorb(const PipelineJob& stage);
-    // Whether every tensor of the whole model has been absorbed from some stage.
+    // Whether every tensor of the whole model has been absorbed from some stage (tensor
+    // parallel: every element from some tp rank).
     bool complete() const;
 
 private:
-    std::vector<char> seen_;  // per whole-model tensor id
+    bool absorb_tp(const Job& job);
+    std::vector<char> seen_;    // per whole-model tensor id
+    std::vector<char> filled_;  // per logical element, tensor-parallel jobs only
 };
 
 void write_dump(const std::string& path, const LogicalState& state, const Config& cfg);

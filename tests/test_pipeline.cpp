@@ -3,11 +3,14 @@
 // bit, for GPipe, 1F1B and interleaved 1F1B, several pp degrees (pp3 too) and microbatch
 // counts, and full recomputation. Also: the tree accumulator against sequential accumulation,
 // the schedules' backward order, activation memory, the llm.c export, and refused layouts.
+// dp × pp: dp2 × pp2 (GPipe, 1F1B; 1, 2, 4 microbatches per replica; ZeRO 0-3), dp2 × pp3,
+// dp2 × interleaved pp2 with recomputation, dp4 × pp2 (and a ring sum over dp breaking the bits).
 #include "core/comm/inproc.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/job.h"
 #include "core/parallel/pipeline.h"
+#include "core/parallel/runner.h"
 #include "core/rng.h"
 #include "core/state.h"
 #include "tests/test_util.h"
@@ -263,7 +266,9 @@ TEST_CASE("a step reports the bytes its rank sent: activations, the tied gradien
     c.train.eval_every = 0;
     struct Sent : Observer {
         std::vector<double> bytes;
-        void on_step(const RunView&, const StepMetrics& m) override { bytes.push_back(m.comm_bytes); }
+        void on_step(const RunView&, const StepMetrics& m) override {
+            bytes.push_back(m.comm_bytes);
+        }
     } observer;
     run_pipeline(c, {&observer});
     const std::vector<double>& sent = observer.bytes;
@@ -345,7 +350,136 @@ TEST_CASE("pipeline layouts that cannot work are refused with a sentence naming 
     six.train.batch_size = 6;  // 6 blocks in microbatches of 2: [2,4) is not a node
     CHECK_THROWS_WITH(run_pipeline(six), Catch::Contains("not one node"));
     CHECK_THROWS_WITH(run_pipeline(with_layout(c, 1, "1f1b", 1)), Catch::Contains("layout.pp"));
-    Config dp = with_layout(c, 2, "1f1b", 2);
-    dp.layout.dp = 2;
-    CHECK_THROWS_WITH(run_pipeline(dp), Catch::Contains("layout.dp"));
+    Config tp = with_layout(c, 2, "1f1b", 2);
+    tp.layout.tp = 2;
+    tp.numerics.block = 8;  // whole blocks per tp rank: only the pipeline refuses it
+    CHECK_THROWS_WITH(run_pipeline(tp), Catch::Contains("layout.tp = 2"));
+}
+
+namespace {
+
+// dp × pp on in-process ranks, grouped as run_pipeline groups them; every rank assembles the
+// whole model with gather_full (which also gathers ZeRO-1's moment shards over dp). Every rank
+// must assemble the same bits and report the same loss, grad norm and validation loss.
+State dp_pipeline(const Config& c, bool& ranks_agree, comm::Algo algo = comm::Algo::canonical) {
+    const Mesh mesh(make_layout(c));
+    const Layout& l = mesh.layout();
+    std::vector<State> per_rank(static_cast<size_t>(mesh.world_size()));
+    comm::run_ranks(mesh.world_size(), 30, [&](comm::Communicator& world) {
+        const int r = world.rank();
+        const Coord at = mesh.coord_of(r);
+        auto pp = world.split(mesh.group_color(MeshDim::pp, r), at.pp, "pp");
+        auto dp = world.split(mesh.group_color(MeshDim::dp, r), at.dp, "dp");
+        PipelineJob job(c, *pp, ReplicaContext{dp.get(), l.zero, algo});
+        CHECK(job.pp_rank() == at.pp);
+        CHECK(job.dp_rank() == at.dp);
+        job.run();
+        State& s = per_rank[static_cast<size_t>(r)];
+        job.gather_full(&s.params, &s.m, &s.v);
+        s.history = job.history();
+    });
+    ranks_agree = true;
+    for (const State& s : per_rank)
+        ranks_agree =
+            ranks_agree && same_bits(s.params, per_rank[0].params) &&
+            same_bits(s.m, per_rank[0].m) && same_bits(s.v, per_rank[0].v) &&
+            same_bits(series(s, &StepMetrics::loss), series(per_rank[0], &StepMetrics::loss)) &&
+            same_bits(series(s, &StepMetrics::grad_norm),
+                      series(per_rank[0], &StepMetrics::grad_norm)) &&
+            same_bits(series(s, &StepMetrics::val_loss),
+                      series(per_rank[0], &StepMetrics::val_loss));
+    return per_rank[0];
+}
+
+}  // namespace
+
+TEST_CASE("dp2 × pp2 with GPipe and 1F1B, ZeRO 0-3, is bit-identical to the single device") {
+    const Config base = small_job(4);
+    const State ref = single_device(base);
+    for (const char* schedule : {"gpipe", "1f1b"})
+        for (int m : {1, 2, 4})
+            for (int zero : {0, 1, 2, 3}) {
+                Config c = with_layout(base, 2, schedule, m);
+                c.layout.dp = 2;
+                c.layout.zero = zero;
+                bool agree = false;
+                const State got = dp_pipeline(c, agree);
+                INFO("dp2 pp2 " << schedule << ", " << m << " microbatches per replica, ZeRO-"
+                                << zero);
+                check_same(ref, got, agree);
+            }
+}
+
+TEST_CASE("dp2 × pp3 (a middle stage without wte, ZeRO 1-3) and dp2 × interleaved pp2 are exact") {
+    const Config six = small_job(6);
+    const State ref6 = single_device(six);
+    Config c = with_layout(six, 3, "1f1b", 2);
+    c.layout.dp = 2;
+    bool agree = false;
+    State got;
+    for (int zero : {1, 2, 3}) {
+        c.layout.zero = zero;
+        got = dp_pipeline(c, agree);
+        INFO("dp2 pp3 ZeRO-" << zero);
+        check_same(ref6, got, agree);
+    }
+
+    const Config four = small_job(4);
+    const State ref4 = single_device(four);
+    c = with_layout(four, 2, "interleaved", 2, 2, "full");
+    c.layout.dp = 2;
+    got = dp_pipeline(c, agree);
+    check_same(ref4, got, agree);
+
+    // dp4 × pp2: the replicas' gradients must meet in the canonical tree; a ring sum over dp
+    // (which runs, and agrees on every rank) changes the bits.
+    c = with_layout(four, 2, "1f1b", 2);
+    c.layout.dp = 4;
+    got = dp_pipeline(c, agree);
+    check_same(ref4, got, agree);
+    got = dp_pipeline(c, agree, comm::Algo::ring);
+    CHECK(agree);
+    CHECK_FALSE(same_bits(ref4.params, got.params));
+}
+
+TEST_CASE("run_pipeline and run_layout start dp × pp layouts with the single device's state") {
+    const Config base = small_job(4);
+    const State ref = single_device(base);
+    Config c = with_layout(base, 2, "1f1b", 2);
+    c.layout.dp = 2;
+    for (int zero : {0, 1, 3}) {  // ZeRO: inspect sees the stages unsharded
+        c.layout.zero = zero;
+        bool agree = false;
+        const State got = pipeline(c, agree);  // both replicas' stages absorbed: they must agree
+        INFO("ZeRO-" << zero);
+        check_same(ref, got, agree);
+    }
+
+    // run_layout dispatches pp > 1 to run_pipeline: rank 0's metrics reach the observers.
+    struct Losses : Observer {
+        std::vector<double> loss;
+        void on_step(const RunView& run, const StepMetrics& m) override {
+            CHECK(run.dp_size() == 2);
+            loss.push_back(m.loss);
+        }
+    } observer;
+    c.layout.zero = 1;
+    c.layout.schedule = "gpipe";
+    run_layout(c, {&observer});
+    CHECK(same_bits(series(ref, &StepMetrics::loss), observer.loss));
+}
+
+TEST_CASE("dp × pp layouts that cannot work are refused with a sentence naming the keys") {
+    Config c = with_layout(small_job(4), 2, "1f1b", 2);
+    c.layout.dp = 3;  // 8 sequences over 3 replicas
+    CHECK_THROWS_WITH(run_pipeline(c),
+                      Catch::Contains("layout.dp") && Catch::Contains("train.batch_size"));
+    c.layout.dp = 2;
+    c.layout.microbatches = 8;  // 8 sequences: half a sequence per microbatch
+    CHECK_THROWS_WITH(run_pipeline(c),
+                      Catch::Contains("layout.dp") && Catch::Contains("train.batch_size"));
+    c.layout.microbatches = 2;
+    comm::run_ranks(2, 30, [&](comm::Communicator& world) {  // a job started on a wrong group
+        CHECK_THROWS_WITH(PipelineJob(c, world), Catch::Contains("layout.dp = 2"));
+    });
 }

@@ -9,6 +9,7 @@
 #include "core/comm/inproc.h"
 #include "core/data.h"
 #include "core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 
 #include <omp.h>
@@ -55,10 +56,58 @@ void check_pipeline_layout(const Layout& l, const std::string& source) {
         throw ConfigError(source + ": layout.pp = " + std::to_string(l.pp) +
                           ": a pipeline needs layout.pp >= 2 (with one stage the job runs as a "
                           "single Job)");
-    if (l.dp > 1 || l.tp > 1)
-        throw ConfigError(source + ": layout.pp = " + std::to_string(l.pp) + " with layout.dp = " +
-                          std::to_string(l.dp) + " and layout.tp = " + std::to_string(l.tp) +
-                          ": pipeline parallelism runs with dp = tp = 1 in this build");
+    if (l.tp > 1)
+        throw ConfigError(source + ": layout.pp = " + std::to_string(l.pp) +
+                          " with layout.tp = " + std::to_string(l.tp) +
+                          ": pipeline parallelism runs with tp = 1 in this build (dp × pp is "
+                          "available)");
+}
+
+// ZeRO shard edges of a stage's parameters over dp replicas: t.total·r/dp moved up to the next
+// canonical block boundary of the tensor it falls in (as zero.h cuts a whole model; zero.h's
+// ZeroShards also cuts the LM head by wte, which a middle stage does not hold).
+std::vector<i64> shard_edges(const ParamTable& t, int dp, int block) {
+    auto snap = [&](i64 x) {
+        for (const TableEntry& e : t.entries) {
+            const i64 end = e.offset + e.numel();
+            if (x <= e.offset) return e.offset;
+            if (x < end)
+                return std::min(end, e.offset + (x - e.offset + block - 1) / block * block);
+        }
+        return t.total;
+    };
+    std::vector<i64> edges(static_cast<size_t>(dp) + 1, 0);
+    for (int r = 1; r < dp; r++)
+        edges[static_cast<size_t>(r)] =
+            std::max(edges[static_cast<size_t>(r) - 1], snap(t.total * r / dp));
+    edges[static_cast<size_t>(dp)] = t.total;
+    return edges;
+}
+
+// seg[0, n) cut at `cuts` (p+1 of them): afterwards this rank's piece [cuts[r], cuts[r+1]) holds
+// the canonical sum over the group, the rest is stale. Pieces are padded to the largest so the
+// reduce-scatter sees equal chunks; its chunk r is bit for bit chunk r of the all-reduce.
+void reduce_scatter_cut(comm::Communicator& dp, float* seg, const std::vector<i64>& cuts,
+                        comm::Algo algo) {
+    const int p = dp.size(), r = dp.rank();
+    i64 chunk = 0;
+    for (int k = 0; k < p; k++) chunk = std::max(chunk, cuts[k + 1] - cuts[k]);
+    if (chunk == 0) return;
+    std::vector<float> staging(static_cast<size_t>(chunk * p), 0.0f),
+        piece(static_cast<size_t>(chunk));
+    for (int k = 0; k < p; k++)
+        std::memcpy(staging.data() + k * chunk, seg + cuts[k],
+                    static_cast<size_t>(cuts[k + 1] - cuts[k]) * sizeof(float));
+    dp.reduce_scatter(piece.data(), staging.data(), chunk, algo);
+    std::memcpy(seg + cuts[r], piece.data(),
+                static_cast<size_t>(cuts[r + 1] - cuts[r]) * sizeof(float));
+}
+
+// Per-rank element counts of cuts (size p+1).
+std::vector<i64> counts_of(const std::vector<i64>& cuts) {
+    std::vector<i64> c(cuts.size() - 1);
+    for (size_t r = 0; r + 1 < cuts.size(); r++) c[r] = cuts[r + 1] - cuts[r];
+    return c;
 }
 
 }  // namespace
@@ -172,17 +221,25 @@ struct PipelineJob::Slot {
     comm::Handle pending;
 };
 
-PipelineJob::PipelineJob(const Config& cfg, comm::Communicator& pp)
+PipelineJob::PipelineJob(const Config& cfg, comm::Communicator& pp, ReplicaContext replica)
     : cfg_(cfg),
       nx_(make_numerics(cfg.numerics)),
       mesh_(make_layout(cfg)),
       schedule_(mesh_.schedule()),
-      comm_(pp) {
+      comm_(pp),
+      replica_(replica) {
     const Layout& l = mesh_.layout();
     check_pipeline_layout(l, cfg_.source_name);
     if (comm_.size() != l.pp)
         throw ConfigError("the pipeline group has " + std::to_string(comm_.size()) +
                           " ranks but layout.pp = " + std::to_string(l.pp));
+    if (replica_.dp) {
+        dp_rank_ = replica_.dp->rank();
+        dp_ = replica_.dp->size();
+    }
+    if (dp_ != l.dp)
+        throw ConfigError("the data-parallel group has " + std::to_string(dp_) +
+                          " ranks but layout.dp = " + std::to_string(l.dp));
     if (cfg_.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg_.train.threads));
 
     const TrainConfig& tc = cfg_.train;
@@ -193,6 +250,7 @@ PipelineJob::PipelineJob(const Config& cfg, comm::Communicator& pp)
     M_ = l.microbatches;
     T_ = cfg_.model.seq_len;
     micro_B_ = l.microbatch_size();
+    local_B_ = micro_B_ * M_;
     hidden_floats_ = micro_B_ * T_ * cfg_.model.hidden;
     recompute_ = l.recompute == Recompute::full;
 
@@ -228,10 +286,20 @@ PipelineJob::PipelineJob(const Config& cfg, comm::Communicator& pp)
     } else {
         model_->init_random(tc.seed, cfg_.model.init_std);
     }
-    opt_ = std::make_unique<AdamW>(*model_);
+    // ZeRO: each replica keeps the moments of one shard of the stage's parameters.
+    zero_ = dp_ > 1 ? replica_.zero : 0;
+    if (zero_ >= 1) {
+        shard_edges_ = shard_edges(model_->table(), dp_, nx_.block);
+        opt_ = std::make_unique<AdamW>(*model_, shard_edges_[static_cast<size_t>(dp_rank_)],
+                                       shard_edges_[static_cast<size_t>(dp_rank_) + 1]);
+        if (zero_ == 3) release_params();
+    } else {
+        opt_ = std::make_unique<AdamW>(*model_);
+    }
     grads_ = Arena(model_->grad_layout().total);
 
-    // Microbatches own token blocks [k·b, (k+1)·b) (make_layout checked they are tree nodes).
+    // Microbatches own token blocks [k·b, (k+1)·b) of the replica's node (make_layout checked
+    // they are tree nodes); the subtree below a node has the same shape wherever it starts.
     const i64 mb_tokens = micro_B_ * T_;
     const i64 bpm = M_ > 1 ? mb_tokens / nx_.block : 1;
     for (int c = 0; c < v_; c++)
@@ -241,9 +309,10 @@ PipelineJob::PipelineJob(const Config& cfg, comm::Communicator& pp)
     free_.resize(static_cast<size_t>(v_));
     live_.assign(static_cast<size_t>(v_), std::vector<Slot*>(static_cast<size_t>(M_), nullptr));
 
-    windows_.resize(static_cast<size_t>(tc.batch_size * (T_ + 1)));
-    inputs_.resize(static_cast<size_t>(tc.batch_size * T_));
-    targets_.resize(static_cast<size_t>(tc.batch_size * T_));
+    windows_.resize(static_cast<size_t>(local_B_ * (T_ + 1)));
+    inputs_.resize(static_cast<size_t>(local_B_ * T_));
+    targets_.resize(static_cast<size_t>(local_B_ * T_));
+    losses_.resize(static_cast<size_t>(local_B_ * T_));
     all_losses_.resize(static_cast<size_t>(tc.batch_size * T_));
 }
 
@@ -332,7 +401,7 @@ void PipelineJob::run_actions() {
                 }
                 model_->forward(live->acts, c, tokens(m), targets(m));
                 if (is_last_virtual(c))
-                    std::memcpy(all_losses_.data() + m * micro_B_ * T_, live->acts.losses(),
+                    std::memcpy(losses_.data() + m * micro_B_ * T_, live->acts.losses(),
                                 static_cast<size_t>(micro_B_ * T_) * sizeof(float));
                 break;
             case Action::send_act:
@@ -403,10 +472,15 @@ float PipelineJob::grad_norm(float* g) {
     const GPT& m = *model_;
     const i64 n = static_cast<i64>(owner_.size());
     std::vector<float> mine(static_cast<size_t>(n), 0.0f), all(static_cast<size_t>(n * pp_));
-    for (size_t i = 0; i < m.table().entries.size(); i++) {
-        const int id = m.table().entries[i].id;
-        if (owner_[static_cast<size_t>(id)] == rank_)
-            mine[static_cast<size_t>(id)] = ops::sum_squares(nx_, m.grad(g, static_cast<int>(i)));
+    if (zero_ >= 2) {
+        stage_sum_squares(g, mine);
+    } else {
+        for (size_t i = 0; i < m.table().entries.size(); i++) {
+            const int id = m.table().entries[i].id;
+            if (owner_[static_cast<size_t>(id)] == rank_)
+                mine[static_cast<size_t>(id)] =
+                    ops::sum_squares(nx_, m.grad(g, static_cast<int>(i)));
+        }
     }
     comm_.all_gather(all.data(), mine.data(), n);
     std::vector<float> per_tensor(static_cast<size_t>(n));
@@ -422,20 +496,112 @@ float PipelineJob::grad_norm(float* g) {
     return std::sqrt(total);
 }
 
+// ZeRO-2/3: the sharded counterpart of the all-reduce. wte's gradient (the embedding's part on
+// the first stage, the LM head's on the last) is all-reduced whole, since the two stages cut
+// their tables differently and exchange it whole; the rest of the stage's table is
+// reduce-scattered at the shard edges.
+void PipelineJob::reduce_scatter_grads(float* g) {
+    const GPT& m = *model_;
+    comm::Communicator& dp = *replica_.dp;
+    i64 from = 0;  // the sharded segment [from, table total)
+    if (m.part().holds_wte()) {
+        const TableEntry& wte = m.table().entries[static_cast<size_t>(m.table().wte)];
+        PX_ASSERT(wte.offset == 0, "a stage's table starts with wte");
+        dp.all_reduce(g, wte.numel(), replica_.algo);
+        dp.all_reduce(g + m.grad_layout().head_offset, wte.numel(), replica_.algo);
+        from = wte.numel();
+    }
+    std::vector<i64> cuts(shard_edges_.size());
+    for (size_t r = 0; r < cuts.size(); r++)
+        cuts[r] = std::clamp(shard_edges_[r], from, m.table().total) - from;
+    reduce_scatter_cut(dp, g + from, cuts, replica_.algo);
+}
+
+// ZeRO-2/3: the per-tensor Σg² of the tensors this pp rank owns, from sharded gradients. Each
+// replica computes the canonical blocks in its shard (shard edges are block boundaries, so
+// every block has one owner); gathered in shard order they are every block in flat order, and
+// each tensor's tree over its blocks is ops::sum_squares's.
+void PipelineJob::stage_sum_squares(const float* g, std::vector<float>& per_id) {
+    const auto& entries = model_->table().entries;
+    const int block = nx_.block;
+    auto owned = [&](const TableEntry& e, int r, i64& b0, i64& b1) {
+        b0 = b1 = 0;
+        if (owner_[static_cast<size_t>(e.id)] != rank_) return;
+        const i64 a = std::max(e.offset, shard_edges_[static_cast<size_t>(r)]);
+        const i64 b = std::min(e.offset + e.numel(), shard_edges_[static_cast<size_t>(r) + 1]);
+        if (a >= b) return;
+        b0 = (a - e.offset) / block;
+        b1 = num_blocks(b - e.offset, block);
+    };
+    std::vector<i64> counts(static_cast<size_t>(dp_), 0);
+    for (int r = 0; r < dp_; r++)
+        for (const TableEntry& e : entries) {
+            i64 b0, b1;
+            owned(e, r, b0, b1);
+            counts[static_cast<size_t>(r)] += b1 - b0;
+        }
+    std::vector<float> mine(static_cast<size_t>(counts[static_cast<size_t>(dp_rank_)]));
+    i64 at = 0;
+    for (const TableEntry& e : entries) {
+        i64 b0, b1;
+        owned(e, dp_rank_, b0, b1);
+        if (b1 == b0) continue;
+        const i64 a = e.offset + b0 * block,
+                  b = std::min(e.offset + e.numel(), e.offset + b1 * block);
+        cpu::sum_squares_blocks(nx_, mine.data() + at, g + a, b - a);
+        at += b1 - b0;
+    }
+    i64 all_blocks = 0;
+    for (i64 c : counts) all_blocks += c;
+    std::vector<float> every(static_cast<size_t>(all_blocks));
+    replica_.dp->all_gather_v(every.data(), mine.data(), std::span<const i64>(counts));
+    at = 0;
+    for (const TableEntry& e : entries) {
+        if (owner_[static_cast<size_t>(e.id)] != rank_) continue;
+        const i64 nb = num_blocks(e.numel(), block);
+        per_id[static_cast<size_t>(e.id)] = tree_sum(every.data() + at, nb);
+        at += nb;
+    }
+    PX_ASSERT(at == all_blocks, "every gradient block has exactly one owner");
+}
+
+// ZeRO: every replica's shard of the stage's weights to every replica.
+void PipelineJob::all_gather_params() {
+    const std::vector<i64> counts = counts_of(shard_edges_);
+    float* p = model_->params();
+    const std::vector<float> mine(p + opt_->lo(), p + opt_->hi());
+    replica_.dp->all_gather_v(p, mine.data(), std::span<const i64>(counts));
+}
+
+// ZeRO-3: drop the weights this replica does not own.
+void PipelineJob::release_params() {
+    float* p = model_->params();
+    std::fill(p, p + opt_->lo(), 0.0f);
+    std::fill(p + opt_->hi(), p + model_->table().total, 0.0f);
+}
+
 StepMetrics PipelineJob::step() {
     const auto t0 = std::chrono::steady_clock::now();
     const double sent0 = bytes_sent(comm_);
     const TrainConfig& tc = cfg_.train;
     const i64 N = tc.batch_size * T_;
 
-    // Every rank samples the step's batch (counter-based, so identically): the first stage
-    // needs the tokens, the last the targets.
-    source_->sample(windows_.data(), T_, Split::train, step_, 0, tc.batch_size);
-    split_windows(inputs_.data(), targets_.data(), windows_.data(), tc.batch_size, T_);
+    // Every rank of a replica samples the replica's sequences [dp_rank·local_B, ...) of the
+    // step's batch (counter-based, so identically): the first stage needs the tokens, the last
+    // the targets.
+    if (zero_ == 3) all_gather_params();  // gather before use
+    source_->sample(windows_.data(), T_, Split::train, step_, dp_rank_ * local_B_, local_B_);
+    split_windows(inputs_.data(), targets_.data(), windows_.data(), local_B_, T_);
     for (TreeAccumulator& a : acc_) a.reset();
     run_actions();
 
+    // The replicas' nodes of the token tree combine above them (the LM head's part of dwte
+    // too), before anything reads the gradient: then wte's two parts, the norm, the update.
     float* g = grads_.data();
+    if (zero_ >= 2)
+        reduce_scatter_grads(g);
+    else if (dp_ > 1)
+        replica_.dp->all_reduce(g, model_->grad_layout().total, replica_.algo);
     exchange_tied_grads(g);
     const float norm = grad_norm(g);
 
@@ -443,6 +609,7 @@ StepMetrics PipelineJob::step() {
     m.step = step_ + 1;
     double loss = 0;
     if (last_stage()) {
+        gather_losses(all_losses_, losses_, 1);
         const float mean = canonical_sum(all_losses_.data(), N, nx_.block) / static_cast<float>(N);
         loss = mean;
     }
@@ -451,6 +618,8 @@ StepMetrics PipelineJob::step() {
     m.grad_norm = norm;
     m.lr = lr_at(tc, step_);
     opt_->step(*model_, g, norm, static_cast<float>(m.lr), static_cast<int>(step_ + 1), tc);
+    if (zero_ == 1 || zero_ == 2) all_gather_params();  // each replica updated its shard
+    if (zero_ == 3) release_params();                   // free after use
     step_++;
 
     const double secs = seconds_since(t0);
@@ -458,8 +627,11 @@ StepMetrics PipelineJob::step() {
     m.step_ms = secs * 1e3;
     m.tokens_per_s = static_cast<double>(N) / secs;
     if ((tc.eval_every > 0 && step_ % tc.eval_every == 0) ||
-        (step_ == tc.steps && tc.eval_every > 0))
+        (step_ == tc.steps && tc.eval_every > 0)) {
+        if (zero_ == 3) all_gather_params();
         m.val_loss = evaluate();
+        if (zero_ == 3) release_params();
+    }
     history_.push_back(m);
     return m;
 }
@@ -470,13 +642,14 @@ StepMetrics PipelineJob::step() {
 // (batch, microbatch) order on both sides.
 double PipelineJob::evaluate() {
     const TrainConfig& tc = cfg_.train;
-    const i64 per_batch = tc.batch_size * T_, mb_tokens = micro_B_ * T_;
-    std::vector<float> all(last_stage() ? static_cast<size_t>(tc.val_batches * per_batch) : 0);
+    const i64 per_rank = local_B_ * T_, mb_tokens = micro_B_ * T_;
+    std::vector<float> local(last_stage() ? static_cast<size_t>(tc.val_batches * per_rank) : 0);
     std::vector<int> win(static_cast<size_t>(micro_B_ * (T_ + 1)));
     std::vector<int> tok(static_cast<size_t>(mb_tokens)), tgt(static_cast<size_t>(mb_tokens));
     for (i64 j = 0; j < tc.val_batches; j++) {
         for (int k = 0; k < M_; k++) {
-            source_->sample(win.data(), T_, Split::val, j, k * micro_B_, micro_B_);
+            source_->sample(win.data(), T_, Split::val, j, dp_rank_ * local_B_ + k * micro_B_,
+                            micro_B_);
             split_windows(tok.data(), tgt.data(), win.data(), micro_B_, T_);
             for (int c = 0; c < v_; c++) {
                 const int stage = stage_of(rank_, c, pp_);
@@ -490,7 +663,7 @@ double PipelineJob::evaluate() {
                                                   hidden_floats_, rank_of_stage(stage + 1, pp_),
                                                   kEvalTagBase + stage + 1);
                 else
-                    std::memcpy(all.data() + j * per_batch + k * mb_tokens, s->acts.losses(),
+                    std::memcpy(local.data() + j * per_rank + k * mb_tokens, s->acts.losses(),
                                 static_cast<size_t>(mb_tokens) * sizeof(float));
                 release(c, s);
             }
@@ -499,11 +672,33 @@ double PipelineJob::evaluate() {
     wait_sends();
     double val = 0;
     if (last_stage()) {
+        std::vector<float> all;
+        gather_losses(all, local, tc.val_batches);
         const i64 n = static_cast<i64>(all.size());
         val = canonical_sum(all.data(), n, nx_.block) / static_cast<double>(n);
     }
     comm_.broadcast(&val, 1, pp_ - 1);
     return val;
+}
+
+// Every replica's per-token losses of `batches` batches (each replica's `local` holds its
+// local_B·T per batch), in token order: batch j, then replica (dp-rank-major), then sequence.
+// Collective over the dp group (the last stages).
+void PipelineJob::gather_losses(std::vector<float>& all, const std::vector<float>& local,
+                                i64 batches) {
+    const i64 per_rank = local_B_ * T_;
+    all.resize(static_cast<size_t>(batches * per_rank * dp_));
+    if (dp_ == 1) {
+        std::copy(local.begin(), local.end(), all.begin());
+        return;
+    }
+    std::vector<float> gathered(all.size());
+    replica_.dp->all_gather(gathered.data(), local.data(), batches * per_rank);
+    for (int r = 0; r < dp_; r++)
+        for (i64 j = 0; j < batches; j++)
+            std::memcpy(all.data() + (j * dp_ + r) * per_rank,
+                        gathered.data() + (r * batches + j) * per_rank,
+                        static_cast<size_t>(per_rank) * sizeof(float));
 }
 
 void PipelineJob::gather_full(std::vector<float>* params, std::vector<float>* m,
@@ -538,9 +733,35 @@ void PipelineJob::gather_full(std::vector<float>* params, std::vector<float>* m,
             base += counts[static_cast<size_t>(r)];
         }
     };
+    // ZeRO: the stage's whole moments from the replicas' shards first.
+    const i64 stage_total = model_->table().total;
+    auto stage_moments = [&](std::vector<float>& whole, const float* shard) -> const float* {
+        if (shard_edges_.empty()) return shard;
+        const std::vector<i64> shard_counts = counts_of(shard_edges_);
+        whole.resize(static_cast<size_t>(stage_total));
+        replica_.dp->all_gather_v(whole.data(), shard, std::span<const i64>(shard_counts));
+        return whole.data();
+    };
+    std::vector<float> whole_m, whole_v;
+    const float* stage_m = m ? stage_moments(whole_m, opt_->m()) : nullptr;
+    const float* stage_v = v ? stage_moments(whole_v, opt_->v()) : nullptr;
     assemble(params, model_->params(), "weights");
-    assemble(m, opt_->m(), "Adam m");
-    assemble(v, opt_->v(), "Adam v");
+    assemble(m, stage_m, "Adam m");
+    assemble(v, stage_v, "Adam v");
+}
+
+void PipelineJob::unshard() {
+    if (shard_edges_.empty()) return;
+    if (zero_ == 3) all_gather_params();  // between steps ZeRO-3 holds only its shard
+    const std::vector<i64> counts = counts_of(shard_edges_);
+    auto whole = std::make_unique<AdamW>(*model_);
+    replica_.dp->all_gather_v(whole->m(), static_cast<const float*>(opt_->m()),
+                              std::span<const i64>(counts));
+    replica_.dp->all_gather_v(whole->v(), static_cast<const float*>(opt_->v()),
+                              std::span<const i64>(counts));
+    opt_ = std::move(whole);
+    shard_edges_.clear();
+    zero_ = 0;
 }
 
 void PipelineJob::run(const std::function<void(const StepMetrics&)>& on_step) {
@@ -548,6 +769,8 @@ void PipelineJob::run(const std::function<void(const StepMetrics&)>& on_step) {
         const StepMetrics m = step();
         if (on_step) on_step(m);
     }
+    // ZeRO-3 keeps only a shard between steps: the finished run holds the whole stage.
+    if (zero_ == 3) all_gather_params();
     if (!cfg_.output.export_llmc.empty()) {
         std::vector<float> params;
         gather_full(&params, nullptr, nullptr);
@@ -569,7 +792,8 @@ void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers,
                   const std::function<void(PipelineJob&)>& inspect) {
     const Layout l = make_layout(cfg);  // validates before any thread starts
     check_pipeline_layout(l, cfg.source_name);
-    const int n = l.pp;
+    const Mesh mesh(l);
+    const int n = mesh.world_size();
     // Ranks are threads; the cores are shared out so that the ranks together use them once.
     const int threads =
         cfg.train.threads > 0
@@ -580,9 +804,17 @@ void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers,
 
     std::mutex inspect_mutex;
     comm::run_ranks(n, l.timeout_s, [&](comm::Communicator& world) {
-        // With dp = tp = 1 the whole world is the pipeline group.
-        PipelineJob job(rank_cfg, world);
-        const bool report = world.rank() == 0;
+        // 1. Groups (tp = 1): a pp group per replica (pipeline order), a dp group per stage.
+        const int r = world.rank();
+        const Coord at = mesh.coord_of(r);
+        const std::unique_ptr<comm::Communicator> pp =
+            world.split(mesh.group_color(MeshDim::pp, r), at.pp, dim_name(MeshDim::pp));
+        const std::unique_ptr<comm::Communicator> dp =
+            world.split(mesh.group_color(MeshDim::dp, r), at.dp, dim_name(MeshDim::dp));
+        // 2. Each replica's pipeline; its stages reduce their gradients over dp.
+        PipelineJob job(rank_cfg, *pp,
+                        ReplicaContext{l.dp > 1 ? dp.get() : nullptr, l.zero, l.algo});
+        const bool report = r == 0;
         if (report)
             for (Observer* o : observers) o->on_start(job);
         job.run([&](const StepMetrics& m) {
@@ -592,6 +824,7 @@ void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers,
         if (report)
             for (Observer* o : observers) o->on_end(job);
         if (inspect) {
+            job.unshard();  // collective: before any rank's turn at the lock
             std::lock_guard<std::mutex> lock(inspect_mutex);
             inspect(job);
         }

@@ -1,12 +1,13 @@
 // Pipeline parallelism (DESIGN.md §3, PP) on the pp group: each pp rank holds the layers of its
 // virtual stages as one GPT over a ModelPart (core/model.h) and runs its schedule's action list
-// (core/parallel/schedule.h) with point-to-point messages. dp = tp = 1 for now.
+// (core/parallel/schedule.h) with point-to-point messages; with dp > 1 each data-parallel
+// replica is one pipeline, and a stage's gradient is all-reduced over its dp group. tp = 1.
 //
 // Index
 //   stage_part         the ModelPart of a pp rank: its chunks' layers, embedding, head
 //   TreeAccumulator    one chunk's microbatch gradients, combined in the token tree in any order
 //   PipelineJob        one pp rank: step(), evaluate(), run(); its stage's model and optimizer
-//   run_pipeline       trains a config with layout.pp >= 2 on pp in-process ranks
+//   run_pipeline       trains a config with layout.pp >= 2 on dp·pp in-process ranks
 //
 // The math. Virtual stage k computes h_k = f_k(h_{k-1}) on each microbatch (h_{-1}: the tokens,
 // f_0 starts with the embedding; the last stage ends in ln_f, the LM head and the per-token
@@ -29,6 +30,20 @@
 //      first stage), gathered over the pp group, then the tree over tensors in the whole model's
 //      table order, as global_grad_norm.
 //   6. AdamW is elementwise, with the global norm's clip scale: each stage updates its tensors.
+//   7. Data parallelism (dp × pp): replica d runs its pipeline on sequences [d·B/dp, (d+1)·B/dp)
+//      of the batch, one node of the token tree (token_ranges), its microbatches the nodes below.
+//      After the backwards each stage all-reduces its gradient buffer (the LM head's part of
+//      dwte included) over its dp group with the canonical algorithm: the nodes above the
+//      replicas', as Job forms them. Only then the tied exchange, the norm and AdamW, in the
+//      single device's order. Loss: the last stages gather their replicas' per-token losses over
+//      dp (token order is dp-rank-major), then 4.
+//   8. ZeRO over a stage's dp group: each replica keeps the Adam moments of one block-aligned
+//      shard of its stage's parameters and updates that shard (AdamW is elementwise: the same
+//      bits as unsharded), then the replicas all-gather the weights (ZeRO-1). ZeRO-2 reduce-
+//      scatters the gradient instead of all-reducing it (wte's two parts stay whole: the first
+//      and last stages cut their tables differently and swap them whole); the norm's per-tensor
+//      trees are formed from the shards' canonical blocks, gathered (zero.h's argument). ZeRO-3
+//      also drops the weights outside the shard between steps and gathers them before use.
 //
 // Messages. Sends are posted asynchronously and recvs block, as the schedule's contract says
 // (so no rank can deadlock on a send); each send's Handle stays with the activations it reads and
@@ -98,9 +113,11 @@ private:
 
 class PipelineJob : public RunView {
 public:
-    // `pp` is the pipeline group (its rank is the pp rank). Validates the layout (ConfigError
-    // naming the keys: pp <= layers, interleaved divisibility, microbatches, token-tree nodes).
-    PipelineJob(const Config& cfg, comm::Communicator& pp);
+    // `pp` is the pipeline group (its rank is the pp rank); `replica` the data-parallel group of
+    // this stage (its rank is the dp rank; null when dp = 1), the ZeRO stage and the algorithm.
+    // Validates the layout (ConfigError naming the keys: pp <= layers, interleaved divisibility,
+    // microbatches, token-tree nodes, group sizes).
+    PipelineJob(const Config& cfg, comm::Communicator& pp, ReplicaContext replica = {});
     ~PipelineJob();
     PipelineJob(const PipelineJob&) = delete;
     PipelineJob& operator=(const PipelineJob&) = delete;
@@ -111,22 +128,29 @@ public:
     // The remaining steps (on_step after each), then the llm.c export on pp rank 0 if asked.
     void run(const std::function<void(const StepMetrics&)>& on_step = {});
 
-    // Collective over the pp group: the whole model's flat arrays (ParamTable::build(model)
-    // layout) of weights and Adam moments, assembled from the stages on every rank. Null
-    // pointers are skipped. Throws InternalError if the two copies of wte differ.
+    // Collective over the pp group (and the dp group under ZeRO-1, whose moment shards are
+    // gathered first): the whole model's flat arrays (ParamTable::build(model) layout) of
+    // weights and Adam moments, assembled from the stages on every rank. Null pointers are
+    // skipped. Throws InternalError if the two copies of wte differ.
     void gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v);
+
+    // Collective over the dp group: ZeRO's shards of the stage's Adam moments are gathered, so
+    // every replica holds its stage's whole state (as a ZeRO-0 stage; later steps run so).
+    // run_pipeline calls it before `inspect`; a no-op without ZeRO.
+    void unshard();
 
     const Config& config() const override { return cfg_; }
     const Layout& layout() const { return mesh_.layout(); }
     const Schedule& schedule() const { return schedule_; }
     int pp_rank() const { return rank_; }
     int pp_size() const { return pp_; }
-    int dp_size() const override { return 1; }  // pipelines run with dp = 1 for now
-    GPT& model() { return *model_; }   // this stage
+    int dp_rank() const { return dp_rank_; }
+    int dp_size() const override { return dp_; }
+    GPT& model() { return *model_; }  // this stage
     const GPT& model() const { return *model_; }
-    const AdamW& optimizer() const { return *opt_; }
-    float* grads() const { return grads_.data(); }  // last step's complete gradients (GradLayout)
-    i64 num_params() const override;                // of the whole model
+    const AdamW& optimizer() const { return *opt_; }  // under ZeRO-1: moments of [lo, hi)
+    float* grads() const { return grads_.data(); }    // last step's complete gradients (GradLayout)
+    i64 num_params() const override;                  // of the whole model
     i64 steps_done() const override { return step_; }
     const std::vector<StepMetrics>& history() const override { return history_; }
     double loss_floor() const override;
@@ -150,6 +174,11 @@ private:
     bool first_stage() const { return rank_ == 0; }
     bool last_stage() const { return rank_ == pp_ - 1; }
     bool is_last_virtual(int chunk) const { return stage_of(rank_, chunk, pp_) == S_ - 1; }
+    void gather_losses(std::vector<float>& all, const std::vector<float>& local, i64 batches);
+    void reduce_scatter_grads(float* g);
+    void stage_sum_squares(const float* g, std::vector<float>& per_id);
+    void all_gather_params();
+    void release_params();
     const int* tokens(int m) const { return inputs_.data() + m * micro_B_ * T_; }
     const int* targets(int m) const { return targets_.data() + m * micro_B_ * T_; }
 
@@ -157,9 +186,14 @@ private:
     Numerics nx_;
     Mesh mesh_;
     Schedule schedule_;
-    comm::Communicator& comm_;
+    comm::Communicator& comm_;  // the pp group
+    ReplicaContext replica_;    // the dp group of this stage
     int rank_ = 0, pp_ = 1, v_ = 1, S_ = 1, M_ = 1;
+    int dp_rank_ = 0, dp_ = 1;
     i64 T_ = 0, micro_B_ = 0, hidden_floats_ = 0;  // hidden_floats_: one (micro_B,T,C) message
+    i64 local_B_ = 0;                              // sequences per replica and step
+    int zero_ = 0;                                 // ZeRO stage over dp (0 when dp = 1)
+    std::vector<i64> shard_edges_;  // ZeRO >= 1: dp+1 cuts of the stage's parameters; else empty
     bool recompute_ = false;
     std::vector<ModelPart> parts_;  // every pp rank's, for the norm's owners and gather_full
     std::vector<int> owner_;        // per tensor id of the whole model: the pp rank that owns it
@@ -173,15 +207,18 @@ private:
     std::vector<std::vector<Slot*>> live_;                   // per chunk, per microbatch
 
     i64 step_ = 0;
-    std::vector<int> windows_;           // (batch_size, T+1)
-    std::vector<int> inputs_, targets_;  // (batch_size, T): microbatch m at m·micro_B·T
-    std::vector<float> all_losses_;      // (batch_size·T), last stage
+    std::vector<int> windows_;           // (local_B, T+1)
+    std::vector<int> inputs_, targets_;  // (local_B, T): microbatch m at m·micro_B·T
+    std::vector<float> losses_;          // (local_B·T), last stage: this replica's
+    std::vector<float> all_losses_;      // (batch_size·T), last stage: every replica's
     std::vector<StepMetrics> history_;
 };
 
-// Trains cfg (layout.pp >= 2, dp = tp = 1) for train.steps steps on pp in-process ranks.
-// `observers` follow pp rank 0 (metrics are the same on every rank but comm_bytes). `inspect`,
-// when given, is called once per rank after its last step, one rank at a time.
+// Trains cfg (layout.pp >= 2, tp = 1) for train.steps steps on dp·pp in-process ranks, split
+// into pp groups and dp groups by the Mesh's colors. `observers` follow world rank 0 (metrics
+// are the same on every rank but comm_bytes). `inspect`,
+// when given, is called once per rank after its last step (and PipelineJob::unshard), one rank
+// at a time.
 void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers = {},
                   const std::function<void(PipelineJob&)>& inspect = {});
 

@@ -18,14 +18,11 @@ int world_size(const LayoutConfig& layout) { return layout.dp * layout.pp * layo
 namespace {
 
 void refuse_unavailable(const LayoutConfig& l) {
-    if (l.tp > 1)
-        throw ConfigError("layout.tp = " + std::to_string(l.tp) +
-                          ": tensor parallelism is not in this build yet; use layout.tp = 1 "
-                          "(data parallelism with ZeRO 0-3 and pipeline parallelism are available)");
-    if (l.pp > 1)
-        throw ConfigError("layout.pp = " + std::to_string(l.pp) +
-                          ": pipeline parallelism is not in this build yet; use layout.pp = 1 "
-                          "(data parallelism with ZeRO 0-3 and pipeline parallelism are available)");
+    if (l.tp > 1 && l.pp > 1)
+        throw ConfigError("layout.tp = " + std::to_string(l.tp) + " with layout.pp = " +
+                          std::to_string(l.pp) +
+                          ": tensor and pipeline parallelism together are not in this build yet; "
+                          "use layout.tp = 1 or layout.pp = 1");
 }
 
 }  // namespace
@@ -50,9 +47,22 @@ void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
     rank_cfg.train.threads = threads;
 
     std::mutex inspect_mutex;
+    const Mesh mesh(layout);
     comm::run_ranks(n, l.timeout_s, [&](comm::Communicator& world) {
         // 2. Data parallelism: with tp = pp = 1 the whole world is the dp group.
         ReplicaContext replica{&world, l.zero, layout.algo};
+        // 5. Tensor parallelism: the world splits into tp groups (neighbouring ranks, Mesh's
+        //    colors) and dp groups across them; each replica is a tp group holding one shard of
+        //    the model per rank (tp_model.h), and its gradients combine over the dp group.
+        std::unique_ptr<comm::Communicator> dp_group, tp_group;
+        if (l.tp > 1) {
+            const int r = world.rank();
+            const Coord c = mesh.coord_of(r);
+            dp_group = world.split(mesh.group_color(MeshDim::dp, r), c.dp, "dp");
+            tp_group = world.split(mesh.group_color(MeshDim::tp, r), c.tp, "tp");
+            replica.dp = dp_group.get();
+            replica.tp = tp_group.get();
+        }
         Job job(rank_cfg, replica);
         if (world.rank() == 0)
             for (Observer* o : observers) job.add_observer(o);

@@ -8,9 +8,13 @@
 //   1. ranks: one thread per rank of the mesh, with the OpenMP threads divided among them;
 //   2. data parallelism: each replica is a Job over its share of every batch (core/job.h
 //      ReplicaContext), its gradients combined by a canonical all-reduce over the dp group;
-//   3. ZeRO-1: optimizer state sharded over the dp group, weights all-gathered after the update.
-// Tensor and pipeline parallelism, and ZeRO-2/3, come next behind the same entry point; until
-// then a layout that asks for them is refused with a sentence that says so.
+//   3. ZeRO-1: optimizer state sharded over the dp group, weights all-gathered after the update
+//      (ZeRO-2/3: gradients, then weights, sharded too; core/parallel/zero.h);
+//   4. pipeline parallelism (layout.pp > 1): run_layout hands the layout to run_pipeline
+//      (pipeline.h);
+//   5. tensor parallelism (layout.tp > 1, with pp = 1): the world splits into tp and dp groups;
+//      each dp replica is a tp group of ranks holding one shard of the model each
+//      (core/parallel/tp_model.h). tp together with pp is refused with a sentence, for now.
 #pragma once
 #include "core/config.h"
 #include "core/job.h"

@@ -38,10 +38,14 @@ def test_dump_has_every_tensor_and_step(tmp_path):
 @pytest.mark.parametrize("layout", [["layout.dp=2"], ["layout.dp=2", "layout.zero=3", "layout.microbatches=2"],
                                     ["layout.dp=4", "layout.zero=2"],
                                     ["layout.pp=2", "layout.microbatches=4"],
+                                    ["layout.dp=2", "layout.pp=2", "layout.microbatches=2", "layout.zero=1"],
+                                    ["layout.tp=2", "numerics.block=32"],
+                                    ["layout.dp=2", "layout.tp=2", "layout.zero=3", "numerics.block=16"],
                                     ["layout.pp=2", "layout.microbatches=4", "layout.schedule=interleaved",
                                      "layout.virtual_stages=2", "model.layers=4"]])
 def test_layout_dump_equals_single_device_bit_for_bit(tmp_path, layout):
-    model = [a for kv in layout if kv.startswith("model.") for a in ("--set", kv)]
+    # The reference runs the same model and numerics; only the layout differs.
+    model = [a for kv in layout if kv.startswith(("model.", "numerics.")) for a in ("--set", kv)]
     ref = datasets(train(tmp_path, "ref", *model))
     args = [a for kv in layout for a in ("--set", kv)]
     got = datasets(train(tmp_path, "layout", *args))

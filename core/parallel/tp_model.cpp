@@ -1,0 +1,291 @@
+#include "core/parallel/tp_model.h"
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace px {
+
+namespace {
+
+// Local index -> logical index along a dimension of n elements split by s (identity when null).
+std::vector<i64> index_map(const tp::DimSplit* s, int rank, i64 n) {
+    std::vector<i64> m;
+    if (!s) {
+        m.resize(static_cast<size_t>(n));
+        for (i64 i = 0; i < n; i++) m[static_cast<size_t>(i)] = i;
+        return m;
+    }
+    for (const Range& r : s->ranges[static_cast<size_t>(rank)])
+        for (i64 i = r.lo; i < r.hi; i++) m.push_back(i);
+    return m;
+}
+
+i64 rows_of(const Tensor& t) {
+    return t.numel() / t.shape[t.ndim - 1];
+}
+
+}  // namespace
+
+TpLayers::TpLayers(comm::Communicator& tp, const Numerics& nx, const ModelConfig& mc)
+    : comm_(tp),
+      nx_(nx),
+      mc_(mc),
+      rank_(tp.rank()),
+      shards_(tp::make_tp_shards(nx, mc.hidden, mc.heads, mc.ffn, mc.vocab, tp.size())) {}
+
+const tp::DimSplit* TpLayers::row_split(const TableEntry& e) const {
+    if (e.spec == 0) return &shards_.vocabulary;  // wte
+    if (e.layer < 0) return nullptr;
+    switch (e.spec - kFirstLayerSpec) {
+        case QKVW:
+            return &shards_.qkv;
+        case FCW:
+            return &shards_.ffn;
+        default:
+            return nullptr;
+    }
+}
+
+const tp::DimSplit* TpLayers::col_split(const TableEntry& e) const {
+    if (e.layer < 0) return nullptr;
+    switch (e.spec - kFirstLayerSpec) {
+        case QKVB:
+            return &shards_.qkv;  // vectors are (1, n)
+        case ATTPROJW:
+            return &shards_.channels;
+        case FCB:
+        case FCPROJW:
+            return &shards_.ffn;
+        default:
+            return nullptr;
+    }
+}
+
+TpDims TpLayers::dims() const {
+    return TpDims{shards_.tp, shards_.vocabulary.local(rank_)};
+}
+
+void TpLayers::fill_normal(float* p, const TableEntry& e, float std, std::uint64_t seed) const {
+    const ParamSpec& s = kGpt2Params[e.spec];
+    const i64 cols = resolve_dim(s.cols, mc_);
+    const std::vector<i64> rows = index_map(row_split(e), rank_, e.rows);
+    const std::vector<i64> cmap = index_map(col_split(e), rank_, e.cols);
+    const u32 id = static_cast<u32>(e.id);
+    for (i64 lr = 0; lr < e.rows; lr++) {
+        // Runs of consecutive logical columns, each one fill of the logical elements there.
+        for (i64 c = 0; c < e.cols;) {
+            i64 d = c + 1;
+            while (d < e.cols &&
+                   cmap[static_cast<size_t>(d)] == cmap[static_cast<size_t>(d) - 1] + 1)
+                d++;
+            px::fill_normal(p + lr * e.cols + c, d - c, 0.0f, std, seed, id,
+                            static_cast<u64>(rows[static_cast<size_t>(lr)] * cols +
+                                             cmap[static_cast<size_t>(c)]));
+            c = d;
+        }
+    }
+}
+
+// Column parallel (qkv, fc): Y_r = X W_rᵀ + b_r, dX = Σ_r dY_r W_r (tree exchange).
+// Row parallel (attn_proj, fc_proj): Y = Σ_r X_r W_rᵀ + b (tree exchange), dX_r, dW_r local.
+void TpLayers::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
+                              const Tensor* bias) const {
+    const float* b = bias ? bias->f32() : nullptr;
+    const i64 BT = rows_of(inp);
+    switch (l) {
+        case Linear::qkv:
+        case Linear::fc:
+            tp::column_parallel_forward(comm_, nx_, out.f32(), inp.f32(), weight.f32(), b,
+                                        l == Linear::qkv ? shards_.qkv : shards_.ffn, BT,
+                                        weight.shape[1]);
+            return;
+        case Linear::attn_proj:
+        case Linear::fc_proj:
+            tp::row_parallel_forward(comm_, nx_, out.f32(), inp.f32(), weight.f32(), b,
+                                     l == Linear::attn_proj ? shards_.channels : shards_.ffn, BT,
+                                     weight.shape[0]);
+            return;
+    }
+}
+
+void TpLayers::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight,
+                               const Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                               const Tensor& weight) const {
+    float* db = dbias ? dbias->f32() : nullptr;
+    const i64 BT = rows_of(inp);
+    switch (l) {
+        case Linear::qkv:
+        case Linear::fc:
+            tp::column_parallel_backward(
+                comm_, nx_, dinp.f32(), dweight.f32(), db, dout.f32(), inp.f32(), weight.f32(),
+                l == Linear::qkv ? shards_.qkv : shards_.ffn, BT, weight.shape[1]);
+            return;
+        case Linear::attn_proj:
+        case Linear::fc_proj:
+            tp::row_parallel_backward(
+                comm_, nx_, dinp.f32(), dweight.f32(), db, dout.f32(), inp.f32(), weight.f32(),
+                l == Linear::attn_proj ? shards_.channels : shards_.ffn, BT, weight.shape[0]);
+            return;
+    }
+}
+
+void TpLayers::embedding_forward(const Tensor& out, const int* tokens, const Tensor& wte,
+                                 const Tensor& wpe) const {
+    tp::vocab_embedding_forward(comm_, nx_, out.f32(), tokens, wte.f32(), wpe.f32(),
+                                shards_.vocabulary, out.shape[0], out.shape[1], out.shape[2]);
+}
+
+void TpLayers::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                  const int* tokens) const {
+    tp::vocab_embedding_backward(comm_, nx_, dwte.f32(), dwpe.f32(), dout.f32(), tokens,
+                                 shards_.vocabulary, dout.shape[0], dout.shape[1], dout.shape[2]);
+}
+
+// LM head: logits_r = lnf wte_rᵀ (column parallel over the vocabulary, no bias), then the
+// vocabulary-parallel cross-entropy; backward the same in reverse (dlnf by the tree exchange).
+void TpLayers::head_forward(const Tensor& losses, const Tensor& probs, const Tensor& lnf,
+                            const Tensor& wte, const int* targets) const {
+    const i64 BT = rows_of(lnf);
+    tp::column_parallel_forward(comm_, nx_, probs.f32(), lnf.f32(), wte.f32(), nullptr,
+                                shards_.vocabulary, BT, mc_.hidden);
+    tp::vocab_crossentropy_forward(comm_, nx_, losses.f32(), probs.f32(), probs.f32(), targets,
+                                   shards_.vocabulary, BT);
+}
+
+void TpLayers::head_backward(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
+                             const Tensor& lnf, const Tensor& wte, const int* targets,
+                             float dloss) const {
+    const i64 BT = rows_of(lnf);
+    tp::vocab_crossentropy_backward(comm_, nx_, probs.f32(), probs.f32(), targets, dloss,
+                                    shards_.vocabulary, BT);
+    tp::column_parallel_backward(comm_, nx_, dlnf.f32(), dwte_head.f32(), nullptr, probs.f32(),
+                                 lnf.f32(), wte.f32(), shards_.vocabulary, BT, mc_.hidden);
+}
+
+std::unique_ptr<GPT> make_tp_model(comm::Communicator& tp, const Numerics& nx,
+                                   const ModelConfig& mc) {
+    // 1.-2. The splits, and the parallel layers over them.
+    auto layers = std::make_shared<const TpLayers>(tp, nx, mc);
+    // 3. The model over those layers: local shapes, the whole model's names and ids.
+    return std::make_unique<GPT>(mc, nx, ModelPart::whole(mc), std::move(layers));
+}
+
+std::vector<i64> logical_indices(const TpLayers& tp, const TableEntry& e, const ModelConfig& mc,
+                                 int rank) {
+    if (rank < 0) rank = tp.rank();
+    const i64 cols = resolve_dim(kGpt2Params[e.spec].cols, mc);
+    const std::vector<i64> rows = index_map(tp.row_split(e), rank, e.rows);
+    const std::vector<i64> cmap = index_map(tp.col_split(e), rank, e.cols);
+    std::vector<i64> out(static_cast<size_t>(e.numel()));
+    for (i64 r = 0; r < e.rows; r++)
+        for (i64 c = 0; c < e.cols; c++)
+            out[static_cast<size_t>(r * e.cols + c)] =
+                rows[static_cast<size_t>(r)] * cols + cmap[static_cast<size_t>(c)];
+    return out;
+}
+
+void load_logical(const TpLayers& tp, GPT& model, const ParamTable& table, const float* full) {
+    for (const TableEntry& e : model.table().entries) {
+        const float* src = full + table.entries[static_cast<size_t>(e.id)].offset;
+        float* dst = model.params() + e.offset;
+        const std::vector<i64> idx = logical_indices(tp, e, model.config());
+        for (i64 j = 0; j < e.numel(); j++) dst[j] = src[idx[static_cast<size_t>(j)]];
+    }
+}
+
+void gather_logical(const TpLayers& tp, const GPT& model, const ParamTable& table, float* full) {
+    const ModelConfig& mc = model.config();
+    const int p = tp.size();
+    std::vector<ParamTable> tables;
+    std::vector<i64> counts;
+    for (int r = 0; r < p; r++) {
+        const TpDims d{p, tp.shards().vocabulary.local(r)};
+        tables.push_back(ParamTable::build(mc, ModelPart::whole(mc), d));
+        counts.push_back(tables.back().total);
+    }
+    i64 all = 0;
+    for (i64 n : counts) all += n;
+    std::vector<float> gathered(static_cast<size_t>(all));
+    tp.comm().all_gather_v(gathered.data(), model.params(), counts);
+    i64 base = 0;
+    for (int r = 0; r < p; r++) {
+        for (const TableEntry& e : tables[static_cast<size_t>(r)].entries) {
+            float* dst = full + table.entries[static_cast<size_t>(e.id)].offset;
+            const float* src = gathered.data() + base + e.offset;
+            const std::vector<i64> idx = logical_indices(tp, e, mc, r);
+            for (i64 j = 0; j < e.numel(); j++) dst[idx[static_cast<size_t>(j)]] = src[j];
+        }
+        base += counts[static_cast<size_t>(r)];
+    }
+}
+
+float tp_grad_norm(const TpLayers& tp, const GPT& model, const float* grads, comm::Communicator* dp,
+                   i64 lo, i64 hi) {
+    const Numerics& nx = model.numerics();
+    const ModelConfig& mc = model.config();
+    const auto& entries = model.table().entries;
+    const int block = nx.block;
+    if (hi < 0) hi = model.table().total;
+    const bool zero_sharded = dp != nullptr && dp->size() > 1;
+    // Which tensors go through block vectors: the tp-sharded ones, and under ZeRO-2/3 all.
+    // Vectors are in logical block order, back to back: first the tp-sharded tensors (summed over
+    // tp), then the replicated ones (not).
+    std::vector<i64> first(entries.size(), -1), nblocks(entries.size(), 0);
+    i64 n_sharded = 0, total = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < entries.size(); i++) {
+            const TableEntry& e = entries[i];
+            const bool sharded = tp.sharded(e);
+            if (pass == 0 ? !sharded : (sharded || !zero_sharded)) continue;
+            const ParamSpec& s = kGpt2Params[e.spec];
+            first[i] = total;
+            nblocks[i] = num_blocks(resolve_dim(s.rows, mc) * resolve_dim(s.cols, mc), block);
+            total += nblocks[i];
+        }
+        if (pass == 0) n_sharded = total;
+    }
+    std::vector<float> blocks(static_cast<size_t>(total), 0.0f), part;
+    for (size_t i = 0; i < entries.size(); i++) {
+        if (first[i] < 0) continue;
+        const TableEntry& e = entries[i];
+        // Every logical block lies whole on one tp rank and is contiguous in its local storage
+        // (shard edges are block multiples of rows and columns whose length is whole blocks);
+        // local block k starts at local element k·block. Under ZeRO this rank owns the local
+        // blocks inside [lo, hi).
+        const std::vector<i64> idx = logical_indices(tp, e, mc);
+        const i64 nb = num_blocks(e.numel(), block);
+        const i64 k0 = std::clamp<i64>((lo - e.offset + block - 1) / block, 0, nb);
+        const i64 k1 = std::clamp<i64>(num_blocks(std::max<i64>(0, hi - e.offset), block), 0, nb);
+        if (k1 <= k0) continue;
+        const i64 n = std::min(e.numel(), k1 * block) - k0 * block;
+        part.assign(static_cast<size_t>(k1 - k0), 0.0f);
+        cpu::sum_squares_blocks(nx, part.data(), grads + e.offset + k0 * block, n);
+        for (i64 k = k0; k < k1; k++)
+            blocks[static_cast<size_t>(first[i] + idx[static_cast<size_t>(k * block)] / block)] =
+                part[static_cast<size_t>(k - k0)];
+    }
+    if (zero_sharded && total > 0) dp->all_reduce(blocks.data(), total, comm::Algo::canonical);
+    if (n_sharded > 0) tp.comm().all_reduce(blocks.data(), n_sharded, comm::Algo::canonical);
+    std::vector<float> per_tensor(entries.size());
+    for (size_t i = 0; i < entries.size(); i++) {
+        per_tensor[i] =
+            first[i] < 0
+                ? ops::sum_squares(nx, model.grad(const_cast<float*>(grads), static_cast<int>(i)))
+            : nblocks[i] == 0 ? 0.0f
+                              : tree_sum(blocks.data() + first[i], nblocks[i]);
+    }
+    float sum = 0.0f;
+    if (nx.mode == Mode::bitwise) {
+        sum = tree_sum(per_tensor.data(), static_cast<i64>(per_tensor.size()));
+    } else {
+        for (float x : per_tensor) sum += x;
+    }
+    return std::sqrt(sum);
+}
+
+}  // namespace px

@@ -1,0 +1,105 @@
+// Tensor parallelism applied to the GPT model (DESIGN.md §3 TP): the model's ParallelLayers over
+// a tp group, built from the bit-exact layers of core/parallel/tensor_parallel.h, and what the
+// trainer and the logical state need around them (the exact gradient norm, logical positions).
+//
+// Index
+//   TpLayers            ParallelLayers over a tp group: the local shapes, the slice initialisation,
+//                       the Megatron layers for each linear, the embedding and the LM head
+//   make_tp_model       applies tensor parallelism to a model, in fixed, commented steps
+//   tp_grad_norm        the global gradient norm of a tp shard, bit-identical to the single device
+//   logical_indices     where each local element of a parameter sits in the logical tensor
+//   load_logical        a shard's slices of the logical parameters (checkpoints in)
+//   gather_logical      the logical parameters from every tp rank's shard (checkpoints out)
+//
+// What each rank holds (tp ranks, rank r; splits from tp::make_tp_shards):
+//   wte              (V_r, C)     vocabulary rows: the embedding and the tied LM head
+//   wpe, ln_*        replicated
+//   attn.c_attn      (3C/tp, C)   rows of q, k and v of the rank's heads; its bias likewise
+//   attn.c_proj      (C, C/tp)    the columns of those heads; bias replicated (row parallel)
+//   mlp.c_fc         (F/tp, C)    ffn rows; its bias likewise
+//   mlp.c_proj       (C, F/tp)    ffn columns; bias replicated (row parallel)
+// Replicated tensors get the same gradient bits on every rank (the layers compute them
+// identically), so gradients are never summed over tp; AdamW is elementwise on local shards.
+#pragma once
+#include "core/comm/comm.h"
+#include "core/model.h"
+#include "core/parallel/tensor_parallel.h"
+
+#include <memory>
+#include <vector>
+
+namespace px {
+
+class TpLayers : public ParallelLayers {
+public:
+    // tp: the group (outlives this object). Throws ConfigError when the shapes do not split.
+    TpLayers(comm::Communicator& tp, const Numerics& nx, const ModelConfig& mc);
+
+    const tp::TpShards& shards() const { return shards_; }
+    int rank() const { return rank_; }
+    int size() const { return shards_.tp; }
+    comm::Communicator& comm() const { return comm_; }
+    // The splits of a parameter's rows and columns (null: not split, replicated along it).
+    const tp::DimSplit* row_split(const TableEntry& e) const;
+    const tp::DimSplit* col_split(const TableEntry& e) const;
+    bool sharded(const TableEntry& e) const { return row_split(e) || col_split(e); }
+
+    TpDims dims() const override;
+    void fill_normal(float* p, const TableEntry& e, float std, std::uint64_t seed) const override;
+    void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
+                        const Tensor* bias) const override;
+    void linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
+                         const Tensor& dout, const Tensor& inp,
+                         const Tensor& weight) const override;
+    void embedding_forward(const Tensor& out, const int* tokens, const Tensor& wte,
+                           const Tensor& wpe) const override;
+    void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                            const int* tokens) const override;
+    void head_forward(const Tensor& losses, const Tensor& probs, const Tensor& lnf,
+                      const Tensor& wte, const int* targets) const override;
+    void head_backward(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
+                       const Tensor& lnf, const Tensor& wte, const int* targets,
+                       float dloss) const override;
+
+private:
+    comm::Communicator& comm_;
+    Numerics nx_;
+    ModelConfig mc_;
+    int rank_ = 0;
+    tp::TpShards shards_;
+};
+
+// The whole model as tp rank tp.rank()'s shard. Steps:
+//   1. splits: qkv rows by heads, attention channels, ffn, vocabulary (whole blocks,
+//   make_tp_shards);
+//   2. the layers: TpLayers replaces each linear with its column- or row-parallel form, the
+//      embedding and the LM head with their vocabulary-parallel forms;
+//   3. the model: GPT over those layers, whose table gives every parameter its local shape (with
+//      the whole model's names and ids, so initialisation draws each shard's slice).
+std::unique_ptr<GPT> make_tp_model(comm::Communicator& tp, const Numerics& nx,
+                                   const ModelConfig& mc);
+
+// sqrt of the canonical tree over tensors (whole-model order) of each tensor's canonical sum of
+// squares. A sharded tensor's logical blocks each lie whole on one rank, whose block partials are
+// exchanged (an all-reduce of the block vectors, every other rank contributing +0, which is exact),
+// then every rank forms the tensor's tree; replicated tensors are summed locally. A collective of
+// the tp group. With ZeRO-2/3 (dp non-null), only the floats [lo, hi) of the local table hold
+// gradients on this rank: block partials are exchanged over dp too (zero.h's shard edges fall on
+// local block boundaries, which are logical block boundaries), and replicated tensors likewise.
+float tp_grad_norm(const TpLayers& tp, const GPT& model, const float* grads,
+                   comm::Communicator* dp = nullptr, i64 lo = 0, i64 hi = -1);
+
+// For each local element of parameter e (an entry of tp rank `rank`'s table; default this rank's),
+// its flat index in the logical tensor.
+std::vector<i64> logical_indices(const TpLayers& tp, const TableEntry& e, const ModelConfig& mc,
+                                 int rank = -1);
+
+// model's parameters = its slices of the logical parameters `full` (laid out as `table`, the whole
+// model's): loading a checkpoint into a shard. No communication.
+void load_logical(const TpLayers& tp, GPT& model, const ParamTable& table, const float* full);
+// full (laid out as the whole model's `table`) = every tp rank's parameters put together: an
+// all_gather_v of the local parameter arenas over the tp group (a collective), then the slices
+// placed by logical_indices. For writing checkpoints.
+void gather_logical(const TpLayers& tp, const GPT& model, const ParamTable& table, float* full);
+
+}  // namespace px
