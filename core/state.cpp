@@ -75,7 +75,43 @@ bool LogicalState::absorb_tp(const Job& job) {
     return agree;
 }
 
+bool LogicalState::absorb_shards(const GPT& model, const AdamW& opt,
+                                 const std::vector<StepMetrics>& hist, const ModelConfig& mc) {
+    const auto* tpl = dynamic_cast<const TpLayers*>(model.parallel_layers());
+    PX_ASSERT(tpl != nullptr, "LogicalState: a model with parallel layers other than TpLayers");
+    bool agree = true;
+    if (params.empty()) {
+        table = ParamTable::build(mc);
+        params.assign(static_cast<size_t>(table.total), 0.0f);
+        m = v = params;
+        filled_.assign(params.size(), 0);
+        history = hist;
+    } else if (!same_history(history, hist)) {
+        agree = false;
+    }
+    for (const TableEntry& e : model.table().entries) {
+        const i64 dst0 = table.entries[static_cast<size_t>(e.id)].offset;
+        const std::vector<i64> idx = logical_indices(*tpl, e, mc);
+        for (i64 j = 0; j < e.numel(); j++) {
+            const size_t dst = static_cast<size_t>(dst0 + idx[static_cast<size_t>(j)]);
+            const i64 src = e.offset + j;
+            const float w = model.params()[src];
+            if (filled_[dst] && std::memcmp(&params[dst], &w, sizeof(float)) != 0) agree = false;
+            params[dst] = w;
+            filled_[dst] = 1;
+            if (src >= opt.lo() && src < opt.hi()) {
+                m[dst] = opt.m()[src - opt.lo()];
+                v[dst] = opt.v()[src - opt.lo()];
+            }
+        }
+    }
+    return agree;
+}
+
 bool LogicalState::absorb(const PipelineJob& stage) {
+    if (stage.model().parallel_layers())
+        return absorb_shards(stage.model(), stage.optimizer(), stage.history(),
+                             stage.config().model);
     bool agree = true;
     if (params.empty()) {
         table = ParamTable::build(stage.config().model);

@@ -31,9 +31,10 @@ struct LogicalState {
     // to their logical places (tp_model.h logical_indices); replicated tensors and every dp
     // replica's copy of a shard must agree, and so must the histories.
     bool absorb(const Job& job);
-    // A pipeline stage: its tensors go to their places in the whole model by tensor id. Tensors
-    // held by two stages (wte) must agree; returns false otherwise, or when the stage's history
-    // differs from what is already absorbed.
+    // A pipeline stage: its tensors go to their places in the whole model by tensor id (a
+    // tensor-parallel stage's shards to their logical places). Tensors held by two stages (wte)
+    // must agree; returns false otherwise, or when the stage's history differs from what is
+    // already absorbed.
     bool absorb(const PipelineJob& stage);
     // Whether every tensor of the whole model has been absorbed from some stage (tensor
     // parallel: every element from some tp rank).
@@ -41,6 +42,10 @@ struct LogicalState {
 
 private:
     bool absorb_tp(const Job& job);
+    // A tensor-parallel shard of the whole model or of a pipeline stage (after unshard: its
+    // optimizer covers [lo, hi) of the local table), its elements to their logical places.
+    bool absorb_shards(const GPT& model, const AdamW& opt, const std::vector<StepMetrics>& hist,
+                       const ModelConfig& mc);
     std::vector<char> seen_;    // per whole-model tensor id
     std::vector<char> filled_;  // per logical element, tensor-parallel jobs only
 };

@@ -5,6 +5,8 @@
 // the schedules' backward order, activation memory, the llm.c export, and refused layouts.
 // dp × pp: dp2 × pp2 (GPipe, 1F1B; 1, 2, 4 microbatches per replica; ZeRO 0-3), dp2 × pp3,
 // dp2 × interleaved pp2 with recomputation, dp4 × pp2 (and a ring sum over dp breaking the bits).
+// tp × pp: tp2 × pp2 and dp2 × tp2 × pp2 (GPipe, 1F1B; 2 and 4 microbatches; ZeRO 0-3), the
+// logical state from tp-sharded stages (LogicalState, gather_full), run_layout and llm.c files.
 #include "core/comm/inproc.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -352,8 +354,10 @@ TEST_CASE("pipeline layouts that cannot work are refused with a sentence naming 
     CHECK_THROWS_WITH(run_pipeline(with_layout(c, 1, "1f1b", 1)), Catch::Contains("layout.pp"));
     Config tp = with_layout(c, 2, "1f1b", 2);
     tp.layout.tp = 2;
-    tp.numerics.block = 8;  // whole blocks per tp rank: only the pipeline refuses it
-    CHECK_THROWS_WITH(run_pipeline(tp), Catch::Contains("layout.tp = 2"));
+    tp.numerics.block = 8;                                   // whole blocks per tp rank
+    comm::run_ranks(2, 30, [&](comm::Communicator& world) {  // a stage without its tp group
+        CHECK_THROWS_WITH(PipelineJob(tp, world), Catch::Contains("layout.tp = 2"));
+    });
 }
 
 namespace {
@@ -370,9 +374,12 @@ State dp_pipeline(const Config& c, bool& ranks_agree, comm::Algo algo = comm::Al
         const Coord at = mesh.coord_of(r);
         auto pp = world.split(mesh.group_color(MeshDim::pp, r), at.pp, "pp");
         auto dp = world.split(mesh.group_color(MeshDim::dp, r), at.dp, "dp");
-        PipelineJob job(c, *pp, ReplicaContext{dp.get(), l.zero, algo});
+        auto tp = world.split(mesh.group_color(MeshDim::tp, r), at.tp, "tp");
+        PipelineJob job(c, *pp,
+                        ReplicaContext{dp.get(), l.zero, algo, l.tp > 1 ? tp.get() : nullptr});
         CHECK(job.pp_rank() == at.pp);
         CHECK(job.dp_rank() == at.dp);
+        CHECK(job.tp_rank() == at.tp);
         job.run();
         State& s = per_rank[static_cast<size_t>(r)];
         job.gather_full(&s.params, &s.m, &s.v);
@@ -482,4 +489,151 @@ TEST_CASE("dp × pp layouts that cannot work are refused with a sentence naming 
     comm::run_ranks(2, 30, [&](comm::Communicator& world) {  // a job started on a wrong group
         CHECK_THROWS_WITH(PipelineJob(c, world), Catch::Contains("layout.dp = 2"));
     });
+}
+
+namespace {
+
+// Shapes whose tp shares are whole blocks of 16 at tp = 2 (as tests/test_tp_model.cpp): C = 64,
+// 4 heads, F = 128, V = 64; 4 layers, T = 32, so 16 token blocks per batch of 8.
+Config tp_pp_job() {
+    Config c = small_job(4);
+    c.model.vocab = 64;
+    c.model.hidden = 64;
+    c.model.ffn = 128;
+    c.model.seq_len = 32;
+    c.numerics.block = 16;
+    return c;
+}
+
+Config tp_pp(const Config& base, int dp, const std::string& schedule, int microbatches,
+             int zero = 0) {
+    Config c = with_layout(base, 2, schedule, microbatches);
+    c.layout.dp = dp;
+    c.layout.tp = 2;
+    c.layout.zero = zero;
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("tp2 × pp2 (GPipe, 1F1B; 2 and 4 microbatches) is bit-identical to the single device") {
+    const Config base = tp_pp_job();
+    const State ref = single_device(base);
+    for (const char* schedule : {"gpipe", "1f1b"})
+        for (int m : {2, 4}) {
+            bool agree = false;
+            const State got = pipeline(tp_pp(base, 1, schedule, m), agree);  // LogicalState
+            INFO("tp2 pp2 " << schedule << ", " << m << " microbatches");
+            check_same(ref, got, agree);
+        }
+}
+
+TEST_CASE("dp2 × tp2 × pp2 with GPipe and 1F1B, ZeRO 0-3, is bit-identical to the single device") {
+    const Config base = tp_pp_job();
+    const State ref = single_device(base);
+    for (const char* schedule : {"gpipe", "1f1b"})
+        for (int m : {2, 4})
+            for (int zero : {0, 1, 2, 3}) {
+                bool agree = false;
+                const State got = dp_pipeline(tp_pp(base, 2, schedule, m, zero), agree);
+                INFO("dp2 tp2 pp2 " << schedule << ", " << m << " microbatches per replica, ZeRO-"
+                                    << zero);
+                check_same(ref, got, agree);
+            }
+}
+
+TEST_CASE("tp × pp: pp3 (a middle stage without wte), interleaved with recomputation, tp4 × pp2") {
+    Config six = tp_pp_job();
+    six.model.layers = 6;
+    const State ref6 = single_device(six);
+    Config c = tp_pp(six, 2, "1f1b", 2, 2);
+    c.layout.pp = 3;
+    bool agree = false;
+    {
+        INFO("dp2 tp2 pp3 ZeRO-2");
+        const State got = dp_pipeline(c, agree);
+        check_same(ref6, got, agree);
+    }
+    const Config base = tp_pp_job();
+    const State ref = single_device(base);
+    c = tp_pp(base, 1, "interleaved", 4);
+    c.layout.virtual_stages = 2;
+    c.layout.recompute = "full";
+    {
+        INFO("tp2 interleaved pp2 v2, recompute full");
+        const State got = pipeline(c, agree);
+        check_same(ref, got, agree);
+    }
+    c = tp_pp(base, 1, "1f1b", 2);
+    c.layout.tp = 4;  // one vocabulary block and 16 channels per rank
+    {
+        INFO("tp4 pp2");
+        const State got = pipeline(c, agree);
+        check_same(ref, got, agree);
+    }
+    Config two_blocks = base;
+    two_blocks.model.vocab = 32;  // tp ranks 2 and 3 hold no rows of wte: empty tied exchange
+    const State ref32 = single_device(two_blocks);
+    c = tp_pp(two_blocks, 1, "gpipe", 2);
+    c.layout.tp = 4;
+    {
+        INFO("tp4 pp2 over a vocabulary of two blocks");
+        const State got = pipeline(c, agree);
+        check_same(ref32, got, agree);
+    }
+}
+
+TEST_CASE("run_layout starts dp2 × tp2 × pp2; inspect sees the stages' shards, unsharded") {
+    const Config base = tp_pp_job();
+    const State ref = single_device(base);
+    const Config c = tp_pp(base, 2, "1f1b", 2, 1);
+    bool agree = false;
+    const State got = pipeline(c, agree);  // every rank's shard absorbed: copies must agree
+    check_same(ref, got, agree);
+    int shards = 0;
+    run_pipeline(c, {}, [&](PipelineJob& job) {
+        CHECK(job.tp_size() == 2);
+        CHECK(job.model().parallel_layers() != nullptr);
+        CHECK(job.model().num_params() < ParamTable::build(c.model, job.model().part()).num_params);
+        shards++;
+    });
+    CHECK(shards == 8);
+
+    struct Losses : Observer {
+        std::vector<double> loss;
+        void on_step(const RunView&, const StepMetrics& m) override { loss.push_back(m.loss); }
+    } observer;
+    run_layout(c, {&observer});
+    CHECK(same_bits(series(ref, &StepMetrics::loss), observer.loss));
+}
+
+TEST_CASE("tp2 × pp2 exports the single device's llm.c file and starts from one") {
+    namespace fs = std::filesystem;
+    const fs::path dir = test::temp_dir("tp_pipeline_llmc");
+    auto read = [](const fs::path& p) {
+        std::ifstream f(p, std::ios::binary);
+        return std::vector<char>(std::istreambuf_iterator<char>(f), {});
+    };
+    Config c = tp_pp_job();
+    c.model.ffn = 4 * c.model.hidden;  // llm.c's format fixes the MLP at 4·C
+    c.train.steps = 2;
+    c.train.eval_every = 0;
+    c.output.export_llmc = (dir / "single.bin").string();
+    Job single(c);
+    single.run();
+    Config pc = tp_pp(c, 1, "1f1b", 2);
+    pc.output.export_llmc = (dir / "tp_pp.bin").string();
+    run_pipeline(pc);
+    const std::vector<char> a = read(dir / "single.bin"), b = read(dir / "tp_pp.bin");
+    CHECK(!a.empty());
+    CHECK(a == b);
+
+    Config from = c;
+    from.model.init_from = (dir / "single.bin").string();
+    from.output.export_llmc.clear();
+    const State ref = single_device(from);
+    bool agree = false;
+    const State got = pipeline(tp_pp(from, 1, "gpipe", 2), agree);
+    check_same(ref, got, agree);
+    fs::remove_all(dir);
 }

@@ -9,6 +9,7 @@
 #include "core/comm/inproc.h"
 #include "core/data.h"
 #include "core/error.h"
+#include "core/parallel/tp_model.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 
@@ -56,11 +57,6 @@ void check_pipeline_layout(const Layout& l, const std::string& source) {
         throw ConfigError(source + ": layout.pp = " + std::to_string(l.pp) +
                           ": a pipeline needs layout.pp >= 2 (with one stage the job runs as a "
                           "single Job)");
-    if (l.tp > 1)
-        throw ConfigError(source + ": layout.pp = " + std::to_string(l.pp) +
-                          " with layout.tp = " + std::to_string(l.tp) +
-                          ": pipeline parallelism runs with tp = 1 in this build (dp × pp is "
-                          "available)");
 }
 
 // ZeRO shard edges of a stage's parameters over dp replicas: t.total·r/dp moved up to the next
@@ -101,6 +97,11 @@ void reduce_scatter_cut(comm::Communicator& dp, float* seg, const std::vector<i6
     dp.reduce_scatter(piece.data(), staging.data(), chunk, algo);
     std::memcpy(seg + cuts[r], piece.data(),
                 static_cast<size_t>(cuts[r + 1] - cuts[r]) * sizeof(float));
+}
+
+// The model's TpLayers; null when the stage is not cut over a tp group.
+const TpLayers* tp_layers(const GPT& m) {
+    return dynamic_cast<const TpLayers*>(m.parallel_layers());
 }
 
 // Per-rank element counts of cuts (size p+1).
@@ -240,6 +241,13 @@ PipelineJob::PipelineJob(const Config& cfg, comm::Communicator& pp, ReplicaConte
     if (dp_ != l.dp)
         throw ConfigError("the data-parallel group has " + std::to_string(dp_) +
                           " ranks but layout.dp = " + std::to_string(l.dp));
+    if (replica_.tp) {
+        tp_rank_ = replica_.tp->rank();
+        tp_ = replica_.tp->size();
+    }
+    if (tp_ != l.tp)
+        throw ConfigError("the tensor-parallel group has " + std::to_string(tp_) +
+                          " ranks but layout.tp = " + std::to_string(l.tp));
     if (cfg_.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg_.train.threads));
 
     const TrainConfig& tc = cfg_.train;
@@ -269,8 +277,24 @@ PipelineJob::PipelineJob(const Config& cfg, comm::Communicator& pp, ReplicaConte
             if (owner_[static_cast<size_t>(e.id)] < 0) owner_[static_cast<size_t>(e.id)] = r;
     }
 
-    model_ = std::make_unique<GPT>(cfg_.model, nx_, parts_[static_cast<size_t>(rank_)]);
-    if (!cfg_.model.init_from.empty()) {
+    const ModelPart& part = parts_[static_cast<size_t>(rank_)];
+    if (tp_ > 1) {
+        // The stage's part over TpLayers: this tp rank's shard of the stage's tensors.
+        model_ = std::make_unique<GPT>(
+            cfg_.model, nx_, part, std::make_shared<const TpLayers>(*replica_.tp, nx_, cfg_.model));
+    } else {
+        model_ = std::make_unique<GPT>(cfg_.model, nx_, part);
+    }
+    if (const TpLayers* tpl = tp_layers(*model_); tpl && !cfg_.model.init_from.empty()) {
+        // The checkpoint holds the logical tensors: read them whole, keep this shard's slices.
+        const ParamTable full = ParamTable::build(cfg_.model);
+        std::vector<float> buf(static_cast<size_t>(full.total));
+        read_llmc_checkpoint(cfg_.model.init_from, cfg_.model, [&](const std::string& name) {
+            const int i = full.find(name);
+            return i < 0 ? nullptr : buf.data() + full.entries[static_cast<size_t>(i)].offset;
+        });
+        load_logical(*tpl, *model_, full, buf.data());
+    } else if (!cfg_.model.init_from.empty()) {
         // The checkpoint holds the whole model: this stage keeps its tensors, the rest is read
         // into a scratch buffer and dropped.
         const GPT& m = *model_;
@@ -451,7 +475,8 @@ void PipelineJob::run_actions() {
 void PipelineJob::exchange_tied_grads(float* g) {
     const GPT& m = *model_;
     if (!m.part().holds_wte()) return;
-    const i64 VC = cfg_.model.vocab * cfg_.model.hidden;
+    // This tp rank's rows of wte: the same rows on the first and the last stage.
+    const i64 VC = m.table().entries[static_cast<size_t>(m.table().wte)].numel();
     float* emb = g + m.table().entries[static_cast<size_t>(m.table().wte)].offset;
     float* head = g + m.grad_layout().head_offset;
     if (first_stage()) {
@@ -472,7 +497,18 @@ float PipelineJob::grad_norm(float* g) {
     const GPT& m = *model_;
     const i64 n = static_cast<i64>(owner_.size());
     std::vector<float> mine(static_cast<size_t>(n), 0.0f), all(static_cast<size_t>(n * pp_));
-    if (zero_ >= 2) {
+    if (const TpLayers* tpl = tp_layers(m)) {
+        // Each logical tensor's Σg² from its shards' exact block partials (over dp too when the
+        // gradient is sharded there: this replica's floats are [lo, hi)).
+        const bool sharded = zero_ >= 2;
+        const std::vector<float> sums =
+            tp_sum_squares(*tpl, m, g, sharded ? replica_.dp : nullptr, sharded ? opt_->lo() : 0,
+                           sharded ? opt_->hi() : -1);
+        for (size_t i = 0; i < m.table().entries.size(); i++) {
+            const int id = m.table().entries[i].id;
+            if (owner_[static_cast<size_t>(id)] == rank_) mine[static_cast<size_t>(id)] = sums[i];
+        }
+    } else if (zero_ >= 2) {
         stage_sum_squares(g, mine);
     } else {
         for (size_t i = 0; i < m.table().entries.size(); i++) {
@@ -704,33 +740,60 @@ void PipelineJob::gather_losses(std::vector<float>& all, const std::vector<float
 void PipelineJob::gather_full(std::vector<float>* params, std::vector<float>* m,
                               std::vector<float>* v) {
     const ParamTable full = ParamTable::build(cfg_.model);
-    std::vector<ParamTable> tables;
-    std::vector<i64> counts;
-    for (const ModelPart& p : parts_) {
-        tables.push_back(ParamTable::build(cfg_.model, p));
-        counts.push_back(tables.back().total);
-    }
+    const TpLayers* tpl = tp_layers(*model_);
+    // tables[t][r]: the table of pp rank r's stage on tp rank t (local shapes).
+    std::vector<std::vector<ParamTable>> tables(static_cast<size_t>(tp_));
+    std::vector<i64> tp_counts(static_cast<size_t>(tp_), 0);
+    for (int t = 0; t < tp_; t++)
+        for (const ModelPart& p : parts_) {
+            tables[static_cast<size_t>(t)].push_back(
+                tpl ? ParamTable::build(cfg_.model, p,
+                                        TpDims{tp_, tpl->shards().vocabulary.local(t)})
+                    : ParamTable::build(cfg_.model, p));
+            tp_counts[static_cast<size_t>(t)] += tables[static_cast<size_t>(t)].back().total;
+        }
+    std::vector<i64> pp_counts;
+    for (const ParamTable& t : tables[static_cast<size_t>(tp_rank_)]) pp_counts.push_back(t.total);
     i64 sum = 0;
-    for (i64 c : counts) sum += c;
+    for (i64 c : tp_counts) sum += c;
+    std::vector<float> stages(static_cast<size_t>(tp_counts[static_cast<size_t>(tp_rank_)]));
     std::vector<float> gathered(static_cast<size_t>(sum));
+    // Every stage's arrays over pp (this tp rank's shards), then every tp rank's over tp; each
+    // element then goes to its logical place (identity without tp).
     auto assemble = [&](std::vector<float>* out, const float* local, const char* what) {
         if (out == nullptr) return;
-        comm_.all_gather_v(gathered.data(), local, std::span<const i64>(counts));
+        comm_.all_gather_v(stages.data(), local, std::span<const i64>(pp_counts));
+        if (tpl)
+            replica_.tp->all_gather_v(gathered.data(), static_cast<const float*>(stages.data()),
+                                      std::span<const i64>(tp_counts));
+        else
+            gathered = stages;
         out->assign(static_cast<size_t>(full.total), 0.0f);
-        std::vector<char> seen(full.entries.size(), 0);
+        std::vector<char> seen(full.entries.size() * static_cast<size_t>(tp_), 0);
         i64 base = 0;
-        for (int r = 0; r < pp_; r++) {
-            for (const TableEntry& e : tables[static_cast<size_t>(r)].entries) {
-                const float* src = gathered.data() + base + e.offset;
-                float* dst = out->data() + full.entries[static_cast<size_t>(e.id)].offset;
-                const size_t bytes = static_cast<size_t>(e.numel()) * sizeof(float);
-                if (seen[static_cast<size_t>(e.id)] && std::memcmp(dst, src, bytes) != 0)
-                    throw InternalError(std::string("pipeline: the stages' copies of ") + e.name +
-                                        " (" + what + ") differ");
-                std::memcpy(dst, src, bytes);
-                seen[static_cast<size_t>(e.id)] = 1;
+        for (int t = 0; t < tp_; t++) {
+            for (int r = 0; r < pp_; r++) {
+                const ParamTable& table = tables[static_cast<size_t>(t)][static_cast<size_t>(r)];
+                for (const TableEntry& e : table.entries) {
+                    const float* src = gathered.data() + base + e.offset;
+                    float* dst = out->data() + full.entries[static_cast<size_t>(e.id)].offset;
+                    const size_t at = static_cast<size_t>(e.id) * static_cast<size_t>(tp_) +
+                                      static_cast<size_t>(t);
+                    std::vector<i64> idx;
+                    if (tpl) idx = logical_indices(*tpl, e, cfg_.model, t);
+                    bool same = true;
+                    for (i64 j = 0; j < e.numel(); j++) {
+                        float& d = dst[tpl ? idx[static_cast<size_t>(j)] : j];
+                        if (seen[at] && std::memcmp(&d, src + j, sizeof(float)) != 0) same = false;
+                        d = src[j];
+                    }
+                    if (!same)
+                        throw InternalError(std::string("pipeline: the stages' copies of ") +
+                                            e.name + " (" + what + ") differ");
+                    seen[at] = 1;
+                }
+                base += table.total;
             }
-            base += counts[static_cast<size_t>(r)];
         }
     };
     // ZeRO: the stage's whole moments from the replicas' shards first.
@@ -774,7 +837,7 @@ void PipelineJob::run(const std::function<void(const StepMetrics&)>& on_step) {
     if (!cfg_.output.export_llmc.empty()) {
         std::vector<float> params;
         gather_full(&params, nullptr, nullptr);
-        if (rank_ == 0) {
+        if (rank_ == 0 && dp_rank_ == 0 && tp_rank_ == 0) {  // one writer
             const ParamTable full = ParamTable::build(cfg_.model);
             write_llmc_checkpoint(
                 cfg_.output.export_llmc, cfg_.model, [&](const std::string& name) {
@@ -804,16 +867,21 @@ void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers,
 
     std::mutex inspect_mutex;
     comm::run_ranks(n, l.timeout_s, [&](comm::Communicator& world) {
-        // 1. Groups (tp = 1): a pp group per replica (pipeline order), a dp group per stage.
+        // 1. Groups: a pp group per (replica, tp rank) (pipeline order: the same tp rank of
+        //    every stage), a dp group per (stage, tp rank), a tp group per (stage, replica).
         const int r = world.rank();
         const Coord at = mesh.coord_of(r);
         const std::unique_ptr<comm::Communicator> pp =
             world.split(mesh.group_color(MeshDim::pp, r), at.pp, dim_name(MeshDim::pp));
         const std::unique_ptr<comm::Communicator> dp =
             world.split(mesh.group_color(MeshDim::dp, r), at.dp, dim_name(MeshDim::dp));
-        // 2. Each replica's pipeline; its stages reduce their gradients over dp.
+        const std::unique_ptr<comm::Communicator> tp =
+            world.split(mesh.group_color(MeshDim::tp, r), at.tp, dim_name(MeshDim::tp));
+        // 2. Each replica's pipeline; a stage is cut over its tp group, and reduces its
+        //    gradients over dp.
         PipelineJob job(rank_cfg, *pp,
-                        ReplicaContext{l.dp > 1 ? dp.get() : nullptr, l.zero, l.algo});
+                        ReplicaContext{l.dp > 1 ? dp.get() : nullptr, l.zero, l.algo,
+                                       l.tp > 1 ? tp.get() : nullptr});
         const bool report = r == 0;
         if (report)
             for (Observer* o : observers) o->on_start(job);

@@ -1,13 +1,14 @@
 // Pipeline parallelism (DESIGN.md §3, PP) on the pp group: each pp rank holds the layers of its
 // virtual stages as one GPT over a ModelPart (core/model.h) and runs its schedule's action list
 // (core/parallel/schedule.h) with point-to-point messages; with dp > 1 each data-parallel
-// replica is one pipeline, and a stage's gradient is all-reduced over its dp group. tp = 1.
+// replica is one pipeline, and a stage's gradient is all-reduced over its dp group. With tp > 1
+// each stage is cut over its tp group (tp_model.h's TpLayers on the stage's part).
 //
 // Index
 //   stage_part         the ModelPart of a pp rank: its chunks' layers, embedding, head
 //   TreeAccumulator    one chunk's microbatch gradients, combined in the token tree in any order
 //   PipelineJob        one pp rank: step(), evaluate(), run(); its stage's model and optimizer
-//   run_pipeline       trains a config with layout.pp >= 2 on dp·pp in-process ranks
+//   run_pipeline       trains a config with layout.pp >= 2 on dp·pp·tp in-process ranks
 //
 // The math. Virtual stage k computes h_k = f_k(h_{k-1}) on each microbatch (h_{-1}: the tokens,
 // f_0 starts with the embedding; the last stage ends in ln_f, the LM head and the per-token
@@ -44,6 +45,15 @@
 //      and last stages cut their tables differently and swap them whole); the norm's per-tensor
 //      trees are formed from the shards' canonical blocks, gathered (zero.h's argument). ZeRO-3
 //      also drops the weights outside the shard between steps and gathers them before use.
+//   9. Tensor parallelism (tp × pp): a stage is a tp group, each rank holding its shard of the
+//      stage's layers (TpLayers), whose layers give the single device's bits (tp_model.h).
+//      Messages (B,T,C) are replicated over the stage's tp ranks, so tp rank t of stage s talks
+//      to tp rank t of stage s±1 (the pp group is the ranks sharing dp and tp coordinates). wte
+//      is vocabulary-parallel with the same row shard on the first and the last stage: tied
+//      exchange between the same tp ranks, of the local rows. Norm: each owned tensor's
+//      canonical Σg² over its logical blocks (tp_sum_squares: exact partials over tp, and over
+//      dp under ZeRO-2/3), then 5. Gradients are all-reduced over dp only (replicated tensors
+//      get the same bits on every tp rank).
 //
 // Messages. Sends are posted asynchronously and recvs block, as the schedule's contract says
 // (so no rank can deadlock on a send); each send's Handle stays with the activations it reads and
@@ -114,7 +124,8 @@ private:
 class PipelineJob : public RunView {
 public:
     // `pp` is the pipeline group (its rank is the pp rank); `replica` the data-parallel group of
-    // this stage (its rank is the dp rank; null when dp = 1), the ZeRO stage and the algorithm.
+    // this stage (its rank is the dp rank; null when dp = 1), the ZeRO stage and the algorithm,
+    // and the stage's tensor-parallel group (null when tp = 1).
     // Validates the layout (ConfigError naming the keys: pp <= layers, interleaved divisibility,
     // microbatches, token-tree nodes, group sizes).
     PipelineJob(const Config& cfg, comm::Communicator& pp, ReplicaContext replica = {});
@@ -129,7 +140,8 @@ public:
     void run(const std::function<void(const StepMetrics&)>& on_step = {});
 
     // Collective over the pp group (and the dp group under ZeRO-1, whose moment shards are
-    // gathered first): the whole model's flat arrays (ParamTable::build(model) layout) of
+    // gathered first; and the tp group, whose shards go to their logical places): the whole
+    // model's flat arrays (ParamTable::build(model) layout) of
     // weights and Adam moments, assembled from the stages on every rank. Null pointers are
     // skipped. Throws InternalError if the two copies of wte differ.
     void gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v);
@@ -146,6 +158,8 @@ public:
     int pp_size() const { return pp_; }
     int dp_rank() const { return dp_rank_; }
     int dp_size() const override { return dp_; }
+    int tp_rank() const { return tp_rank_; }
+    int tp_size() const { return tp_; }
     GPT& model() { return *model_; }  // this stage
     const GPT& model() const { return *model_; }
     const AdamW& optimizer() const { return *opt_; }  // under ZeRO-1: moments of [lo, hi)
@@ -190,6 +204,7 @@ private:
     ReplicaContext replica_;    // the dp group of this stage
     int rank_ = 0, pp_ = 1, v_ = 1, S_ = 1, M_ = 1;
     int dp_rank_ = 0, dp_ = 1;
+    int tp_rank_ = 0, tp_ = 1;
     i64 T_ = 0, micro_B_ = 0, hidden_floats_ = 0;  // hidden_floats_: one (micro_B,T,C) message
     i64 local_B_ = 0;                              // sequences per replica and step
     int zero_ = 0;                                 // ZeRO stage over dp (0 when dp = 1)
@@ -214,8 +229,8 @@ private:
     std::vector<StepMetrics> history_;
 };
 
-// Trains cfg (layout.pp >= 2, tp = 1) for train.steps steps on dp·pp in-process ranks, split
-// into pp groups and dp groups by the Mesh's colors. `observers` follow world rank 0 (metrics
+// Trains cfg (layout.pp >= 2) for train.steps steps on dp·pp·tp in-process ranks, split into
+// pp, dp and tp groups by the Mesh's colors. `observers` follow world rank 0 (metrics
 // are the same on every rank but comm_bytes). `inspect`,
 // when given, is called once per rank after its last step (and PipelineJob::unshard), one rank
 // at a time.

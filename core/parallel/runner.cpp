@@ -15,26 +15,14 @@ namespace px {
 
 int world_size(const LayoutConfig& layout) { return layout.dp * layout.pp * layout.tp; }
 
-namespace {
-
-void refuse_unavailable(const LayoutConfig& l) {
-    if (l.tp > 1 && l.pp > 1)
-        throw ConfigError("layout.tp = " + std::to_string(l.tp) + " with layout.pp = " +
-                          std::to_string(l.pp) +
-                          ": tensor and pipeline parallelism together are not in this build yet; "
-                          "use layout.tp = 1 or layout.pp = 1");
-}
-
-}  // namespace
-
 void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
                 const std::function<void(Job&)>& inspect) {
     const LayoutConfig& l = cfg.layout;
     // The layout checks itself first: products, divisibility, token-tree nodes (mesh.h).
     const Layout layout = make_layout(cfg);
-    refuse_unavailable(l);
     const int n = layout.world_size();
-    if (l.pp > 1) {  // 4. pipeline parallelism: stages of layers, a schedule of actions
+    if (l.pp > 1) {  // 4. pipeline parallelism: stages of layers, a schedule of actions (with
+                     //    dp and tp inside, run_pipeline splits the groups)
         run_pipeline(cfg, observers);
         return;
     }

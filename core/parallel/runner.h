@@ -12,9 +12,9 @@
 //      (ZeRO-2/3: gradients, then weights, sharded too; core/parallel/zero.h);
 //   4. pipeline parallelism (layout.pp > 1): run_layout hands the layout to run_pipeline
 //      (pipeline.h);
-//   5. tensor parallelism (layout.tp > 1, with pp = 1): the world splits into tp and dp groups;
-//      each dp replica is a tp group of ranks holding one shard of the model each
-//      (core/parallel/tp_model.h). tp together with pp is refused with a sentence, for now.
+//   5. tensor parallelism (layout.tp > 1): the world splits into tp and dp groups; each dp
+//      replica is a tp group of ranks holding one shard of the model each
+//      (core/parallel/tp_model.h); with pp > 1 each pipeline stage is such a group.
 #pragma once
 #include "core/config.h"
 #include "core/job.h"

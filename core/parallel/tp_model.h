@@ -89,6 +89,13 @@ std::unique_ptr<GPT> make_tp_model(comm::Communicator& tp, const Numerics& nx,
 float tp_grad_norm(const TpLayers& tp, const GPT& model, const float* grads,
                    comm::Communicator* dp = nullptr, i64 lo = 0, i64 hi = -1);
 
+// Per entry of model's table (a whole model or a pipeline stage's part): the canonical Σg² of
+// the logical tensor, as tp_grad_norm forms it before its tree over tensors; the same bits on
+// every rank of the tp group (and of dp under ZeRO-2/3). A collective, with tp_grad_norm's
+// arguments.
+std::vector<float> tp_sum_squares(const TpLayers& tp, const GPT& model, const float* grads,
+                                  comm::Communicator* dp = nullptr, i64 lo = 0, i64 hi = -1);
+
 // For each local element of parameter e (an entry of tp rank `rank`'s table; default this rank's),
 // its flat index in the logical tensor.
 std::vector<i64> logical_indices(const TpLayers& tp, const TableEntry& e, const ModelConfig& mc,

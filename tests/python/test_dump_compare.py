@@ -41,6 +41,9 @@ def test_dump_has_every_tensor_and_step(tmp_path):
                                     ["layout.dp=2", "layout.pp=2", "layout.microbatches=2", "layout.zero=1"],
                                     ["layout.tp=2", "numerics.block=32"],
                                     ["layout.dp=2", "layout.tp=2", "layout.zero=3", "numerics.block=16"],
+                                    ["layout.tp=2", "layout.pp=2", "layout.microbatches=2", "numerics.block=32"],
+                                    ["layout.dp=2", "layout.tp=2", "layout.pp=2", "layout.zero=1",
+                                     "layout.microbatches=2", "numerics.block=32"],
                                     ["layout.pp=2", "layout.microbatches=4", "layout.schedule=interleaved",
                                      "layout.virtual_stages=2", "model.layers=4"]])
 def test_layout_dump_equals_single_device_bit_for_bit(tmp_path, layout):
