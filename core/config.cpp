@@ -72,6 +72,7 @@ const std::array kKeys = {
     PX_KEY(layout, schedule, "pipeline schedule: \"gpipe\", \"1f1b\" or \"interleaved\""),
     PX_KEY(layout, virtual_stages, "v, model chunks per pipeline rank; >= 2 exactly when schedule = \"interleaved\""),
     PX_KEY(layout, recompute, "activation recomputation: \"none\" or \"full\" (each block's forward again in its backward)"),
+    PX_KEY(layout, sequence_parallel, "with tp > 1, keep the residual stream and the LayerNorms sharded by tokens (Megatron sequence parallelism: all-gather before and reduce-scatter after the tp linears instead of all-reduce); batch tokens per microbatch must give each tp rank whole blocks"),
     PX_KEY(layout, comm, "reducing collectives: \"auto\" (canonical in bitwise mode, ring in fast), \"canonical\" or \"ring\""),
     PX_KEY(layout, timeout_s, "seconds a collective waits for its peers before the job fails (> 0)"),
     PX_KEY(train, steps, "optimizer steps"),

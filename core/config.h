@@ -49,6 +49,8 @@ struct LayoutConfig {
     std::string schedule = "1f1b";   // pipeline schedule: "gpipe", "1f1b" or "interleaved"
     int virtual_stages = 1;          // v, model chunks per pp rank; >= 2 only with "interleaved"
     std::string recompute = "none";  // activation recomputation: "none" or "full" (per block)
+    bool sequence_parallel = false;  // tp > 1: residual stream and LayerNorms sharded by tokens
+                                     // (all-gather / reduce-scatter around the tp linears)
     std::string comm = "auto";       // reducing collectives: "auto", "canonical" or "ring"
     double timeout_s = 60.0;         // seconds a collective waits for its peers before failing
 

@@ -103,7 +103,7 @@ Job::Job(const Config& cfg, ReplicaContext replica)
 
     if (tp_size() > 1) {
         // Tensor parallelism: this rank holds its shard of every layer (tp_model.h).
-        model_ = make_tp_model(*replica_.tp, nx_, cfg_.model);
+        model_ = make_tp_model(*replica_.tp, nx_, cfg_.model, cfg_.layout.sequence_parallel);
     } else {
         model_ = std::make_unique<GPT>(cfg_.model, nx_);
     }

@@ -30,6 +30,15 @@ Tensor make_view(float* data, const i64* dims, int ndim, const char* name) {
 
 void zero(const Tensor& t) { std::memset(t.data, 0, static_cast<size_t>(t.numel()) * sizeof(float)); }
 
+// Rows [r.lo, r.hi) of t seen as (rows, last dim); a vector (B,T) gives (hi - lo).
+Tensor token_view(const Tensor& t, TokenRows r, i64 BT) {
+    const i64 w = t.numel() / BT;
+    Tensor v = w == 1 ? view_f32(t.f32() + r.lo, {r.hi - r.lo})
+                      : view_f32(t.f32() + r.lo * w, {r.hi - r.lo, w});
+    v.name = t.name;
+    return v;
+}
+
 }  // namespace
 
 // ---- activations -----------------------------------------------------------------------------
@@ -85,6 +94,7 @@ GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part)
 GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
          std::shared_ptr<const ParallelLayers> layers)
     : mc_(mc), nx_(nx), part_(part), layers_(std::move(layers)),
+      sp_(layers_ && layers_->sequence_parallel()),
       dims_(layers_ ? layers_->dims() : TpDims{}), table_(ParamTable::build(mc, part, dims_)) {
     PX_ASSERT(!part_.chunks.empty(), "a model part needs at least one chunk of layers");
     glayout_.head_offset = table_.total;
@@ -192,6 +202,37 @@ void GPT::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight, c
     else ops::matmul_backward(nx_, &dinp, &dweight, dbias, dout, inp, weight);
 }
 
+// Under sequence parallelism these run on this rank's token rows only (BT from mean/rstd's and
+// a's (B,T) token count).
+void GPT::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                            const Tensor& inp, const Tensor& weight, const Tensor& bias) const {
+    if (!sp_) {
+        ops::layernorm_forward(nx_, out, mean, rstd, inp, weight, bias);
+        return;
+    }
+    const i64 BT = mean.numel();
+    const TokenRows r = layers_->token_rows(BT);
+    ops::layernorm_forward(nx_, token_view(out, r, BT), token_view(mean, r, BT),
+                           token_view(rstd, r, BT), token_view(inp, r, BT), weight, bias);
+}
+
+void GPT::layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                             const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                             const Tensor& mean, const Tensor& rstd) const {
+    if (sp_) layers_->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+    else ops::layernorm_backward(nx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+}
+
+void GPT::residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) const {
+    if (!sp_) {
+        ops::residual_forward(nx_, out, a, b);
+        return;
+    }
+    const i64 BT = out.numel() / mc_.hidden;
+    const TokenRows r = layers_->token_rows(BT);
+    ops::residual_forward(nx_, token_view(out, r, BT), token_view(a, r, BT), token_view(b, r, BT));
+}
+
 // Block l: residual2 = x + attn(ln1(x)), residual3 = residual2 + mlp(ln2(residual2)).
 void GPT::block_forward(Activations& a, int l, int i) const {
     const Numerics& nx = nx_;
@@ -206,18 +247,22 @@ void GPT::block_forward(Activations& a, int l, int i) const {
     const Tensor qkvb = P(l, QKVB), attprojb = P(l, ATTPROJB), fcb = P(l, FCB),
                  fcprojb = P(l, FCPROJB);
 
-    ops::layernorm_forward(nx, ln1, a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i), residual,
-                           P(l, LN1W), P(l, LN1B));
+    // Sequence parallelism: the LayerNorms and residual adds on this rank's tokens; all-gather
+    // before each column-parallel linear, reduce-scatter in each row-parallel one.
+    layernorm_forward(ln1, a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i), residual, P(l, LN1W),
+                      P(l, LN1B));
+    sp_gather(ln1);
     linear_forward(Linear::qkv, qkv, ln1, P(l, QKVW), &qkvb);
     ops::attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, resolve_dim(Dim::NH, mc_, dims_));
     linear_forward(Linear::attn_proj, proj, atty, P(l, ATTPROJW), &attprojb);
-    ops::residual_forward(nx, residual2, residual, proj);
-    ops::layernorm_forward(nx, ln2, a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i), residual2,
-                           P(l, LN2W), P(l, LN2B));
+    residual_forward(residual2, residual, proj);
+    layernorm_forward(ln2, a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i), residual2, P(l, LN2W),
+                      P(l, LN2B));
+    sp_gather(ln2);
     linear_forward(Linear::fc, fch, ln2, P(l, FCW), &fcb);
     ops::gelu_forward(nx, fch_gelu, fch);
     linear_forward(Linear::fc_proj, proj, fch_gelu, P(l, FCPROJW), &fcprojb);
-    ops::residual_forward(nx, residual3, residual2, proj);
+    residual_forward(residual3, residual2, proj);
 }
 
 // dresidual holds d(residual3) on entry and d(x) on return.
@@ -232,6 +277,8 @@ void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
                  dqkvb = G(QKVB);
 
     // residual3 = residual2 + mlp(ln2(residual2)): dresidual flows to both branches.
+    // (Sequence parallelism: this rank's rows of d(residual3), all-gathered for fc_proj.)
+    sp_gather(dresidual);
     zero(dfch_gelu);
     linear_backward(Linear::fc_proj, dfch_gelu, dfcprojw, &dfcprojb, dresidual,
                     a.layer(FCH_GELU, i), P(l, FCPROJW));
@@ -239,8 +286,9 @@ void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
     ops::gelu_backward(nx, dfch, a.layer(FCH, i), dfch_gelu);
     zero(dbuf_c);
     linear_backward(Linear::fc, dbuf_c, dfcw, &dfcb, dfch, a.layer(LN2, i), P(l, FCW));
-    ops::layernorm_backward(nx, dresidual, G(LN2W), G(LN2B), dbuf_c, a.layer(RESIDUAL2, i),
-                            P(l, LN2W), a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i));
+    layernorm_backward(dresidual, G(LN2W), G(LN2B), dbuf_c, a.layer(RESIDUAL2, i), P(l, LN2W),
+                       a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i));
+    sp_gather(dresidual);
 
     // residual2 = residual + attn(ln1(residual)).
     const Tensor datty = a.layer(ATTY, i);  // d(atty) staged in dbuf_c, sized like atty
@@ -253,8 +301,8 @@ void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
                             a.layer(ATT, i), resolve_dim(Dim::NH, mc_, dims_));
     zero(dbuf_c);
     linear_backward(Linear::qkv, dbuf_c, dqkvw, &dqkvb, dqkv, a.layer(LN1, i), P(l, QKVW));
-    ops::layernorm_backward(nx, dresidual, G(LN1W), G(LN1B), dbuf_c, residual, P(l, LN1W),
-                            a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i));
+    layernorm_backward(dresidual, G(LN1W), G(LN1B), dbuf_c, residual, P(l, LN1W),
+                       a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i));
 }
 
 void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targets) const {
@@ -273,8 +321,9 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
     for (int l = layers.lo; l < layers.hi; l++) block_forward(a, l, l - layers.lo);
     if (!has_head(chunk)) return;
     const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
-    ops::layernorm_forward(nx, a.tensor(LNF), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD), last,
-                           param(table_.lnfw), param(table_.lnfb));
+    layernorm_forward(a.tensor(LNF), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD), last,
+                      param(table_.lnfw), param(table_.lnfb));
+    sp_gather(a.tensor(LNF));
     // LM head tied to wte: logits (B,T,V) = lnf · wteᵀ, written into probs, then softmax in place.
     const Tensor probs = a.tensor(PROBS);
     if (layers_) {
@@ -308,9 +357,8 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
         }
         zero(dresidual);
         const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
-        ops::layernorm_backward(nx, dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb),
-                                dbuf_c, last, param(table_.lnfw), a.tensor(LNF_MEAN),
-                                a.tensor(LNF_RSTD));
+        layernorm_backward(dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb), dbuf_c,
+                           last, param(table_.lnfw), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD));
     }
     for (int l = layers.hi - 1; l >= layers.lo; l--) {
         // Recompute: the block's internals were not kept; its forward from the kept input
@@ -319,6 +367,7 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
         block_backward(a, grads, l, l - layers.lo);
     }
     if (has_embedding(chunk)) {
+        sp_gather(dresidual);  // sequence parallelism: d(encoded) of every token
         if (layers_)
             layers_->embedding_backward(grad(grads, table_.wte), grad(grads, table_.wpe),
                                         dresidual, tokens);

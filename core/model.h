@@ -73,9 +73,31 @@ enum class Linear : std::uint8_t { qkv, attn_proj, fc, fc_proj };
 // them over a tensor-parallel group). The model only says which layer runs on which tensors; a
 // GPT without ParallelLayers calls the plain kernels (kernels/ops.h). Tensors are the model's
 // local ones (shapes from dims()); gradients accumulate, activations assign, as in the kernels.
+// Token rows [lo, hi) of a microbatch's flat B·T token axis.
+struct TokenRows {
+    i64 lo = 0, hi = 0;
+};
+
 class ParallelLayers {
 public:
     virtual ~ParallelLayers() = default;
+    // Sequence parallelism: between a row-parallel output and the next column-parallel input this
+    // rank holds only token_rows(BT) of the residual stream, and the model runs the LayerNorms and
+    // residual adds on those rows alone; it then calls sp_gather before each column-parallel
+    // linear (and, in backward, before each row-parallel one), and layernorm_backward for the
+    // LayerNorms. The row-parallel linears' forward and the column-parallel ones' backward (and
+    // head_backward's dlnf) then write only this rank's token rows of out / dinp. Tensors are
+    // still the whole microbatch's (B,T,...) buffers; rows outside token_rows are not read.
+    virtual bool sequence_parallel() const { return false; }
+    virtual TokenRows token_rows(i64 BT) const { return {0, BT}; }
+    // t (B,T,w) or (BT,w): every rank's token_rows -> all rows, in place (all-gather).
+    virtual void sp_gather(const Tensor& /*t*/) const {}
+    // As ops::layernorm_backward on token_rows only (full tensors given); dweight and dbias get
+    // the whole microbatch's token reductions, the same bits on every rank.
+    virtual void layernorm_backward(const Tensor& /*dinp*/, const Tensor& /*dweight*/,
+                                    const Tensor& /*dbias*/, const Tensor& /*dout*/,
+                                    const Tensor& /*inp*/, const Tensor& /*weight*/,
+                                    const Tensor& /*mean*/, const Tensor& /*rstd*/) const {}
     virtual TpDims dims() const = 0;  // local sizes of parameters and activations
     // p (e's local elements) = this model's slice of e's initialisation N(0, std) (core/rng.h).
     virtual void fill_normal(float* p, const TableEntry& e, float std,
@@ -171,11 +193,23 @@ private:
                         const Tensor* bias) const;
     void linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
                          const Tensor& dout, const Tensor& inp, const Tensor& weight) const;
+    // Sequence parallelism (see ParallelLayers): the LayerNorm forward/backward and a residual
+    // add on this rank's token rows; plain ops on whole tensors otherwise.
+    void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& inp, const Tensor& weight, const Tensor& bias) const;
+    void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                            const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                            const Tensor& mean, const Tensor& rstd) const;
+    void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) const;
+    void sp_gather(const Tensor& t) const {
+        if (sp_) layers_->sp_gather(t);
+    }
 
     ModelConfig mc_;
     Numerics nx_;
     ModelPart part_;
     std::shared_ptr<const ParallelLayers> layers_;  // null: the plain kernels
+    bool sp_ = false;                               // layers_->sequence_parallel()
     TpDims dims_;                                   // local sizes (the whole model without layers_)
     ParamTable table_;
     GradLayout glayout_;

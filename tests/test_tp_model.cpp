@@ -48,8 +48,9 @@ std::vector<double> series(const LogicalState& s, double StepMetrics::*field) {
     return out;
 }
 
-void check_layout(Config c, int dp, int tp, int zero = 0, int microbatches = 0) {
+void check_layout(Config c, int dp, int tp, int zero = 0, int microbatches = 0, bool sp = false) {
     const LogicalState ref = single_device(c);
+    c.layout.sequence_parallel = sp;
     c.layout.dp = dp;
     c.layout.tp = tp;
     c.layout.zero = zero;
@@ -61,7 +62,8 @@ void check_layout(Config c, int dp, int tp, int zero = 0, int microbatches = 0) 
         agree = got.absorb(job) && agree;
         ranks++;
     });
-    INFO("dp" << dp << " tp" << tp << " zero" << zero << " microbatches " << microbatches);
+    INFO("dp" << dp << " tp" << tp << " zero" << zero << " microbatches " << microbatches
+              << (sp ? " +SP" : ""));
     CHECK(ranks == dp * tp);
     CHECK(agree);
     CHECK(got.complete());
@@ -112,6 +114,35 @@ TEST_CASE("dp2 x tp2 is bit-identical to the single device, every ZeRO stage") {
 TEST_CASE("dp2 x tp2 with microbatches, and dp2 x tp4 under ZeRO-3, are bit-identical") {
     check_layout(tp_job(), 2, 2, 1, 2);
     check_layout(tp_job(), 2, 4, 3, 2);
+}
+
+TEST_CASE("sequence parallelism: tp2+SP and tp4+SP are bit-identical to the single device") {
+    check_layout(tp_job(), 1, 2, 0, 0, true);
+    check_layout(tp_job(), 1, 4, 0, 0, true);
+}
+
+TEST_CASE("sequence parallelism: dp2 x tp2+SP, with microbatches and ZeRO, is bit-identical") {
+    check_layout(tp_job(), 2, 2, 0, 0, true);
+    check_layout(tp_job(), 2, 2, 1, 2, true);
+    // Token slices that are not tree nodes: tp3 over 4 token blocks per microbatch.
+    Config c = tp_job();
+    c.model.hidden = 96;
+    c.model.heads = 6;
+    c.model.ffn = 192;
+    c.model.vocab = 80;
+    c.model.seq_len = 16;
+    check_layout(c, 1, 3, 0, 2, true);
+}
+
+TEST_CASE("layout.sequence_parallel needs whole token blocks per tp rank") {
+    Config c = tp_job();
+    c.layout.tp = 4;
+    c.layout.sequence_parallel = true;
+    c.train.batch_size = 1;
+    c.model.seq_len = 32;  // 32 tokens = 2 blocks of 16 for 4 ranks
+    CHECK_THROWS_WITH(run_layout(c, {}),
+                      Catch::Contains("layout.sequence_parallel") &&
+                          Catch::Contains("numerics.block"));
 }
 
 TEST_CASE("the initial tp shards are the slices of the single device's initialisation") {

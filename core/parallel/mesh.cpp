@@ -131,6 +131,25 @@ Layout make_layout(const LayoutConfig& lc, const ModelConfig& mc, const TrainCon
     l.seq_len = mc.seq_len;
     l.block = nc.block;
     validate_layout(l);
+    // Sequence parallelism: each tp rank holds a slice of every microbatch's tokens, cut at
+    // multiples of numerics.block (tp::token_split), and the LayerNorm weight/bias gradients
+    // reduce over those slices by the canonical token tree.
+    if (lc.sequence_parallel && l.tp > 1) {
+        if (l.pp > 1)
+            throw ConfigError("layout.sequence_parallel = true needs layout.pp = 1, got "
+                              "layout.pp=" + str(l.pp) +
+                              ": pipeline stages do not shard the residual stream by tokens yet");
+        const i64 tokens = l.microbatch_size() * l.seq_len;
+        if (tokens % l.block != 0 || tokens / l.block < l.tp)
+            throw ConfigError(
+                "layout.sequence_parallel = true needs the " + str(tokens) +
+                " tokens of a microbatch (model.seq_len=" + str(l.seq_len) + " × " +
+                str(l.microbatch_size()) + " sequences, from train.batch_size / (layout.dp × " +
+                l.microbatches_key + ")) to be whole blocks of numerics.block=" + str(l.block) +
+                ", at least one per rank of layout.tp=" + str(l.tp) +
+                "; choose fewer microbatches, a smaller numerics.block or layout.tp, or "
+                "layout.sequence_parallel = false");
+    }
     return l;
 }
 

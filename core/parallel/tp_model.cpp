@@ -31,12 +31,46 @@ i64 rows_of(const Tensor& t) {
 
 }  // namespace
 
-TpLayers::TpLayers(comm::Communicator& tp, const Numerics& nx, const ModelConfig& mc)
+TpLayers::TpLayers(comm::Communicator& tp, const Numerics& nx, const ModelConfig& mc,
+                   bool sequence_parallel)
     : comm_(tp),
       nx_(nx),
       mc_(mc),
       rank_(tp.rank()),
-      shards_(tp::make_tp_shards(nx, mc.hidden, mc.heads, mc.ffn, mc.vocab, tp.size())) {}
+      shards_(tp::make_tp_shards(nx, mc.hidden, mc.heads, mc.ffn, mc.vocab, tp.size())),
+      sp_(sequence_parallel) {}
+
+// ---- sequence parallelism --------------------------------------------------------------------
+
+TokenRows TpLayers::token_rows(i64 BT) const {
+    if (!sequence_parallel()) return {0, BT};
+    const tp::DimSplit s = tp::token_split(nx_, BT, shards_.tp);
+    const Range& r = s.ranges[static_cast<size_t>(rank_)].front();
+    return {r.lo, r.hi};
+}
+
+void TpLayers::sp_gather(const Tensor& t) const {
+    if (!sequence_parallel()) return;
+    const i64 w = t.shape[t.ndim - 1], BT = rows_of(t);
+    const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
+    const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
+    tp::sp_all_gather(comm_, t.f32(), t.f32() + lo * w, tokens, w);
+}
+
+void TpLayers::layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                  const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                  const Tensor& mean, const Tensor& rstd) const {
+    const i64 C = inp.shape[inp.ndim - 1], BT = rows_of(inp);
+    if (!sequence_parallel()) {
+        ops::layernorm_backward(nx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+        return;
+    }
+    const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
+    const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
+    tp::sp_layernorm_backward(comm_, nx_, dinp.f32() + lo * C, dweight.f32(), dbias.f32(),
+                              dout.f32() + lo * C, inp.f32() + lo * C, weight.f32(),
+                              mean.f32() + lo, rstd.f32() + lo, tokens, C);
+}
 
 const tp::DimSplit* TpLayers::row_split(const TableEntry& e) const {
     if (e.spec == 0) return &shards_.vocabulary;  // wte
@@ -105,11 +139,19 @@ void TpLayers::linear_forward(Linear l, const Tensor& out, const Tensor& inp, co
                                         weight.shape[1]);
             return;
         case Linear::attn_proj:
-        case Linear::fc_proj:
-            tp::row_parallel_forward(comm_, nx_, out.f32(), inp.f32(), weight.f32(), b,
-                                     l == Linear::attn_proj ? shards_.channels : shards_.ffn, BT,
-                                     weight.shape[0]);
+        case Linear::fc_proj: {
+            const tp::DimSplit& k = l == Linear::attn_proj ? shards_.channels : shards_.ffn;
+            const i64 OC = weight.shape[0];
+            if (sequence_parallel()) {  // reduce-scatter: this rank's token rows of out
+                const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
+                const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
+                tp::row_parallel_forward_sp(comm_, nx_, out.f32() + lo * OC, inp.f32(),
+                                            weight.f32(), b, k, tokens, BT, OC);
+                return;
+            }
+            tp::row_parallel_forward(comm_, nx_, out.f32(), inp.f32(), weight.f32(), b, k, BT, OC);
             return;
+        }
     }
 }
 
@@ -120,11 +162,21 @@ void TpLayers::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweig
     const i64 BT = rows_of(inp);
     switch (l) {
         case Linear::qkv:
-        case Linear::fc:
-            tp::column_parallel_backward(
-                comm_, nx_, dinp.f32(), dweight.f32(), db, dout.f32(), inp.f32(), weight.f32(),
-                l == Linear::qkv ? shards_.qkv : shards_.ffn, BT, weight.shape[1]);
+        case Linear::fc: {
+            const tp::DimSplit& oc = l == Linear::qkv ? shards_.qkv : shards_.ffn;
+            const i64 C = weight.shape[1];
+            if (sequence_parallel()) {  // dX reduce-scattered: this rank's token rows of dinp
+                const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
+                const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
+                tp::column_parallel_backward_sp(comm_, nx_, dinp.f32() + lo * C, dweight.f32(), db,
+                                                dout.f32(), inp.f32(), weight.f32(), oc, tokens,
+                                                BT, C);
+                return;
+            }
+            tp::column_parallel_backward(comm_, nx_, dinp.f32(), dweight.f32(), db, dout.f32(),
+                                         inp.f32(), weight.f32(), oc, BT, C);
             return;
+        }
         case Linear::attn_proj:
         case Linear::fc_proj:
             tp::row_parallel_backward(
@@ -163,14 +215,22 @@ void TpLayers::head_backward(const Tensor& dlnf, const Tensor& dwte_head, const 
     const i64 BT = rows_of(lnf);
     tp::vocab_crossentropy_backward(comm_, nx_, probs.f32(), probs.f32(), targets, dloss,
                                     shards_.vocabulary, BT);
+    if (sequence_parallel()) {  // dlnf reduce-scattered: this rank's token rows
+        const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
+        const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
+        tp::column_parallel_backward_sp(comm_, nx_, dlnf.f32() + lo * mc_.hidden, dwte_head.f32(),
+                                        nullptr, probs.f32(), lnf.f32(), wte.f32(),
+                                        shards_.vocabulary, tokens, BT, mc_.hidden);
+        return;
+    }
     tp::column_parallel_backward(comm_, nx_, dlnf.f32(), dwte_head.f32(), nullptr, probs.f32(),
                                  lnf.f32(), wte.f32(), shards_.vocabulary, BT, mc_.hidden);
 }
 
 std::unique_ptr<GPT> make_tp_model(comm::Communicator& tp, const Numerics& nx,
-                                   const ModelConfig& mc) {
-    // 1.-2. The splits, and the parallel layers over them.
-    auto layers = std::make_shared<const TpLayers>(tp, nx, mc);
+                                   const ModelConfig& mc, bool sequence_parallel) {
+    // 1.-2. The splits, and the parallel layers over them (4.: with sequence parallelism).
+    auto layers = std::make_shared<const TpLayers>(tp, nx, mc, sequence_parallel);
     // 3. The model over those layers: local shapes, the whole model's names and ids.
     return std::make_unique<GPT>(mc, nx, ModelPart::whole(mc), std::move(layers));
 }

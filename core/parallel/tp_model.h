@@ -18,6 +18,14 @@
 //   attn.c_proj      (C, C/tp)    the columns of those heads; bias replicated (row parallel)
 //   mlp.c_fc         (F/tp, C)    ffn rows; its bias likewise
 //   mlp.c_proj       (C, F/tp)    ffn columns; bias replicated (row parallel)
+// Sequence parallelism (layout.sequence_parallel): between a row-parallel output and the next
+// column-parallel input rank r holds only tokens tp::token_split(BT)[r] of each microbatch
+// (residual stream, LayerNorms); row-parallel outputs are reduce-scattered by tokens, LayerNorm
+// outputs all-gathered before the column-parallel linears (and the LM head), and in backward
+// d(residual) is all-gathered before the row-parallel linears and the column-parallel dX
+// reduce-scattered. The LayerNorm weight/bias gradients reduce over every token of the
+// microbatch by the canonical token tree across ranks (tp::sp_layernorm_backward), so they stay
+// replicated and bit-identical.
 // Replicated tensors get the same gradient bits on every rank (the layers compute them
 // identically), so gradients are never summed over tp; AdamW is elementwise on local shards.
 #pragma once
@@ -33,7 +41,10 @@ namespace px {
 class TpLayers : public ParallelLayers {
 public:
     // tp: the group (outlives this object). Throws ConfigError when the shapes do not split.
-    TpLayers(comm::Communicator& tp, const Numerics& nx, const ModelConfig& mc);
+    // sequence_parallel (layout.sequence_parallel): the residual stream and the LayerNorms are
+    // sharded by tokens (tp::token_split of each microbatch) between the tp linears.
+    TpLayers(comm::Communicator& tp, const Numerics& nx, const ModelConfig& mc,
+             bool sequence_parallel = false);
 
     const tp::TpShards& shards() const { return shards_; }
     int rank() const { return rank_; }
@@ -45,6 +56,12 @@ public:
     bool sharded(const TableEntry& e) const { return row_split(e) || col_split(e); }
 
     TpDims dims() const override;
+    bool sequence_parallel() const override { return sp_ && shards_.tp > 1; }
+    TokenRows token_rows(i64 BT) const override;
+    void sp_gather(const Tensor& t) const override;
+    void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                            const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                            const Tensor& mean, const Tensor& rstd) const override;
     void fill_normal(float* p, const TableEntry& e, float std, std::uint64_t seed) const override;
     void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
                         const Tensor* bias) const override;
@@ -67,6 +84,7 @@ private:
     ModelConfig mc_;
     int rank_ = 0;
     tp::TpShards shards_;
+    bool sp_ = false;
 };
 
 // The whole model as tp rank tp.rank()'s shard. Steps:
@@ -75,9 +93,12 @@ private:
 //   2. the layers: TpLayers replaces each linear with its column- or row-parallel form, the
 //      embedding and the LM head with their vocabulary-parallel forms;
 //   3. the model: GPT over those layers, whose table gives every parameter its local shape (with
-//      the whole model's names and ids, so initialisation draws each shard's slice).
+//      the whole model's names and ids, so initialisation draws each shard's slice);
+//   4. with sequence_parallel, the layers also shard the residual stream and the LayerNorms by
+//      tokens: LayerNorm on the rank's tokens, all-gather before each column-parallel linear,
+//      reduce-scatter after each row-parallel one, and the mirror image in backward.
 std::unique_ptr<GPT> make_tp_model(comm::Communicator& tp, const Numerics& nx,
-                                   const ModelConfig& mc);
+                                   const ModelConfig& mc, bool sequence_parallel = false);
 
 // sqrt of the canonical tree over tensors (whole-model order) of each tensor's canonical sum of
 // squares. A sharded tensor's logical blocks each lie whole on one rank, whose block partials are
