@@ -6,7 +6,9 @@
 // dp × pp: dp2 × pp2 (GPipe, 1F1B; 1, 2, 4 microbatches per replica; ZeRO 0-3), dp2 × pp3,
 // dp2 × interleaved pp2 with recomputation, dp4 × pp2 (and a ring sum over dp breaking the bits).
 // tp × pp: tp2 × pp2 and dp2 × tp2 × pp2 (GPipe, 1F1B; 2 and 4 microbatches; ZeRO 0-3), the
-// logical state from tp-sharded stages (LogicalState, gather_full), run_layout and llm.c files.
+// logical state from tp-sharded stages (LogicalState, gather_full), run_layout and llm.c files;
+// with sequence parallelism, tp2 × pp2+SP (1F1B; 2 and 4 microbatches; GPipe; interleaved with
+// recomputation), dp2 × tp2 × pp2+SP (ZeRO-1), tp4 × pp2+SP and dp2 × tp2 × pp3+SP (ZeRO-2).
 #include "core/comm/inproc.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -540,6 +542,84 @@ TEST_CASE("dp2 × tp2 × pp2 with GPipe and 1F1B, ZeRO 0-3, is bit-identical to 
                                     << zero);
                 check_same(ref, got, agree);
             }
+}
+
+TEST_CASE("sequence parallelism in pipelines: tp2 × pp2+SP and dp2 × tp2 × pp2+SP are exact") {
+    // Each stage boundary carries a tp rank's token rows of the hidden state, to the same tp
+    // rank of the next stage (pipeline.h, 10.); 4 microbatches of 2 sequences: 4 token blocks
+    // per microbatch, 2 per tp rank.
+    const Config base = tp_pp_job();
+    const State ref = single_device(base);
+    for (int m : {2, 4}) {
+        Config c = tp_pp(base, 1, "1f1b", m);
+        c.layout.sequence_parallel = true;
+        bool agree = false;
+        const State got = pipeline(c, agree);
+        INFO("tp2 pp2 + SP 1f1b, " << m << " microbatches");
+        check_same(ref, got, agree);
+    }
+    Config c = tp_pp(base, 2, "1f1b", 2, 1);
+    c.layout.sequence_parallel = true;
+    bool agree = false;
+    {
+        INFO("dp2 tp2 pp2 + SP 1f1b, 2 microbatches per replica, ZeRO-1");
+        const State got = dp_pipeline(c, agree);
+        check_same(ref, got, agree);
+    }
+    // The stages really run sequence-parallel layers.
+    int sp_ranks = 0;
+    run_pipeline(c, {}, [&](PipelineJob& job) {
+        CHECK(job.model().parallel_layers() != nullptr);
+        if (job.model().parallel_layers()->sequence_parallel()) sp_ranks++;
+    });
+    CHECK(sp_ranks == 8);
+    // A microbatch of one sequence is 2 token blocks: too few for 4 tp ranks.
+    c = tp_pp(base, 2, "1f1b", 4);
+    c.layout.tp = 4;
+    c.layout.sequence_parallel = true;
+    CHECK_THROWS_WITH(run_pipeline(c), Catch::Contains("layout.sequence_parallel") &&
+                                           Catch::Contains("numerics.block"));
+}
+
+TEST_CASE("sequence parallelism in pipelines: GPipe, interleaved with recomputation, pp3, tp4") {
+    const Config base = tp_pp_job();
+    const State ref = single_device(base);
+    bool agree = false;
+    Config c = tp_pp(base, 1, "gpipe", 4);
+    c.layout.sequence_parallel = true;
+    {
+        INFO("tp2 pp2 + SP gpipe, 4 microbatches");
+        const State got = pipeline(c, agree);
+        check_same(ref, got, agree);
+    }
+    c = tp_pp(base, 1, "interleaved", 4);
+    c.layout.virtual_stages = 2;
+    c.layout.recompute = "full";
+    c.layout.sequence_parallel = true;
+    {
+        INFO("tp2 interleaved pp2 v2 + SP, recompute full");
+        const State got = pipeline(c, agree);
+        check_same(ref, got, agree);
+    }
+    c = tp_pp(base, 1, "1f1b", 2);
+    c.layout.tp = 4;  // 8 token blocks per microbatch, 2 per tp rank
+    c.layout.sequence_parallel = true;
+    {
+        INFO("tp4 pp2 + SP");
+        const State got = pipeline(c, agree);
+        check_same(ref, got, agree);
+    }
+    Config six = tp_pp_job();
+    six.model.layers = 6;
+    const State ref6 = single_device(six);
+    c = tp_pp(six, 2, "1f1b", 2, 2);
+    c.layout.pp = 3;
+    c.layout.sequence_parallel = true;
+    {
+        INFO("dp2 tp2 pp3 + SP, ZeRO-2 (a middle stage receives and sends slices)");
+        const State got = dp_pipeline(c, agree);
+        check_same(ref6, got, agree);
+    }
 }
 
 TEST_CASE("tp × pp: pp3 (a middle stage without wte), interleaved with recomputation, tp4 × pp2") {

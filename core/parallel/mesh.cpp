@@ -133,12 +133,9 @@ Layout make_layout(const LayoutConfig& lc, const ModelConfig& mc, const TrainCon
     validate_layout(l);
     // Sequence parallelism: each tp rank holds a slice of every microbatch's tokens, cut at
     // multiples of numerics.block (tp::token_split), and the LayerNorm weight/bias gradients
-    // reduce over those slices by the canonical token tree.
+    // reduce over those slices by the canonical token tree. In a pipeline the stages pass each tp
+    // rank's slice of a microbatch's hidden state to the same tp rank (pipeline.h, 10.).
     if (lc.sequence_parallel && l.tp > 1) {
-        if (l.pp > 1)
-            throw ConfigError("layout.sequence_parallel = true needs layout.pp = 1, got "
-                              "layout.pp=" + str(l.pp) +
-                              ": pipeline stages do not shard the residual stream by tokens yet");
         const i64 tokens = l.microbatch_size() * l.seq_len;
         if (tokens % l.block != 0 || tokens / l.block < l.tp)
             throw ConfigError(

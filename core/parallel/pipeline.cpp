@@ -280,10 +280,23 @@ PipelineJob::PipelineJob(const Config& cfg, comm::Communicator& pp, ReplicaConte
     const ModelPart& part = parts_[static_cast<size_t>(rank_)];
     if (tp_ > 1) {
         // The stage's part over TpLayers: this tp rank's shard of the stage's tensors.
-        model_ = std::make_unique<GPT>(
-            cfg_.model, nx_, part, std::make_shared<const TpLayers>(*replica_.tp, nx_, cfg_.model));
+        // With sequence parallelism the stage's residual stream is sharded by tokens too.
+        model_ =
+            std::make_unique<GPT>(cfg_.model, nx_, part,
+                                  std::make_shared<const TpLayers>(*replica_.tp, nx_, cfg_.model,
+                                                                   cfg_.layout.sequence_parallel));
     } else {
         model_ = std::make_unique<GPT>(cfg_.model, nx_, part);
+    }
+    // Messages: the whole (micro_B,T,C) hidden state, or under sequence parallelism this tp
+    // rank's token rows of it (all that a stage's first block reads and its last block writes;
+    // the same tp rank of the next stage holds the same rows).
+    msg_lo_ = 0;
+    msg_floats_ = hidden_floats_;
+    if (const ParallelLayers* pl = model_->parallel_layers(); pl && pl->sequence_parallel()) {
+        const TokenRows r = pl->token_rows(micro_B_ * T_);
+        msg_lo_ = r.lo * cfg_.model.hidden;
+        msg_floats_ = (r.hi - r.lo) * cfg_.model.hidden;
     }
     if (const TpLayers* tpl = tp_layers(*model_); tpl && !cfg_.model.init_from.empty()) {
         // The checkpoint holds the logical tensors: read them whole, keep this shard's slices.
@@ -415,7 +428,7 @@ void PipelineJob::run_actions() {
             case Action::recv_act:
                 PX_ASSERT(live == nullptr, "recv_act for a microbatch already in flight");
                 live = acquire(c);
-                comm_.recv(live->acts.input(), hidden_floats_, a.peer,
+                comm_.recv(live->acts.input() + msg_lo_, msg_floats_, a.peer,
                            message_tag(schedule_, rank_, a));
                 break;
             case Action::forward:
@@ -430,12 +443,12 @@ void PipelineJob::run_actions() {
                 break;
             case Action::send_act:
                 live->pending =
-                    comm_.send_async(static_cast<const float*>(live->acts.output()), hidden_floats_,
-                                     a.peer, message_tag(schedule_, rank_, a));
+                    comm_.send_async(static_cast<const float*>(live->acts.output() + msg_lo_),
+                                     msg_floats_, a.peer, message_tag(schedule_, rank_, a));
                 break;
             case Action::recv_grad:
                 // Into dresidual, which the pending send of the output does not read.
-                comm_.recv(live->acts.dresidual(), hidden_floats_, a.peer,
+                comm_.recv(live->acts.dresidual() + msg_lo_, msg_floats_, a.peer,
                            message_tag(schedule_, rank_, a));
                 break;
             case Action::backward: {
@@ -453,8 +466,8 @@ void PipelineJob::run_actions() {
             }
             case Action::send_grad:
                 live->pending =
-                    comm_.send_async(static_cast<const float*>(live->acts.dresidual()),
-                                     hidden_floats_, a.peer, message_tag(schedule_, rank_, a));
+                    comm_.send_async(static_cast<const float*>(live->acts.dresidual() + msg_lo_),
+                                     msg_floats_, a.peer, message_tag(schedule_, rank_, a));
                 release(c, live);
                 live = nullptr;
                 break;
@@ -691,13 +704,13 @@ double PipelineJob::evaluate() {
                 const int stage = stage_of(rank_, c, pp_);
                 Slot* s = acquire(c);
                 if (stage > 0)
-                    comm_.recv(s->acts.input(), hidden_floats_, rank_of_stage(stage - 1, pp_),
-                               kEvalTagBase + stage);
+                    comm_.recv(s->acts.input() + msg_lo_, msg_floats_,
+                               rank_of_stage(stage - 1, pp_), kEvalTagBase + stage);
                 model_->forward(s->acts, c, tok.data(), tgt.data());
                 if (stage < S_ - 1)
-                    s->pending = comm_.send_async(static_cast<const float*>(s->acts.output()),
-                                                  hidden_floats_, rank_of_stage(stage + 1, pp_),
-                                                  kEvalTagBase + stage + 1);
+                    s->pending = comm_.send_async(
+                        static_cast<const float*>(s->acts.output() + msg_lo_), msg_floats_,
+                        rank_of_stage(stage + 1, pp_), kEvalTagBase + stage + 1);
                 else
                     std::memcpy(local.data() + j * per_rank + k * mb_tokens, s->acts.losses(),
                                 static_cast<size_t>(mb_tokens) * sizeof(float));

@@ -14,7 +14,8 @@
 // f_0 starts with the embedding; the last stage ends in ln_f, the LM head and the per-token
 // losses). Forward: recv h_{k-1}, compute, send h_k. Backward: recv dL/dh_k, compute the chunk's
 // weight gradients and dL/dh_{k-1}, send it back (the last stage starts from dL/dloss_t = 1/N,
-// N = the tokens of the whole batch). Messages are (B,T,C) fp32 hidden states, copied bit for bit.
+// N = the tokens of the whole batch). Messages are (B,T,C) fp32 hidden states (under sequence
+// parallelism a tp rank's token rows of them, 10.), copied bit for bit.
 //
 // Why every bit equals the single device's (DESIGN.md §2):
 //   1. A stage runs the single device's kernels on the single device's inputs: messages move
@@ -54,6 +55,15 @@
 //      canonical Σg² over its logical blocks (tp_sum_squares: exact partials over tp, and over
 //      dp under ZeRO-2/3), then 5. Gradients are all-reduced over dp only (replicated tensors
 //      get the same bits on every tp rank).
+//  10. Sequence parallelism (tp × pp with layout.sequence_parallel): within a stage tp rank t
+//      holds only its token rows tp::token_split(micro_B·T)[t] of the residual stream, and that
+//      is all a stage boundary needs: a chunk's last block writes only those rows of its output
+//      (and its backward only those rows of d(input)), a chunk's first block reads only those
+//      rows of its input (and its backward all-gathers d(output) from them). So each message is
+//      tp rank t's token slice, sent to tp rank t of the next (previous) stage, which holds the
+//      same rows (every stage cuts the same microbatch alike): 1/tp of the (B,T,C) bytes, moved
+//      bit for bit. The embedding writes every row and the head all-gathers ln_f first, as on a
+//      whole tp model; the LayerNorm gradients are the same bits on every tp rank (tp_model.h).
 //
 // Messages. Sends are posted asynchronously and recvs block, as the schedule's contract says
 // (so no rank can deadlock on a send); each send's Handle stays with the activations it reads and
@@ -205,10 +215,11 @@ private:
     int rank_ = 0, pp_ = 1, v_ = 1, S_ = 1, M_ = 1;
     int dp_rank_ = 0, dp_ = 1;
     int tp_rank_ = 0, tp_ = 1;
-    i64 T_ = 0, micro_B_ = 0, hidden_floats_ = 0;  // hidden_floats_: one (micro_B,T,C) message
-    i64 local_B_ = 0;                              // sequences per replica and step
-    int zero_ = 0;                                 // ZeRO stage over dp (0 when dp = 1)
-    std::vector<i64> shard_edges_;  // ZeRO >= 1: dp+1 cuts of the stage's parameters; else empty
+    i64 T_ = 0, micro_B_ = 0, hidden_floats_ = 0;  // hidden_floats_: one (micro_B,T,C) state
+    i64 msg_lo_ = 0, msg_floats_ = 0;  // a message: floats [msg_lo_, +msg_floats_) of the state
+    i64 local_B_ = 0;                  // sequences per replica and step
+    int zero_ = 0;                     // ZeRO stage over dp (0 when dp = 1)
+    std::vector<i64> shard_edges_;     // ZeRO >= 1: dp+1 cuts of the stage's parameters; else empty
     bool recompute_ = false;
     std::vector<ModelPart> parts_;  // every pp rank's, for the norm's owners and gather_full
     std::vector<int> owner_;        // per tensor id of the whole model: the pp rank that owns it

@@ -284,8 +284,8 @@ void gather_logical(const TpLayers& tp, const GPT& model, const ParamTable& tabl
     }
 }
 
-float tp_grad_norm(const TpLayers& tp, const GPT& model, const float* grads, comm::Communicator* dp,
-                   i64 lo, i64 hi) {
+std::vector<float> tp_sum_squares(const TpLayers& tp, const GPT& model, const float* grads,
+                                  comm::Communicator* dp, i64 lo, i64 hi) {
     const Numerics& nx = model.numerics();
     const ModelConfig& mc = model.config();
     const auto& entries = model.table().entries;
@@ -294,7 +294,7 @@ float tp_grad_norm(const TpLayers& tp, const GPT& model, const float* grads, com
     const bool zero_sharded = dp != nullptr && dp->size() > 1;
     // Which tensors go through block vectors: the tp-sharded ones, and under ZeRO-2/3 all.
     // Vectors are in logical block order, back to back: first the tp-sharded tensors (summed over
-    // tp), then the replicated ones (not).
+    // tp), then the replicated ones (over dp only).
     std::vector<i64> first(entries.size(), -1), nblocks(entries.size(), 0);
     i64 n_sharded = 0, total = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -332,65 +332,6 @@ float tp_grad_norm(const TpLayers& tp, const GPT& model, const float* grads, com
     if (zero_sharded && total > 0) dp->all_reduce(blocks.data(), total, comm::Algo::canonical);
     if (n_sharded > 0) tp.comm().all_reduce(blocks.data(), n_sharded, comm::Algo::canonical);
     std::vector<float> per_tensor(entries.size());
-    for (size_t i = 0; i < entries.size(); i++) {
-        per_tensor[i] =
-            first[i] < 0
-                ? ops::sum_squares(nx, model.grad(const_cast<float*>(grads), static_cast<int>(i)))
-            : nblocks[i] == 0 ? 0.0f
-                              : tree_sum(blocks.data() + first[i], nblocks[i]);
-    }
-    float sum = 0.0f;
-    if (nx.mode == Mode::bitwise) {
-        sum = tree_sum(per_tensor.data(), static_cast<i64>(per_tensor.size()));
-    } else {
-        for (float x : per_tensor) sum += x;
-    }
-    return std::sqrt(sum);
-}
-
-std::vector<float> tp_sum_squares(const TpLayers& tp, const GPT& model, const float* grads,
-                                  comm::Communicator* dp, i64 lo, i64 hi) {
-    const Numerics& nx = model.numerics();
-    const ModelConfig& mc = model.config();
-    const auto& entries = model.table().entries;
-    const int block = nx.block;
-    if (hi < 0) hi = model.table().total;
-    const bool zero_sharded = dp != nullptr && dp->size() > 1;
-    // Block vectors as tp_grad_norm lays them out: the tp-sharded tensors first (summed over
-    // tp), then under ZeRO-2/3 the replicated ones (summed over dp only).
-    std::vector<i64> first(entries.size(), -1), nblocks(entries.size(), 0);
-    i64 n_sharded = 0, total = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        for (size_t i = 0; i < entries.size(); i++) {
-            const TableEntry& e = entries[i];
-            const bool sharded = tp.sharded(e);
-            if (pass == 0 ? !sharded : (sharded || !zero_sharded)) continue;
-            const ParamSpec& s = kGpt2Params[e.spec];
-            first[i] = total;
-            nblocks[i] = num_blocks(resolve_dim(s.rows, mc) * resolve_dim(s.cols, mc), block);
-            total += nblocks[i];
-        }
-        if (pass == 0) n_sharded = total;
-    }
-    std::vector<float> blocks(static_cast<size_t>(total), 0.0f), part;
-    for (size_t i = 0; i < entries.size(); i++) {
-        if (first[i] < 0) continue;
-        const TableEntry& e = entries[i];
-        const std::vector<i64> idx = logical_indices(tp, e, mc);
-        const i64 nb = num_blocks(e.numel(), block);
-        const i64 k0 = std::clamp<i64>((lo - e.offset + block - 1) / block, 0, nb);
-        const i64 k1 = std::clamp<i64>(num_blocks(std::max<i64>(0, hi - e.offset), block), 0, nb);
-        if (k1 <= k0) continue;
-        const i64 n = std::min(e.numel(), k1 * block) - k0 * block;
-        part.assign(static_cast<size_t>(k1 - k0), 0.0f);
-        cpu::sum_squares_blocks(nx, part.data(), grads + e.offset + k0 * block, n);
-        for (i64 k = k0; k < k1; k++)
-            blocks[static_cast<size_t>(first[i] + idx[static_cast<size_t>(k * block)] / block)] =
-                part[static_cast<size_t>(k - k0)];
-    }
-    if (zero_sharded && total > 0) dp->all_reduce(blocks.data(), total, comm::Algo::canonical);
-    if (n_sharded > 0) tp.comm().all_reduce(blocks.data(), n_sharded, comm::Algo::canonical);
-    std::vector<float> per_tensor(entries.size());
     for (size_t i = 0; i < entries.size(); i++)
         per_tensor[i] =
             first[i] < 0
@@ -398,6 +339,18 @@ std::vector<float> tp_sum_squares(const TpLayers& tp, const GPT& model, const fl
             : nblocks[i] == 0 ? 0.0f
                               : tree_sum(blocks.data() + first[i], nblocks[i]);
     return per_tensor;
+}
+
+float tp_grad_norm(const TpLayers& tp, const GPT& model, const float* grads, comm::Communicator* dp,
+                   i64 lo, i64 hi) {
+    const std::vector<float> per_tensor = tp_sum_squares(tp, model, grads, dp, lo, hi);
+    float sum = 0.0f;
+    if (model.numerics().mode == Mode::bitwise) {
+        sum = tree_sum(per_tensor.data(), static_cast<i64>(per_tensor.size()));
+    } else {
+        for (float x : per_tensor) sum += x;
+    }
+    return std::sqrt(sum);
 }
 
 }  // namespace px
