@@ -25,6 +25,8 @@ using namespace px;
 
 namespace {
 
+using test::single_device;
+
 // tp shares are whole blocks of 16 at tp = 2 (as tests/test_tp_model.cpp): C = 64, 4 heads,
 // F = 128, V = 64; every layout of the matrix runs this one job.
 Config job() {
@@ -37,14 +39,6 @@ Config job() {
     c.numerics.block = 16;
     c.train.threads = 1;
     return c;
-}
-
-LogicalState single_device(const Config& c) {
-    Job j(c);
-    j.run();
-    LogicalState s;
-    s.absorb(j);
-    return s;
 }
 
 // Any layout: pipeline layouts through run_pipeline, the others through run_layout.

@@ -17,6 +17,10 @@ using namespace px;
 
 namespace {
 
+using test::check_same_bits;
+using test::series;
+using test::single_device;
+
 Config small_job() {
     Config c = test::small_job();
     c.train.eval_every = 5;  // validation loss compared too
@@ -27,26 +31,12 @@ Config small_job() {
 
 using State = LogicalState;
 
-State single_device(const Config& c) {
-    Job job(c);
-    job.run();
-    State s;
-    s.absorb(job);
-    return s;
-}
-
 // Every replica's weights must equal the others'; moments are assembled from the ranks' shards.
 State parallel(const Config& c, bool& replicas_agree) {
     State s;
     replicas_agree = true;
     run_layout(c, {}, [&](Job& job) { replicas_agree = s.absorb(job) && replicas_agree; });
     return s;
-}
-
-std::vector<double> series(const State& s, double StepMetrics::*field) {
-    std::vector<double> out;
-    for (const StepMetrics& m : s.history) out.push_back(m.*field);
-    return out;
 }
 
 using test::same_bits;
@@ -60,12 +50,7 @@ void check_layout(Config c, int dp, int zero, int microbatches) {
     const State got = parallel(c, agree);
     INFO("dp" << dp << " zero" << zero << " microbatches " << microbatches);
     CHECK(agree);
-    CHECK(same_bits(series(ref, &StepMetrics::loss), series(got, &StepMetrics::loss)));
-    CHECK(same_bits(series(ref, &StepMetrics::grad_norm), series(got, &StepMetrics::grad_norm)));
-    CHECK(same_bits(series(ref, &StepMetrics::val_loss), series(got, &StepMetrics::val_loss)));
-    CHECK(same_bits(ref.params, got.params));
-    CHECK(same_bits(ref.m, got.m));
-    CHECK(same_bits(ref.v, got.v));
+    check_same_bits(ref, got);
 }
 
 }  // namespace

@@ -34,6 +34,10 @@ using test::same_bits;
 
 namespace {
 
+using test::check_same_bits;
+using test::series;
+using test::single_device;
+
 Config small_job(int layers = 4) {
     Config c = test::small_job();
     c.model.layers = layers;
@@ -45,20 +49,6 @@ Config small_job(int layers = 4) {
 }
 
 using State = LogicalState;
-
-State single_device(const Config& c) {
-    Job job(c);
-    job.run();
-    State s;
-    s.absorb(job);
-    return s;
-}
-
-std::vector<double> series(const State& s, double StepMetrics::*field) {
-    std::vector<double> out;
-    for (const StepMetrics& m : s.history) out.push_back(m.*field);
-    return out;
-}
 
 // Each stage's tensors go to the whole model's arena by their tensor id (this does not use
 // PipelineJob::gather_full, which a test below checks separately). Tensors held by two stages
@@ -84,12 +74,7 @@ Config with_layout(Config c, int pp, const std::string& schedule, int microbatch
 // Histories, weights and moments of a pipeline run equal the single device's, bit for bit.
 void check_same(const State& ref, const State& got, bool agree) {
     CHECK(agree);
-    CHECK(same_bits(series(ref, &StepMetrics::loss), series(got, &StepMetrics::loss)));
-    CHECK(same_bits(series(ref, &StepMetrics::grad_norm), series(got, &StepMetrics::grad_norm)));
-    CHECK(same_bits(series(ref, &StepMetrics::val_loss), series(got, &StepMetrics::val_loss)));
-    CHECK(same_bits(ref.params, got.params));
-    CHECK(same_bits(ref.m, got.m));
-    CHECK(same_bits(ref.v, got.v));
+    check_same_bits(ref, got);
 }
 
 // The pipeline run of `base` under the given layout equals the single-device `ref` bit for bit.

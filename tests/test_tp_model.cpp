@@ -18,6 +18,10 @@ using namespace px;
 
 namespace {
 
+using test::check_same_bits;
+using test::series;
+using test::single_device;
+
 // Shapes whose tp shares are whole blocks of 16 for tp = 2 and 4: C = 64, 4 heads, F = 128,
 // V = 64 (one vocabulary block per rank at tp = 4).
 Config tp_job() {
@@ -32,20 +36,6 @@ Config tp_job() {
     c.train.val_batches = 2;
     c.train.threads = 1;
     return c;
-}
-
-LogicalState single_device(const Config& c) {
-    Job job(c);
-    job.run();
-    LogicalState s;
-    s.absorb(job);
-    return s;
-}
-
-std::vector<double> series(const LogicalState& s, double StepMetrics::*field) {
-    std::vector<double> out;
-    for (const StepMetrics& m : s.history) out.push_back(m.*field);
-    return out;
 }
 
 void check_layout(Config c, int dp, int tp, int zero = 0, int microbatches = 0, bool sp = false) {
@@ -68,13 +58,7 @@ void check_layout(Config c, int dp, int tp, int zero = 0, int microbatches = 0, 
     CHECK(agree);
     CHECK(got.complete());
     CHECK(ref.history.size() == 5);
-    using test::same_bits;
-    CHECK(same_bits(series(ref, &StepMetrics::loss), series(got, &StepMetrics::loss)));
-    CHECK(same_bits(series(ref, &StepMetrics::grad_norm), series(got, &StepMetrics::grad_norm)));
-    CHECK(same_bits(series(ref, &StepMetrics::val_loss), series(got, &StepMetrics::val_loss)));
-    CHECK(same_bits(ref.params, got.params));
-    CHECK(same_bits(ref.m, got.m));
-    CHECK(same_bits(ref.v, got.v));
+    check_same_bits(ref, got);
 }
 
 }  // namespace

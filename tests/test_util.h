@@ -1,6 +1,10 @@
 // Helpers shared by the training-level test suites.
 #pragma once
 #include "core/config.h"
+#include "core/job.h"
+#include "core/state.h"
+
+#include <catch2/catch.hpp>
 
 #include <cstring>
 #include <filesystem>
@@ -40,6 +44,33 @@ inline std::string temp_dir(const std::string& name) {
     std::filesystem::remove_all(p);
     std::filesystem::create_directories(p);
     return p.string();
+}
+
+// The single-device reference: cfg run to the end, its logical state.
+inline LogicalState single_device(const Config& cfg) {
+    Job job(cfg);
+    job.run();
+    LogicalState s;
+    s.absorb(job);
+    return s;
+}
+
+// One metric of every step of a run, e.g. series(s, &StepMetrics::loss).
+inline std::vector<double> series(const LogicalState& s, double StepMetrics::*field) {
+    std::vector<double> out;
+    for (const StepMetrics& m : s.history) out.push_back(m.*field);
+    return out;
+}
+
+// A layout's run equals the reference bit for bit: loss, grad norm and validation loss of every
+// step, every logical weight and every Adam moment.
+inline void check_same_bits(const LogicalState& ref, const LogicalState& got) {
+    CHECK(same_bits(series(ref, &StepMetrics::loss), series(got, &StepMetrics::loss)));
+    CHECK(same_bits(series(ref, &StepMetrics::grad_norm), series(got, &StepMetrics::grad_norm)));
+    CHECK(same_bits(series(ref, &StepMetrics::val_loss), series(got, &StepMetrics::val_loss)));
+    CHECK(same_bits(ref.params, got.params));
+    CHECK(same_bits(ref.m, got.m));
+    CHECK(same_bits(ref.v, got.v));
 }
 
 }  // namespace px::test

@@ -10,6 +10,7 @@
 #include "core/data.h"
 #include "core/error.h"
 #include "core/parallel/tp_model.h"
+#include "core/parallel/zero.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 
@@ -57,46 +58,6 @@ void check_pipeline_layout(const Layout& l, const std::string& source) {
         throw ConfigError(source + ": layout.pp = " + std::to_string(l.pp) +
                           ": a pipeline needs layout.pp >= 2 (with one stage the job runs as a "
                           "single Job)");
-}
-
-// ZeRO shard edges of a stage's parameters over dp replicas: t.total·r/dp moved up to the next
-// canonical block boundary of the tensor it falls in (as zero.h cuts a whole model; zero.h's
-// ZeroShards also cuts the LM head by wte, which a middle stage does not hold).
-std::vector<i64> shard_edges(const ParamTable& t, int dp, int block) {
-    auto snap = [&](i64 x) {
-        for (const TableEntry& e : t.entries) {
-            const i64 end = e.offset + e.numel();
-            if (x <= e.offset) return e.offset;
-            if (x < end)
-                return std::min(end, e.offset + (x - e.offset + block - 1) / block * block);
-        }
-        return t.total;
-    };
-    std::vector<i64> edges(static_cast<size_t>(dp) + 1, 0);
-    for (int r = 1; r < dp; r++)
-        edges[static_cast<size_t>(r)] =
-            std::max(edges[static_cast<size_t>(r) - 1], snap(t.total * r / dp));
-    edges[static_cast<size_t>(dp)] = t.total;
-    return edges;
-}
-
-// seg[0, n) cut at `cuts` (p+1 of them): afterwards this rank's piece [cuts[r], cuts[r+1]) holds
-// the canonical sum over the group, the rest is stale. Pieces are padded to the largest so the
-// reduce-scatter sees equal chunks; its chunk r is bit for bit chunk r of the all-reduce.
-void reduce_scatter_cut(comm::Communicator& dp, float* seg, const std::vector<i64>& cuts,
-                        comm::Algo algo) {
-    const int p = dp.size(), r = dp.rank();
-    i64 chunk = 0;
-    for (int k = 0; k < p; k++) chunk = std::max(chunk, cuts[k + 1] - cuts[k]);
-    if (chunk == 0) return;
-    std::vector<float> staging(static_cast<size_t>(chunk * p), 0.0f),
-        piece(static_cast<size_t>(chunk));
-    for (int k = 0; k < p; k++)
-        std::memcpy(staging.data() + k * chunk, seg + cuts[k],
-                    static_cast<size_t>(cuts[k + 1] - cuts[k]) * sizeof(float));
-    dp.reduce_scatter(piece.data(), staging.data(), chunk, algo);
-    std::memcpy(seg + cuts[r], piece.data(),
-                static_cast<size_t>(cuts[r + 1] - cuts[r]) * sizeof(float));
 }
 
 // The model's TpLayers; null when the stage is not cut over a tp group.
@@ -326,7 +287,7 @@ PipelineJob::PipelineJob(const Config& cfg, comm::Communicator& pp, ReplicaConte
     // ZeRO: each replica keeps the moments of one shard of the stage's parameters.
     zero_ = dp_ > 1 ? replica_.zero : 0;
     if (zero_ >= 1) {
-        shard_edges_ = shard_edges(model_->table(), dp_, nx_.block);
+        shard_edges_ = zero_shard_edges(model_->table(), dp_, nx_.block);
         opt_ = std::make_unique<AdamW>(*model_, shard_edges_[static_cast<size_t>(dp_rank_)],
                                        shard_edges_[static_cast<size_t>(dp_rank_) + 1]);
         if (zero_ == 3) release_params();
@@ -563,7 +524,8 @@ void PipelineJob::reduce_scatter_grads(float* g) {
     std::vector<i64> cuts(shard_edges_.size());
     for (size_t r = 0; r < cuts.size(); r++)
         cuts[r] = std::clamp(shard_edges_[r], from, m.table().total) - from;
-    reduce_scatter_cut(dp, g + from, cuts, replica_.algo);
+    std::vector<float> staging, piece;
+    reduce_scatter_cut(dp, g + from, cuts, replica_.algo, staging, piece);
 }
 
 // ZeRO-2/3: the per-tensor Σg² of the tensors this pp rank owns, from sharded gradients. Each

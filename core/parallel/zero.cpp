@@ -9,55 +9,54 @@
 
 namespace px {
 
-namespace {
-
-// The first block boundary of a tensor at or after flat position x (tensor ends count too).
-i64 snap_to_block(const ParamTable& t, i64 x, int block) {
-    for (const TableEntry& e : t.entries) {
-        const i64 end = e.offset + e.numel();
-        if (x <= e.offset) return e.offset;
-        if (x < end) return std::min(end, e.offset + (x - e.offset + block - 1) / block * block);
-    }
-    return t.total;
+std::vector<i64> zero_shard_edges(const ParamTable& t, int dp, int block) {
+    // The first block boundary of a tensor at or after flat position x (tensor ends count too).
+    auto snap = [&](i64 x) {
+        for (const TableEntry& e : t.entries) {
+            const i64 end = e.offset + e.numel();
+            if (x <= e.offset) return e.offset;
+            if (x < end) return std::min(end, e.offset + (x - e.offset + block - 1) / block * block);
+        }
+        return t.total;
+    };
+    std::vector<i64> edges(static_cast<size_t>(dp) + 1, 0);
+    for (int r = 1; r < dp; r++)
+        edges[static_cast<size_t>(r)] =
+            std::max(edges[static_cast<size_t>(r) - 1], snap(t.total * r / dp));
+    edges[static_cast<size_t>(dp)] = t.total;
+    return edges;
 }
 
-}  // namespace
+void reduce_scatter_cut(comm::Communicator& dp, float* seg, const std::vector<i64>& cuts,
+                        comm::Algo algo, std::vector<float>& staging, std::vector<float>& piece) {
+    const int p = dp.size(), rank = dp.rank();
+    i64 chunk = 0;
+    for (int r = 0; r < p; r++) chunk = std::max(chunk, cuts[r + 1] - cuts[r]);
+    if (chunk == 0) return;
+    staging.assign(static_cast<size_t>(chunk) * p, 0.0f);
+    for (int r = 0; r < p; r++)
+        std::memcpy(staging.data() + r * chunk, seg + cuts[r],
+                    static_cast<size_t>(cuts[r + 1] - cuts[r]) * sizeof(float));
+    piece.resize(static_cast<size_t>(chunk));
+    dp.reduce_scatter(piece.data(), staging.data(), chunk, algo);
+    std::memcpy(seg + cuts[rank], piece.data(),
+                static_cast<size_t>(cuts[rank + 1] - cuts[rank]) * sizeof(float));
+}
 
-ZeroShards::ZeroShards(const GPT& model, int dp, int rank) : model_(model), rank_(rank) {
-    const ParamTable& t = model.table();
-    const int block = model_.numerics().block;
-    edges_.assign(static_cast<size_t>(dp) + 1, 0);
-    for (int r = 1; r < dp; r++)
-        edges_[static_cast<size_t>(r)] =
-            std::max(edges_[static_cast<size_t>(r) - 1], snap_to_block(t, t.total * r / dp, block));
-    edges_[static_cast<size_t>(dp)] = t.total;
+ZeroShards::ZeroShards(const GPT& model, int dp, int rank)
+    : model_(model), rank_(rank), edges_(zero_shard_edges(model.table(), dp, model.numerics().block)) {
     // The LM head's gradient shadows wte element for element: cut it where wte is cut.
+    const ParamTable& t = model.table();
     const TableEntry& wte = t.entries[t.wte];
     head_edges_.resize(edges_.size());
     for (size_t r = 0; r < edges_.size(); r++)
         head_edges_[r] = std::clamp<i64>(edges_[r] - wte.offset, 0, wte.numel());
 }
 
-void ZeroShards::reduce_scatter_segment(comm::Communicator& dp, float* seg,
-                                        const std::vector<i64>& cuts, comm::Algo algo) {
-    const int p = size();
-    i64 chunk = 0;
-    for (int r = 0; r < p; r++) chunk = std::max(chunk, cuts[r + 1] - cuts[r]);
-    if (chunk == 0) return;
-    // Pieces differ in size; pad each to the largest so the collective sees equal chunks.
-    staging_.assign(static_cast<size_t>(chunk) * p, 0.0f);
-    for (int r = 0; r < p; r++)
-        std::memcpy(staging_.data() + r * chunk, seg + cuts[r],
-                    static_cast<size_t>(cuts[r + 1] - cuts[r]) * sizeof(float));
-    piece_.resize(static_cast<size_t>(chunk));
-    dp.reduce_scatter(piece_.data(), staging_.data(), chunk, algo);
-    std::memcpy(seg + cuts[rank_], piece_.data(),
-                static_cast<size_t>(cuts[rank_ + 1] - cuts[rank_]) * sizeof(float));
-}
-
 void ZeroShards::reduce_scatter_grads(comm::Communicator& dp, float* grads, comm::Algo algo) {
-    reduce_scatter_segment(dp, grads, edges_, algo);
-    reduce_scatter_segment(dp, grads + model_.grad_layout().head_offset, head_edges_, algo);
+    reduce_scatter_cut(dp, grads, edges_, algo, staging_, piece_);
+    reduce_scatter_cut(dp, grads + model_.grad_layout().head_offset, head_edges_, algo, staging_,
+                       piece_);
 }
 
 void ZeroShards::combine_tied(float* grads) const {

@@ -11,6 +11,8 @@
 // that cross shards combine after the exact partials are exchanged").
 //
 // Index
+//   zero_shard_edges           dp+1 cuts of a (whole or stage) parameter table on block edges
+//   reduce_scatter_cut         reduce-scatter of a segment cut into uneven pieces
 //   ZeroShards                 the shard edges of a model over dp ranks
 //   reduce_scatter_grads       ZeRO-2/3: this rank's shard of the whole batch's gradient
 //   combine_tied               dwte = embedding + LM head, on this rank's shard only
@@ -25,6 +27,17 @@
 #include <vector>
 
 namespace px {
+
+// Cuts of [0, t.total) into dp shards: t.total·r/dp moved up to the next canonical block boundary
+// of the tensor it falls in, so no block of a tensor straddles two shards.
+std::vector<i64> zero_shard_edges(const ParamTable& t, int dp, int block);
+
+// seg[0, n) cut at `cuts` (group size + 1 of them): afterwards this rank's piece holds the sum
+// over the group, the rest is stale. Pieces are padded to the largest so the collective sees
+// equal chunks; with Algo::canonical chunk r is bit for bit chunk r of the all-reduce.
+// `staging` and `piece` are scratch the caller may keep between calls.
+void reduce_scatter_cut(comm::Communicator& dp, float* seg, const std::vector<i64>& cuts,
+                        comm::Algo algo, std::vector<float>& staging, std::vector<float>& piece);
 
 class ZeroShards {
 public:
@@ -49,10 +62,6 @@ public:
     }
 
 private:
-    // Reduce-scatter the segment seg[0, n) cut at `cuts` (size dp+1), in place on this rank's piece.
-    void reduce_scatter_segment(comm::Communicator& dp, float* seg, const std::vector<i64>& cuts,
-                                comm::Algo algo);
-
     const GPT& model_;
     int rank_;
     std::vector<i64> edges_;       // dp+1 cuts of [0, table.total)
