@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEB_PACKAGES=(meson ninja-build g++ pkg-config libomp-dev libtomlplusplus-dev catch2 libcli11-dev
-              libfmt-dev nlohmann-json3-dev libhdf5-dev libdnnl-dev)
+              libfmt-dev nlohmann-json3-dev libhdf5-dev libhdf5-openmpi-dev libopenmpi-dev
+              openmpi-bin libdnnl-dev)
 PY_MODULES=(numpy h5py pytest)
 
 missing=()
