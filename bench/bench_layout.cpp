@@ -32,12 +32,19 @@ struct Result {
     double step_ms = 0;     // rank 0, best step
 };
 
+// Rank 0's memory as the last step left it (after the run, ZeRO-3 gathers the whole model).
+struct LastMemory : Observer {
+    MemoryStats mem;
+    void on_step(const RunView& run, const StepMetrics&) override { mem = run.memory(); }
+};
+
 Result run(Config c) {
     Result r;
-    run_layout(c, {}, [&](Job& job) {
+    LastMemory last;
+    run_layout(c, {&last}, [&](Job& job) {
         r.state.absorb(job);
         if (job.dp_rank() != 0) return;
-        r.mem = job.memory();
+        r.mem = last.mem;
         r.comm_bytes = job.history().back().comm_bytes;
         r.step_ms = 1e300;
         for (const StepMetrics& m : job.history()) r.step_ms = std::min(r.step_ms, m.step_ms);
@@ -82,19 +89,32 @@ int main(int argc, char** argv) {
     const double P = static_cast<double>(probe.table().total) * 4.0;
     const double G = static_cast<double>(probe.grad_layout().total) * 4.0;
     const double f = static_cast<double>(dp - 1) / dp;
-    // ZeRO-2/3 reduce-scatter pads every rank's piece to the largest one (shard edges follow
-    // the tensors' canonical blocks, so pieces differ), and all-gathers send rank 0's own shard.
+    // ZeRO-2/3 reduce-scatter each unit's gradient as soon as its backward is done, rank 0
+    // sending the other ranks' pieces: the whole buffer less its own (the shard and the head
+    // entries that shadow its part of wte). ZeRO-2 all-gathers the weights after the update;
+    // ZeRO-3 gathers each unit before it runs, forward and backward (the embedding's backward
+    // reads no weights), as FSDP does. Rank 0 sends its part of each to n-1 ranks.
     const ZeroShards shards(probe, dp, 0);
-    double max_piece = 0, max_head = 0;
     const TableEntry& wte = probe.table().entries[probe.table().wte];
-    for (int r = 0; r < dp; r++) {
-        max_piece = std::max(max_piece, static_cast<double>(shards.hi(r) - shards.lo(r)));
-        const i64 a = std::clamp<i64>(shards.lo(r) - wte.offset, 0, wte.numel());
-        const i64 b = std::clamp<i64>(shards.hi(r) - wte.offset, 0, wte.numel());
-        max_head = std::max(max_head, static_cast<double>(b - a));
+    auto own = [&](i64 a, i64 b) {
+        return static_cast<double>(std::max<i64>(0, std::min(b, shards.hi()) - std::max(a, shards.lo())));
+    };
+    const double GS0 = (own(0, probe.table().total) + own(wte.offset, wte.offset + wte.numel())) * 4.0;
+    const double S0 = own(0, probe.table().total) * 4.0;
+    double unit_gathers = 0;  // floats rank 0 contributes to one step's unit gathers
+    auto gathers = [&](Unit u) {
+        for (const GradSpan& g : probe.unit_params(u)) unit_gathers += own(g.lo, g.hi);
+    };
+    gathers({Unit::embedding});
+    gathers({Unit::head});
+    gathers({Unit::head});
+    for (int l = 0; l < layers; l++) {
+        gathers({Unit::block, l});
+        gathers({Unit::block, l});
     }
-    const double padded_rs = (dp - 1) * (max_piece + max_head) * 4.0;
-    const double own_ag = (dp - 1) * static_cast<double>(shards.hi(0) - shards.lo(0)) * 4.0;
+    const double rs = G - GS0;
+    const double own_ag = (dp - 1) * S0;
+    const double unit_ag = (dp - 1) * unit_gathers * 4.0;
     std::printf("bench_layout: GPT-2 124M-shaped layers, L=%d, %.1fM params, dp=%d, B=%lld, T=64\n",
                 layers, static_cast<double>(probe.num_params()) / 1e6, dp,
                 static_cast<long long>(c.train.batch_size));
@@ -102,8 +122,8 @@ int main(int argc, char** argv) {
                 mib(P), mib(G));
 
     int failures = 0;
-    std::printf("ZeRO | sent/step/rank  analytic (formula)                 | memory/rank: params grads optim "
-                "| ZeRO paper (fp32): params grads optim\n");
+    std::printf("ZeRO | sent/step/rank  analytic (formula)                 | memory/rank between steps: "
+                "params grads optim | peak in step: params grads | ZeRO paper (fp32): params grads optim\n");
     LogicalState zero0;
     for (int zero = 0; zero <= 3; zero++) {
         c.layout.zero = zero;
@@ -113,16 +133,16 @@ int main(int argc, char** argv) {
         switch (zero) {
         case 0: analytic = 2 * f * G; formula = "all-reduce 2(n-1)/n G"; break;
         case 1: analytic = 2 * f * G + own_ag; formula = "2(n-1)/n G + (n-1) S0"; break;
-        // Weights are gathered once per step: after the update (ZeRO-2) or before use (ZeRO-3,
-        // kept through the backward instead of gathered twice as FSDP does).
-        case 2:
-        case 3: analytic = padded_rs + own_ag; formula = "(n-1)(max pieces) + (n-1) S0"; break;
+        case 2: analytic = rs + own_ag; formula = "(G - GS0) + (n-1) S0"; break;
+        case 3: analytic = rs + unit_ag; formula = "(G - GS0) + (n-1) units' S0"; break;
         }
         const double paper_p = zero >= 3 ? P / dp : P, paper_g = zero >= 2 ? P / dp : P,
                      paper_o = zero >= 1 ? 2 * P / dp : 2 * P;
-        std::printf("  %d  | %8.1f MiB  %8.1f MiB (%-26s) | %8.1f %8.1f %8.1f MiB | %8.1f %8.1f %8.1f MiB\n",
+        std::printf("  %d  | %8.1f MiB  %8.1f MiB (%-26s) | %8.1f %8.1f %8.1f MiB | %8.1f %8.1f MiB "
+                    "| %8.1f %8.1f %8.1f MiB\n",
                     zero, mib(r.comm_bytes), mib(analytic), formula, mib(r.mem.params),
-                    mib(r.mem.grads), mib(r.mem.optimizer), mib(paper_p), mib(paper_g), mib(paper_o));
+                    mib(r.mem.grads), mib(r.mem.optimizer), mib(r.mem.peak_params),
+                    mib(r.mem.peak_grads), mib(paper_p), mib(paper_g), mib(paper_o));
         // Metadata (losses, norm partials) and shard padding add a little; more is a bug.
         if (std::abs(r.comm_bytes - analytic) > 0.01 * analytic) {
             std::printf("FAIL: ZeRO-%d sent %.0f bytes, analytic %.0f\n", zero, r.comm_bytes, analytic);
@@ -134,11 +154,10 @@ int main(int argc, char** argv) {
             failures++;
         }
     }
-    std::printf("\nIdeal (unpadded) ZeRO-2 traffic (n-1)/n (G + P) = %.1f MiB; padding to the largest "
-                "shard costs %.1f%%.\n", mib(f * (G + P)), 100.0 * (padded_rs + own_ag - f * (G + P)) / (f * (G + P)));
-    std::printf("\nResident memory differs from the paper's where this runtime keeps a full buffer: the\n"
-                "gradient accumulation buffer (ZeRO-2/3 reduce-scatter after the backward, not during\n"
-                "it) and the weights under ZeRO-3 (released values are zeroed, the arena stays).\n\n");
+    std::printf("\nZeRO-2/3 memory is measured (pages mapped, mincore): the shard between steps; during a\n"
+                "step the shard plus the units in flight (a unit's full gradient until it is\n"
+                "reduce-scattered, and under ZeRO-3 its gathered weights). Rank 0's gradient shard also\n"
+                "holds the LM head's part of wte for its part of wte (the tied embedding's two halves).\n\n");
 
     // Tensor parallelism: per step, 4 all-reduces of a (B,T,C) activation per block (forward: the
     // attention and MLP row-parallel outputs; backward: the qkv and fc column-parallel input

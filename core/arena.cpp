@@ -2,7 +2,11 @@
 
 #include "core/error.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
@@ -104,16 +108,40 @@ int ParamTable::find(const std::string& name) const {
     return -1;
 }
 
-void Arena::Free::operator()(float* p) const { std::free(p); }
+void Arena::Free::operator()(float* p) const { munmap(p, bytes); }
 
 Arena::Arena(i64 floats) : size_(floats) {
-    const size_t bytes = static_cast<size_t>(align_up(floats > 0 ? floats : 1)) * sizeof(float);
-    void* p = std::aligned_alloc(64, bytes);
-    if (p == nullptr)
-        throw Error("out of memory: could not allocate " + std::to_string(bytes >> 20) +
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t want = static_cast<size_t>(align_up(floats > 0 ? floats : 1)) * sizeof(float);
+    const size_t bytes = (want + page - 1) / page * page;
+    // Anonymous private pages: zero on first touch, and only touched pages use memory.
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        throw Error("out of memory: could not map " + std::to_string(bytes >> 20) +
                     " MiB for an arena; reduce the model size or batch");
-    data_.reset(static_cast<float*>(p));
-    std::memset(p, 0, bytes);
+    data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{bytes});
+}
+
+void Arena::decommit(i64 lo, i64 hi) {
+    const i64 page = sysconf(_SC_PAGESIZE) / static_cast<i64>(sizeof(float));
+    lo = std::max<i64>(lo, 0);
+    hi = std::min(hi, size_);
+    const i64 a = (lo + page - 1) / page * page, b = hi / page * page;
+    if (a >= b) return;
+    if (madvise(data_.get() + a, static_cast<size_t>(b - a) * sizeof(float), MADV_DONTNEED) != 0)
+        throw InternalError("madvise(MADV_DONTNEED) failed on an arena: " +
+                            std::string(std::strerror(errno)));
+}
+
+i64 Arena::resident_bytes() const {
+    if (!data_) return 0;
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t pages = (data_.get_deleter().bytes + page - 1) / page;
+    std::vector<unsigned char> in(pages);
+    if (mincore(data_.get(), pages * page, in.data()) != 0) return -1;
+    i64 n = 0;
+    for (unsigned char c : in) n += c & 1;
+    return n * static_cast<i64>(page);
 }
 
 void Arena::zero() {

@@ -138,7 +138,11 @@ struct ParamTable {
     int find(const std::string& name) const;  // -1 if absent
 };
 
-// One 64-byte aligned float allocation, zero-initialised.
+// One page-aligned float allocation, zero-initialised, mapped from the operating system so
+// that parts of it can be handed back and taken again: decommit() returns the whole pages of a
+// range to the system (their contents read as zero afterwards, and a later write maps fresh
+// zero pages), which is how ZeRO-3 frees the weights it does not own and ZeRO-2 the gradients
+// it has reduced (core/parallel/zero.h). resident_bytes() measures what is actually mapped.
 class Arena {
 public:
     Arena() = default;
@@ -146,9 +150,16 @@ public:
     float* data() const { return data_.get(); }
     i64 size() const { return size_; }
     void zero();
+    // Floats [lo, hi): the whole pages inside it go back to the system and read as zero; the
+    // partial pages at its ends keep their contents.
+    void decommit(i64 lo, i64 hi);
+    i64 resident_bytes() const;  // bytes of this arena's pages that are mapped now
 
 private:
     struct Free {
+        Free() : bytes(0) {}
+        explicit Free(size_t n) : bytes(n) {}
+        size_t bytes;
         void operator()(float* p) const;
     };
     std::unique_ptr<float, Free> data_;

@@ -81,19 +81,33 @@ Job::Job(const Config& cfg, ReplicaContext replica)
                               " token blocks into ranges that are not nodes of the canonical "
                               "reduction tree (DESIGN.md §2.1); use powers of two, or counts "
                               "whose ranges split at ceil(n/2)");
-        const i64 bpr = bpm * microbatches_;  // blocks per replica
-        if (!is_tree_node(bpm * parts, dp_rank_ * bpr, (dp_rank_ + 1) * bpr))
-            throw ConfigError("layout.dp = " + std::to_string(dp_size_) + ": replica " +
-                              std::to_string(dp_rank_) + " owns token blocks [" +
-                              std::to_string(dp_rank_ * bpr) + "," +
-                              std::to_string((dp_rank_ + 1) * bpr) +
-                              "), not one node of the batch's canonical reduction tree; choose "
-                              "layout.dp and train.batch_size so that each replica's share is "
-                              "a node (e.g. powers of two)");
-        // This replica's microbatches form the subtree of its own range: same shape, so the
-        // schedule over its leaves is the first `microbatches_` entries of a tree of that size.
-        merges_after_.assign(static_cast<size_t>(microbatches_), 0);
-        if (microbatches_ > 1) leaf_schedule(0, bpm * microbatches_, bpm, merges_after_);
+        if (zero_units()) {
+            // ZeRO-2/3 (zero.h): microbatch k of the batch is one node, cut into one piece per
+            // replica; the microbatch nodes then combine in the tree over microbatches.
+            group_merges_.assign(static_cast<size_t>(microbatches_), 0);
+            if (!leaf_schedule(0, bpm * parts, bpm * dp_size_, group_merges_))
+                throw ConfigError("layout.zero = " + std::to_string(replica_.zero) +
+                                  " with layout.dp × microbatches = " + std::to_string(dp_size_) +
+                                  " × " + std::to_string(microbatches_) +
+                                  ": each microbatch's " + std::to_string(bpm * dp_size_) +
+                                  " token blocks (one piece per replica) must be one node of the "
+                                  "batch's canonical reduction tree; use powers of two");
+        } else {
+            const i64 bpr = bpm * microbatches_;  // blocks per replica
+            if (!is_tree_node(bpm * parts, dp_rank_ * bpr, (dp_rank_ + 1) * bpr))
+                throw ConfigError(
+                    "layout.dp = " + std::to_string(dp_size_) + ": replica " +
+                    std::to_string(dp_rank_) + " owns token blocks [" +
+                    std::to_string(dp_rank_ * bpr) + "," + std::to_string((dp_rank_ + 1) * bpr) +
+                    "), not one node of the batch's canonical reduction tree; choose layout.dp "
+                    "and train.batch_size so that each replica's share is a node (e.g. powers "
+                    "of two)");
+            // This replica's microbatches form the subtree of its own range: same shape, so the
+            // schedule over its leaves is the first `microbatches_` entries of a tree of that
+            // size.
+            merges_after_.assign(static_cast<size_t>(microbatches_), 0);
+            if (microbatches_ > 1) leaf_schedule(0, bpm * microbatches_, bpm, merges_after_);
+        }
     }
 
     source_ = make_source(cfg_);
@@ -126,14 +140,22 @@ Job::Job(const Config& cfg, ReplicaContext replica)
     }
     // ZeRO: each replica keeps the AdamW moments of one shard of the flat parameter arena and
     // updates only that shard (core/parallel/zero.h).
+    grad_stack_.emplace_back(model_->grad_layout().total);
     if (replica_.zero >= 1 && dp_size_ > 1) {
         shards_ = std::make_unique<ZeroShards>(*model_, dp_size_, dp_rank_);
         opt_ = std::make_unique<AdamW>(*model_, shards_->lo(), shards_->hi());
-        if (replica_.zero == 3) shards_->release_params(model_->params());
     } else {
         opt_ = std::make_unique<AdamW>(*model_);
     }
-    grad_stack_.emplace_back(model_->grad_layout().total);
+    if (zero_units()) {
+        // ZeRO-2/3: the model tells ZeroUnits before and after each unit; weights (ZeRO-3) and
+        // gradients are mapped only while a unit runs, and only the shard is kept.
+        units_ = std::make_unique<ZeroUnits>(*model_, *shards_, *replica_.dp, replica_.zero,
+                                             grad_stack_[0], group_merges_);
+        model_->set_unit_hooks(units_.get());
+        if (replica_.zero == 3) shards_->release_params(model_->param_arena());
+        units_->reset_peaks();
+    }
 
     windows_.resize(static_cast<size_t>(local_B_ * (T + 1)));
     inputs_.resize(static_cast<size_t>(micro_B_ * T));
@@ -166,6 +188,11 @@ void Job::accumulate_microbatch(int k) {
     std::memcpy(losses_.data() + k * micro_B_ * T, model_->losses(),
                 static_cast<size_t>(micro_B_ * T) * sizeof(float));
 
+    if (units_) {  // ZeRO-2/3: the hooks zero, reduce-scatter and accumulate unit by unit
+        model_->backward(grad_stack_[0].data(), inputs_.data(), targets_.data(),
+                         1.0f / static_cast<float>(N));
+        return;
+    }
     if (microbatches_ == 1) {
         grad_stack_[0].zero();
         model_->backward(grad_stack_[0].data(), inputs_.data(), targets_.data(),
@@ -202,6 +229,14 @@ MemoryStats Job::memory() const {
     MemoryStats m;
     m.params = model_->table().total * static_cast<i64>(sizeof(float));
     for (const Arena& a : grad_stack_) m.grads += a.size() * static_cast<i64>(sizeof(float));
+    m.peak_params = m.params;
+    m.peak_grads = m.grads;
+    if (units_) {  // ZeRO-2/3: what is mapped, measured
+        if (replica_.zero == 3) m.params = model_->param_arena().resident_bytes();
+        m.grads = grad_stack_[0].resident_bytes() + units_->partial_bytes();
+        m.peak_params = std::max(m.params, units_->peak_params());
+        m.peak_grads = std::max(m.grads, units_->peak_grads());
+    }
     m.optimizer = 2 * opt_->size() * static_cast<i64>(sizeof(float));
     m.activations = model_->activation_bytes();
     if (shards_) m.comm = shards_->staging_bytes();
@@ -226,11 +261,20 @@ StepMetrics Job::step() {
 
     const comm::Algo algo = replica_.algo;
     const int zero = shards_ ? replica_.zero : 0;
-    if (zero == 3) shards_->all_gather_params(*replica_.dp, model_->params());  // gather before use
+    if (units_) units_->reset_peaks();
 
-    // This replica's sequences [dp_rank·local_B, (dp_rank+1)·local_B) of the step's batch.
-    source_->sample(windows_.data(), T, Split::train, step_, dp_rank_ * local_B_, local_B_);
-    for (int k = 0; k < microbatches_; k++) accumulate_microbatch(k);
+    // This replica's sequences of the step's batch: [dp_rank·local_B, (dp_rank+1)·local_B),
+    // cut into microbatches; under ZeRO-2/3 piece dp_rank of every microbatch (see zero.h).
+    for (int k = 0; k < microbatches_; k++) {
+        if (k == 0 || units_) {
+            const i64 first = units_ ? k * (tc.batch_size / microbatches_) + dp_rank_ * micro_B_
+                                     : dp_rank_ * local_B_;
+            source_->sample(windows_.data() + k * micro_B_ * (T + 1), T, Split::train, step_,
+                            first, units_ ? micro_B_ : local_B_);
+        }
+        if (units_) units_->begin_microbatch(k);
+        accumulate_microbatch(k);
+    }
 
     // Every replica holds one node of the token tree; the canonical collectives over replicas
     // form the nodes above it. The LM head's part of dwte travels separately (GradLayout) and
@@ -238,7 +282,7 @@ StepMetrics Job::step() {
     float* g = grad_stack_[0].data();
     float norm = 0.0f;
     if (zero >= 2) {
-        shards_->reduce_scatter_grads(*replica_.dp, g, algo);
+        units_->finish();  // the step's gradient shard, reduced unit by unit during backward
         shards_->combine_tied(g);
         const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());
         norm = tpl ? tp_grad_norm(*tpl, *model_, g, replica_.dp, shards_->lo(), shards_->hi())
@@ -253,12 +297,22 @@ StepMetrics Job::step() {
     StepMetrics m;
     m.step = step_ + 1;
     all_gather_tokens(all_losses_, losses_.data(), local_B_ * T);
+    if (units_ && dp_size_ > 1) {  // rank r's microbatch k is piece r of batch range k
+        std::vector<float> by_rank(all_losses_);
+        const i64 piece = micro_B_ * T;
+        for (int r = 0; r < dp_size_; r++)
+            for (int k = 0; k < microbatches_; k++)
+                std::memcpy(all_losses_.data() + (k * dp_size_ + r) * piece,
+                            by_rank.data() + (r * microbatches_ + k) * piece,
+                            static_cast<size_t>(piece) * sizeof(float));
+    }
     m.loss = canonical_sum(all_losses_.data(), N, nx_.block) / static_cast<float>(N);
     m.grad_norm = norm;
     m.lr = lr_at(tc, step_);
     opt_->step(*model_, g, norm, static_cast<float>(m.lr), static_cast<int>(step_ + 1), tc);
+    // ZeRO-1/2: every replica updated its shard. ZeRO-3 holds only its shard between steps
+    // and gathers each unit's weights when it runs.
     if (zero == 1 || zero == 2) shards_->all_gather_params(*replica_.dp, model_->params());
-    if (zero == 3) shards_->release_params(model_->params());  // free after use
     step_++;
 
     const double secs = seconds_since(t0);
@@ -266,9 +320,7 @@ StepMetrics Job::step() {
     m.step_ms = secs * 1e3;
     m.tokens_per_s = static_cast<double>(N) / secs;
     if ((tc.eval_every > 0 && step_ % tc.eval_every == 0) || (step_ == tc.steps && tc.eval_every > 0)) {
-        if (zero == 3) shards_->all_gather_params(*replica_.dp, model_->params());
         m.val_loss = evaluate();
-        if (zero == 3) shards_->release_params(model_->params());
     }
     history_.push_back(m);
     for (Observer* o : observers_) o->on_step(*this, m);

@@ -26,6 +26,7 @@ namespace px {
 class TokenSource;
 class RunFile;
 class ZeroShards;
+class ZeroUnits;
 
 
 // What a Job needs to know when it is one data-parallel replica among several (ranks as threads
@@ -56,11 +57,14 @@ struct StepMetrics {
 
 // Bytes a rank holds, by what they are for (core/parallel: per-rank memory accounting).
 struct MemoryStats {
-    i64 params = 0;       // weights (all of them are resident, also under ZeRO-3, see zero.h)
-    i64 grads = 0;        // gradient buffers, microbatch partials included
+    i64 params = 0;       // weights held between steps (ZeRO-3: the pages mapped, measured)
+    i64 grads = 0;        // gradient buffers, microbatch partials included (ZeRO-2/3: measured)
     i64 optimizer = 0;    // AdamW moments (this rank's shard)
     i64 activations = 0;  // one microbatch's activations and backward scratch
     i64 comm = 0;         // staging buffers of the collectives
+    // The most weights and gradients mapped at once during the last step: under ZeRO-2/3 the
+    // shard plus the units in flight (measured at every unit); otherwise params and grads.
+    i64 peak_params = 0, peak_grads = 0;
     i64 total() const { return params + grads + optimizer + activations + comm; }
 };
 
@@ -109,7 +113,8 @@ public:
     AdamW& optimizer() { return *opt_; }
     const AdamW& optimizer() const { return *opt_; }
     const TokenSource& source() const { return *source_; }
-    float* grads() const { return grad_stack_[0].data(); }  // last step's complete gradients
+    // The last step's complete gradients (ZeRO-2/3: this rank's shard of them; the rest reads 0).
+    float* grads() const { return grad_stack_[0].data(); }
     i64 steps_done() const override { return step_; }
     const std::vector<StepMetrics>& history() const override { return history_; }
     MemoryStats memory() const override;
@@ -132,6 +137,9 @@ private:
     std::unique_ptr<TokenSource> source_;
     ReplicaContext replica_;
     std::unique_ptr<ZeroShards> shards_;  // ZeRO >= 1 with more than one replica
+    std::unique_ptr<ZeroUnits> units_;    // ZeRO >= 2 with more than one replica
+    bool zero_units() const { return replica_.zero >= 2 && dp_size_ > 1; }
+    std::vector<unsigned char> group_merges_;  // ZeRO-2/3: merges after each microbatch node
     int dp_rank_ = 0, dp_size_ = 1;
     int microbatches_ = 1;            // per replica and step
     i64 local_B_ = 0;                 // sequences per replica and step

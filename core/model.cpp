@@ -167,6 +167,31 @@ Activations GPT::make_activations(int chunk, i64 B, i64 T, bool recompute) const
     return Activations(mc_, shape);
 }
 
+namespace {
+// Entries first..last of a table (consecutive), with the padding after the last.
+GradSpan entry_span(const ParamTable& t, int first, int last) {
+    const TableEntry& e = t.entries[static_cast<size_t>(last)];
+    return {t.entries[static_cast<size_t>(first)].offset, e.offset + align16(e.numel())};
+}
+}  // namespace
+
+std::vector<GradSpan> GPT::unit_params(Unit u) const {
+    switch (u.kind) {
+    case Unit::embedding: return {entry_span(table_, table_.wte, table_.wpe)};
+    case Unit::head: return {entry_span(table_, table_.wte, table_.wte),
+                             entry_span(table_, table_.lnfw, table_.lnfb)};
+    default: break;
+    }
+    PX_ASSERT(table_.has_layer(u.layer), "a block this model part does not hold");
+    return {entry_span(table_, table_.layer_index(u.layer, LN1W),
+                       table_.layer_index(u.layer, FCPROJB))};
+}
+
+std::vector<GradSpan> GPT::unit_grads(Unit u) const {
+    if (u.kind != Unit::head) return unit_params(u);
+    return {entry_span(table_, table_.lnfw, table_.lnfb), {glayout_.head_offset, glayout_.total}};
+}
+
 GradSpan GPT::grad_span(int chunk) const {
     PX_ASSERT(chunk >= 0 && chunk < num_chunks(), "chunk out of range");
     // A chunk's tensors are consecutive entries of the table (embedding, its layers, ln_f).
@@ -311,15 +336,22 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
     PX_ASSERT(a.shape().layers == layers.size() && a.shape().head == has_head(chunk),
               "activations made for another chunk");
     if (has_embedding(chunk)) {
+        before_forward({Unit::embedding});
         if (layers_)
             layers_->embedding_forward(a.tensor(ENCODED), tokens, param(table_.wte),
                                        param(table_.wpe));
         else
             ops::embedding_forward(nx, a.tensor(ENCODED), tokens, param(table_.wte),
                                    param(table_.wpe));
+        after_forward({Unit::embedding});
     }
-    for (int l = layers.lo; l < layers.hi; l++) block_forward(a, l, l - layers.lo);
+    for (int l = layers.lo; l < layers.hi; l++) {
+        before_forward({Unit::block, l});
+        block_forward(a, l, l - layers.lo);
+        after_forward({Unit::block, l});
+    }
     if (!has_head(chunk)) return;
+    before_forward({Unit::head});
     const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
     layernorm_forward(a.tensor(LNF), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD), last,
                       param(table_.lnfw), param(table_.lnfb));
@@ -328,10 +360,11 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
     const Tensor probs = a.tensor(PROBS);
     if (layers_) {
         layers_->head_forward(a.tensor(LOSSES), probs, a.tensor(LNF), param(table_.wte), targets);
-        return;
+    } else {
+        ops::matmul_forward(nx, probs, a.tensor(LNF), param(table_.wte), nullptr);
+        ops::crossentropy_forward(nx, a.tensor(LOSSES), probs, probs, targets);
     }
-    ops::matmul_forward(nx, probs, a.tensor(LNF), param(table_.wte), nullptr);
-    ops::crossentropy_forward(nx, a.tensor(LOSSES), probs, probs, targets);
+    after_forward({Unit::head});
 }
 
 void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, const int* targets,
@@ -343,6 +376,7 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
     const Tensor dresidual = a.tensor(DRESIDUAL);
 
     if (has_head(chunk)) {
+        before_backward({Unit::head}, grads);
         const Tensor probs = a.tensor(PROBS), dbuf_c = a.tensor(DBUF_C);
         // LM head: dlnf = dlogits · wte, and its wte gradient kept apart (see GradLayout).
         const Tensor head = grad_head(grads);
@@ -359,14 +393,18 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
         const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
         layernorm_backward(dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb), dbuf_c,
                            last, param(table_.lnfw), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD));
+        after_backward({Unit::head}, grads);
     }
     for (int l = layers.hi - 1; l >= layers.lo; l--) {
+        before_backward({Unit::block, l}, grads);
         // Recompute: the block's internals were not kept; its forward from the kept input
         // refills them bit for bit (its output, written again, is unchanged).
         if (a.shape().recompute) block_forward(a, l, l - layers.lo);
         block_backward(a, grads, l, l - layers.lo);
+        after_backward({Unit::block, l}, grads);
     }
     if (has_embedding(chunk)) {
+        before_backward({Unit::embedding}, grads);
         sp_gather(dresidual);  // sequence parallelism: d(encoded) of every token
         if (layers_)
             layers_->embedding_backward(grad(grads, table_.wte), grad(grads, table_.wpe),
@@ -374,6 +412,7 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
         else
             ops::embedding_backward(nx, grad(grads, table_.wte), grad(grads, table_.wpe),
                                     dresidual, tokens);
+        after_backward({Unit::embedding}, grads);
     }
 }
 

@@ -10,6 +10,7 @@
 //   GradSpan      the floats of a gradient buffer that one chunk's backward writes
 //   Activations   the activations of one microbatch on one chunk of layers
 //   ParallelLayers the layers a tensor-parallel layout distributes (absent: the plain kernels)
+//   Unit, UnitHooks the units a model runs its weights in, and what a layout may do around each
 //   GPT           parameters; forward and backward of a chunk on a microbatch; the single-device
 //                 forward/backward over the whole model with activations it keeps itself
 #pragma once
@@ -122,6 +123,29 @@ public:
                                float dloss) const = 0;
 };
 
+// The units a model uses its weights in, in forward order: the embedding (wte, wpe), each block,
+// the head (ln_f, and wte again: the LM head is tied to it).
+struct Unit {
+    enum Kind : std::uint8_t { embedding, block, head } kind = block;
+    int layer = -1;  // blocks only
+};
+
+// Told when a unit's weights are about to be read and when they no longer are, and when a unit's
+// gradients are about to be written and when they are complete for this microbatch. The model
+// calls these around every unit of a chunk's forward and backward (the embedding's backward reads
+// no weights but writes gradients). A layout uses them to hold weights and gradients only while
+// they are needed: ZeRO-3 gathers a unit's weights before use and frees them after, ZeRO-2
+// reduce-scatters a unit's gradients as soon as they are complete (core/parallel/zero.h). The
+// model knows nothing of what they do; without hooks nothing happens.
+class UnitHooks {
+public:
+    virtual ~UnitHooks() = default;
+    virtual void before_forward(Unit u) = 0;
+    virtual void after_forward(Unit u) = 0;
+    virtual void before_backward(Unit u, float* grads) = 0;
+    virtual void after_backward(Unit u, float* grads) = 0;
+};
+
 class GPT {
 public:
     GPT(const ModelConfig& mc, const Numerics& nx);                       // the whole model
@@ -144,11 +168,22 @@ public:
     Tensor grad(float* grads, int i) const;            // the same tensor in a gradient buffer
     Tensor grad_head(float* grads) const;              // (V,C) LM-head part of dwte (local V)
     float* params() const { return params_.data(); }
+    const Arena& param_arena() const { return params_; }
+    Arena& param_arena() { return params_; }
     float* param_ptr(const std::string& name) const;  // null if no such parameter
 
     // GPT-2 initialisation from Philox keyed by (seed, tensor id, element index), with the ids
     // of the whole model: a part draws exactly the numbers the whole model has there.
     void init_random(std::uint64_t seed, double init_std);
+
+    // ---- units: where their weights and gradients live ---------------------------------------
+    // Floats [lo, hi) of the parameter arena that unit u reads (the head: ln_f and wte), and of a
+    // gradient buffer that its backward writes (the head: ln_f and the head region; the embedding:
+    // wte and wpe). Padding between tensors belongs to the tensor before it.
+    std::vector<GradSpan> unit_params(Unit u) const;
+    std::vector<GradSpan> unit_grads(Unit u) const;
+    // Hooks called around every unit (null: none). Not owned; must outlive their use.
+    void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
 
     // ---- chunks: one run of layers on one microbatch, with caller-owned activations ----------
     // Activations sized for chunk c on microbatches of B sequences of T tokens.
@@ -204,6 +239,18 @@ private:
     void sp_gather(const Tensor& t) const {
         if (sp_) layers_->sp_gather(t);
     }
+    void before_forward(Unit u) const {
+        if (hooks_) hooks_->before_forward(u);
+    }
+    void after_forward(Unit u) const {
+        if (hooks_) hooks_->after_forward(u);
+    }
+    void before_backward(Unit u, float* grads) const {
+        if (hooks_) hooks_->before_backward(u, grads);
+    }
+    void after_backward(Unit u, float* grads) const {
+        if (hooks_) hooks_->after_backward(u, grads);
+    }
 
     ModelConfig mc_;
     Numerics nx_;
@@ -214,7 +261,8 @@ private:
     ParamTable table_;
     GradLayout glayout_;
     Arena params_;
-    Activations acts_;  // the single-device forward/backward's
+    Activations acts_;
+    UnitHooks* hooks_ = nullptr;  // the single-device forward/backward's
 };
 
 }  // namespace px

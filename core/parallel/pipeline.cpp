@@ -524,8 +524,8 @@ void PipelineJob::reduce_scatter_grads(float* g) {
     std::vector<i64> cuts(shard_edges_.size());
     for (size_t r = 0; r < cuts.size(); r++)
         cuts[r] = std::clamp(shard_edges_[r], from, m.table().total) - from;
-    std::vector<float> staging, piece;
-    reduce_scatter_cut(dp, g + from, cuts, replica_.algo, staging, piece);
+    std::vector<float> scratch;
+    reduce_scatter_cut(dp, g + from, cuts, scratch);
 }
 
 // ZeRO-2/3: the per-tensor Σg² of the tensors this pp rank owns, from sharded gradients. Each
@@ -584,11 +584,10 @@ void PipelineJob::all_gather_params() {
     replica_.dp->all_gather_v(p, mine.data(), std::span<const i64>(counts));
 }
 
-// ZeRO-3: drop the weights this replica does not own.
+// ZeRO-3: the pages of the weights this replica does not own go back to the system.
 void PipelineJob::release_params() {
-    float* p = model_->params();
-    std::fill(p, p + opt_->lo(), 0.0f);
-    std::fill(p + opt_->hi(), p + model_->table().total, 0.0f);
+    model_->param_arena().decommit(0, opt_->lo());
+    model_->param_arena().decommit(opt_->hi(), model_->table().total);
 }
 
 StepMetrics PipelineJob::step() {

@@ -28,19 +28,19 @@ std::vector<i64> zero_shard_edges(const ParamTable& t, int dp, int block) {
 }
 
 void reduce_scatter_cut(comm::Communicator& dp, float* seg, const std::vector<i64>& cuts,
-                        comm::Algo algo, std::vector<float>& staging, std::vector<float>& piece) {
+                        std::vector<float>& scratch) {
     const int p = dp.size(), rank = dp.rank();
-    i64 chunk = 0;
-    for (int r = 0; r < p; r++) chunk = std::max(chunk, cuts[r + 1] - cuts[r]);
-    if (chunk == 0) return;
-    staging.assign(static_cast<size_t>(chunk) * p, 0.0f);
-    for (int r = 0; r < p; r++)
-        std::memcpy(staging.data() + r * chunk, seg + cuts[r],
-                    static_cast<size_t>(cuts[r + 1] - cuts[r]) * sizeof(float));
-    piece.resize(static_cast<size_t>(chunk));
-    dp.reduce_scatter(piece.data(), staging.data(), chunk, algo);
-    std::memcpy(seg + cuts[rank], piece.data(),
-                static_cast<size_t>(cuts[rank + 1] - cuts[rank]) * sizeof(float));
+    if (cuts[static_cast<size_t>(p)] == cuts[0]) return;  // the same on every rank
+    std::vector<i64> send(static_cast<size_t>(p)), recv(static_cast<size_t>(p));
+    for (int r = 0; r < p; r++) send[static_cast<size_t>(r)] = cuts[r + 1] - cuts[r];
+    const i64 mine = send[static_cast<size_t>(rank)];
+    std::fill(recv.begin(), recv.end(), mine);
+    // Row r of scratch: rank r's contribution to this rank's piece.
+    scratch.resize(static_cast<size_t>(mine * p));
+    dp.all_to_all_v(scratch.data(), recv, seg + cuts[0], send);
+    if (mine == 0) return;
+    tree_combine_rows(scratch.data(), p, mine);
+    std::memcpy(seg + cuts[rank], scratch.data(), static_cast<size_t>(mine) * sizeof(float));
 }
 
 ZeroShards::ZeroShards(const GPT& model, int dp, int rank)
@@ -53,10 +53,19 @@ ZeroShards::ZeroShards(const GPT& model, int dp, int rank)
         head_edges_[r] = std::clamp<i64>(edges_[r] - wte.offset, 0, wte.numel());
 }
 
-void ZeroShards::reduce_scatter_grads(comm::Communicator& dp, float* grads, comm::Algo algo) {
-    reduce_scatter_cut(dp, grads, edges_, algo, staging_, piece_);
-    reduce_scatter_cut(dp, grads + model_.grad_layout().head_offset, head_edges_, algo, staging_,
-                       piece_);
+void ZeroShards::reduce_scatter_grads(comm::Communicator& dp, float* grads, comm::Algo) {
+    reduce_scatter_cut(dp, grads, edges_, scratch_);
+    reduce_scatter_cut(dp, grads + model_.grad_layout().head_offset, head_edges_, scratch_);
+}
+
+std::vector<i64> ZeroShards::cuts_in(i64 a, i64 b) const {
+    // A range lies in the table's region or in the head region (GradLayout), never in both.
+    const i64 head = model_.grad_layout().head_offset;
+    const bool in_head = a >= head && model_.table().wte >= 0 && head < model_.grad_layout().total;
+    std::vector<i64> cuts(edges_.size());
+    for (size_t r = 0; r < cuts.size(); r++)
+        cuts[r] = std::clamp(in_head ? head + head_edges_[r] : edges_[r], a, b);
+    return cuts;
 }
 
 void ZeroShards::combine_tied(float* grads) const {
@@ -131,9 +140,143 @@ void ZeroShards::all_gather_params(comm::Communicator& dp, float* params) const 
     dp.all_gather_v(params, mine.data(), counts);
 }
 
-void ZeroShards::release_params(float* params) const {
-    std::fill(params, params + lo(), 0.0f);
-    std::fill(params + hi(), params + model_.table().total, 0.0f);
+void ZeroShards::release_params(Arena& params) const {
+    params.decommit(0, lo());
+    params.decommit(hi(), model_.table().total);
+}
+
+// ---- ZeroUnits -------------------------------------------------------------------------------
+
+ZeroUnits::ZeroUnits(GPT& model, ZeroShards& shards, comm::Communicator& dp, int stage,
+                     Arena& grads, std::vector<unsigned char> merges)
+    : model_(model), shards_(shards), dp_(dp), stage_(stage), grads_(grads),
+      merges_(std::move(merges)) {
+    PX_ASSERT(stage_ >= 2 && stage_ <= 3, "ZeroUnits is ZeRO-2/3");
+    const int r = shards_.rank_;
+    head_lo_ = model_.grad_layout().head_offset + shards_.head_edges_[static_cast<size_t>(r)];
+    head_hi_ = model_.grad_layout().head_offset + shards_.head_edges_[static_cast<size_t>(r) + 1];
+    // The partials' stack, as the single device's microbatch accumulation (job.cpp) uses it.
+    const int m = static_cast<int>(merges_.size());
+    push_.resize(static_cast<size_t>(m));
+    // A node that merges at once is added straight into the partial below it, so only nodes
+    // that wait for a sibling take a level: log2(m) levels for m a power of two.
+    int sp = 0, depth = 0;
+    for (int k = 0; k < m; k++) {
+        push_[static_cast<size_t>(k)] = sp++;
+        if (merges_[static_cast<size_t>(k)] == 0) depth = std::max(depth, sp);
+        sp -= merges_[static_cast<size_t>(k)];
+    }
+    PX_ASSERT(m <= 1 || sp == 1, "the microbatch merges must leave one partial");
+    if (m > 1) {
+        const i64 n = (shards_.hi() - shards_.lo()) + (head_hi_ - head_lo_);
+        for (int d = 0; d < depth; d++) partial_.emplace_back(n);
+    }
+}
+
+i64 ZeroUnits::slot(i64 i) const {
+    if (i >= shards_.lo() && i < shards_.hi()) return i - shards_.lo();
+    PX_ASSERT(i >= head_lo_ && i < head_hi_, "slot of a gradient this rank does not own");
+    return (shards_.hi() - shards_.lo()) + (i - head_lo_);
+}
+
+i64 ZeroUnits::partial_bytes() const {
+    i64 n = 0;
+    for (const Arena& p : partial_) n += p.resident_bytes();
+    return n;
+}
+
+void ZeroUnits::reset_peaks() {
+    peak_params_ = model_.param_arena().resident_bytes();
+    peak_grads_ = grads_.resident_bytes() + partial_bytes();
+}
+
+void ZeroUnits::note_peaks() {
+    peak_params_ = std::max(peak_params_, model_.param_arena().resident_bytes());
+    peak_grads_ = std::max(peak_grads_, grads_.resident_bytes() + partial_bytes());
+}
+
+void ZeroUnits::gather(Unit u) {
+    float* params = model_.params();
+    const int p = shards_.size();
+    std::vector<i64> counts(static_cast<size_t>(p));
+    for (const GradSpan& s : model_.unit_params(u)) {
+        for (int r = 0; r < p; r++)
+            counts[static_cast<size_t>(r)] = std::max<i64>(
+                0, std::min(s.hi, shards_.hi(r)) - std::max(s.lo, shards_.lo(r)));
+        const i64 from = std::clamp(shards_.lo(), s.lo, s.hi);
+        const std::vector<float> mine(params + from,
+                                      params + from + counts[static_cast<size_t>(shards_.rank_)]);
+        dp_.all_gather_v(params + s.lo, mine.data(), counts);
+    }
+}
+
+void ZeroUnits::release(Unit u) {
+    Arena& params = model_.param_arena();
+    for (const GradSpan& s : model_.unit_params(u)) {
+        params.decommit(s.lo, std::min(s.hi, shards_.lo()));
+        params.decommit(std::max(s.lo, shards_.hi()), s.hi);
+    }
+}
+
+void ZeroUnits::before_forward(Unit u) {
+    if (stage_ == 3) gather(u);
+    note_peaks();
+}
+
+void ZeroUnits::after_forward(Unit u) {
+    if (stage_ == 3) release(u);
+}
+
+// The embedding's backward reads no weights (it scatters d(encoded) into wte's and wpe's rows).
+void ZeroUnits::before_backward(Unit u, float* grads) {
+    PX_ASSERT(grads == grads_.data(), "ZeroUnits hooks a backward into another gradient buffer");
+    if (stage_ == 3 && u.kind != Unit::embedding) gather(u);
+    for (const GradSpan& s : model_.unit_grads(u))
+        std::memset(grads + s.lo, 0, static_cast<size_t>(s.hi - s.lo) * sizeof(float));
+}
+
+void ZeroUnits::after_backward(Unit u, float* grads) {
+    note_peaks();  // the unit's full gradient and its weights are mapped now
+    const int r = shards_.rank_;
+    for (const GradSpan& s : model_.unit_grads(u)) {
+        const std::vector<i64> cuts = shards_.cuts_in(s.lo, s.hi);
+        reduce_scatter_cut(dp_, grads, cuts, shards_.scratch_);
+        const i64 a = cuts[static_cast<size_t>(r)], b = cuts[static_cast<size_t>(r) + 1];
+        if (partial_.empty()) {  // one microbatch: the piece is the step's; keep it in place
+            grads_.decommit(s.lo, a);
+            grads_.decommit(b, s.hi);
+            continue;
+        }
+        // This microbatch's node goes on the partials' stack, then siblings merge (job.cpp's
+        // accumulation, restricted to this rank's piece of this unit).
+        if (a < b) {
+            const int merges = merges_[static_cast<size_t>(mb_)];
+            int top = push_[static_cast<size_t>(mb_)];
+            const i64 at = slot(a), n = b - a;
+            const float* right = grads + a;  // this microbatch's node
+            if (merges == 0)
+                std::memcpy(partial_[static_cast<size_t>(top)].data() + at, right,
+                            static_cast<size_t>(n) * sizeof(float));
+            for (int j = 0; j < merges; j++, top--) {
+                float* left = partial_[static_cast<size_t>(top) - 1].data() + at;
+                for (i64 i = 0; i < n; i++) left[i] = left[i] + right[i];
+                right = left;
+            }
+        }
+        grads_.decommit(s.lo, s.hi);
+    }
+    if (stage_ == 3 && u.kind != Unit::embedding) release(u);
+}
+
+void ZeroUnits::finish() {
+    if (partial_.empty()) return;
+    const float* sum = partial_[0].data();
+    const i64 n = shards_.hi() - shards_.lo();
+    float* g = grads_.data();
+    std::memcpy(g + shards_.lo(), sum, static_cast<size_t>(n) * sizeof(float));
+    std::memcpy(g + head_lo_, sum + n, static_cast<size_t>(head_hi_ - head_lo_) * sizeof(float));
+    note_peaks();
+    for (Arena& p : partial_) p.decommit(0, p.size());  // until the next step's first node
 }
 
 }  // namespace px

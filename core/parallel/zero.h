@@ -2,7 +2,24 @@
 // contiguous shard per dp rank, and each rank keeps and updates only its shard of
 //   ZeRO-1  the optimizer state                       (gradients all-reduced, weights all-gathered)
 //   ZeRO-2  + the gradients                           (reduce-scatter instead of all-reduce)
-//   ZeRO-3  + the weights between steps               (all-gathered before use, released after)
+//   ZeRO-3  + the weights                             (all-gathered before use, released after)
+//
+// Memory. The arenas stay mapped at their full size, so every offset is the single device's, but
+// their pages are handed back to the system wherever a rank holds nothing (Arena::decommit):
+// under ZeRO-3 a rank keeps its shard of the weights and, while a unit (the embedding, a block,
+// the head) runs, that unit's gathered weights; under ZeRO-2/3 it keeps its shard of the
+// gradients and, while a unit's backward runs, that unit's full gradient, reduce-scattered and
+// freed as soon as the unit is done (ZeroUnits, called by the model through UnitHooks).
+//
+// Microbatches under ZeRO-2/3. Replicas and microbatches are owners of token ranges of the
+// batch's canonical tree (DESIGN.md §2.1); any assignment that makes each owner's range a node
+// gives the single device's bits. ZeRO-0/1 give each replica one contiguous range and split it
+// into microbatches (the replica's partial is complete after its last microbatch and is reduced
+// once). ZeRO-2/3 instead cut the batch into microbatch ranges first and give every replica a
+// piece of each: microbatch k's pieces are the children of one node, reduce-scattered as soon
+// as they are computed, and only the shard of that node is kept, so microbatch partials cost a
+// shard each instead of a whole gradient (the reduce-scatter then runs once per microbatch, as
+// DeepSpeed's ZeRO-2 does).
 //
 // Shard edges fall on the canonical blocks of the tensors (numerics.block elements from each
 // tensor's start), so every block of a gradient has one owner. The global gradient norm is then
@@ -12,13 +29,15 @@
 //
 // Index
 //   zero_shard_edges           dp+1 cuts of a (whole or stage) parameter table on block edges
-//   reduce_scatter_cut         reduce-scatter of a segment cut into uneven pieces
+//   reduce_scatter_cut         canonical reduce-scatter of a segment cut into uneven pieces
 //   ZeroShards                 the shard edges of a model over dp ranks
 //   reduce_scatter_grads       ZeRO-2/3: this rank's shard of the whole batch's gradient
 //   combine_tied               dwte = embedding + LM head, on this rank's shard only
 //   grad_norm                  the global norm from sharded gradients, bit-identical to unsharded
 //   all_gather_params          every rank gets every shard of the weights
 //   release_params             ZeRO-3: drop the weights this rank does not own
+//   ZeroUnits                  ZeRO-2/3 per unit: gather and free weights, reduce-scatter and
+//                              free gradients, keep the microbatch partials of the shard
 #pragma once
 #include "core/arena.h"
 #include "core/comm/comm.h"
@@ -32,12 +51,14 @@ namespace px {
 // of the tensor it falls in, so no block of a tensor straddles two shards.
 std::vector<i64> zero_shard_edges(const ParamTable& t, int dp, int block);
 
-// seg[0, n) cut at `cuts` (group size + 1 of them): afterwards this rank's piece holds the sum
-// over the group, the rest is stale. Pieces are padded to the largest so the collective sees
-// equal chunks; with Algo::canonical chunk r is bit for bit chunk r of the all-reduce.
-// `staging` and `piece` are scratch the caller may keep between calls.
+// seg[cuts[0], cuts[p]) cut at `cuts` (group size p + 1 of them, increasing): afterwards this
+// rank's piece [cuts[rank], cuts[rank+1]) holds the sum over the group, the rest is untouched.
+// Each rank sends every other rank that rank's piece (all_to_all_v: no padding, (n − own piece)
+// floats per rank) and sums what it receives in the canonical tree over rank index, so the
+// piece is bit for bit that piece of the canonical all-reduce, whatever the cuts. Fast mode
+// uses the same exchange (its order is as good as any). `scratch` may be kept between calls.
 void reduce_scatter_cut(comm::Communicator& dp, float* seg, const std::vector<i64>& cuts,
-                        comm::Algo algo, std::vector<float>& staging, std::vector<float>& piece);
+                        std::vector<float>& scratch);
 
 class ZeroShards {
 public:
@@ -56,17 +77,65 @@ public:
     void combine_tied(float* grads) const;
     float grad_norm(comm::Communicator& dp, const float* grads, comm::Algo algo) const;
     void all_gather_params(comm::Communicator& dp, float* params) const;
-    void release_params(float* params) const;
-    i64 staging_bytes() const {
-        return static_cast<i64>((staging_.capacity() + piece_.capacity()) * sizeof(float));
-    }
+    // ZeRO-3 between steps: the pages of every weight this rank does not own go back.
+    void release_params(Arena& params) const;
+    // Flat ranges [a, b) of a gradient buffer: each rank's piece of it (p + 1 cuts, clamped).
+    std::vector<i64> cuts_in(i64 a, i64 b) const;
+    i64 staging_bytes() const { return static_cast<i64>(scratch_.capacity() * sizeof(float)); }
 
 private:
+    friend class ZeroUnits;
     const GPT& model_;
     int rank_;
     std::vector<i64> edges_;       // dp+1 cuts of [0, table.total)
     std::vector<i64> head_edges_;  // dp+1 cuts of the LM-head region [0, V·C)
-    std::vector<float> staging_, piece_;
+    std::vector<float> scratch_;
+};
+
+// ZeRO-2/3 around the units of a model (UnitHooks), for one step of m microbatches:
+//   before a unit runs forward or backward (ZeRO-3)  all-gather its weights over dp;
+//   after it (ZeRO-3)                                 free the pages of those it does not own;
+//   before its backward                               zero its gradient ranges (fresh pages);
+//   after its backward                                reduce-scatter them over dp, add this rank's
+//                                                     piece into the microbatch partials (the
+//                                                     token tree's merges, per unit), free them.
+// After the last microbatch, finish() leaves the step's gradient shard in the gradient buffer
+// (its pieces [lo, hi) and the matching head entries), as ZeroShards::reduce_scatter_grads does.
+class ZeroUnits : public UnitHooks {
+public:
+    // merges[k]: how many partials merge after microbatch k (the microbatch nodes' post-order).
+    ZeroUnits(GPT& model, ZeroShards& shards, comm::Communicator& dp, int stage, Arena& grads,
+              std::vector<unsigned char> merges);
+    void begin_microbatch(int k) { mb_ = k; }
+    void finish();
+    i64 partial_bytes() const;  // the microbatch partials of the shard (mapped now)
+    // Peak bytes mapped in the weight and gradient arenas since the last reset_peaks().
+    i64 peak_params() const { return peak_params_; }
+    i64 peak_grads() const { return peak_grads_; }
+    void reset_peaks();
+
+    void before_forward(Unit u) override;
+    void after_forward(Unit u) override;
+    void before_backward(Unit u, float* grads) override;
+    void after_backward(Unit u, float* grads) override;
+
+private:
+    void gather(Unit u);
+    void release(Unit u);
+    void note_peaks();
+    i64 slot(i64 i) const;  // position of gradient-buffer index i in a partial (owned only)
+
+    GPT& model_;
+    ZeroShards& shards_;
+    comm::Communicator& dp_;
+    int stage_;
+    Arena& grads_;
+    std::vector<unsigned char> merges_;
+    std::vector<int> push_;                   // per microbatch: the partial it writes
+    std::vector<Arena> partial_;              // shard-sized partials (none with one microbatch)
+    i64 head_lo_ = 0, head_hi_ = 0;           // this rank's head entries, buffer offsets
+    int mb_ = 0;
+    i64 peak_params_ = 0, peak_grads_ = 0;
 };
 
 }  // namespace px
