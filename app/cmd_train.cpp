@@ -1,8 +1,12 @@
-// parallax train [CONFIG] [--set section.key=value ...] [--out DIR]
+// parallax train [CONFIG] [--set section.key=value ...] [--out DIR] [--dump F.h5]
+// Under `mpirun -np N` (or srun) this process is one rank of the layout: rank 0 prints progress
+// and writes the run file and the dump; the other ranks are quiet.
 #include "app/commands.h"
+#include "core/comm/mpi.h"
 #include "core/config.h"
 #include "core/job.h"
 #include "core/parallel/pipeline.h"
+#include "core/parallel/checkpointing.h"
 #include "core/parallel/runner.h"
 #include "core/state.h"
 #include "core/error.h"
@@ -121,11 +125,65 @@ private:
     std::chrono::steady_clock::time_point t0_;
 };
 
-int run_train(const TrainOptions& opt) {
+// One rank of an MPI launch: this process trains its rank of the layout; rank 0 reports.
+int run_train_mpi(const Config& cfg, const TrainOptions& opt, const comm::MpiEnvironment& mpi) {
+    const bool root = mpi.rank() == 0;
+    const std::string run_path = (std::filesystem::path(cfg.output.dir) / "run.h5").string();
+    Console console(opt.quiet || !cfg.output.progress, run_path);
+    std::vector<Observer*> observers;
+    std::unique_ptr<RunFileObserver> run_file;
+    if (root) {
+        observers.push_back(&console);
+        if (cfg.output.run_file) {
+            run_file = std::make_unique<RunFileObserver>(run_path, cfg);
+            observers.push_back(run_file.get());
+        }
+    }
+    // 1. Ranks: processes; the cores of a node are shared out among its ranks.
+    Config rank_cfg = cfg;
+    rank_cfg.train.threads = threads_per_rank(cfg, comm::local_ranks());
+    const std::unique_ptr<comm::Communicator> world = mpi.world(cfg.layout.timeout_s);
+    LogicalState state;
+    bool agree = true;
+    double last_loss = 0;
+    try {
+        run_rank(
+            rank_cfg, *world, observers,
+            [&](Job& job) {
+                last_loss = job.history().empty() ? 0 : job.history().back().loss;
+                if (!opt.dump.empty()) agree = state.absorb(job) && agree;
+            },
+            [&](PipelineJob& stage) {
+                last_loss = stage.history().empty() ? 0 : stage.history().back().loss;
+                if (!opt.dump.empty()) agree = state.absorb(stage) && agree;
+            });
+        // 2. The dump: every rank's logical part, merged on rank 0 (collective).
+        if (!opt.dump.empty()) agree = gather_state(state, *world, cfg.model) && agree;
+    } catch (const std::exception& e) {
+        // Fail the job before leaving, so that the other ranks stop waiting for this one.
+        world->abort("rank " + std::to_string(mpi.rank()) + " failed: " + e.what());
+        throw;
+    }
+    if (root && !opt.dump.empty()) {
+        if (!agree || !state.complete())
+            throw Error("the ranks' logical states disagree on a shared tensor or on the metrics, or "
+                        "miss a part, when merged on rank 0; this is a bug in Parallax");
+        write_dump(opt.dump, state, cfg);
+        std::printf("  dump           %s\n", opt.dump.c_str());
+    }
+    if (!std::isfinite(last_loss)) {
+        if (root) std::fprintf(stderr, "parallax: the training loss is not finite\n");
+        return kRunFailed;
+    }
+    return kOk;
+}
+
+int run_train(const TrainOptions& opt, const comm::MpiEnvironment* mpi) {
     Config cfg = opt.config_path.empty() ? parse_config(default_config_toml(), "<embedded default>")
                                          : load_config(opt.config_path);
     apply_overrides(cfg, opt.sets);
     if (!opt.out_dir.empty()) cfg.output.dir = opt.out_dir;
+    if (mpi) return run_train_mpi(cfg, opt, *mpi);
 
     const std::string run_path = (std::filesystem::path(cfg.output.dir) / "run.h5").string();
     Console console(opt.quiet || !cfg.output.progress, run_path);
@@ -152,6 +210,9 @@ int run_train(const TrainOptions& opt) {
         });
     } else {
         Job job(cfg);
+        RunCheckpoints checkpoints(cfg, nullptr);
+        checkpoints.resume(job);
+        job.set_after_step([&](Job& j) { checkpoints.after_step(j); });
         for (Observer* o : observers) job.add_observer(o);
         job.run();
         if (!opt.dump.empty()) state.absorb(job);
@@ -169,7 +230,7 @@ int run_train(const TrainOptions& opt) {
 
 }  // namespace
 
-std::function<int()> add_train_command(CLI::App& app) {
+std::function<int()> add_train_command(CLI::App& app, const comm::MpiEnvironment* mpi) {
     auto opt = std::make_shared<TrainOptions>();
     CLI::App* sub = app.add_subcommand(
         "train", "Train a GPT on a job config (the embedded default job when CONFIG is omitted).");
@@ -182,7 +243,7 @@ std::function<int()> add_train_command(CLI::App& app) {
                     "Write the final logical weights, Adam moments and per-step loss and grad "
                     "norm to this HDF5 file, for bit comparison of two runs");
     sub->add_flag("--quiet,-q", opt->quiet, "No progress output, only the summary");
-    return [opt] { return run_train(*opt); };
+    return [opt, mpi] { return run_train(*opt, mpi); };
 }
 
 }  // namespace px::app

@@ -7,11 +7,17 @@
 
 #include <functional>
 
+namespace px::comm {
+class MpiEnvironment;
+}
+
 namespace px::app {
 
 enum ExitCode : int { kOk = 0, kInternal = 1, kBadInput = 2, kRunFailed = 3 };
 
 // Adds the subcommand; the returned function runs it (after parsing) and returns an exit code.
-std::function<int()> add_train_command(CLI::App& app);
+// `mpi`: this process is one rank of an MPI launch (mpirun / srun), else null.
+std::function<int()> add_train_command(CLI::App& app, const comm::MpiEnvironment* mpi = nullptr);
+std::function<int()> add_inspect_command(CLI::App& app);  // parallax inspect FILE|DIR
 
 }  // namespace px::app

@@ -1,40 +1,74 @@
 // parallax: the command-line entry point.
 #include "app/commands.h"
+#include "core/comm/mpi.h"
 #include "core/error.h"
 
 #include <cstdio>
+#include <memory>
+#include <string>
 #include <vector>
 
-int main(int argc, char** argv) {
+namespace {
+
+// Runs the chosen command; under MPI the messages say which rank speaks.
+int run_main(int argc, char** argv, const px::comm::MpiEnvironment* mpi) {
     CLI::App app{"Parallax: a GPT training runtime whose every parallel layout is checked, bit for "
                  "bit, against the single-device reference."};
     app.require_subcommand(1);
     app.set_version_flag("--version", "parallax 0.1.0");
 
     std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
-    auto run_train = px::app::add_train_command(app);
+    auto run_train = px::app::add_train_command(app, mpi);
     commands.emplace_back(app.get_subcommand("train"), run_train);
+    auto run_inspect = px::app::add_inspect_command(app);
+    commands.emplace_back(app.get_subcommand("inspect"), run_inspect);
 
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
+        if (mpi && mpi->rank() != 0) return e.get_exit_code() == 0 ? 0 : px::app::kBadInput;
         const int rc = app.exit(e);
         return rc == 0 ? 0 : px::app::kBadInput;
+    }
+    std::string who = "parallax";
+    if (mpi) {
+        who += " (rank ";
+        who += std::to_string(mpi->rank());
+        who += " of ";
+        who += std::to_string(mpi->size());
+        who += ")";
     }
     for (auto& [sub, run] : commands) {
         if (!sub->parsed()) continue;
         try {
             return run();
         } catch (const px::ConfigError& e) {
-            std::fprintf(stderr, "parallax: config error: %s\n", e.what());
+            std::fprintf(stderr, "%s: config error: %s\n", who.c_str(), e.what());
             return px::app::kBadInput;
         } catch (const px::DataError& e) {
-            std::fprintf(stderr, "parallax: data error: %s\n", e.what());
+            std::fprintf(stderr, "%s: data error: %s\n", who.c_str(), e.what());
             return px::app::kBadInput;
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.what());
+            return px::app::kInternal;
+        }
+    }
+    return px::app::kInternal;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    // Under mpirun / srun this process is one rank: MPI starts before anything else and ends
+    // after the command (every rank returns its own exit code; mpirun reports the first non-zero).
+    std::unique_ptr<px::comm::MpiEnvironment> mpi;
+    if (px::comm::launched_by_mpi()) {
+        try {
+            mpi = std::make_unique<px::comm::MpiEnvironment>(&argc, &argv);
         } catch (const std::exception& e) {
             std::fprintf(stderr, "parallax: error: %s\n", e.what());
             return px::app::kInternal;
         }
     }
-    return px::app::kInternal;
+    return run_main(argc, argv, mpi.get());
 }

@@ -43,13 +43,14 @@ struct SectionDef {
     const char* doc;
 };
 
-constexpr std::array<SectionDef, 6> kSections = {{
+constexpr std::array<SectionDef, 7> kSections = {{
     {"model", "The GPT: sizes and initialisation."},
     {"layout", "The parallel layout: dp x pp x tp ranks, ZeRO, microbatches, pipeline schedule (DESIGN.md section 3)."},
     {"train", "Optimisation: steps, batch, AdamW and the learning-rate schedule."},
     {"data", "Where tokens come from."},
     {"numerics", "How reductions are computed (see DESIGN.md section 2)."},
     {"output", "What the run writes."},
+    {"checkpoint", "Checkpoints: logical, layout-free HDF5 files to resume from under any layout."},
 }};
 
 #define PX_KEY(sec, key, doc) \
@@ -104,6 +105,10 @@ const std::array kKeys = {
     PX_KEY(output, run_file, "write <dir>/run.h5"),
     PX_KEY(output, export_llmc, "if set, write the final weights as an llm.c checkpoint here"),
     PX_KEY(output, progress, "progress bar on a terminal"),
+    PX_KEY(checkpoint, dir, "folder of the checkpoints (ckpt-<step>.h5); \"\" turns checkpoints off"),
+    PX_KEY(checkpoint, every, "write a checkpoint every N steps and at the end; 0: only at the end"),
+    PX_KEY(checkpoint, keep, "keep the newest K checkpoints (>= 1); older ones are deleted after a new one is committed"),
+    PX_KEY(checkpoint, resume, "\"\": start fresh; \"auto\": resume from the newest valid checkpoint in checkpoint.dir (fresh if none); else a checkpoint file to resume from"),
 };
 
 #undef PX_KEY
@@ -441,6 +446,9 @@ void check(const Config& c) {
     at_least("data.markov_vocab", d.markov_vocab, 0);
 
     at_least("numerics.block", n.block, 1);
+
+    at_least("checkpoint.every", c.checkpoint.every, 0);
+    at_least("checkpoint.keep", c.checkpoint.keep, 1);
     one_of("numerics.isa", n.isa, {"auto", "avx512", "avx2", "scalar"});
 
     if (m.hidden % m.heads != 0)
@@ -466,6 +474,15 @@ void check(const Config& c) {
                       "layout.comm = \"ring\" breaks numerics.mode = \"bitwise\": a ring all-reduce sums in ring "
                       "order, not the canonical tree; use layout.comm = \"auto\" or \"canonical\", or "
                       "numerics.mode = \"fast\""};
+    if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
+        throw Problem{{"checkpoint.resume", "checkpoint.dir"},
+                      "checkpoint.resume = \"auto\" needs checkpoint.dir: set it to the folder the "
+                      "checkpoints are in, or give checkpoint.resume a checkpoint file"};
+    if (c.checkpoint.every > 0 && c.checkpoint.dir.empty())
+        throw Problem{{"checkpoint.every", "checkpoint.dir"},
+                      "checkpoint.every=" + std::to_string(c.checkpoint.every) +
+                          " needs checkpoint.dir: set it to a folder for the checkpoints, or "
+                          "checkpoint.every = 0"};
     if (t.min_lr > t.lr)
         throw Problem{{"train.min_lr", "train.lr"},
                       "train.min_lr=" + number(t.min_lr) + " is larger than train.lr=" + number(t.lr) +

@@ -1,9 +1,10 @@
-// The job config: TOML with sections [model] [layout] [train] [data] [numerics] [output].
+// The job config: TOML with sections [model] [layout] [train] [data] [numerics] [output]
+// [checkpoint].
 // Every key is documented in README.md ("Config keys"); the defaults below are the embedded
 // default job (a tiny GPT on the built-in Markov source, which needs no files).
 //
 // Index
-//   ModelConfig .. OutputConfig   one struct per section, one field per key
+//   ModelConfig .. CheckpointConfig   one struct per section, one field per key
 //                                 (LayoutConfig: the parallel layout, DESIGN.md §3)
 //   Config                        the whole job
 //   parse_config                  TOML text -> Config; errors name the key (ConfigError)
@@ -107,6 +108,16 @@ struct OutputConfig {
     bool operator==(const OutputConfig&) const = default;
 };
 
+// Checkpoints (core/checkpoint.h): where, how often, how many, and whether to resume.
+struct CheckpointConfig {
+    std::string dir;       // folder of ckpt-<step>.h5 files; "" turns checkpoints off
+    i64 every = 0;         // write every N steps (and at the end); 0: only at the end
+    i64 keep = 3;          // keep the newest K checkpoints, delete older ones after a commit
+    std::string resume;    // "": start fresh; "auto": the newest valid one in dir; else a file
+
+    bool operator==(const CheckpointConfig&) const = default;
+};
+
 struct Config {
     ModelConfig model;
     LayoutConfig layout;
@@ -114,6 +125,7 @@ struct Config {
     DataConfig data;
     NumericsConfig numerics;
     OutputConfig output;
+    CheckpointConfig checkpoint;
     std::string source_name = "<default>";  // where it came from, for error messages
 
     bool operator==(const Config&) const = default;  // every field, source_name included
@@ -131,7 +143,7 @@ void apply_override(Config& cfg, const std::string& assignment);  // "section.ke
 // either order).
 void apply_overrides(Config& cfg, const std::vector<std::string>& assignments);
 void validate_config(const Config& cfg);  // throws ConfigError naming cfg.source_name and the key
-std::vector<std::string> config_keys();   // "model.vocab", ..., "output.progress"
+std::vector<std::string> config_keys();   // "model.vocab", ..., "checkpoint.resume"
 const char* default_config_toml();         // the struct defaults, one comment line per key
 std::string config_to_toml(const Config& cfg);  // complete and exact: parse_config gives cfg back
 Numerics make_numerics(const NumericsConfig& nc);  // resolves isa "auto"; errors if unsupported here

@@ -217,6 +217,63 @@ void Job::accumulate_microbatch(int k) {
     }
 }
 
+void Job::gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) {
+    const GPT& model = *model_;
+    const i64 n = model.table().total;
+    // This replica's arrays in its local table's layout: ZeRO shards gathered over dp first.
+    std::vector<float> local_m(static_cast<size_t>(n), 0.0f), local_v = local_m;
+    if (shards_) {
+        std::vector<i64> counts(static_cast<size_t>(dp_size_));
+        for (int r = 0; r < dp_size_; r++) counts[static_cast<size_t>(r)] = shards_->hi(r) - shards_->lo(r);
+        replica_.dp->all_gather_v(local_m.data(), opt_->m(), counts);
+        replica_.dp->all_gather_v(local_v.data(), opt_->v(), counts);
+        if (replica_.zero == 3) shards_->all_gather_params(*replica_.dp, model_->params());
+    } else {
+        std::memcpy(local_m.data(), opt_->m(), static_cast<size_t>(n) * sizeof(float));
+        std::memcpy(local_v.data(), opt_->v(), static_cast<size_t>(n) * sizeof(float));
+    }
+    // Then the tp shards to their logical places (a collective of the tp group).
+    const auto* tpl = dynamic_cast<const TpLayers*>(model.parallel_layers());
+    const ParamTable full = tpl ? ParamTable::build(cfg_.model) : model.table();
+    auto place = [&](std::vector<float>* out, const float* local) {
+        if (!out) return;
+        out->assign(static_cast<size_t>(full.total), 0.0f);
+        if (tpl) gather_logical(*tpl, model, full, out->data(), local);
+        else std::memcpy(out->data(), local, static_cast<size_t>(n) * sizeof(float));
+    };
+    place(params, model.params());
+    place(m, local_m.data());
+    place(v, local_v.data());
+    if (shards_ && replica_.zero == 3) shards_->release_params(model_->param_arena());
+}
+
+void Job::restore(const std::vector<float>& params, const std::vector<float>& m,
+                  const std::vector<float>& v, const std::vector<StepMetrics>& history) {
+    GPT& model = *model_;
+    const i64 n = model.table().total;
+    const auto* tpl = dynamic_cast<const TpLayers*>(model.parallel_layers());
+    const ParamTable full = tpl ? ParamTable::build(cfg_.model) : model.table();
+    if (static_cast<i64>(params.size()) != full.total || m.size() != params.size() ||
+        v.size() != params.size())
+        throw InternalError("Job::restore: a logical state of " + std::to_string(params.size()) +
+                            " floats for a model of " + std::to_string(full.total));
+    std::vector<float> local_m(static_cast<size_t>(n)), local_v(static_cast<size_t>(n));
+    if (tpl) {
+        load_logical(*tpl, model, full, params.data());
+        load_logical(*tpl, model, full, m.data(), local_m.data());
+        load_logical(*tpl, model, full, v.data(), local_v.data());
+    } else {
+        std::memcpy(model.params(), params.data(), static_cast<size_t>(n) * sizeof(float));
+        local_m = m;
+        local_v = v;
+    }
+    std::memcpy(opt_->m(), local_m.data() + opt_->lo(), static_cast<size_t>(opt_->size()) * sizeof(float));
+    std::memcpy(opt_->v(), local_v.data() + opt_->lo(), static_cast<size_t>(opt_->size()) * sizeof(float));
+    if (shards_ && replica_.zero == 3) shards_->release_params(model_->param_arena());
+    history_ = history;
+    step_ = static_cast<i64>(history.size());
+}
+
 void Job::all_gather_tokens(std::vector<float>& all, const float* local, i64 per_rank) {
     if (dp_size_ == 1) {
         std::copy(local, local + per_rank, all.begin());
@@ -324,6 +381,7 @@ StepMetrics Job::step() {
     }
     history_.push_back(m);
     for (Observer* o : observers_) o->on_step(*this, m);
+    if (after_step_) after_step_(*this);
     return m;
 }
 

@@ -18,6 +18,7 @@
 #include "core/model.h"
 #include "core/optimizer.h"
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -99,6 +100,18 @@ public:
     Job& operator=(const Job&) = delete;
 
     void add_observer(Observer* obs) { observers_.push_back(obs); }
+    // Called on every rank after each step, after the observers (checkpoints: a collective).
+    void set_after_step(std::function<void(Job&)> f) { after_step_ = std::move(f); }
+
+    // Checkpoints (core/checkpoint.h) hold the logical, layout-free state; these move it in and
+    // out of a job of any layout. gather_full: a collective of the job's dp and tp groups that
+    // gives every rank the whole model's weights and Adam moments, laid out as
+    // ParamTable::build(model) (null pointers are skipped). restore: no communication; each rank
+    // takes its slices of a logical state (its tp shard, its ZeRO shard of the moments), and the
+    // job continues after `history.size()` steps exactly as the run that wrote them would.
+    void gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v);
+    void restore(const std::vector<float>& params, const std::vector<float>& m,
+                 const std::vector<float>& v, const std::vector<StepMetrics>& history);
 
     StepMetrics step();   // one optimizer step over train.batch_size sequences
     double evaluate();    // mean validation loss over train.val_batches batches
@@ -144,6 +157,7 @@ private:
     int microbatches_ = 1;            // per replica and step
     i64 local_B_ = 0;                 // sequences per replica and step
     std::vector<Observer*> observers_;
+    std::function<void(Job&)> after_step_;
     std::vector<StepMetrics> history_;
 
     i64 step_ = 0;

@@ -19,11 +19,14 @@ bool LogicalState::absorb(const Job& job) {
         m.assign(static_cast<size_t>(n), 0.0f);
         v.assign(static_cast<size_t>(n), 0.0f);
         history = job.history();
+        init_masks();
+        std::fill(has_w_.begin(), has_w_.end(), 1);
     }
     const bool agree = std::memcmp(params.data(), model.params(), static_cast<size_t>(n) * sizeof(float)) == 0;
     const AdamW& opt = job.optimizer();
     std::memcpy(m.data() + opt.lo(), opt.m(), static_cast<size_t>(opt.size()) * sizeof(float));
     std::memcpy(v.data() + opt.lo(), opt.v(), static_cast<size_t>(opt.size()) * sizeof(float));
+    std::fill(has_mv_.begin() + opt.lo(), has_mv_.begin() + opt.hi(), 1);
     return agree;
 }
 
@@ -52,6 +55,7 @@ bool LogicalState::absorb_tp(const Job& job) {
         m = v = params;
         filled_.assign(params.size(), 0);
         history = job.history();
+        init_masks();
     } else if (!same_history(history, job.history())) {
         agree = false;
     }
@@ -66,9 +70,11 @@ bool LogicalState::absorb_tp(const Job& job) {
             if (filled_[dst] && std::memcmp(&params[dst], &w, sizeof(float)) != 0) agree = false;
             params[dst] = w;
             filled_[dst] = 1;
+            has_w_[dst] = 1;
             if (src >= opt.lo() && src < opt.hi()) {  // this rank's ZeRO-1 slice
                 m[dst] = opt.m()[src - opt.lo()];
                 v[dst] = opt.v()[src - opt.lo()];
+                has_mv_[dst] = 1;
             }
         }
     }
@@ -86,6 +92,7 @@ bool LogicalState::absorb_shards(const GPT& model, const AdamW& opt,
         m = v = params;
         filled_.assign(params.size(), 0);
         history = hist;
+        init_masks();
     } else if (!same_history(history, hist)) {
         agree = false;
     }
@@ -99,9 +106,11 @@ bool LogicalState::absorb_shards(const GPT& model, const AdamW& opt,
             if (filled_[dst] && std::memcmp(&params[dst], &w, sizeof(float)) != 0) agree = false;
             params[dst] = w;
             filled_[dst] = 1;
+            has_w_[dst] = 1;
             if (src >= opt.lo() && src < opt.hi()) {
                 m[dst] = opt.m()[src - opt.lo()];
                 v[dst] = opt.v()[src - opt.lo()];
+                has_mv_[dst] = 1;
             }
         }
     }
@@ -119,6 +128,7 @@ bool LogicalState::absorb(const PipelineJob& stage) {
         m = v = params;
         seen_.assign(table.entries.size(), 0);
         history = stage.history();
+        init_masks();
     } else if (!same_history(history, stage.history())) {
         agree = false;
     }
@@ -135,6 +145,8 @@ bool LogicalState::absorb(const PipelineJob& stage) {
             std::memcpy(out[k], src[k], bytes);
         }
         seen_[id] = 1;
+        std::fill(has_w_.begin() + dst, has_w_.begin() + dst + e.numel(), 1);
+        std::fill(has_mv_.begin() + dst, has_mv_.begin() + dst + e.numel(), 1);
     }
     return agree;
 }
@@ -145,6 +157,145 @@ bool LogicalState::complete() const {
     for (char x : seen_)
         if (!x) return false;
     return true;
+}
+
+void LogicalState::init_masks() {
+    has_w_.assign(params.size(), 0);
+    has_mv_.assign(params.size(), 0);
+}
+
+bool LogicalState::absorb(const LogicalState& o) {
+    if (o.params.empty()) return true;
+    if (params.empty()) {
+        *this = o;
+        return true;
+    }
+    if (o.params.size() != params.size()) return false;
+    bool agree = same_history(history, o.history);
+    for (size_t i = 0; i < params.size(); i++) {
+        if (o.has_w_[i]) {
+            if (has_w_[i] && std::memcmp(&params[i], &o.params[i], sizeof(float)) != 0)
+                agree = false;
+            params[i] = o.params[i];
+            has_w_[i] = 1;
+        }
+        if (o.has_mv_[i]) {
+            if (has_mv_[i] && (std::memcmp(&m[i], &o.m[i], sizeof(float)) != 0 ||
+                               std::memcmp(&v[i], &o.v[i], sizeof(float)) != 0))
+                agree = false;
+            m[i] = o.m[i];
+            v[i] = o.v[i];
+            has_mv_[i] = 1;
+        }
+    }
+    // What complete() reads: elements (tensor parallel) or tensors (pipeline) absorbed anywhere.
+    if (filled_.size() == o.filled_.size())
+        for (size_t i = 0; i < filled_.size(); i++) filled_[i] = filled_[i] || o.filled_[i];
+    if (seen_.size() == o.seen_.size())
+        for (size_t i = 0; i < seen_.size(); i++) seen_[i] = seen_[i] || o.seen_[i];
+    return agree;
+}
+
+namespace {
+
+constexpr i64 kStateMagic = 0x50584c53;  // "PXLS"
+constexpr i64 kStateVersion = 1;
+
+// Bytes appended to / read from a word stream (each array starts on a word).
+struct Words {
+    std::vector<i64> w;
+    size_t at = 0;
+    void put(const void* data, size_t bytes) {
+        const size_t n = (bytes + 7) / 8, base = w.size();
+        w.resize(base + n, 0);
+        if (bytes) std::memcpy(w.data() + base, data, bytes);
+    }
+    template <class T>
+    void put_vec(const std::vector<T>& v) {
+        w.push_back(static_cast<i64>(v.size()));
+        put(v.data(), v.size() * sizeof(T));
+    }
+    void get(void* data, size_t bytes) {
+        const size_t n = (bytes + 7) / 8;
+        if (at + n > w.size())
+            throw DataError("LogicalState::deserialize: the words end early (" +
+                            std::to_string(w.size()) + " words); the sender and this process "
+                            "must run the same build of Parallax");
+        if (bytes) std::memcpy(data, w.data() + at, bytes);
+        at += n;
+    }
+    template <class T>
+    void get_vec(std::vector<T>& v) {
+        i64 n = 0;
+        get(&n, sizeof n);
+        if (n < 0 || static_cast<size_t>(n) > w.size() * 8)
+            throw DataError("LogicalState::deserialize: an array length of " + std::to_string(n) +
+                            " is impossible; the words are corrupt");
+        v.resize(static_cast<size_t>(n));
+        get(v.data(), v.size() * sizeof(T));
+    }
+};
+
+}  // namespace
+
+std::vector<i64> LogicalState::serialize() const {
+    Words s;
+    s.w = {kStateMagic, kStateVersion};
+    s.put_vec(params);
+    s.put_vec(m);
+    s.put_vec(v);
+    s.put_vec(has_w_);
+    s.put_vec(has_mv_);
+    s.put_vec(filled_);
+    s.put_vec(seen_);
+    s.put_vec(history);  // StepMetrics is plain data
+    return s.w;
+}
+
+LogicalState LogicalState::deserialize(const std::vector<i64>& words, const ModelConfig& mc) {
+    if (words.size() < 2 || words[0] != kStateMagic || words[1] != kStateVersion)
+        throw DataError("LogicalState::deserialize: not a serialized LogicalState of version " +
+                        std::to_string(kStateVersion) +
+                        "; every rank must run the same build of Parallax");
+    Words s;
+    s.w = words;
+    s.at = 2;
+    LogicalState st;
+    s.get_vec(st.params);
+    s.get_vec(st.m);
+    s.get_vec(st.v);
+    s.get_vec(st.has_w_);
+    s.get_vec(st.has_mv_);
+    s.get_vec(st.filled_);
+    s.get_vec(st.seen_);
+    s.get_vec(st.history);
+    if (!st.params.empty()) st.table = ParamTable::build(mc);
+    if (st.m.size() != st.params.size() || st.v.size() != st.params.size() ||
+        st.has_w_.size() != st.params.size() || st.has_mv_.size() != st.params.size() ||
+        (!st.params.empty() && static_cast<i64>(st.params.size()) != st.table.total))
+        throw DataError("LogicalState::deserialize: array sizes do not match the model config (" +
+                        std::to_string(st.params.size()) + " weights); every rank must run the "
+                        "same config");
+    return st;
+}
+
+bool gather_state(LogicalState& state, comm::Communicator& world, const ModelConfig& mc) {
+    bool agree = true;
+    if (world.rank() == 0) {
+        for (int k = 1; k < world.size(); k++) {
+            i64 n = 0;
+            world.recv(&n, 1, k);
+            std::vector<i64> words(static_cast<size_t>(n));
+            world.recv(words.data(), n, k);
+            agree = state.absorb(LogicalState::deserialize(words, mc)) && agree;
+        }
+    } else {
+        const std::vector<i64> words = state.serialize();
+        const i64 n = static_cast<i64>(words.size());
+        world.send(&n, 1, 0);
+        world.send(words.data(), n, 0);
+    }
+    return agree;
 }
 
 void write_dump(const std::string& path, const LogicalState& state, const Config& cfg) {

@@ -3,7 +3,10 @@
 //
 // Index
 //   LogicalState   flat weights and moments laid out as the full model's ParamTable
-//   absorb         add one rank's part (its weights, its optimizer shard, the history)
+//   absorb         add one rank's part (its weights, its optimizer shard, the history), or
+//                  another process's LogicalState (the parts it absorbed)
+//   serialize      a LogicalState as words for a communicator; deserialize reads them back
+//   gather_state   every rank's LogicalState merged on rank 0 (one process per rank, MPI)
 //   write_dump     the state as HDF5, for comparing two runs with h5py
 //
 // Dump layout (all little-endian; tensor shapes as in GPT-2, e.g. wte (V,C)):
@@ -12,6 +15,7 @@
 //   root attribute `config`: the job's TOML
 #pragma once
 #include "core/arena.h"
+#include "core/comm/comm.h"
 #include "core/job.h"
 #include "core/parallel/pipeline.h"
 
@@ -39,8 +43,20 @@ struct LogicalState {
     // Whether every tensor of the whole model has been absorbed from some stage (tensor
     // parallel: every element from some tp rank).
     bool complete() const;
+    // Another rank's state (a process under MPI): the elements it holds replace these, and
+    // returns false when an element both hold, or the histories, differ. Empty states are no-ops.
+    bool absorb(const LogicalState& other);
+
+    // Everything absorb(const LogicalState&) needs, as words (with a magic number and a
+    // version); deserialize rebuilds the table from the model config and throws DataError on
+    // words it cannot read.
+    std::vector<i64> serialize() const;
+    static LogicalState deserialize(const std::vector<i64>& words, const ModelConfig& mc);
 
 private:
+    void init_masks();
+    std::vector<char> has_w_;   // per logical element: this state holds its weight
+    std::vector<char> has_mv_;  // per logical element: this state holds its Adam moments
     bool absorb_tp(const Job& job);
     // A tensor-parallel shard of the whole model or of a pipeline stage (after unshard: its
     // optimizer covers [lo, hi) of the local table), its elements to their logical places.
@@ -49,6 +65,11 @@ private:
     std::vector<char> seen_;    // per whole-model tensor id
     std::vector<char> filled_;  // per logical element, tensor-parallel jobs only
 };
+
+// Collective over `world`: rank 0's state becomes the merge of every rank's (sent to it point to
+// point, one rank at a time); the others' are left as they are. Returns false on rank 0 when two
+// ranks disagree on an element or a history (a bug in Parallax); true elsewhere.
+bool gather_state(LogicalState& state, comm::Communicator& world, const ModelConfig& mc);
 
 void write_dump(const std::string& path, const LogicalState& state, const Config& cfg);
 

@@ -48,7 +48,7 @@ std::string set_error(const std::string& assignment) {
 
 bool same_job(const Config& a, const Config& b) {
     return a.model == b.model && a.layout == b.layout && a.train == b.train && a.data == b.data &&
-           a.numerics == b.numerics && a.output == b.output;
+           a.numerics == b.numerics && a.output == b.output && a.checkpoint == b.checkpoint;
 }
 
 }  // namespace
@@ -96,7 +96,7 @@ TEST_CASE("the embedded default job documents every key with a comment line", "[
     std::vector<std::string> lines;
     for (std::string l; std::getline(in, l);) lines.push_back(l);
     const auto keys = config_keys();
-    CHECK(keys.size() == 48);
+    CHECK(keys.size() == 52);
     for (const auto& k : keys) {
         const std::string name = k.substr(k.find('.') + 1);
         std::string section = "[";  // built by appending: "[" + std::string&& trips GCC 12's -Wrestrict
@@ -178,6 +178,12 @@ TEST_CASE("config -> TOML -> config is exact", "[config]") {
             c.output.run_file = rng() % 2;
             c.output.export_llmc = strings[rng() % strings.size()];
             c.output.progress = rng() % 2;
+            c.checkpoint.dir = trial % 3 ? strings[rng() % strings.size()] : "runs/x/checkpoints";
+            c.checkpoint.every = c.checkpoint.dir.empty() ? 0 : static_cast<i64>(rng() % 1000);
+            c.checkpoint.keep = 1 + static_cast<i64>(rng() % 10);
+            c.checkpoint.resume = c.checkpoint.dir.empty() ? strings[rng() % strings.size()]
+                                  : rng() % 2 ? "auto" : strings[rng() % strings.size()];
+            if (c.checkpoint.dir.empty() && c.checkpoint.resume == "auto") c.checkpoint.resume = "";
             REQUIRE_NOTHROW(validate_config(c));
             const std::string text = config_to_toml(c);
             INFO(text);
@@ -298,6 +304,9 @@ TEST_CASE("values out of range name the key, the value and the rule", "[config]"
         {"[data]\nmarkov_seed = -3", "data.markov_seed = -3 is out of range: must be >= 0"},
         {"[numerics]\nblock = 0", "numerics.block = 0 is out of range: must be >= 1"},
         {"[numerics]\nisa = \"sse2\"", "numerics.isa must be \"auto\", \"avx512\", \"avx2\" or \"scalar\", got \"sse2\""},
+        {"[checkpoint]\nevery = -1", "checkpoint.every = -1 is out of range: must be >= 0"},
+        {"[checkpoint]\nkeep = 0", "checkpoint.keep = 0 is out of range: must be >= 1"},
+        {"[checkpoint]\ndir = 3", "checkpoint.dir must be a string, got integer 3"},
     };
     for (const auto& c : cases) {
         INFO(c.toml);
@@ -317,6 +326,11 @@ TEST_CASE("constraints across keys are sentences naming both keys", "[config]") 
     CHECK_THAT(parse_error("[train]\nlr = 1e-3\nmin_lr = 1e-2\n"), Contains("train.min_lr=0.01 is larger than train.lr=0.001"));
     CHECK_NOTHROW(parse_config("[train]\nlr = 1e-3\nmin_lr = 1e-3\n", "ok"));
     CHECK_THAT(parse_error("[data]\nsource = \"bin\"\n"), Contains("data.source = \"bin\" needs data.train_path"));
+    CHECK_THAT(parse_error("[checkpoint]\nresume = \"auto\"\n"),
+               Contains("checkpoint.resume = \"auto\" needs checkpoint.dir") && Contains("(line 2)"));
+    CHECK_THAT(parse_error("[checkpoint]\nevery = 100\n"), Contains("checkpoint.every=100 needs checkpoint.dir"));
+    CHECK_NOTHROW(parse_config("[checkpoint]\ndir = \"ck\"\nevery = 100\nkeep = 1\nresume = \"auto\"\n", "ok"));
+    CHECK_NOTHROW(parse_config("[checkpoint]\nresume = \"runs/a/ckpt-00000100.h5\"\n", "ok"));
     CHECK_NOTHROW(parse_config("[data]\nsource = \"bin\"\ntrain_path = \"t.bin\"\n", "ok"));
     // vocab^order <= 2^22: 2^22 itself is fine, one more state is not.
     CHECK_NOTHROW(parse_config("[model]\nvocab = 2048\n[data]\nmarkov_order = 2\n", "ok"));  // 2^22

@@ -4,6 +4,8 @@
 // exactly as the single device forms them. See pipeline.h for the argument.
 #include "core/parallel/pipeline.h"
 
+#include "core/parallel/checkpointing.h"
+
 #include "core/checkpoint_llmc.h"
 #include "core/comm/comm.h"
 #include "core/comm/inproc.h"
@@ -164,6 +166,16 @@ i64 TreeAccumulator::bytes() const {
     i64 n = 0;
     for (const Arena& a : pool_) n += a.size() * static_cast<i64>(sizeof(float));
     return n;
+}
+
+i64 TreeAccumulator::resident_bytes() const {
+    i64 n = 0;
+    for (const Arena& a : pool_) n += a.resident_bytes();
+    return n;
+}
+
+void TreeAccumulator::release() {
+    for (Arena& a : pool_) a.decommit(0, a.size());
 }
 
 void TreeAccumulator::reset() {
@@ -341,11 +353,22 @@ i64 PipelineJob::activation_bytes() const {
     return n;
 }
 
+// Under ZeRO-2/3 the weights (ZeRO-3) and gradients are measured between steps: the shards. A
+// pipeline stage gathers its ZeRO-3 weights once per step and keeps them through the schedule,
+// and reduce-scatters its gradient after the last microbatch (as TorchTitan's FSDP under pipeline
+// parallelism does), so the peaks are the whole stage's.
 MemoryStats PipelineJob::memory() const {
     MemoryStats m;
     m.params = model_->table().total * static_cast<i64>(sizeof(float));
     m.grads = grads_.size() * static_cast<i64>(sizeof(float));
     for (const TreeAccumulator& a : acc_) m.grads += a.bytes();
+    m.peak_params = m.params;
+    m.peak_grads = m.grads;
+    if (zero_ == 3) m.params = model_->param_arena().resident_bytes();
+    if (zero_ >= 2) {
+        m.grads = grads_.resident_bytes();
+        for (const TreeAccumulator& a : acc_) m.grads += a.resident_bytes();
+    }
     m.optimizer = 2 * opt_->size() * static_cast<i64>(sizeof(float));
     m.activations = activation_bytes();
     return m;
@@ -630,6 +653,13 @@ StepMetrics PipelineJob::step() {
     opt_->step(*model_, g, norm, static_cast<float>(m.lr), static_cast<int>(step_ + 1), tc);
     if (zero_ == 1 || zero_ == 2) all_gather_params();  // each replica updated its shard
     if (zero_ == 3) release_params();                   // free after use
+    if (zero_ >= 2) {
+        // Between steps a replica holds only its shard of the gradient; the microbatch partials
+        // and the rest of the buffer go back to the system until the next step's backward.
+        grads_.decommit(0, opt_->lo());
+        grads_.decommit(opt_->hi(), grads_.size());
+        for (TreeAccumulator& a : acc_) a.release();
+    }
     step_++;
 
     const double secs = seconds_since(t0);
@@ -782,9 +812,42 @@ void PipelineJob::gather_full(std::vector<float>* params, std::vector<float>* m,
     std::vector<float> whole_m, whole_v;
     const float* stage_m = m ? stage_moments(whole_m, opt_->m()) : nullptr;
     const float* stage_v = v ? stage_moments(whole_v, opt_->v()) : nullptr;
+    const bool gather = params && zero_ == 3;  // between steps ZeRO-3 holds only its shard
+    if (gather) all_gather_params();
     assemble(params, model_->params(), "weights");
+    if (gather) release_params();
     assemble(m, stage_m, "Adam m");
     assemble(v, stage_v, "Adam v");
+}
+
+void PipelineJob::restore(const std::vector<float>& params, const std::vector<float>& m,
+                          const std::vector<float>& v, const std::vector<StepMetrics>& history) {
+    GPT& model = *model_;
+    const ParamTable full = ParamTable::build(cfg_.model);
+    if (static_cast<i64>(params.size()) != full.total || m.size() != params.size() ||
+        v.size() != params.size())
+        throw InternalError("PipelineJob::restore: a logical state of " +
+                            std::to_string(params.size()) + " floats for a model of " +
+                            std::to_string(full.total));
+    const i64 n = model.table().total;
+    std::vector<float> local_m(static_cast<size_t>(n), 0.0f), local_v = local_m;
+    const TpLayers* tpl = tp_layers(model);
+    for (const TableEntry& e : model.table().entries) {
+        const i64 src0 = full.entries[static_cast<size_t>(e.id)].offset;
+        const std::vector<i64> idx =
+            tpl ? logical_indices(*tpl, e, cfg_.model) : std::vector<i64>();
+        for (i64 j = 0; j < e.numel(); j++) {
+            const size_t src = static_cast<size_t>(src0 + (tpl ? idx[static_cast<size_t>(j)] : j));
+            model.params()[e.offset + j] = params[src];
+            local_m[static_cast<size_t>(e.offset + j)] = m[src];
+            local_v[static_cast<size_t>(e.offset + j)] = v[src];
+        }
+    }
+    std::memcpy(opt_->m(), local_m.data() + opt_->lo(), static_cast<size_t>(opt_->size()) * sizeof(float));
+    std::memcpy(opt_->v(), local_v.data() + opt_->lo(), static_cast<size_t>(opt_->size()) * sizeof(float));
+    if (zero_ == 3) release_params();
+    history_ = history;
+    step_ = static_cast<i64>(history.size());
 }
 
 void PipelineJob::unshard() {
@@ -825,12 +888,51 @@ void PipelineJob::run(const std::function<void(const StepMetrics&)>& on_step) {
 
 // ---- run_pipeline ----------------------------------------------------------------------------
 
+void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
+                       const std::vector<Observer*>& observers,
+                       const std::function<void(PipelineJob&)>& inspect) {
+    const Layout l = make_layout(cfg);
+    check_pipeline_layout(l, cfg.source_name);
+    const Mesh mesh(l);
+    // 1. Groups: a pp group per (replica, tp rank) (pipeline order: the same tp rank of
+    //    every stage), a dp group per (stage, tp rank), a tp group per (stage, replica).
+    const int r = world.rank();
+    const Coord at = mesh.coord_of(r);
+    const std::unique_ptr<comm::Communicator> pp =
+        world.split(mesh.group_color(MeshDim::pp, r), at.pp, dim_name(MeshDim::pp));
+    const std::unique_ptr<comm::Communicator> dp =
+        world.split(mesh.group_color(MeshDim::dp, r), at.dp, dim_name(MeshDim::dp));
+    const std::unique_ptr<comm::Communicator> tp =
+        world.split(mesh.group_color(MeshDim::tp, r), at.tp, dim_name(MeshDim::tp));
+    // 2. Each replica's pipeline; a stage is cut over its tp group, and reduces its
+    //    gradients over dp.
+    PipelineJob job(cfg, *pp,
+                    ReplicaContext{l.dp > 1 ? dp.get() : nullptr, l.zero, l.algo,
+                                   l.tp > 1 ? tp.get() : nullptr});
+    // 3. Checkpoints: resume from the logical state (any layout wrote it), save every N steps.
+    RunCheckpoints checkpoints(cfg, &world);
+    checkpoints.resume(job);
+    const bool report = r == 0;
+    if (report)
+        for (Observer* o : observers) o->on_start(job);
+    job.run([&](const StepMetrics& m) {
+        if (report)
+            for (Observer* o : observers) o->on_step(job, m);
+        checkpoints.after_step(job);
+    });
+    if (report)
+        for (Observer* o : observers) o->on_end(job);
+    if (inspect) {
+        job.unshard();  // collective: before any rank's turn at inspect
+        inspect(job);
+    }
+}
+
 void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers,
                   const std::function<void(PipelineJob&)>& inspect) {
     const Layout l = make_layout(cfg);  // validates before any thread starts
     check_pipeline_layout(l, cfg.source_name);
-    const Mesh mesh(l);
-    const int n = mesh.world_size();
+    const int n = l.world_size();
     // Ranks are threads; the cores are shared out so that the ranks together use them once.
     const int threads =
         cfg.train.threads > 0
@@ -841,35 +943,11 @@ void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers,
 
     std::mutex inspect_mutex;
     comm::run_ranks(n, l.timeout_s, [&](comm::Communicator& world) {
-        // 1. Groups: a pp group per (replica, tp rank) (pipeline order: the same tp rank of
-        //    every stage), a dp group per (stage, tp rank), a tp group per (stage, replica).
-        const int r = world.rank();
-        const Coord at = mesh.coord_of(r);
-        const std::unique_ptr<comm::Communicator> pp =
-            world.split(mesh.group_color(MeshDim::pp, r), at.pp, dim_name(MeshDim::pp));
-        const std::unique_ptr<comm::Communicator> dp =
-            world.split(mesh.group_color(MeshDim::dp, r), at.dp, dim_name(MeshDim::dp));
-        const std::unique_ptr<comm::Communicator> tp =
-            world.split(mesh.group_color(MeshDim::tp, r), at.tp, dim_name(MeshDim::tp));
-        // 2. Each replica's pipeline; a stage is cut over its tp group, and reduces its
-        //    gradients over dp.
-        PipelineJob job(rank_cfg, *pp,
-                        ReplicaContext{l.dp > 1 ? dp.get() : nullptr, l.zero, l.algo,
-                                       l.tp > 1 ? tp.get() : nullptr});
-        const bool report = r == 0;
-        if (report)
-            for (Observer* o : observers) o->on_start(job);
-        job.run([&](const StepMetrics& m) {
-            if (report)
-                for (Observer* o : observers) o->on_step(job, m);
-        });
-        if (report)
-            for (Observer* o : observers) o->on_end(job);
-        if (inspect) {
-            job.unshard();  // collective: before any rank's turn at the lock
+        run_pipeline_rank(rank_cfg, world, observers, [&](PipelineJob& job) {
+            if (!inspect) return;
             std::lock_guard<std::mutex> lock(inspect_mutex);
             inspect(job);
-        }
+        });
     });
 }
 

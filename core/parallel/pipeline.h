@@ -9,6 +9,7 @@
 //   TreeAccumulator    one chunk's microbatch gradients, combined in the token tree in any order
 //   PipelineJob        one pp rank: step(), evaluate(), run(); its stage's model and optimizer
 //   run_pipeline       trains a config with layout.pp >= 2 on dp·pp·tp in-process ranks
+//   run_pipeline_rank  one rank of it, on a given world communicator (threads or MPI)
 //
 // The math. Virtual stage k computes h_k = f_k(h_{k-1}) on each microbatch (h_{-1}: the tokens,
 // f_0 starts with the embedding; the last stage ends in ln_f, the LM head and the per-token
@@ -109,7 +110,9 @@ public:
     bool complete() const { return nodes_[0].done; }  // the whole batch is in `result`
     void reset();                                     // for the next step
     int buffers() const { return static_cast<int>(pool_.size()); }  // partial buffers made
-    i64 bytes() const;                                              // of those buffers
+    i64 bytes() const;            // of those buffers
+    i64 resident_bytes() const;   // of those buffers, mapped now
+    void release();               // their pages back to the system (they read as zero after)
 
 private:
     struct Node {
@@ -155,6 +158,11 @@ public:
     // weights and Adam moments, assembled from the stages on every rank. Null pointers are
     // skipped. Throws InternalError if the two copies of wte differ.
     void gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v);
+    // No communication: this stage (and tp shard, and ZeRO shard of the moments) takes its slices
+    // of a logical state laid out as ParamTable::build(model), and continues after
+    // history.size() steps (Job::restore's counterpart).
+    void restore(const std::vector<float>& params, const std::vector<float>& m,
+                 const std::vector<float>& v, const std::vector<StepMetrics>& history);
 
     // Collective over the dp group: ZeRO's shards of the stage's Adam moments are gathered, so
     // every replica holds its stage's whole state (as a ZeRO-0 stage; later steps run so).
@@ -247,5 +255,11 @@ private:
 // at a time.
 void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers = {},
                   const std::function<void(PipelineJob&)>& inspect = {});
+// One rank's part of run_pipeline: `world` is this rank's world communicator (a thread under
+// comm::run_ranks, or this process under MPI, core/comm/mpi.h) of dp·pp·tp ranks, cfg.train.threads
+// its OpenMP threads. Observers follow world rank 0; `inspect` is called after unshard.
+void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
+                       const std::vector<Observer*>& observers,
+                       const std::function<void(PipelineJob&)>& inspect = {});
 
 }  // namespace px

@@ -249,16 +249,18 @@ std::vector<i64> logical_indices(const TpLayers& tp, const TableEntry& e, const 
     return out;
 }
 
-void load_logical(const TpLayers& tp, GPT& model, const ParamTable& table, const float* full) {
+void load_logical(const TpLayers& tp, GPT& model, const ParamTable& table, const float* full,
+                  float* local) {
     for (const TableEntry& e : model.table().entries) {
         const float* src = full + table.entries[static_cast<size_t>(e.id)].offset;
-        float* dst = model.params() + e.offset;
+        float* dst = (local ? local : model.params()) + e.offset;
         const std::vector<i64> idx = logical_indices(tp, e, model.config());
         for (i64 j = 0; j < e.numel(); j++) dst[j] = src[idx[static_cast<size_t>(j)]];
     }
 }
 
-void gather_logical(const TpLayers& tp, const GPT& model, const ParamTable& table, float* full) {
+void gather_logical(const TpLayers& tp, const GPT& model, const ParamTable& table, float* full,
+                    const float* local) {
     const ModelConfig& mc = model.config();
     const int p = tp.size();
     std::vector<ParamTable> tables;
@@ -271,7 +273,7 @@ void gather_logical(const TpLayers& tp, const GPT& model, const ParamTable& tabl
     i64 all = 0;
     for (i64 n : counts) all += n;
     std::vector<float> gathered(static_cast<size_t>(all));
-    tp.comm().all_gather_v(gathered.data(), model.params(), counts);
+    tp.comm().all_gather_v(gathered.data(), local ? local : model.params(), counts);
     i64 base = 0;
     for (int r = 0; r < p; r++) {
         for (const TableEntry& e : tables[static_cast<size_t>(r)].entries) {

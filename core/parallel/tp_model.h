@@ -124,10 +124,14 @@ std::vector<i64> logical_indices(const TpLayers& tp, const TableEntry& e, const 
 
 // model's parameters = its slices of the logical parameters `full` (laid out as `table`, the whole
 // model's): loading a checkpoint into a shard. No communication.
-void load_logical(const TpLayers& tp, GPT& model, const ParamTable& table, const float* full);
+// `local` (an array laid out as the model's table, e.g. Adam moments): the same for it instead.
+void load_logical(const TpLayers& tp, GPT& model, const ParamTable& table, const float* full,
+                  float* local = nullptr);
 // full (laid out as the whole model's `table`) = every tp rank's parameters put together: an
 // all_gather_v of the local parameter arenas over the tp group (a collective), then the slices
 // placed by logical_indices. For writing checkpoints.
-void gather_logical(const TpLayers& tp, const GPT& model, const ParamTable& table, float* full);
+// `local` (an array laid out as the model's table, e.g. Adam moments): that array instead.
+void gather_logical(const TpLayers& tp, const GPT& model, const ParamTable& table, float* full,
+                    const float* local = nullptr);
 
 }  // namespace px
