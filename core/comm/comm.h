@@ -1,5 +1,5 @@
-// Communication: the Communicator interface that every backend implements (in-process threads
-// now; MPI and NCCL, with ranks as processes, later), its errors and its accounting.
+// Communication: the Communicator interface that every backend implements (in-process threads,
+// core/comm/inproc.h; MPI processes, core/comm/mpi.h; NCCL later), its errors and its accounting.
 //
 // Index
 //   Algo, algo_for        canonical (bitwise mode) or ring (fast mode), for reducing collectives
