@@ -2,6 +2,7 @@
 #include "core/checkpoint.h"
 
 #include "core/arena.h"
+#include "core/hdf5_util.h"
 
 #include <algorithm>
 #include <bit>
@@ -84,15 +85,6 @@ std::string shortest(double x) {
 std::string bits_hex(double x) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%016" PRIx64, std::bit_cast<std::uint64_t>(x));
-    return buf;
-}
-
-std::string iso_time_utc() {
-    const std::time_t now = std::time(nullptr);
-    std::tm tm{};
-    gmtime_r(&now, &tm);
-    char buf[32];
-    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
     return buf;
 }
 
@@ -198,68 +190,7 @@ void check_same_data(const CheckpointMeta& meta, const Config& cfg, const std::s
 
 namespace {
 
-// Silences HDF5's automatic error printing for one call into this file; restores it after.
-class QuietHdf5 {
-public:
-    QuietHdf5() {
-        H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-        H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    }
-    ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-    QuietHdf5(const QuietHdf5&) = delete;
-    QuietHdf5& operator=(const QuietHdf5&) = delete;
-
-private:
-    H5E_auto2_t func_ = nullptr;
-    void* data_ = nullptr;
-};
-
-// The innermost HDF5 error message, then clears the stack.
-std::string hdf5_detail() {
-    std::string msg;
-    H5Ewalk2(
-        H5E_DEFAULT, H5E_WALK_UPWARD,
-        [](unsigned n, const H5E_error2_t* err, void* data) -> herr_t {
-            if (n == 0 && err->desc) *static_cast<std::string*>(data) = err->desc;
-            return 0;
-        },
-        &msg);
-    H5Eclear2(H5E_DEFAULT);
-    return msg.empty() ? std::string() : " (HDF5: " + msg + ")";
-}
-
-// An HDF5 handle closed on scope exit.
-class H {
-public:
-    H() = default;
-    H(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-    ~H() { reset(); }
-    H(H&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
-    H& operator=(H&& o) noexcept {
-        if (this != &o) {
-            reset();
-            id_ = o.id_;
-            close_ = o.close_;
-            o.id_ = -1;
-        }
-        return *this;
-    }
-    H(const H&) = delete;
-    H& operator=(const H&) = delete;
-    hid_t get() const { return id_; }
-    bool ok() const { return id_ >= 0; }
-    herr_t close() {
-        herr_t r = 0;
-        if (id_ >= 0 && close_) r = close_(id_);
-        id_ = -1;
-        return r;
-    }
-
-private:
-    void reset() { close(); }
-    hid_t id_ = -1;
-    herr_t (*close_)(hid_t) = nullptr;
-};
+using H = H5Handle;
 
 H scalar_space() { return H(H5Screate(H5S_SCALAR), H5Sclose); }
 

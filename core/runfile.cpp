@@ -1,6 +1,7 @@
 #include "core/runfile.h"
 
 #include "core/error.h"
+#include "core/hdf5_util.h"
 
 #include <ctime>
 #include <unordered_map>
@@ -16,62 +17,7 @@ constexpr const char* kParallaxVersion =
     "0.1.0";  // keep in step with meson.build's project version
 constexpr hsize_t kChunkRows = 256;
 
-// Silences HDF5's automatic error-stack printing for one call into this file, and restores
-// whatever the process had before (other code may want HDF5's printing).
-class QuietHdf5 {
-public:
-    QuietHdf5() {
-        H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-        H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    }
-    ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-    QuietHdf5(const QuietHdf5&) = delete;
-    QuietHdf5& operator=(const QuietHdf5&) = delete;
-
-private:
-    H5E_auto2_t func_ = nullptr;
-    void* data_ = nullptr;
-};
-
-// The innermost HDF5 error message (the most specific), then clears the stack.
-std::string hdf5_detail() {
-    std::string msg;
-    H5Ewalk2(
-        H5E_DEFAULT, H5E_WALK_UPWARD,
-        [](unsigned n, const H5E_error2_t* err, void* data) -> herr_t {
-            if (n == 0 && err->desc) *static_cast<std::string*>(data) = err->desc;
-            return 0;
-        },
-        &msg);
-    H5Eclear2(H5E_DEFAULT);
-    return msg.empty() ? std::string() : " (HDF5: " + msg + ")";
-}
-
-// An HDF5 handle closed on scope exit.
-class Handle {
-public:
-    Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-    ~Handle() {
-        if (id_ >= 0) close_(id_);
-    }
-    Handle(const Handle&) = delete;
-    Handle& operator=(const Handle&) = delete;
-    hid_t get() const { return id_; }
-    bool ok() const { return id_ >= 0; }
-
-private:
-    hid_t id_;
-    herr_t (*close_)(hid_t);
-};
-
-std::string iso_time_utc() {
-    const std::time_t now = std::time(nullptr);
-    std::tm tm{};
-    gmtime_r(&now, &tm);
-    char buf[32];
-    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
-}
+using Handle = H5Handle;
 
 }  // namespace
 
