@@ -19,8 +19,10 @@
 //                           a folder of checkpoints: names, retention of the last K, resume choice
 //
 // File layout (format "parallax-checkpoint", format_version 1; little-endian; HDF5's 1.8 file
-// format, whose own metadata is checksummed; strings are fixed-length UTF-8, which h5py returns
-// as bytes: a variable-length string would sit in HDF5's global heap, which is not checksummed):
+// format, whose own metadata is checksummed; groups keep their links and attributes in their
+// object headers ("compact" storage), never in a fractal heap, which is not checksummed; strings
+// are fixed-length UTF-8, which h5py returns as bytes: a variable-length string would sit in
+// HDF5's global heap, which is not checksummed either):
 //   /                    attributes: format, format_version (int64), parallax_version, created
 //                        (ISO 8601 UTC), step (int64, optimizer steps done), seed (uint64),
 //                        config (the job's TOML), checksum_algorithm ("sum-mix64-v1"),

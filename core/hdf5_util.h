@@ -1,18 +1,30 @@
-// HDF5 plumbing shared by the files that speak it (core/runfile.cpp, core/checkpoint.cpp): quiet
-// calls, the innermost error message, handles closed on scope exit, and the time stamp they store.
+// HDF5 plumbing shared by the files that speak it (core/runfile.cpp, core/checkpoint.cpp,
+// core/checkpoint_llmc.cpp, core/state.cpp): one thread in the library at a time, quiet calls,
+// the innermost error message, handles closed on scope exit, and the time stamp they store.
 #pragma once
 #include <hdf5.h>
 
 #include <ctime>
+#include <mutex>
 #include <string>
 
 namespace px {
 
-// Silences HDF5's automatic error-stack printing for one call, and restores whatever the process
-// had before (other code may want HDF5's printing).
+// Debian's HDF5 (serial and openmpi) is built without thread safety, and in-process ranks are
+// threads that may read a checkpoint while rank 0 writes the run file: every use of the library
+// runs under this one process-wide lock. Recursive, so a locked function may call another. Never
+// hold it across a collective of in-process ranks (a peer waiting for it would never arrive).
+inline std::recursive_mutex& hdf5_lock() {
+    static std::recursive_mutex m;
+    return m;
+}
+
+// One piece of work in HDF5: holds hdf5_lock() and silences HDF5's automatic error-stack
+// printing, restoring whatever the process had before (other code may want HDF5's printing).
+// Declare it before any handle (H5Handle) of the scope, so that they close under the lock.
 class QuietHdf5 {
 public:
-    QuietHdf5() {
+    QuietHdf5() : lock_(hdf5_lock()) {
         H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
         H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
     }
@@ -21,6 +33,7 @@ public:
     QuietHdf5& operator=(const QuietHdf5&) = delete;
 
 private:
+    std::lock_guard<std::recursive_mutex> lock_;
     H5E_auto2_t func_ = nullptr;
     void* data_ = nullptr;
 };
