@@ -7,6 +7,7 @@
 #include "core/job.h"
 #include "core/parallel/pipeline.h"
 #include "core/parallel/checkpointing.h"
+#include "core/parallel/faults.h"
 #include "core/parallel/runner.h"
 #include "core/state.h"
 #include "core/error.h"
@@ -14,6 +15,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +32,7 @@ namespace {
 struct TrainOptions {
     std::string config_path;
     std::vector<std::string> sets;
+    std::string fault;  // KIND[:key=value,...], shorthand for --set fault.*
     std::string out_dir;
     std::string dump;
     bool quiet = false;
@@ -159,6 +162,8 @@ int run_train_mpi(const Config& cfg, const TrainOptions& opt, const comm::MpiEnv
             });
         // 2. The dump: every rank's logical part, merged on rank 0 (collective).
         if (!opt.dump.empty()) agree = gather_state(state, *world, cfg.model) && agree;
+    } catch (const CorruptionError&) {
+        throw;  // a verdict every rank reaches from the same hashes: nobody is left waiting
     } catch (const std::exception& e) {
         // Fail the job before leaving, so that the other ranks stop waiting for this one.
         world->abort("rank " + std::to_string(mpi.rank()) + " failed: " + e.what());
@@ -178,10 +183,38 @@ int run_train_mpi(const Config& cfg, const TrainOptions& opt, const comm::MpiEnv
     return kOk;
 }
 
+// --fault KIND[:key=value,...] as --set fault.kind=KIND --set fault.key=value ...
+std::vector<std::string> fault_sets(const std::string& spec) {
+    std::vector<std::string> sets;
+    const size_t colon = spec.find(':');
+    std::string kind = "fault.kind=";
+    kind += spec.substr(0, colon);
+    sets.push_back(kind);
+    if (colon == std::string::npos) return sets;
+    const std::string rest = spec.substr(colon + 1);
+    size_t at = 0;
+    while (at <= rest.size()) {
+        const size_t comma = std::min(rest.find(',', at), rest.size());
+        const std::string item = rest.substr(at, comma - at);
+        if (item.find('=') == std::string::npos || item.front() == '=')
+            throw ConfigError("--fault " + spec + ": \"" + item + "\" is not key=value; write "
+                              "--fault KIND:key=value,... with keys of [fault] (rank, step, tensor, "
+                              "element, bit, stall_s, persistent), e.g. --fault flip_weight:rank=1,step=3");
+        std::string set = "fault.";
+        set += item;
+        sets.push_back(set);
+        at = comma + 1;
+    }
+    return sets;
+}
+
 int run_train(const TrainOptions& opt, const comm::MpiEnvironment* mpi) {
     Config cfg = opt.config_path.empty() ? parse_config(default_config_toml(), "<embedded default>")
                                          : load_config(opt.config_path);
-    apply_overrides(cfg, opt.sets);
+    std::vector<std::string> sets = opt.sets;
+    if (!opt.fault.empty())
+        for (std::string& f : fault_sets(opt.fault)) sets.push_back(std::move(f));
+    apply_overrides(cfg, sets);
     if (!opt.out_dir.empty()) cfg.output.dir = opt.out_dir;
     if (mpi) return run_train_mpi(cfg, opt, *mpi);
 
@@ -212,6 +245,8 @@ int run_train(const TrainOptions& opt, const comm::MpiEnvironment* mpi) {
         Job job(cfg);
         RunCheckpoints checkpoints(cfg, nullptr);
         checkpoints.resume(job);
+        FaultInjector faults(cfg, nullptr);
+        faults.attach(job);
         job.set_after_step([&](Job& j) { checkpoints.after_step(j); });
         for (Observer* o : observers) job.add_observer(o);
         job.run();
@@ -242,6 +277,11 @@ std::function<int()> add_train_command(CLI::App& app, const comm::MpiEnvironment
     sub->add_option("--dump", opt->dump,
                     "Write the final logical weights, Adam moments and per-step loss and grad "
                     "norm to this HDF5 file, for bit comparison of two runs");
+    sub->add_option("--fault", opt->fault,
+                    "Inject a fault (shorthand for --set fault.*): KIND[:key=value,...], KIND one "
+                    "of kill, stall, flip_grad, flip_weight; e.g. --fault "
+                    "flip_weight:rank=1,step=3,tensor=wte,element=5,bit=20")
+        ->type_name("SPEC");
     sub->add_flag("--quiet,-q", opt->quiet, "No progress output, only the summary");
     return [opt, mpi] { return run_train(*opt, mpi); };
 }

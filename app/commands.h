@@ -1,7 +1,13 @@
 // The `parallax` subcommands. Each registers itself on the CLI11 app and runs when chosen.
 //
 // Exit codes (for cluster scripts): 0 success, 1 internal error, 2 bad input (config, data or
-// checkpoint file, command line), 3 the run itself failed (e.g. the loss became non-finite).
+// checkpoint file, command line), 3 the run itself failed (e.g. the loss became non-finite),
+// 4 a rank died, stalled or could not communicate (a CommError: a peer did not arrive within
+// layout.timeout_s, or the job was aborted): restart the job, with checkpoint.resume = "auto"
+// to continue from the newest valid checkpoint, 5 silent data corruption that a re-run
+// reproduced (a CorruptionError naming the ranks): take their nodes out, then restart.
+// Under mpirun a rank that is killed ends the job through the launcher, whose exit status is
+// 128 + the signal (137 for SIGKILL): also a restart.
 #pragma once
 #include <CLI/CLI.hpp>
 
@@ -13,11 +19,19 @@ class MpiEnvironment;
 
 namespace px::app {
 
-enum ExitCode : int { kOk = 0, kInternal = 1, kBadInput = 2, kRunFailed = 3 };
+enum ExitCode : int {
+    kOk = 0,
+    kInternal = 1,
+    kBadInput = 2,
+    kRunFailed = 3,
+    kRestart = 4,
+    kCorruption = 5,
+};
 
 // Adds the subcommand; the returned function runs it (after parsing) and returns an exit code.
 // `mpi`: this process is one rank of an MPI launch (mpirun / srun), else null.
 std::function<int()> add_train_command(CLI::App& app, const comm::MpiEnvironment* mpi = nullptr);
 std::function<int()> add_inspect_command(CLI::App& app);  // parallax inspect FILE|DIR
+std::function<int()> add_convert_command(CLI::App& app);  // parallax convert IN --to OUT
 
 }  // namespace px::app

@@ -22,6 +22,8 @@ int run_main(int argc, char** argv, const px::comm::MpiEnvironment* mpi) {
     commands.emplace_back(app.get_subcommand("train"), run_train);
     auto run_inspect = px::app::add_inspect_command(app);
     commands.emplace_back(app.get_subcommand("inspect"), run_inspect);
+    auto run_convert = px::app::add_convert_command(app);
+    commands.emplace_back(app.get_subcommand("convert"), run_convert);
 
     try {
         app.parse(argc, argv);
@@ -48,6 +50,13 @@ int run_main(int argc, char** argv, const px::comm::MpiEnvironment* mpi) {
         } catch (const px::DataError& e) {
             std::fprintf(stderr, "%s: data error: %s\n", who.c_str(), e.what());
             return px::app::kBadInput;
+        } catch (const px::comm::CommError& e) {
+            std::fprintf(stderr, "%s: communication failed, restart the job: %s\n", who.c_str(),
+                         e.what());
+            return px::app::kRestart;
+        } catch (const px::CorruptionError& e) {
+            std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
+            return px::app::kCorruption;
         } catch (const std::exception& e) {
             std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.what());
             return px::app::kInternal;

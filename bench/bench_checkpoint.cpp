@@ -14,9 +14,23 @@
 // Checks its results: every value read back equals the value written, bit for bit, and every
 // checksum verifies.
 // --small: a 2-layer GPT with an 8192-token vocabulary (about 255 MB) for a quick look.
+//
+// Saving during training: peak memory of a run's checkpoint save, per rank (--no-save-memory
+// skips it). A dp·ZeRO-3 job of GPT-2 shapes with 2 layers, V = 8192, T = 256 (21 M parameters,
+// 85 MB of weights) on 4 in-process ranks (under mpirun: one rank per process) saves twice: per
+// rank (RunCheckpoints: every rank writes its hyperslabs; the first save warms up, the second is
+// measured) and by the old gather path (Job::gather_full on every rank, then rank 0 writes the
+// logical state). Measured: the growth of the peak resident size (VmHWM, reset through
+// /proc/self/clear_refs) while each runs; in-process that is the 4 ranks together (shown also
+// divided by 4), under mpirun each process's own. Beside it, the per-rank save's largest staging
+// buffer (counted). Checks: both files hold the same tensors (every stored checksum equal).
 #include "core/arena.h"
 #include "core/checkpoint.h"
+#include "core/comm/inproc.h"
+#include "core/comm/mpi.h"
+#include "core/parallel/checkpointing.h"
 #include "core/rng.h"
+#include "core/state.h"
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +38,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -109,17 +125,187 @@ std::string run_dd(const std::string& dir, int mib) {
     return "dd failed";
 }
 
+// ---- saving during training: peak memory per rank ----
+
+i64 status_kib(const char* key) {  // a line of /proc/self/status, in KiB (-1: absent)
+    std::ifstream f("/proc/self/status");
+    std::string k;
+    while (f >> k) {
+        if (k == key) {
+            i64 v = -1;
+            f >> v;
+            return v;
+        }
+        std::getline(f, k);
+    }
+    return -1;
+}
+
+// Resets this process's peak resident size to its current one; false where Linux cannot.
+bool reset_peak() {
+    std::ofstream f("/proc/self/clear_refs");
+    f << "5";
+    f.flush();
+    return static_cast<bool>(f) && status_kib("VmHWM:") >= 0;
+}
+
+struct SaveMemory {
+    i64 per_rank_kib = -1, gather_kib = -1;  // peak growth while each path saved (-1: unknown)
+    i64 staging_bytes = 0;                   // the per-rank save's largest staging buffer
+    double per_rank_s = 0, gather_s = 0;     // wall time of each (for orientation only)
+};
+
+// One rank of the job: a warm-up save, then the per-rank save and the old gather path, each
+// measured. `measurer`: this rank resets and reads the peak (rank 0 in-process: the process is
+// shared; every rank under MPI).
+SaveMemory measure_saves(const Config& cfg, comm::Communicator& world, bool measurer,
+                         const std::string& gathered_path) {
+    Job job(cfg, ReplicaContext{world.size() > 1 ? &world : nullptr, 3, comm::Algo::canonical});
+    RunCheckpoints checkpoints(cfg, &world);
+    checkpoints.after_step(job);  // warm-up: HDF5's library state, the threads' malloc arenas
+    SaveMemory out;
+    i64 base = -1;
+    double t0 = 0;
+    auto start = [&] {
+        world.barrier();
+        if (measurer) base = reset_peak() ? status_kib("VmRSS:") : -1;
+        world.barrier();
+        t0 = now_s();
+    };
+    auto stop = [&](i64& kib, double& secs) {
+        world.barrier();
+        secs = now_s() - t0;
+        if (measurer && base >= 0) kib = status_kib("VmHWM:") - base;
+    };
+    start();
+    checkpoints.after_step(job);
+    stop(out.per_rank_kib, out.per_rank_s);
+    out.staging_bytes = checkpoints.last_save().staging_bytes;
+    start();
+    {
+        LogicalState s;
+        s.table = ParamTable::build(cfg.model);
+        job.gather_full(&s.params, &s.m, &s.v);
+        if (world.rank() == 0)
+            write_checkpoint(gathered_path, s, make_checkpoint_meta(cfg, 0, job.history()),
+                             cfg.model);
+    }
+    stop(out.gather_kib, out.gather_s);
+    return out;
+}
+
+// Both files hold the same tensors: every stored checksum equal. Returns the mismatches.
+i64 compare_tensors(const std::string& a, const std::string& b, const ModelConfig& mc) {
+    const CheckpointReader ra(a), rb(b);
+    const std::vector<DatasetInfo> da = ra.datasets(), db = rb.datasets();
+    i64 bad = 0;
+    for (const TableEntry& e : ParamTable::build(mc).entries)
+        for (int k = 0; k < 3; k++) {
+            const std::string ds = dataset_of(k, e.name);
+            auto find = [&](const std::vector<DatasetInfo>& d) {
+                return std::find_if(d.begin(), d.end(),
+                                    [&](const DatasetInfo& x) { return x.path == ds; });
+            };
+            const auto ia = find(da), ib = find(db);
+            if (ia == da.end() || ib == db.end() || ia->checksum != ib->checksum) bad++;
+        }
+    return bad;
+}
+
+// Runs the measurement (4 in-process ranks, or this MPI world) and prints it on rank 0.
+// Returns the wrong tensors (on rank 0; 0 elsewhere).
+i64 save_memory(const std::string& dir, const comm::MpiEnvironment* mpi) {
+    Config cfg = parse_config(default_config_toml(), "bench_checkpoint");
+    cfg.model.vocab = 8192;
+    cfg.model.seq_len = 256;
+    cfg.model.layers = 2;
+    cfg.model.heads = 12;
+    cfg.model.hidden = 768;
+    cfg.model.ffn = 3072;
+    cfg.data.markov_vocab = 32;
+    cfg.train.threads = 1;
+    cfg.train.steps = 1;
+    cfg.train.microbatches = 1;
+    cfg.train.eval_every = 0;
+    cfg.output.run_file = false;
+    cfg.checkpoint.dir = dir + "/save_memory";
+    cfg.checkpoint.every = 1;
+    cfg.checkpoint.keep = 1;
+    const int ranks = mpi ? mpi->size() : 4;
+    cfg.layout.dp = ranks;
+    cfg.layout.zero = 3;
+    cfg.layout.timeout_s = 600;
+    cfg.train.batch_size = ranks;
+    const std::string gathered = dir + "/save_memory_gathered.h5";
+    const ParamTable table = ParamTable::build(cfg.model);
+    const double model_mb = 4.0 * static_cast<double>(table.num_params) / 1e6;
+
+    std::vector<SaveMemory> got(static_cast<size_t>(ranks));
+    int me = 0;
+    if (mpi) {
+        const std::unique_ptr<comm::Communicator> world = mpi->world(cfg.layout.timeout_s);
+        me = world->rank();
+        const SaveMemory m = measure_saves(cfg, *world, true, gathered);
+        // Every rank's figures to rank 0.
+        std::vector<i64> mine = {m.per_rank_kib, m.gather_kib, m.staging_bytes}, all(3 * ranks);
+        world->all_gather(all.data(), mine.data(), 3);
+        for (int r = 0; r < ranks; r++) {
+            got[r].per_rank_kib = all[3 * r];
+            got[r].gather_kib = all[3 * r + 1];
+            got[r].staging_bytes = all[3 * r + 2];
+            got[r].per_rank_s = m.per_rank_s;
+            got[r].gather_s = m.gather_s;
+        }
+    } else {
+        comm::run_ranks(ranks, cfg.layout.timeout_s, [&](comm::Communicator& world) {
+            got[static_cast<size_t>(world.rank())] =
+                measure_saves(cfg, world, world.rank() == 0, gathered);
+        });
+    }
+    if (me != 0) return 0;
+    const i64 wrong = compare_tensors(checkpoint_path(cfg.checkpoint.dir, 0), gathered, cfg.model);
+    std::printf("save during training: dp%d·ZeRO-3, GPT-2 shapes, 2 layers, V=8192, T=256: %lld "
+                "parameters (%.1f MB of weights; weights + m + v %.1f MB), %s\n",
+                ranks, static_cast<long long>(table.num_params), model_mb, 3 * model_mb,
+                mpi ? "one rank per process" : "in-process ranks (threads)");
+    auto mb = [](i64 kib) { return static_cast<double>(kib) * 1024.0 / 1e6; };
+    if (got[0].per_rank_kib < 0) {
+        std::printf("  peak resident size: not measurable here (/proc/self/clear_refs)\n");
+    } else if (!mpi) {
+        std::printf("  peak resident growth, 4 ranks together: per-rank save %8.1f MB (%.1f MB per "
+                    "rank), gather path %8.1f MB (%.1f MB per rank)\n",
+                    mb(got[0].per_rank_kib), mb(got[0].per_rank_kib) / ranks,
+                    mb(got[0].gather_kib), mb(got[0].gather_kib) / ranks);
+    } else {
+        for (int r = 0; r < ranks; r++)
+            std::printf("  rank %d peak resident growth: per-rank save %8.1f MB, gather path "
+                        "%8.1f MB\n",
+                        r, mb(got[r].per_rank_kib), mb(got[r].gather_kib));
+    }
+    i64 staging = 0;
+    for (const SaveMemory& m : got) staging = std::max(staging, m.staging_bytes);
+    std::printf("  per-rank save: largest staging buffer on any rank %.1f MB; time %.3f s (gather "
+                "path %.3f s)\n",
+                static_cast<double>(staging) / 1e6, got[0].per_rank_s, got[0].gather_s);
+    std::printf("  check: %s (the two files' tensors have equal checksums)\n",
+                wrong == 0 ? "ok" : "FAILED");
+    std::remove(gathered.c_str());
+    std::filesystem::remove_all(cfg.checkpoint.dir);
+    return wrong;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     std::string dir;
-    bool small = false;
+    bool small = false, save_mem = true;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
         if (a == "--small") small = true;
+        else if (a == "--no-save-memory") save_mem = false;
         else if (a == "--help" || a == "-h") {
-            std::printf("usage: bench_checkpoint DIR [--small]  (under mpirun: every rank writes "
-                        "its hyperslabs)\n");
+            std::printf("usage: bench_checkpoint DIR [--small] [--no-save-memory]  (under mpirun: "
+                        "every rank writes its hyperslabs)\n");
             return 0;
         } else dir = a;
     }
@@ -130,10 +316,11 @@ int main(int argc, char** argv) {
     }
     const bool under_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE");
     int rank = 0, size = 1;
+    std::unique_ptr<comm::MpiEnvironment> mpi;  // MPI_Init_thread; finalises when reset
     if (under_mpi) {
-        MPI_Init(&argc, &argv);
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        mpi = std::make_unique<comm::MpiEnvironment>(&argc, &argv);
+        rank = mpi->rank();
+        size = mpi->size();
     }
     std::filesystem::create_directories(dir);
 
@@ -252,6 +439,10 @@ int main(int argc, char** argv) {
                     wrong == 0 ? "ok" : "FAILED");
         std::remove(path.c_str());
     }
-    if (under_mpi) MPI_Finalize();
+    if (save_mem) {
+        if (rank == 0) std::fflush(stdout);
+        wrong += save_memory(dir, mpi.get());
+    }
+    mpi.reset();
     return wrong == 0 ? 0 : 1;
 }

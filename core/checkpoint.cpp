@@ -179,6 +179,11 @@ CheckpointMeta make_checkpoint_meta(const Config& cfg, i64 step,
 
 void check_same_data(const CheckpointMeta& meta, const Config& cfg, const std::string& path) {
     const std::string now = data_source_description(cfg);
+    if (meta.data_source.rfind("converted from ", 0) == 0)  // parallax convert: weights only
+        throw CheckpointError("checkpoint " + path + " holds weights only (" + meta.data_source +
+                              "): it has no training state to resume; start a run from its "
+                              "weights with model.init_from = \"" + path +
+                              "\" and checkpoint.resume = \"\"");
     if (now != meta.data_source)
         throw CheckpointError("checkpoint " + path + ": it was written by a run that drew other "
                               "data (" + meta.data_source + ") than this config draws (" + now +

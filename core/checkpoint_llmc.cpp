@@ -1,7 +1,10 @@
 #include "core/checkpoint_llmc.h"
 
+#include "core/arena.h"
+#include "core/checkpoint.h"
 #include "core/data.h"  // the llm.c magic numbers
 #include "core/error.h"
+#include "core/hdf5_util.h"
 
 #include <algorithm>
 #include <bit>
@@ -12,6 +15,8 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include <fcntl.h>
@@ -329,6 +334,194 @@ void write_llmc_checkpoint(const std::string& path, const ModelConfig& mc,
         ::fsync(dfd);
         ::close(dfd);
     }
+}
+
+ModelConfig llmc_model_config(const LlmcHeader& h) {
+    ModelConfig mc;
+    mc.vocab = h.V;
+    mc.seq_len = h.max_T;
+    mc.layers = h.L;
+    mc.heads = h.NH;
+    mc.hidden = h.C;
+    mc.ffn = 4 * h.C;
+    return mc;
+}
+
+WeightsFile sniff_weights_file(const std::string& path, const std::string& role) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+        std::string msg = role;
+        msg.append(" ").append(path).append(": cannot open it: ").append(std::strerror(errno));
+        throw DataError(msg.append("; check the path"));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        std::string msg = role;
+        msg.append(" ").append(path).append(" is not a regular file (a folder?)");
+        throw DataError(msg.append("; give the path of a checkpoint file"));
+    }
+    File f(std::fopen(path.c_str(), "rb"));
+    if (!f) {
+        std::string msg = role;
+        msg.append(" ").append(path).append(": cannot open it: ").append(std::strerror(errno));
+        throw DataError(msg.append("; check the file's permissions"));
+    }
+    unsigned char head[8] = {};
+    const size_t n = std::fread(head, 1, sizeof head, f.get());
+    static constexpr char kHdf5Signature[] = "\x89HDF\r\n\x1a\n";  // 8 bytes and a NUL
+    if (n == sizeof head && std::memcmp(head, kHdf5Signature, sizeof head) == 0)
+        return WeightsFile::parallax;
+    if (n >= 4) {
+        std::int32_t magic = 0;
+        std::memcpy(&magic, head, 4);
+        if (magic == kLlmcCheckpointMagic) return WeightsFile::llmc;
+        if (magic == kLlmcTokenMagic) return WeightsFile::llmc_tokens;
+    }
+    return WeightsFile::other;
+}
+
+namespace {
+
+std::string shape_text(const std::vector<i64>& s) {
+    std::string t = "(";
+    for (size_t i = 0; i < s.size(); i++) t.append(i ? ", " : "").append(std::to_string(s[i]));
+    return t.append(s.size() == 1 ? ",)" : ")");
+}
+
+// The model keys of the checkpoint's own config against the job's: every mismatch, naming the
+// key and both values.
+void check_saved_model(const std::string& path, const ModelConfig& saved, const ModelConfig& mc) {
+    std::vector<std::string> bad;
+    auto want = [&](const char* key, i64 file, i64 cfg) {
+        if (file == cfg) return;
+        std::string b = key;
+        bad.push_back(b.append(" = ")
+                          .append(std::to_string(file))
+                          .append(" in the checkpoint but ")
+                          .append(std::to_string(cfg))
+                          .append(" in this config"));
+    };
+    want("model.vocab", saved.vocab, mc.vocab);
+    want("model.layers", saved.layers, mc.layers);
+    want("model.heads", saved.heads, mc.heads);
+    want("model.hidden", saved.hidden, mc.hidden);
+    want("model.ffn", saved.ffn, mc.ffn);
+    if (saved.seq_len < mc.seq_len) {
+        std::string b = "model.seq_len = ";
+        bad.push_back(b.append(std::to_string(saved.seq_len))
+                          .append(" in the checkpoint (rows of wpe) but ")
+                          .append(std::to_string(mc.seq_len))
+                          .append(" in this config (it may be at most the checkpoint's)"));
+    }
+    if (bad.empty()) return;
+    std::string msg = "model.init_from = ";
+    msg.append(path).append(": the checkpoint's model differs from this config's: ");
+    for (size_t i = 0; i < bad.size(); i++) msg.append(i ? "; " : "").append(bad[i]);
+    msg.append(". Set these model keys to the checkpoint's (parallax inspect ")
+        .append(path)
+        .append(" shows its config)");
+    throw CheckpointError(msg);
+}
+
+// The /model tensors of a Parallax checkpoint into the parameters (read_init_weights).
+void read_parallax_weights(const std::string& path, const ModelConfig& mc,
+                           const ParamLookup& params) {
+    // In-process ranks are threads that each read the file: one at a time in HDF5 (hdf5_util.h).
+    std::lock_guard<std::recursive_mutex> lock(hdf5_lock());
+    const CheckpointReader r(path);  // format, version and meta checksum
+
+    // 1. The model it was written for, by its config; a config this build cannot parse leaves
+    //    the decision to the shapes below.
+    std::optional<ModelConfig> saved;
+    try {
+        saved = parse_config(r.meta().config_toml, path + " (its config attribute)").model;
+    } catch (const ConfigError&) {
+    }
+    if (saved) check_saved_model(path, *saved, mc);
+
+    // 2. Every tensor of this config's model, with its shape (wpe may have more rows).
+    const ParamTable table = ParamTable::build(mc);
+    i64 largest = 0, file_tensors = 0;
+    for (const DatasetInfo& d : r.datasets())
+        if (d.path.rfind("model/", 0) == 0) file_tensors++;
+    for (const TableEntry& e : table.entries) {
+        const std::string ds = model_dataset(e.name);
+        if (!r.has(ds))
+            throw CheckpointError(
+                "model.init_from = " + path + ": the checkpoint has no /" + ds +
+                ", which this config's model (model.layers = " + std::to_string(mc.layers) +
+                ") needs; set the model keys to the checkpoint's (parallax inspect " + path +
+                " shows its config)");
+        const std::vector<i64> got = r.shape(ds);
+        std::vector<i64> want =
+            e.rows == 1 ? std::vector<i64>{e.cols} : std::vector<i64>{e.rows, e.cols};
+        const bool wpe_longer =
+            e.name == "wpe" && got.size() == 2 && got[1] == e.cols && got[0] > e.rows;
+        if (got != want && !wpe_longer)
+            throw CheckpointError(
+                "model.init_from = " + path + ": the checkpoint's /" + ds + " has shape " +
+                shape_text(got) + " but this config (model.vocab = " + std::to_string(mc.vocab) +
+                ", model.seq_len = " + std::to_string(mc.seq_len) + ", model.hidden = " +
+                std::to_string(mc.hidden) + ", model.ffn = " + std::to_string(mc.ffn) + ") needs " +
+                shape_text(want) + "; set the model keys to the checkpoint's (parallax inspect " +
+                path + " shows its config)");
+        i64 n = 1;
+        for (i64 g : got) n *= g;
+        largest = std::max(largest, n);
+    }
+    if (file_tensors != static_cast<i64>(table.entries.size()))
+        throw CheckpointError(
+            "model.init_from = " + path + ": the checkpoint holds " + std::to_string(file_tensors) +
+            " model tensors but this config's model (model.layers = " + std::to_string(mc.layers) +
+            ") has " + std::to_string(table.entries.size()) +
+            "; set model.layers to the checkpoint's");
+
+    // 3. Pass 1 verifies every checksum and value, so a bad file leaves the model untouched;
+    //    pass 2 reads each tensor into its parameter right after looking it up.
+    std::vector<float> buf(static_cast<size_t>(largest));
+    for (const TableEntry& e : table.entries) {
+        const std::string ds = model_dataset(e.name);
+        r.read(ds, buf.data());  // throws CheckpointError on a checksum mismatch
+        i64 n = 1;
+        for (i64 g : r.shape(ds)) n *= g;
+        const i64 bad = first_non_finite(buf.data(), n);
+        if (bad >= 0)
+            throw CheckpointError("model.init_from = " + path + ": /" + ds +
+                                  " holds a non-finite value (" + std::to_string(buf[bad]) +
+                                  ") at element " + std::to_string(bad) +
+                                  "; the run that wrote it diverged: use an earlier checkpoint");
+    }
+    for (const TableEntry& e : table.entries) {
+        const std::string ds = model_dataset(e.name);
+        float* dst = params(e.name);
+        PX_ASSERT(dst != nullptr, "the model has no parameter named " + e.name);
+        i64 n = 1;
+        for (i64 g : r.shape(ds)) n *= g;
+        if (n == e.numel())
+            r.read(ds, dst);
+        else  // wpe of a longer sequence: its first seq_len rows (verified in pass 1)
+            r.read(ds, Slab{0, e.rows, 0, e.cols}, dst);
+    }
+}
+
+}  // namespace
+
+void read_init_weights(const std::string& path, const ModelConfig& mc, const ParamLookup& params) {
+    switch (sniff_weights_file(path, "model.init_from =")) {
+        case WeightsFile::parallax:
+            read_parallax_weights(path, mc, params);
+            return;
+        case WeightsFile::llmc:
+        case WeightsFile::llmc_tokens:  // its header check says what the file is
+            read_llmc_checkpoint(path, mc, params);
+            return;
+        case WeightsFile::other:
+            break;
+    }
+    std::string msg = "model.init_from = ";
+    throw DataError(msg.append(path).append(
+        " is neither a Parallax checkpoint (an HDF5 file such as ckpt-00000100.h5, or one made by "
+        "parallax convert) nor an llm.c GPT-2 checkpoint (a .bin starting with magic 20240326); "
+        "give one of those, or \"\" for random init"));
 }
 
 }  // namespace px

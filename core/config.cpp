@@ -43,7 +43,7 @@ struct SectionDef {
     const char* doc;
 };
 
-constexpr std::array<SectionDef, 7> kSections = {{
+constexpr std::array<SectionDef, 9> kSections = {{
     {"model", "The GPT: sizes and initialisation."},
     {"layout", "The parallel layout: dp x pp x tp ranks, ZeRO, microbatches, pipeline schedule (DESIGN.md section 3)."},
     {"train", "Optimisation: steps, batch, AdamW and the learning-rate schedule."},
@@ -51,6 +51,8 @@ constexpr std::array<SectionDef, 7> kSections = {{
     {"numerics", "How reductions are computed (see DESIGN.md section 2)."},
     {"output", "What the run writes."},
     {"checkpoint", "Checkpoints: logical, layout-free HDF5 files to resume from under any layout."},
+    {"validate", "Checks beside training: silent data corruption across data-parallel replicas."},
+    {"fault", "Fault injection, to prove that failures are caught and named (off unless kind is set)."},
 }};
 
 #define PX_KEY(sec, key, doc) \
@@ -64,7 +66,7 @@ const std::array kKeys = {
     PX_KEY(model, hidden, "C, hidden size"),
     PX_KEY(model, ffn, "F, MLP inner size (GPT-2: 4 * hidden)"),
     PX_KEY(model, init_std, "std of the normal init of weights (residual projections scaled by 1/sqrt(2L))"),
-    PX_KEY(model, init_from, "llm.c GPT-2 checkpoint (.bin) to load instead of random init; \"\" for none"),
+    PX_KEY(model, init_from, "weights to start from instead of random init: an llm.c GPT-2 checkpoint (.bin) or a Parallax checkpoint (.h5; its weights only: step 0, fresh optimizer); the model keys must match the file's; \"\" for none"),
     PX_KEY(layout, dp, "data-parallel replicas; world size = dp * pp * tp"),
     PX_KEY(layout, pp, "pipeline stages, each a contiguous run of layers (at most model.layers)"),
     PX_KEY(layout, tp, "tensor-parallel ranks; must divide model.heads and model.ffn"),
@@ -109,6 +111,15 @@ const std::array kKeys = {
     PX_KEY(checkpoint, every, "write a checkpoint every N steps and at the end; 0: only at the end"),
     PX_KEY(checkpoint, keep, "keep the newest K checkpoints (>= 1); older ones are deleted after a new one is committed"),
     PX_KEY(checkpoint, resume, "\"\": start fresh; \"auto\": resume from the newest valid checkpoint in checkpoint.dir (fresh if none); else a checkpoint file to resume from"),
+    PX_KEY(validate, replica_check_every, "every N steps (and before each checkpoint) the data-parallel replicas compare checksums of their weights; a mismatch re-runs the steps since the last check to tell a transient fault from a persistent one; needs layout.dp >= 2 and layout.zero <= 2; 0: off"),
+    PX_KEY(fault, kind, "\"\": none; \"kill\": the rank dies; \"stall\": it stops for fault.stall_s; \"flip_grad\" / \"flip_weight\": one bit of its reduced gradient / its weights flips"),
+    PX_KEY(fault, rank, "the world rank the fault strikes"),
+    PX_KEY(fault, step, "the step (1-based) the fault strikes in: before it (kill, stall), before its update (flip_grad) or after it (flip_weight)"),
+    PX_KEY(fault, tensor, "flip_*: the parameter whose element flips (GPT-2 name, e.g. \"h.0.attn.c_attn.weight\")"),
+    PX_KEY(fault, element, "flip_*: index of the element in the rank's piece of fault.tensor (its tensor-parallel shard)"),
+    PX_KEY(fault, bit, "flip_*: the bit that flips, 0 (lowest mantissa bit) .. 31 (sign)"),
+    PX_KEY(fault, stall_s, "stall: seconds the rank stops for; 0: until the other ranks give up on it (layout.timeout_s)"),
+    PX_KEY(fault, persistent, "flip_*: strike again whenever the step is re-run (a faulty unit); false: once (a transient upset)"),
 };
 
 #undef PX_KEY
@@ -450,6 +461,14 @@ void check(const Config& c) {
     at_least("checkpoint.every", c.checkpoint.every, 0);
     at_least("checkpoint.keep", c.checkpoint.keep, 1);
     one_of("numerics.isa", n.isa, {"auto", "avx512", "avx2", "scalar"});
+    at_least("validate.replica_check_every", c.validate.replica_check_every, 0);
+    one_of("fault.kind", c.fault.kind, {"", "kill", "stall", "flip_grad", "flip_weight"});
+    at_least("fault.rank", c.fault.rank, 0);
+    at_least("fault.step", c.fault.step, 1);
+    at_least("fault.element", c.fault.element, 0);
+    if (c.fault.bit < 0 || c.fault.bit > 31)
+        throw out_of_range("fault.bit", std::to_string(c.fault.bit), "in 0..31");
+    non_negative("fault.stall_s", c.fault.stall_s);
 
     if (m.hidden % m.heads != 0)
         throw Problem{{"model.heads", "model.hidden"},
@@ -483,6 +502,26 @@ void check(const Config& c) {
                       "checkpoint.every=" + std::to_string(c.checkpoint.every) +
                           " needs checkpoint.dir: set it to a folder for the checkpoints, or "
                           "checkpoint.every = 0"};
+    if (c.validate.replica_check_every > 0 && l.dp < 2)
+        throw Problem{{"validate.replica_check_every", "layout.dp"},
+                      "validate.replica_check_every=" + std::to_string(c.validate.replica_check_every) +
+                          " compares data-parallel replicas, but layout.dp = " + std::to_string(l.dp) +
+                          ": use layout.dp >= 2, or validate.replica_check_every = 0"};
+    if (c.validate.replica_check_every > 0 && l.zero == 3)
+        throw Problem{{"validate.replica_check_every", "layout.zero"},
+                      "validate.replica_check_every needs replicated weights, but under layout.zero = 3 "
+                      "each data-parallel rank holds its own shard of them, so there is nothing to "
+                      "compare: use layout.zero <= 2, or validate.replica_check_every = 0"};
+    if (!c.fault.kind.empty() && c.fault.rank >= l.dp * l.pp * l.tp)
+        throw Problem{{"fault.rank", "layout.dp"},
+                      "fault.rank=" + std::to_string(c.fault.rank) + " is not a rank of the layout, whose "
+                          "world has layout.dp x layout.pp x layout.tp = " +
+                          std::to_string(l.dp * l.pp * l.tp) + " ranks: choose a rank below that"};
+    if (!c.fault.kind.empty() && c.fault.step > t.steps)
+        throw Problem{{"fault.step", "train.steps"},
+                      "fault.step=" + std::to_string(c.fault.step) + " comes after the last step (train.steps=" +
+                          std::to_string(t.steps) + "), so the fault would never strike: choose a step in 1.." +
+                          std::to_string(t.steps)};
     if (t.min_lr > t.lr)
         throw Problem{{"train.min_lr", "train.lr"},
                       "train.min_lr=" + number(t.min_lr) + " is larger than train.lr=" + number(t.lr) +

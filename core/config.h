@@ -118,6 +118,28 @@ struct CheckpointConfig {
     bool operator==(const CheckpointConfig&) const = default;
 };
 
+// Fault injection (core/parallel/faults.h): one fault, on one rank, in one step, to prove that
+// the job's failure handling catches and names it. Off while kind is "".
+struct FaultConfig {
+    std::string kind;            // "", "kill", "stall", "flip_grad" or "flip_weight"
+    int rank = 0;                // the world rank it strikes
+    i64 step = 1;                // the step (1-based) it strikes in
+    std::string tensor = "wte";  // flip_*: the parameter (GPT-2 name) whose element flips
+    i64 element = 0;             // flip_*: index into the rank's piece of it (its tp shard)
+    int bit = 20;                // flip_*: bit of the float32, 0 (lowest mantissa) .. 31 (sign)
+    double stall_s = 0;          // stall: seconds; 0: until the other ranks give up on it
+    bool persistent = false;     // flip_*: strike again when the step is re-run (a faulty unit)
+
+    bool operator==(const FaultConfig&) const = default;
+};
+
+// Checks that run beside training.
+struct ValidateConfig {
+    i64 replica_check_every = 0;  // every N steps dp replicas compare weight checksums; 0: off
+
+    bool operator==(const ValidateConfig&) const = default;
+};
+
 struct Config {
     ModelConfig model;
     LayoutConfig layout;
@@ -126,6 +148,8 @@ struct Config {
     NumericsConfig numerics;
     OutputConfig output;
     CheckpointConfig checkpoint;
+    ValidateConfig validate;
+    FaultConfig fault;
     std::string source_name = "<default>";  // where it came from, for error messages
 
     bool operator==(const Config&) const = default;  // every field, source_name included

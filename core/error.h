@@ -3,6 +3,7 @@
 //   Error        base class: a sentence that says what was wrong, where, and what to do
 //   ConfigError  a job config key is unknown, mistyped or out of range (names the key)
 //   DataError    a data or checkpoint file is malformed (names the file)
+//   CorruptionError  silent data corruption that a re-run reproduced (names the ranks and step)
 //   PX_ASSERT    an internal invariant; violated means a bug in Parallax, not bad input
 #pragma once
 #include <stdexcept>
@@ -17,6 +18,9 @@ struct ConfigError : Error {
     using Error::Error;
 };
 struct DataError : Error {
+    using Error::Error;
+};
+struct CorruptionError : Error {
     using Error::Error;
 };
 struct InternalError : Error {

@@ -4,6 +4,7 @@
 #include "core/comm/comm.h"
 #include "core/data.h"
 #include "core/error.h"
+#include "core/parallel/state_slices.h"
 #include "core/parallel/tp_model.h"
 #include "core/parallel/zero.h"
 #include "core/runfile.h"
@@ -126,15 +127,15 @@ Job::Job(const Config& cfg, ReplicaContext replica)
         // A checkpoint holds the logical tensors: read them whole, keep this shard's slices.
         const ParamTable full = ParamTable::build(cfg_.model);
         std::vector<float> buf(static_cast<size_t>(full.total));
-        read_llmc_checkpoint(cfg_.model.init_from, cfg_.model, [&](const std::string& name) {
+        read_init_weights(cfg_.model.init_from, cfg_.model, [&](const std::string& name) {
             const int i = full.find(name);
             return i < 0 ? nullptr : buf.data() + full.entries[static_cast<size_t>(i)].offset;
         });
         load_logical(*tpl, *model_, full, buf.data());
     } else if (!cfg_.model.init_from.empty()) {
         const GPT& m = *model_;
-        read_llmc_checkpoint(cfg_.model.init_from, cfg_.model,
-                             [&m](const std::string& name) { return m.param_ptr(name); });
+        read_init_weights(cfg_.model.init_from, cfg_.model,
+                          [&m](const std::string& name) { return m.param_ptr(name); });
     } else {
         model_->init_random(tc.seed, cfg_.model.init_std);
     }
@@ -165,6 +166,39 @@ Job::Job(const Config& cfg, ReplicaContext replica)
 }
 
 Job::~Job() = default;
+
+LocalSnapshot take_snapshot(const GPT& model, const AdamW& opt, i64 step,
+                            const std::vector<StepMetrics>& history) {
+    LocalSnapshot s;
+    s.params.assign(model.params(), model.params() + model.table().total);
+    s.m.assign(opt.m(), opt.m() + opt.size());
+    s.v.assign(opt.v(), opt.v() + opt.size());
+    s.step = step;
+    s.history = history;
+    return s;
+}
+
+void put_snapshot(const LocalSnapshot& s, GPT& model, AdamW& opt) {
+    PX_ASSERT(s.step >= 0 && static_cast<i64>(s.params.size()) == model.table().total &&
+                  static_cast<i64>(s.m.size()) == opt.size() && s.m.size() == s.v.size(),
+              "a snapshot of another model or optimizer shard");
+    std::copy(s.params.begin(), s.params.end(), model.params());
+    std::copy(s.m.begin(), s.m.end(), opt.m());
+    std::copy(s.v.begin(), s.v.end(), opt.v());
+}
+
+LocalSnapshot Job::snapshot() const {
+    if (shards_ && replica_.zero == 3)
+        throw InternalError("Job::snapshot under ZeRO-3: between steps this rank holds a shard of "
+                            "the weights, not a replica of them");
+    return take_snapshot(*model_, *opt_, step_, history_);
+}
+
+void Job::rewind(const LocalSnapshot& s) {
+    put_snapshot(s, *model_, *opt_);
+    step_ = s.step;
+    history_ = s.history;
+}
 
 double Job::loss_floor() const {
     const auto* markov = dynamic_cast<const MarkovSource*>(source_.get());
@@ -274,6 +308,37 @@ void Job::restore(const std::vector<float>& params, const std::vector<float>& m,
     step_ = static_cast<i64>(history.size());
 }
 
+// ---- per-rank checkpoints (core/parallel/state_slices.h) ------------------------------------
+
+RankState Job::rank_state() {
+    const ParamTable& t = model_->table();
+    RankState s;
+    s.model = model_.get();
+    s.params = model_->params();
+    s.m = opt_->m();
+    s.v = opt_->v();
+    s.moments = Range{opt_->lo(), opt_->hi()};
+    // Replica d writes the floats of ZeRO shard d (without ZeRO: the same cut of the replicated
+    // arrays, so the replicas share the writing); ZeRO-3 holds only those weights.
+    const std::vector<i64> cuts = zero_shard_edges(t, dp_size_, model_->numerics().block);
+    s.writes = Range{cuts[static_cast<size_t>(dp_rank_)], cuts[static_cast<size_t>(dp_rank_) + 1]};
+    s.weights = shards_ && replica_.zero == 3 ? s.writes : Range{0, t.total};
+    // Tensors replicated over tp: written by tp rank (id mod tp) only.
+    s.writes_entry.assign(t.entries.size(), 1);
+    if (const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers()))
+        for (size_t i = 0; i < t.entries.size(); i++)
+            if (!tpl->sharded(t.entries[i]))
+                s.writes_entry[i] = t.entries[i].id % tpl->size() == tpl->rank();
+    return s;
+}
+
+void Job::restore_local(const CheckpointReader& file, const std::vector<StepMetrics>& history) {
+    read_rank_state(file, rank_state());
+    if (shards_ && replica_.zero == 3) shards_->release_params(model_->param_arena());
+    history_ = history;
+    step_ = static_cast<i64>(history.size());
+}
+
 void Job::all_gather_tokens(std::vector<float>& all, const float* local, i64 per_rank) {
     if (dp_size_ == 1) {
         std::copy(local, local + per_rank, all.begin());
@@ -318,6 +383,7 @@ StepMetrics Job::step() {
 
     const comm::Algo algo = replica_.algo;
     const int zero = shards_ ? replica_.zero : 0;
+    if (hooks_.before) hooks_.before(step_ + 1);
     if (units_) units_->reset_peaks();
 
     // This replica's sequences of the step's batch: [dp_rank·local_B, (dp_rank+1)·local_B),
@@ -337,19 +403,21 @@ StepMetrics Job::step() {
     // form the nodes above it. The LM head's part of dwte travels separately (GradLayout) and
     // joins the embedding's once complete.
     float* g = grad_stack_[0].data();
-    float norm = 0.0f;
     if (zero >= 2) {
         units_->finish();  // the step's gradient shard, reduced unit by unit during backward
         shards_->combine_tied(g);
-        const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());
-        norm = tpl ? tp_grad_norm(*tpl, *model_, g, replica_.dp, shards_->lo(), shards_->hi())
-                   : shards_->grad_norm(*replica_.dp, g, algo);
     } else {
         if (dp_size_ > 1) replica_.dp->all_reduce(g, model_->grad_layout().total, algo);
         model_->combine_tied_grads(g);
-        const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());
-        norm = tpl ? tp_grad_norm(*tpl, *model_, g) : global_grad_norm(nx_, *model_, g);
     }
+    if (hooks_.grads) hooks_.grads(step_ + 1, g);
+    const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());
+    float norm = 0.0f;
+    if (zero >= 2)
+        norm = tpl ? tp_grad_norm(*tpl, *model_, g, replica_.dp, shards_->lo(), shards_->hi())
+                   : shards_->grad_norm(*replica_.dp, g, algo);
+    else
+        norm = tpl ? tp_grad_norm(*tpl, *model_, g) : global_grad_norm(nx_, *model_, g);
 
     StepMetrics m;
     m.step = step_ + 1;
@@ -371,6 +439,7 @@ StepMetrics Job::step() {
     // and gathers each unit's weights when it runs.
     if (zero == 1 || zero == 2) shards_->all_gather_params(*replica_.dp, model_->params());
     step_++;
+    if (hooks_.updated) hooks_.updated(step_);
 
     const double secs = seconds_since(t0);
     m.comm_bytes = bytes_sent(replica_.dp) - sent0;
@@ -442,39 +511,6 @@ void Job::run() {
                               [&m](const std::string& name) { return m.param_ptr(name); });
     }
     for (Observer* o : observers_) o->on_end(*this);
-}
-
-RunFileObserver::RunFileObserver(const std::string& path, const Config& cfg) {
-    const std::filesystem::path p(path);
-    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-    file_ = std::make_unique<RunFile>(path, config_to_toml(cfg));
-}
-
-RunFileObserver::~RunFileObserver() = default;
-
-void RunFileObserver::on_step(const RunView&, const StepMetrics& m) {
-    file_->append("loss", m.step, m.loss);
-    if (m.val_loss >= 0) file_->append("val_loss", m.step, m.val_loss);
-    file_->append("grad_norm", m.step, m.grad_norm);
-    file_->append("lr", m.step, m.lr);
-    file_->append("tokens_per_s", m.step, m.tokens_per_s);
-    file_->append("step_ms", m.step, m.step_ms);
-    file_->append("comm_bytes", m.step, m.comm_bytes);
-}
-
-void RunFileObserver::on_end(const RunView& job) {
-    file_->set_attr("num_params", static_cast<double>(job.num_params()));
-    const MemoryStats mem = job.memory();  // rank 0's
-    file_->set_attr("memory_params_bytes", static_cast<double>(mem.params));
-    file_->set_attr("memory_grads_bytes", static_cast<double>(mem.grads));
-    file_->set_attr("memory_optimizer_bytes", static_cast<double>(mem.optimizer));
-    file_->set_attr("memory_activations_bytes", static_cast<double>(mem.activations));
-    file_->set_attr("memory_comm_bytes", static_cast<double>(mem.comm));
-    if (job.entropy_rate() >= 0) {
-        file_->set_attr("entropy_rate", job.entropy_rate());
-        file_->set_attr("loss_floor", job.loss_floor());
-    }
-    file_->flush();
 }
 
 }  // namespace px

@@ -28,6 +28,8 @@ class TokenSource;
 class RunFile;
 class ZeroShards;
 class ZeroUnits;
+class CheckpointReader;  // core/checkpoint.h
+struct RankState;        // core/parallel/state_slices.h
 
 
 // What a Job needs to know when it is one data-parallel replica among several (ranks as threads
@@ -84,6 +86,29 @@ public:
     virtual MemoryStats memory() const = 0;   // this rank's
 };
 
+// Hooks around each optimizer step, on every rank (fault injection, core/parallel/faults.h).
+// Empty members do nothing. `step` is the 1-based step being run.
+struct StepHooks {
+    std::function<void(i64 step)> before;  // before anything of the step happens
+    // The step's reduced gradient (a GradLayout buffer; ZeRO-2/3: this rank's shard of it, the
+    // rest reads 0), before the norm and the update read it.
+    std::function<void(i64 step, float* grads)> grads;
+    std::function<void(i64 step)> updated;  // after the update: the weights of the step are final
+};
+
+// One rank's training state between steps, copied out and back in without communication, so
+// that steps can be re-run on the same rank (the replica check of core/parallel/faults.h): the
+// weights it holds, its Adam moments, the step count and the history.
+struct LocalSnapshot {
+    std::vector<float> params, m, v;
+    i64 step = -1;  // steps done; -1: empty
+    std::vector<StepMetrics> history;
+};
+// What Job and PipelineJob snapshot: a model's (or stage's) weights, an optimizer's moments.
+LocalSnapshot take_snapshot(const GPT& model, const AdamW& opt, i64 step,
+                            const std::vector<StepMetrics>& history);
+void put_snapshot(const LocalSnapshot& s, GPT& model, AdamW& opt);  // weights and moments back
+
 class Observer {
 public:
     virtual ~Observer() = default;
@@ -102,6 +127,12 @@ public:
     void add_observer(Observer* obs) { observers_.push_back(obs); }
     // Called on every rank after each step, after the observers (checkpoints: a collective).
     void set_after_step(std::function<void(Job&)> f) { after_step_ = std::move(f); }
+    void set_step_hooks(StepHooks hooks) { hooks_ = std::move(hooks); }
+    // This rank's state between steps, and back (no communication; every rank of the job must
+    // rewind to the same step before the next one). Not under ZeRO-3 with dp > 1, whose
+    // weights between steps are shards: an InternalError.
+    LocalSnapshot snapshot() const;
+    void rewind(const LocalSnapshot& s);
 
     // Checkpoints (core/checkpoint.h) hold the logical, layout-free state; these move it in and
     // out of a job of any layout. gather_full: a collective of the job's dp and tp groups that
@@ -112,6 +143,15 @@ public:
     void gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v);
     void restore(const std::vector<float>& params, const std::vector<float>& m,
                  const std::vector<float>& v, const std::vector<StepMetrics>& history);
+
+    // ---- per-rank checkpoints (core/parallel/state_slices.h) --------------------------------
+    // No communication, and never the whole model on one rank. rank_state: this rank's weights
+    // and Adam moments and its share of a checkpoint (what it writes: each logical element by
+    // one rank of the world). restore_local: reads the pieces this rank holds from an open
+    // checkpoint (hyperslabs) and continues after history.size() steps, as restore does; the
+    // caller verified the file and serialises HDF5 calls across threads.
+    RankState rank_state();
+    void restore_local(const CheckpointReader& file, const std::vector<StepMetrics>& history);
 
     StepMetrics step();   // one optimizer step over train.batch_size sequences
     double evaluate();    // mean validation loss over train.val_batches batches
@@ -158,6 +198,7 @@ private:
     i64 local_B_ = 0;                 // sequences per replica and step
     std::vector<Observer*> observers_;
     std::function<void(Job&)> after_step_;
+    StepHooks hooks_;
     std::vector<StepMetrics> history_;
 
     i64 step_ = 0;
@@ -171,16 +212,31 @@ private:
     size_t stack_top_ = 0;                      // partials on grad_stack_ during a step
 };
 
-// Writes metrics to <dir>/run.h5 (DESIGN.md §6).
+// Writes the metrics to <dir>/run.h5 (DESIGN.md §6; core/runfile.h, implemented there). Nothing
+// is opened before the run starts. A fresh run (steps_done() == 0) creates the file, replacing an
+// old one. A resumed run (steps_done() == k) continues the run file that is there: its rows after
+// step k are dropped and a "resume" event is logged; when there is none (or it is not a run file)
+// a new one starts with the k restored steps of history(). A run file that is there but cannot be
+// opened read-write is an error, never replaced. A step reported again (a re-run) replaces its
+// rows and drops the later ones. Either way the file holds each step once, in order, with its
+// latest values; it is flushed after every step.
 class RunFileObserver : public Observer {
 public:
-    RunFileObserver(const std::string& path, const Config& cfg);
+    RunFileObserver(const std::string& path, const Config& cfg);  // opens nothing yet
     ~RunFileObserver() override;
+    void on_start(const RunView& run) override;
     void on_step(const RunView& run, const StepMetrics& m) override;
     void on_end(const RunView& run) override;
 
 private:
+    void resume();                     // opens the file of a resumed run (at its first step)
+    void write(const StepMetrics& m);  // one step's rows
+
+    std::string path_, config_toml_;
+    CheckpointConfig checkpoint_;        // where a resume came from, for its event
     std::unique_ptr<RunFile> file_;
+    std::vector<StepMetrics> restored_;  // a resumed run's history until the file is open
+    i64 last_step_ = 0;                  // the last step written (or restored)
 };
 
 }  // namespace px

@@ -3,6 +3,7 @@
 #include "core/checkpoint_llmc.h"
 #include "core/data.h"
 #include "core/error.h"
+#include "core/job.h"
 #include "core/rng.h"
 #include "core/runfile.h"
 
@@ -466,4 +467,135 @@ TEST_CASE("run file errors name the path", "[runfile]") {
     const std::string path = temp_path("no_such_dir") + "/run.h5";
     CHECK_THAT(error_of<Error>([&] { RunFile(path, ""); }),
                Contains(path) && Contains("cannot create"));
+}
+
+namespace {
+
+// What a RunFileObserver reads of a run: the steps done (history's length) and the history.
+class FakeRun : public RunView {
+public:
+    Config cfg;
+    std::vector<StepMetrics> hist;
+    const Config& config() const override { return cfg; }
+    i64 num_params() const override { return 1; }
+    i64 steps_done() const override { return static_cast<i64>(hist.size()); }
+    const std::vector<StepMetrics>& history() const override { return hist; }
+    int dp_size() const override { return 1; }
+    double entropy_rate() const override { return -1; }
+    double loss_floor() const override { return -1; }
+    MemoryStats memory() const override { return {}; }
+};
+
+StepMetrics metrics_at(i64 step, double loss) {
+    StepMetrics m;
+    m.step = step;
+    m.loss = loss;
+    m.val_loss = step % 2 == 0 ? loss + 0.5 : -1;  // evaluated at even steps
+    m.grad_norm = loss / 10;
+    m.lr = 1e-3;
+    return m;
+}
+
+std::vector<std::string> read_strings(hid_t file, const char* name) {
+    const hid_t d = H5Dopen2(file, name, H5P_DEFAULT);
+    REQUIRE(d >= 0);
+    const hid_t space = H5Dget_space(d);
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(space, &n, nullptr);
+    const hid_t mem = H5Tcopy(H5T_C_S1);
+    H5Tset_size(mem, H5T_VARIABLE);
+    H5Tset_cset(mem, H5T_CSET_UTF8);
+    std::vector<char*> raw(n);
+    if (n > 0) REQUIRE(H5Dread(d, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) >= 0);
+    std::vector<std::string> out(raw.begin(), raw.end());
+    if (n > 0) H5Dvlen_reclaim(mem, space, H5P_DEFAULT, raw.data());
+    H5Tclose(mem);
+    H5Sclose(space);
+    H5Dclose(d);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("run file: a re-run step replaces its rows, a resume continues the file", "[runfile]") {
+    const std::string path = temp_path("rerun.h5");
+    std::remove(path.c_str());
+    FakeRun run;
+    const auto loss_rows = [&] {
+        std::vector<i64> steps;
+        std::vector<double> values;
+        RunFile::reopen(path)->read("loss", &steps, &values);
+        return std::make_pair(steps, values);
+    };
+    {
+        RunFileObserver obs(path, run.cfg);
+        obs.on_start(run);
+        for (i64 s = 1; s <= 5; s++) {
+            run.hist.push_back(metrics_at(s, 10.0 + double(s)));
+            obs.on_step(run, run.hist.back());
+        }
+        for (i64 s = 4; s <= 5; s++) {  // steps 4 and 5 run again, with other values
+            run.hist[size_t(s - 1)] = metrics_at(s, 20.0 + double(s));
+            obs.on_step(run, run.hist[size_t(s - 1)]);
+        }
+        obs.on_end(run);
+    }
+    CHECK(loss_rows() == std::make_pair(std::vector<i64>{1, 2, 3, 4, 5},
+                                        std::vector<double>{11, 12, 13, 24, 25}));
+    {
+        const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+        REQUIRE(f >= 0);
+        CHECK(read_series<std::int64_t>(f, "/metrics/val_loss/step", H5T_NATIVE_INT64) ==
+              std::vector<std::int64_t>{2, 4});
+        CHECK(read_series<double>(f, "/metrics/val_loss/value", H5T_NATIVE_DOUBLE) ==
+              std::vector<double>{12.5, 24.5});
+        CHECK(read_series<std::int64_t>(f, "/events/step", H5T_NATIVE_INT64) ==
+              std::vector<std::int64_t>{4});
+        CHECK(read_strings(f, "/events/kind") == std::vector<std::string>{"rerun"});
+        H5Fclose(f);
+    }
+
+    // A resume at step 3 (a checkpoint's history) continues the file: the rows after 3 go.
+    run.hist.resize(3);
+    {
+        RunFileObserver obs(path, run.cfg);
+        obs.on_start(run);
+        run.hist.push_back(metrics_at(4, 34));
+        obs.on_step(run, run.hist.back());
+        obs.on_end(run);
+    }
+    CHECK(loss_rows() == std::make_pair(std::vector<i64>{1, 2, 3, 4},
+                                        std::vector<double>{11, 12, 13, 34}));
+    {
+        const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+        REQUIRE(f >= 0);
+        CHECK(read_strings(f, "/events/kind") == std::vector<std::string>{"rerun", "resume"});
+        CHECK(read_series<std::int64_t>(f, "/events/step", H5T_NATIVE_INT64) ==
+              std::vector<std::int64_t>{4, 3});
+        CHECK_THAT(read_strings(f, "/events/message")[1], Contains("resumed at step 3"));
+        H5Fclose(f);
+    }
+
+    // Without a run file, a resume writes a new one that starts with the restored steps.
+    std::remove(path.c_str());
+    {
+        RunFileObserver obs(path, run.cfg);
+        obs.on_start(run);
+        run.hist.push_back(metrics_at(5, 45));
+        obs.on_step(run, run.hist.back());
+    }
+    CHECK(loss_rows() == std::make_pair(std::vector<i64>{1, 2, 3, 4, 5},
+                                        std::vector<double>{11, 12, 13, 34, 45}));
+
+    // A file there that HDF5 cannot open is an error naming it, and it is left as it is.
+    {
+        std::ofstream(path, std::ios::binary | std::ios::trunc) << "not an HDF5 file";
+        RunFileObserver obs(path, run.cfg);
+        obs.on_start(run);
+        CHECK_THAT(error_of<Error>([&] { obs.on_step(run, metrics_at(6, 56)); }),
+                   Contains(path) && Contains("output.run_file=false"));
+        std::ifstream in(path, std::ios::binary);
+        CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == "not an HDF5 file");
+    }
+    std::remove(path.c_str());
 }

@@ -96,7 +96,7 @@ TEST_CASE("the embedded default job documents every key with a comment line", "[
     std::vector<std::string> lines;
     for (std::string l; std::getline(in, l);) lines.push_back(l);
     const auto keys = config_keys();
-    CHECK(keys.size() == 52);
+    CHECK(keys.size() == 61);
     for (const auto& k : keys) {
         const std::string name = k.substr(k.find('.') + 1);
         std::string section = "[";  // built by appending: "[" + std::string&& trips GCC 12's -Wrestrict
@@ -184,6 +184,15 @@ TEST_CASE("config -> TOML -> config is exact", "[config]") {
             c.checkpoint.resume = c.checkpoint.dir.empty() ? strings[rng() % strings.size()]
                                   : rng() % 2 ? "auto" : strings[rng() % strings.size()];
             if (c.checkpoint.dir.empty() && c.checkpoint.resume == "auto") c.checkpoint.resume = "";
+            c.fault.kind = std::vector<std::string>{"", "kill", "stall", "flip_grad", "flip_weight"}[rng() % 5];
+            c.fault.rank = static_cast<int>(rng() % static_cast<unsigned>(c.layout.dp * c.layout.pp * c.layout.tp));
+            c.fault.step = 1 + static_cast<i64>(rng() % static_cast<std::uint64_t>(c.train.steps));
+            c.fault.tensor = strings[rng() % strings.size()];
+            c.fault.element = static_cast<i64>(rng() % 100000);
+            c.fault.bit = static_cast<int>(rng() % 32);
+            c.fault.stall_s = unit(rng) * 100;
+            c.fault.persistent = rng() % 2;
+            c.validate.replica_check_every = c.layout.dp >= 2 && c.layout.zero <= 2 ? static_cast<i64>(rng() % 50) : 0;
             REQUIRE_NOTHROW(validate_config(c));
             const std::string text = config_to_toml(c);
             INFO(text);

@@ -299,6 +299,13 @@ public:
     virtual std::unique_ptr<Communicator> split(int color, int key, std::string name) = 0;
     // Fail the job: every pending and later operation on every rank throws CommError(reason).
     virtual void abort(const std::string& reason) = 0;
+    // The job's failure message once it has failed (any rank's abort, a timeout, a mismatch),
+    // else "". Never blocks: a rank that is not communicating (stalled, core/parallel/faults.h)
+    // polls it to learn that the others gave up on it.
+    virtual std::string failure() = 0;
+    // Whether each rank is a process of its own (MPI), so that one can die alone; false for
+    // ranks that are threads of one process (in-process).
+    virtual bool ranks_are_processes() const = 0;
 
     CommStats stats() const { return book_->stats(group_); }          // this group, this rank
     std::vector<StatRow> stat_rows() const { return book_->rows(); }  // all groups, this rank

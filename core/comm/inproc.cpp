@@ -494,7 +494,7 @@ void p2p_wait(World& w, Group& g, int rank, const std::shared_ptr<Message>& m, S
         if (Clock::now() >= deadline) {
             unpost(g, m);
             const std::string msg =
-                what + ": rank " + std::to_string(peer) + " did not post a matching " + partner +
+                what + ": " + who(g, {peer}) + " did not post a matching " + partner +
                 " within " + seconds_str(w.timeout_s) +
                 ". Sends and recvs pair up by (source, destination, tag), in order; look for a "
                 "missing " +
@@ -591,6 +591,12 @@ public:
         w_->fail("rank " + std::to_string(rank()) + " of " + describe(*g_) +
                  " called abort: " + reason);
     }
+
+    std::string failure() override {
+        std::lock_guard lk(w_->mu);
+        return w_->failed ? w_->failure : std::string();
+    }
+    bool ranks_are_processes() const override { return false; }
 
 protected:
     void run(Request& req) override {
@@ -868,6 +874,30 @@ RankErrors run_ranks_collect(InProcWorld& world, const std::function<void(Commun
     threads.reserve(n);
     for (int r = 0; r < n; r++) threads.emplace_back(body, r);
     for (auto& t : threads) t.join();
+    // The cause, not a consequence: a rank whose operation was abandoned because another failed,
+    // or whose peer left while unwinding its own error, may have thrown first. An error that is
+    // not a CommError (bad input, a bug) is always a cause; a CommError that no other failure
+    // explains (a timeout, a mismatch) is one too.
+    const auto is_comm = [&](int r) {
+        try {
+            std::rethrow_exception(res.error[r]);
+        } catch (const CommError&) {
+            return true;
+        } catch (...) {
+            return false;
+        }
+    };
+    const auto consequence = [&](int r) {
+        return res.message[r].find(" was abandoned because the job failed: ") != std::string::npos;
+    };
+    int cause = -1;
+    for (int r = 0; r < n && cause < 0; r++)
+        if (res.error[r] && !is_comm(r)) cause = r;
+    for (int r = 0; r < n && cause < 0; r++)
+        if (r == res.first && res.error[r] && !consequence(r)) cause = r;
+    for (int r = 0; r < n && cause < 0; r++)
+        if (res.error[r] && !consequence(r)) cause = r;
+    if (cause >= 0) res.first = cause;
     return res;
 }
 

@@ -457,6 +457,9 @@ public:
                   " called abort: " + reason);
     }
 
+    std::string failure() override { return sh_->poll(); }
+    bool ranks_are_processes() const override { return true; }
+
     // "group 'tp' (size 2, world ranks 2, 3)"; the world needs no mapping.
     std::string describe() const {
         std::string s = "group '" + group() + "' (size " + std::to_string(size());
@@ -1017,6 +1020,11 @@ void MessageState::wait() {
 }
 
 }  // namespace mpi
+
+MPI_Comm native_comm(const Communicator& c) {
+    const auto* m = dynamic_cast<const mpi::MpiComm*>(&c);
+    return m ? m->p2p() : MPI_COMM_NULL;
+}
 
 // ---- the environment -------------------------------------------------------------------------
 

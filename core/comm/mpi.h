@@ -6,6 +6,8 @@
 //   local_ranks         ranks of this job on this node (OMPI_COMM_WORLD_LOCAL_SIZE, ...), or 1
 //   MpiEnvironment      MPI_Init_thread (MPI_THREAD_MULTIPLE) on construction, finalize at the end
 //   MpiEnvironment::world  this process's "world" communicator over MPI_COMM_WORLD, with a timeout
+//   native_comm         the MPI_Comm under a communicator of this backend, for libraries that
+//                       take one (parallel HDF5); MPI_COMM_NULL for other backends
 //
 // How a collective runs. Every communicator holds two duplicates of its MPI communicator: one
 // for collectives, one for the caller's send/recv, so that user tags never meet ours. The k-th
@@ -41,6 +43,15 @@
 #pragma once
 #include "core/comm/comm.h"
 
+// The MPI C API only: Open MPI's and MPICH's C++ bindings do not compile warning-free.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
 #include <memory>
 #include <string>
 
@@ -52,6 +63,12 @@ bool launched_by_mpi();
 // Ranks of this job on this node: OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS or
 // SLURM_NTASKS_PER_NODE when set, else 1.
 int local_ranks();
+
+// The MPI communicator of c's ranks when c belongs to this backend (MpiEnvironment::world or a
+// split of it), else MPI_COMM_NULL (in-process ranks). It is c's point-to-point duplicate: a
+// library's MPI collectives on it (parallel HDF5, core/checkpoint.h) never meet the backend's
+// own collective traffic. Valid while c lives; collectives on it must not overlap c's own.
+MPI_Comm native_comm(const Communicator& c);
 
 class MpiEnvironment {
 public:

@@ -8,20 +8,35 @@
 //   RunCheckpoints        one rank's view: resume at the start, save after the steps that are due
 //   resume_source         which file `checkpoint.resume` names ("auto": the newest valid in dir)
 //
-// Saving is a collective of the whole world: every rank gathers the logical weights and Adam
-// moments (Job::gather_full / PipelineJob::gather_full: over dp for the ZeRO shards, over tp
-// for the shards' logical places, over pp for the stages), then world rank 0 writes the file
-// atomically (temporary file, fsync, rename) and prunes to the newest checkpoint.keep.
+// Saving is a collective of the whole world in which every rank writes its own hyperslabs
+// (core/parallel/state_slices.h: each logical element of /model and /optim by exactly one rank;
+// no rank gathers the model). Under MPI (the world is core/comm/mpi.h's) every rank opens the
+// file through parallel HDF5 (comm::native_comm), writes its pieces (independent I/O) and commits
+// (collective: checksums and element counts summed). With in-process ranks (threads; serial HDF5
+// is not thread-safe) world rank 0 creates one writer and registers it in a process-wide table
+// under a token it broadcasts (an i64, with its pid as a check); every rank writes its pieces
+// into it under one process-wide HDF5 mutex, and rank 0 commits. Either way a barrier of the
+// world follows the writes, before anything is committed. A rank that fails (folder, file,
+// pieces, commit, prune) aborts the world's communicator with its message and rethrows; the
+// others' next collective throws CommError naming it, so nobody waits for a rank that left, and
+// the temporary file is dropped (atomic temp file, fsync, rename: a failed save never leaves a
+// final file). After commit world rank 0 prunes to the newest checkpoint.keep.
+// Limitation: a failure inside parallel HDF5's own collectives (creating the file, committing)
+// on some ranks only is HDF5's and MPI's to report; those calls have no timeout.
 // Resuming: world rank 0 chooses the file (verifying every checksum; newer files that fail are
-// reported and skipped), broadcasts its step, and every rank reads it and takes its slices
-// (Job::restore / PipelineJob::restore). The data and the random numbers are functions of
-// (seed, step, position), so the step is all the data loader needs; the checkpoint's data
-// source description must match the config's.
+// reported and skipped; a file named by checkpoint.resume is verified the same way), broadcasts
+// its step, and every rank opens it, checks the model's shapes, the data stream and the history,
+// and reads only the hyperslabs it holds (Job::restore_local / PipelineJob::restore_local), under
+// the same HDF5 mutex; a rank whose reads fail aborts the world likewise. The data and the random
+// numbers are functions of (seed, step, position), so the step is all the data loader needs; the
+// checkpoint's data source description must match the config's.
 #pragma once
 #include "core/comm/comm.h"
 #include "core/config.h"
 #include "core/job.h"
+#include "core/parallel/state_slices.h"
 
+#include <exception>
 #include <string>
 
 namespace px {
@@ -45,6 +60,8 @@ public:
     void after_step(Job& job);
     void after_step(PipelineJob& stage);
     bool enabled() const { return !cfg_.checkpoint.dir.empty(); }
+    // What this rank wrote in its last save (pieces, floats, its largest staging buffer).
+    const SliceStats& last_save() const { return last_save_; }
 
 private:
     bool due(i64 step) const;
@@ -54,9 +71,18 @@ private:
     template <class J>
     void save(J& job);
 
+    void save_mpi(const RankState& state, const std::string& path, const CheckpointMeta& meta,
+                  MPI_Comm comm);
+    void save_shared(const RankState& state, const std::string& path, const CheckpointMeta& meta);
+    // A rank that failed (error non-null) fails the job first, so that the others' next
+    // collective throws CommError naming the reason, then rethrows its error.
+    void give_up(const std::exception_ptr& error, const std::string& path);
+    void sync();  // a barrier of the world (none for one rank)
+
     const Config& cfg_;
     comm::Communicator* world_;
     int rank_ = 0;
+    SliceStats last_save_;
 };
 
 }  // namespace px

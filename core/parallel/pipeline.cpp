@@ -5,12 +5,14 @@
 #include "core/parallel/pipeline.h"
 
 #include "core/parallel/checkpointing.h"
+#include "core/parallel/faults.h"
 
 #include "core/checkpoint_llmc.h"
 #include "core/comm/comm.h"
 #include "core/comm/inproc.h"
 #include "core/data.h"
 #include "core/error.h"
+#include "core/parallel/state_slices.h"
 #include "core/parallel/tp_model.h"
 #include "core/parallel/zero.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -275,7 +277,7 @@ PipelineJob::PipelineJob(const Config& cfg, comm::Communicator& pp, ReplicaConte
         // The checkpoint holds the logical tensors: read them whole, keep this shard's slices.
         const ParamTable full = ParamTable::build(cfg_.model);
         std::vector<float> buf(static_cast<size_t>(full.total));
-        read_llmc_checkpoint(cfg_.model.init_from, cfg_.model, [&](const std::string& name) {
+        read_init_weights(cfg_.model.init_from, cfg_.model, [&](const std::string& name) {
             const int i = full.find(name);
             return i < 0 ? nullptr : buf.data() + full.entries[static_cast<size_t>(i)].offset;
         });
@@ -286,7 +288,7 @@ PipelineJob::PipelineJob(const Config& cfg, comm::Communicator& pp, ReplicaConte
         const GPT& m = *model_;
         const ParamTable full = ParamTable::build(cfg_.model);
         std::vector<float> discard;
-        read_llmc_checkpoint(cfg_.model.init_from, cfg_.model, [&](const std::string& name) {
+        read_init_weights(cfg_.model.init_from, cfg_.model, [&](const std::string& name) {
             if (float* p = m.param_ptr(name)) return p;
             const int i = full.find(name);
             if (i < 0) return static_cast<float*>(nullptr);
@@ -622,6 +624,7 @@ StepMetrics PipelineJob::step() {
     // Every rank of a replica samples the replica's sequences [dp_rank·local_B, ...) of the
     // step's batch (counter-based, so identically): the first stage needs the tokens, the last
     // the targets.
+    if (hooks_.before) hooks_.before(step_ + 1);
     if (zero_ == 3) all_gather_params();  // gather before use
     source_->sample(windows_.data(), T_, Split::train, step_, dp_rank_ * local_B_, local_B_);
     split_windows(inputs_.data(), targets_.data(), windows_.data(), local_B_, T_);
@@ -636,6 +639,7 @@ StepMetrics PipelineJob::step() {
     else if (dp_ > 1)
         replica_.dp->all_reduce(g, model_->grad_layout().total, replica_.algo);
     exchange_tied_grads(g);
+    if (hooks_.grads) hooks_.grads(step_ + 1, g);
     const float norm = grad_norm(g);
 
     StepMetrics m;
@@ -661,6 +665,7 @@ StepMetrics PipelineJob::step() {
         for (TreeAccumulator& a : acc_) a.release();
     }
     step_++;
+    if (hooks_.updated) hooks_.updated(step_);
 
     const double secs = seconds_since(t0);
     m.comm_bytes = bytes_sent(comm_) - sent0;
@@ -850,6 +855,39 @@ void PipelineJob::restore(const std::vector<float>& params, const std::vector<fl
     step_ = static_cast<i64>(history.size());
 }
 
+// ---- per-rank checkpoints (core/parallel/state_slices.h) ------------------------------------
+
+RankState PipelineJob::rank_state() {
+    const ParamTable& t = model_->table();
+    RankState s;
+    s.model = model_.get();
+    s.params = model_->params();
+    s.m = opt_->m();
+    s.v = opt_->v();
+    s.moments = Range{opt_->lo(), opt_->hi()};
+    // Replica d writes the floats of ZeRO shard d of the stage (without ZeRO: the same cut of
+    // the replicated arrays); ZeRO-3 holds only those weights between steps.
+    const std::vector<i64> cuts = zero_shard_edges(t, dp_, nx_.block);
+    s.writes = Range{cuts[static_cast<size_t>(dp_rank_)], cuts[static_cast<size_t>(dp_rank_) + 1]};
+    s.weights = zero_ == 3 ? s.writes : Range{0, t.total};
+    const TpLayers* tpl = tp_layers(*model_);
+    s.writes_entry.assign(t.entries.size(), 0);
+    for (size_t i = 0; i < t.entries.size(); i++) {
+        const TableEntry& e = t.entries[i];
+        const bool mine_over_tp = (tpl && tpl->sharded(e)) || e.id % tp_ == tp_rank_;
+        s.writes_entry[i] = owner_[static_cast<size_t>(e.id)] == rank_ && mine_over_tp;
+    }
+    return s;
+}
+
+void PipelineJob::restore_local(const CheckpointReader& file,
+                                const std::vector<StepMetrics>& history) {
+    read_rank_state(file, rank_state());
+    if (zero_ == 3) release_params();
+    history_ = history;
+    step_ = static_cast<i64>(history.size());
+}
+
 void PipelineJob::unshard() {
     if (shard_edges_.empty()) return;
     if (zero_ == 3) all_gather_params();  // between steps ZeRO-3 holds only its shard
@@ -886,6 +924,19 @@ void PipelineJob::run(const std::function<void(const StepMetrics&)>& on_step) {
     }
 }
 
+LocalSnapshot PipelineJob::snapshot() const {
+    if (zero_ == 3)
+        throw InternalError("PipelineJob::snapshot under ZeRO-3: between steps this rank holds a "
+                            "shard of its stage's weights, not a replica of them");
+    return take_snapshot(*model_, *opt_, step_, history_);
+}
+
+void PipelineJob::rewind(const LocalSnapshot& s) {
+    put_snapshot(s, *model_, *opt_);
+    step_ = s.step;
+    history_ = s.history;
+}
+
 // ---- run_pipeline ----------------------------------------------------------------------------
 
 void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
@@ -912,13 +963,18 @@ void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
     // 3. Checkpoints: resume from the logical state (any layout wrote it), save every N steps.
     RunCheckpoints checkpoints(cfg, &world);
     checkpoints.resume(job);
+    // 4. Faults: the injector and the replica check, before a checkpoint (faults.h).
+    FaultInjector faults(cfg, &world);
+    faults.attach(job);
+    ReplicaCheck check(cfg, world);
+    check.start(job);
     const bool report = r == 0;
     if (report)
         for (Observer* o : observers) o->on_start(job);
     job.run([&](const StepMetrics& m) {
         if (report)
             for (Observer* o : observers) o->on_step(job, m);
-        checkpoints.after_step(job);
+        if (!check.after_step(job)) checkpoints.after_step(job);
     });
     if (report)
         for (Observer* o : observers) o->on_end(job);

@@ -164,10 +164,25 @@ public:
     void restore(const std::vector<float>& params, const std::vector<float>& m,
                  const std::vector<float>& v, const std::vector<StepMetrics>& history);
 
+    // ---- per-rank checkpoints (core/parallel/state_slices.h) --------------------------------
+    // Job::rank_state / Job::restore_local for a stage: no communication, never the whole model.
+    // The stage writes the tensors it owns (wte: the first stage), its dp replica its cut of
+    // them, its tp rank its shard (replicated tensors: tp rank id mod tp); it reads back every
+    // element it holds (the last stage's copy of wte included).
+    RankState rank_state();
+    void restore_local(const CheckpointReader& file, const std::vector<StepMetrics>& history);
+
     // Collective over the dp group: ZeRO's shards of the stage's Adam moments are gathered, so
     // every replica holds its stage's whole state (as a ZeRO-0 stage; later steps run so).
     // run_pipeline calls it before `inspect`; a no-op without ZeRO.
     void unshard();
+
+    // Fault injection and the replica check (core/parallel/faults.h), as Job's: hooks around
+    // each step; this rank's state between steps, copied out and back (not under ZeRO-3 with
+    // dp > 1: an InternalError).
+    void set_step_hooks(StepHooks hooks) { hooks_ = std::move(hooks); }
+    LocalSnapshot snapshot() const;
+    void rewind(const LocalSnapshot& s);
 
     const Config& config() const override { return cfg_; }
     const Layout& layout() const { return mesh_.layout(); }
@@ -220,6 +235,7 @@ private:
     Schedule schedule_;
     comm::Communicator& comm_;  // the pp group
     ReplicaContext replica_;    // the dp group of this stage
+    StepHooks hooks_;
     int rank_ = 0, pp_ = 1, v_ = 1, S_ = 1, M_ = 1;
     int dp_rank_ = 0, dp_ = 1;
     int tp_rank_ = 0, tp_ = 1;

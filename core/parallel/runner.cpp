@@ -3,6 +3,7 @@
 #include "core/comm/inproc.h"
 #include "core/error.h"
 #include "core/parallel/checkpointing.h"
+#include "core/parallel/faults.h"
 #include "core/parallel/mesh.h"
 #include "core/parallel/pipeline.h"
 
@@ -63,7 +64,15 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
     //    (checkpointing.h).
     RunCheckpoints checkpoints(cfg, &world);
     checkpoints.resume(job);
-    job.set_after_step([&](Job& j) { checkpoints.after_step(j); });
+    // 7. Faults: the injector (fault.*) and the replica check, which runs before a checkpoint
+    //    so that checkpoints hold checked weights (faults.h).
+    FaultInjector faults(cfg, &world);
+    faults.attach(job);
+    ReplicaCheck check(cfg, world);
+    check.start(job);
+    job.set_after_step([&](Job& j) {
+        if (!check.after_step(j)) checkpoints.after_step(j);
+    });
     if (world.rank() == 0)
         for (Observer* o : observers) job.add_observer(o);
     job.run();

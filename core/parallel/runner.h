@@ -19,6 +19,8 @@
 //   5. tensor parallelism (layout.tp > 1): the world splits into tp and dp groups; each dp
 //      replica is a tp group of ranks holding one shard of the model each
 //      (core/parallel/tp_model.h); with pp > 1 each pipeline stage is such a group.
+//   6. checkpoints: resume from the logical state, save every N steps (checkpointing.h);
+//   7. faults: the fault injector and the replica check of silent data corruption (faults.h).
 #pragma once
 #include "core/comm/comm.h"
 #include "core/config.h"
