@@ -5,7 +5,8 @@
 // 4 a rank died, stalled or could not communicate (a CommError: a peer did not arrive within
 // layout.timeout_s, or the job was aborted): restart the job, with checkpoint.resume = "auto"
 // to continue from the newest valid checkpoint, 5 silent data corruption that a re-run
-// reproduced (a CorruptionError naming the ranks): take their nodes out, then restart.
+// reproduced (a CorruptionError naming the ranks): take their nodes out, then restart,
+// 6 parallax validate found a layout that diverges from the single-device reference.
 // Under mpirun a rank that is killed ends the job through the launcher, whose exit status is
 // 128 + the signal (137 for SIGKILL): also a restart.
 #pragma once
@@ -26,6 +27,7 @@ enum ExitCode : int {
     kRunFailed = 3,
     kRestart = 4,
     kCorruption = 5,
+    kDiverged = 6,
 };
 
 // Adds the subcommand; the returned function runs it (after parsing) and returns an exit code.
@@ -33,5 +35,8 @@ enum ExitCode : int {
 std::function<int()> add_train_command(CLI::App& app, const comm::MpiEnvironment* mpi = nullptr);
 std::function<int()> add_inspect_command(CLI::App& app);  // parallax inspect FILE|DIR
 std::function<int()> add_convert_command(CLI::App& app);  // parallax convert IN --to OUT
+std::function<int()> add_gradcheck_command(CLI::App& app);  // parallax gradcheck [CONFIG] [--op ..]
+std::function<int()> add_check_command(CLI::App& app);  // parallax check determinism|resume [CONFIG]
+std::function<int()> add_validate_command(CLI::App& app);  // parallax validate [CONFIG] --layouts ...
 
 }  // namespace px::app

@@ -24,6 +24,12 @@ int run_main(int argc, char** argv, const px::comm::MpiEnvironment* mpi) {
     commands.emplace_back(app.get_subcommand("inspect"), run_inspect);
     auto run_convert = px::app::add_convert_command(app);
     commands.emplace_back(app.get_subcommand("convert"), run_convert);
+    auto run_gradcheck = px::app::add_gradcheck_command(app);
+    commands.emplace_back(app.get_subcommand("gradcheck"), run_gradcheck);
+    auto run_check = px::app::add_check_command(app);
+    commands.emplace_back(app.get_subcommand("check"), run_check);
+    auto run_validate = px::app::add_validate_command(app);
+    commands.emplace_back(app.get_subcommand("validate"), run_validate);
 
     try {
         app.parse(argc, argv);

@@ -941,7 +941,8 @@ void PipelineJob::rewind(const LocalSnapshot& s) {
 
 void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
                        const std::vector<Observer*>& observers,
-                       const std::function<void(PipelineJob&)>& inspect) {
+                       const std::function<void(PipelineJob&)>& inspect,
+                       const std::function<void(PipelineJob&)>& each_step) {
     const Layout l = make_layout(cfg);
     check_pipeline_layout(l, cfg.source_name);
     const Mesh mesh(l);
@@ -974,7 +975,9 @@ void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
     job.run([&](const StepMetrics& m) {
         if (report)
             for (Observer* o : observers) o->on_step(job, m);
-        if (!check.after_step(job)) checkpoints.after_step(job);
+        if (check.after_step(job)) return;  // rewound: the step is re-run
+        checkpoints.after_step(job);
+        if (each_step) each_step(job);
     });
     if (report)
         for (Observer* o : observers) o->on_end(job);
@@ -985,7 +988,8 @@ void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
 }
 
 void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers,
-                  const std::function<void(PipelineJob&)>& inspect) {
+                  const std::function<void(PipelineJob&)>& inspect,
+                  const std::function<void(PipelineJob&)>& each_step) {
     const Layout l = make_layout(cfg);  // validates before any thread starts
     check_pipeline_layout(l, cfg.source_name);
     const int n = l.world_size();
@@ -999,11 +1003,14 @@ void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers,
 
     std::mutex inspect_mutex;
     comm::run_ranks(n, l.timeout_s, [&](comm::Communicator& world) {
-        run_pipeline_rank(rank_cfg, world, observers, [&](PipelineJob& job) {
-            if (!inspect) return;
-            std::lock_guard<std::mutex> lock(inspect_mutex);
-            inspect(job);
-        });
+        run_pipeline_rank(
+            rank_cfg, world, observers,
+            [&](PipelineJob& job) {
+                if (!inspect) return;
+                std::lock_guard<std::mutex> lock(inspect_mutex);
+                inspect(job);
+            },
+            each_step);
     });
 }
 

@@ -269,13 +269,18 @@ private:
 // are the same on every rank but comm_bytes). `inspect`,
 // when given, is called once per rank after its last step (and PipelineJob::unshard), one rank
 // at a time.
+// `each_step`, when given, is called on every rank after each step (and its checkpoint):
+// collectives are allowed, every rank calls it at the same step (parallax validate gathers the
+// logical state there).
 void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers = {},
-                  const std::function<void(PipelineJob&)>& inspect = {});
+                  const std::function<void(PipelineJob&)>& inspect = {},
+                  const std::function<void(PipelineJob&)>& each_step = {});
 // One rank's part of run_pipeline: `world` is this rank's world communicator (a thread under
 // comm::run_ranks, or this process under MPI, core/comm/mpi.h) of dp·pp·tp ranks, cfg.train.threads
 // its OpenMP threads. Observers follow world rank 0; `inspect` is called after unshard.
 void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
                        const std::vector<Observer*>& observers,
-                       const std::function<void(PipelineJob&)>& inspect = {});
+                       const std::function<void(PipelineJob&)>& inspect = {},
+                       const std::function<void(PipelineJob&)>& each_step = {});
 
 }  // namespace px

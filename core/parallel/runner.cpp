@@ -26,7 +26,9 @@ int threads_per_rank(const Config& cfg, int ranks_on_node) {
 
 void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Observer*>& observers,
               const std::function<void(Job&)>& inspect,
-              const std::function<void(PipelineJob&)>& inspect_stage) {
+              const std::function<void(PipelineJob&)>& inspect_stage,
+              const std::function<void(Job&)>& each_step,
+              const std::function<void(PipelineJob&)>& each_stage_step) {
     const LayoutConfig& l = cfg.layout;
     // The layout checks itself first: products, divisibility, token-tree nodes (mesh.h).
     const Layout layout = make_layout(cfg);
@@ -41,7 +43,7 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
                           std::to_string(world.size()));
     if (l.pp > 1) {  // 4. pipeline parallelism: stages of layers, a schedule of actions (with
                      //    dp and tp inside, run_pipeline_rank splits the groups)
-        run_pipeline_rank(cfg, world, observers, inspect_stage);
+        run_pipeline_rank(cfg, world, observers, inspect_stage, each_stage_step);
         return;
     }
     // 2. Data parallelism: with tp = pp = 1 the whole world is the dp group.
@@ -71,7 +73,9 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
     ReplicaCheck check(cfg, world);
     check.start(job);
     job.set_after_step([&](Job& j) {
-        if (!check.after_step(j)) checkpoints.after_step(j);
+        if (check.after_step(j)) return;  // rewound: the step is re-run
+        checkpoints.after_step(j);
+        if (each_step) each_step(j);
     });
     if (world.rank() == 0)
         for (Observer* o : observers) job.add_observer(o);
@@ -80,10 +84,12 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
 }
 
 void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
-                const std::function<void(Job&)>& inspect) {
+                const std::function<void(Job&)>& inspect,
+                const std::function<void(Job&)>& each_step,
+                const std::function<void(PipelineJob&)>& each_stage_step) {
     const Layout layout = make_layout(cfg);  // validates before any thread starts
     if (cfg.layout.pp > 1) {
-        run_pipeline(cfg, observers);
+        run_pipeline(cfg, observers, {}, each_stage_step);
         return;
     }
     const int n = layout.world_size();
@@ -92,11 +98,14 @@ void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
     rank_cfg.train.threads = threads_per_rank(cfg, n);
     std::mutex inspect_mutex;
     comm::run_ranks(n, cfg.layout.timeout_s, [&](comm::Communicator& world) {
-        run_rank(rank_cfg, world, observers, [&](Job& job) {
-            if (!inspect) return;
-            std::lock_guard<std::mutex> lock(inspect_mutex);
-            inspect(job);
-        });
+        run_rank(
+            rank_cfg, world, observers,
+            [&](Job& job) {
+                if (!inspect) return;
+                std::lock_guard<std::mutex> lock(inspect_mutex);
+                inspect(job);
+            },
+            {}, each_step);
     });
 }
 

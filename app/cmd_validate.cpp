@@ -1,0 +1,112 @@
+// parallax validate [CONFIG] --layouts dp2,tp2,pp2,dp2xtp2xpp2 [--steps N] [--mode bitwise|fast]
+//                   [--set section.key=value ...] [--json FILE] [--md FILE] [--out DIR]
+// Runs the single-device reference and each layout, compares them after every step, prints the
+// table and writes the JSON and Markdown reports (validators/validate.h).
+#include "app/commands.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "validators/validate.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace px::app {
+
+namespace {
+
+struct ValidateOptions {
+    std::string config_path;
+    std::string layouts = "dp2,tp2,pp2,dp2xtp2xpp2";
+    i64 steps = 20;
+    std::string mode;
+    std::vector<std::string> sets;
+    std::string json, md, out_dir;
+};
+
+void write_text(const std::string& path, const std::string& text) {
+    const std::filesystem::path p(path);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+        f << text;
+        if (!f) throw Error("cannot write " + path + "; is its folder writable?");
+    }
+    std::filesystem::rename(tmp, path);
+}
+
+void print_layout(const LayoutResult& r) {
+    std::fprintf(stderr, "  %s: %s (%lld steps, %.1f s)\n", r.layout.c_str(), r.verdict.c_str(),
+                 static_cast<long long>(r.steps), r.seconds);
+    std::fflush(stderr);
+}
+
+int run_validate(const ValidateOptions& opt) {
+    Config cfg = opt.config_path.empty() ? parse_config(default_config_toml(), "<embedded default>")
+                                         : load_config(opt.config_path);
+    std::vector<std::string> sets = opt.sets;
+    if (!opt.mode.empty()) sets.push_back("numerics.mode=" + opt.mode);
+    apply_overrides(cfg, sets);
+    if (!opt.out_dir.empty()) cfg.output.dir = opt.out_dir;
+    if (opt.steps < 1)
+        throw ConfigError("--steps " + std::to_string(opt.steps) + ": validate at least one step");
+    const std::vector<LayoutSpec> layouts = parse_layouts(opt.layouts);
+    for (const LayoutSpec& l : layouts) {
+        try {
+            Config c = cfg;
+            c.train.steps = opt.steps;
+            with_layout(c, l);
+        } catch (const ConfigError& e) {
+            throw ConfigError("layout " + l.name + ": " + e.what());
+        }
+    }
+    std::printf("parallax validate: %s | %lld steps | %s | reference: the single device\n",
+                cfg.source_name.c_str(), static_cast<long long>(opt.steps),
+                cfg.numerics.mode == Mode::fast ? "fast (error budget)" : "bitwise");
+    std::fflush(stdout);
+    const ValidationReport rep = validate_layouts(cfg, layouts, opt.steps, &print_layout);
+    std::printf("\n%s", rep.table().c_str());
+    const std::string json = opt.json.empty() ? (std::filesystem::path(cfg.output.dir) / "validate.json").string() : opt.json;
+    const std::string md = opt.md.empty() ? (std::filesystem::path(cfg.output.dir) / "validate.md").string() : opt.md;
+    write_text(json, rep.to_json());
+    write_text(md, rep.to_markdown());
+    std::printf("\nreports: %s, %s\n", json.c_str(), md.c_str());
+    if (rep.any_error()) return kRunFailed;
+    return rep.all_ok() ? kOk : kDiverged;
+}
+
+}  // namespace
+
+std::function<int()> add_validate_command(CLI::App& app) {
+    auto opt = std::make_shared<ValidateOptions>();
+    CLI::App* sub = app.add_subcommand(
+        "validate",
+        "Run the single-device reference and each parallel layout of a job, compare them after "
+        "every step, print a table and write JSON and Markdown reports.");
+    sub->add_option("config", opt->config_path, "TOML job config (the embedded default when omitted)")
+        ->check(CLI::ExistingFile);
+    sub->add_option("--layouts", opt->layouts,
+                    "Comma-separated layouts, parts joined by 'x': dpN, tpN, ppN, zN (ZeRO stage), "
+                    "mbN (microbatches), sp (sequence parallel)")
+        ->capture_default_str();
+    sub->add_option("--steps", opt->steps, "Steps to run and compare")->capture_default_str();
+    sub->add_option("--mode", opt->mode,
+                    "bitwise: every layout must match bit for bit; fast: the layouts run fast "
+                    "kernels and ring collectives and are judged by the error budget")
+        ->check(CLI::IsMember({"bitwise", "fast"}));
+    sub->add_option("--set", opt->sets, "Override a config key: --set section.key=value (repeatable)")
+        ->type_name("KEY=VALUE");
+    sub->add_option("--json", opt->json, "JSON report (default <output.dir>/validate.json)");
+    sub->add_option("--md", opt->md, "Markdown report (default <output.dir>/validate.md)");
+    sub->add_option("--out", opt->out_dir, "Output directory (overrides output.dir)");
+    sub->footer(
+        "Exit codes: 0 every layout matched (bitwise) or stayed within its error budget (fast); "
+        "6 a layout diverged; 3 a layout could not run; 2 bad input.");
+    return [opt] { return run_validate(*opt); };
+}
+
+}  // namespace px::app

@@ -1,0 +1,94 @@
+// parallax validate: the single-device reference and each parallel layout of one job, compared
+// step by step (DESIGN.md §4), with a table, a JSON report and a Markdown report.
+//
+// Index
+//   LayoutSpec        one layout of the matrix: "dp2", "tp2", "pp2", "dp2xtp2xpp2", "dp4xz3", ...
+//   parse_layout(s)   one layout, or a comma-separated list of them (ConfigError naming the part)
+//   with_layout       a config run under a layout
+//   LayoutResult      one layout's outcome: verdict, steps, max ULP, first divergence
+//   ValidationReport  every layout's; table(), to_json(), to_markdown()
+//   validate_layouts  runs the reference, then each layout, comparing after every step
+//   kReportSchema     the JSON report's schema version (validators/README.md documents it)
+//
+// What is compared. After every step the layout's logical state is gathered from its ranks
+// (Job::gather_full / PipelineJob::gather_full, collectives of the layout: the ZeRO shards over
+// dp, the tp shards to their logical places, the stages over pp) and compared with the
+// reference's state after the same step (compare_states, validators/compare.h): every weight,
+// both Adam moments of every parameter, the loss and grad norm of every step so far. The
+// reference's states are kept for every step: memory is steps × 3 × the model, which suits the
+// small jobs validation is run on (use --steps to bound it for larger ones).
+//
+// Verdicts. bitwise mode: "match" when every comparison of every step is bit-identical, else
+// "diverged", naming the first step with a difference and, in it, the first differing tensor
+// (parameters, then first moments, then second moments, then the metrics), its element (flat
+// and per dimension) and both values. fast mode: the per-step comparisons are reported the same
+// way, and the verdict is the error budget of the final state (validators/budget.h): "within
+// budget" or "over budget". A layout that cannot run (a config error, a failed collective) is
+// "error" with its message; the other layouts still run. The reference runs without the config's
+// [fault] and [validate] settings: an injected fault (core/parallel/faults.h) strikes the layouts
+// only, which is how the harness itself is shown to find one.
+#pragma once
+#include "core/config.h"
+#include "validators/compare.h"
+
+#include <string>
+#include <vector>
+
+namespace px {
+
+inline constexpr int kReportSchema = 1;
+
+struct LayoutSpec {
+    std::string name;  // as written: "dp2xtp2xpp2"
+    int dp = 1, tp = 1, pp = 1;
+    int zero = -1;          // "zN"; -1: the config's layout.zero
+    int microbatches = -1;  // "mbN"; -1: the config's layout.microbatches
+    bool sequence_parallel = false;  // "sp"
+};
+
+// "dp2xtp2xpp2": parts joined by 'x' — dpN, tpN, ppN, zN (ZeRO stage), mbN (microbatches per
+// replica), sp (sequence parallelism); parts not named keep the config's. Throws ConfigError
+// naming the part.
+LayoutSpec parse_layout(const std::string& text);
+// A comma-separated list of them: "dp2,tp2,pp2,dp2xtp2xpp2".
+std::vector<LayoutSpec> parse_layouts(const std::string& text);
+// cfg with the layout's dp, tp, pp (and zero, microbatches, sp when given), validated as a
+// config and as a layout (the mesh's and the pipeline's checks): ConfigError naming the keys.
+Config with_layout(Config cfg, const LayoutSpec& l);
+
+struct LayoutResult {
+    std::string layout;       // LayoutSpec::name
+    std::string verdict;      // "match", "diverged", "within budget", "over budget", "error"
+    i64 steps = 0;            // steps compared
+    std::int64_t max_ulp = 0; // over every element of every step (kNoUlp: a NaN mismatch)
+    i64 first_step = -1;      // the first step with a difference; -1: none
+    Comparison first;         // its first differing tensor
+    std::vector<Comparison> differing;  // every differing tensor of the first such step
+    std::vector<Comparison> final_step;  // every comparison after the last step
+    double budget_ratio = -1;  // fast mode: error / budget of the worst tensor (≤ 1 within)
+    std::string budget_worst;
+    std::string error;        // verdict "error": what went wrong
+    double seconds = 0;
+    bool ok() const { return verdict == "match" || verdict == "within budget"; }
+};
+
+struct ValidationReport {
+    std::string job;          // the config's source
+    std::string mode;         // "bitwise" or "fast"
+    i64 steps = 0;
+    double reference_seconds = 0;
+    std::vector<LayoutResult> layouts;
+    bool all_ok() const;
+    bool any_error() const;
+    std::string table() const;     // layout | steps | verdict | max ULP | first divergence
+    std::string to_json() const;   // schema kReportSchema, validators/README.md
+    std::string to_markdown() const;
+};
+
+// Runs cfg on the single device for `steps` steps (cfg.train.steps is set to it), then each
+// layout in turn on in-process ranks, comparing after every step. `progress`, when given, is
+// told each layout's result as it finishes.
+ValidationReport validate_layouts(const Config& cfg, const std::vector<LayoutSpec>& layouts,
+                                  i64 steps, void (*progress)(const LayoutResult&) = nullptr);
+
+}  // namespace px
