@@ -208,8 +208,8 @@ int main(int argc, char** argv) {
                 "(canonical/ring %.2f)\n", dp, ms[0], ms[1], ms[0] / ms[1]);
 
     // The replica check (validate.replica_check_every = 1, core/parallel/faults.h): every rank
-    // hashes its weights and Adam moments after every step, the world all-gathers the hashes, and
-    // each agreeing check takes a snapshot to re-run from. Measured as whole-run wall time, since
+    // hashes its weights after every step, the world all-gathers the hashes, and each agreeing
+    // check copies the rank's weights and moments into its snapshot to re-run from. Measured as whole-run wall time, since
     // it runs after the step's own timing.
     c.numerics.mode = Mode::bitwise;
     c.layout.comm = "auto";
@@ -221,9 +221,9 @@ int main(int argc, char** argv) {
         states[k] = run(c).state;
         wall[k] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
-    std::printf("replica check every step, dp=%d ZeRO-0 (hash of %.1f MiB of weights and moments, "
-                "all-gather, snapshot): %.1f ms per check over a run of %.1f ms per step (%.1f%%)\n",
-                dp, mib(3 * P), (wall[1] - wall[0]) / steps, wall[0] / steps,
+    std::printf("replica check every step, dp=%d ZeRO-0 (hash of %.1f MiB of weights, all-gather, "
+                "snapshot of %.1f MiB): %.1f ms per check over a run of %.1f ms per step (%.1f%%)\n",
+                dp, mib(P), mib(3 * P), (wall[1] - wall[0]) / steps, wall[0] / steps,
                 100.0 * (wall[1] - wall[0]) / wall[0]);
     if (states[0].params.size() != states[1].params.size() ||
         std::memcmp(states[0].params.data(), states[1].params.data(),

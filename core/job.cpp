@@ -167,15 +167,13 @@ Job::Job(const Config& cfg, ReplicaContext replica)
 
 Job::~Job() = default;
 
-LocalSnapshot take_snapshot(const GPT& model, const AdamW& opt, i64 step,
-                            const std::vector<StepMetrics>& history) {
-    LocalSnapshot s;
+void take_snapshot(const GPT& model, const AdamW& opt, i64 step,
+                   const std::vector<StepMetrics>& history, LocalSnapshot& s) {
     s.params.assign(model.params(), model.params() + model.table().total);
     s.m.assign(opt.m(), opt.m() + opt.size());
     s.v.assign(opt.v(), opt.v() + opt.size());
     s.step = step;
     s.history = history;
-    return s;
 }
 
 void put_snapshot(const LocalSnapshot& s, GPT& model, AdamW& opt) {
@@ -187,11 +185,11 @@ void put_snapshot(const LocalSnapshot& s, GPT& model, AdamW& opt) {
     std::copy(s.v.begin(), s.v.end(), opt.v());
 }
 
-LocalSnapshot Job::snapshot() const {
+void Job::snapshot(LocalSnapshot& into) const {
     if (shards_ && replica_.zero == 3)
         throw InternalError("Job::snapshot under ZeRO-3: between steps this rank holds a shard of "
                             "the weights, not a replica of them");
-    return take_snapshot(*model_, *opt_, step_, history_);
+    take_snapshot(*model_, *opt_, step_, history_, into);
 }
 
 void Job::rewind(const LocalSnapshot& s) {

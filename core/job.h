@@ -104,9 +104,10 @@ struct LocalSnapshot {
     i64 step = -1;  // steps done; -1: empty
     std::vector<StepMetrics> history;
 };
-// What Job and PipelineJob snapshot: a model's (or stage's) weights, an optimizer's moments.
-LocalSnapshot take_snapshot(const GPT& model, const AdamW& opt, i64 step,
-                            const std::vector<StepMetrics>& history);
+// What Job and PipelineJob snapshot: a model's (or stage's) weights, an optimizer's moments,
+// into `s` (its buffers are reused: a check every step must not map fresh pages every step).
+void take_snapshot(const GPT& model, const AdamW& opt, i64 step,
+                   const std::vector<StepMetrics>& history, LocalSnapshot& s);
 void put_snapshot(const LocalSnapshot& s, GPT& model, AdamW& opt);  // weights and moments back
 
 class Observer {
@@ -131,7 +132,7 @@ public:
     // This rank's state between steps, and back (no communication; every rank of the job must
     // rewind to the same step before the next one). Not under ZeRO-3 with dp > 1, whose
     // weights between steps are shards: an InternalError.
-    LocalSnapshot snapshot() const;
+    void snapshot(LocalSnapshot& into) const;
     void rewind(const LocalSnapshot& s);
 
     // Checkpoints (core/checkpoint.h) hold the logical, layout-free state; these move it in and

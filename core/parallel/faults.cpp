@@ -151,17 +151,27 @@ void FaultInjector::flip(i64 step, float* base, const char* what) {
 
 namespace {
 
-// What a rank holds as a replica, hashed as one position-keyed sequence: its weights, then
-// (ZeRO-0: replicated too) its Adam moments.
+// What a rank holds as a replica: its weights, hashed as 64-bit words (two floats each), each
+// word mixed with its position (splitmix64's finaliser, a bijection) and the results summed, so
+// any flipped bit changes the hash, and the sum splits over threads exactly (mod 2^64). Two mixes
+// word of two floats, half the checkpoint checksum's per float, since this runs every N steps.
+// The Adam moments are not hashed: a fault in them reaches the weights at the next update.
 template <class J>
-std::uint64_t replica_hash(const J& job, bool moments) {
+std::uint64_t replica_hash(const J& job) {
     const GPT& model = job.model();
     const i64 n = model.table().total;
-    std::uint64_t h = checksum_f32(model.params(), n);
-    if (moments) {
-        const AdamW& opt = job.optimizer();
-        h += checksum_f32(opt.m(), opt.size(), n);
-        h += checksum_f32(opt.v(), opt.size(), n + opt.size());
+    const float* w = model.params();
+    std::uint64_t h = 0;
+    if (n % 2) {
+        std::uint32_t last;
+        std::memcpy(&last, w + n - 1, sizeof last);
+        h = checksum_term(static_cast<std::uint64_t>(n), last);
+    }
+#pragma omp parallel for reduction(+ : h) schedule(static) if (n > (i64{1} << 18))
+    for (i64 i = 0; i < n / 2; i++) {
+        std::uint64_t word;
+        std::memcpy(&word, w + 2 * i, sizeof word);
+        h += checksum_term(static_cast<std::uint64_t>(i), word);
     }
     return h;
 }
@@ -218,8 +228,7 @@ bool ReplicaCheck::check(J& job) {
     if (!enabled()) return false;
     const i64 step = job.steps_done();
     if (rerun_to_ == 0 && !due(step)) return false;
-    const bool moments = cfg_.layout.zero == 0;
-    const std::vector<std::uint64_t> h = hashes(replica_hash(job, moments));
+    const std::vector<std::uint64_t> h = hashes(replica_hash(job));
     bool no_majority = false;
     const std::vector<int> bad = outliers(h, &no_majority);
     const bool report = world_.rank() == 0;
@@ -259,11 +268,11 @@ bool ReplicaCheck::check(J& job) {
                          first_no_majority_ ? "" : " and with the first run's majority",
                          ranks_phrase(culprits).c_str());
         rerun_to_ = 0;
-        snap_ = job.snapshot();
+        job.snapshot(snap_);
         return false;
     }
     if (bad.empty()) {
-        snap_ = job.snapshot();
+        job.snapshot(snap_);
         return false;
     }
     mismatches_++;
@@ -289,10 +298,10 @@ bool ReplicaCheck::check(J& job) {
 }
 
 void ReplicaCheck::start(Job& job) {
-    if (enabled()) snap_ = job.snapshot();
+    if (enabled()) job.snapshot(snap_);
 }
 void ReplicaCheck::start(PipelineJob& stage) {
-    if (enabled()) snap_ = stage.snapshot();
+    if (enabled()) stage.snapshot(snap_);
 }
 bool ReplicaCheck::after_step(Job& job) { return check(job); }
 bool ReplicaCheck::after_step(PipelineJob& stage) { return check(stage); }

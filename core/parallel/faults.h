@@ -25,9 +25,9 @@
 //
 // The replica check (validate.replica_check_every = N). After every N-th step, and after any
 // step a checkpoint is due (so a checkpoint only ever holds checked weights), every rank hashes
-// the state it holds as a replica (its weights; under ZeRO-0 its Adam moments too) with the
-// checkpoint checksum (core/checkpoint.h: position-keyed, every flipped bit changes it) and the
-// world all-gathers the hashes. Replicas are the ranks of one dp group (same pp and tp
+// the weights it holds as a replica (position-keyed, as the checkpoint checksum of
+// core/checkpoint.h: every flipped bit changes it) and the world all-gathers the hashes. A fault
+// in a replica's gradient or Adam moments shows in its weights after the update. Replicas are the ranks of one dp group (same pp and tp
 // coordinates): in each group the hash held by more than half is the majority, and the other
 // ranks are named. On a mismatch at step s, every rank rewinds to its snapshot of the last step
 // that agreed (s0; a copy of its weights and moments taken then) and the job re-runs steps
@@ -39,9 +39,10 @@
 //     rank throws CorruptionError naming the ranks and the step; the app exits with the code
 //     that tells a cluster script to take those nodes out (app/commands.h).
 // Not under ZeRO-3 (each rank holds its own shard: nothing to compare) nor with dp = 1: the
-// config refuses both. Under ZeRO-1/2 the moments are shards and only the weights are compared,
-// so a fault in a rank's gradient shard lands in every replica's weights (through the all-gather)
-// and is not seen: what has no replica cannot be checked by replicas.
+// config refuses both. Under ZeRO-1/2 each rank updates only its shard of the weights and
+// all-gathers it, so a fault in a rank's gradient shard lands in every replica's weights and is
+// not seen, and a fault in a replica's weights is overwritten at the next all-gather (check every
+// step to see it): what has no replica cannot be checked by replicas.
 #pragma once
 #include "core/comm/comm.h"
 #include "core/config.h"

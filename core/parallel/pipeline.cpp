@@ -924,11 +924,11 @@ void PipelineJob::run(const std::function<void(const StepMetrics&)>& on_step) {
     }
 }
 
-LocalSnapshot PipelineJob::snapshot() const {
+void PipelineJob::snapshot(LocalSnapshot& into) const {
     if (zero_ == 3)
         throw InternalError("PipelineJob::snapshot under ZeRO-3: between steps this rank holds a "
                             "shard of its stage's weights, not a replica of them");
-    return take_snapshot(*model_, *opt_, step_, history_);
+    take_snapshot(*model_, *opt_, step_, history_, into);
 }
 
 void PipelineJob::rewind(const LocalSnapshot& s) {

@@ -181,7 +181,7 @@ public:
     // each step; this rank's state between steps, copied out and back (not under ZeRO-3 with
     // dp > 1: an InternalError).
     void set_step_hooks(StepHooks hooks) { hooks_ = std::move(hooks); }
-    LocalSnapshot snapshot() const;
+    void snapshot(LocalSnapshot& into) const;
     void rewind(const LocalSnapshot& s);
 
     const Config& config() const override { return cfg_; }
