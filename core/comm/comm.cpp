@@ -522,4 +522,89 @@ PX_COMM_INSTANTIATE(i64)
 
 #undef PX_COMM_INSTANTIATE
 
+// ---- the progress queue ----------------------------------------------------------------------
+
+namespace {
+
+// An async collective: done when the progress thread has run it.
+struct TaskState final : Handle::State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+    void finish(std::exception_ptr e) {
+        std::lock_guard lk(mu);
+        done = true;
+        error = std::move(e);
+        cv.notify_all();
+    }
+    void wait() override {
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return done; });
+        if (error) std::rethrow_exception(error);
+    }
+    bool test() override {
+        std::lock_guard lk(mu);
+        return done;
+    }
+};
+
+}  // namespace
+
+struct ProgressQueue::Task {
+    Request req;
+    std::shared_ptr<TaskState> state;
+};
+
+ProgressQueue::ProgressQueue(std::function<void(const Request&)> run) : run_(std::move(run)) {}
+
+ProgressQueue::~ProgressQueue() { close(); }
+
+Handle ProgressQueue::push(Request req) {
+    auto st = std::make_shared<TaskState>();
+    {
+        std::lock_guard lk(mu_);
+        queue_.push_back(std::make_unique<Task>(Task{std::move(req), st}));
+        if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+    }
+    cv_.notify_all();
+    return Handle(st);
+}
+
+void ProgressQueue::work() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        std::unique_ptr<Task> t = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+        lk.unlock();
+        std::exception_ptr e;
+        try {
+            run_(t->req);
+        } catch (...) {
+            e = std::current_exception();
+        }
+        t->state->finish(e);
+        lk.lock();
+        busy_ = false;
+        cv_.notify_all();
+    }
+}
+
+void ProgressQueue::drain() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
+}
+
+void ProgressQueue::close() {
+    {
+        std::lock_guard lk(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+}
+
 }  // namespace px::comm

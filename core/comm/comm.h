@@ -12,6 +12,7 @@
 //   Handle                an asynchronous operation: wait() completes it or throws its error
 //   Request               one operation as plain data: what a backend receives
 //   Communicator          rank, size, group; collectives, send/recv, async variants, split, abort
+//   ProgressQueue         for backends: async collectives in issue order on a thread of their own
 //
 // Collectives. Every rank of a group calls the same collectives in the same order; the k-th
 // collective of a group on one rank meets the k-th on every other rank (its sequence number #k,
@@ -51,12 +52,16 @@
 #include "core/shapes.h"
 
 #include <array>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <cstdint>
 #include <iterator>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -326,6 +331,35 @@ private:
     int rank_, size_;
     std::string group_;
     std::shared_ptr<StatsBook> book_;
+};
+
+// ---- for backends ----------------------------------------------------------------------------
+
+// The progress thread of one communicator: its async collectives run one at a time, in issue
+// order, on a thread of their own (started at the first push), so that a Handle completes while
+// the caller computes. A blocking collective calls drain() first: the earlier async ones hold the
+// earlier sequence numbers.
+class ProgressQueue {
+public:
+    explicit ProgressQueue(std::function<void(const Request&)> run);
+    ~ProgressQueue();  // close()
+    ProgressQueue(const ProgressQueue&) = delete;
+    ProgressQueue& operator=(const ProgressQueue&) = delete;
+
+    Handle push(Request req);  // returns at once; the Handle completes when run(req) has
+    void drain();              // returns when everything pushed has run
+    void close();              // runs what is queued, then joins the thread (idempotent)
+
+private:
+    struct Task;
+    void work();
+
+    std::function<void(const Request&)> run_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::unique_ptr<Task>> queue_;
+    bool busy_ = false, stop_ = false;
+    std::thread worker_;
 };
 
 }  // namespace px::comm

@@ -523,29 +523,6 @@ struct MessageState final : Handle::State {
     }
 };
 
-// An async collective, run by the communicator's progress thread.
-struct TaskState final : Handle::State {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    std::exception_ptr error;
-    void finish(std::exception_ptr e) {
-        std::lock_guard lk(mu);
-        done = true;
-        error = std::move(e);
-        cv.notify_all();
-    }
-    void wait() override {
-        std::unique_lock lk(mu);
-        cv.wait(lk, [&] { return done; });
-        if (error) std::rethrow_exception(error);
-    }
-    bool test() override {
-        std::lock_guard lk(mu);
-        return done;
-    }
-};
-
 }  // namespace
 
 // ---- the communicator ------------------------------------------------------------------------
@@ -559,12 +536,7 @@ public:
           g_(std::move(g)) {}
 
     ~InProcComm() override {
-        {
-            std::lock_guard lk(qmu_);
-            stop_ = true;
-        }
-        qcv_.notify_all();
-        if (worker_.joinable()) worker_.join();  // runs what is queued first (fails fast if failed)
+        queue_.close();  // runs what is queued first (fails fast if failed)
         std::lock_guard lk(w_->mu);
         g_->alive[rank()] = 0;
         w_->cv.notify_all();
@@ -579,7 +551,7 @@ public:
         if (req.color >= 0 && req.name.empty())
             throw CommError("split on rank " + std::to_string(rank()) + " of " + describe(*g_) +
                             ": the new group needs a name (\"dp\", \"tp\", ...)");
-        drain();
+        queue_.drain();
         std::pair<std::shared_ptr<Group>, int> mine;
         collective(req, &mine);
         if (!mine.first) return nullptr;
@@ -605,7 +577,7 @@ protected:
             p2p_wait(*w_, *g_, rank(), m, *stats_book());
             return;
         }
-        drain();  // earlier async collectives come first: they hold earlier sequence numbers
+        queue_.drain();  // earlier async collectives come first: they hold earlier sequence numbers
         collective(req, nullptr);
     }
 
@@ -619,49 +591,10 @@ protected:
             st->rank = rank();
             return Handle(st);
         }
-        auto st = std::make_shared<TaskState>();
-        {
-            std::lock_guard lk(qmu_);
-            queue_.push_back({std::move(req), st});
-            if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
-        }
-        qcv_.notify_all();
-        return Handle(st);
+        return queue_.push(std::move(req));
     }
 
 private:
-    struct Task {
-        Request req;
-        std::shared_ptr<TaskState> state;
-    };
-
-    // The progress thread: async collectives in issue order.
-    void work() {
-        std::unique_lock lk(qmu_);
-        for (;;) {
-            qcv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-            if (queue_.empty()) return;
-            Task t = std::move(queue_.front());
-            queue_.pop_front();
-            busy_ = true;
-            lk.unlock();
-            std::exception_ptr e;
-            try {
-                collective(t.req, nullptr);
-            } catch (...) {
-                e = std::current_exception();
-            }
-            t.state->finish(e);
-            lk.lock();
-            busy_ = false;
-            qcv_.notify_all();
-        }
-    }
-
-    void drain() {
-        std::unique_lock lk(qmu_);
-        qcv_.wait(lk, [&] { return queue_.empty() && !busy_; });
-    }
 
     // One collective on the calling thread: arrive, agree, share the work, complete.
     void collective(const Request& req, std::pair<std::shared_ptr<Group>, int>* split_out) {
@@ -753,11 +686,7 @@ private:
     std::shared_ptr<Group> g_;
     i64 seq_ = 0;  // collectives this rank has started in this group
 
-    std::mutex qmu_;  // guards the queue of async collectives
-    std::condition_variable qcv_;
-    std::deque<Task> queue_;
-    bool busy_ = false, stop_ = false;
-    std::thread worker_;
+    ProgressQueue queue_{[this](const Request& r) { collective(r, nullptr); }};  // async collectives
 };
 
 }  // namespace inproc

@@ -354,29 +354,6 @@ std::string counts_str(const std::vector<i64>& c) {
 
 // ---- the communicator ------------------------------------------------------------------------
 
-// An async operation run by the communicator's progress thread.
-struct TaskState final : Handle::State {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    std::exception_ptr error;
-    void finish(std::exception_ptr e) {
-        std::lock_guard lk(mu);
-        done = true;
-        error = std::move(e);
-        cv.notify_all();
-    }
-    void wait() override {
-        std::unique_lock lk(mu);
-        cv.wait(lk, [&] { return done; });
-        if (error) std::rethrow_exception(error);
-    }
-    bool test() override {
-        std::lock_guard lk(mu);
-        return done;
-    }
-};
-
 class MpiComm;
 
 // An async send or recv: posted at start, polled at wait.
@@ -422,12 +399,7 @@ public:
     }
 
     ~MpiComm() override {
-        {
-            std::lock_guard lk(qmu_);
-            stop_ = true;
-        }
-        qcv_.notify_all();
-        if (worker_.joinable()) worker_.join();
+        queue_.close();
         // After a failure, messages of abandoned operations may still be queued on these
         // communicators; freed, their context ids could be reused by a later world and match
         // them. So a failed job's communicators stay allocated until MPI_Finalize.
@@ -445,7 +417,7 @@ public:
         if (req.color >= 0 && req.name.empty())
             throw CommError("split on rank " + std::to_string(rank()) + " of " + describe() +
                             ": the new group needs a name (\"dp\", \"tp\", ...)");
-        drain();
+        queue_.drain();
         MPI_Comm out = MPI_COMM_NULL;
         collective(req, &out);
         if (out == MPI_COMM_NULL) return nullptr;
@@ -562,7 +534,7 @@ protected:
             wait_p2p(req, p, t0);
             return;
         }
-        drain();  // earlier async collectives hold earlier sequence numbers
+        queue_.drain();  // earlier async collectives hold earlier sequence numbers
         collective(req, nullptr);
     }
 
@@ -575,14 +547,7 @@ protected:
             post_p2p(st->req, st->pending);
             return Handle(st);
         }
-        auto st = std::make_shared<TaskState>();
-        {
-            std::lock_guard lk(qmu_);
-            queue_.push_back({std::move(req), st});
-            if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
-        }
-        qcv_.notify_all();
-        return Handle(st);
+        return queue_.push(std::move(req));
     }
 
 private:
@@ -599,37 +564,6 @@ private:
         return s;
     }
 
-    struct Task {
-        Request req;
-        std::shared_ptr<TaskState> state;
-    };
-
-    void work() {
-        std::unique_lock lk(qmu_);
-        for (;;) {
-            qcv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-            if (queue_.empty()) return;
-            Task t = std::move(queue_.front());
-            queue_.pop_front();
-            busy_ = true;
-            lk.unlock();
-            std::exception_ptr e;
-            try {
-                collective(t.req, nullptr);
-            } catch (...) {
-                e = std::current_exception();
-            }
-            t.state->finish(e);
-            lk.lock();
-            busy_ = false;
-            qcv_.notify_all();
-        }
-    }
-
-    void drain() {
-        std::unique_lock lk(qmu_);
-        qcv_.wait(lk, [&] { return queue_.empty() && !busy_; });
-    }
 
     // Waits for p, or fails the job naming the collective and whoever did not deliver.
     void wait_for(Pending& p, const std::string& what, const char* phase) {
@@ -1008,11 +942,7 @@ private:
     std::vector<int> world_ranks_;
     i64 seq_ = 0;
 
-    std::mutex qmu_;
-    std::condition_variable qcv_;
-    std::deque<Task> queue_;
-    bool busy_ = false, stop_ = false;
-    std::thread worker_;
+    ProgressQueue queue_{[this](const Request& r) { collective(r, nullptr); }};  // async collectives
 };
 
 void MessageState::wait() {
