@@ -345,6 +345,18 @@ void Job::all_gather_tokens(std::vector<float>& all, const float* local, i64 per
     replica_.dp->all_gather(all.data(), local, per_rank);
 }
 
+void Job::probe_params(i64 step, const char* phase, const char* op, const float* data, i64 lo,
+                       i64 hi) {
+    for (const TableEntry& e : model_->table().entries) {
+        const ProbeKey key{step, phase, e.layer, op, kGpt2Params[e.spec].name};
+        const i64 a = std::max(lo, e.offset), b = std::min(hi, e.offset + e.numel());
+        if (a >= b || !probes_->wants(key)) continue;
+        std::vector<i64> shape{e.cols};
+        if (kGpt2Params[e.spec].rows != Dim::one) shape.insert(shape.begin(), e.rows);
+        probes_->capture(key, data + (a - lo), flat_shard(shape, a - e.offset, b - e.offset));
+    }
+}
+
 MemoryStats Job::memory() const {
     MemoryStats m;
     m.params = model_->table().total * static_cast<i64>(sizeof(float));
@@ -386,6 +398,8 @@ StepMetrics Job::step() {
 
     // This replica's sequences of the step's batch: [dp_rank·local_B, (dp_rank+1)·local_B),
     // cut into microbatches; under ZeRO-2/3 piece dp_rank of every microbatch (see zero.h).
+    // v1 probes: not under tensor (or sequence) parallelism.
+    const bool probing = probes_ && !model_->parallel_layers();
     for (int k = 0; k < microbatches_; k++) {
         if (k == 0 || units_) {
             const i64 first = units_ ? k * (tc.batch_size / microbatches_) + dp_rank_ * micro_B_
@@ -394,8 +408,16 @@ StepMetrics Job::step() {
                             first, units_ ? micro_B_ : local_B_);
         }
         if (units_) units_->begin_microbatch(k);
+        if (probing) {  // the rows sampled above for microbatch k
+            probe_ctx_.step = step_ + 1;
+            probe_ctx_.batch_total = tc.batch_size;
+            probe_ctx_.batch_lo = units_ ? k * (tc.batch_size / microbatches_) + dp_rank_ * micro_B_
+                                         : dp_rank_ * local_B_ + k * micro_B_;
+            model_->set_probes(probes_, &probe_ctx_);
+        }
         accumulate_microbatch(k);
     }
+    model_->set_probes(nullptr, nullptr);
 
     // Every replica holds one node of the token tree; the canonical collectives over replicas
     // form the nodes above it. The LM head's part of dwte travels separately (GradLayout) and
@@ -409,6 +431,11 @@ StepMetrics Job::step() {
         model_->combine_tied_grads(g);
     }
     if (hooks_.grads) hooks_.grads(step_ + 1, g);
+    if (probing) {  // ZeRO-2/3: only this rank's shard of g is complete
+        const i64 lo = zero >= 2 ? shards_->lo() : 0;
+        probe_params(step_ + 1, "grad", "param", g + lo, lo,
+                     zero >= 2 ? shards_->hi() : model_->table().total);
+    }
     const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());
     float norm = 0.0f;
     if (zero >= 2)
@@ -438,6 +465,13 @@ StepMetrics Job::step() {
     if (zero == 1 || zero == 2) shards_->all_gather_params(*replica_.dp, model_->params());
     step_++;
     if (hooks_.updated) hooks_.updated(step_);
+    if (probing) {  // ZeRO-3 holds only its shard of the weights; ZeRO-1..3 of the moments
+        const i64 lo = zero == 3 ? shards_->lo() : 0;
+        probe_params(step_, "optim", "param", model_->params() + lo, lo,
+                     zero == 3 ? shards_->hi() : model_->table().total);
+        probe_params(step_, "optim", "adam.m", opt_->m(), opt_->lo(), opt_->hi());
+        probe_params(step_, "optim", "adam.v", opt_->v(), opt_->lo(), opt_->hi());
+    }
 
     const double secs = seconds_since(t0);
     m.comm_bytes = bytes_sent(replica_.dp) - sent0;

@@ -17,6 +17,7 @@
 #include "core/config.h"
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "core/probe.h"
 
 #include <functional>
 #include <memory>
@@ -129,6 +130,13 @@ public:
     // Called on every rank after each step, after the observers (checkpoints: a collective).
     void set_after_step(std::function<void(Job&)> f) { after_step_ = std::move(f); }
     void set_step_hooks(StepHooks hooks) { hooks_ = std::move(hooks); }
+    // Probes (core/probe.h) on every step from now on (null: none; not owned, must outlive the
+    // job's steps): the model's fwd/bwd probes at the batch rows each microbatch holds, then
+    // "grad" for every parameter where hooks_.grads runs, "optim" after the update. Under ZeRO
+    // only this rank's shard of a tensor is valid: its pieces are the flat shard [lo, hi) of
+    // the arena cut into slabs (flat_shard). v1: single device and data parallelism; a job
+    // under tensor or sequence parallelism probes nothing. Evaluation is never probed.
+    void set_probes(ProbeSink* sink) { probes_ = sink; }
     // This rank's state between steps, and back (no communication; every rank of the job must
     // rewind to the same step before the next one). Not under ZeRO-3 with dp > 1, whose
     // weights between steps are shards: an InternalError.
@@ -183,6 +191,10 @@ public:
 private:
     void accumulate_microbatch(int k);
     void all_gather_tokens(std::vector<float>& all, const float* local, i64 per_rank);
+    // Offers every parameter's floats [lo, hi) of `data` (a ParamTable-laid-out array whose
+    // element `lo` is data[0]) as probes step/phase/layer/op/<its GPT-2 name>.
+    void probe_params(i64 step, const char* phase, const char* op, const float* data, i64 lo,
+                      i64 hi);
 
     Config cfg_;
     Numerics nx_;
@@ -200,6 +212,8 @@ private:
     std::vector<Observer*> observers_;
     std::function<void(Job&)> after_step_;
     StepHooks hooks_;
+    ProbeSink* probes_ = nullptr;  // set_probes
+    ProbeContext probe_ctx_;       // the model's probes' step and batch rows
     std::vector<StepMetrics> history_;
 
     i64 step_ = 0;

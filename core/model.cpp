@@ -259,8 +259,11 @@ void GPT::residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) 
 }
 
 // Block l: residual2 = x + attn(ln1(x)), residual3 = residual2 + mlp(ln2(residual2)).
-void GPT::block_forward(Activations& a, int l, int i) const {
+void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
     const Numerics& nx = nx_;
+    auto out = [&](const char* op, const Tensor& t) {
+        if (probed) probe("fwd", l, op, "out", t);
+    };
     const Tensor residual = i == 0 ? a.tensor(ENCODED) : a.layer(RESIDUAL3, i - 1);
     const Tensor ln1 = a.layer(LN1, i), qkv = a.layer(QKV, i), atty = a.layer(ATTY, i);
     const Tensor att = a.layer(ATT, i), residual2 = a.layer(RESIDUAL2, i);
@@ -277,23 +280,34 @@ void GPT::block_forward(Activations& a, int l, int i) const {
     layernorm_forward(ln1, a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i), residual, P(l, LN1W),
                       P(l, LN1B));
     sp_gather(ln1);
+    out("ln_1", ln1);
     linear_forward(Linear::qkv, qkv, ln1, P(l, QKVW), &qkvb);
+    out("attn.qkv", qkv);
     ops::attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, resolve_dim(Dim::NH, mc_, dims_));
+    out("attn.core", atty);
     linear_forward(Linear::attn_proj, proj, atty, P(l, ATTPROJW), &attprojb);
+    out("attn.proj", proj);
     residual_forward(residual2, residual, proj);
+    out("residual_1", residual2);
     layernorm_forward(ln2, a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i), residual2, P(l, LN2W),
                       P(l, LN2B));
     sp_gather(ln2);
+    out("ln_2", ln2);
     linear_forward(Linear::fc, fch, ln2, P(l, FCW), &fcb);
+    out("mlp.fc", fch);
     ops::gelu_forward(nx, fch_gelu, fch);
+    out("mlp.gelu", fch_gelu);
     linear_forward(Linear::fc_proj, proj, fch_gelu, P(l, FCPROJW), &fcprojb);
+    out("mlp.proj", proj);
     residual_forward(residual3, residual2, proj);
+    out("residual_2", residual3);
 }
 
 // dresidual holds d(residual3) on entry and d(x) on return.
 void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
     const Numerics& nx = nx_;
     auto G = [&](LayerParam p) { return grad(grads, table_.layer_index(l, p)); };
+    auto dinp = [&](const char* op, const Tensor& t) { probe("bwd", l, op, "dinp", t); };
     const Tensor residual = i == 0 ? a.tensor(ENCODED) : a.layer(RESIDUAL3, i - 1);
     const Tensor dresidual = a.tensor(DRESIDUAL), dbuf_c = a.tensor(DBUF_C);
     const Tensor dfch_gelu = a.tensor(DBUF_F), dfch = a.tensor(DBUF_F2), dqkv = a.tensor(DBUF_C3);
@@ -307,13 +321,17 @@ void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
     zero(dfch_gelu);
     linear_backward(Linear::fc_proj, dfch_gelu, dfcprojw, &dfcprojb, dresidual,
                     a.layer(FCH_GELU, i), P(l, FCPROJW));
+    dinp("mlp.proj", dfch_gelu);
     zero(dfch);
     ops::gelu_backward(nx, dfch, a.layer(FCH, i), dfch_gelu);
+    dinp("mlp.gelu", dfch);
     zero(dbuf_c);
     linear_backward(Linear::fc, dbuf_c, dfcw, &dfcb, dfch, a.layer(LN2, i), P(l, FCW));
+    dinp("mlp.fc", dbuf_c);
     layernorm_backward(dresidual, G(LN2W), G(LN2B), dbuf_c, a.layer(RESIDUAL2, i), P(l, LN2W),
                        a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i));
     sp_gather(dresidual);
+    dinp("ln_2", dresidual);  // the LayerNorm's input gradient plus the skip path: d(residual_1)
 
     // residual2 = residual + attn(ln1(residual)).
     const Tensor datty = a.layer(ATTY, i);  // d(atty) staged in dbuf_c, sized like atty
@@ -321,13 +339,17 @@ void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
     zero(dbuf_a);
     linear_backward(Linear::attn_proj, dbuf_a, dattprojw, &dattprojb, dresidual, a.layer(ATTY, i),
                     P(l, ATTPROJW));
+    dinp("attn.proj", dbuf_a);
     zero(dqkv);
     ops::attention_backward(nx, dqkv, a.tensor(DPREATT), a.tensor(DATT), dbuf_a, a.layer(QKV, i),
                             a.layer(ATT, i), resolve_dim(Dim::NH, mc_, dims_));
+    dinp("attn.core", dqkv);
     zero(dbuf_c);
     linear_backward(Linear::qkv, dbuf_c, dqkvw, &dqkvb, dqkv, a.layer(LN1, i), P(l, QKVW));
+    dinp("attn.qkv", dbuf_c);
     layernorm_backward(dresidual, G(LN1W), G(LN1B), dbuf_c, residual, P(l, LN1W),
                        a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i));
+    dinp("ln_1", dresidual);  // with the skip path: d(block input)
 }
 
 void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targets) const {
@@ -343,6 +365,7 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
         else
             ops::embedding_forward(nx, a.tensor(ENCODED), tokens, param(table_.wte),
                                    param(table_.wpe));
+        probe("fwd", -1, "embed", "out", a.tensor(ENCODED));
         after_forward({Unit::embedding});
     }
     for (int l = layers.lo; l < layers.hi; l++) {
@@ -356,14 +379,17 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
     layernorm_forward(a.tensor(LNF), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD), last,
                       param(table_.lnfw), param(table_.lnfb));
     sp_gather(a.tensor(LNF));
+    probe("fwd", -1, "ln_f", "out", a.tensor(LNF));
     // LM head tied to wte: logits (B,T,V) = lnf · wteᵀ, written into probs, then softmax in place.
     const Tensor probs = a.tensor(PROBS);
     if (layers_) {
         layers_->head_forward(a.tensor(LOSSES), probs, a.tensor(LNF), param(table_.wte), targets);
     } else {
         ops::matmul_forward(nx, probs, a.tensor(LNF), param(table_.wte), nullptr);
+        probe("fwd", -1, "head", "out", probs);  // the logits, before softmax runs in place
         ops::crossentropy_forward(nx, a.tensor(LOSSES), probs, probs, targets);
     }
+    probe("fwd", -1, "loss", "out", a.tensor(LOSSES));
     after_forward({Unit::head});
 }
 
@@ -386,20 +412,23 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
                                    dloss);
         } else {
             ops::crossentropy_backward(nx, probs, probs, targets, dloss);  // probs: dlogits
+            probe("bwd", -1, "loss", "dinp", probs);
             ops::matmul_backward(nx, &dbuf_c, &head, nullptr, probs, a.tensor(LNF),
                                  param(table_.wte));
         }
+        probe("bwd", -1, "head", "dinp", dbuf_c);
         zero(dresidual);
         const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
         layernorm_backward(dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb), dbuf_c,
                            last, param(table_.lnfw), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD));
+        probe("bwd", -1, "ln_f", "dinp", dresidual);
         after_backward({Unit::head}, grads);
     }
     for (int l = layers.hi - 1; l >= layers.lo; l--) {
         before_backward({Unit::block, l}, grads);
         // Recompute: the block's internals were not kept; its forward from the kept input
         // refills them bit for bit (its output, written again, is unchanged).
-        if (a.shape().recompute) block_forward(a, l, l - layers.lo);
+        if (a.shape().recompute) block_forward(a, l, l - layers.lo, false);
         block_backward(a, grads, l, l - layers.lo);
         after_backward({Unit::block, l}, grads);
     }
@@ -414,6 +443,30 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
                                     dresidual, tokens);
         after_backward({Unit::embedding}, grads);
     }
+}
+
+// ---- probes ----------------------------------------------------------------------------------
+
+// t is a microbatch's (B,T,...) tensor: logically rows [batch_lo, batch_lo + B) of the batch's.
+void GPT::offer_probe(const char* phase, int layer, const char* op, const char* tensor,
+                      const Tensor& t) const {
+    const ProbeKey key{probe_ctx_ ? probe_ctx_->step : 0, phase, layer, op, tensor};
+    if (!probes_->wants(key)) return;
+    PX_ASSERT(t.contiguous() && t.ndim >= 1, "a probed tensor must be contiguous");
+    ShardSpec spec;
+    Hyperslab piece;
+    for (int d = 0; d < t.ndim; d++) {
+        spec.logical_shape.push_back(t.shape[d]);
+        piece.lo.push_back(0);
+        piece.hi.push_back(t.shape[d]);
+    }
+    if (probe_ctx_ && probe_ctx_->batch_total > 0) {
+        spec.logical_shape[0] = probe_ctx_->batch_total;
+        piece.lo[0] = probe_ctx_->batch_lo;
+        piece.hi[0] = probe_ctx_->batch_lo + t.shape[0];
+    }
+    spec.pieces.push_back(std::move(piece));
+    probes_->capture(key, t.f32(), spec);
 }
 
 // ---- the whole model on one device -----------------------------------------------------------

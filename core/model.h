@@ -17,6 +17,7 @@
 #include "core/arena.h"
 #include "core/config.h"
 #include "core/numerics.h"
+#include "core/probe.h"
 #include "core/tensor.h"
 
 #include <cstdint>
@@ -184,6 +185,15 @@ public:
     std::vector<GradSpan> unit_grads(Unit u) const;
     // Hooks called around every unit (null: none). Not owned; must outlive their use.
     void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+    // Probes (core/probe.h): after every op of forward and backward the model offers its output
+    // (fwd) or its input gradient (bwd) to `sink`, keyed by ctx's step and placed at ctx's batch
+    // rows (null ctx: step 0, the microbatch is the whole batch). Null sink: none (one pointer
+    // test per op). Never changes a bit of the computation. Not owned; must outlive their use.
+    // v1: the plain kernels only; a model with ParallelLayers offers nothing.
+    void set_probes(ProbeSink* sink, const ProbeContext* ctx) {
+        probes_ = layers_ ? nullptr : sink;
+        probe_ctx_ = ctx;
+    }
 
     // ---- chunks: one run of layers on one microbatch, with caller-owned activations ----------
     // Activations sized for chunk c on microbatches of B sequences of T tokens.
@@ -221,7 +231,8 @@ private:
     bool has_embedding(int chunk) const { return chunk == 0 && part_.embedding; }
     bool has_head(int chunk) const { return chunk == num_chunks() - 1 && part_.head; }
     // Block l of the model, local layer i of the chunk's activations.
-    void block_forward(Activations& a, int l, int i) const;
+    // (probed: false when backward recomputes the block, whose forward was probed already)
+    void block_forward(Activations& a, int l, int i, bool probed = true) const;
     void block_backward(Activations& a, float* grads, int l, int i) const;
     // ParallelLayers' linear, or ops::matmul_* when there is none.
     void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
@@ -251,6 +262,13 @@ private:
     void after_backward(Unit u, float* grads) const {
         if (hooks_) hooks_->after_backward(u, grads);
     }
+    // Offers t (a microbatch's (B,T,...) activation or gradient) to the probe sink, if any.
+    void probe(const char* phase, int layer, const char* op, const char* tensor,
+               const Tensor& t) const {
+        if (probes_) offer_probe(phase, layer, op, tensor, t);
+    }
+    void offer_probe(const char* phase, int layer, const char* op, const char* tensor,
+                     const Tensor& t) const;
 
     ModelConfig mc_;
     Numerics nx_;
@@ -263,6 +281,8 @@ private:
     Arena params_;
     Activations acts_;
     UnitHooks* hooks_ = nullptr;  // the single-device forward/backward's
+    ProbeSink* probes_ = nullptr;               // null: nothing is probed
+    const ProbeContext* probe_ctx_ = nullptr;   // step and batch rows of the probes; may be null
 };
 
 }  // namespace px

@@ -28,7 +28,8 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
               const std::function<void(Job&)>& inspect,
               const std::function<void(PipelineJob&)>& inspect_stage,
               const std::function<void(Job&)>& each_step,
-              const std::function<void(PipelineJob&)>& each_stage_step) {
+              const std::function<void(PipelineJob&)>& each_stage_step,
+              const std::function<void(Job&)>& setup) {
     const LayoutConfig& l = cfg.layout;
     // The layout checks itself first: products, divisibility, token-tree nodes (mesh.h).
     const Layout layout = make_layout(cfg);
@@ -62,6 +63,7 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
         replica.tp = tp_group.get();
     }
     Job job(cfg, replica);
+    if (setup) setup(job);
     // 6. Checkpoints: resume from the logical state (any layout wrote it), save every N steps
     //    (checkpointing.h).
     RunCheckpoints checkpoints(cfg, &world);
@@ -86,7 +88,8 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
 void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
                 const std::function<void(Job&)>& inspect,
                 const std::function<void(Job&)>& each_step,
-                const std::function<void(PipelineJob&)>& each_stage_step) {
+                const std::function<void(PipelineJob&)>& each_stage_step,
+                const std::function<void(Job&)>& setup) {
     const Layout layout = make_layout(cfg);  // validates before any thread starts
     if (cfg.layout.pp > 1) {
         run_pipeline(cfg, observers, {}, each_stage_step);
@@ -105,7 +108,7 @@ void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
                 std::lock_guard<std::mutex> lock(inspect_mutex);
                 inspect(job);
             },
-            {}, each_step);
+            {}, each_step, {}, setup);
     });
 }
 

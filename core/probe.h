@@ -1,0 +1,88 @@
+// Probes (DESIGN.md §4): named capture points on the tensors of a training step. A probe names a
+// tensor at a point, `step/phase/layer/op/tensor` (e.g. "3/bwd/2/attn.qkv/dinp"), and comes with
+// the tensor's logical shape and the shard spec that maps this rank's local piece back into it,
+// so that a harness can gather the pieces of every rank and compare logical tensors across
+// layouts. The model and the Job call a ProbeSink; they never store anything themselves, and a
+// run without a sink costs one null-pointer test per op (the bits never change either way).
+//
+// v1 probes the single device and data parallelism (ZeRO-0..3); under tensor, sequence or
+// pipeline parallelism nothing is probed yet. The interface already carries several pieces per
+// rank (tp's qkv blocks), so later layouts need no change here.
+//
+// Phases:
+//   fwd    an op's output activation, per microbatch (tensor "out")
+//   bwd    an op's input gradient, per microbatch (tensor "dinp"); weight gradients of a
+//          microbatch are partial sums that depend on the microbatch cut, so they are not probed
+//   grad   a parameter's complete, reduced gradient of the step, before the update
+//   optim  after the update: the weight (op "param"), Adam's moments (ops "adam.m", "adam.v")
+//
+// Index
+//   ProbeKey      step/phase/layer/op/tensor; name() is the string form
+//   Hyperslab     a hyperslab [lo, hi) of a logical tensor
+//   ShardSpec     a logical shape and the slabs whose concatenation is the local tensor
+//   flat_shard    the slabs of a flat element range [a, b) of a row-major logical tensor
+//   ProbeContext  what the model cannot know: the step, which rows of the batch it holds
+//   ProbeSink     receives captures; wants() first, so unselected probes cost no copy
+//   glob_match    the pattern language of probe selections
+#pragma once
+#include "core/shapes.h"  // i64
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace px {
+
+// A capture point. The strings are literals (or the parameter table's names): never owned.
+struct ProbeKey {
+    i64 step = 0;              // 1-based step being run (0: outside a Job)
+    const char* phase = "";    // "fwd", "bwd", "grad" or "optim"
+    int layer = -1;            // the block; -1 for the embedding, the head, ln_f, the loss
+    const char* op = "";       // e.g. "attn.qkv", "mlp.gelu", "param", "adam.m"
+    const char* tensor = "";   // "out", "dinp", or a parameter's GPT-2 name
+    std::string name() const;  // "3/fwd/2/attn.qkv/out"; layer -1 prints "-"
+};
+
+// Elements [lo[d], hi[d]) in every dimension d of a logical tensor (N-dimensional; checkpoints
+// have their own 2-D Slab, core/checkpoint.h).
+struct Hyperslab {
+    std::vector<i64> lo, hi;
+    i64 numel() const;  // product of hi - lo
+};
+
+// The local tensor, row-major, is the concatenation of `pieces`, each a slab of the logical
+// tensor in row-major order (one piece for dp's batch rows; several later for tp's qkv blocks).
+struct ShardSpec {
+    std::vector<i64> logical_shape;
+    std::vector<Hyperslab> pieces;
+    i64 local_numel() const;  // the sum of the pieces' elements
+};
+
+// The slabs of elements [a, b) of a row-major tensor of `shape` seen flat (a ZeRO shard of a
+// parameter): at most a partial first row, whole rows, and a partial last row, in that order.
+ShardSpec flat_shard(const std::vector<i64>& shape, i64 a, i64 b);
+
+// Set by the Job before each microbatch's forward and backward: the model knows neither the
+// step nor where its microbatch sits in the global batch.
+struct ProbeContext {
+    i64 step = 0;         // 1-based step being run
+    i64 batch_lo = 0;     // the microbatch's first sequence in the step's batch
+    i64 batch_total = 0;  // sequences in the step's batch (0: the microbatch's own B)
+};
+
+// Receives probes. Called from every rank's thread at once when ranks are threads: capture must
+// be thread-safe. `local` holds spec.local_numel() floats, valid only during the call.
+class ProbeSink {
+public:
+    virtual ~ProbeSink();
+    virtual bool wants(const ProbeKey& key) const = 0;  // asked first; false: nothing is copied
+    virtual void capture(const ProbeKey& key, const float* local, const ShardSpec& spec) = 0;
+};
+
+// Whether `name` matches `pattern` in full. `*` matches any run of characters except '/',
+// `**` any run including '/', `?` one character other than '/'; everything else matches itself.
+// "*/bwd/*/attn.*/*" matches "3/bwd/2/attn.qkv/dinp"; "**" matches every probe;
+// "*/fwd/-/loss/*" the per-token losses of every step.
+bool glob_match(std::string_view pattern, std::string_view name);
+
+}  // namespace px

@@ -1,0 +1,231 @@
+// Probes (core/probe.h, validators/probes.h): the pattern language, the shard specs, and that a
+// data-parallel run's probes, unsharded, are bit for bit the single device's at every op.
+#include "core/parallel/runner.h"
+#include "test_util.h"
+#include "validators/probes.h"
+
+#include <algorithm>
+
+using namespace px;
+using namespace px::test;
+
+TEST_CASE("glob_match: * stays within a segment, ** crosses them, ? is one character") {
+    CHECK(glob_match("*/bwd/*/attn.*/*", "3/bwd/2/attn.qkv/dweight"));
+    CHECK(glob_match("*/bwd/*/attn.*/*", "3/bwd/2/attn.qkv/dinp"));
+    CHECK_FALSE(glob_match("*/bwd/*/attn.*/*", "3/fwd/2/attn.qkv/out"));
+    CHECK_FALSE(glob_match("*/bwd/*/attn.*/*", "3/bwd/2/mlp.fc/dinp"));
+    CHECK(glob_match("**", "1/fwd/-/embed/out"));
+    CHECK(glob_match("1/**", "1/fwd/0/ln_1/out"));
+    CHECK_FALSE(glob_match("1/*", "1/fwd/0/ln_1/out"));
+    CHECK(glob_match("**/out", "12/fwd/3/mlp.gelu/out"));
+    CHECK(glob_match("*/fwd/-/loss/*", "7/fwd/-/loss/out"));
+    CHECK_FALSE(glob_match("*/fwd/-/loss/*", "7/fwd/0/loss/out"));
+    CHECK(glob_match("?/fwd/?/ln_?/out", "3/fwd/1/ln_2/out"));
+    CHECK_FALSE(glob_match("?/fwd/0/ln_1/out", "13/fwd/0/ln_1/out"));
+    CHECK_FALSE(glob_match("a?b", "a/b"));
+    CHECK(glob_match("", ""));
+    CHECK_FALSE(glob_match("", "x"));
+    CHECK(glob_match("*", ""));
+    CHECK(glob_match("**/mlp.*/*", "1/bwd/0/mlp.proj/dinp"));
+}
+
+TEST_CASE("ProbeKey names, and flat shards of a tensor unshard to the whole") {
+    CHECK(ProbeKey{3, "fwd", 2, "attn.qkv", "out"}.name() == "3/fwd/2/attn.qkv/out");
+    CHECK(ProbeKey{1, "grad", -1, "param", "wte"}.name() == "1/grad/-/param/wte");
+
+    const std::vector<i64> shape{3, 4, 5};
+    std::vector<float> whole(60);
+    for (size_t i = 0; i < whole.size(); i++) whole[i] = static_cast<float>(i) * 0.5f;
+    ProbeRecorder rec({"**"});
+    const ProbeKey key{1, "optim", 0, "adam.m", "x"};
+    // Cuts that fall mid-row and across the leading dimension.
+    const i64 cuts[] = {0, 3, 7, 26, 41, 60};
+    for (int r = 0; r < 5; r++) {
+        const ShardSpec s = flat_shard(shape, cuts[r], cuts[r + 1]);
+        CHECK(s.local_numel() == cuts[r + 1] - cuts[r]);
+        CHECK_FALSE(rec.complete(key.name()));
+        rec.capture(key, whole.data() + cuts[r], s);
+    }
+    std::vector<i64> got_shape;
+    CHECK(same_bits(rec.unshard(key.name(), &got_shape), whole));
+    CHECK(got_shape == shape);
+    CHECK(rec.complete(key.name()));
+}
+
+TEST_CASE("ProbeRecorder names missing pieces and replicas that disagree") {
+    ProbeRecorder rec({"**"});
+    const ProbeKey key{2, "fwd", 0, "ln_1", "out"};
+    std::vector<float> rows(6, 1.0f);
+    ShardSpec s{{4, 3}, {{{0, 0}, {2, 3}}}};
+    rec.capture(key, rows.data(), s);
+    CHECK_THROWS_WITH(rec.unshard(key.name()), Catch::Contains("2/fwd/0/ln_1/out") &&
+                                                   Catch::Contains("captured by no rank"));
+    CHECK_THROWS_WITH(rec.unshard("9/fwd/0/ln_1/out"), Catch::Contains("never captured"));
+    rows[4] = 2.0f;
+    rec.capture(key, rows.data(), s);  // a replica of the same rows with another value
+    s.pieces[0] = {{2, 0}, {4, 3}};
+    rec.capture(key, rows.data(), s);
+    CHECK_THROWS_WITH(rec.unshard(key.name()),
+                      Catch::Contains("2/fwd/0/ln_1/out") && Catch::Contains("disagree"));
+}
+
+namespace {
+
+// The probe names one step of the single-device job of `c` gives with pattern "**", in order.
+std::vector<std::string> expected_step(const Config& c, i64 step) {
+    std::vector<std::string> n;
+    auto add = [&](const char* phase, int layer, const char* op, const char* tensor) {
+        n.push_back(ProbeKey{step, phase, layer, op, tensor}.name());
+    };
+    const int L = static_cast<int>(c.model.layers);
+    add("fwd", -1, "embed", "out");
+    for (int l = 0; l < L; l++)
+        for (const char* op : {"ln_1", "attn.qkv", "attn.core", "attn.proj", "residual_1", "ln_2",
+                               "mlp.fc", "mlp.gelu", "mlp.proj", "residual_2"})
+            add("fwd", l, op, "out");
+    add("fwd", -1, "ln_f", "out");
+    add("fwd", -1, "head", "out");
+    add("fwd", -1, "loss", "out");
+    add("bwd", -1, "loss", "dinp");
+    add("bwd", -1, "head", "dinp");
+    add("bwd", -1, "ln_f", "dinp");
+    for (int l = L - 1; l >= 0; l--)
+        for (const char* op : {"mlp.proj", "mlp.gelu", "mlp.fc", "ln_2", "attn.proj", "attn.core",
+                               "attn.qkv", "ln_1"})
+            add("bwd", l, op, "dinp");
+    const ParamTable t = ParamTable::build(c.model);
+    for (const char* phase_op : {"grad/param", "optim/param", "optim/adam.m", "optim/adam.v"}) {
+        const std::string po = phase_op;
+        const std::string phase = po.substr(0, po.find('/')), op = po.substr(po.find('/') + 1);
+        for (const TableEntry& e : t.entries)
+            add(phase.c_str(), e.layer, op.c_str(), kGpt2Params[e.spec].name);
+    }
+    return n;
+}
+
+Config probe_job() {
+    Config c = small_job();
+    c.train.steps = 3;
+    return c;
+}
+
+// Every probe of `ref` is in `got`, complete, and bit for bit equal; and no other is there.
+void check_same_probes(const ProbeRecorder& ref, const ProbeRecorder& got) {
+    std::vector<std::string> a = ref.names(), b = got.names();
+    CHECK(a.size() == b.size());
+    std::sort(b.begin(), b.end());
+    int differ = 0;
+    for (const std::string& name : a) {
+        if (!std::binary_search(b.begin(), b.end(), name)) {
+            FAIL_CHECK("missing probe " << name);
+            continue;
+        }
+        std::vector<i64> sa, sb;
+        const std::vector<float> x = ref.unshard(name, &sa), y = got.unshard(name, &sb);
+        if (sa != sb || !same_bits(x, y)) {
+            if (differ++ < 5) FAIL_CHECK("probe " << name << " differs from the single device's");
+        }
+    }
+    CHECK(differ == 0);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Probes on a single device: every op of every layer, every step, in order; bits unchanged") {
+    const Config c = probe_job();
+    ProbeRecorder rec({"**"});
+    Job job(c);
+    job.set_probes(&rec);
+    job.run();
+
+    std::vector<std::string> want;
+    for (i64 s = 1; s <= c.train.steps; s++) {
+        const std::vector<std::string> e = expected_step(c, s);
+        want.insert(want.end(), e.begin(), e.end());
+    }
+    CHECK(rec.names() == want);
+    for (const std::string& n : rec.names()) CHECK(rec.complete(n));
+    std::vector<i64> shape;
+    rec.unshard("2/fwd/1/attn.qkv/out", &shape);
+    CHECK(shape == std::vector<i64>{c.train.batch_size, c.model.seq_len, 3 * c.model.hidden});
+    rec.unshard("1/grad/1/param/attn.c_attn.weight", &shape);
+    CHECK(shape == std::vector<i64>{3 * c.model.hidden, c.model.hidden});
+    rec.unshard("1/optim/-/adam.v/ln_f.bias", &shape);
+    CHECK(shape == std::vector<i64>{c.model.hidden});
+
+    // The per-token losses of a step average to the step's loss.
+    const std::vector<float> losses = rec.unshard("3/fwd/-/loss/out", &shape);
+    CHECK(shape == std::vector<i64>{c.train.batch_size, c.model.seq_len});
+    CHECK(canonical_sum(losses.data(), static_cast<i64>(losses.size()),
+                        job.model().numerics().block) /
+              static_cast<float>(losses.size()) ==
+          static_cast<float>(job.history()[2].loss));
+
+    // The final weights and moments with probes on are those without.
+    const LogicalState off = single_device(c);
+    LogicalState on;
+    on.absorb(job);
+    check_same_bits(off, on);
+    // The last step's weights as probed are the final weights.
+    const ParamTable t = ParamTable::build(c.model);
+    const TableEntry& e = t.entries[static_cast<size_t>(t.layer_index(1, FCW))];
+    const std::vector<float> w = rec.unshard("3/optim/1/param/mlp.c_fc.weight");
+    CHECK(std::equal(w.begin(), w.end(), off.params.begin() + e.offset,
+                     [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }));
+}
+
+TEST_CASE("Probes select: */fwd/1/mlp.*/* records only those, with a step stride") {
+    const Config c = probe_job();
+    ProbeRecorder rec({"*/fwd/1/mlp.*/*"}, 2);
+    Job job(c);
+    job.set_probes(&rec);
+    job.run();
+    CHECK(rec.names() == std::vector<std::string>{"1/fwd/1/mlp.fc/out", "1/fwd/1/mlp.gelu/out",
+                                                  "1/fwd/1/mlp.proj/out", "3/fwd/1/mlp.fc/out",
+                                                  "3/fwd/1/mlp.gelu/out", "3/fwd/1/mlp.proj/out"});
+}
+
+TEST_CASE("Probes under data parallelism unshard to the single device's, bit for bit") {
+    struct Case {
+        int dp, zero, microbatches;
+        i64 batch;
+    };
+    for (const Case k : {Case{2, 0, 1, 8}, Case{2, 0, 2, 8}, Case{2, 1, 2, 8}, Case{2, 2, 2, 8},
+                         Case{2, 3, 1, 8}, Case{4, 3, 2, 16}}) {
+        DYNAMIC_SECTION("dp" << k.dp << " zero" << k.zero << " microbatches " << k.microbatches) {
+            Config c = probe_job();
+            c.train.batch_size = k.batch;
+            ProbeRecorder ref({"**"});
+            {
+                Job job(c);
+                job.set_probes(&ref);
+                job.run();
+            }
+            Config d = c;
+            d.layout.dp = k.dp;
+            d.layout.zero = k.zero;
+            d.layout.microbatches = k.microbatches;
+            ProbeRecorder got({"**"});
+            run_layout(d, {}, {}, {}, {}, [&](Job& j) { j.set_probes(&got); });
+            check_same_probes(ref, got);
+        }
+    }
+}
+
+TEST_CASE("v1 probes nothing under tensor parallelism, and its bits do not change") {
+    Config c = probe_job();  // shapes whose tp shares are whole blocks (as test_tp_model.cpp)
+    c.model.vocab = 64;
+    c.model.hidden = 64;
+    c.model.ffn = 128;
+    c.model.seq_len = 32;
+    c.numerics.block = 16;
+    c.layout.tp = 2;
+    LogicalState off, on;
+    run_layout(c, {}, [&](Job& j) { off.absorb(j); });
+    ProbeRecorder rec({"**"});
+    run_layout(
+        c, {}, [&](Job& j) { on.absorb(j); }, {}, {}, [&](Job& j) { j.set_probes(&rec); });
+    CHECK(rec.names().empty());
+    check_same_bits(off, on);
+}

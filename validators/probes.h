@@ -1,0 +1,62 @@
+// Recording probes (core/probe.h) and putting their pieces back together. A ProbeRecorder is the
+// ProbeSink a test or the harness attaches to every rank's job (in-process ranks are threads
+// sharing one recorder): it keeps the probes its patterns select, piece by piece as each rank
+// captured them, and unshards a probe into its logical tensor, which can then be compared with
+// the single device's (validators/compare.h).
+//
+// Pieces. Each capture brings the slabs of the logical tensor this rank holds. Replicas of the
+// same slab (dp replicas all hold the whole reduced gradient) are kept once: a replica that
+// disagrees with the first, bit for bit, is a fault that unshard() reports, naming the probe and
+// the element. A probe is complete when its slabs cover the logical tensor; slabs that overlap
+// must agree on the overlap.
+//
+// Index
+//   ProbeRecorder   patterns, a step stride; names() in capture order; unshard(); complete()
+#pragma once
+#include "core/probe.h"
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace px {
+
+class ProbeRecorder : public ProbeSink {
+public:
+    // Records the probes whose name matches one of `patterns` (glob_match), at steps 1,
+    // 1 + stride, 1 + 2·stride, ... (probes outside a Job, step 0, always pass the stride).
+    explicit ProbeRecorder(std::vector<std::string> patterns, i64 step_stride = 1);
+
+    bool wants(const ProbeKey& key) const override;
+    void capture(const ProbeKey& key, const float* local, const ShardSpec& spec) override;
+
+    std::vector<std::string> names() const;   // every probe recorded, by first capture
+    bool has(const std::string& name) const;  // whether the probe was captured at all
+    // The logical tensor of a probe from all its pieces, row-major; *shape its logical shape.
+    // Throws px::Error naming the probe when it was never captured, when pieces are missing,
+    // when overlapping pieces or replicas disagree, or when ranks gave different shapes.
+    std::vector<float> unshard(const std::string& name, std::vector<i64>* shape = nullptr) const;
+    bool complete(const std::string& name) const;  // unshard() would succeed
+    i64 bytes() const;                             // floats held, in bytes
+    void clear();                                  // forget every probe (patterns stay)
+
+private:
+    struct Piece {
+        Hyperslab slab;
+        std::vector<float> data;  // the slab's elements, row-major
+    };
+    struct Probe {
+        std::vector<i64> shape;  // logical
+        std::vector<Piece> pieces;
+        std::string fault;  // the first disagreement between captures; empty: none
+    };
+
+    std::vector<std::string> patterns_;
+    i64 stride_ = 1;
+    mutable std::mutex mutex_;  // guards everything below
+    std::unordered_map<std::string, Probe> probes_;
+    std::vector<std::string> order_;
+};
+
+}  // namespace px
