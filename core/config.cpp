@@ -512,11 +512,6 @@ void check(const Config& c) {
                       "validate.replica_check_every needs replicated weights, but under layout.zero = 3 "
                       "each data-parallel rank holds its own shard of them, so there is nothing to "
                       "compare: use layout.zero <= 2, or validate.replica_check_every = 0"};
-    if (!c.fault.kind.empty() && c.fault.rank >= l.dp * l.pp * l.tp)
-        throw Problem{{"fault.rank", "layout.dp"},
-                      "fault.rank=" + std::to_string(c.fault.rank) + " is not a rank of the layout, whose "
-                          "world has layout.dp x layout.pp x layout.tp = " +
-                          std::to_string(l.dp * l.pp * l.tp) + " ranks: choose a rank below that"};
     if (!c.fault.kind.empty() && c.fault.step > t.steps)
         throw Problem{{"fault.step", "train.steps"},
                       "fault.step=" + std::to_string(c.fault.step) + " comes after the last step (train.steps=" +

@@ -185,7 +185,7 @@ TEST_CASE("fault and replica-check settings that cannot work are refused, naming
     CHECK_THROWS_WITH(validate_config(c), Contains("fault.kind"));
     c.fault.kind = "kill";
     c.fault.rank = 2;
-    CHECK_THROWS_WITH(validate_config(c), Contains("fault.rank=2") && Contains("2 ranks"));
+    CHECK_THROWS_WITH(run(c), Contains("fault.rank=2") && Contains("2 ranks"));
     c.fault.rank = 1;
     c.fault.step = 7;
     CHECK_THROWS_WITH(validate_config(c), Contains("fault.step=7") && Contains("train.steps=6"));

@@ -114,6 +114,25 @@ bool ProbeRecorder::has(const std::string& name) const {
     return probes_.count(name) > 0;
 }
 
+std::vector<float> ProbeRecorder::overlay(const std::string& name, std::vector<float> base) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = probes_.find(name);
+    std::string where = "probe ";
+    where += name;
+    if (it == probes_.end()) throw Error(where + " was never captured by this recorder");
+    const Probe& p = it->second;
+    i64 total = 1;
+    for (i64 d : p.shape) total *= d;
+    if (static_cast<i64>(base.size()) != total)
+        throw Error(where + ": the base tensor has " + std::to_string(base.size()) +
+                    " elements, the probe's logical shape " + std::to_string(total));
+    for (const Piece& q : p.pieces)
+        for_each_run(p.shape, q.slab, [&](i64 off, i64 local, i64 n) {
+            std::memcpy(base.data() + off, q.data.data() + local, static_cast<size_t>(n) * sizeof(float));
+        });
+    return base;
+}
+
 std::vector<float> ProbeRecorder::unshard(const std::string& name, std::vector<i64>* shape) const {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = probes_.find(name);

@@ -11,7 +11,8 @@
 // must agree on the overlap.
 //
 // Index
-//   ProbeRecorder   patterns, a step stride; names() in capture order; unshard(); complete()
+//   ProbeRecorder   patterns, a step stride; names() in capture order; unshard(); complete();
+//                   overlay() (its pieces over a reference tensor)
 #pragma once
 #include "core/probe.h"
 
@@ -38,6 +39,11 @@ public:
     // when overlapping pieces or replicas disagree, or when ranks gave different shapes.
     std::vector<float> unshard(const std::string& name, std::vector<i64>* shape = nullptr) const;
     bool complete(const std::string& name) const;  // unshard() would succeed
+    // `base` (a logical tensor of the probe's shape, e.g. the reference's) with every piece this
+    // recorder holds written over it: compared with base, it shows where this recorder's pieces
+    // differ, in logical coordinates (one recorder per rank names the rank). Throws px::Error
+    // when the probe was never captured or base has another size.
+    std::vector<float> overlay(const std::string& name, std::vector<float> base) const;
     i64 bytes() const;                             // floats held, in bytes
     void clear();                                  // forget every probe (patterns stay)
 

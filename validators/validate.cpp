@@ -7,11 +7,13 @@
 #include "core/parallel/runner.h"
 #include "core/state.h"
 #include "validators/budget.h"
+#include "validators/probes.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <cstdio>
 #include <mutex>
 #include <sstream>
@@ -59,6 +61,17 @@ std::string first_text(const LayoutResult& r) {
     std::snprintf(vals, sizeof vals, "]: %.9g vs %.9g", static_cast<double>(c.first_reference),
                   static_cast<double>(c.first_candidate));
     s += vals;
+    if (r.first_op_rank >= 0) {
+        const Comparison& o = r.first_op;
+        s += "; first op: " + o.name + " on rank " + std::to_string(r.first_op_rank) + " [";
+        for (size_t i = 0; i < o.first_index.size(); i++) {
+            if (i) s += ", ";
+            s += std::to_string(o.first_index[i]);
+        }
+        std::snprintf(vals, sizeof vals, "]: %.9g vs %.9g", static_cast<double>(o.first_reference),
+                      static_cast<double>(o.first_candidate));
+        s += vals;
+    }
     return s;
 }
 
@@ -97,6 +110,47 @@ LogicalState gathered(const Config& cfg, std::vector<float>&& p, std::vector<flo
     s.v = std::move(v);
     s.history = history;
     return s;
+}
+
+// The first-divergence search (validate.h): probes on every op of steps s-1 and s.
+void search_first_op(const Config& ref_cfg, const Config& c, LayoutResult& r) {
+    if (c.layout.tp > 1 || c.layout.pp > 1 || c.layout.sequence_parallel) {
+        r.first_op_note = "no op-level search for this layout yet: probes cover the single device "
+                          "and data parallelism";
+        return;
+    }
+    const i64 s = r.first_step;
+    std::vector<std::string> patterns;
+    for (i64 k = std::max<i64>(1, s - 1); k <= s; k++) patterns.push_back(std::to_string(k) + "/**");
+    ProbeRecorder ref(patterns);
+    {
+        Job job(ref_cfg);
+        job.set_probes(&ref);
+        while (job.steps_done() < s) job.step();
+    }
+    const int n = c.layout.dp;
+    std::vector<std::unique_ptr<ProbeRecorder>> ranks;
+    for (int k = 0; k < n; k++) ranks.push_back(std::make_unique<ProbeRecorder>(patterns));
+    Config probed = c;
+    probed.train.steps = c.train.steps;  // the same schedule; steps after s record nothing
+    run_layout(probed, {}, {}, {}, {}, [&](Job& job) {
+        job.set_probes(ranks[static_cast<size_t>(job.dp_rank())].get());
+    });
+    for (const std::string& name : ref.names()) {
+        std::vector<i64> shape;
+        const std::vector<float> want = ref.unshard(name, &shape);
+        for (int k = 0; k < n; k++) {
+            if (!ranks[static_cast<size_t>(k)]->has(name)) continue;
+            const std::vector<float> got = ranks[static_cast<size_t>(k)]->overlay(name, want);
+            Comparison cmp = compare(name, want, got, shape);
+            if (cmp.equal()) continue;
+            r.first_op_rank = k;
+            r.first_op = std::move(cmp);
+            return;
+        }
+    }
+    r.first_op_note = "every probe of steps " + std::to_string(std::max<i64>(1, s - 1)) + ".." +
+                      std::to_string(s) + " agrees: the difference is outside the probed ops";
 }
 
 LogicalState single_device(const Config& cfg, std::vector<LogicalState>* each_step) {
@@ -235,6 +289,7 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
                 r.verdict = b.within ? "within budget" : "over budget";
             } else {
                 r.verdict = r.first_step < 0 ? "match" : "diverged";
+                if (r.first_step > 0) search_first_op(ref_cfg, c, r);
             }
         } catch (const std::exception& e) {
             r.verdict = "error";
@@ -298,6 +353,9 @@ std::string ValidationReport::to_json() const {
         for (const Comparison& c : r.differing) l["differing"].push_back(json::parse(c.to_json()));
         l["final_step"] = json::array();
         for (const Comparison& c : r.final_step) l["final_step"].push_back(json::parse(c.to_json()));
+        l["first_op"] = r.first_op_rank < 0 ? json(nullptr) : json::parse(r.first_op.to_json());
+        l["first_op_rank"] = r.first_op_rank;
+        l["first_op_note"] = r.first_op_note;
         l["budget_ratio"] = r.budget_ratio < 0 ? json(nullptr) : json(r.budget_ratio);
         l["budget_worst"] = r.budget_worst;
         l["error"] = r.error;
@@ -327,6 +385,11 @@ std::string ValidationReport::to_markdown() const {
                           r.budget_worst.c_str(), r.budget_ratio);
             md += b;
         }
+        if (r.first_op_rank >= 0)
+            md += "First op that differs: `" + r.first_op.text() + "` on rank " +
+                  std::to_string(r.first_op_rank) + ".\n\n";
+        else if (!r.first_op_note.empty())
+            md += "First op: " + r.first_op_note + ".\n\n";
         if (!r.differing.empty()) {
             md += "Tensors that differ at step " + std::to_string(r.first_step) + ":\n\n";
             for (const Comparison& c : r.differing) md += "- `" + c.text() + "`\n";

@@ -18,6 +18,15 @@
 // reference's states are kept for every step: memory is steps × 3 × the model, which suits the
 // small jobs validation is run on (use --steps to bound it for larger ones).
 //
+// First divergence. When a layout diverges in bitwise mode, the reference and the layout are run
+// again with probes (core/probe.h) on every op of the step before the first differing step and
+// of that step, one recorder per rank, and the probes are compared in the single device's order
+// of execution (forward ops, backward ops, the reduced gradients, the update): the first probe
+// where a rank's piece differs is the first op whose output differs while everything computed
+// before it (its inputs) agrees. The answer names the step, phase, layer, op, tensor, the rank,
+// the element and both values. Probes cover the single device and data parallelism (ZeRO 0-3)
+// for now; other layouts say so in first_op_note.
+//
 // Verdicts. bitwise mode: "match" when every comparison of every step is bit-identical, else
 // "diverged", naming the first step with a difference and, in it, the first differing tensor
 // (parameters, then first moments, then second moments, then the metrics), its element (flat
@@ -65,6 +74,13 @@ struct LayoutResult {
     Comparison first;         // its first differing tensor
     std::vector<Comparison> differing;  // every differing tensor of the first such step
     std::vector<Comparison> final_step;  // every comparison after the last step
+    // The first-divergence search (bitwise mode, layouts with probes: the single device and data
+    // parallelism for now): the first probe, in the single device's execution order over the
+    // step before first_step and first_step, where a rank's piece differs from the reference;
+    // its Comparison is in logical coordinates and names the element and both values.
+    int first_op_rank = -1;       // the world rank whose piece differs first; -1: not found
+    Comparison first_op;          // name: the probe, "4/bwd/1/mlp.fc/dinp"
+    std::string first_op_note;    // why there is no op-level answer, when there is none
     double budget_ratio = -1;  // fast mode: error / budget of the worst tensor (≤ 1 within)
     std::string budget_worst;
     std::string error;        // verdict "error": what went wrong

@@ -50,6 +50,12 @@ std::string ranks_phrase(const std::vector<int>& ranks) {
 
 FaultInjector::FaultInjector(const Config& cfg, comm::Communicator* world)
     : f_(cfg.fault), world_(world) {
+    const int ranks = world ? world->size() : 1;
+    if (!f_.kind.empty() && f_.rank >= ranks)
+        throw ConfigError("fault.rank=" + std::to_string(f_.rank) + " is not a rank of this run, "
+                          "whose world has " + std::to_string(ranks) +
+                          (ranks == 1 ? " rank" : " ranks") + " (layout.dp x layout.pp x layout.tp): "
+                          "choose a rank below that");
     armed_ = !f_.kind.empty() && (world ? world->rank() : 0) == f_.rank;
 }
 

@@ -68,6 +68,24 @@ def test_injected_weight_flip_is_named_with_step_tensor_and_element(tmp_path):
         assert l["first"]["first_reference_bits"] != l["first"]["first_candidate_bits"]
 
 
+def test_first_divergence_search_names_step_op_rank_and_element(tmp_path):
+    # The flip strikes rank 1's weights after step 3's update; rank 0's state (the gathered one)
+    # differs only from step 4 on, and the probes of steps 3..4 name the first op.
+    r = validate(tmp_path, "--steps", "5", "--layouts", "dp2,dp4xz1xmb2,tp2", "--set", "train.batch_size=16",
+                 "--set", "fault.kind=flip_weight", "--set", "fault.rank=1", "--set", "fault.step=3",
+                 "--set", "fault.tensor=wpe", "--set", "fault.element=5")
+    assert r.returncode == 6, r.stdout + r.stderr
+    assert "first op: 3/optim/-/param/wpe on rank 1 [0, 5]" in r.stdout
+    rep = report(tmp_path)
+    dp2, dp4, tp2 = rep["layouts"]
+    for l in (dp2, dp4):
+        assert l["first_op_rank"] == 1 and l["first_op_note"] == ""
+        assert l["first_op"]["name"] == "3/optim/-/param/wpe" and l["first_op"]["first_index"] == [0, 5]
+        check_comparison(l["first_op"])
+    assert tp2["first_op"] is None and tp2["first_op_rank"] == -1 and "probes cover" in tp2["first_op_note"]
+    assert "First op that differs: `3/optim/-/param/wpe" in (tmp_path / "validate.md").read_text()
+
+
 def test_fast_mode_is_judged_by_the_error_budget(tmp_path):
     r = validate(tmp_path, "--steps", "3", "--mode", "fast", "--layouts", "dp2,tp2")
     assert r.returncode == 0, r.stdout + r.stderr
