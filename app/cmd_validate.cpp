@@ -1,11 +1,19 @@
 // parallax validate [CONFIG] --layouts dp2,tp2,pp2,dp2xtp2xpp2 [--steps N] [--mode bitwise|fast]
-//                   [--set section.key=value ...] [--json FILE] [--md FILE] [--out DIR]
+//                   [--golden TRACE.h5] [--set section.key=value ...] [--json FILE] [--md FILE]
 // Runs the single-device reference and each layout, compares them after every step, prints the
-// table and writes the JSON and Markdown reports (validators/validate.h).
+// table and writes the JSON and Markdown reports (validators/validate.h). With --golden, each
+// layout is checked against a recorded trace instead (validators/trace.h); under mpirun this
+// process is one rank of the one layout given, and rank 0 reports.
 #include "app/commands.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/comm/mpi.h"
+#include "core/parallel/runner.h"
+#include "validators/trace.h"
 #include "validators/validate.h"
+
+#include <climits>
+#include <cstring>
 
 #include <cstdio>
 #include <filesystem>
@@ -25,6 +33,7 @@ struct ValidateOptions {
     std::string mode;
     std::vector<std::string> sets;
     std::string json, md, out_dir;
+    std::string golden;
 };
 
 void write_text(const std::string& path, const std::string& text) {
@@ -45,7 +54,114 @@ void print_layout(const LayoutResult& r) {
     std::fflush(stderr);
 }
 
-int run_validate(const ValidateOptions& opt) {
+// A Comparison as numbers and text, to travel from the rank that found it to rank 0.
+std::vector<i64> pack(const Comparison& c) {
+    std::vector<i64> w{c.count, c.differing, c.max_ulp, c.first, static_cast<i64>(c.shape.size()),
+                       static_cast<i64>(c.first_index.size()), static_cast<i64>(c.name.size())};
+    for (i64 d : c.shape) w.push_back(d);
+    for (i64 d : c.first_index) w.push_back(d);
+    for (double x : {c.first_reference, c.first_candidate, c.max_abs, c.max_rel}) {
+        i64 b;
+        std::memcpy(&b, &x, sizeof b);
+        w.push_back(b);
+    }
+    for (char ch : c.name) w.push_back(static_cast<unsigned char>(ch));
+    return w;
+}
+
+Comparison unpack(const std::vector<i64>& w) {
+    Comparison c;
+    size_t at = 0;
+    c.count = w[at++];
+    c.differing = w[at++];
+    c.max_ulp = w[at++];
+    c.first = w[at++];
+    const i64 ns = w[at++], ni = w[at++], nn = w[at++];
+    for (i64 k = 0; k < ns; k++) c.shape.push_back(w[at++]);
+    for (i64 k = 0; k < ni; k++) c.first_index.push_back(w[at++]);
+    double* xs[] = {&c.first_reference, &c.first_candidate, &c.max_abs, &c.max_rel};
+    for (double* x : xs) std::memcpy(x, &w[at++], sizeof(double));
+    for (i64 k = 0; k < nn; k++) c.name.push_back(static_cast<char>(w[at++]));
+    return c;
+}
+
+// Under mpirun: this process is one rank of the layout; every rank compares its own pieces with
+// the trace, and the first difference over the ranks (the earliest probe, then the lowest rank)
+// travels to rank 0.
+ValidationReport validate_golden_mpi(const Config& cfg, const LayoutSpec& spec, const TraceReader& trace,
+                                     const comm::MpiEnvironment& mpi) {
+    const TraceInfo& t = trace.info();
+    Config c = cfg;
+    c.train.steps = parse_config(t.config_toml, trace.path()).train.steps;
+    check_trace_config(t, c, trace.path());
+    c = with_layout(c, spec);
+    c.output.run_file = false;
+    c.checkpoint = CheckpointConfig{};
+    c.train.threads = threads_per_rank(c, comm::local_ranks());
+    if (c.layout.tp > 1 || c.layout.pp > 1 || c.layout.sequence_parallel)
+        throw ConfigError("layout " + spec.name + ": golden traces cover the single device and data "
+                          "parallelism so far (the probes of tp, pp and sp are not built yet)");
+    const std::unique_ptr<comm::Communicator> world = mpi.world(c.layout.timeout_s);
+    ProbeRecorder rec(t.patterns, t.stride);
+    LayoutResult r;
+    r.layout = spec.name;
+    try {
+        run_rank(c, *world, {}, {}, {}, {}, {}, [&](Job& job) {
+            job.set_probes(&rec);
+            job.stop_after(t.steps);
+        });
+    } catch (const std::exception& e) {
+        world->abort("rank " + std::to_string(mpi.rank()) + " failed: " + e.what());
+        throw;
+    }
+    const GoldenResult g = compare_to_trace(trace, {&rec}, world->rank());
+    // The earliest difference over the ranks, and the worst distance.
+    i64 key[2] = {g.first_order < 0 ? INT64_MAX : g.first_order * world->size() + g.rank,
+                  g.max_ulp == kNoUlp ? INT64_MAX : g.max_ulp};
+    std::vector<i64> all(static_cast<size_t>(2 * world->size()));
+    world->all_gather(all.data(), key, 2);
+    i64 best = INT64_MAX, worst = 0, probes = g.probes;
+    for (int k = 0; k < world->size(); k++) {
+        best = std::min(best, all[static_cast<size_t>(2 * k)]);
+        worst = std::max(worst, all[static_cast<size_t>(2 * k + 1)]);
+    }
+    world->all_reduce_max(&probes, 1);
+    GoldenResult total;
+    total.probes = probes;
+    total.max_ulp = worst == INT64_MAX ? kNoUlp : worst;
+    if (best != INT64_MAX) {
+        const int owner = static_cast<int>(best % world->size());
+        total.first_order = best / world->size();
+        total.rank = owner;
+        if (owner == 0 && world->rank() == 0) {
+            total.first = g.first;
+        } else if (world->rank() == owner) {
+            const std::vector<i64> w = pack(g.first);
+            const i64 n = static_cast<i64>(w.size());
+            world->send(&n, 1, 0, 7);
+            world->send(w.data(), n, 0, 7);
+        } else if (world->rank() == 0) {
+            i64 n = 0;
+            world->recv(&n, 1, owner, 7);
+            std::vector<i64> w(static_cast<size_t>(n));
+            world->recv(w.data(), n, owner, 7);
+            total.first = unpack(w);
+        }
+    }
+    ValidationReport rep;
+    rep.job = cfg.source_name + " against " + trace.path();
+    rep.mode = "bitwise";
+    rep.steps = t.steps;
+    if (world->rank() == 0) {
+        set_golden_result(r, total, t.steps);
+    } else {  // the verdict only: rank 0 holds the comparison
+        r.verdict = total.first_order < 0 && total.probes > 0 ? "match" : "diverged";
+    }
+    rep.layouts.push_back(r);
+    return rep;
+}
+
+int run_validate(const ValidateOptions& opt, const comm::MpiEnvironment* mpi) {
     Config cfg = opt.config_path.empty() ? parse_config(default_config_toml(), "<embedded default>")
                                          : load_config(opt.config_path);
     std::vector<std::string> sets = opt.sets;
@@ -64,11 +180,31 @@ int run_validate(const ValidateOptions& opt) {
             throw ConfigError("layout " + l.name + ": " + e.what());
         }
     }
-    std::printf("parallax validate: %s | %lld steps | %s | reference: the single device\n",
-                cfg.source_name.c_str(), static_cast<long long>(opt.steps),
-                cfg.numerics.mode == Mode::fast ? "fast (error budget)" : "bitwise");
-    std::fflush(stdout);
-    const ValidationReport rep = validate_layouts(cfg, layouts, opt.steps, &print_layout);
+    ValidationReport rep;
+    if (!opt.golden.empty()) {
+        const TraceReader trace(opt.golden);
+        if (mpi) {
+            if (layouts.size() != 1)
+                throw ConfigError("under mpirun, --layouts names the one layout this job's ranks run");
+            rep = validate_golden_mpi(cfg, layouts[0], trace, *mpi);
+            if (mpi->rank() != 0) return rep.all_ok() ? kOk : kDiverged;
+        } else {
+            std::printf("parallax validate: %s | against the golden trace %s (%lld steps)\n",
+                        cfg.source_name.c_str(), opt.golden.c_str(),
+                        static_cast<long long>(trace.info().steps));
+            std::fflush(stdout);
+            rep = validate_golden(cfg, layouts, trace, &print_layout);
+        }
+    } else {
+        if (mpi)
+            throw ConfigError("under mpirun, parallax validate checks a layout against a golden "
+                              "trace: record one with parallax record and pass --golden");
+        std::printf("parallax validate: %s | %lld steps | %s | reference: the single device\n",
+                    cfg.source_name.c_str(), static_cast<long long>(opt.steps),
+                    cfg.numerics.mode == Mode::fast ? "fast (error budget)" : "bitwise");
+        std::fflush(stdout);
+        rep = validate_layouts(cfg, layouts, opt.steps, &print_layout);
+    }
     std::printf("\n%s", rep.table().c_str());
     const std::string json = opt.json.empty() ? (std::filesystem::path(cfg.output.dir) / "validate.json").string() : opt.json;
     const std::string md = opt.md.empty() ? (std::filesystem::path(cfg.output.dir) / "validate.md").string() : opt.md;
@@ -81,7 +217,7 @@ int run_validate(const ValidateOptions& opt) {
 
 }  // namespace
 
-std::function<int()> add_validate_command(CLI::App& app) {
+std::function<int()> add_validate_command(CLI::App& app, const comm::MpiEnvironment* mpi) {
     auto opt = std::make_shared<ValidateOptions>();
     CLI::App* sub = app.add_subcommand(
         "validate",
@@ -103,10 +239,14 @@ std::function<int()> add_validate_command(CLI::App& app) {
     sub->add_option("--json", opt->json, "JSON report (default <output.dir>/validate.json)");
     sub->add_option("--md", opt->md, "Markdown report (default <output.dir>/validate.md)");
     sub->add_option("--out", opt->out_dir, "Output directory (overrides output.dir)");
+    sub->add_option("--golden", opt->golden,
+                    "Check each layout against this golden trace (parallax record) instead of "
+                    "running the reference; under mpirun, the one layout the ranks run")
+        ->check(CLI::ExistingFile);
     sub->footer(
         "Exit codes: 0 every layout matched (bitwise) or stayed within its error budget (fast); "
         "6 a layout diverged; 3 a layout could not run; 2 bad input.");
-    return [opt] { return run_validate(*opt); };
+    return [opt, mpi] { return run_validate(*opt, mpi); };
 }
 
 }  // namespace px::app

@@ -37,6 +37,7 @@ std::function<int()> add_inspect_command(CLI::App& app);  // parallax inspect FI
 std::function<int()> add_convert_command(CLI::App& app);  // parallax convert IN --to OUT
 std::function<int()> add_gradcheck_command(CLI::App& app);  // parallax gradcheck [CONFIG] [--op ..]
 std::function<int()> add_check_command(CLI::App& app);  // parallax check determinism|resume [CONFIG]
-std::function<int()> add_validate_command(CLI::App& app);  // parallax validate [CONFIG] --layouts ...
+std::function<int()> add_validate_command(CLI::App& app, const comm::MpiEnvironment* mpi = nullptr);
+std::function<int()> add_record_command(CLI::App& app);  // parallax record [CONFIG] --out TRACE.h5
 
 }  // namespace px::app

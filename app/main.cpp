@@ -28,8 +28,10 @@ int run_main(int argc, char** argv, const px::comm::MpiEnvironment* mpi) {
     commands.emplace_back(app.get_subcommand("gradcheck"), run_gradcheck);
     auto run_check = px::app::add_check_command(app);
     commands.emplace_back(app.get_subcommand("check"), run_check);
-    auto run_validate = px::app::add_validate_command(app);
+    auto run_validate = px::app::add_validate_command(app, mpi);
     commands.emplace_back(app.get_subcommand("validate"), run_validate);
+    auto run_record = px::app::add_record_command(app);
+    commands.emplace_back(app.get_subcommand("record"), run_record);
 
     try {
         app.parse(argc, argv);

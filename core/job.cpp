@@ -520,7 +520,7 @@ double Job::evaluate() {
 
 void Job::run() {
     for (Observer* o : observers_) o->on_start(*this);
-    while (step_ < cfg_.train.steps) step();
+    while (step_ < std::min(cfg_.train.steps, stop_after_)) step();
     // ZeRO-3 keeps only a shard between steps: the finished run holds the whole model.
     if (shards_ && replica_.zero == 3) shards_->all_gather_params(*replica_.dp, model_->params());
     const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());

@@ -19,6 +19,7 @@
 #include "core/optimizer.h"
 #include "core/probe.h"
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -130,6 +131,9 @@ public:
     // Called on every rank after each step, after the observers (checkpoints: a collective).
     void set_after_step(std::function<void(Job&)> f) { after_step_ = std::move(f); }
     void set_step_hooks(StepHooks hooks) { hooks_ = std::move(hooks); }
+    // run() stops after this step, the learning-rate schedule staying train.steps' (a golden
+    // trace recorded fewer steps than the job has).
+    void stop_after(i64 step) { stop_after_ = step; }
     // Probes (core/probe.h) on every step from now on (null: none; not owned, must outlive the
     // job's steps): the model's fwd/bwd probes at the batch rows each microbatch holds, then
     // "grad" for every parameter where hooks_.grads runs, "optim" after the update. Under ZeRO
@@ -212,6 +216,7 @@ private:
     std::vector<Observer*> observers_;
     std::function<void(Job&)> after_step_;
     StepHooks hooks_;
+    i64 stop_after_ = INT64_MAX;
     ProbeSink* probes_ = nullptr;  // set_probes
     ProbeContext probe_ctx_;       // the model's probes' step and batch rows
     std::vector<StepMetrics> history_;

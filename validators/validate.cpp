@@ -8,6 +8,7 @@
 #include "core/state.h"
 #include "validators/budget.h"
 #include "validators/probes.h"
+#include "validators/trace.h"
 
 #include <nlohmann/json.hpp>
 
@@ -52,6 +53,8 @@ std::string first_text(const LayoutResult& r) {
     std::string s = "step " + std::to_string(r.first_step);
     s += ", ";
     s += c.name;
+    const bool same = r.first_op_rank >= 0 && r.first_op.name == c.name;  // a golden trace's probe
+    if (same) s += " on rank " + std::to_string(r.first_op_rank) + " ";
     s += "[";
     for (size_t i = 0; i < c.first_index.size(); i++) {
         if (i) s += ", ";
@@ -61,7 +64,7 @@ std::string first_text(const LayoutResult& r) {
     std::snprintf(vals, sizeof vals, "]: %.9g vs %.9g", static_cast<double>(c.first_reference),
                   static_cast<double>(c.first_candidate));
     s += vals;
-    if (r.first_op_rank >= 0) {
+    if (r.first_op_rank >= 0 && !same) {
         const Comparison& o = r.first_op;
         s += "; first op: " + o.name + " on rank " + std::to_string(r.first_op_rank) + " [";
         for (size_t i = 0; i < o.first_index.size(); i++) {
@@ -291,6 +294,69 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
                 r.verdict = r.first_step < 0 ? "match" : "diverged";
                 if (r.first_step > 0) search_first_op(ref_cfg, c, r);
             }
+        } catch (const std::exception& e) {
+            r.verdict = "error";
+            r.error = e.what();
+        }
+        r.seconds = seconds_since(t1);
+        if (progress) progress(r);
+        rep.layouts.push_back(std::move(r));
+    }
+    return rep;
+}
+
+void set_golden_result(LayoutResult& r, const GoldenResult& g, i64 steps) {
+    r.steps = steps;
+    r.max_ulp = g.max_ulp;
+    if (g.first_order < 0) {
+        r.verdict = "match";
+        if (g.probes == 0) {
+            r.verdict = "error";
+            r.error = "no probe of the trace was recorded by this layout (probes cover the single "
+                      "device and data parallelism so far)";
+        }
+        return;
+    }
+    r.verdict = "diverged";
+    r.first_step = std::stoll(g.first.name.substr(0, g.first.name.find('/')));
+    r.first = g.first;
+    r.differing = {g.first};
+    r.first_op = g.first;
+    r.first_op_rank = g.rank;
+}
+
+ValidationReport validate_golden(const Config& base, const std::vector<LayoutSpec>& layouts,
+                                 const TraceReader& trace, void (*progress)(const LayoutResult&)) {
+    const TraceInfo& t = trace.info();
+    Config cfg = base;
+    cfg.train.steps = parse_config(t.config_toml, trace.path()).train.steps;
+    check_trace_config(t, cfg, trace.path());
+    cfg.output.run_file = false;
+    cfg.output.export_llmc.clear();
+    cfg.checkpoint = CheckpointConfig{};
+    ValidationReport rep;
+    rep.job = base.source_name + " against " + trace.path();
+    rep.mode = "bitwise";
+    rep.steps = t.steps;
+    for (const LayoutSpec& spec : layouts) {
+        LayoutResult r;
+        r.layout = spec.name;
+        const auto t1 = Clock::now();
+        try {
+            Config c = with_layout(cfg, spec);
+            const int n = c.layout.dp * c.layout.tp * c.layout.pp;
+            std::vector<std::unique_ptr<ProbeRecorder>> recs;
+            for (int k = 0; k < n; k++) recs.push_back(std::make_unique<ProbeRecorder>(t.patterns, t.stride));
+            // The trace's steps of the trace's schedule.
+            run_layout(c, {}, {}, {}, {}, [&](Job& job) {
+                job.set_probes(recs[static_cast<size_t>(job.dp_rank())].get());
+                job.stop_after(t.steps);
+            });
+            std::vector<const ProbeRecorder*> view;
+            for (const auto& rec : recs) view.push_back(rec.get());
+            set_golden_result(r, compare_to_trace(trace, view), t.steps);
+        } catch (const DataError&) {
+            throw;  // the trace itself is damaged: bad input, not a layout's failure
         } catch (const std::exception& e) {
             r.verdict = "error";
             r.error = e.what();

@@ -101,6 +101,20 @@ struct ValidationReport {
     std::string to_markdown() const;
 };
 
+class TraceReader;
+
+// Each layout against a golden trace (validators/trace.h) instead of a reference run: the layout
+// runs the trace's steps with one probe recorder per rank (the trace's patterns and stride), and
+// every probe of the trace, in its order, is compared with every rank's pieces. The first probe
+// that differs is `first` and `first_op` (with its rank; first_step is its step). cfg must be the
+// trace's job (check_trace_config). Layouts without probes (tp, pp, sp for now) are "error".
+ValidationReport validate_golden(const Config& cfg, const std::vector<LayoutSpec>& layouts,
+                                 const TraceReader& trace, void (*progress)(const LayoutResult&) = nullptr);
+// The verdict of one layout from a comparison with a trace (the MPI path of parallax validate
+// builds it from its ranks' results).
+struct GoldenResult;
+void set_golden_result(LayoutResult& r, const GoldenResult& g, i64 steps);
+
 // Runs cfg on the single device for `steps` steps (cfg.train.steps is set to it), then each
 // layout in turn on in-process ranks, comparing after every step. `progress`, when given, is
 // told each layout's result as it finishes.

@@ -1,0 +1,87 @@
+"""Golden traces: `parallax record` writes the single device's probes; `parallax validate --golden`
+checks a layout against the trace without running the reference, in-process and under mpirun,
+and names the first probe, rank and element that differ."""
+import json
+import os
+import shutil
+import subprocess
+
+import h5py
+import numpy as np
+import pytest
+
+EXE = os.environ.get("PARALLAX_EXE")
+MPIRUN = shutil.which("mpirun")
+pytestmark = pytest.mark.skipif(not EXE, reason="PARALLAX_EXE is not set (run through scripts/test.sh)")
+needs_mpi = pytest.mark.skipif(not MPIRUN, reason="mpirun is not installed")
+MPI = [MPIRUN or "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
+JOB = ["--set", "train.threads=1", "--set", "model.seq_len=64"]
+FLIP = ["--set", "fault.kind=flip_grad", "--set", "fault.rank=1", "--set", "fault.step=2",
+        "--set", "fault.element=7"]
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    d = tmp_path_factory.mktemp("golden")
+    r = subprocess.run([EXE, "record", *JOB, "--out", str(d / "ref.h5"), "--steps", "3"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "MB per recorded step" in r.stdout
+    return d / "ref.h5"
+
+
+def validate(tmp_path, trace, *args, mpi=False):
+    cmd = [*MPI, EXE] if mpi else [EXE]
+    return subprocess.run([*cmd, "validate", *JOB, "--golden", str(trace), "--out", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_trace_file_holds_the_reference_probes(trace):
+    with h5py.File(trace, "r") as f:
+        assert f.attrs["format"] == b"parallax-trace" and f.attrs["format_version"] == 1
+        assert f.attrs["steps"] == 3 and f.attrs["stride"] == 1
+        order = bytes(f["order"][()]).decode().split("\n")
+        assert order[0] == "1/fwd/-/embed/out"
+        assert "3/optim/1/param/mlp.c_fc.weight" in order
+        for name in order[:5] + order[-5:]:
+            assert f["probes/" + name].dtype == np.float32
+
+
+def test_layouts_match_the_trace(tmp_path, trace):
+    r = validate(tmp_path, trace, "--layouts", "dp2,dp4xz1xmb2,dp2xz3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads((tmp_path / "validate.json").read_text())
+    assert [l["verdict"] for l in rep["layouts"]] == ["match"] * 3
+
+
+def test_a_flipped_gradient_is_named_by_probe_rank_and_element(tmp_path, trace):
+    r = validate(tmp_path, trace, "--layouts", "dp2", *FLIP)
+    assert r.returncode == 6, r.stdout + r.stderr
+    assert "step 2, 2/grad/-/param/wte on rank 1 [0, 7]" in r.stdout
+    l = json.loads((tmp_path / "validate.json").read_text())["layouts"][0]
+    assert l["first_op"]["name"] == "2/grad/-/param/wte" and l["first_op_rank"] == 1
+    assert l["first_op"]["first_index"] == [0, 7]
+
+
+def test_another_job_or_a_damaged_trace_is_refused(tmp_path, trace):
+    r = validate(tmp_path, trace, "--layouts", "dp2", "--set", "train.lr=0.001")
+    assert r.returncode == 2 and "[train]" in r.stderr and str(trace) in r.stderr
+    bad = tmp_path / "bad.h5"
+    shutil.copy(trace, bad)
+    with h5py.File(bad, "r+") as f:
+        d = f["probes/2/fwd/0/ln_1/out"]
+        x = d[()]
+        x.flat[3] = x.flat[3] + 1.0
+        d[...] = x
+    r = validate(tmp_path, bad, "--layouts", "dp2")
+    assert r.returncode == 2 and "2/fwd/0/ln_1/out fails its checksum" in r.stderr
+
+
+@needs_mpi
+def test_golden_validation_under_mpirun(tmp_path, trace):
+    r = validate(tmp_path, trace, "--layouts", "dp2", mpi=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("dp2         3  match") == 1  # rank 0 reports
+    r = validate(tmp_path, trace, "--layouts", "dp2", *FLIP, mpi=True)
+    assert r.returncode == 6, r.stdout + r.stderr
+    assert "step 2, 2/grad/-/param/wte on rank 1 [0, 7]" in r.stdout

@@ -1,0 +1,252 @@
+#include "validators/trace.h"
+
+#include "core/checkpoint.h"  // checksum_f32
+#include "core/error.h"
+#include "core/hdf5_util.h"
+#include "core/job.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <sstream>
+#include <unistd.h>
+
+namespace px {
+
+namespace {
+
+using namespace h5;
+constexpr const char* kFormat = "parallax-trace";
+constexpr std::int64_t kVersion = 1;
+
+std::string joined(const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); i++) {
+        if (i) s += '\n';
+        s += v[i];
+    }
+    return s;
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+    std::vector<std::string> out;
+    std::stringstream in(s);
+    std::string line;
+    while (std::getline(in, line))
+        if (!line.empty()) out.push_back(line);
+    return out;
+}
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+    throw DataError("golden trace " + path + ": " + what + hdf5_detail());
+}
+
+// Groups "probes/3/fwd/2/attn.qkv" one level at a time, each with compact storage.
+void ensure_groups(hid_t file, const std::string& path, std::set<std::string>& made,
+                   const std::string& where) {
+    size_t at = 0;
+    while ((at = path.find('/', at + 1)) != std::string::npos) {
+        const std::string g = path.substr(0, at);
+        if (made.count(g)) continue;
+        H gcpl(H5Pcreate(H5P_GROUP_CREATE), H5Pclose);
+        if (!gcpl.ok() || !compact_storage(gcpl.get())) fail(where, "cannot set up group " + g);
+        H grp(H5Gcreate2(file, g.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), H5Gclose);
+        if (!grp.ok()) fail(where, "cannot create group " + g);
+        made.insert(g);
+    }
+}
+
+}  // namespace
+
+void write_trace(const std::string& path, const ProbeRecorder& rec, const TraceInfo& info) {
+    const std::filesystem::path p(path);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+    std::string tmp_name = ".";
+    tmp_name.append(p.filename().string()).append(".tmp-").append(std::to_string(::getpid()));
+    const std::string tmp =
+        (p.has_parent_path() ? p.parent_path() : std::filesystem::path(".")).append(tmp_name).string();
+    {
+        QuietHdf5 quiet;
+        H fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+        H fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+        if (!fapl.ok() || !fcpl.ok() || H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V110) < 0 ||
+            !compact_storage(fcpl.get()))
+            fail(path, "cannot set up the file's properties");
+        H file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()), H5Fclose);
+        if (!file.ok()) fail(path, "cannot create " + tmp + "; is the folder writable?");
+        if (!put_string(file.get(), "format", kFormat) || !put_i64(file.get(), "format_version", kVersion) ||
+            !put_string(file.get(), "created", iso_time_utc()) ||
+            !put_string(file.get(), "config", info.config_toml) ||
+            !put_string(file.get(), "patterns", joined(info.patterns)) ||
+            !put_i64(file.get(), "stride", info.stride) || !put_i64(file.get(), "steps", info.steps))
+            fail(path, "cannot write the attributes");
+        const std::string order = joined(info.order);
+        const hsize_t n = std::max<hsize_t>(order.size(), 1);
+        H space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+        H ds(H5Dcreate2(file.get(), "order", H5T_STD_U8LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+             H5Dclose);
+        std::string buf = order;
+        buf.resize(n, '\n');
+        if (!ds.ok() || H5Dwrite(ds.get(), H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
+            fail(path, "cannot write /order");
+        std::set<std::string> made;
+        for (const std::string& name : info.order) {
+            std::vector<i64> shape;
+            const std::vector<float> data = rec.unshard(name, &shape);
+            const std::string dpath = "probes/" + name;
+            ensure_groups(file.get(), dpath, made, path);
+            std::vector<hsize_t> dims(shape.begin(), shape.end());
+            if (dims.empty()) dims.push_back(data.size());
+            H dspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+            H d(H5Dcreate2(file.get(), dpath.c_str(), H5T_IEEE_F32LE, dspace.get(), H5P_DEFAULT, H5P_DEFAULT,
+                           H5P_DEFAULT),
+                H5Dclose);
+            if (!d.ok() || H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0 ||
+                !put_u64(d.get(), "checksum", checksum_f32(data.data(), static_cast<i64>(data.size()))))
+                fail(path, "cannot write probe " + name);
+        }
+        if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0 || file.close() < 0) fail(path, "cannot close " + tmp);
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) {
+        std::filesystem::remove(tmp);
+        throw DataError("golden trace " + path + ": cannot rename " + tmp + " to it: " + ec.message());
+    }
+}
+
+i64 record_trace(const Config& cfg, const std::vector<std::string>& patterns, i64 stride, i64 steps,
+                 const std::string& path) {
+    ProbeRecorder rec(patterns, stride);
+    {
+        Job job(cfg);
+        job.set_probes(&rec);
+        while (job.steps_done() < steps) job.step();
+    }
+    TraceInfo info;
+    info.config_toml = config_to_toml(cfg);
+    info.patterns = patterns;
+    info.stride = stride;
+    info.steps = steps;
+    info.order = rec.names();
+    write_trace(path, rec, info);
+    return rec.bytes();
+}
+
+struct TraceReader::Impl {
+    std::string path;
+    TraceInfo info;
+    H file;
+};
+
+TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+    impl_->path = path;
+    QuietHdf5 quiet;
+    if (!std::filesystem::exists(path)) fail(path, "no such file; record one with parallax record");
+    impl_->file = H(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    if (!impl_->file.ok()) fail(path, "is not an HDF5 file (or is damaged)");
+    const hid_t f = impl_->file.get();
+    std::string format, patterns;
+    std::int64_t version = 0;
+    if (!get_string(f, "format", format) || format != kFormat)
+        fail(path, "is not a parallax trace (format attribute \"" + format + "\"); record one with parallax record");
+    if (!get_number(f, "format_version", H5T_NATIVE_INT64, version) || version != kVersion)
+        fail(path, "format_version " + std::to_string(version) + ", this build reads " + std::to_string(kVersion));
+    TraceInfo& info = impl_->info;
+    if (!get_string(f, "config", info.config_toml) || !get_string(f, "patterns", patterns) ||
+        !get_number(f, "stride", H5T_NATIVE_INT64, info.stride) ||
+        !get_number(f, "steps", H5T_NATIVE_INT64, info.steps))
+        fail(path, "its attributes are missing or damaged");
+    info.patterns = split_lines(patterns);
+    H ds(H5Dopen2(f, "order", H5P_DEFAULT), H5Dclose);
+    H space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
+    const hssize_t n = space.ok() ? H5Sget_simple_extent_npoints(space.get()) : -1;
+    if (n < 0) fail(path, "/order is missing or damaged");
+    std::string buf(static_cast<size_t>(n), '\0');
+    if (H5Dread(ds.get(), H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
+        fail(path, "cannot read /order");
+    info.order = split_lines(buf);
+}
+
+TraceReader::~TraceReader() {
+    QuietHdf5 quiet;
+    impl_->file.close();
+}
+
+const TraceInfo& TraceReader::info() const { return impl_->info; }
+const std::string& TraceReader::path() const { return impl_->path; }
+
+std::vector<float> TraceReader::read(const std::string& name, std::vector<i64>* shape) const {
+    QuietHdf5 quiet;
+    const std::string& path = impl_->path;
+    const std::string dpath = "probes/" + name;
+    if (H5Lexists(impl_->file.get(), "probes", H5P_DEFAULT) <= 0) fail(path, "has no /probes group");
+    H ds(H5Dopen2(impl_->file.get(), dpath.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!ds.ok()) fail(path, "probe " + name + " is missing");
+    H space(H5Dget_space(ds.get()), H5Sclose);
+    const int rank = space.ok() ? H5Sget_simple_extent_ndims(space.get()) : -1;
+    if (rank < 1 || rank > 8) fail(path, "probe " + name + " has a damaged shape");
+    std::vector<hsize_t> dims(static_cast<size_t>(rank));
+    H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    i64 count = 1;
+    shape->assign(dims.begin(), dims.end());
+    for (hsize_t d : dims) count *= static_cast<i64>(d);
+    std::vector<float> out(static_cast<size_t>(count));
+    std::uint64_t stored = 0;
+    if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0 ||
+        !get_number(ds.get(), "checksum", H5T_NATIVE_UINT64, stored))
+        fail(path, "cannot read probe " + name);
+    if (checksum_f32(out.data(), count) != stored)
+        fail(path, "probe " + name + " fails its checksum: the file is damaged; record it again");
+    return out;
+}
+
+void check_trace_config(const TraceInfo& trace, const Config& cfg, const std::string& path) {
+    const Config t = parse_config(trace.config_toml, path);
+    std::vector<std::string> bad;
+    if (!(t.model == cfg.model)) bad.push_back("[model]");
+    TrainConfig a = t.train, b = cfg.train;
+    a.threads = b.threads = 0;
+    a.steps = b.steps = 0;  // the run's steps are the trace's, set by the caller
+    if (!(a == b)) bad.push_back("[train]");
+    if (!(t.data == cfg.data)) bad.push_back("[data]");
+    if (t.numerics.block != cfg.numerics.block) bad.push_back("numerics.block");
+    if (t.train.steps != cfg.train.steps) bad.push_back("train.steps (the learning-rate schedule)");
+    if (bad.empty()) return;
+    std::string msg = "golden trace " + path + " was recorded from another job: ";
+    for (size_t i = 0; i < bad.size(); i++) msg += (i ? ", " : "") + bad[i];
+    msg += " differ. Validate the config it was recorded from (its config attribute; parallax "
+           "record writes it), changing only [layout]";
+    throw ConfigError(msg);
+}
+
+GoldenResult compare_to_trace(const TraceReader& trace, const std::vector<const ProbeRecorder*>& ranks,
+                              int rank0) {
+    GoldenResult g;
+    const std::vector<std::string>& order = trace.info().order;
+    for (size_t i = 0; i < order.size(); i++) {
+        const std::string& name = order[i];
+        bool seen = false;
+        std::vector<i64> shape;
+        std::vector<float> want;
+        for (size_t k = 0; k < ranks.size(); k++) {
+            if (!ranks[k]->has(name)) continue;
+            if (!seen) want = trace.read(name, &shape);
+            seen = true;
+            Comparison c = compare(name, want, ranks[k]->overlay(name, want), shape);
+            g.max_ulp = (c.max_ulp == kNoUlp || g.max_ulp == kNoUlp) ? kNoUlp : std::max(g.max_ulp, c.max_ulp);
+            if (!c.equal() && g.first_order < 0) {
+                g.first_order = static_cast<i64>(i);
+                g.rank = rank0 + static_cast<int>(k);
+                g.first = std::move(c);
+            }
+        }
+        if (seen) g.probes++;
+        else g.missing++;
+        if (g.first_order >= 0) break;  // what follows the first difference is its consequence
+    }
+    return g;
+}
+
+}  // namespace px

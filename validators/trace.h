@@ -1,0 +1,85 @@
+// Golden traces (DESIGN.md §4): the single-device reference's probes recorded to one HDF5 file,
+// so that a layout — on a cluster, under mpirun — is checked against it later without running
+// the reference (parallax record, parallax validate --golden).
+//
+// Index
+//   TraceInfo       what a trace holds besides its tensors: config, patterns, stride, steps, order
+//   write_trace     a recorder's probes to a file (atomically: temporary file, rename)
+//   record_trace    runs a config on the single device with probes and writes its trace
+//   TraceReader     opens and checks a trace; reads one probe's logical tensor (checksum verified)
+//   check_trace_config  a run's config computes what the trace's did (model, train, data, numerics)
+//   GoldenResult    the first probe where a rank's piece differs from the trace
+//   compare_to_trace    recorders (one per rank) against a trace, in the trace's order
+//
+// File (format "parallax-trace", format_version 1; HDF5 1.8 format, compact groups, fixed-length
+// strings, as checkpoints, core/checkpoint.h):
+//   /                                  attributes: format, format_version, created, config (the
+//                                      job's TOML), patterns (newline-joined globs), stride, steps
+//   /order                             uint8: probe names in the reference's order of execution,
+//                                      newline-joined
+//   /probes/<step>/<phase>/<layer>/<op>/<tensor>   float32 in the probe's logical shape (the
+//                                      probe name is the path), attribute checksum (uint64, the
+//                                      checkpoint checksum of its elements)
+#pragma once
+#include "core/config.h"
+#include "validators/compare.h"
+#include "validators/probes.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace px {
+
+struct TraceInfo {
+    std::string config_toml;
+    std::vector<std::string> patterns;
+    i64 stride = 1, steps = 0;
+    std::vector<std::string> order;  // probe names, the reference's order of execution
+};
+
+// Throws DataError naming the file when it cannot be written.
+void write_trace(const std::string& path, const ProbeRecorder& rec, const TraceInfo& info);
+// cfg on the single device for `steps` steps, probes `patterns` every `stride` steps; returns the
+// bytes of tensors written.
+i64 record_trace(const Config& cfg, const std::vector<std::string>& patterns, i64 stride,
+                 i64 steps, const std::string& path);
+
+class TraceReader {
+public:
+    explicit TraceReader(const std::string& path);  // DataError naming the file and the problem
+    ~TraceReader();
+    TraceReader(const TraceReader&) = delete;
+    TraceReader& operator=(const TraceReader&) = delete;
+
+    const TraceInfo& info() const;
+    const std::string& path() const;
+    // One probe's logical tensor; DataError when it is missing or its checksum does not verify.
+    std::vector<float> read(const std::string& name, std::vector<i64>* shape) const;
+
+    struct Impl;
+
+private:
+    std::unique_ptr<Impl> impl_;
+};
+
+// The run's config must compute what the trace's did: the same [model], [train] (threads aside),
+// [data] and numerics.block; the layout and numerics.mode may differ. ConfigError naming the
+// section and the trace otherwise.
+void check_trace_config(const TraceInfo& trace, const Config& cfg, const std::string& path);
+
+struct GoldenResult {
+    i64 probes = 0;            // probes compared (each over every rank's pieces)
+    std::int64_t max_ulp = 0;  // over every element compared (kNoUlp: a NaN mismatch)
+    i64 first_order = -1;      // index in the trace's order of the first differing probe; -1: none
+    int rank = -1;             // the rank whose piece differs there
+    Comparison first;          // in logical coordinates; name: the probe
+    i64 missing = 0;           // probes of the trace that no rank recorded
+};
+
+// ranks[k] recorded world rank (rank0 + k). Every probe of the trace, in order, against every
+// recorder holding it.
+GoldenResult compare_to_trace(const TraceReader& trace, const std::vector<const ProbeRecorder*>& ranks,
+                              int rank0 = 0);
+
+}  // namespace px
