@@ -5,17 +5,17 @@
 // layout is checked against a recorded trace instead (validators/trace.h); under mpirun this
 // process is one rank of the one layout given, and rank 0 reports.
 #include "app/commands.h"
+#include "core/comm/mpi.h"
 #include "core/config.h"
 #include "core/error.h"
-#include "core/comm/mpi.h"
+#include "core/parallel/pipeline.h"
 #include "core/parallel/runner.h"
 #include "validators/trace.h"
 #include "validators/validate.h"
 
 #include <climits>
-#include <cstring>
-
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -98,18 +98,24 @@ ValidationReport validate_golden_mpi(const Config& cfg, const LayoutSpec& spec, 
     c.output.run_file = false;
     c.checkpoint = CheckpointConfig{};
     c.train.threads = threads_per_rank(c, comm::local_ranks());
-    if (c.layout.tp > 1 || c.layout.pp > 1 || c.layout.sequence_parallel)
-        throw ConfigError("layout " + spec.name + ": golden traces cover the single device and data "
-                          "parallelism so far (the probes of tp, pp and sp are not built yet)");
+    if (c.layout.tp > 1 || c.layout.sequence_parallel)
+        throw ConfigError("layout " + spec.name + ": golden traces cover the single device, data and "
+                          "pipeline parallelism so far (the probes of tp and sp are not built yet)");
     const std::unique_ptr<comm::Communicator> world = mpi.world(c.layout.timeout_s);
     ProbeRecorder rec(t.patterns, t.stride);
     LayoutResult r;
     r.layout = spec.name;
     try {
-        run_rank(c, *world, {}, {}, {}, {}, {}, [&](Job& job) {
-            job.set_probes(&rec);
-            job.stop_after(t.steps);
-        });
+        run_rank(
+            c, *world, {}, {}, {}, {}, {},
+            [&](Job& job) {
+                job.set_probes(&rec);
+                job.stop_after(t.steps);
+            },
+            [&](PipelineJob& stage) {
+                stage.set_probes(&rec);
+                stage.stop_after(t.steps);
+            });
     } catch (const std::exception& e) {
         world->abort("rank " + std::to_string(mpi.rank()) + " failed: " + e.what());
         throw;
@@ -126,8 +132,14 @@ ValidationReport validate_golden_mpi(const Config& cfg, const LayoutSpec& spec, 
         worst = std::max(worst, all[static_cast<size_t>(2 * k + 1)]);
     }
     world->all_reduce_max(&probes, 1);
+    // Probes of the trace that no rank recorded (each rank holds its stage's and shard's only).
+    std::vector<i64> held(t.order.size());
+    for (size_t i = 0; i < held.size(); i++) held[i] = rec.has(t.order[i]) ? 1 : 0;
+    world->all_reduce_max(held.data(), static_cast<i64>(held.size()));
     GoldenResult total;
     total.probes = probes;
+    if (best == INT64_MAX)
+        for (i64 h : held) total.missing += h == 0 ? 1 : 0;
     total.max_ulp = worst == INT64_MAX ? kNoUlp : worst;
     if (best != INT64_MAX) {
         const int owner = static_cast<int>(best % world->size());

@@ -345,18 +345,6 @@ void Job::all_gather_tokens(std::vector<float>& all, const float* local, i64 per
     replica_.dp->all_gather(all.data(), local, per_rank);
 }
 
-void Job::probe_params(i64 step, const char* phase, const char* op, const float* data, i64 lo,
-                       i64 hi) {
-    for (const TableEntry& e : model_->table().entries) {
-        const ProbeKey key{step, phase, e.layer, op, kGpt2Params[e.spec].name};
-        const i64 a = std::max(lo, e.offset), b = std::min(hi, e.offset + e.numel());
-        if (a >= b || !probes_->wants(key)) continue;
-        std::vector<i64> shape{e.cols};
-        if (kGpt2Params[e.spec].rows != Dim::one) shape.insert(shape.begin(), e.rows);
-        probes_->capture(key, data + (a - lo), flat_shard(shape, a - e.offset, b - e.offset));
-    }
-}
-
 MemoryStats Job::memory() const {
     MemoryStats m;
     m.params = model_->table().total * static_cast<i64>(sizeof(float));
@@ -433,7 +421,7 @@ StepMetrics Job::step() {
     if (hooks_.grads) hooks_.grads(step_ + 1, g);
     if (probing) {  // ZeRO-2/3: only this rank's shard of g is complete
         const i64 lo = zero >= 2 ? shards_->lo() : 0;
-        probe_params(step_ + 1, "grad", "param", g + lo, lo,
+        model_->probe_params(*probes_, step_ + 1, "grad", "param", g + lo, lo,
                      zero >= 2 ? shards_->hi() : model_->table().total);
     }
     const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());
@@ -467,10 +455,10 @@ StepMetrics Job::step() {
     if (hooks_.updated) hooks_.updated(step_);
     if (probing) {  // ZeRO-3 holds only its shard of the weights; ZeRO-1..3 of the moments
         const i64 lo = zero == 3 ? shards_->lo() : 0;
-        probe_params(step_, "optim", "param", model_->params() + lo, lo,
+        model_->probe_params(*probes_, step_, "optim", "param", model_->params() + lo, lo,
                      zero == 3 ? shards_->hi() : model_->table().total);
-        probe_params(step_, "optim", "adam.m", opt_->m(), opt_->lo(), opt_->hi());
-        probe_params(step_, "optim", "adam.v", opt_->v(), opt_->lo(), opt_->hi());
+        model_->probe_params(*probes_, step_, "optim", "adam.m", opt_->m(), opt_->lo(), opt_->hi());
+        model_->probe_params(*probes_, step_, "optim", "adam.v", opt_->v(), opt_->lo(), opt_->hi());
     }
 
     const double secs = seconds_since(t0);

@@ -138,8 +138,8 @@ public:
     // job's steps): the model's fwd/bwd probes at the batch rows each microbatch holds, then
     // "grad" for every parameter where hooks_.grads runs, "optim" after the update. Under ZeRO
     // only this rank's shard of a tensor is valid: its pieces are the flat shard [lo, hi) of
-    // the arena cut into slabs (flat_shard). v1: single device and data parallelism; a job
-    // under tensor or sequence parallelism probes nothing. Evaluation is never probed.
+    // the arena cut into slabs (flat_shard). A job under tensor or sequence parallelism probes
+    // nothing yet (pipeline stages: PipelineJob::set_probes). Evaluation is never probed.
     void set_probes(ProbeSink* sink) { probes_ = sink; }
     // This rank's state between steps, and back (no communication; every rank of the job must
     // rewind to the same step before the next one). Not under ZeRO-3 with dp > 1, whose
@@ -195,10 +195,6 @@ public:
 private:
     void accumulate_microbatch(int k);
     void all_gather_tokens(std::vector<float>& all, const float* local, i64 per_rank);
-    // Offers every parameter's floats [lo, hi) of `data` (a ParamTable-laid-out array whose
-    // element `lo` is data[0]) as probes step/phase/layer/op/<its GPT-2 name>.
-    void probe_params(i64 step, const char* phase, const char* op, const float* data, i64 lo,
-                      i64 hi);
 
     Config cfg_;
     Numerics nx_;

@@ -494,4 +494,16 @@ void GPT::combine_tied_grads(float* grads) const {
     for (i64 i = 0; i < n; i++) dwte[i] = dwte[i] + head[i];
 }
 
+void GPT::probe_params(ProbeSink& sink, i64 step, const char* phase, const char* op,
+                       const float* data, i64 lo, i64 hi) const {
+    for (const TableEntry& e : table_.entries) {
+        const ProbeKey key{step, phase, e.layer, op, kGpt2Params[e.spec].name};
+        const i64 a = std::max(lo, e.offset), b = std::min(hi, e.offset + e.numel());
+        if (a >= b || !sink.wants(key)) continue;
+        std::vector<i64> shape{e.cols};
+        if (kGpt2Params[e.spec].rows != Dim::one) shape.insert(shape.begin(), e.rows);
+        sink.capture(key, data + (a - lo), flat_shard(shape, a - e.offset, b - e.offset));
+    }
+}
+
 }  // namespace px

@@ -194,6 +194,12 @@ public:
         probes_ = layers_ ? nullptr : sink;
         probe_ctx_ = ctx;
     }
+    // Offers every parameter's floats [lo, hi) of `data` (laid out by this model's table, element
+    // `lo` at data[0]) to `sink` as probes step/phase/layer/op/<its GPT-2 name>, in their
+    // logical shapes (a flat shard of a tensor as flat_shard's pieces). The trainer calls it for
+    // the reduced gradient ("grad") and the updated weights and moments ("optim").
+    void probe_params(ProbeSink& sink, i64 step, const char* phase, const char* op,
+                      const float* data, i64 lo, i64 hi) const;
 
     // ---- chunks: one run of layers on one microbatch, with caller-owned activations ----------
     // Activations sized for chunk c on microbatches of B sequences of T tokens.

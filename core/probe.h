@@ -5,9 +5,9 @@
 // layouts. The model and the Job call a ProbeSink; they never store anything themselves, and a
 // run without a sink costs one null-pointer test per op (the bits never change either way).
 //
-// v1 probes the single device and data parallelism (ZeRO-0..3); under tensor, sequence or
-// pipeline parallelism nothing is probed yet. The interface already carries several pieces per
-// rank (tp's qkv blocks), so later layouts need no change here.
+// Probed so far: the single device, data parallelism (ZeRO-0..3) and pipeline stages; under
+// tensor or sequence parallelism nothing is probed yet. The interface already carries several
+// pieces per rank (tp's qkv blocks), so those layouts need no change here.
 //
 // Phases:
 //   fwd    an op's output activation, per microbatch (tensor "out")

@@ -24,8 +24,8 @@
 // of execution (forward ops, backward ops, the reduced gradients, the update): the first probe
 // where a rank's piece differs is the first op whose output differs while everything computed
 // before it (its inputs) agrees. The answer names the step, phase, layer, op, tensor, the rank,
-// the element and both values. Probes cover the single device and data parallelism (ZeRO 0-3)
-// for now; other layouts say so in first_op_note.
+// the element and both values. Probes cover the single device, data parallelism (ZeRO 0-3) and
+// pipeline parallelism for now; other layouts (tp, sp) say so in first_op_note.
 //
 // Verdicts. bitwise mode: "match" when every comparison of every step is bit-identical, else
 // "diverged", naming the first step with a difference and, in it, the first differing tensor
@@ -74,8 +74,8 @@ struct LayoutResult {
     Comparison first;         // its first differing tensor
     std::vector<Comparison> differing;  // every differing tensor of the first such step
     std::vector<Comparison> final_step;  // every comparison after the last step
-    // The first-divergence search (bitwise mode, layouts with probes: the single device and data
-    // parallelism for now): the first probe, in the single device's execution order over the
+    // The first-divergence search (bitwise mode, layouts with probes: the single device, data and
+    // pipeline parallelism for now): the first probe, in the single device's execution order over the
     // step before first_step and first_step, where a rank's piece differs from the reference;
     // its Comparison is in logical coordinates and names the element and both values.
     int first_op_rank = -1;       // the world rank whose piece differs first; -1: not found
@@ -107,7 +107,7 @@ class TraceReader;
 // runs the trace's steps with one probe recorder per rank (the trace's patterns and stride), and
 // every probe of the trace, in its order, is compared with every rank's pieces. The first probe
 // that differs is `first` and `first_op` (with its rank; first_step is its step). cfg must be the
-// trace's job (check_trace_config). Layouts without probes (tp, pp, sp for now) are "error".
+// trace's job (check_trace_config). Layouts without probes (tp, sp for now) are "error".
 ValidationReport validate_golden(const Config& cfg, const std::vector<LayoutSpec>& layouts,
                                  const TraceReader& trace, void (*progress)(const LayoutResult&) = nullptr);
 // The verdict of one layout from a comparison with a trace (the MPI path of parallax validate

@@ -403,6 +403,15 @@ void PipelineJob::wait_sends() {
         for (auto& s : chunk) s->pending.wait();
 }
 
+// The model's probes for microbatch m: this replica's rows of it in the step's batch.
+void PipelineJob::set_probe_rows(int m) {
+    if (!probes_) return;
+    probe_ctx_.step = step_ + 1;
+    probe_ctx_.batch_total = cfg_.train.batch_size;
+    probe_ctx_.batch_lo = dp_rank_ * local_B_ + m * micro_B_;
+    model_->set_probes(probes_, &probe_ctx_);
+}
+
 // This rank's list, in order (schedule.h gives each action's meaning).
 void PipelineJob::run_actions() {
     const i64 N = cfg_.train.batch_size * T_;
@@ -418,6 +427,7 @@ void PipelineJob::run_actions() {
                            message_tag(schedule_, rank_, a));
                 break;
             case Action::forward:
+                set_probe_rows(m);
                 if (live == nullptr) {
                     PX_ASSERT(stage_of(rank_, c, pp_) == 0, "forward before its input arrived");
                     live = acquire(c);
@@ -442,6 +452,7 @@ void PipelineJob::run_actions() {
                 // it before a recomputing backward writes the output again.
                 live->pending.wait();
                 TreeAccumulator& acc = acc_[static_cast<size_t>(c)];
+                set_probe_rows(m);
                 model_->backward(live->acts, c, acc.begin(m), tokens(m), targets(m), dloss);
                 acc.end(m);
                 if (stage_of(rank_, c, pp_) == 0) {  // nothing to send back: done with it
@@ -459,6 +470,7 @@ void PipelineJob::run_actions() {
                 break;
         }
     }
+    model_->set_probes(nullptr, nullptr);
     wait_sends();
     for (int c = 0; c < v_; c++) {
         PX_ASSERT(acc_[static_cast<size_t>(c)].complete(),
@@ -640,6 +652,12 @@ StepMetrics PipelineJob::step() {
         replica_.dp->all_reduce(g, model_->grad_layout().total, replica_.algo);
     exchange_tied_grads(g);
     if (hooks_.grads) hooks_.grads(step_ + 1, g);
+    const bool probing = probes_ && !model_->parallel_layers();
+    if (probing) {  // ZeRO-2/3: only this rank's shard of g is complete
+        const i64 lo = zero_ >= 2 ? opt_->lo() : 0;
+        model_->probe_params(*probes_, step_ + 1, "grad", "param", g + lo, lo,
+                             zero_ >= 2 ? opt_->hi() : model_->table().total);
+    }
     const float norm = grad_norm(g);
 
     StepMetrics m;
@@ -666,6 +684,13 @@ StepMetrics PipelineJob::step() {
     }
     step_++;
     if (hooks_.updated) hooks_.updated(step_);
+    if (probing) {  // ZeRO-3 holds only its shard of the weights; ZeRO-1..3 of the moments
+        const i64 lo = zero_ == 3 ? opt_->lo() : 0;
+        model_->probe_params(*probes_, step_, "optim", "param", model_->params() + lo, lo,
+                             zero_ == 3 ? opt_->hi() : model_->table().total);
+        model_->probe_params(*probes_, step_, "optim", "adam.m", opt_->m(), opt_->lo(), opt_->hi());
+        model_->probe_params(*probes_, step_, "optim", "adam.v", opt_->v(), opt_->lo(), opt_->hi());
+    }
 
     const double secs = seconds_since(t0);
     m.comm_bytes = bytes_sent(comm_) - sent0;
@@ -903,7 +928,7 @@ void PipelineJob::unshard() {
 }
 
 void PipelineJob::run(const std::function<void(const StepMetrics&)>& on_step) {
-    while (step_ < cfg_.train.steps) {
+    while (step_ < std::min(cfg_.train.steps, stop_after_)) {
         const StepMetrics m = step();
         if (on_step) on_step(m);
     }
@@ -942,7 +967,8 @@ void PipelineJob::rewind(const LocalSnapshot& s) {
 void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
                        const std::vector<Observer*>& observers,
                        const std::function<void(PipelineJob&)>& inspect,
-                       const std::function<void(PipelineJob&)>& each_step) {
+                       const std::function<void(PipelineJob&)>& each_step,
+                       const std::function<void(PipelineJob&)>& setup) {
     const Layout l = make_layout(cfg);
     check_pipeline_layout(l, cfg.source_name);
     const Mesh mesh(l);
@@ -969,6 +995,7 @@ void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
     faults.attach(job);
     ReplicaCheck check(cfg, world);
     check.start(job);
+    if (setup) setup(job);
     const bool report = r == 0;
     if (report)
         for (Observer* o : observers) o->on_start(job);
@@ -989,7 +1016,8 @@ void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
 
 void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers,
                   const std::function<void(PipelineJob&)>& inspect,
-                  const std::function<void(PipelineJob&)>& each_step) {
+                  const std::function<void(PipelineJob&)>& each_step,
+                  const std::function<void(PipelineJob&)>& setup) {
     const Layout l = make_layout(cfg);  // validates before any thread starts
     check_pipeline_layout(l, cfg.source_name);
     const int n = l.world_size();
@@ -1010,7 +1038,7 @@ void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers,
                 std::lock_guard<std::mutex> lock(inspect_mutex);
                 inspect(job);
             },
-            each_step);
+            each_step, setup);
     });
 }
 

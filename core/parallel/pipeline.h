@@ -77,9 +77,11 @@
 #include "core/job.h"
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "core/probe.h"
 #include "core/parallel/mesh.h"
 #include "core/parallel/schedule.h"
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -181,6 +183,11 @@ public:
     // each step; this rank's state between steps, copied out and back (not under ZeRO-3 with
     // dp > 1: an InternalError).
     void set_step_hooks(StepHooks hooks) { hooks_ = std::move(hooks); }
+    // Probes (core/probe.h), as Job::set_probes: the stage's ops at the batch rows of each
+    // microbatch, then its parameters' reduced gradients and updated weights and moments (the
+    // tied wte from both stages that hold it). Not under tensor parallelism yet.
+    void set_probes(ProbeSink* sink) { probes_ = sink; }
+    void stop_after(i64 step) { stop_after_ = step; }  // as Job::stop_after
     void snapshot(LocalSnapshot& into) const;
     void rewind(const LocalSnapshot& s);
 
@@ -215,6 +222,7 @@ private:
     Slot* acquire(int chunk);
     void release(int chunk, Slot* s);
     void run_actions();
+    void set_probe_rows(int m);  // the model's probes at microbatch m's batch rows
     void wait_sends();
     void exchange_tied_grads(float* g);
     float grad_norm(float* g);
@@ -236,6 +244,9 @@ private:
     comm::Communicator& comm_;  // the pp group
     ReplicaContext replica_;    // the dp group of this stage
     StepHooks hooks_;
+    ProbeSink* probes_ = nullptr;
+    ProbeContext probe_ctx_;
+    i64 stop_after_ = INT64_MAX;
     int rank_ = 0, pp_ = 1, v_ = 1, S_ = 1, M_ = 1;
     int dp_rank_ = 0, dp_ = 1;
     int tp_rank_ = 0, tp_ = 1;
@@ -272,15 +283,18 @@ private:
 // `each_step`, when given, is called on every rank after each step (and its checkpoint):
 // collectives are allowed, every rank calls it at the same step (parallax validate gathers the
 // logical state there).
+// `setup`, when given, is called on every rank with its stage before the first step.
 void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers = {},
                   const std::function<void(PipelineJob&)>& inspect = {},
-                  const std::function<void(PipelineJob&)>& each_step = {});
+                  const std::function<void(PipelineJob&)>& each_step = {},
+                  const std::function<void(PipelineJob&)>& setup = {});
 // One rank's part of run_pipeline: `world` is this rank's world communicator (a thread under
 // comm::run_ranks, or this process under MPI, core/comm/mpi.h) of dp·pp·tp ranks, cfg.train.threads
 // its OpenMP threads. Observers follow world rank 0; `inspect` is called after unshard.
 void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
                        const std::vector<Observer*>& observers,
                        const std::function<void(PipelineJob&)>& inspect = {},
-                       const std::function<void(PipelineJob&)>& each_step = {});
+                       const std::function<void(PipelineJob&)>& each_step = {},
+                       const std::function<void(PipelineJob&)>& setup = {});
 
 }  // namespace px

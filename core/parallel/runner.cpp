@@ -29,7 +29,8 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
               const std::function<void(PipelineJob&)>& inspect_stage,
               const std::function<void(Job&)>& each_step,
               const std::function<void(PipelineJob&)>& each_stage_step,
-              const std::function<void(Job&)>& setup) {
+              const std::function<void(Job&)>& setup,
+              const std::function<void(PipelineJob&)>& setup_stage) {
     const LayoutConfig& l = cfg.layout;
     // The layout checks itself first: products, divisibility, token-tree nodes (mesh.h).
     const Layout layout = make_layout(cfg);
@@ -44,7 +45,7 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
                           std::to_string(world.size()));
     if (l.pp > 1) {  // 4. pipeline parallelism: stages of layers, a schedule of actions (with
                      //    dp and tp inside, run_pipeline_rank splits the groups)
-        run_pipeline_rank(cfg, world, observers, inspect_stage, each_stage_step);
+        run_pipeline_rank(cfg, world, observers, inspect_stage, each_stage_step, setup_stage);
         return;
     }
     // 2. Data parallelism: with tp = pp = 1 the whole world is the dp group.
@@ -89,10 +90,11 @@ void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
                 const std::function<void(Job&)>& inspect,
                 const std::function<void(Job&)>& each_step,
                 const std::function<void(PipelineJob&)>& each_stage_step,
-                const std::function<void(Job&)>& setup) {
+                const std::function<void(Job&)>& setup,
+                const std::function<void(PipelineJob&)>& setup_stage) {
     const Layout layout = make_layout(cfg);  // validates before any thread starts
     if (cfg.layout.pp > 1) {
-        run_pipeline(cfg, observers, {}, each_stage_step);
+        run_pipeline(cfg, observers, {}, each_stage_step, setup_stage);
         return;
     }
     const int n = layout.world_size();

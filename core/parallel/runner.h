@@ -47,25 +47,27 @@ int threads_per_rank(const Config& cfg, int ranks_on_node);
 // collective) is called with this rank's job.
 // `each_step` / `each_stage_step`, when given, are called on every rank after each step (and
 // its checkpoint) with this rank's job or stage; collectives are allowed (every rank calls them
-// at the same step). `setup`, when given, is called on every rank with its job before the first
-// step (e.g. Job::set_probes); not for pipeline layouts.
+// at the same step). `setup` / `setup_stage`, when given, are called on every rank with its job
+// or stage before the first step (e.g. Job::set_probes).
 void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Observer*>& observers,
               const std::function<void(Job&)>& inspect = {},
               const std::function<void(PipelineJob&)>& inspect_stage = {},
               const std::function<void(Job&)>& each_step = {},
               const std::function<void(PipelineJob&)>& each_stage_step = {},
-              const std::function<void(Job&)>& setup = {});
+              const std::function<void(Job&)>& setup = {},
+              const std::function<void(PipelineJob&)>& setup_stage = {});
 
 // Trains cfg for train.steps steps on world_size(cfg.layout) in-process ranks. `observers`
 // receive rank 0's metrics. `inspect`, when given, is called once per data-parallel replica after
 // its last step, one rank at a time (tests read every replica's weights and moments there);
 // pipeline layouts hand their stages to run_pipeline's own inspect instead (pipeline.h).
-// `each_step` / `each_stage_step` and `setup` as for run_rank (pipeline layouts call the second;
-// `setup` runs on every rank's thread at once).
+// `each_step` / `each_stage_step` and `setup` / `setup_stage` as for run_rank (pipeline layouts
+// call the second of each; they run on every rank's thread at once).
 void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
                 const std::function<void(Job&)>& inspect = {},
                 const std::function<void(Job&)>& each_step = {},
                 const std::function<void(PipelineJob&)>& each_stage_step = {},
-                const std::function<void(Job&)>& setup = {});
+                const std::function<void(Job&)>& setup = {},
+                const std::function<void(PipelineJob&)>& setup_stage = {});
 
 }  // namespace px

@@ -1,6 +1,7 @@
 """Golden traces: `parallax record` writes the single device's probes; `parallax validate --golden`
-checks a layout against the trace without running the reference, in-process and under mpirun,
-and names the first probe, rank and element that differ."""
+checks a layout (data and pipeline parallel, ZeRO, microbatches) against the trace without
+running the reference, in-process and under mpirun, and names the first probe, rank and element
+that differ."""
 import json
 import os
 import shutil
@@ -48,10 +49,11 @@ def test_trace_file_holds_the_reference_probes(trace):
 
 
 def test_layouts_match_the_trace(tmp_path, trace):
-    r = validate(tmp_path, trace, "--layouts", "dp2,dp4xz1xmb2,dp2xz3")
+    layouts = ["dp2", "dp4xz1xmb2", "dp2xz3", "pp2", "pp2xmb4", "dp2xpp2xz2"]
+    r = validate(tmp_path, trace, "--layouts", ",".join(layouts))
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads((tmp_path / "validate.json").read_text())
-    assert [l["verdict"] for l in rep["layouts"]] == ["match"] * 3
+    assert [l["verdict"] for l in rep["layouts"]] == ["match"] * len(layouts)
 
 
 def test_a_flipped_gradient_is_named_by_probe_rank_and_element(tmp_path, trace):
@@ -85,3 +87,13 @@ def test_golden_validation_under_mpirun(tmp_path, trace):
     r = validate(tmp_path, trace, "--layouts", "dp2", *FLIP, mpi=True)
     assert r.returncode == 6, r.stdout + r.stderr
     assert "step 2, 2/grad/-/param/wte on rank 1 [0, 7]" in r.stdout
+
+
+@needs_mpi
+def test_golden_validation_of_a_pipeline_under_mpirun(tmp_path, trace):
+    mpi4 = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "4", EXE]
+    r = subprocess.run([*mpi4, "validate", *JOB, "--golden", str(trace), "--out", str(tmp_path),
+                        "--layouts", "dp2xpp2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads((tmp_path / "validate.json").read_text())
+    assert rep["layouts"][0]["verdict"] == "match"

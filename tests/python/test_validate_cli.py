@@ -86,6 +86,16 @@ def test_first_divergence_search_names_step_op_rank_and_element(tmp_path):
     assert "First op that differs: `3/optim/-/param/wpe" in (tmp_path / "validate.md").read_text()
 
 
+def test_first_divergence_search_in_a_pipeline(tmp_path):
+    # World rank 3 of dp2xpp2 is the second stage of replica 1: its copy of layer 1's c_fc
+    # weight flips after step 2's update.
+    r = validate(tmp_path, "--steps", "4", "--layouts", "dp2xpp2", "--set", "fault.kind=flip_weight",
+                 "--set", "fault.rank=3", "--set", "fault.step=2", "--set", "fault.tensor=h.1.mlp.c_fc.weight",
+                 "--set", "fault.element=9")
+    assert r.returncode == 6, r.stdout + r.stderr
+    assert "first op: 2/optim/1/param/mlp.c_fc.weight on rank 3 [0, 9]" in r.stdout
+
+
 def test_fast_mode_is_judged_by_the_error_budget(tmp_path):
     r = validate(tmp_path, "--steps", "3", "--mode", "fast", "--layouts", "dp2,tp2")
     assert r.returncode == 0, r.stdout + r.stderr
