@@ -14,8 +14,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <memory>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <sstream>
 
@@ -34,7 +34,8 @@ bool number_after(const std::string& part, const char* prefix, int* out) {
     const std::string p = prefix;
     if (part.size() <= p.size() || part.compare(0, p.size(), p) != 0) return false;
     const std::string digits = part.substr(p.size());
-    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 6) return false;
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 6)
+        return false;
     *out = std::stoi(digits);
     return true;
 }
@@ -44,7 +45,9 @@ std::int64_t worse(std::int64_t a, std::int64_t b) {
     return std::max(a, b);
 }
 
-std::string ulp_text(std::int64_t u) { return u == kNoUlp ? "NaN" : std::to_string(u); }
+std::string ulp_text(std::int64_t u) {
+    return u == kNoUlp ? "NaN" : std::to_string(u);
+}
 
 std::string first_text(const LayoutResult& r) {
     if (!r.error.empty()) return r.error;
@@ -133,16 +136,38 @@ void record_layout(const Config& c, std::vector<std::unique_ptr<ProbeRecorder>>&
         });
 }
 
+// One layout's run: `body` fills r; an exception that is not bad input makes the layout
+// "error" (the others still run); the time and the progress report follow.
+template <class Body>
+LayoutResult run_one(const LayoutSpec& spec, void (*progress)(const LayoutResult&), Body&& body) {
+    LayoutResult r;
+    r.layout = spec.name;
+    const auto t0 = Clock::now();
+    try {
+        body(r);
+    } catch (const DataError&) {
+        throw;  // a damaged input file (a golden trace): bad input, not a layout's failure
+    } catch (const std::exception& e) {
+        r.verdict = "error";
+        r.error = e.what();
+    }
+    r.seconds = seconds_since(t0);
+    if (progress) progress(r);
+    return r;
+}
+
 // The first-divergence search (validate.h): probes on every op of steps s-1 and s.
 void search_first_op(const Config& ref_cfg, const Config& c, LayoutResult& r) {
     if (c.layout.tp > 1 || c.layout.sequence_parallel) {
-        r.first_op_note = "no op-level search for this layout yet: probes cover the single device, "
-                          "data and pipeline parallelism";
+        r.first_op_note =
+            "no op-level search for this layout yet: probes cover the single device, "
+            "data and pipeline parallelism";
         return;
     }
     const i64 s = r.first_step;
     std::vector<std::string> patterns;
-    for (i64 k = std::max<i64>(1, s - 1); k <= s; k++) patterns.push_back(std::to_string(k) + "/**");
+    for (i64 k = std::max<i64>(1, s - 1); k <= s; k++)
+        patterns.push_back(std::to_string(k) + "/**");
     ProbeRecorder ref(patterns);
     {
         Job job(ref_cfg);
@@ -196,14 +221,21 @@ LayoutSpec parse_layout(const std::string& item) {
     std::string part;
     while (std::getline(parts, part, 'x')) {
         int n = 0;
-        if (number_after(part, "dp", &n)) l.dp = n;
-        else if (number_after(part, "tp", &n)) l.tp = n;
-        else if (number_after(part, "pp", &n)) l.pp = n;
-        else if (number_after(part, "mb", &n)) l.microbatches = n;
-        else if (number_after(part, "z", &n)) l.zero = n;
-        else if (part == "sp") l.sequence_parallel = true;
+        if (number_after(part, "dp", &n))
+            l.dp = n;
+        else if (number_after(part, "tp", &n))
+            l.tp = n;
+        else if (number_after(part, "pp", &n))
+            l.pp = n;
+        else if (number_after(part, "mb", &n))
+            l.microbatches = n;
+        else if (number_after(part, "z", &n))
+            l.zero = n;
+        else if (part == "sp")
+            l.sequence_parallel = true;
         else
-            throw ConfigError("layout \"" + item + "\": \"" + part + "\" is not a layout part; join "
+            throw ConfigError("layout \"" + item + "\": \"" + part +
+                              "\" is not a layout part; join "
                               "dpN, tpN, ppN, zN (ZeRO stage), mbN (microbatches) and sp (sequence "
                               "parallelism) with 'x', e.g. dp2xtp2xpp2 or dp4xz3");
         if (n == 0 && part != "sp")
@@ -221,7 +253,8 @@ std::vector<LayoutSpec> parse_layouts(const std::string& text) {
     } catch (const ConfigError& e) {
         throw ConfigError("--layouts " + text + ": " + e.what());
     }
-    if (out.empty()) throw ConfigError("--layouts is empty; write e.g. --layouts dp2,tp2,pp2,dp2xtp2xpp2");
+    if (out.empty())
+        throw ConfigError("--layouts is empty; write e.g. --layouts dp2,tp2,pp2,dp2xtp2xpp2");
     return out;
 }
 
@@ -272,11 +305,8 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
         alternates.push_back(single_device(b, nullptr));
     }
 
-    for (const LayoutSpec& spec : layouts) {
-        LayoutResult r;
-        r.layout = spec.name;
-        const auto t1 = Clock::now();
-        try {
+    for (const LayoutSpec& spec : layouts)
+        rep.layouts.push_back(run_one(spec, progress, [&](LayoutResult& r) {
             Config c = with_layout(cfg, spec);
             if (fast) c.numerics.mode = Mode::fast;
             Checker check{reference, r, {}, {}};
@@ -285,13 +315,15 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
                 std::vector<float> p, m, v;
                 job.gather_full(&p, &m, &v);
                 if (job.dp_rank() == 0 && job.tp_rank() == 0)
-                    check.compare_step(gathered(c, std::move(p), std::move(m), std::move(v), job.history()));
+                    check.compare_step(
+                        gathered(c, std::move(p), std::move(m), std::move(v), job.history()));
             };
             auto each_stage = [&](PipelineJob& stage) {
                 std::vector<float> p, m, v;
                 stage.gather_full(&p, &m, &v);
                 if (stage.pp_rank() == 0 && stage.dp_rank() == 0 && stage.tp_rank() == 0)
-                    check.compare_step(gathered(c, std::move(p), std::move(m), std::move(v), stage.history()));
+                    check.compare_step(
+                        gathered(c, std::move(p), std::move(m), std::move(v), stage.history()));
             };
             run_layout(c, {}, {}, each_job, each_stage);
             if (r.steps != steps)
@@ -308,14 +340,7 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
                 r.verdict = r.first_step < 0 ? "match" : "diverged";
                 if (r.first_step > 0) search_first_op(ref_cfg, c, r);
             }
-        } catch (const std::exception& e) {
-            r.verdict = "error";
-            r.error = e.what();
-        }
-        r.seconds = seconds_since(t1);
-        if (progress) progress(r);
-        rep.layouts.push_back(std::move(r));
-    }
+        }));
     return rep;
 }
 
@@ -326,7 +351,8 @@ void set_golden_result(LayoutResult& r, const GoldenResult& g, i64 steps) {
         r.verdict = "match";
         if (g.missing > 0) {  // a probe no rank recorded was not checked: not a match
             r.verdict = "error";
-            r.error = std::to_string(g.missing) + " of the trace's " + std::to_string(g.missing + g.probes) +
+            r.error = std::to_string(g.missing) + " of the trace's " +
+                      std::to_string(g.missing + g.probes) +
                       " probes were not recorded by this layout (probes cover the single device, "
                       "data and pipeline parallelism so far)";
         }
@@ -353,34 +379,24 @@ ValidationReport validate_golden(const Config& base, const std::vector<LayoutSpe
     rep.job = base.source_name + " against " + trace.path();
     rep.mode = "bitwise";
     rep.steps = t.steps;
-    for (const LayoutSpec& spec : layouts) {
-        LayoutResult r;
-        r.layout = spec.name;
-        const auto t1 = Clock::now();
-        try {
+    for (const LayoutSpec& spec : layouts)
+        rep.layouts.push_back(run_one(spec, progress, [&](LayoutResult& r) {
             Config c = with_layout(cfg, spec);
             const int n = c.layout.dp * c.layout.tp * c.layout.pp;
             std::vector<std::unique_ptr<ProbeRecorder>> recs;
-            for (int k = 0; k < n; k++) recs.push_back(std::make_unique<ProbeRecorder>(t.patterns, t.stride));
+            for (int k = 0; k < n; k++)
+                recs.push_back(std::make_unique<ProbeRecorder>(t.patterns, t.stride));
             record_layout(c, recs, t.steps);  // the trace's steps of the trace's schedule
             std::vector<const ProbeRecorder*> view;
             for (const auto& rec : recs) view.push_back(rec.get());
             set_golden_result(r, compare_to_trace(trace, view), t.steps);
-        } catch (const DataError&) {
-            throw;  // the trace itself is damaged: bad input, not a layout's failure
-        } catch (const std::exception& e) {
-            r.verdict = "error";
-            r.error = e.what();
-        }
-        r.seconds = seconds_since(t1);
-        if (progress) progress(r);
-        rep.layouts.push_back(std::move(r));
-    }
+        }));
     return rep;
 }
 
 bool ValidationReport::all_ok() const {
-    return std::all_of(layouts.begin(), layouts.end(), [](const LayoutResult& r) { return r.ok(); });
+    return std::all_of(layouts.begin(), layouts.end(),
+                       [](const LayoutResult& r) { return r.ok(); });
 }
 
 bool ValidationReport::any_error() const {
@@ -429,7 +445,8 @@ std::string ValidationReport::to_json() const {
         l["differing"] = json::array();
         for (const Comparison& c : r.differing) l["differing"].push_back(json::parse(c.to_json()));
         l["final_step"] = json::array();
-        for (const Comparison& c : r.final_step) l["final_step"].push_back(json::parse(c.to_json()));
+        for (const Comparison& c : r.final_step)
+            l["final_step"].push_back(json::parse(c.to_json()));
         l["first_op"] = r.first_op_rank < 0 ? json(nullptr) : json::parse(r.first_op.to_json());
         l["first_op_rank"] = r.first_op_rank;
         l["first_op_note"] = r.first_op_note;
