@@ -69,19 +69,11 @@
 // initialised. Readers always use the default driver: every rank opens the file and reads the
 // hyperslabs it needs. Serial HDF5 is not thread-safe: one thread at a time uses these classes.
 #pragma once
+#include "core/comm/mpi.h"  // MPI_Comm (the MPI C API, as the MPI backend includes it)
 #include "core/config.h"
 #include "core/error.h"
 #include "core/job.h"
 #include "core/state.h"
-
-// The MPI C API only: Open MPI's and MPICH's C++ bindings do not compile warning-free.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
 
 #include <cstdint>
 #include <memory>

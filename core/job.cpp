@@ -309,20 +309,10 @@ void Job::restore(const std::vector<float>& params, const std::vector<float>& m,
 // ---- per-rank checkpoints (core/parallel/state_slices.h) ------------------------------------
 
 RankState Job::rank_state() {
-    const ParamTable& t = model_->table();
-    RankState s;
-    s.model = model_.get();
-    s.params = model_->params();
-    s.m = opt_->m();
-    s.v = opt_->v();
-    s.moments = Range{opt_->lo(), opt_->hi()};
-    // Replica d writes the floats of ZeRO shard d (without ZeRO: the same cut of the replicated
-    // arrays, so the replicas share the writing); ZeRO-3 holds only those weights.
-    const std::vector<i64> cuts = zero_shard_edges(t, dp_size_, model_->numerics().block);
-    s.writes = Range{cuts[static_cast<size_t>(dp_rank_)], cuts[static_cast<size_t>(dp_rank_) + 1]};
-    s.weights = shards_ && replica_.zero == 3 ? s.writes : Range{0, t.total};
+    RankState s = replica_state(*model_, model_->params(), *opt_, dp_size_, dp_rank_,
+                                shards_ && replica_.zero == 3);
     // Tensors replicated over tp: written by tp rank (id mod tp) only.
-    s.writes_entry.assign(t.entries.size(), 1);
+    const ParamTable& t = model_->table();
     if (const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers()))
         for (size_t i = 0; i < t.entries.size(); i++)
             if (!tpl->sharded(t.entries[i]))

@@ -6,8 +6,10 @@
 #include "core/job.h"
 #include "core/rng.h"
 #include "core/runfile.h"
+#include "tests/test_util.h"
 
 #include <hdf5.h>
+
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -24,19 +26,10 @@
 #include <unistd.h>
 
 using namespace px;
+using namespace px::test;
 using Catch::Matchers::Contains;
 
 namespace {
-
-template <class E, class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const E& e) {
-        return e.what();
-    }
-    return "<no exception>";
-}
 
 std::string temp_path(const std::string& name) {
     return (std::filesystem::temp_directory_path() /

@@ -28,16 +28,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <class E, class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const E& e) {
-        return e.what();
-    }
-    return "<no exception>";
-}
-
 // A trained tiny state (5 steps of the small job), computed once.
 const LogicalState& trained() {
     static const LogicalState s = single_device(small_job());
@@ -106,25 +96,6 @@ std::vector<std::pair<std::string, std::vector<std::uint64_t>>> contents(const s
         out.emplace_back(d.path, v);
     }
     return out;
-}
-
-struct Cmd {
-    int rc;
-    std::string out;
-};
-
-Cmd run_cli(const std::string& args) {
-    const char* exe = std::getenv("PARALLAX_EXE");
-    REQUIRE(exe != nullptr);
-    const std::string cmd = std::string(exe) + " " + args + " 2>&1";
-    FILE* f = popen(cmd.c_str(), "r");
-    REQUIRE(f != nullptr);
-    std::string out;
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-    const int status = pclose(f);
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include "core/data.h"
 #include "core/error.h"
 
+#include "tests/test_util.h"
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -18,20 +20,10 @@
 #include <unistd.h>
 
 using namespace px;
+using namespace px::test;
 using Catch::Matchers::Contains;
 
 namespace {
-
-// The message of the E thrown by f, or "<no exception>".
-template <class E, class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const E& e) {
-        return e.what();
-    }
-    return "<no exception>";
-}
 
 std::string temp_path(const std::string& name) {
     return (std::filesystem::temp_directory_path() /

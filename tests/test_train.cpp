@@ -18,6 +18,7 @@
 #include <vector>
 
 using namespace px;
+using namespace px::test;
 
 namespace {
 
@@ -51,25 +52,6 @@ void require_identical(const Snapshot& a, const Snapshot& b) {
     CHECK(same_bits(a.params, b.params));
     CHECK(same_bits(a.m, b.m));
     CHECK(same_bits(a.v, b.v));
-}
-
-struct Cmd {
-    int rc;
-    std::string out;
-};
-
-Cmd run_cli(const std::string& args) {
-    const char* exe = std::getenv("PARALLAX_EXE");
-    REQUIRE(exe != nullptr);
-    const std::string cmd = std::string(exe) + " " + args + " 2>&1";
-    FILE* f = popen(cmd.c_str(), "r");
-    REQUIRE(f != nullptr);
-    std::string out;
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-    const int status = pclose(f);
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 }  // namespace

@@ -6,10 +6,15 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include <sys/wait.h>
 
 namespace px::test {
 
@@ -71,6 +76,37 @@ inline void check_same_bits(const LogicalState& ref, const LogicalState& got) {
     CHECK(same_bits(ref.params, got.params));
     CHECK(same_bits(ref.m, got.m));
     CHECK(same_bits(ref.v, got.v));
+}
+
+// The message of the E thrown by f, or "<no exception>".
+template <class E, class F>
+std::string error_of(F&& f) {
+    try {
+        f();
+    } catch (const E& e) {
+        return e.what();
+    }
+    return "<no exception>";
+}
+
+// `$PARALLAX_EXE args` with stderr folded into stdout: its exit code and output.
+struct Cmd {
+    int rc;
+    std::string out;
+};
+
+inline Cmd run_cli(const std::string& args) {
+    const char* exe = std::getenv("PARALLAX_EXE");
+    REQUIRE(exe != nullptr);
+    const std::string cmd = std::string(exe) + " " + args + " 2>&1";
+    FILE* f = popen(cmd.c_str(), "r");
+    REQUIRE(f != nullptr);
+    std::string out;
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
+    const int status = pclose(f);
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 }  // namespace px::test

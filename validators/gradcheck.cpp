@@ -5,6 +5,9 @@
 #include "core/rng.h"
 #include "kernels/cpu/cpu_kernels.h"
 
+
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -981,29 +984,22 @@ std::string num(double x) {
     return b;
 }
 
-std::string json_num(double x) {
-    if (!std::isfinite(x)) return "null";
-    char b[32];
-    std::snprintf(b, sizeof b, "%.17g", x);
-    return b;
-}
-
-std::string json_str(const std::string& s) {
-    std::string r = "\"";
-    for (char c : s) {
-        if (c == '"' || c == '\\') {
-            r += '\\';
-            r += c;
-        } else if (static_cast<unsigned char>(c) < 0x20) {
-            char b[8];
-            std::snprintf(b, sizeof b, "\\u%04x", c);
-            r += b;
-        } else {
-            r += c;
-        }
-    }
-    r += '"';
-    return r;
+// One row as JSON (nlohmann writes a non-finite number as null).
+nlohmann::ordered_json row_json(const GradcheckRow& r) {
+    return {{"op", r.op},
+            {"tensor", r.tensor},
+            {"kind", r.kind},
+            {"size", r.size},
+            {"checked", r.checked},
+            {"failing", r.failing},
+            {"reference_failing", r.reference_failing},
+            {"ratio", r.ratio},
+            {"worst", r.worst},
+            {"max_error", r.max_error},
+            {"bound", r.bound},
+            {"got", r.got},
+            {"expect", r.expect},
+            {"pass", r.pass()}};
 }
 
 // Folds one element into a row: error, bound, the values behind them.
@@ -1063,38 +1059,7 @@ std::string GradcheckRow::text() const {
     return s;
 }
 
-std::string GradcheckRow::to_json() const {
-    std::string s = "{\"op\": ";
-    s += json_str(op);
-    s += ", \"tensor\": ";
-    s += json_str(tensor);
-    s += ", \"kind\": ";
-    s += json_str(kind);
-    s += ", \"size\": ";
-    s += std::to_string(size);
-    s += ", \"checked\": ";
-    s += std::to_string(checked);
-    s += ", \"failing\": ";
-    s += std::to_string(failing);
-    s += ", \"reference_failing\": ";
-    s += std::to_string(reference_failing);
-    s += ", \"ratio\": ";
-    s += json_num(ratio);
-    s += ", \"worst\": ";
-    s += std::to_string(worst);
-    s += ", \"max_error\": ";
-    s += json_num(max_error);
-    s += ", \"bound\": ";
-    s += json_num(bound);
-    s += ", \"got\": ";
-    s += json_num(got);
-    s += ", \"expect\": ";
-    s += json_num(expect);
-    s += ", \"pass\": ";
-    s += pass() ? "true" : "false";
-    s += "}";
-    return s;
-}
+std::string GradcheckRow::to_json() const { return row_json(*this).dump(2); }
 
 bool GradcheckReport::pass() const {
     return std::all_of(rows.begin(), rows.end(), [](const GradcheckRow& r) { return r.pass(); });
@@ -1136,20 +1101,12 @@ std::string GradcheckReport::table() const {
 }
 
 std::string GradcheckReport::to_json() const {
-    std::string s = "{\"pass\": ";
-    s += pass() ? "true" : "false";
-    s += ", \"notes\": [";
-    for (size_t i = 0; i < notes.size(); i++) {
-        if (i) s += ", ";
-        s += json_str(notes[i]);
-    }
-    s += "], \"rows\": [";
-    for (size_t i = 0; i < rows.size(); i++) {
-        if (i) s += ",\n  ";
-        s += rows[i].to_json();
-    }
-    s += "]}\n";
-    return s;
+    nlohmann::ordered_json j;
+    j["pass"] = pass();
+    j["notes"] = notes;
+    j["rows"] = nlohmann::ordered_json::array();
+    for (const GradcheckRow& r : rows) j["rows"].push_back(row_json(r));
+    return j.dump(2) + "\n";
 }
 
 std::vector<GradcheckRow> check_problem(const OpProblem& p, const Numerics& nx, i64 every_up_to) {

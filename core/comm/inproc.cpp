@@ -6,6 +6,8 @@
 // of work that are already running and cannot block.
 #include "core/comm/inproc.h"
 
+#include "core/comm/backend.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,7 +22,7 @@
 namespace px::comm {
 namespace inproc {
 
-using Clock = std::chrono::steady_clock;
+using namespace backend;
 
 struct Group;
 
@@ -90,25 +92,6 @@ struct World {
 // ---- messages --------------------------------------------------------------------------------
 
 namespace {
-
-std::string seconds_str(double s) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.2f s", s);
-    return buf;
-}
-
-std::string rank_list(const std::vector<int>& r) {
-    if (r.empty()) return "no rank";
-    std::string s = r.size() == 1 ? "rank " : "ranks ";
-    for (size_t i = 0; i < r.size(); i++) s += (i ? ", " : "") + std::to_string(r[i]);
-    return s;
-}
-
-std::string counts_str(const std::vector<i64>& c) {
-    std::string s = "[";
-    for (size_t i = 0; i < c.size(); i++) s += (i ? ", " : "") + std::to_string(c[i]);
-    return s + "]";
-}
 
 // "group 'tp' (size 4, world ranks 4..7)"; the world group needs no mapping.
 std::string describe(const Group& g) {
@@ -257,27 +240,6 @@ void make_split_groups(World& w, const Group& parent, Slot& s) {
 
 constexpr i64 kTile = 1024;  // elements per rank combined at a time (p rows of scratch)
 
-template <class T>
-T max_of(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>)
-        return (a > b || std::isnan(a)) ? a : b;
-    else
-        return a > b ? a : b;
-}
-
-// Node [lo, hi) of the canonical tree over ranks (core/numerics.h: split at tree_mid), applied
-// to rows of width w: rows[lo] = node(lo, mid) + node(mid, hi).
-template <class T, bool Max>
-void tree_rows(T* rows, int lo, int hi, i64 w) {
-    if (hi - lo == 1) return;
-    const int mid = static_cast<int>(tree_mid(lo, hi));
-    tree_rows<T, Max>(rows, lo, mid, w);
-    tree_rows<T, Max>(rows, mid, hi, w);
-    T* a = rows + lo * w;
-    const T* b = rows + mid * w;
-    for (i64 i = 0; i < w; i++) a[i] = Max ? max_of(a[i], b[i]) : a[i] + b[i];
-}
-
 // Reduces src[0..p)[0..len) element-wise and hands the result to emit(offset, values, count),
 // tile by tile. Canonical: the tree over ranks. Ring: the order the ring gives chunk `owner`,
 // x_{owner+1} + x_{owner+2} + ... + x_{owner} (indices mod p), left to right.
@@ -388,20 +350,6 @@ void share(const Slot& s, int r, int p) {
             do_share<i64>(s, r, p);
             break;
     }
-}
-
-std::string what_of(const std::exception_ptr& e) {
-    try {
-        std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-        return x.what();
-    } catch (...) {
-        return "unknown exception";
-    }
-}
-
-double since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 // ---- point to point --------------------------------------------------------------------------

@@ -2,13 +2,10 @@
 //
 // All data moves as bytes with nonblocking point-to-point calls that are polled, never waited
 // on, so that every wait is bounded by the timeout and by the job's failure channel. The
-// arithmetic of the reducing collectives is done here, in the orders of the in-process backend.
+// arithmetic of the reducing collectives is the in-process backend's (core/comm/backend.h).
 #include "core/comm/mpi.h"
 
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1  // the C API only (the C++ bindings warn under -Wextra)
-#endif
-#include <mpi.h>
+#include "core/comm/backend.h"
 
 #include <algorithm>
 #include <array>
@@ -28,7 +25,7 @@
 namespace px::comm {
 namespace mpi {
 
-using Clock = std::chrono::steady_clock;
+using namespace backend;
 
 // ---- MPI errors ------------------------------------------------------------------------------
 
@@ -52,36 +49,6 @@ constexpr int kTagData = 2;    // collectives' data
 constexpr int kTagFail = 3;    // the failure channel (a message text)
 constexpr int kMaxNotice = 4000;
 constexpr i64 kPiece = i64{1} << 30;  // bytes per MPI message: counts are ints
-
-double since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string seconds_str(double s) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.2f s", s);
-    return buf;
-}
-
-std::string rank_list(const std::vector<int>& r) {
-    if (r.empty()) return "no rank";
-    std::string s = r.size() == 1 ? "rank " : "ranks ";
-    for (size_t i = 0; i < r.size(); i++) {
-        if (i) s += ", ";
-        s += std::to_string(r[i]);
-    }
-    return s;
-}
-
-std::string what_of(const std::exception_ptr& e) {
-    try {
-        std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-        return x.what();
-    } catch (...) {
-        return "unknown exception";
-    }
-}
 
 // Buffers of sends that were still in flight when an operation was abandoned: MPI may read them
 // later, so they are kept (a few bytes per failure) until the process ends.
@@ -286,27 +253,6 @@ Outcome poll(Shared& sh, Pending& p, Clock::time_point deadline, std::string* fa
 
 // ---- the arithmetic (the in-process backend's orders, element by element) --------------------
 
-template <class T>
-T max_of(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>)
-        return (a > b || std::isnan(a)) ? a : b;
-    else
-        return a > b ? a : b;
-}
-
-// Node [lo, hi) of the canonical tree over ranks applied to rows of width w (core/numerics.h
-// tree_mid): rows[lo] = node(lo, mid) + node(mid, hi).
-template <class T, bool Max>
-void tree_rows(T* rows, int lo, int hi, i64 w) {
-    if (hi - lo == 1) return;
-    const int mid = static_cast<int>(tree_mid(lo, hi));
-    tree_rows<T, Max>(rows, lo, mid, w);
-    tree_rows<T, Max>(rows, mid, hi, w);
-    T* a = rows + lo * w;
-    const T* b = rows + mid * w;
-    for (i64 i = 0; i < w; i++) a[i] = Max ? max_of(a[i], b[i]) : a[i] + b[i];
-}
-
 // ---- headers ---------------------------------------------------------------------------------
 
 // What a rank tells each peer about its #k. Fields 7 and 8 are per destination (all_to_all_v).
@@ -341,15 +287,6 @@ Header header_for(const Request& q, i64 seq, int dst) {
     h[kColor] = q.color;
     h[kName] = q.color >= 0 ? digest(q.name) : 0;
     return h;
-}
-
-std::string counts_str(const std::vector<i64>& c) {
-    std::string s = "[";
-    for (size_t i = 0; i < c.size(); i++) {
-        if (i) s += ", ";
-        s += std::to_string(c[i]);
-    }
-    return s + "]";
 }
 
 // ---- the communicator ------------------------------------------------------------------------

@@ -103,10 +103,10 @@ void make_folder(const std::string& dir) {
 RunCheckpoints::RunCheckpoints(const Config& cfg, comm::Communicator* world)
     : cfg_(cfg), world_(world), rank_(world ? world->rank() : 0) {}
 
-bool RunCheckpoints::due(i64 step) const {
-    if (!enabled()) return false;
-    const i64 every = cfg_.checkpoint.every;
-    return step == cfg_.train.steps || (every > 0 && step % every == 0);
+bool checkpoint_due(const Config& cfg, i64 step) {
+    if (cfg.checkpoint.dir.empty()) return false;
+    const i64 every = cfg.checkpoint.every;
+    return step == cfg.train.steps || (every > 0 && step % every == 0);
 }
 
 std::string RunCheckpoints::choose_resume() {
@@ -341,11 +341,11 @@ i64 RunCheckpoints::resume(PipelineJob& stage) {
 }
 
 void RunCheckpoints::after_step(Job& job) {
-    if (due(job.steps_done())) save(job);
+    if (checkpoint_due(cfg_, job.steps_done())) save(job);
 }
 
 void RunCheckpoints::after_step(PipelineJob& stage) {
-    if (due(stage.steps_done())) save(stage);
+    if (checkpoint_due(cfg_, stage.steps_done())) save(stage);
 }
 
 }  // namespace px

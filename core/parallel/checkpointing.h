@@ -7,6 +7,7 @@
 // Index
 //   RunCheckpoints        one rank's view: resume at the start, save after the steps that are due
 //   resume_source         which file `checkpoint.resume` names ("auto": the newest valid in dir)
+//   checkpoint_due        whether a checkpoint is written after a step
 //
 // Saving is a collective of the whole world in which every rank writes its own hyperslabs
 // (core/parallel/state_slices.h: each logical element of /model and /optim by exactly one rank;
@@ -47,6 +48,10 @@ class PipelineJob;
 // says so), the path itself when it names one. Reports skipped files through `note`.
 std::string resume_source(const CheckpointConfig& ck, std::string* note);
 
+// Whether a checkpoint is written after `step`: checkpoint.dir is set, and checkpoint.every
+// divides the step or it is the last one.
+bool checkpoint_due(const Config& cfg, i64 step);
+
 class RunCheckpoints {
 public:
     // world: this rank's world communicator; null for a single process without one.
@@ -64,7 +69,6 @@ public:
     const SliceStats& last_save() const { return last_save_; }
 
 private:
-    bool due(i64 step) const;
     std::string choose_resume();  // world rank 0 decides, every rank learns the path
     template <class J>
     i64 resume_into(J& job);

@@ -2,6 +2,7 @@
 
 #include "core/checkpoint.h"
 #include "core/error.h"
+#include "core/parallel/checkpointing.h"
 #include "core/parallel/mesh.h"
 #include "core/parallel/pipeline.h"
 
@@ -192,11 +193,9 @@ ReplicaCheck::ReplicaCheck(const Config& cfg, comm::Communicator& world)
 }
 
 bool ReplicaCheck::due(i64 step) const {
-    // Also whenever a checkpoint is due (RunCheckpoints' rule), so that checkpoints hold checked
-    // weights, and after the last step.
-    const CheckpointConfig& ck = cfg_.checkpoint;
-    const bool checkpoint = !ck.dir.empty() && ck.every > 0 && step % ck.every == 0;
-    return step % every_ == 0 || checkpoint || step == cfg_.train.steps;
+    // Also whenever a checkpoint is due, so that checkpoints hold checked weights, and after the
+    // last step.
+    return step % every_ == 0 || checkpoint_due(cfg_, step) || step == cfg_.train.steps;
 }
 
 std::vector<std::uint64_t> ReplicaCheck::hashes(std::uint64_t mine) {

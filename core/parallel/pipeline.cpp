@@ -883,20 +883,11 @@ void PipelineJob::restore(const std::vector<float>& params, const std::vector<fl
 // ---- per-rank checkpoints (core/parallel/state_slices.h) ------------------------------------
 
 RankState PipelineJob::rank_state() {
+    RankState s = replica_state(*model_, model_->params(), *opt_, dp_, dp_rank_, zero_ == 3);
+    // The stage that owns a tensor writes it (wte: the first); over tp, a sharded tensor every
+    // tp rank, a replicated one tp rank (id mod tp).
     const ParamTable& t = model_->table();
-    RankState s;
-    s.model = model_.get();
-    s.params = model_->params();
-    s.m = opt_->m();
-    s.v = opt_->v();
-    s.moments = Range{opt_->lo(), opt_->hi()};
-    // Replica d writes the floats of ZeRO shard d of the stage (without ZeRO: the same cut of
-    // the replicated arrays); ZeRO-3 holds only those weights between steps.
-    const std::vector<i64> cuts = zero_shard_edges(t, dp_, nx_.block);
-    s.writes = Range{cuts[static_cast<size_t>(dp_rank_)], cuts[static_cast<size_t>(dp_rank_) + 1]};
-    s.weights = zero_ == 3 ? s.writes : Range{0, t.total};
     const TpLayers* tpl = tp_layers(*model_);
-    s.writes_entry.assign(t.entries.size(), 0);
     for (size_t i = 0; i < t.entries.size(); i++) {
         const TableEntry& e = t.entries[i];
         const bool mine_over_tp = (tpl && tpl->sharded(e)) || e.id % tp_ == tp_rank_;

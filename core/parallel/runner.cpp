@@ -64,7 +64,6 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
         replica.tp = tp_group.get();
     }
     Job job(cfg, replica);
-    if (setup) setup(job);
     // 6. Checkpoints: resume from the logical state (any layout wrote it), save every N steps
     //    (checkpointing.h).
     RunCheckpoints checkpoints(cfg, &world);
@@ -75,6 +74,7 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
     faults.attach(job);
     ReplicaCheck check(cfg, world);
     check.start(job);
+    if (setup) setup(job);
     job.set_after_step([&](Job& j) {
         if (check.after_step(j)) return;  // rewound: the step is re-run
         checkpoints.after_step(j);

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/parallel/tp_model.h"
+#include "core/parallel/zero.h"
 
 #include <algorithm>
 #include <cstring>
@@ -92,6 +93,22 @@ std::vector<StatePiece> state_pieces(const GPT& model, Range floats,
         if (b % C != 0) emit(out, entry, e, rows, cols, whole_hi, 1, 0, b % C);
     }
     return out;
+}
+
+RankState replica_state(const GPT& model, float* params, const AdamW& opt, int dp_size, int dp_rank,
+                        bool zero3) {
+    const ParamTable& t = model.table();
+    RankState s;
+    s.model = &model;
+    s.params = params;
+    s.m = opt.m();
+    s.v = opt.v();
+    s.moments = Range{opt.lo(), opt.hi()};
+    const std::vector<i64> cuts = zero_shard_edges(t, dp_size, model.numerics().block);
+    s.writes = Range{cuts[static_cast<size_t>(dp_rank)], cuts[static_cast<size_t>(dp_rank) + 1]};
+    s.weights = zero3 ? s.writes : Range{0, t.total};
+    s.writes_entry.assign(t.entries.size(), 1);
+    return s;
 }
 
 SliceStats write_rank_state(CheckpointWriter& w, const RankState& s) {

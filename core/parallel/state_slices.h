@@ -8,6 +8,7 @@
 //   StatePiece        a run of a local array that is one 2-D slab of one logical tensor
 //   state_pieces      the pieces of local floats [lo, hi) of a model's (tp shard's, stage's) table
 //   RankState         one rank's arrays and its shares: what it writes, what it reads
+//   replica_state     the RankState of a replica's ZeRO cut (Job and PipelineJob add tp and pp)
 //   SliceStats        what a transfer moved: pieces, floats, the largest staging buffer
 //   write_rank_state  a rank's pieces into a CheckpointWriter (write(): 2-D hyperslabs)
 //   read_rank_state   a rank's pieces from a CheckpointReader (hyperslab reads)
@@ -40,6 +41,7 @@
 #pragma once
 #include "core/checkpoint.h"
 #include "core/model.h"
+#include "core/optimizer.h"
 #include "core/parallel/tree_exchange.h"
 
 #include <vector>
@@ -72,6 +74,13 @@ struct RankState {
     Range writes;                    // the local floats this rank writes (inside both ranges above)
     std::vector<char> writes_entry;  // per local entry: this rank writes its part of `writes`
 };
+
+// The part of a RankState that Job and PipelineJob share: the model's arrays and moments, and
+// replica dp_rank's cut of the ZeRO shard edges as what it writes (without ZeRO the replicas split
+// the writing the same way); under ZeRO-3 it holds only those weights. writes_entry is left to
+// the caller (which tensors this rank writes over tp and pp), all 1.
+RankState replica_state(const GPT& model, float* params, const AdamW& opt, int dp_size, int dp_rank,
+                        bool zero3);
 
 struct SliceStats {
     i64 pieces = 0;         // hyperslabs moved (each of /model, /optim/m, /optim/v counts)
