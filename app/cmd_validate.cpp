@@ -240,8 +240,11 @@ std::function<int()> add_validate_command(CLI::App& app, const comm::MpiEnvironm
     sub->add_option("--layouts", opt->layouts,
                     "Comma-separated layouts, parts joined by 'x': dpN, tpN, ppN, zN (ZeRO stage), "
                     "mbN (microbatches), sp (sequence parallel)")
-        ->capture_default_str();
-    sub->add_option("--steps", opt->steps, "Steps to run and compare")->capture_default_str();
+        ->capture_default_str()
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later one wins
+    sub->add_option("--steps", opt->steps, "Steps to run and compare")
+        ->capture_default_str()
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     sub->add_option("--mode", opt->mode,
                     "bitwise: every layout must match bit for bit; fast: the layouts run fast "
                     "kernels and ring collectives and are judged by the error budget")

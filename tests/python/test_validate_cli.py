@@ -112,3 +112,11 @@ def test_bad_layouts_are_bad_input(tmp_path):
     assert r.returncode == 2 and "layout dp3" in r.stderr and "layout.dp=3" in r.stderr
     r = validate(tmp_path, "--layouts", "tp2", "--set", "numerics.block=64")
     assert r.returncode == 2 and "layout tp2" in r.stderr
+
+
+def test_a_later_steps_or_layouts_wins(tmp_path):
+    # scripts/quickstart.sh passes --layouts and --steps, then the user's own.
+    r = validate(tmp_path, "--layouts", "dp2,tp2", "--steps", "20", "--layouts", "dp2", "--steps", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = report(tmp_path)
+    assert rep["steps"] == 2 and [l["layout"] for l in rep["layouts"]] == ["dp2"]
