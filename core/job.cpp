@@ -1,9 +1,12 @@
 #include "core/job.h"
 
+#include "core/mutation.h"
+
 #include "core/checkpoint_llmc.h"
 #include "core/comm/comm.h"
 #include "core/data.h"
 #include "core/error.h"
+#include "core/mutation.h"
 #include "core/parallel/state_slices.h"
 #include "core/parallel/tp_model.h"
 #include "core/parallel/zero.h"
@@ -49,8 +52,8 @@ Job::Job(const Config& cfg, ReplicaContext replica)
         dp_rank_ = replica_.dp->rank();
         dp_size_ = replica_.dp->size();
     }
-    microbatches_ = cfg_.layout.microbatches > 0 ? cfg_.layout.microbatches
-                                                 : static_cast<int>(tc.microbatches);
+    microbatches_ =
+        cfg_.layout.microbatches > 0 ? cfg_.layout.microbatches : static_cast<int>(tc.microbatches);
     if (tc.batch_size % (dp_size_ * microbatches_) != 0)
         throw ConfigError("train.batch_size = " + std::to_string(tc.batch_size) +
                           " is not divisible by layout.dp × microbatches = " +
@@ -65,20 +68,20 @@ Job::Job(const Config& cfg, ReplicaContext replica)
     if (parts > 1) {
         const i64 mb_tokens = micro_B_ * T;
         if (mb_tokens % nx_.block != 0)
-            throw ConfigError("layout.dp × microbatches = " + std::to_string(dp_size_) + " × " +
-                              std::to_string(microbatches_) + " gives microbatches of " +
-                              std::to_string(mb_tokens) +
-                              " tokens, not a multiple of numerics.block = " +
-                              std::to_string(nx_.block) +
-                              "; a microbatch must own whole blocks of the token reduction "
-                              "(choose fewer microbatches or a smaller numerics.block)");
+            throw ConfigError(
+                "layout.dp × microbatches = " + std::to_string(dp_size_) + " × " +
+                std::to_string(microbatches_) + " gives microbatches of " +
+                std::to_string(mb_tokens) +
+                " tokens, not a multiple of numerics.block = " + std::to_string(nx_.block) +
+                "; a microbatch must own whole blocks of the token reduction "
+                "(choose fewer microbatches or a smaller numerics.block)");
         const i64 bpm = mb_tokens / nx_.block;
         std::vector<unsigned char> all_merges(static_cast<size_t>(parts), 0);
         if (!leaf_schedule(0, bpm * parts, bpm, all_merges))
             throw ConfigError("layout.dp × microbatches = " + std::to_string(dp_size_) + " × " +
-                              std::to_string(microbatches_) + " (train.microbatches = " +
-                              std::to_string(microbatches_) + ") splits the batch's " +
-                              std::to_string(bpm * parts) +
+                              std::to_string(microbatches_) +
+                              " (train.microbatches = " + std::to_string(microbatches_) +
+                              ") splits the batch's " + std::to_string(bpm * parts) +
                               " token blocks into ranges that are not nodes of the canonical "
                               "reduction tree (DESIGN.md §2.1); use powers of two, or counts "
                               "whose ranges split at ceil(n/2)");
@@ -89,8 +92,8 @@ Job::Job(const Config& cfg, ReplicaContext replica)
             if (!leaf_schedule(0, bpm * parts, bpm * dp_size_, group_merges_))
                 throw ConfigError("layout.zero = " + std::to_string(replica_.zero) +
                                   " with layout.dp × microbatches = " + std::to_string(dp_size_) +
-                                  " × " + std::to_string(microbatches_) +
-                                  ": each microbatch's " + std::to_string(bpm * dp_size_) +
+                                  " × " + std::to_string(microbatches_) + ": each microbatch's " +
+                                  std::to_string(bpm * dp_size_) +
                                   " token blocks (one piece per replica) must be one node of the "
                                   "batch's canonical reduction tree; use powers of two");
         } else {
@@ -187,8 +190,9 @@ void put_snapshot(const LocalSnapshot& s, GPT& model, AdamW& opt) {
 
 void Job::snapshot(LocalSnapshot& into) const {
     if (shards_ && replica_.zero == 3)
-        throw InternalError("Job::snapshot under ZeRO-3: between steps this rank holds a shard of "
-                            "the weights, not a replica of them");
+        throw InternalError(
+            "Job::snapshot under ZeRO-3: between steps this rank holds a shard of "
+            "the weights, not a replica of them");
     take_snapshot(*model_, *opt_, step_, history_, into);
 }
 
@@ -225,19 +229,19 @@ void Job::accumulate_microbatch(int k) {
                          1.0f / static_cast<float>(N));
         return;
     }
-    if (microbatches_ == 1) {
-        grad_stack_[0].zero();
-        model_->backward(grad_stack_[0].data(), inputs_.data(), targets_.data(),
-                         1.0f / static_cast<float>(N));
-        return;
-    }
     // Stack of partial gradients: this microbatch's node goes on top, then siblings merge.
     size_t& sp = stack_top_;
     if (k == 0) sp = 0;
     if (grad_stack_.size() <= sp) grad_stack_.emplace_back(model_->grad_layout().total);
+    float* node = grad_stack_[sp].data();
     grad_stack_[sp].zero();
-    model_->backward(grad_stack_[sp].data(), inputs_.data(), targets_.data(),
-                     1.0f / static_cast<float>(N));
+    model_->backward(node, inputs_.data(), targets_.data(), 1.0f / static_cast<float>(N));
+    if (mutation::armed() && replica_.dp) mutate_gradient(k, node);
+    if (probes_) {  // the microbatch's gradient: node batch_lo / micro_B of the step's batch
+        model_->probe_params(*probes_, step_ + 1, "mgrad", "param", node, 0, model_->table().total,
+                             probe_ctx_.batch_lo / micro_B_, cfg_.train.batch_size / micro_B_);
+    }
+    if (microbatches_ == 1) return;
     sp++;
     const i64 n = model_->grad_layout().total;
     for (int r = 0; r < merges_after_[k]; r++) {
@@ -249,6 +253,30 @@ void Job::accumulate_microbatch(int k) {
     }
 }
 
+// ---- test-only mutations (core/mutation.h) ---------------------------------------------------
+
+const TableEntry& Job::mutated_entry(const mutation::Mutation& mu) const {
+    const int i = model_->table().find(mu.tensor);
+    PX_ASSERT(i >= 0, "a mutation names no parameter of the model: " + mu.tensor);
+    return model_->table().entries[static_cast<size_t>(i)];
+}
+
+// Microbatch k's gradient, just out of backward: flip_grad and drop_microbatch strike here.
+void Job::mutate_gradient(int k, float* node) const {
+    const mutation::Mutation& mu = *mutation::armed();
+    if (mu.microbatch != k) return;
+    if (mutation::strikes(mutation::Kind::flip_grad, step_ + 1, dp_rank_)) {
+        const TableEntry& e = mutated_entry(mu);
+        PX_ASSERT(mu.element >= 0 && mu.element < e.numel(), "flip_grad: element out of range");
+        std::uint32_t bits = 0;
+        std::memcpy(&bits, node + e.offset + mu.element, sizeof bits);
+        bits ^= 1u;  // the lowest mantissa bit
+        std::memcpy(node + e.offset + mu.element, &bits, sizeof bits);
+    }
+    if (mutation::strikes(mutation::Kind::drop_microbatch, step_ + 1, dp_rank_))
+        std::fill(node, node + model_->grad_layout().total, 0.0f);
+}
+
 void Job::gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) {
     const GPT& model = *model_;
     const i64 n = model.table().total;
@@ -256,7 +284,8 @@ void Job::gather_full(std::vector<float>* params, std::vector<float>* m, std::ve
     std::vector<float> local_m(static_cast<size_t>(n), 0.0f), local_v = local_m;
     if (shards_) {
         std::vector<i64> counts(static_cast<size_t>(dp_size_));
-        for (int r = 0; r < dp_size_; r++) counts[static_cast<size_t>(r)] = shards_->hi(r) - shards_->lo(r);
+        for (int r = 0; r < dp_size_; r++)
+            counts[static_cast<size_t>(r)] = shards_->hi(r) - shards_->lo(r);
         replica_.dp->all_gather_v(local_m.data(), opt_->m(), counts);
         replica_.dp->all_gather_v(local_v.data(), opt_->v(), counts);
         if (replica_.zero == 3) shards_->all_gather_params(*replica_.dp, model_->params());
@@ -270,8 +299,10 @@ void Job::gather_full(std::vector<float>* params, std::vector<float>* m, std::ve
     auto place = [&](std::vector<float>* out, const float* local) {
         if (!out) return;
         out->assign(static_cast<size_t>(full.total), 0.0f);
-        if (tpl) gather_logical(*tpl, model, full, out->data(), local);
-        else std::memcpy(out->data(), local, static_cast<size_t>(n) * sizeof(float));
+        if (tpl)
+            gather_logical(*tpl, model, full, out->data(), local);
+        else
+            std::memcpy(out->data(), local, static_cast<size_t>(n) * sizeof(float));
     };
     place(params, model.params());
     place(m, local_m.data());
@@ -299,8 +330,10 @@ void Job::restore(const std::vector<float>& params, const std::vector<float>& m,
         local_m = m;
         local_v = v;
     }
-    std::memcpy(opt_->m(), local_m.data() + opt_->lo(), static_cast<size_t>(opt_->size()) * sizeof(float));
-    std::memcpy(opt_->v(), local_v.data() + opt_->lo(), static_cast<size_t>(opt_->size()) * sizeof(float));
+    std::memcpy(opt_->m(), local_m.data() + opt_->lo(),
+                static_cast<size_t>(opt_->size()) * sizeof(float));
+    std::memcpy(opt_->v(), local_v.data() + opt_->lo(),
+                static_cast<size_t>(opt_->size()) * sizeof(float));
     if (shards_ && replica_.zero == 3) shards_->release_params(model_->param_arena());
     history_ = history;
     step_ = static_cast<i64>(history.size());
@@ -376,23 +409,21 @@ StepMetrics Job::step() {
 
     // This replica's sequences of the step's batch: [dp_rank·local_B, (dp_rank+1)·local_B),
     // cut into microbatches; under ZeRO-2/3 piece dp_rank of every microbatch (see zero.h).
-    // v1 probes: not under tensor (or sequence) parallelism.
-    const bool probing = probes_ && !model_->parallel_layers();
+    const bool probing = probes_ != nullptr;
     for (int k = 0; k < microbatches_; k++) {
         if (k == 0 || units_) {
             const i64 first = units_ ? k * (tc.batch_size / microbatches_) + dp_rank_ * micro_B_
                                      : dp_rank_ * local_B_;
-            source_->sample(windows_.data() + k * micro_B_ * (T + 1), T, Split::train, step_,
-                            first, units_ ? micro_B_ : local_B_);
+            source_->sample(windows_.data() + k * micro_B_ * (T + 1), T, Split::train, step_, first,
+                            units_ ? micro_B_ : local_B_);
         }
         if (units_) units_->begin_microbatch(k);
-        if (probing) {  // the rows sampled above for microbatch k
-            probe_ctx_.step = step_ + 1;
-            probe_ctx_.batch_total = tc.batch_size;
-            probe_ctx_.batch_lo = units_ ? k * (tc.batch_size / microbatches_) + dp_rank_ * micro_B_
-                                         : dp_rank_ * local_B_ + k * micro_B_;
-            model_->set_probes(probes_, &probe_ctx_);
-        }
+        // The rows sampled above for microbatch k, for the probes (and a test's mutation).
+        probe_ctx_.step = step_ + 1;
+        probe_ctx_.batch_total = tc.batch_size;
+        probe_ctx_.batch_lo = units_ ? k * (tc.batch_size / microbatches_) + dp_rank_ * micro_B_
+                                     : dp_rank_ * local_B_ + k * micro_B_;
+        model_->set_probes(probes_, &probe_ctx_);
         accumulate_microbatch(k);
     }
     model_->set_probes(nullptr, nullptr);
@@ -405,14 +436,23 @@ StepMetrics Job::step() {
         units_->finish();  // the step's gradient shard, reduced unit by unit during backward
         shards_->combine_tied(g);
     } else {
-        if (dp_size_ > 1) replica_.dp->all_reduce(g, model_->grad_layout().total, algo);
+        if (dp_size_ > 1) {
+            const mutation::Mutation* mu = mutation::armed();
+            if (mu && mu->kind == mutation::Kind::swap_partials && mu->step == step_ + 1) {
+                const TableEntry& e = mutated_entry(*mu);
+                PX_ASSERT(mu->rank < dp_size_ && mu->other < dp_size_ && mu->rank != mu->other,
+                          "swap_partials needs two different ranks of the dp group");
+                mutation::set_swap({mu->rank, mu->other, e.offset, e.offset + e.numel()});
+            }
+            replica_.dp->all_reduce(g, model_->grad_layout().total, algo);
+        }
         model_->combine_tied_grads(g);
     }
     if (hooks_.grads) hooks_.grads(step_ + 1, g);
     if (probing) {  // ZeRO-2/3: only this rank's shard of g is complete
         const i64 lo = zero >= 2 ? shards_->lo() : 0;
         model_->probe_params(*probes_, step_ + 1, "grad", "param", g + lo, lo,
-                     zero >= 2 ? shards_->hi() : model_->table().total);
+                             zero >= 2 ? shards_->hi() : model_->table().total);
     }
     const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());
     float norm = 0.0f;
@@ -446,7 +486,7 @@ StepMetrics Job::step() {
     if (probing) {  // ZeRO-3 holds only its shard of the weights; ZeRO-1..3 of the moments
         const i64 lo = zero == 3 ? shards_->lo() : 0;
         model_->probe_params(*probes_, step_, "optim", "param", model_->params() + lo, lo,
-                     zero == 3 ? shards_->hi() : model_->table().total);
+                             zero == 3 ? shards_->hi() : model_->table().total);
         model_->probe_params(*probes_, step_, "optim", "adam.m", opt_->m(), opt_->lo(), opt_->hi());
         model_->probe_params(*probes_, step_, "optim", "adam.v", opt_->v(), opt_->lo(), opt_->hi());
     }
@@ -455,7 +495,8 @@ StepMetrics Job::step() {
     m.comm_bytes = bytes_sent(replica_.dp) - sent0;
     m.step_ms = secs * 1e3;
     m.tokens_per_s = static_cast<double>(N) / secs;
-    if ((tc.eval_every > 0 && step_ % tc.eval_every == 0) || (step_ == tc.steps && tc.eval_every > 0)) {
+    if ((tc.eval_every > 0 && step_ % tc.eval_every == 0) ||
+        (step_ == tc.steps && tc.eval_every > 0)) {
         m.val_loss = evaluate();
     }
     history_.push_back(m);
@@ -508,13 +549,12 @@ void Job::run() {
         std::vector<float> buf(static_cast<size_t>(full.total));
         gather_logical(*tpl, *model_, full, buf.data());
         if (dp_rank_ == 0 && tp_rank() == 0)
-            write_llmc_checkpoint(cfg_.output.export_llmc, cfg_.model,
-                                  [&](const std::string& name) -> float* {
-                                      const int i = full.find(name);
-                                      return i < 0 ? nullptr
-                                                   : buf.data() +
-                                                         full.entries[static_cast<size_t>(i)].offset;
-                                  });
+            write_llmc_checkpoint(
+                cfg_.output.export_llmc, cfg_.model, [&](const std::string& name) -> float* {
+                    const int i = full.find(name);
+                    return i < 0 ? nullptr
+                                 : buf.data() + full.entries[static_cast<size_t>(i)].offset;
+                });
     } else if (!cfg_.output.export_llmc.empty() && dp_rank_ == 0) {
         const GPT& m = *model_;
         write_llmc_checkpoint(cfg_.output.export_llmc, cfg_.model,

@@ -17,6 +17,7 @@
 #include "core/config.h"
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "core/mutation.h"
 #include "core/probe.h"
 
 #include <cstdint>
@@ -135,11 +136,12 @@ public:
     // trace recorded fewer steps than the job has).
     void stop_after(i64 step) { stop_after_ = step; }
     // Probes (core/probe.h) on every step from now on (null: none; not owned, must outlive the
-    // job's steps): the model's fwd/bwd probes at the batch rows each microbatch holds, then
-    // "grad" for every parameter where hooks_.grads runs, "optim" after the update. Under ZeRO
-    // only this rank's shard of a tensor is valid: its pieces are the flat shard [lo, hi) of
-    // the arena cut into slabs (flat_shard). A job under tensor or sequence parallelism probes
-    // nothing yet (pipeline stages: PipelineJob::set_probes). Evaluation is never probed.
+    // job's steps): the model's fwd/bwd probes at the batch rows each microbatch holds, each
+    // microbatch's gradient ("mgrad", ZeRO-0/1), then "grad" for every parameter where
+    // hooks_.grads runs, "optim" after the update. Under ZeRO only this rank's shard of a tensor
+    // is valid: its pieces are the flat shard [lo, hi) of the arena cut into slabs (flat_shard),
+    // of the tp shard's pieces under tensor parallelism (ParallelLayers::param_shard). Pipeline
+    // stages: PipelineJob::set_probes. Evaluation is never probed.
     void set_probes(ProbeSink* sink) { probes_ = sink; }
     // This rank's state between steps, and back (no communication; every rank of the job must
     // rewind to the same step before the next one). Not under ZeRO-3 with dp > 1, whose
@@ -194,6 +196,10 @@ public:
 
 private:
     void accumulate_microbatch(int k);
+    // Test-only mutations (core/mutation.h): the parameter one names; flip_grad and
+    // drop_microbatch on microbatch k's gradient `node`.
+    const TableEntry& mutated_entry(const mutation::Mutation& mu) const;
+    void mutate_gradient(int k, float* node) const;
     void all_gather_tokens(std::vector<float>& all, const float* local, i64 per_rank);
 
     Config cfg_;

@@ -1,6 +1,7 @@
 #include "core/model.h"
 
 #include "core/error.h"
+#include "core/mutation.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
 
@@ -12,7 +13,9 @@ namespace px {
 
 namespace {
 
-i64 align16(i64 n) { return (n + 15) / 16 * 16; }
+i64 align16(i64 n) {
+    return (n + 15) / 16 * 16;
+}
 
 Tensor make_view(float* data, const i64* dims, int ndim, const char* name) {
     Tensor t;
@@ -28,7 +31,9 @@ Tensor make_view(float* data, const i64* dims, int ndim, const char* name) {
     return t;
 }
 
-void zero(const Tensor& t) { std::memset(t.data, 0, static_cast<size_t>(t.numel()) * sizeof(float)); }
+void zero(const Tensor& t) {
+    std::memset(t.data, 0, static_cast<size_t>(t.numel()) * sizeof(float));
+}
 
 // Rows [r.lo, r.hi) of t seen as (rows, last dim); a vector (B,T) gives (hi - lo).
 Tensor token_view(const Tensor& t, TokenRows r, i64 BT) {
@@ -93,14 +98,17 @@ GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part)
 
 GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
          std::shared_ptr<const ParallelLayers> layers)
-    : mc_(mc), nx_(nx), part_(part), layers_(std::move(layers)),
+    : mc_(mc),
+      nx_(nx),
+      part_(part),
+      layers_(std::move(layers)),
       sp_(layers_ && layers_->sequence_parallel()),
-      dims_(layers_ ? layers_->dims() : TpDims{}), table_(ParamTable::build(mc, part, dims_)) {
+      dims_(layers_ ? layers_->dims() : TpDims{}),
+      table_(ParamTable::build(mc, part, dims_)) {
     PX_ASSERT(!part_.chunks.empty(), "a model part needs at least one chunk of layers");
     glayout_.head_offset = table_.total;
-    glayout_.total =
-        table_.total +
-        (part_.holds_wte() ? align16(resolve_dim(Dim::V, mc, dims_) * mc.hidden) : 0);
+    glayout_.total = table_.total +
+                     (part_.holds_wte() ? align16(resolve_dim(Dim::V, mc, dims_) * mc.hidden) : 0);
     params_ = Arena(table_.total);
 }
 
@@ -138,14 +146,24 @@ void GPT::init_random(std::uint64_t seed, double init_std) {
         const u32 id = static_cast<u32>(e.id);
         // A shard draws its slice of the whole tensor's numbers (same ids, logical indices).
         auto normal = [&](double std) {
-            if (layers_) layers_->fill_normal(p, e, static_cast<float>(std), seed);
-            else fill_normal(p, e.numel(), 0.0f, static_cast<float>(std), seed, id, 0);
+            if (layers_)
+                layers_->fill_normal(p, e, static_cast<float>(std), seed);
+            else
+                fill_normal(p, e.numel(), 0.0f, static_cast<float>(std), seed, id, 0);
         };
         switch (kGpt2Params[e.spec].init) {
-        case ParamSpec::normal: normal(init_std); break;
-        case ParamSpec::residual_normal: normal(residual_std); break;
-        case ParamSpec::zeros: std::fill(p, p + e.numel(), 0.0f); break;
-        case ParamSpec::ones: std::fill(p, p + e.numel(), 1.0f); break;
+            case ParamSpec::normal:
+                normal(init_std);
+                break;
+            case ParamSpec::residual_normal:
+                normal(residual_std);
+                break;
+            case ParamSpec::zeros:
+                std::fill(p, p + e.numel(), 0.0f);
+                break;
+            case ParamSpec::ones:
+                std::fill(p, p + e.numel(), 1.0f);
+                break;
         }
     }
 }
@@ -155,8 +173,8 @@ void GPT::init_random(std::uint64_t seed, double init_std) {
 Activations GPT::make_activations(int chunk, i64 B, i64 T, bool recompute) const {
     PX_ASSERT(chunk >= 0 && chunk < num_chunks(), "chunk out of range");
     if (T > mc_.seq_len)
-        throw ConfigError("a sequence of " + std::to_string(T) + " tokens exceeds model.seq_len = " +
-                          std::to_string(mc_.seq_len));
+        throw ConfigError("a sequence of " + std::to_string(T) +
+                          " tokens exceeds model.seq_len = " + std::to_string(mc_.seq_len));
     ActShape shape;
     shape.B = B;
     shape.T = T;
@@ -177,10 +195,13 @@ GradSpan entry_span(const ParamTable& t, int first, int last) {
 
 std::vector<GradSpan> GPT::unit_params(Unit u) const {
     switch (u.kind) {
-    case Unit::embedding: return {entry_span(table_, table_.wte, table_.wpe)};
-    case Unit::head: return {entry_span(table_, table_.wte, table_.wte),
-                             entry_span(table_, table_.lnfw, table_.lnfb)};
-    default: break;
+        case Unit::embedding:
+            return {entry_span(table_, table_.wte, table_.wpe)};
+        case Unit::head:
+            return {entry_span(table_, table_.wte, table_.wte),
+                    entry_span(table_, table_.lnfw, table_.lnfb)};
+        default:
+            break;
     }
     PX_ASSERT(table_.has_layer(u.layer), "a block this model part does not hold");
     return {entry_span(table_, table_.layer_index(u.layer, LN1W),
@@ -217,14 +238,18 @@ GradSpan GPT::grad_span(int chunk) const {
 
 void GPT::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
                          const Tensor* bias) const {
-    if (layers_) layers_->linear_forward(l, out, inp, weight, bias);
-    else ops::matmul_forward(nx_, out, inp, weight, bias);
+    if (layers_)
+        layers_->linear_forward(l, out, inp, weight, bias);
+    else
+        ops::matmul_forward(nx_, out, inp, weight, bias);
 }
 
 void GPT::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
                           const Tensor& dout, const Tensor& inp, const Tensor& weight) const {
-    if (layers_) layers_->linear_backward(l, dinp, dweight, dbias, dout, inp, weight);
-    else ops::matmul_backward(nx_, &dinp, &dweight, dbias, dout, inp, weight);
+    if (layers_)
+        layers_->linear_backward(l, dinp, dweight, dbias, dout, inp, weight);
+    else
+        ops::matmul_backward(nx_, &dinp, &dweight, dbias, dout, inp, weight);
 }
 
 // Under sequence parallelism these run on this rank's token rows only (BT from mean/rstd's and
@@ -244,8 +269,10 @@ void GPT::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor&
 void GPT::layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                              const Tensor& dout, const Tensor& inp, const Tensor& weight,
                              const Tensor& mean, const Tensor& rstd) const {
-    if (sp_) layers_->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
-    else ops::layernorm_backward(nx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+    if (sp_)
+        layers_->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+    else
+        ops::layernorm_backward(nx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
 }
 
 void GPT::residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) const {
@@ -258,11 +285,22 @@ void GPT::residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) 
     ops::residual_forward(nx_, token_view(out, r, BT), token_view(a, r, BT), token_view(b, r, BT));
 }
 
+Tensor GPT::mutated_fc_weight(int l, std::vector<float>& storage) const {
+    const Tensor w = P(l, FCW);
+    if (!layers_ || !mutation::armed() || !probe_ctx_ ||
+        !mutation::strikes(mutation::Kind::tp_offset, probe_ctx_->step, layers_->rank(), l))
+        return w;
+    const i64 rows = w.shape[0], cols = w.shape[1];
+    storage.assign(w.f32() + cols, w.f32() + rows * cols);  // rows 1.., then row 0
+    storage.insert(storage.end(), w.f32(), w.f32() + cols);
+    return view_f32(storage.data(), {rows, cols});
+}
+
 // Block l: residual2 = x + attn(ln1(x)), residual3 = residual2 + mlp(ln2(residual2)).
 void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
     const Numerics& nx = nx_;
-    auto out = [&](const char* op, const Tensor& t) {
-        if (probed) probe("fwd", l, op, "out", t);
+    auto out = [&](const char* op, const Tensor& t, ProbeSplit split) {
+        if (probed) probe("fwd", l, op, "out", t, split);
     };
     const Tensor residual = i == 0 ? a.tensor(ENCODED) : a.layer(RESIDUAL3, i - 1);
     const Tensor ln1 = a.layer(LN1, i), qkv = a.layer(QKV, i), atty = a.layer(ATTY, i);
@@ -280,40 +318,44 @@ void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
     layernorm_forward(ln1, a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i), residual, P(l, LN1W),
                       P(l, LN1B));
     sp_gather(ln1);
-    out("ln_1", ln1);
+    out("ln_1", ln1, ProbeSplit::whole);
     linear_forward(Linear::qkv, qkv, ln1, P(l, QKVW), &qkvb);
-    out("attn.qkv", qkv);
+    out("attn.qkv", qkv, ProbeSplit::qkv);
     ops::attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, resolve_dim(Dim::NH, mc_, dims_));
-    out("attn.core", atty);
+    out("attn.core", atty, ProbeSplit::channels);
     linear_forward(Linear::attn_proj, proj, atty, P(l, ATTPROJW), &attprojb);
-    out("attn.proj", proj);
+    out("attn.proj", proj, ProbeSplit::tokens);
     residual_forward(residual2, residual, proj);
-    out("residual_1", residual2);
+    out("residual_1", residual2, ProbeSplit::tokens);
     layernorm_forward(ln2, a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i), residual2, P(l, LN2W),
                       P(l, LN2B));
     sp_gather(ln2);
-    out("ln_2", ln2);
-    linear_forward(Linear::fc, fch, ln2, P(l, FCW), &fcb);
-    out("mlp.fc", fch);
+    out("ln_2", ln2, ProbeSplit::whole);
+    // A test's mutation (core/mutation.h): this tp rank reads its fc shard one row off.
+    std::vector<float> off_by_one;
+    const Tensor fcw = mutated_fc_weight(l, off_by_one);
+    linear_forward(Linear::fc, fch, ln2, fcw, &fcb);
+    out("mlp.fc", fch, ProbeSplit::ffn);
     ops::gelu_forward(nx, fch_gelu, fch);
-    out("mlp.gelu", fch_gelu);
+    out("mlp.gelu", fch_gelu, ProbeSplit::ffn);
     linear_forward(Linear::fc_proj, proj, fch_gelu, P(l, FCPROJW), &fcprojb);
-    out("mlp.proj", proj);
+    out("mlp.proj", proj, ProbeSplit::tokens);
     residual_forward(residual3, residual2, proj);
-    out("residual_2", residual3);
+    out("residual_2", residual3, ProbeSplit::tokens);
 }
 
 // dresidual holds d(residual3) on entry and d(x) on return.
 void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
     const Numerics& nx = nx_;
     auto G = [&](LayerParam p) { return grad(grads, table_.layer_index(l, p)); };
-    auto dinp = [&](const char* op, const Tensor& t) { probe("bwd", l, op, "dinp", t); };
+    auto dinp = [&](const char* op, const Tensor& t, ProbeSplit split) {
+        probe("bwd", l, op, "dinp", t, split);
+    };
     const Tensor residual = i == 0 ? a.tensor(ENCODED) : a.layer(RESIDUAL3, i - 1);
     const Tensor dresidual = a.tensor(DRESIDUAL), dbuf_c = a.tensor(DBUF_C);
     const Tensor dfch_gelu = a.tensor(DBUF_F), dfch = a.tensor(DBUF_F2), dqkv = a.tensor(DBUF_C3);
     const Tensor dfcprojw = G(FCPROJW), dfcprojb = G(FCPROJB), dfcw = G(FCW), dfcb = G(FCB),
-                 dattprojw = G(ATTPROJW), dattprojb = G(ATTPROJB), dqkvw = G(QKVW),
-                 dqkvb = G(QKVB);
+                 dattprojw = G(ATTPROJW), dattprojb = G(ATTPROJB), dqkvw = G(QKVW), dqkvb = G(QKVB);
 
     // residual3 = residual2 + mlp(ln2(residual2)): dresidual flows to both branches.
     // (Sequence parallelism: this rank's rows of d(residual3), all-gathered for fc_proj.)
@@ -321,17 +363,18 @@ void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
     zero(dfch_gelu);
     linear_backward(Linear::fc_proj, dfch_gelu, dfcprojw, &dfcprojb, dresidual,
                     a.layer(FCH_GELU, i), P(l, FCPROJW));
-    dinp("mlp.proj", dfch_gelu);
+    dinp("mlp.proj", dfch_gelu, ProbeSplit::ffn);
     zero(dfch);
     ops::gelu_backward(nx, dfch, a.layer(FCH, i), dfch_gelu);
-    dinp("mlp.gelu", dfch);
+    dinp("mlp.gelu", dfch, ProbeSplit::ffn);
     zero(dbuf_c);
     linear_backward(Linear::fc, dbuf_c, dfcw, &dfcb, dfch, a.layer(LN2, i), P(l, FCW));
-    dinp("mlp.fc", dbuf_c);
+    dinp("mlp.fc", dbuf_c, ProbeSplit::tokens);
     layernorm_backward(dresidual, G(LN2W), G(LN2B), dbuf_c, a.layer(RESIDUAL2, i), P(l, LN2W),
                        a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i));
     sp_gather(dresidual);
-    dinp("ln_2", dresidual);  // the LayerNorm's input gradient plus the skip path: d(residual_1)
+    dinp("ln_2", dresidual,
+         ProbeSplit::whole);  // the LayerNorm's input gradient plus the skip path: d(residual_1)
 
     // residual2 = residual + attn(ln1(residual)).
     const Tensor datty = a.layer(ATTY, i);  // d(atty) staged in dbuf_c, sized like atty
@@ -339,17 +382,17 @@ void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
     zero(dbuf_a);
     linear_backward(Linear::attn_proj, dbuf_a, dattprojw, &dattprojb, dresidual, a.layer(ATTY, i),
                     P(l, ATTPROJW));
-    dinp("attn.proj", dbuf_a);
+    dinp("attn.proj", dbuf_a, ProbeSplit::channels);
     zero(dqkv);
     ops::attention_backward(nx, dqkv, a.tensor(DPREATT), a.tensor(DATT), dbuf_a, a.layer(QKV, i),
                             a.layer(ATT, i), resolve_dim(Dim::NH, mc_, dims_));
-    dinp("attn.core", dqkv);
+    dinp("attn.core", dqkv, ProbeSplit::qkv);
     zero(dbuf_c);
     linear_backward(Linear::qkv, dbuf_c, dqkvw, &dqkvb, dqkv, a.layer(LN1, i), P(l, QKVW));
-    dinp("attn.qkv", dbuf_c);
+    dinp("attn.qkv", dbuf_c, ProbeSplit::tokens);
     layernorm_backward(dresidual, G(LN1W), G(LN1B), dbuf_c, residual, P(l, LN1W),
                        a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i));
-    dinp("ln_1", dresidual);  // with the skip path: d(block input)
+    dinp("ln_1", dresidual, ProbeSplit::tokens);  // with the skip path: d(block input)
 }
 
 void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targets) const {
@@ -382,13 +425,16 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
     probe("fwd", -1, "ln_f", "out", a.tensor(LNF));
     // LM head tied to wte: logits (B,T,V) = lnf · wteᵀ, written into probs, then softmax in place.
     const Tensor probs = a.tensor(PROBS);
-    if (layers_) {
-        layers_->head_forward(a.tensor(LOSSES), probs, a.tensor(LNF), param(table_.wte), targets);
-    } else {
+    if (layers_)
+        layers_->head_logits(probs, a.tensor(LNF), param(table_.wte));
+    else
         ops::matmul_forward(nx, probs, a.tensor(LNF), param(table_.wte), nullptr);
-        probe("fwd", -1, "head", "out", probs);  // the logits, before softmax runs in place
+    // The logits, before softmax runs in place.
+    probe("fwd", -1, "head", "out", probs, ProbeSplit::vocabulary);
+    if (layers_)
+        layers_->head_loss(a.tensor(LOSSES), probs, targets);
+    else
         ops::crossentropy_forward(nx, a.tensor(LOSSES), probs, probs, targets);
-    }
     probe("fwd", -1, "loss", "out", a.tensor(LOSSES));
     after_forward({Unit::head});
 }
@@ -407,21 +453,22 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
         // LM head: dlnf = dlogits · wte, and its wte gradient kept apart (see GradLayout).
         const Tensor head = grad_head(grads);
         zero(dbuf_c);
-        if (layers_) {
-            layers_->head_backward(dbuf_c, head, probs, a.tensor(LNF), param(table_.wte), targets,
-                                   dloss);
-        } else {
+        if (layers_)
+            layers_->head_dlogits(probs, targets, dloss);
+        else
             ops::crossentropy_backward(nx, probs, probs, targets, dloss);  // probs: dlogits
-            probe("bwd", -1, "loss", "dinp", probs);
+        probe("bwd", -1, "loss", "dinp", probs, ProbeSplit::vocabulary);
+        if (layers_)
+            layers_->head_dinp(dbuf_c, head, probs, a.tensor(LNF), param(table_.wte));
+        else
             ops::matmul_backward(nx, &dbuf_c, &head, nullptr, probs, a.tensor(LNF),
                                  param(table_.wte));
-        }
-        probe("bwd", -1, "head", "dinp", dbuf_c);
+        probe("bwd", -1, "head", "dinp", dbuf_c, ProbeSplit::tokens);
         zero(dresidual);
         const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
         layernorm_backward(dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb), dbuf_c,
                            last, param(table_.lnfw), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD));
-        probe("bwd", -1, "ln_f", "dinp", dresidual);
+        probe("bwd", -1, "ln_f", "dinp", dresidual, ProbeSplit::tokens);
         after_backward({Unit::head}, grads);
     }
     for (int l = layers.hi - 1; l >= layers.lo; l--) {
@@ -436,37 +483,63 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
         before_backward({Unit::embedding}, grads);
         sp_gather(dresidual);  // sequence parallelism: d(encoded) of every token
         if (layers_)
-            layers_->embedding_backward(grad(grads, table_.wte), grad(grads, table_.wpe),
-                                        dresidual, tokens);
+            layers_->embedding_backward(grad(grads, table_.wte), grad(grads, table_.wpe), dresidual,
+                                        tokens);
         else
-            ops::embedding_backward(nx, grad(grads, table_.wte), grad(grads, table_.wpe),
-                                    dresidual, tokens);
+            ops::embedding_backward(nx, grad(grads, table_.wte), grad(grads, table_.wpe), dresidual,
+                                    tokens);
         after_backward({Unit::embedding}, grads);
     }
 }
 
 // ---- probes ----------------------------------------------------------------------------------
 
-// t is a microbatch's (B,T,...) tensor: logically rows [batch_lo, batch_lo + B) of the batch's.
+// t is a microbatch's (B,T,...) tensor: logically rows [batch_lo, batch_lo + B) of the batch's;
+// under ParallelLayers this rank's piece of it, as `split` says.
 void GPT::offer_probe(const char* phase, int layer, const char* op, const char* tensor,
-                      const Tensor& t) const {
+                      const Tensor& t, ProbeSplit split) const {
     const ProbeKey key{probe_ctx_ ? probe_ctx_->step : 0, phase, layer, op, tensor};
     if (!probes_->wants(key)) return;
     PX_ASSERT(t.contiguous() && t.ndim >= 1, "a probed tensor must be contiguous");
+    std::vector<i64> shape(t.shape.begin(), t.shape.begin() + t.ndim);
+    const i64 w = shape.back();
+    i64 rows = 1;  // B·T (also when w is 0: a tp rank past the last vocabulary block)
+    for (size_t d = 0; d + 1 < shape.size(); d++) rows *= shape[d];
+    const float* data = t.f32();
+    std::vector<float> staged;  // the pieces back to back, when the local layout interleaves them
     ShardSpec spec;
-    Hyperslab piece;
-    for (int d = 0; d < t.ndim; d++) {
-        spec.logical_shape.push_back(t.shape[d]);
-        piece.lo.push_back(0);
-        piece.hi.push_back(t.shape[d]);
+    if (!layers_ || split == ProbeSplit::whole) {
+        spec.logical_shape = shape;
+        spec.pieces.push_back({std::vector<i64>(shape.size(), 0), shape});
+    } else if (split == ProbeSplit::tokens) {  // this rank's token rows (all of them without SP)
+        const TokenRows r = layers_->token_rows(rows);
+        spec = flat_shard(shape, r.lo * w, r.hi * w);
+        data += r.lo * w;
+    } else {  // columns: each range a slab of every row; several ranges are staged piece by piece
+        const ColumnShard cols = layers_->probe_columns(split);
+        spec.logical_shape = shape;
+        spec.logical_shape.back() = cols.n;
+        i64 at = 0;
+        for (const TokenRows& c : cols.ranges) {
+            Hyperslab p;
+            for (size_t d = 0; d + 1 < shape.size(); d++) {
+                p.lo.push_back(0);
+                p.hi.push_back(shape[d]);
+            }
+            p.lo.push_back(c.lo);
+            p.hi.push_back(c.hi);
+            spec.pieces.push_back(std::move(p));
+            if (cols.ranges.size() > 1)
+                for (i64 i = 0; i < rows; i++)
+                    staged.insert(staged.end(), data + i * w + at, data + i * w + at + c.hi - c.lo);
+            at += c.hi - c.lo;
+        }
+        PX_ASSERT(at == w, "a probe's column ranges do not cover its local tensor");
+        if (!staged.empty()) data = staged.data();
     }
-    if (probe_ctx_ && probe_ctx_->batch_total > 0) {
-        spec.logical_shape[0] = probe_ctx_->batch_total;
-        piece.lo[0] = probe_ctx_->batch_lo;
-        piece.hi[0] = probe_ctx_->batch_lo + t.shape[0];
-    }
-    spec.pieces.push_back(std::move(piece));
-    probes_->capture(key, t.f32(), spec);
+    if (probe_ctx_ && probe_ctx_->batch_total > 0)
+        offset_rows(spec, probe_ctx_->batch_lo, probe_ctx_->batch_total);
+    probes_->capture(key, data, spec);
 }
 
 // ---- the whole model on one device -----------------------------------------------------------
@@ -495,14 +568,28 @@ void GPT::combine_tied_grads(float* grads) const {
 }
 
 void GPT::probe_params(ProbeSink& sink, i64 step, const char* phase, const char* op,
-                       const float* data, i64 lo, i64 hi) const {
+                       const float* data, i64 lo, i64 hi, i64 node, i64 nodes) const {
     for (const TableEntry& e : table_.entries) {
         const ProbeKey key{step, phase, e.layer, op, kGpt2Params[e.spec].name};
         const i64 a = std::max(lo, e.offset), b = std::min(hi, e.offset + e.numel());
         if (a >= b || !sink.wants(key)) continue;
-        std::vector<i64> shape{e.cols};
-        if (kGpt2Params[e.spec].rows != Dim::one) shape.insert(shape.begin(), e.rows);
-        sink.capture(key, data + (a - lo), flat_shard(shape, a - e.offset, b - e.offset));
+        ShardSpec whole;
+        if (layers_) {
+            whole = layers_->param_shard(e);
+        } else {
+            std::vector<i64> shape{e.cols};
+            if (kGpt2Params[e.spec].rows != Dim::one) shape.insert(shape.begin(), e.rows);
+            whole = flat_shard(shape, 0, e.numel());
+        }
+        ShardSpec spec = slice(whole, a - e.offset, b - e.offset);
+        if (node >= 0) {  // one row of (nodes, ...)
+            spec.logical_shape.insert(spec.logical_shape.begin(), nodes);
+            for (Hyperslab& p : spec.pieces) {
+                p.lo.insert(p.lo.begin(), node);
+                p.hi.insert(p.hi.begin(), node + 1);
+            }
+        }
+        sink.capture(key, data + (a - lo), spec);
     }
 }
 

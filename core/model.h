@@ -80,6 +80,23 @@ struct TokenRows {
     i64 lo = 0, hi = 0;
 };
 
+// How a probed activation (B,T,...) is spread over the ranks of ParallelLayers (GPT::probe).
+enum class ProbeSplit : std::uint8_t {
+    whole,       // every rank holds all of it
+    tokens,      // sequence parallelism: token_rows(BT) only (whole without it)
+    qkv,         // last dimension: the rank's q, k and v columns of its heads (of 3C)
+    channels,    // last dimension: its heads' channels (of C)
+    ffn,         // last dimension: its ffn channels (of F)
+    vocabulary,  // last dimension: its vocabulary (of V)
+};
+
+// A rank's part of a split dimension of n elements: ranges of [0, n), ascending, stored locally
+// back to back.
+struct ColumnShard {
+    i64 n = 0;
+    std::vector<TokenRows> ranges;  // [lo, hi) of the dimension (not tokens here)
+};
+
 class ParallelLayers {
 public:
     virtual ~ParallelLayers() = default;
@@ -101,6 +118,12 @@ public:
                                     const Tensor& /*inp*/, const Tensor& /*weight*/,
                                     const Tensor& /*mean*/, const Tensor& /*rstd*/) const {}
     virtual TpDims dims() const = 0;  // local sizes of parameters and activations
+    virtual int rank() const { return 0; }  // in the group that shares the layers
+    // Probes: this rank's part of the last dimension of an activation split by s (qkv, channels,
+    // ffn, vocabulary), and where a parameter's local elements sit in its logical tensor (the
+    // logical shape (rows, cols), or (cols) for a vector, and the local tensor's pieces).
+    virtual ColumnShard probe_columns(ProbeSplit s) const = 0;
+    virtual ShardSpec param_shard(const TableEntry& e) const = 0;
     // p (e's local elements) = this model's slice of e's initialisation N(0, std) (core/rng.h).
     virtual void fill_normal(float* p, const TableEntry& e, float std,
                              std::uint64_t seed) const = 0;
@@ -115,13 +138,15 @@ public:
                                    const Tensor& wpe) const = 0;
     virtual void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                                     const int* tokens) const = 0;
-    // The LM head tied to wte and the loss: logits = lnf·wteᵀ into probs, softmax in place, the
-    // per-token losses. Backward: probs become dlogits; dlnf +=, dwte_head +=.
-    virtual void head_forward(const Tensor& losses, const Tensor& probs, const Tensor& lnf,
-                              const Tensor& wte, const int* targets) const = 0;
-    virtual void head_backward(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
-                               const Tensor& lnf, const Tensor& wte, const int* targets,
-                               float dloss) const = 0;
+    // The LM head tied to wte: logits = lnf·wteᵀ into probs. The loss: softmax of the logits in
+    // place and the per-token losses. Backward: probs (the softmax) become dlogits, then
+    // dlnf +=, dwte_head += from them.
+    virtual void head_logits(const Tensor& probs, const Tensor& lnf, const Tensor& wte) const = 0;
+    virtual void head_loss(const Tensor& losses, const Tensor& probs,
+                           const int* targets) const = 0;
+    virtual void head_dlogits(const Tensor& probs, const int* targets, float dloss) const = 0;
+    virtual void head_dinp(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
+                           const Tensor& lnf, const Tensor& wte) const = 0;
 };
 
 // The units a model uses its weights in, in forward order: the embedding (wte, wpe), each block,
@@ -189,17 +214,20 @@ public:
     // (fwd) or its input gradient (bwd) to `sink`, keyed by ctx's step and placed at ctx's batch
     // rows (null ctx: step 0, the microbatch is the whole batch). Null sink: none (one pointer
     // test per op). Never changes a bit of the computation. Not owned; must outlive their use.
-    // v1: the plain kernels only; a model with ParallelLayers offers nothing.
+    // Under ParallelLayers each rank offers its piece (ProbeSplit), placed in the logical tensor.
+    // The context is also what tells a test-only mutation (core/mutation.h) the step.
     void set_probes(ProbeSink* sink, const ProbeContext* ctx) {
-        probes_ = layers_ ? nullptr : sink;
+        probes_ = sink;
         probe_ctx_ = ctx;
     }
     // Offers every parameter's floats [lo, hi) of `data` (laid out by this model's table, element
     // `lo` at data[0]) to `sink` as probes step/phase/layer/op/<its GPT-2 name>, in their
-    // logical shapes (a flat shard of a tensor as flat_shard's pieces). The trainer calls it for
-    // the reduced gradient ("grad") and the updated weights and moments ("optim").
+    // logical shapes (a flat shard of a tensor as flat_shard's pieces; a tp shard as its
+    // ParallelLayers' param_shard). The trainer calls it for the reduced gradient ("grad") and the
+    // updated weights and moments ("optim"). node >= 0: the data is node `node` of `nodes`
+    // (a microbatch's gradient, "mgrad"), a row of a logical tensor (nodes, ...).
     void probe_params(ProbeSink& sink, i64 step, const char* phase, const char* op,
-                      const float* data, i64 lo, i64 hi) const;
+                      const float* data, i64 lo, i64 hi, i64 node = -1, i64 nodes = 0) const;
 
     // ---- chunks: one run of layers on one microbatch, with caller-owned activations ----------
     // Activations sized for chunk c on microbatches of B sequences of T tokens.
@@ -240,6 +268,9 @@ private:
     // (probed: false when backward recomputes the block, whose forward was probed already)
     void block_forward(Activations& a, int l, int i, bool probed = true) const;
     void block_backward(Activations& a, float* grads, int l, int i) const;
+    // mlp.fc's weight of block l, or (a test's tp_offset mutation, core/mutation.h) a copy in
+    // `storage` read one row off.
+    Tensor mutated_fc_weight(int l, std::vector<float>& storage) const;
     // ParallelLayers' linear, or ops::matmul_* when there is none.
     void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
                         const Tensor* bias) const;
@@ -268,13 +299,14 @@ private:
     void after_backward(Unit u, float* grads) const {
         if (hooks_) hooks_->after_backward(u, grads);
     }
-    // Offers t (a microbatch's (B,T,...) activation or gradient) to the probe sink, if any.
-    void probe(const char* phase, int layer, const char* op, const char* tensor,
-               const Tensor& t) const {
-        if (probes_) offer_probe(phase, layer, op, tensor, t);
+    // Offers t (a microbatch's (B,T,...) activation or gradient, spread over the ranks as
+    // `split` says) to the probe sink, if any.
+    void probe(const char* phase, int layer, const char* op, const char* tensor, const Tensor& t,
+               ProbeSplit split = ProbeSplit::whole) const {
+        if (probes_) offer_probe(phase, layer, op, tensor, t, split);
     }
     void offer_probe(const char* phase, int layer, const char* op, const char* tensor,
-                     const Tensor& t) const;
+                     const Tensor& t, ProbeSplit split) const;
 
     ModelConfig mc_;
     Numerics nx_;

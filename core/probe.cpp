@@ -87,6 +87,39 @@ ShardSpec flat_shard(const std::vector<i64>& shape, i64 a, i64 b) {
     return s;
 }
 
+ShardSpec slice(const ShardSpec& s, i64 a, i64 b) {
+    ShardSpec out;
+    out.logical_shape = s.logical_shape;
+    i64 at = 0;  // local offset of the piece
+    for (const Hyperslab& p : s.pieces) {
+        const i64 n = p.numel();
+        const i64 x = std::max(a, at), y = std::min(b, at + n);
+        if (x < y) {
+            std::vector<i64> extent(p.lo.size());
+            for (size_t d = 0; d < extent.size(); d++) extent[d] = p.hi[d] - p.lo[d];
+            const ShardSpec part = flat_shard(extent, x - at, y - at);
+            for (Hyperslab q : part.pieces) {
+                for (size_t d = 0; d < q.lo.size(); d++) {
+                    q.lo[d] += p.lo[d];
+                    q.hi[d] += p.lo[d];
+                }
+                out.pieces.push_back(std::move(q));
+            }
+        }
+        at += n;
+    }
+    return out;
+}
+
+void offset_rows(ShardSpec& s, i64 lo, i64 total) {
+    if (s.logical_shape.empty()) return;
+    s.logical_shape[0] = total;
+    for (Hyperslab& p : s.pieces) {
+        p.lo[0] += lo;
+        p.hi[0] += lo;
+    }
+}
+
 ProbeSink::~ProbeSink() = default;
 
 bool glob_match(std::string_view p, std::string_view n) {

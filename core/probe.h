@@ -5,14 +5,21 @@
 // layouts. The model and the Job call a ProbeSink; they never store anything themselves, and a
 // run without a sink costs one null-pointer test per op (the bits never change either way).
 //
-// Probed so far: the single device, data parallelism (ZeRO-0..3) and pipeline stages; under
-// tensor or sequence parallelism nothing is probed yet. The interface already carries several
-// pieces per rank (tp's qkv blocks), so those layouts need no change here.
+// Probed: the single device, data parallelism (ZeRO-0..3), pipeline stages, and tensor and
+// sequence parallelism (a tp rank's columns of qkv, heads, ffn and vocabulary; an SP rank's token
+// rows of the residual stream; its shards of the parameters). Every layout unshards to the single
+// device's probes bit for bit.
 //
 // Phases:
 //   fwd    an op's output activation, per microbatch (tensor "out")
 //   bwd    an op's input gradient, per microbatch (tensor "dinp"); weight gradients of a
 //          microbatch are partial sums that depend on the microbatch cut, so they are not probed
+//   mgrad  a parameter's gradient from one microbatch, as backward leaves it, before it joins the
+//          others (data-parallel jobs with ZeRO-0/1 only): logical shape (microbatches of the
+//          step, ...), one row per microbatch in batch order. These are the nodes of the token
+//          tree that the ranks reduce, so the reference must run with the same microbatch count
+//          (dp × microbatches) to have them; wte holds the embedding's part only (the LM head's
+//          part joins after the reduction)
 //   grad   a parameter's complete, reduced gradient of the step, before the update
 //   optim  after the update: the weight (op "param"), Adam's moments (ops "adam.m", "adam.v")
 //
@@ -21,6 +28,8 @@
 //   Hyperslab     a hyperslab [lo, hi) of a logical tensor
 //   ShardSpec     a logical shape and the slabs whose concatenation is the local tensor
 //   flat_shard    the slabs of a flat element range [a, b) of a row-major logical tensor
+//   slice         the pieces of a spec's local elements [a, b) (a ZeRO shard of a tp shard)
+//   offset_rows   a spec placed at rows [lo, lo + n) of a taller logical tensor (batch rows)
 //   ProbeContext  what the model cannot know: the step, which rows of the batch it holds
 //   ProbeSink     receives captures; wants() first, so unselected probes cost no copy
 //   glob_match    the pattern language of probe selections
@@ -61,6 +70,15 @@ struct ShardSpec {
 // The slabs of elements [a, b) of a row-major tensor of `shape` seen flat (a ZeRO shard of a
 // parameter): at most a partial first row, whole rows, and a partial last row, in that order.
 ShardSpec flat_shard(const std::vector<i64>& shape, i64 a, i64 b);
+
+// The spec of local elements [a, b) of a tensor whose whole local spec is `s`: the part of each
+// piece that falls in [a, b), cut into slabs as flat_shard cuts a tensor.
+ShardSpec slice(const ShardSpec& s, i64 a, i64 b);
+
+// s describes a tensor whose leading dimension is a block of `total` rows starting at `lo` of
+// the logical tensor (a microbatch in the step's batch): shifts every piece's rows by lo and
+// makes the logical leading dimension `total`.
+void offset_rows(ShardSpec& s, i64 lo, i64 total);
 
 // Set by the Job before each microbatch's forward and backward: the model knows neither the
 // step nor where its microbatch sits in the global batch.

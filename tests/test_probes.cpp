@@ -94,7 +94,8 @@ std::vector<std::string> expected_step(const Config& c, i64 step) {
                                "attn.qkv", "ln_1"})
             add("bwd", l, op, "dinp");
     const ParamTable t = ParamTable::build(c.model);
-    for (const char* phase_op : {"grad/param", "optim/param", "optim/adam.m", "optim/adam.v"}) {
+    for (const char* phase_op :
+         {"mgrad/param", "grad/param", "optim/param", "optim/adam.m", "optim/adam.v"}) {
         const std::string po = phase_op;
         const std::string phase = po.substr(0, po.find('/')), op = po.substr(po.find('/') + 1);
         for (const TableEntry& e : t.entries)
@@ -186,6 +187,37 @@ TEST_CASE("Probes select: */fwd/1/mlp.*/* records only those, with a step stride
                                                   "3/fwd/1/mlp.gelu/out", "3/fwd/1/mlp.proj/out"});
 }
 
+namespace {
+
+// The probes of layout `d` (every rank's job or pipeline stage recording into one recorder)
+// against the single device's on the same job, bit for bit. The single device runs as many
+// microbatches as the layout has in all, so that its microbatch gradients ("mgrad") are the
+// nodes the layout's ranks hold; layouts whose ranks do not probe them (ZeRO-2/3, pipelines)
+// leave them out.
+void check_layout_probes(const Config& c, const Config& d) {
+    const bool pipeline = d.layout.pp > 1;
+    const bool mgrad = !pipeline && d.layout.zero < 2;
+    std::vector<std::string> patterns{"*/fwd/**", "*/bwd/**", "*/grad/**", "*/optim/**"};
+    if (mgrad) patterns.push_back("*/mgrad/**");
+    Config r = c;
+    const int mb =
+        d.layout.microbatches > 0 ? d.layout.microbatches : static_cast<int>(d.train.microbatches);
+    r.train.microbatches = d.layout.dp * mb;
+    ProbeRecorder ref(patterns);
+    {
+        Job job(r);
+        job.set_probes(&ref);
+        job.run();
+    }
+    ProbeRecorder got(patterns);
+    run_layout(
+        d, {}, {}, {}, {}, [&](Job& j) { j.set_probes(&got); },
+        [&](PipelineJob& stage) { stage.set_probes(&got); });
+    check_same_probes(ref, got);
+}
+
+}  // namespace
+
 TEST_CASE("Probes under data parallelism unshard to the single device's, bit for bit") {
     struct Case {
         int dp, zero, microbatches;
@@ -196,36 +228,82 @@ TEST_CASE("Probes under data parallelism unshard to the single device's, bit for
         DYNAMIC_SECTION("dp" << k.dp << " zero" << k.zero << " microbatches " << k.microbatches) {
             Config c = probe_job();
             c.train.batch_size = k.batch;
-            ProbeRecorder ref({"**"});
-            {
-                Job job(c);
-                job.set_probes(&ref);
-                job.run();
-            }
             Config d = c;
             d.layout.dp = k.dp;
             d.layout.zero = k.zero;
             d.layout.microbatches = k.microbatches;
-            ProbeRecorder got({"**"});
-            run_layout(d, {}, {}, {}, {}, [&](Job& j) { j.set_probes(&got); });
-            check_same_probes(ref, got);
+            check_layout_probes(c, d);
         }
     }
 }
 
-TEST_CASE("v1 probes nothing under tensor parallelism, and its bits do not change") {
+TEST_CASE("Probes under tensor and sequence parallelism unshard to the single device's") {
     Config c = probe_job();  // shapes whose tp shares are whole blocks (as test_tp_model.cpp)
     c.model.vocab = 64;
     c.model.hidden = 64;
     c.model.ffn = 128;
     c.model.seq_len = 32;
     c.numerics.block = 16;
+    struct Case {
+        int dp, tp, pp, zero, microbatches;
+        bool sp;
+    };
+    for (const Case k :
+         {Case{1, 2, 1, 0, 0, false}, Case{1, 2, 1, 0, 0, true}, Case{1, 4, 1, 0, 0, true},
+          Case{2, 2, 1, 1, 2, true}, Case{2, 2, 1, 3, 0, false}, Case{1, 2, 2, 0, 2, true}}) {
+        DYNAMIC_SECTION("dp" << k.dp << " tp" << k.tp << " pp" << k.pp << " zero" << k.zero
+                             << " microbatches " << k.microbatches << (k.sp ? " +SP" : "")) {
+            Config d = c;
+            d.layout.dp = k.dp;
+            d.layout.tp = k.tp;
+            d.layout.pp = k.pp;
+            d.layout.zero = k.zero;
+            d.layout.microbatches = k.microbatches;
+            d.layout.sequence_parallel = k.sp;
+            check_layout_probes(c, d);
+        }
+    }
+}
+
+TEST_CASE("A tp rank's probes are its columns: qkv's three head blocks, then its ffn") {
+    Config c = probe_job();
+    c.model.vocab = 64;
+    c.model.hidden = 64;
+    c.model.ffn = 128;
+    c.model.seq_len = 32;
+    c.numerics.block = 16;
     c.layout.tp = 2;
-    LogicalState off, on;
-    run_layout(c, {}, [&](Job& j) { off.absorb(j); });
-    ProbeRecorder rec({"**"});
-    run_layout(
-        c, {}, [&](Job& j) { on.absorb(j); }, {}, {}, [&](Job& j) { j.set_probes(&rec); });
-    CHECK(rec.names().empty());
-    check_same_bits(off, on);
+    c.layout.sequence_parallel = true;
+    std::vector<std::unique_ptr<ProbeRecorder>> ranks;
+    for (int r = 0; r < 2; r++)
+        ranks.push_back(std::make_unique<ProbeRecorder>(std::vector<std::string>{
+            "1/fwd/0/attn.qkv/out", "1/fwd/0/mlp.fc/out", "1/fwd/0/residual_1/out",
+            "1/grad/0/param/attn.c_proj.weight"}));
+    run_layout(c, {}, {}, {}, {},
+               [&](Job& j) { j.set_probes(ranks[static_cast<size_t>(j.tp_rank())].get()); });
+    const i64 B = c.train.batch_size, T = c.model.seq_len, C = c.model.hidden;
+    // Rank 1's qkv: columns [32, 64), [96, 128), [160, 192) of (B, T, 3C); zeros elsewhere.
+    const std::vector<float> zero(static_cast<size_t>(B * T * 3 * C), 0.0f);
+    const std::vector<float> q1 = ranks[1]->overlay("1/fwd/0/attn.qkv/out", zero);
+    for (i64 col = 0; col < 3 * C; col++) {
+        const bool mine = (col / (C / 2)) % 2 == 1;
+        bool any = false;
+        for (i64 row = 0; row < B * T; row++)
+            any = any || q1[static_cast<size_t>(row * 3 * C + col)] != 0.0f;
+        CHECK(any == mine);
+    }
+    // Rank 0's residual stream under SP: the first half of the tokens only.
+    const std::vector<float> res(static_cast<size_t>(B * T * C), 0.0f);
+    const std::vector<float> r0 = ranks[0]->overlay("1/fwd/0/residual_1/out", res);
+    CHECK(r0[static_cast<size_t>((B * T / 2 - 1) * C)] != 0.0f);
+    CHECK(r0[static_cast<size_t>((B * T / 2) * C)] == 0.0f);
+    // attn.c_proj (C, C) is row parallel: rank 0 holds the input columns of its heads.
+    const std::vector<float> w(static_cast<size_t>(C * C), 0.0f);
+    const std::vector<float> p0 = ranks[0]->overlay("1/grad/0/param/attn.c_proj.weight", w);
+    for (i64 col = 0; col < C; col++) {
+        bool any = false;
+        for (i64 row = 0; row < C; row++)
+            any = any || p0[static_cast<size_t>(row * C + col)] != 0.0f;
+        CHECK(any == (col < C / 2));
+    }
 }

@@ -56,6 +56,8 @@ ProbeRecorder::ProbeRecorder(std::vector<std::string> patterns, i64 step_stride)
 bool ProbeRecorder::wants(const ProbeKey& key) const {
     if (key.step > 0 && (key.step - 1) % stride_ != 0) return false;
     const std::string name = key.name();
+    for (const std::string& p : exclude_)
+        if (glob_match(p, name)) return false;
     for (const std::string& p : patterns_)
         if (glob_match(p, name)) return true;
     return false;
@@ -128,7 +130,8 @@ std::vector<float> ProbeRecorder::overlay(const std::string& name, std::vector<f
                     " elements, the probe's logical shape " + std::to_string(total));
     for (const Piece& q : p.pieces)
         for_each_run(p.shape, q.slab, [&](i64 off, i64 local, i64 n) {
-            std::memcpy(base.data() + off, q.data.data() + local, static_cast<size_t>(n) * sizeof(float));
+            std::memcpy(base.data() + off, q.data.data() + local,
+                        static_cast<size_t>(n) * sizeof(float));
         });
     return base;
 }

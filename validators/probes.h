@@ -29,6 +29,10 @@ public:
     // 1 + stride, 1 + 2·stride, ... (probes outside a Job, step 0, always pass the stride).
     explicit ProbeRecorder(std::vector<std::string> patterns, i64 step_stride = 1);
 
+    // Probes matching one of `patterns` are not recorded even when selected (golden traces leave
+    // out "*/mgrad/**": microbatch gradients depend on the layout's microbatch cut).
+    void exclude(std::vector<std::string> patterns) { exclude_ = std::move(patterns); }
+
     bool wants(const ProbeKey& key) const override;
     void capture(const ProbeKey& key, const float* local, const ShardSpec& spec) override;
 
@@ -58,7 +62,7 @@ private:
         std::string fault;  // the first disagreement between captures; empty: none
     };
 
-    std::vector<std::string> patterns_;
+    std::vector<std::string> patterns_, exclude_;
     i64 stride_ = 1;
     mutable std::mutex mutex_;  // guards everything below
     std::unordered_map<std::string, Probe> probes_;

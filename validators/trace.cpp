@@ -119,6 +119,7 @@ void write_trace(const std::string& path, const ProbeRecorder& rec, const TraceI
 i64 record_trace(const Config& cfg, const std::vector<std::string>& patterns, i64 stride, i64 steps,
                  const std::string& path) {
     ProbeRecorder rec(patterns, stride);
+    rec.exclude({"*/mgrad/**"});
     {
         Job job(cfg);
         job.set_probes(&rec);

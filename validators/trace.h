@@ -41,7 +41,8 @@ struct TraceInfo {
 // Throws DataError naming the file when it cannot be written.
 void write_trace(const std::string& path, const ProbeRecorder& rec, const TraceInfo& info);
 // cfg on the single device for `steps` steps, probes `patterns` every `stride` steps; returns the
-// bytes of tensors written.
+// bytes of tensors written. Microbatch gradients ("mgrad") are left out: they are cut as the
+// recording run's microbatches are, which a layout under test need not share.
 i64 record_trace(const Config& cfg, const std::vector<std::string>& patterns, i64 stride,
                  i64 steps, const std::string& path);
 

@@ -49,11 +49,36 @@ std::string ulp_text(std::int64_t u) {
     return u == kNoUlp ? "NaN" : std::to_string(u);
 }
 
+std::string ranks_text(const std::vector<int>& ranks) {
+    std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < ranks.size(); i++) {
+        if (i) s += ",";
+        s += std::to_string(ranks[i]);
+    }
+    return s;
+}
+
+// "; parallelism: tp2 (dp2, pp2 match)", or that only the combination diverges.
+std::string axes_text(const LayoutResult& r) {
+    if (r.axes.empty()) return "";
+    std::string bad, good;
+    for (const LayoutResult::Axis& a : r.axes) {
+        if (a.verdict == "error") continue;
+        std::string& to = a.verdict == "match" ? good : bad;
+        if (!to.empty()) to += ", ";
+        to += a.layout;
+    }
+    if (bad.empty() && good.empty()) return "";
+    if (bad.empty()) return "; parallelism: only the combination (" + good + " each match alone)";
+    return "; parallelism: " + bad + (good.empty() ? "" : " (" + good + " match)");
+}
+
 std::string first_text(const LayoutResult& r) {
     if (!r.error.empty()) return r.error;
     if (r.first_step < 0) return "-";
     const Comparison& c = r.first;
     std::string s = "step " + std::to_string(r.first_step);
+    if (r.first_rank > 0) s += " (rank " + std::to_string(r.first_rank) + "'s state)";
     s += ", ";
     s += c.name;
     const bool same = r.first_op_rank >= 0 && r.first_op.name == c.name;  // a golden trace's probe
@@ -69,7 +94,7 @@ std::string first_text(const LayoutResult& r) {
     s += vals;
     if (r.first_op_rank >= 0 && !same) {
         const Comparison& o = r.first_op;
-        s += "; first op: " + o.name + " on rank " + std::to_string(r.first_op_rank) + " [";
+        s += "; first op: " + o.name + " on " + ranks_text(r.first_op_ranks) + " [";
         for (size_t i = 0; i < o.first_index.size(); i++) {
             if (i) s += ", ";
             s += std::to_string(o.first_index[i]);
@@ -78,33 +103,44 @@ std::string first_text(const LayoutResult& r) {
                       static_cast<double>(o.first_candidate));
         s += vals;
     }
-    return s;
+    return s + axes_text(r);
 }
 
-// The layout's state after each step, gathered on its ranks; compared on the rank that gathers.
+// The layout's state after each step, gathered on every one of its ranks and compared there:
+// a rank whose state departs from the others' (a replica that disagrees) is seen at the step it
+// happens. The earliest step wins, then the lowest world rank.
 struct Checker {
     const std::vector<LogicalState>& reference;  // after step s at [s-1]
     LayoutResult& result;
     std::mutex mu;
+    LogicalState last;  // world rank 0's state after the last step compared
 
-    void compare_step(LogicalState&& got) {
+    // grads: this rank's reduced gradients of the step, compared already (they come first: the
+    // update reads them).
+    void compare_step(LogicalState&& got, int rank, std::vector<Comparison> grads) {
         const i64 step = static_cast<i64>(got.history.size());
         const LogicalState& ref = reference.at(static_cast<size_t>(step - 1));
-        std::vector<Comparison> cmp = compare_states(ref, got);
-        std::lock_guard lk(mu);  // pipeline stages of other replicas are not gathering here
-        result.steps = step;
+        std::vector<Comparison> cmp = std::move(grads);
+        for (Comparison& c : compare_states(ref, got)) cmp.push_back(std::move(c));
+        std::vector<Comparison> differing;
+        for (const Comparison& c : cmp)
+            if (!c.equal()) differing.push_back(c);
+        std::lock_guard lk(mu);  // ranks are threads
+        result.steps = std::max(result.steps, step);
         for (const Comparison& c : cmp) result.max_ulp = worse(result.max_ulp, c.max_ulp);
-        if (result.first_step < 0)
-            for (const Comparison& c : cmp)
-                if (!c.equal()) {
-                    if (result.first_step < 0) result.first_step = step, result.first = c;
-                    result.differing.push_back(c);
-                }
-        result.final_step = std::move(cmp);
-        last = std::move(got);
+        const bool earlier = result.first_step < 0 || step < result.first_step ||
+                             (step == result.first_step && rank < result.first_rank);
+        if (!differing.empty() && earlier) {
+            result.first_step = step;
+            result.first_rank = rank;
+            result.first = differing.front();
+            result.differing = std::move(differing);
+        }
+        if (rank == 0) {
+            result.final_step = std::move(cmp);
+            last = std::move(got);
+        }
     }
-
-    LogicalState last;  // the state after the last step compared
 };
 
 LogicalState gathered(const Config& cfg, std::vector<float>&& p, std::vector<float>&& m,
@@ -156,25 +192,35 @@ LayoutResult run_one(const LayoutSpec& spec, void (*progress)(const LayoutResult
     return r;
 }
 
+int microbatches_of(const Config& c) {
+    return c.layout.microbatches > 0 ? c.layout.microbatches
+                                     : static_cast<int>(c.train.microbatches);
+}
+
+std::string coord_text(const Mesh& mesh, int rank) {
+    const Coord k = mesh.coord_of(rank);
+    return "pp" + std::to_string(k.pp) + " dp" + std::to_string(k.dp) + " tp" +
+           std::to_string(k.tp);
+}
+
 // The first-divergence search (validate.h): probes on every op of steps s-1 and s.
 void search_first_op(const Config& ref_cfg, const Config& c, LayoutResult& r) {
-    if (c.layout.tp > 1 || c.layout.sequence_parallel) {
-        r.first_op_note =
-            "no op-level search for this layout yet: probes cover the single device, "
-            "data and pipeline parallelism";
-        return;
-    }
     const i64 s = r.first_step;
     std::vector<std::string> patterns;
     for (i64 k = std::max<i64>(1, s - 1); k <= s; k++)
         patterns.push_back(std::to_string(k) + "/**");
+    // The reference cut into as many microbatches as the layout has in all: its microbatch
+    // gradients ("mgrad") are then the token-tree nodes the layout's ranks reduce.
+    Config rc = ref_cfg;
+    rc.train.microbatches = c.layout.dp * microbatches_of(c);
     ProbeRecorder ref(patterns);
     {
-        Job job(ref_cfg);
+        Job job(rc);
         job.set_probes(&ref);
         while (job.steps_done() < s) job.step();
     }
-    const int n = c.layout.dp * c.layout.pp;
+    const Mesh mesh(make_layout(c));
+    const int n = c.layout.dp * c.layout.tp * c.layout.pp;
     std::vector<std::unique_ptr<ProbeRecorder>> ranks;
     for (int k = 0; k < n; k++) ranks.push_back(std::make_unique<ProbeRecorder>(patterns));
     record_layout(c, ranks, s);
@@ -186,17 +232,23 @@ void search_first_op(const Config& ref_cfg, const Config& c, LayoutResult& r) {
             const std::vector<float> got = ranks[static_cast<size_t>(k)]->overlay(name, want);
             Comparison cmp = compare(name, want, got, shape);
             if (cmp.equal()) continue;
-            r.first_op_rank = k;
-            r.first_op = std::move(cmp);
-            return;
+            if (r.first_op_ranks.empty()) {
+                r.first_op_rank = k;
+                r.first_op = std::move(cmp);
+                r.first_op_where = coord_text(mesh, k);
+            }
+            r.first_op_ranks.push_back(k);
         }
+        if (!r.first_op_ranks.empty()) return;
     }
     r.first_op_note = "every probe of steps " + std::to_string(std::max<i64>(1, s - 1)) + ".." +
                       std::to_string(s) + " agrees: the difference is outside the probed ops";
 }
 
-LogicalState single_device(const Config& cfg, std::vector<LogicalState>* each_step) {
+LogicalState single_device(const Config& cfg, std::vector<LogicalState>* each_step,
+                           ProbeRecorder* probes = nullptr) {
     Job job(cfg);
+    job.set_probes(probes);
     while (job.steps_done() < cfg.train.steps) {
         job.step();
         if (each_step) {
@@ -210,7 +262,103 @@ LogicalState single_device(const Config& cfg, std::vector<LogicalState>* each_st
     return s;
 }
 
+// This rank's pieces of the reduced gradients of `step` (rec) against the reference's
+// (ref_grads), each named "grad/<layer>/param/<tensor>"; rec is emptied for the next step.
+std::vector<Comparison> compare_grads(const ProbeRecorder& ref_grads, ProbeRecorder& rec,
+                                      i64 step) {
+    std::vector<Comparison> out;
+    const std::string prefix = std::to_string(step) + "/";
+    for (const std::string& name : ref_grads.names()) {
+        if (name.compare(0, prefix.size(), prefix) != 0 || !rec.has(name)) continue;
+        std::vector<i64> shape;
+        const std::vector<float> want = ref_grads.unshard(name, &shape);
+        out.push_back(compare(name.substr(prefix.size()), want, rec.overlay(name, want), shape));
+    }
+    rec.clear();
+    return out;
+}
+
+// Runs layout config c (its schedule of train.steps), stopping after `steps`; after every step
+// each rank gathers the logical state and compares it, and its pieces of the reduced gradients,
+// with the reference (Checker) into r. Returns world rank 0's last state.
+LogicalState lockstep(const Config& c, const std::vector<LogicalState>& reference,
+                      const ProbeRecorder& ref_grads, LayoutResult& r, i64 steps) {
+    const Mesh mesh(make_layout(c));
+    Checker check{reference, r, {}, {}};
+    const int n = c.layout.dp * c.layout.tp * c.layout.pp;
+    std::vector<std::unique_ptr<ProbeRecorder>> grads;
+    for (int k = 0; k < n; k++)
+        grads.push_back(std::make_unique<ProbeRecorder>(std::vector<std::string>{"*/grad/**"}));
+    auto rank_of = [&](int pp, int dp, int tp) { return mesh.rank_of(Coord{pp, dp, tp}); };
+    auto each_job = [&](Job& job) {
+        const int rank = rank_of(0, job.dp_rank(), job.tp_rank());
+        std::vector<float> p, m, v;
+        job.gather_full(&p, &m, &v);
+        check.compare_step(
+            gathered(c, std::move(p), std::move(m), std::move(v), job.history()), rank,
+            compare_grads(ref_grads, *grads[static_cast<size_t>(rank)], job.steps_done()));
+    };
+    auto each_stage = [&](PipelineJob& stage) {
+        const int rank = rank_of(stage.pp_rank(), stage.dp_rank(), stage.tp_rank());
+        std::vector<float> p, m, v;
+        stage.gather_full(&p, &m, &v);
+        check.compare_step(
+            gathered(c, std::move(p), std::move(m), std::move(v), stage.history()), rank,
+            compare_grads(ref_grads, *grads[static_cast<size_t>(rank)], stage.steps_done()));
+    };
+    run_layout(
+        c, {}, {}, each_job, each_stage,
+        [&](Job& job) {
+            job.stop_after(steps);
+            job.set_probes(
+                grads[static_cast<size_t>(rank_of(0, job.dp_rank(), job.tp_rank()))].get());
+        },
+        [&](PipelineJob& stage) {
+            stage.stop_after(steps);
+            stage.set_probes(grads[static_cast<size_t>(
+                                       rank_of(stage.pp_rank(), stage.dp_rank(), stage.tp_rank()))]
+                                 .get());
+        });
+    if (r.steps != steps)
+        throw InternalError("the layout compared " + std::to_string(r.steps) + " of " +
+                            std::to_string(steps) + " steps");
+    return std::move(check.last);
+}
+
 }  // namespace
+
+std::vector<LayoutSpec> single_axis_parts(const LayoutSpec& l) {
+    std::vector<LayoutSpec> parts;
+    auto suffix = [](const char* key, int v) {
+        return v >= 0 ? std::string("x") + key + std::to_string(v) : std::string();
+    };
+    if (l.dp > 1) {
+        LayoutSpec p;
+        p.dp = l.dp;
+        p.zero = l.zero;
+        p.microbatches = l.microbatches;
+        p.name = "dp" + std::to_string(l.dp) + suffix("z", l.zero) + suffix("mb", l.microbatches);
+        parts.push_back(p);
+    }
+    if (l.tp > 1) {
+        LayoutSpec p;
+        p.tp = l.tp;
+        p.zero = 0;
+        p.sequence_parallel = l.sequence_parallel;
+        p.name = "tp" + std::to_string(l.tp) + (l.sequence_parallel ? "xsp" : "");
+        parts.push_back(p);
+    }
+    if (l.pp > 1) {
+        LayoutSpec p;
+        p.pp = l.pp;
+        p.zero = 0;
+        p.microbatches = l.microbatches;
+        p.name = "pp" + std::to_string(l.pp) + suffix("mb", l.microbatches);
+        parts.push_back(p);
+    }
+    if (parts.size() < 2) parts.clear();
+    return parts;
+}
 
 LayoutSpec parse_layout(const std::string& item) {
     if (item.empty())
@@ -292,7 +440,8 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
     ref_cfg.validate = ValidateConfig{};
     std::vector<LogicalState> reference;
     const auto t0 = Clock::now();
-    single_device(ref_cfg, &reference);
+    ProbeRecorder ref_grads({"*/grad/**"});  // the reduced gradients of every step
+    single_device(ref_cfg, &reference, &ref_grads);
     rep.reference_seconds = seconds_since(t0);
     // Fast mode: the alternates that size the reference's own rounding error (budget.h).
     std::vector<LogicalState> alternates;
@@ -309,36 +458,31 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
         rep.layouts.push_back(run_one(spec, progress, [&](LayoutResult& r) {
             Config c = with_layout(cfg, spec);
             if (fast) c.numerics.mode = Mode::fast;
-            Checker check{reference, r, {}, {}};
-            // Every rank gathers (collectives of the layout); one rank of the world compares.
-            auto each_job = [&](Job& job) {
-                std::vector<float> p, m, v;
-                job.gather_full(&p, &m, &v);
-                if (job.dp_rank() == 0 && job.tp_rank() == 0)
-                    check.compare_step(
-                        gathered(c, std::move(p), std::move(m), std::move(v), job.history()));
-            };
-            auto each_stage = [&](PipelineJob& stage) {
-                std::vector<float> p, m, v;
-                stage.gather_full(&p, &m, &v);
-                if (stage.pp_rank() == 0 && stage.dp_rank() == 0 && stage.tp_rank() == 0)
-                    check.compare_step(
-                        gathered(c, std::move(p), std::move(m), std::move(v), stage.history()));
-            };
-            run_layout(c, {}, {}, each_job, each_stage);
-            if (r.steps != steps)
-                throw InternalError("the layout compared " + std::to_string(r.steps) + " of " +
-                                    std::to_string(steps) + " steps");
+            const LogicalState last = lockstep(c, reference, ref_grads, r, steps);
             if (fast) {
                 std::vector<const LogicalState*> alts;
                 for (const LogicalState& a : alternates) alts.push_back(&a);
-                const BudgetReport b = error_budget(reference.back(), alts, check.last);
+                const BudgetReport b = error_budget(reference.back(), alts, last);
                 r.budget_ratio = b.max_ratio;
                 r.budget_worst = b.worst;
                 r.verdict = b.within ? "within budget" : "over budget";
-            } else {
-                r.verdict = r.first_step < 0 ? "match" : "diverged";
-                if (r.first_step > 0) search_first_op(ref_cfg, c, r);
+                return;
+            }
+            r.verdict = r.first_step < 0 ? "match" : "diverged";
+            if (r.first_step < 0) return;
+            search_first_op(ref_cfg, c, r);
+            // Which parallelism: each single-axis part alone, up to the first differing step.
+            // A part that cannot run (a fault's rank beyond its world) says so and the others
+            // still run.
+            for (const LayoutSpec& part : single_axis_parts(spec)) {
+                LayoutResult p;
+                try {
+                    lockstep(with_layout(cfg, part), reference, ref_grads, p, r.first_step);
+                    r.axes.push_back(
+                        {part.name, p.first_step < 0 ? "match" : "diverged", p.first_step, ""});
+                } catch (const std::exception& e) {
+                    r.axes.push_back({part.name, "error", -1, e.what()});
+                }
             }
         }));
     return rep;
@@ -353,8 +497,7 @@ void set_golden_result(LayoutResult& r, const GoldenResult& g, i64 steps) {
             r.verdict = "error";
             r.error = std::to_string(g.missing) + " of the trace's " +
                       std::to_string(g.missing + g.probes) +
-                      " probes were not recorded by this layout (probes cover the single device, "
-                      "data and pipeline parallelism so far)";
+                      " probes were not recorded by this layout";
         }
         return;
     }
@@ -364,6 +507,7 @@ void set_golden_result(LayoutResult& r, const GoldenResult& g, i64 steps) {
     r.differing = {g.first};
     r.first_op = g.first;
     r.first_op_rank = g.rank;
+    r.first_op_ranks = {g.rank};
 }
 
 ValidationReport validate_golden(const Config& base, const std::vector<LayoutSpec>& layouts,
@@ -384,8 +528,10 @@ ValidationReport validate_golden(const Config& base, const std::vector<LayoutSpe
             Config c = with_layout(cfg, spec);
             const int n = c.layout.dp * c.layout.tp * c.layout.pp;
             std::vector<std::unique_ptr<ProbeRecorder>> recs;
-            for (int k = 0; k < n; k++)
+            for (int k = 0; k < n; k++) {
                 recs.push_back(std::make_unique<ProbeRecorder>(t.patterns, t.stride));
+                recs.back()->exclude({"*/mgrad/**"});
+            }
             record_layout(c, recs, t.steps);  // the trace's steps of the trace's schedule
             std::vector<const ProbeRecorder*> view;
             for (const auto& rec : recs) view.push_back(rec.get());
@@ -449,7 +595,16 @@ std::string ValidationReport::to_json() const {
             l["final_step"].push_back(json::parse(c.to_json()));
         l["first_op"] = r.first_op_rank < 0 ? json(nullptr) : json::parse(r.first_op.to_json());
         l["first_op_rank"] = r.first_op_rank;
+        l["first_op_ranks"] = r.first_op_ranks;
+        l["first_op_where"] = r.first_op_where;
         l["first_op_note"] = r.first_op_note;
+        l["first_rank"] = r.first_rank;
+        l["axes"] = json::array();
+        for (const LayoutResult::Axis& a : r.axes)
+            l["axes"].push_back({{"layout", a.layout},
+                                 {"verdict", a.verdict},
+                                 {"first_step", a.first_step},
+                                 {"error", a.error}});
         l["budget_ratio"] = r.budget_ratio < 0 ? json(nullptr) : json(r.budget_ratio);
         l["budget_worst"] = r.budget_worst;
         l["error"] = r.error;
@@ -480,10 +635,16 @@ std::string ValidationReport::to_markdown() const {
             md += b;
         }
         if (r.first_op_rank >= 0)
-            md += "First op that differs: `" + r.first_op.text() + "` on rank " +
-                  std::to_string(r.first_op_rank) + ".\n\n";
+            md += "First op that differs: `" + r.first_op.text() + "` on " +
+                  ranks_text(r.first_op_ranks) + " (rank " + std::to_string(r.first_op_rank) +
+                  ": " + r.first_op_where + ").\n\n";
         else if (!r.first_op_note.empty())
             md += "First op: " + r.first_op_note + ".\n\n";
+        for (const LayoutResult::Axis& a : r.axes)
+            md += "- alone, " + a.layout + ": " + a.verdict +
+                  (a.first_step > 0 ? " from step " + std::to_string(a.first_step) : "") +
+                  (a.error.empty() ? "" : " (" + a.error + ")") + "\n";
+        if (!r.axes.empty()) md += "\n";
         if (!r.differing.empty()) {
             md += "Tensors that differ at step " + std::to_string(r.first_step) + ":\n\n";
             for (const Comparison& c : r.differing) md += "- `" + c.text() + "`\n";

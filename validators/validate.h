@@ -4,6 +4,7 @@
 // Index
 //   LayoutSpec        one layout of the matrix: "dp2", "tp2", "pp2", "dp2xtp2xpp2", "dp4xz3", ...
 //   parse_layout(s)   one layout, or a comma-separated list of them (ConfigError naming the part)
+//   single_axis_parts a layout's dp, tp and pp parts, each alone
 //   with_layout       a config run under a layout
 //   LayoutResult      one layout's outcome: verdict, steps, max ULP, first divergence
 //   ValidationReport  every layout's; table(), to_json(), to_markdown()
@@ -24,10 +25,22 @@
 // of execution (forward ops, backward ops, the reduced gradients, the update): the first probe
 // where a rank's piece differs is the first op whose output differs while everything computed
 // before it (its inputs) agrees. The answer names the step, phase, layer, op, tensor, the rank,
-// the element and both values. Probes cover the single device, data parallelism (ZeRO 0-3) and
-// pipeline parallelism for now; other layouts (tp, sp) say so in first_op_note.
+// the element and both values, and every rank whose piece differs there (all of them when the
+// op is a collective whose result every rank shares). The reference runs that search cut into as
+// many microbatches as the layout has in all, so that its microbatch gradients ("mgrad") are the
+// nodes the layout's ranks reduce: a fault in one rank's local gradient is named on that rank.
+// Every layout is probed: dp (ZeRO 0-3), tp, sp, pp and their products.
 //
-// Verdicts. bitwise mode: "match" when every comparison of every step is bit-identical, else
+// Which parallelism. A multi-axis layout that diverges is split into its single-axis parts
+// (single_axis_parts: dp2xtp2xpp2 -> dp2, tp2, pp2), each run against the reference up to the
+// first differing step: the parts that diverge alone name the parallelism that introduces the
+// difference; when none does, only their combination does.
+//
+// Every rank compares. Each rank gathers the logical state and compares it: a replica that
+// departs from the others is seen at the step it does (first_rank names it).
+//
+// Verdicts. bitwise mode: "match" when every comparison of every step (on every rank) is
+// bit-identical, else
 // "diverged", naming the first step with a difference and, in it, the first differing tensor
 // (parameters, then first moments, then second moments, then the metrics), its element (flat
 // and per dimension) and both values. fast mode: the per-step comparisons are reported the same
@@ -50,8 +63,8 @@ inline constexpr int kReportSchema = 1;
 struct LayoutSpec {
     std::string name;  // as written: "dp2xtp2xpp2"
     int dp = 1, tp = 1, pp = 1;
-    int zero = -1;          // "zN"; -1: the config's layout.zero
-    int microbatches = -1;  // "mbN"; -1: the config's layout.microbatches
+    int zero = -1;                   // "zN"; -1: the config's layout.zero
+    int microbatches = -1;           // "mbN"; -1: the config's layout.microbatches
     bool sequence_parallel = false;  // "sp"
 };
 
@@ -61,43 +74,57 @@ struct LayoutSpec {
 LayoutSpec parse_layout(const std::string& text);
 // A comma-separated list of them: "dp2,tp2,pp2,dp2xtp2xpp2".
 std::vector<LayoutSpec> parse_layouts(const std::string& text);
+// The layout's parallelisms one at a time: dpN (with its zN and mbN), tpN (with sp), ppN (with
+// mbN), named as parse_layout reads them. Empty when the layout has fewer than two.
+std::vector<LayoutSpec> single_axis_parts(const LayoutSpec& l);
 // cfg with the layout's dp, tp, pp (and zero, microbatches, sp when given), validated as a
 // config and as a layout (the mesh's and the pipeline's checks): ConfigError naming the keys.
 Config with_layout(Config cfg, const LayoutSpec& l);
 
 struct LayoutResult {
-    std::string layout;       // LayoutSpec::name
-    std::string verdict;      // "match", "diverged", "within budget", "over budget", "error"
-    i64 steps = 0;            // steps compared
-    std::int64_t max_ulp = 0; // over every element of every step (kNoUlp: a NaN mismatch)
-    i64 first_step = -1;      // the first step with a difference; -1: none
-    Comparison first;         // its first differing tensor
-    std::vector<Comparison> differing;  // every differing tensor of the first such step
+    std::string layout;        // LayoutSpec::name
+    std::string verdict;       // "match", "diverged", "within budget", "over budget", "error"
+    i64 steps = 0;             // steps compared
+    std::int64_t max_ulp = 0;  // over every element of every step (kNoUlp: a NaN mismatch)
+    i64 first_step = -1;       // the first step with a difference; -1: none
+    int first_rank = -1;       // the lowest world rank whose state differs at first_step
+    Comparison first;          // its first differing tensor
+    std::vector<Comparison> differing;   // every differing tensor of the first such step
     std::vector<Comparison> final_step;  // every comparison after the last step
     // The first-divergence search (bitwise mode, layouts with probes: the single device, data and
-    // pipeline parallelism for now): the first probe, in the single device's execution order over the
-    // step before first_step and first_step, where a rank's piece differs from the reference;
+    // pipeline parallelism for now): the first probe, in the single device's execution order over
+    // the step before first_step and first_step, where a rank's piece differs from the reference;
     // its Comparison is in logical coordinates and names the element and both values.
-    int first_op_rank = -1;       // the world rank whose piece differs first; -1: not found
-    Comparison first_op;          // name: the probe, "4/bwd/1/mlp.fc/dinp"
-    std::string first_op_note;    // why there is no op-level answer, when there is none
+    int first_op_rank = -1;           // the world rank whose piece differs first; -1: not found
+    std::vector<int> first_op_ranks;  // every world rank whose piece of that probe differs
+    std::string first_op_where;       // first_op_rank's mesh coordinates: "pp0 dp1 tp0"
+    Comparison first_op;              // name: the probe, "4/bwd/1/mlp.fc/dinp"
+    std::string first_op_note;        // why there is no op-level answer, when there is none
+    // A multi-axis layout that diverged: each single-axis part, run to first_step.
+    struct Axis {
+        std::string layout;   // "tp2"
+        std::string verdict;  // "match", "diverged", or "error" (it could not run)
+        i64 first_step = -1;
+        std::string error;  // verdict "error": why
+    };
+    std::vector<Axis> axes;
     double budget_ratio = -1;  // fast mode: error / budget of the worst tensor (≤ 1 within)
     std::string budget_worst;
-    std::string error;        // verdict "error": what went wrong
+    std::string error;  // verdict "error": what went wrong
     double seconds = 0;
     bool ok() const { return verdict == "match" || verdict == "within budget"; }
 };
 
 struct ValidationReport {
-    std::string job;          // the config's source
-    std::string mode;         // "bitwise" or "fast"
+    std::string job;   // the config's source
+    std::string mode;  // "bitwise" or "fast"
     i64 steps = 0;
     double reference_seconds = 0;
     std::vector<LayoutResult> layouts;
     bool all_ok() const;
     bool any_error() const;
-    std::string table() const;     // layout | steps | verdict | max ULP | first divergence
-    std::string to_json() const;   // schema kReportSchema, validators/README.md
+    std::string table() const;    // layout | steps | verdict | max ULP | first divergence
+    std::string to_json() const;  // schema kReportSchema, validators/README.md
     std::string to_markdown() const;
 };
 
@@ -107,9 +134,11 @@ class TraceReader;
 // runs the trace's steps with one probe recorder per rank (the trace's patterns and stride), and
 // every probe of the trace, in its order, is compared with every rank's pieces. The first probe
 // that differs is `first` and `first_op` (with its rank; first_step is its step). cfg must be the
-// trace's job (check_trace_config). Layouts without probes (tp, sp for now) are "error".
+// trace's job (check_trace_config). A trace probe that no rank of the layout records (a
+// microbatch gradient under ZeRO-2/3 or a pipeline) makes the layout "error", not "match".
 ValidationReport validate_golden(const Config& cfg, const std::vector<LayoutSpec>& layouts,
-                                 const TraceReader& trace, void (*progress)(const LayoutResult&) = nullptr);
+                                 const TraceReader& trace,
+                                 void (*progress)(const LayoutResult&) = nullptr);
 // The verdict of one layout from a comparison with a trace (the MPI path of parallax validate
 // builds it from its ranks' results).
 struct GoldenResult;

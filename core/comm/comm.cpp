@@ -361,6 +361,7 @@ Request make(Op op, T* out, const T* in, i64 n, Algo algo = Algo::canonical) {
 template <class T>
 void Communicator::all_reduce(T* buf, i64 n, Algo algo) {
     Request r = make(Op::all_reduce, buf, buf, n, algo);
+    r.swap = mutation::take_swap();
     check(r);
     run(r);
 }

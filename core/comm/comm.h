@@ -48,6 +48,7 @@
 // be used from different threads.
 #pragma once
 #include "core/error.h"
+#include "core/mutation.h"
 #include "core/numerics.h"
 #include "core/shapes.h"
 
@@ -143,6 +144,9 @@ struct Request {
     int tag = 0;                  // send/recv
     int color = 0, key = 0;       // split
     std::string name;             // split: the new group's name
+    // Test-only (core/mutation.h): two ranks' partials trade places in an all_reduce's canonical
+    // tree for some elements. The in-process backend honours it; MPI ignores it.
+    mutation::PartialSwap swap;
 };
 
 // Bytes this rank sends and receives for req in a group of `size`, by the algorithm's actual

@@ -290,10 +290,22 @@ void do_share(const Slot& s, int r, int p) {
             // all-gather phase). Only this rank reads or writes chunk r of any buffer.
             const i64 lo = chunk_lo(n, p, r), hi = chunk_lo(n, p, r + 1);
             if (hi == lo) break;
-            for (int k = 0; k < p; k++) src[k] = in(k) + lo;
-            reduce_chunk<T>(src, hi - lo, me.op, me.algo, r, [&](i64 off, const T* v, i64 w) {
-                for (int k = 0; k < p; k++) std::copy(v, v + w, out(k) + lo + off);
-            });
+            // A test's mutation (core/mutation.h) swaps two partials on [swap.lo, swap.hi): the
+            // chunk is reduced in up to three runs, the middle one with the two swapped.
+            const mutation::PartialSwap& sw = me.swap;
+            const i64 m0 = sw.a < 0 ? hi : std::clamp(sw.lo, lo, hi);
+            const i64 m1 = sw.a < 0 ? hi : std::clamp(sw.hi, m0, hi);
+            const i64 cuts[4] = {lo, m0, m1, hi};
+            for (int run = 0; run < 3; run++) {
+                const i64 a = cuts[run], b = cuts[run + 1];
+                if (a == b) continue;
+                for (int k = 0; k < p; k++) src[k] = in(k) + a;
+                if (run == 1)
+                    std::swap(src[static_cast<size_t>(sw.a)], src[static_cast<size_t>(sw.b)]);
+                reduce_chunk<T>(src, b - a, me.op, me.algo, r, [&](i64 off, const T* v, i64 w) {
+                    for (int k = 0; k < p; k++) std::copy(v, v + w, out(k) + a + off);
+                });
+            }
             break;
         }
         case Op::reduce_scatter:
@@ -442,8 +454,8 @@ void p2p_wait(World& w, Group& g, int rank, const std::shared_ptr<Message>& m, S
         if (Clock::now() >= deadline) {
             unpost(g, m);
             const std::string msg =
-                what + ": " + who(g, {peer}) + " did not post a matching " + partner +
-                " within " + seconds_str(w.timeout_s) +
+                what + ": " + who(g, {peer}) + " did not post a matching " + partner + " within " +
+                seconds_str(w.timeout_s) +
                 ". Sends and recvs pair up by (source, destination, tag), in order; look for a "
                 "missing " +
                 partner + " or a wrong tag, or raise the timeout if rank " + std::to_string(peer) +
@@ -543,7 +555,6 @@ protected:
     }
 
 private:
-
     // One collective on the calling thread: arrive, agree, share the work, complete.
     void collective(const Request& req, std::pair<std::shared_ptr<Group>, int>* split_out) {
         World& w = *w_;
@@ -634,7 +645,8 @@ private:
     std::shared_ptr<Group> g_;
     i64 seq_ = 0;  // collectives this rank has started in this group
 
-    ProgressQueue queue_{[this](const Request& r) { collective(r, nullptr); }};  // async collectives
+    ProgressQueue queue_{
+        [this](const Request& r) { collective(r, nullptr); }};  // async collectives
 };
 
 }  // namespace inproc

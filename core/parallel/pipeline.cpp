@@ -652,7 +652,7 @@ StepMetrics PipelineJob::step() {
         replica_.dp->all_reduce(g, model_->grad_layout().total, replica_.algo);
     exchange_tied_grads(g);
     if (hooks_.grads) hooks_.grads(step_ + 1, g);
-    const bool probing = probes_ && !model_->parallel_layers();
+    const bool probing = probes_ != nullptr;
     if (probing) {  // ZeRO-2/3: only this rank's shard of g is complete
         const i64 lo = zero_ >= 2 ? opt_->lo() : 0;
         model_->probe_params(*probes_, step_ + 1, "grad", "param", g + lo, lo,

@@ -185,7 +185,8 @@ public:
     void set_step_hooks(StepHooks hooks) { hooks_ = std::move(hooks); }
     // Probes (core/probe.h), as Job::set_probes: the stage's ops at the batch rows of each
     // microbatch, then its parameters' reduced gradients and updated weights and moments (the
-    // tied wte from both stages that hold it). Not under tensor parallelism yet.
+    // tied wte from both stages that hold it), tp shards as Job's. No "mgrad": a stage's
+    // microbatch gradients accumulate in TreeAccumulators.
     void set_probes(ProbeSink* sink) { probes_ = sink; }
     void stop_after(i64 step) { stop_after_ = step; }  // as Job::stop_after
     void snapshot(LocalSnapshot& into) const;

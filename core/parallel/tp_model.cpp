@@ -25,8 +25,12 @@ std::vector<i64> index_map(const tp::DimSplit* s, int rank, i64 n) {
     return m;
 }
 
+// The product of the leading dimensions (B·T), also when the last one is empty (a rank past
+// the last vocabulary block).
 i64 rows_of(const Tensor& t) {
-    return t.numel() / t.shape[t.ndim - 1];
+    i64 n = 1;
+    for (int d = 0; d + 1 < t.ndim; d++) n *= t.shape[d];
+    return n;
 }
 
 }  // namespace
@@ -169,8 +173,8 @@ void TpLayers::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweig
                 const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
                 const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
                 tp::column_parallel_backward_sp(comm_, nx_, dinp.f32() + lo * C, dweight.f32(), db,
-                                                dout.f32(), inp.f32(), weight.f32(), oc, tokens,
-                                                BT, C);
+                                                dout.f32(), inp.f32(), weight.f32(), oc, tokens, BT,
+                                                C);
                 return;
             }
             tp::column_parallel_backward(comm_, nx_, dinp.f32(), dweight.f32(), db, dout.f32(),
@@ -200,21 +204,24 @@ void TpLayers::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const 
 
 // LM head: logits_r = lnf wte_rᵀ (column parallel over the vocabulary, no bias), then the
 // vocabulary-parallel cross-entropy; backward the same in reverse (dlnf by the tree exchange).
-void TpLayers::head_forward(const Tensor& losses, const Tensor& probs, const Tensor& lnf,
-                            const Tensor& wte, const int* targets) const {
-    const i64 BT = rows_of(lnf);
+void TpLayers::head_logits(const Tensor& probs, const Tensor& lnf, const Tensor& wte) const {
     tp::column_parallel_forward(comm_, nx_, probs.f32(), lnf.f32(), wte.f32(), nullptr,
-                                shards_.vocabulary, BT, mc_.hidden);
-    tp::vocab_crossentropy_forward(comm_, nx_, losses.f32(), probs.f32(), probs.f32(), targets,
-                                   shards_.vocabulary, BT);
+                                shards_.vocabulary, rows_of(lnf), mc_.hidden);
 }
 
-void TpLayers::head_backward(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
-                             const Tensor& lnf, const Tensor& wte, const int* targets,
-                             float dloss) const {
-    const i64 BT = rows_of(lnf);
+void TpLayers::head_loss(const Tensor& losses, const Tensor& probs, const int* targets) const {
+    tp::vocab_crossentropy_forward(comm_, nx_, losses.f32(), probs.f32(), probs.f32(), targets,
+                                   shards_.vocabulary, rows_of(probs));
+}
+
+void TpLayers::head_dlogits(const Tensor& probs, const int* targets, float dloss) const {
     tp::vocab_crossentropy_backward(comm_, nx_, probs.f32(), probs.f32(), targets, dloss,
-                                    shards_.vocabulary, BT);
+                                    shards_.vocabulary, rows_of(probs));
+}
+
+void TpLayers::head_dinp(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
+                         const Tensor& lnf, const Tensor& wte) const {
+    const i64 BT = rows_of(lnf);
     if (sequence_parallel()) {  // dlnf reduce-scattered: this rank's token rows
         const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
         const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
@@ -225,6 +232,64 @@ void TpLayers::head_backward(const Tensor& dlnf, const Tensor& dwte_head, const 
     }
     tp::column_parallel_backward(comm_, nx_, dlnf.f32(), dwte_head.f32(), nullptr, probs.f32(),
                                  lnf.f32(), wte.f32(), shards_.vocabulary, BT, mc_.hidden);
+}
+
+// ---- probes ----------------------------------------------------------------------------------
+
+ColumnShard TpLayers::probe_columns(ProbeSplit s) const {
+    const tp::DimSplit* d = nullptr;
+    switch (s) {
+        case ProbeSplit::qkv:
+            d = &shards_.qkv;
+            break;
+        case ProbeSplit::channels:
+            d = &shards_.channels;
+            break;
+        case ProbeSplit::ffn:
+            d = &shards_.ffn;
+            break;
+        case ProbeSplit::vocabulary:
+            d = &shards_.vocabulary;
+            break;
+        case ProbeSplit::whole:
+        case ProbeSplit::tokens:
+            break;
+    }
+    PX_ASSERT(d, "probe_columns asked for a split that is not by columns");
+    ColumnShard c;
+    c.n = d->n;
+    for (const Range& r : d->ranges[static_cast<size_t>(rank_)]) c.ranges.push_back({r.lo, r.hi});
+    return c;
+}
+
+// The local tensor is the row ranges' rows, each holding the column ranges' columns, back to
+// back: one slab per row range when there is one column range, else one per row and range.
+ShardSpec TpLayers::param_shard(const TableEntry& e) const {
+    const ParamSpec& ps = kGpt2Params[e.spec];
+    const bool vector = ps.rows == Dim::one;
+    const i64 R = vector ? 1 : resolve_dim(ps.rows, mc_), C = resolve_dim(ps.cols, mc_);
+    auto ranges = [&](const tp::DimSplit* d, i64 n) {
+        return d ? d->ranges[static_cast<size_t>(rank_)] : std::vector<Range>{Range{0, n}};
+    };
+    const std::vector<Range> rows = ranges(row_split(e), R), cols = ranges(col_split(e), C);
+    ShardSpec s;
+    s.logical_shape = vector ? std::vector<i64>{C} : std::vector<i64>{R, C};
+    auto add = [&](i64 r0, i64 r1, const Range& c) {
+        if (vector)
+            s.pieces.push_back({{c.lo}, {c.hi}});
+        else
+            s.pieces.push_back({{r0, c.lo}, {r1, c.hi}});
+    };
+    for (const Range& r : rows) {
+        if (cols.size() == 1) {
+            add(r.lo, r.hi, cols.front());
+            continue;
+        }
+        for (i64 i = r.lo; i < r.hi; i++)
+            for (const Range& c : cols) add(i, i + 1, c);
+    }
+    PX_ASSERT(s.local_numel() == e.numel(), "a tp parameter's pieces do not cover its shard");
+    return s;
 }
 
 std::unique_ptr<GPT> make_tp_model(comm::Communicator& tp, const Numerics& nx,

@@ -47,7 +47,7 @@ public:
              bool sequence_parallel = false);
 
     const tp::TpShards& shards() const { return shards_; }
-    int rank() const { return rank_; }
+    int rank() const override { return rank_; }
     int size() const { return shards_.tp; }
     comm::Communicator& comm() const { return comm_; }
     // The splits of a parameter's rows and columns (null: not split, replicated along it).
@@ -72,11 +72,13 @@ public:
                            const Tensor& wpe) const override;
     void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                             const int* tokens) const override;
-    void head_forward(const Tensor& losses, const Tensor& probs, const Tensor& lnf,
-                      const Tensor& wte, const int* targets) const override;
-    void head_backward(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
-                       const Tensor& lnf, const Tensor& wte, const int* targets,
-                       float dloss) const override;
+    void head_logits(const Tensor& probs, const Tensor& lnf, const Tensor& wte) const override;
+    void head_loss(const Tensor& losses, const Tensor& probs, const int* targets) const override;
+    void head_dlogits(const Tensor& probs, const int* targets, float dloss) const override;
+    void head_dinp(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
+                   const Tensor& lnf, const Tensor& wte) const override;
+    ColumnShard probe_columns(ProbeSplit s) const override;
+    ShardSpec param_shard(const TableEntry& e) const override;
 
 private:
     comm::Communicator& comm_;

@@ -1,5 +1,6 @@
 """Golden traces: `parallax record` writes the single device's probes; `parallax validate --golden`
-checks a layout (data and pipeline parallel, ZeRO, microbatches) against the trace without
+checks a layout (data, tensor, sequence and pipeline parallel, ZeRO, microbatches) against the
+trace without
 running the reference, in-process and under mpirun, and names the first probe, rank and element
 that differ."""
 import json
@@ -16,7 +17,7 @@ MPIRUN = shutil.which("mpirun")
 pytestmark = pytest.mark.skipif(not EXE, reason="PARALLAX_EXE is not set (run through scripts/test.sh)")
 needs_mpi = pytest.mark.skipif(not MPIRUN, reason="mpirun is not installed")
 MPI = [MPIRUN or "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
-JOB = ["--set", "train.threads=1", "--set", "model.seq_len=64"]
+JOB = ["--set", "train.threads=1", "--set", "model.seq_len=64", "--set", "numerics.block=32"]
 FLIP = ["--set", "fault.kind=flip_grad", "--set", "fault.rank=1", "--set", "fault.step=2",
         "--set", "fault.element=7"]
 
@@ -49,7 +50,8 @@ def test_trace_file_holds_the_reference_probes(trace):
 
 
 def test_layouts_match_the_trace(tmp_path, trace):
-    layouts = ["dp2", "dp4xz1xmb2", "dp2xz3", "pp2", "pp2xmb4", "dp2xpp2xz2"]
+    layouts = ["dp2", "dp4xz1xmb2", "dp2xz3", "pp2", "pp2xmb4", "dp2xpp2xz2", "tp2", "tp2xsp",
+               "dp2xtp2xz1"]
     r = validate(tmp_path, trace, "--layouts", ",".join(layouts))
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads((tmp_path / "validate.json").read_text())
@@ -90,10 +92,21 @@ def test_golden_validation_under_mpirun(tmp_path, trace):
 
 
 @needs_mpi
-def test_golden_validation_of_a_pipeline_under_mpirun(tmp_path, trace):
+@pytest.mark.parametrize("layout", ["dp2xpp2", "dp2xtp2xsp", "tp2xpp2"])
+def test_golden_validation_of_pipeline_and_tensor_layouts_under_mpirun(tmp_path, trace, layout):
     mpi4 = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "4", EXE]
     r = subprocess.run([*mpi4, "validate", *JOB, "--golden", str(trace), "--out", str(tmp_path),
-                        "--layouts", "dp2xpp2"], capture_output=True, text=True, timeout=300)
+                        "--layouts", layout], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads((tmp_path / "validate.json").read_text())
     assert rep["layouts"][0]["verdict"] == "match"
+
+
+@needs_mpi
+def test_golden_validation_names_a_tp_rank_under_mpirun(tmp_path, trace):
+    # World rank 1 of tp2 is tp rank 1: its reduced gradient of wte holds vocabulary rows
+    # [V/2, V) only, so the flip of its local element 7 is logical element [V/2, 7].
+    r = validate(tmp_path, trace, "--layouts", "tp2", *FLIP, mpi=True)
+    assert r.returncode == 6, r.stdout + r.stderr
+    l = json.loads((tmp_path / "validate.json").read_text())["layouts"][0]
+    assert l["first_op"]["name"] == "2/grad/-/param/wte" and l["first_op_rank"] == 1

@@ -69,8 +69,9 @@ def test_injected_weight_flip_is_named_with_step_tensor_and_element(tmp_path):
 
 
 def test_first_divergence_search_names_step_op_rank_and_element(tmp_path):
-    # The flip strikes rank 1's weights after step 3's update; rank 0's state (the gathered one)
-    # differs only from step 4 on, and the probes of steps 3..4 name the first op.
+    # The flip strikes rank 1's weights after step 3's update: rank 1's state differs from step 3
+    # on (every rank compares its own), and the probes of steps 2..3 name the first op. Under tp2,
+    # rank 1 is tp rank 1, whose copy of the replicated wpe flips.
     r = validate(tmp_path, "--steps", "5", "--layouts", "dp2,dp4xz1xmb2,tp2", "--set", "train.batch_size=16",
                  "--set", "fault.kind=flip_weight", "--set", "fault.rank=1", "--set", "fault.step=3",
                  "--set", "fault.tensor=wpe", "--set", "fault.element=5")
@@ -78,11 +79,16 @@ def test_first_divergence_search_names_step_op_rank_and_element(tmp_path):
     assert "first op: 3/optim/-/param/wpe on rank 1 [0, 5]" in r.stdout
     rep = report(tmp_path)
     dp2, dp4, tp2 = rep["layouts"]
-    for l in (dp2, dp4):
-        assert l["first_op_rank"] == 1 and l["first_op_note"] == ""
+    for l in (dp2, dp4, tp2):
+        assert l["first_step"] == 3
+        assert l["first_op_rank"] == 1 and l["first_op_ranks"] == [1] and l["first_op_note"] == ""
         assert l["first_op"]["name"] == "3/optim/-/param/wpe" and l["first_op"]["first_index"] == [0, 5]
         check_comparison(l["first_op"])
-    assert tp2["first_op"] is None and tp2["first_op_rank"] == -1 and "probes cover" in tp2["first_op_note"]
+    # dp replicas gather their own weights: only rank 1's state differs. Under tp the gathered
+    # state takes the replicated wpe from the tp ranks' arenas, so rank 0's shows it too.
+    assert dp2["first_rank"] == 1 and dp4["first_rank"] == 1 and tp2["first_rank"] == 0
+    assert dp2["first_op_where"] == "pp0 dp1 tp0" and tp2["first_op_where"] == "pp0 dp0 tp1"
+    assert "step 3 (rank 1's state)" in r.stdout
     assert "First op that differs: `3/optim/-/param/wpe" in (tmp_path / "validate.md").read_text()
 
 

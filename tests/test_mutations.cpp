@@ -1,0 +1,159 @@
+// Mutation tests: the harness proven on known bugs (core/mutation.h). Each test arms one
+// deliberate bug in the code under test, runs parallax validate's harness (validate_layouts) on a
+// layout, and checks that it names exactly the step, the op, the rank and, where there is one,
+// the element the bug acts on, and (for a multi-axis layout) the parallelism.
+#include "core/mutation.h"
+#include "core/parallel/mesh.h"
+#include "test_util.h"
+#include "validators/validate.h"
+
+#include <cstring>
+
+using namespace px;
+using namespace px::test;
+
+namespace {
+
+// Shapes whose tp shares are whole blocks of 16 (as test_tp_model.cpp): C = 64, F = 128.
+Config mutation_job() {
+    Config c = small_job();
+    c.model.vocab = 64;
+    c.model.hidden = 64;
+    c.model.ffn = 128;
+    c.model.seq_len = 32;
+    c.numerics.block = 16;
+    c.train.batch_size = 8;
+    c.train.steps = 4;
+    return c;
+}
+
+LayoutResult validate_one(const Config& c, const std::string& layout, const mutation::Mutation& m) {
+    const mutation::Armed armed(m);
+    const ValidationReport rep = validate_layouts(c, {parse_layout(layout)}, c.train.steps);
+    REQUIRE(rep.layouts.size() == 1);
+    const LayoutResult r = rep.layouts[0];
+    INFO(rep.table());
+    CHECK(r.verdict == "diverged");
+    CHECK(r.first_op_note == "");
+    return r;
+}
+
+std::uint32_t bits_of(float x) {
+    std::uint32_t b;
+    std::memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+}  // namespace
+
+TEST_CASE("Unmutated, the harness finds nothing", "[mutations]") {
+    const Config c = mutation_job();
+    const ValidationReport rep =
+        validate_layouts(c, parse_layouts("dp4,dp2xmb2,dp2xtp2"), c.train.steps);
+    for (const LayoutResult& r : rep.layouts) CHECK(r.verdict == "match");
+}
+
+TEST_CASE("Two partials swapped in one all-reduce: named at that reduction, on every rank",
+          "[mutations]") {
+    mutation::Mutation m;
+    m.kind = mutation::Kind::swap_partials;
+    m.step = 2;
+    m.rank = 1;
+    m.other = 2;
+    m.tensor = "h.0.mlp.c_fc.weight";
+    const LayoutResult r = validate_one(mutation_job(), "dp4", m);
+    CHECK(r.first_step == 2);
+    // Every microbatch gradient agrees (the inputs of the reduction); its output, the reduced
+    // gradient of that tensor, differs, and every rank holds the same wrong sum.
+    CHECK(r.first_op.name == "2/grad/0/param/mlp.c_fc.weight");
+    CHECK(r.first_op_ranks == std::vector<int>{0, 1, 2, 3});
+    CHECK(r.first_op.first_index.size() == 2);
+    CHECK(bits_of(r.first_op.first_reference) != bits_of(r.first_op.first_candidate));
+}
+
+TEST_CASE("The lowest bit of one rank's gradient flipped: named with rank, microbatch, element",
+          "[mutations]") {
+    mutation::Mutation m;
+    m.kind = mutation::Kind::flip_grad;
+    m.step = 3;
+    m.rank = 1;
+    m.microbatch = 1;
+    m.tensor = "h.1.attn.c_proj.weight";
+    m.element = 6;
+    // A flip that the sums after it round away leaves every bit of the run unchanged, and no
+    // harness can see it: of elements 0..12 of this tensor, the reductions (this rank's two
+    // microbatches, then the two ranks) keep the flip of 1, 4, 6 and 11. Element 6's survives
+    // into the reduced gradient, which validate compares after every step.
+    const LayoutResult r = validate_one(mutation_job(), "dp2xmb2", m);
+    CHECK(r.first_step == 3);
+    CHECK(r.differing.front().name == "grad/1/param/attn.c_proj.weight");
+    CHECK(r.first_op.name == "3/mgrad/1/param/attn.c_proj.weight");
+    CHECK(r.first_op_ranks == std::vector<int>{1});
+    // Rank 1's local microbatch 1 is the step's microbatch 3 (batch rows 6..8); element 6 of
+    // the (64, 64) tensor is [0, 6]; the two values differ in the lowest bit only.
+    CHECK(r.first_op.first_index == std::vector<i64>{3, 0, 6});
+    CHECK((bits_of(r.first_op.first_reference) ^ bits_of(r.first_op.first_candidate)) == 1u);
+}
+
+TEST_CASE("A dropped microbatch: named with its rank and its place in the batch", "[mutations]") {
+    mutation::Mutation m;
+    m.kind = mutation::Kind::drop_microbatch;
+    m.step = 2;
+    m.rank = 0;
+    m.microbatch = 1;
+    const LayoutResult r = validate_one(mutation_job(), "dp2xmb2", m);
+    CHECK(r.first_step == 2);
+    // Forward and backward ran; the microbatch's gradient never joined: its first parameter (wte)
+    // is zero where the reference's is not.
+    CHECK(r.first_op.name == "2/mgrad/-/param/wte");
+    CHECK(r.first_op_ranks == std::vector<int>{0});
+    REQUIRE(r.first_op.first_index.size() == 3);
+    CHECK(r.first_op.first_index[0] == 1);  // rank 0's microbatch 1: rows 2..4 of the batch
+    CHECK(r.first_op.first_candidate == 0.0f);
+    CHECK(r.first_op.first_reference != 0.0f);
+}
+
+TEST_CASE(
+    "A wrong tp shard offset in one layer: named at that layer's op, on that tp rank, and "
+    "the parallelism is tp",
+    "[mutations]") {
+    const Config c = mutation_job();
+    mutation::Mutation m;
+    m.kind = mutation::Kind::tp_offset;
+    m.step = 3;
+    m.rank = 1;
+    m.layer = 1;
+    const LayoutResult r = validate_one(c, "dp2xtp2", m);
+    CHECK(r.first_step == 3);
+    // ln_2's output (the op's input) agrees; mlp.fc's output differs in tp rank 1's columns,
+    // in both dp replicas.
+    CHECK(r.first_op.name == "3/fwd/1/mlp.fc/out");
+    Config d = c;
+    d.layout.dp = 2;
+    d.layout.tp = 2;
+    const Mesh mesh(make_layout(d));
+    CHECK(r.first_op_ranks ==
+          std::vector<int>{mesh.rank_of(Coord{0, 0, 1}), mesh.rank_of(Coord{0, 1, 1})});
+    REQUIRE(r.first_op.first_index.size() == 3);
+    CHECK(r.first_op.first_index[2] >= c.model.ffn / 2);
+    // Split into its single-axis parts: tp2 alone diverges at the same step, dp2 matches.
+    REQUIRE(r.axes.size() == 2);
+    CHECK(r.axes[0].layout == "dp2");
+    CHECK(r.axes[0].verdict == "match");
+    CHECK(r.axes[1].layout == "tp2");
+    CHECK(r.axes[1].verdict == "diverged");
+    CHECK(r.axes[1].first_step == 3);
+}
+
+TEST_CASE("single_axis_parts: each parallelism alone, with its own options", "[mutations]") {
+    auto names = [](const std::string& l) {
+        std::vector<std::string> n;
+        for (const LayoutSpec& p : single_axis_parts(parse_layout(l))) n.push_back(p.name);
+        return n;
+    };
+    CHECK(names("dp2xtp2xpp2") == std::vector<std::string>{"dp2", "tp2", "pp2"});
+    CHECK(names("dp4xz3xtp2xsp") == std::vector<std::string>{"dp4xz3", "tp2xsp"});
+    CHECK(names("dp2xmb2xpp2") == std::vector<std::string>{"dp2xmb2", "pp2xmb2"});
+    CHECK(names("dp2").empty());
+    CHECK(names("tp2xsp").empty());
+}
