@@ -102,7 +102,17 @@ void ProbeRecorder::capture(const ProbeKey& key, const float* local, const Shard
             }
             break;
         }
-        if (!replica) p.pieces.push_back({s, std::vector<float>(data, data + n)});
+        if (replica) continue;
+        std::vector<float> buf;
+        auto spare = spare_.find(n);
+        if (spare != spare_.end() && !spare->second.empty()) {
+            buf = std::move(spare->second.back());
+            spare->second.pop_back();
+            std::memcpy(buf.data(), data, static_cast<size_t>(n) * sizeof(float));
+        } else {
+            buf.assign(data, data + n);
+        }
+        p.pieces.push_back({s, std::move(buf)});
     }
 }
 
@@ -202,6 +212,11 @@ i64 ProbeRecorder::bytes() const {
 
 void ProbeRecorder::clear() {
     std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [name, p] : probes_)
+        for (Piece& q : p.pieces) {
+            const i64 n = static_cast<i64>(q.data.size());
+            spare_[n].push_back(std::move(q.data));
+        }
     probes_.clear();
     order_.clear();
 }

@@ -48,8 +48,11 @@ public:
     // differ, in logical coordinates (one recorder per rank names the rank). Throws px::Error
     // when the probe was never captured or base has another size.
     std::vector<float> overlay(const std::string& name, std::vector<float> base) const;
-    i64 bytes() const;                             // floats held, in bytes
-    void clear();                                  // forget every probe (patterns stay)
+    i64 bytes() const;  // floats held, in bytes
+    // Forgets every probe (patterns stay). Their buffers are kept and reused by the next
+    // captures of the same sizes, so that a recorder cleared after every step (validate's
+    // per-step gradients, bench_probes) does not ask the system for fresh pages each step.
+    void clear();
 
 private:
     struct Piece {
@@ -67,6 +70,7 @@ private:
     mutable std::mutex mutex_;  // guards everything below
     std::unordered_map<std::string, Probe> probes_;
     std::vector<std::string> order_;
+    std::unordered_map<i64, std::vector<std::vector<float>>> spare_;  // cleared buffers, by size
 };
 
 }  // namespace px

@@ -11,13 +11,16 @@
 //   validate_layouts  runs the reference, then each layout, comparing after every step
 //   kReportSchema     the JSON report's schema version (validators/README.md documents it)
 //
-// What is compared. After every step the layout's logical state is gathered from its ranks
-// (Job::gather_full / PipelineJob::gather_full, collectives of the layout: the ZeRO shards over
-// dp, the tp shards to their logical places, the stages over pp) and compared with the
-// reference's state after the same step (compare_states, validators/compare.h): every weight,
-// both Adam moments of every parameter, the loss and grad norm of every step so far. The
-// reference's states are kept for every step: memory is steps × 3 × the model, which suits the
-// small jobs validation is run on (use --steps to bound it for larger ones).
+// What is compared. After every step each rank's pieces of the reduced gradients (its "grad"
+// probes, placed over the reference's tensors) are compared with the reference's, then the
+// layout's logical state is gathered on every rank (Job::gather_full / PipelineJob::gather_full,
+// collectives of the layout: the ZeRO shards over dp, the tp shards to their logical places, the
+// stages over pp) and compared with the reference's state after the same step (compare_states,
+// validators/compare.h): every weight, both Adam moments of every parameter, the loss and grad
+// norm of every step so far. A gradient difference that the update rounds away (a flipped
+// lowest bit) is still seen at its step. The reference's states and gradients are kept for every
+// step: memory is steps × 4 × the model, which suits the small jobs validation is run on (use
+// --steps to bound it for larger ones).
 //
 // First divergence. When a layout diverges in bitwise mode, the reference and the layout are run
 // again with probes (core/probe.h) on every op of the step before the first differing step and

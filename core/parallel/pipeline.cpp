@@ -6,6 +6,7 @@
 
 #include "core/parallel/checkpointing.h"
 #include "core/parallel/faults.h"
+#include "core/parallel/rank_guards.h"
 
 #include "core/checkpoint_llmc.h"
 #include "core/comm/comm.h"
@@ -978,14 +979,8 @@ void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
     PipelineJob job(cfg, *pp,
                     ReplicaContext{l.dp > 1 ? dp.get() : nullptr, l.zero, l.algo,
                                    l.tp > 1 ? tp.get() : nullptr});
-    // 3. Checkpoints: resume from the logical state (any layout wrote it), save every N steps.
-    RunCheckpoints checkpoints(cfg, &world);
-    checkpoints.resume(job);
-    // 4. Faults: the injector and the replica check, before a checkpoint (faults.h).
-    FaultInjector faults(cfg, &world);
-    faults.attach(job);
-    ReplicaCheck check(cfg, world);
-    check.start(job);
+    // 3. Checkpoints and faults, as run_rank's (rank_guards.h).
+    RankGuards guards(cfg, world, job);
     if (setup) setup(job);
     const bool report = r == 0;
     if (report)
@@ -993,9 +988,7 @@ void run_pipeline_rank(const Config& cfg, comm::Communicator& world,
     job.run([&](const StepMetrics& m) {
         if (report)
             for (Observer* o : observers) o->on_step(job, m);
-        if (check.after_step(job)) return;  // rewound: the step is re-run
-        checkpoints.after_step(job);
-        if (each_step) each_step(job);
+        if (guards.after_step(job) && each_step) each_step(job);
     });
     if (report)
         for (Observer* o : observers) o->on_end(job);

@@ -2,10 +2,9 @@
 
 #include "core/comm/inproc.h"
 #include "core/error.h"
-#include "core/parallel/checkpointing.h"
-#include "core/parallel/faults.h"
 #include "core/parallel/mesh.h"
 #include "core/parallel/pipeline.h"
+#include "core/parallel/rank_guards.h"
 
 #include <omp.h>
 
@@ -16,7 +15,9 @@
 
 namespace px {
 
-int world_size(const LayoutConfig& layout) { return layout.dp * layout.pp * layout.tp; }
+int world_size(const LayoutConfig& layout) {
+    return layout.dp * layout.pp * layout.tp;
+}
 
 int threads_per_rank(const Config& cfg, int ranks_on_node) {
     if (cfg.train.threads > 0) return static_cast<int>(cfg.train.threads);
@@ -36,13 +37,12 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
     const Layout layout = make_layout(cfg);
     const int n = layout.world_size();
     if (world.size() != n)
-        throw ConfigError("the world has " + std::to_string(world.size()) +
-                          " ranks but the layout needs layout.dp × layout.pp × layout.tp = " +
-                          std::to_string(l.dp) + " × " + std::to_string(l.pp) + " × " +
-                          std::to_string(l.tp) + " = " + std::to_string(n) +
-                          "; start it with `mpirun -np " + std::to_string(n) +
-                          "`, or change the layout so that the product is " +
-                          std::to_string(world.size()));
+        throw ConfigError(
+            "the world has " + std::to_string(world.size()) +
+            " ranks but the layout needs layout.dp × layout.pp × layout.tp = " +
+            std::to_string(l.dp) + " × " + std::to_string(l.pp) + " × " + std::to_string(l.tp) +
+            " = " + std::to_string(n) + "; start it with `mpirun -np " + std::to_string(n) +
+            "`, or change the layout so that the product is " + std::to_string(world.size()));
     if (l.pp > 1) {  // 4. pipeline parallelism: stages of layers, a schedule of actions (with
                      //    dp and tp inside, run_pipeline_rank splits the groups)
         run_pipeline_rank(cfg, world, observers, inspect_stage, each_stage_step, setup_stage);
@@ -64,21 +64,12 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
         replica.tp = tp_group.get();
     }
     Job job(cfg, replica);
-    // 6. Checkpoints: resume from the logical state (any layout wrote it), save every N steps
-    //    (checkpointing.h).
-    RunCheckpoints checkpoints(cfg, &world);
-    checkpoints.resume(job);
-    // 7. Faults: the injector (fault.*) and the replica check, which runs before a checkpoint
-    //    so that checkpoints hold checked weights (faults.h).
-    FaultInjector faults(cfg, &world);
-    faults.attach(job);
-    ReplicaCheck check(cfg, world);
-    check.start(job);
+    // 6.-7. Checkpoints (resume from the logical state any layout wrote, save every N steps)
+    //    and faults (the injector, the replica check), rank_guards.h.
+    RankGuards guards(cfg, world, job);
     if (setup) setup(job);
     job.set_after_step([&](Job& j) {
-        if (check.after_step(j)) return;  // rewound: the step is re-run
-        checkpoints.after_step(j);
-        if (each_step) each_step(j);
+        if (guards.after_step(j) && each_step) each_step(j);
     });
     if (world.rank() == 0)
         for (Observer* o : observers) job.add_observer(o);

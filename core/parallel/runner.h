@@ -20,7 +20,8 @@
 //      replica is a tp group of ranks holding one shard of the model each
 //      (core/parallel/tp_model.h); with pp > 1 each pipeline stage is such a group.
 //   6. checkpoints: resume from the logical state, save every N steps (checkpointing.h);
-//   7. faults: the fault injector and the replica check of silent data corruption (faults.h).
+//   7. faults: the fault injector and the replica check of silent data corruption (faults.h);
+//      6 and 7 together for a Job or a pipeline stage: RankGuards (rank_guards.h).
 #pragma once
 #include "core/comm/comm.h"
 #include "core/config.h"

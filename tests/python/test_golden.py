@@ -81,6 +81,15 @@ def test_another_job_or_a_damaged_trace_is_refused(tmp_path, trace):
     assert r.returncode == 2 and "2/fwd/0/ln_1/out fails its checksum" in r.stderr
 
 
+def test_record_refuses_steps_outside_the_job(tmp_path):
+    for steps in ["0", "601"]:
+        r = subprocess.run([EXE, "record", *JOB, "--out", str(tmp_path / "x.h5"), "--steps", steps],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert f"--steps {steps} must be in 1..train.steps (600)" in r.stderr
+        assert not (tmp_path / "x.h5").exists()
+
+
 @needs_mpi
 def test_golden_validation_under_mpirun(tmp_path, trace):
     r = validate(tmp_path, trace, "--layouts", "dp2", mpi=True)
