@@ -424,6 +424,9 @@ StepMetrics Job::step() {
         probe_ctx_.batch_lo = units_ ? k * (tc.batch_size / microbatches_) + dp_rank_ * micro_B_
                                      : dp_rank_ * local_B_ + k * micro_B_;
         model_->set_probes(probes_, &probe_ctx_);
+        if (units_)
+            units_->set_probes(probes_, step_ + 1, probe_ctx_.batch_lo / micro_B_,
+                               tc.batch_size / micro_B_);
         accumulate_microbatch(k);
     }
     model_->set_probes(nullptr, nullptr);

@@ -137,8 +137,8 @@ public:
     void stop_after(i64 step) { stop_after_ = step; }
     // Probes (core/probe.h) on every step from now on (null: none; not owned, must outlive the
     // job's steps): the model's fwd/bwd probes at the batch rows each microbatch holds, each
-    // microbatch's gradient ("mgrad", ZeRO-0/1), then "grad" for every parameter where
-    // hooks_.grads runs, "optim" after the update. Under ZeRO only this rank's shard of a tensor
+    // microbatch's gradient ("mgrad"; under ZeRO-2/3 before each unit's reduce-scatter), then
+    // "grad" for every parameter where hooks_.grads runs, "optim" after the update. Under ZeRO only this rank's shard of a tensor
     // is valid: its pieces are the flat shard [lo, hi) of the arena cut into slabs (flat_shard),
     // of the tp shard's pieces under tensor parallelism (ParallelLayers::param_shard). Pipeline
     // stages: PipelineJob::set_probes. Evaluation is never probed.

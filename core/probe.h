@@ -15,7 +15,7 @@
 //   bwd    an op's input gradient, per microbatch (tensor "dinp"); weight gradients of a
 //          microbatch are partial sums that depend on the microbatch cut, so they are not probed
 //   mgrad  a parameter's gradient from one microbatch, as backward leaves it, before it joins the
-//          others (data-parallel jobs with ZeRO-0/1 only): logical shape (microbatches of the
+//          others (Job, ZeRO 0-3; not pipeline stages): logical shape (microbatches of the
 //          step, ...), one row per microbatch in batch order. These are the nodes of the token
 //          tree that the ranks reduce, so the reference must run with the same microbatch count
 //          (dp × microbatches) to have them; wte holds the embedding's part only (the LM head's

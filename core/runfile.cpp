@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <unordered_map>
 #include <utility>
 
@@ -65,7 +67,8 @@ struct RunFile::Impl {
 
     // A part of a reopened file is not what a run file holds.
     [[noreturn]] void damaged(const std::string& what) const {
-        fail(what + "; the file is damaged: delete or move it, or set output.run_file=false");
+        throw RunFileDamaged("run file " + path + ": " + what + "; the file is damaged" +
+                             hdf5_detail());
     }
 
     void remove_attr(const std::string& key) {
@@ -313,10 +316,18 @@ std::unique_ptr<RunFile> RunFile::reopen(const std::string& path) {
         H5Eclear2(H5E_DEFAULT);
         std::string msg = "run file ";
         msg += path;
-        msg += ro >= 0 ? " can be read but not written (check its permissions, and that no other "
-                         "process, a viewer or another run, has it open)"
-                       : " is there but HDF5 cannot open it (it may be damaged, e.g. by a process "
-                         "killed while writing it, or not readable)";
+        // Damaged: readable, yet HDF5 cannot open it even to read, and not because another
+        // process holds its lock.
+        if (ro < 0 && std::ifstream(path, std::ios::binary).good() &&
+            detail.find("lock") == std::string::npos)
+            throw RunFileDamaged(msg +
+                                 " is there but HDF5 cannot open it (it may be damaged, e.g. by "
+                                 "a process killed while writing it)" +
+                                 detail);
+        msg += ro >= 0 || detail.find("lock") != std::string::npos
+                   ? " can be read but not written (check its permissions, and that no other "
+                     "process, a viewer or another run, has it open)"
+                   : " is there but cannot be read (check its permissions)";
         msg +=
             ", so this run cannot continue it; it is left as it is. Make it writable, or "
             "delete or move it (a new one is then written, starting with the checkpoint's "
@@ -443,6 +454,19 @@ namespace {
 constexpr const char* kPerStep[] = {"loss",         "grad_norm", "lr",
                                     "tokens_per_s", "step_ms",   "comm_bytes"};
 
+// Renames a damaged file to <path>.damaged, or .damaged-2, -3, ... when those are taken, and
+// returns the new name. Throws px::Error naming both when the rename fails.
+std::string move_aside(const std::string& path) {
+    std::string to = path + ".damaged";
+    for (int k = 2; std::filesystem::exists(to); k++) to = path + ".damaged-" + std::to_string(k);
+    std::error_code ec;
+    std::filesystem::rename(path, to, ec);
+    if (ec)
+        throw Error("run file " + path + " is damaged and cannot be moved aside to " + to + ": " +
+                    ec.message() + "; move or delete it, or set output.run_file=false");
+    return to;
+}
+
 // Where a run that starts after `step` restored steps was resumed from, for the event.
 std::string resume_origin(const CheckpointConfig& ck, i64 step) {
     if (ck.resume == "auto" && !ck.dir.empty()) return checkpoint_path(ck.dir, step);
@@ -482,7 +506,19 @@ void RunFileObserver::resume() {
         note += " from ";
         note += from;
     }
-    file_ = RunFile::reopen(path_);
+    std::string moved;  // where a damaged file went
+    try {
+        file_ = RunFile::reopen(path_);
+    } catch (const RunFileDamaged& e) {
+        // A log, not the run's state: keep it for whoever wants to look, and write a new one
+        // from the checkpoint's history, so that a restart after a crash is not stopped by it.
+        moved = move_aside(path_);
+        std::fprintf(stderr,
+                     "parallax: %s; moved to %s, and a new run file starts with the "
+                     "checkpoint's steps\n",
+                     e.what(), moved.c_str());
+        file_.reset();
+    }
     i64 have = 0;  // rows the file holds that agree with the checkpoint's history
     if (file_) {
         file_->truncate(k);
@@ -514,9 +550,15 @@ void RunFileObserver::resume() {
         file_->set_attr("config", config_toml_);  // the config that finishes the run
     } else {
         file_ = std::make_unique<RunFile>(path_, config_toml_);
-        note +=
-            "; the run file was missing (or not a run file) and was written anew, starting "
-            "with the checkpoint's steps";
+        if (moved.empty()) {
+            note +=
+                "; the run file was missing (or not a run file) and was written anew, starting "
+                "with the checkpoint's steps";
+        } else {
+            note += "; the run file was damaged, was moved to ";
+            note += moved;
+            note += " and was written anew, starting with the checkpoint's steps";
+        }
     }
     for (const StepMetrics& m : restored_)
         if (m.step > have) write(m);

@@ -21,12 +21,15 @@
 // Index
 //   RunFile            creates the file (truncating) or reopens one to continue it; appends and
 //                      truncates metric rows, logs events, sets attributes
+//   RunFileDamaged     a file at the path that is not a readable run file
 //   RunFileObserver    (declared in core/job.h, implemented here) the run file of a training run,
-//                      continued across a resume
+//                      continued across a resume; a damaged one is moved aside to
+//                      <path>.damaged (or .damaged-2, ...) and written anew from the checkpoint
 //
 // Errors from HDF5 become px::Error naming the path; HDF5's own error printing is silenced
 // around every call (and restored after). Serial HDF5 is not thread-safe: one thread per file.
 #pragma once
+#include "core/error.h"
 #include "core/shapes.h"
 
 #include <memory>
@@ -35,14 +38,22 @@
 
 namespace px {
 
+// A file at a run file's path that HDF5 cannot open, or whose structure is not a run file's
+// (e.g. left half-written by a killed process). RunFileObserver moves it aside on a resume.
+struct RunFileDamaged : Error {
+    using Error::Error;
+};
+
 class RunFile {
 public:
     RunFile(const std::string& path, const std::string& config_toml);  // creates or truncates
     // The run file at `path`, opened read-write to continue it; its rows and attributes are kept.
     // Null when there is nothing to continue: no file, or an HDF5 file that is not a run file (no
     // parallax_version attribute or no /metrics group). Throws px::Error naming the file when a
-    // file is there that cannot be opened read-write (permissions, another process holding it,
-    // damage): it may hold a good run, so it is never replaced behind the user's back.
+    // file is there that can be read but not opened read-write (permissions, another process
+    // holding it): it may hold a good run, so it is never replaced behind the user's back; and
+    // RunFileDamaged when HDF5 cannot open a readable file, or a part of it is not what a run
+    // file holds.
     static std::unique_ptr<RunFile> reopen(const std::string& path);
     ~RunFile();  // flushes and closes
     RunFile(RunFile&&) noexcept;

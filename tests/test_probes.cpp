@@ -192,11 +192,9 @@ namespace {
 // The probes of layout `d` (every rank's job or pipeline stage recording into one recorder)
 // against the single device's on the same job, bit for bit. The single device runs as many
 // microbatches as the layout has in all, so that its microbatch gradients ("mgrad") are the
-// nodes the layout's ranks hold; layouts whose ranks do not probe them (ZeRO-2/3, pipelines)
-// leave them out.
+// nodes the layout's ranks hold; pipelines, whose stages do not probe them, leave them out.
 void check_layout_probes(const Config& c, const Config& d) {
-    const bool pipeline = d.layout.pp > 1;
-    const bool mgrad = !pipeline && d.layout.zero < 2;
+    const bool mgrad = d.layout.pp == 1;
     std::vector<std::string> patterns{"*/fwd/**", "*/bwd/**", "*/grad/**", "*/optim/**"};
     if (mgrad) patterns.push_back("*/mgrad/**");
     Config r = c;

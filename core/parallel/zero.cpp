@@ -15,7 +15,8 @@ std::vector<i64> zero_shard_edges(const ParamTable& t, int dp, int block) {
         for (const TableEntry& e : t.entries) {
             const i64 end = e.offset + e.numel();
             if (x <= e.offset) return e.offset;
-            if (x < end) return std::min(end, e.offset + (x - e.offset + block - 1) / block * block);
+            if (x < end)
+                return std::min(end, e.offset + (x - e.offset + block - 1) / block * block);
         }
         return t.total;
     };
@@ -44,7 +45,9 @@ void reduce_scatter_cut(comm::Communicator& dp, float* seg, const std::vector<i6
 }
 
 ZeroShards::ZeroShards(const GPT& model, int dp, int rank)
-    : model_(model), rank_(rank), edges_(zero_shard_edges(model.table(), dp, model.numerics().block)) {
+    : model_(model),
+      rank_(rank),
+      edges_(zero_shard_edges(model.table(), dp, model.numerics().block)) {
     // The LM head's gradient shadows wte element for element: cut it where wte is cut.
     const ParamTable& t = model.table();
     const TableEntry& wte = t.entries[t.wte];
@@ -112,7 +115,8 @@ float ZeroShards::grad_norm(comm::Communicator& dp, const float* grads, comm::Al
         i64 b0, b1;
         owned(e, rank_, b0, b1);
         if (b1 == b0) continue;
-        const i64 a = e.offset + b0 * block, b = std::min(e.offset + e.numel(), e.offset + b1 * block);
+        const i64 a = e.offset + b0 * block,
+                  b = std::min(e.offset + e.numel(), e.offset + b1 * block);
         cpu::sum_squares_blocks(nx, mine.data() + at, grads + a, b - a);
         at += b1 - b0;
     }
@@ -149,7 +153,11 @@ void ZeroShards::release_params(Arena& params) const {
 
 ZeroUnits::ZeroUnits(GPT& model, ZeroShards& shards, comm::Communicator& dp, int stage,
                      Arena& grads, std::vector<unsigned char> merges)
-    : model_(model), shards_(shards), dp_(dp), stage_(stage), grads_(grads),
+    : model_(model),
+      shards_(shards),
+      dp_(dp),
+      stage_(stage),
+      grads_(grads),
       merges_(std::move(merges)) {
     PX_ASSERT(stage_ >= 2 && stage_ <= 3, "ZeroUnits is ZeRO-2/3");
     const int r = shards_.rank_;
@@ -201,8 +209,8 @@ void ZeroUnits::gather(Unit u) {
     std::vector<i64> counts(static_cast<size_t>(p));
     for (const GradSpan& s : model_.unit_params(u)) {
         for (int r = 0; r < p; r++)
-            counts[static_cast<size_t>(r)] = std::max<i64>(
-                0, std::min(s.hi, shards_.hi(r)) - std::max(s.lo, shards_.lo(r)));
+            counts[static_cast<size_t>(r)] =
+                std::max<i64>(0, std::min(s.hi, shards_.hi(r)) - std::max(s.lo, shards_.lo(r)));
         const i64 from = std::clamp(shards_.lo(), s.lo, s.hi);
         const std::vector<float> mine(params + from,
                                       params + from + counts[static_cast<size_t>(shards_.rank_)]);
@@ -237,6 +245,10 @@ void ZeroUnits::before_backward(Unit u, float* grads) {
 
 void ZeroUnits::after_backward(Unit u, float* grads) {
     note_peaks();  // the unit's full gradient and its weights are mapped now
+    if (probes_)   // this microbatch's gradients of the unit, before they are reduced
+        for (const GradSpan& s : model_.unit_grads(u))
+            model_.probe_params(*probes_, probe_step_, "mgrad", "param", grads + s.lo, s.lo, s.hi,
+                                probe_node_, probe_nodes_);
     const int r = shards_.rank_;
     for (const GradSpan& s : model_.unit_grads(u)) {
         const std::vector<i64> cuts = shards_.cuts_in(s.lo, s.hi);

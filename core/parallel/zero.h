@@ -107,6 +107,15 @@ public:
     ZeroUnits(GPT& model, ZeroShards& shards, comm::Communicator& dp, int stage, Arena& grads,
               std::vector<unsigned char> merges);
     void begin_microbatch(int k) { mb_ = k; }
+    // Probes (core/probe.h): after each unit's backward, before its reduce-scatter, its
+    // parameters' gradients from this microbatch as "mgrad" at `step`, node `node` of `nodes`
+    // (GPT::probe_params). Null sink: none.
+    void set_probes(ProbeSink* sink, i64 step, i64 node, i64 nodes) {
+        probes_ = sink;
+        probe_step_ = step;
+        probe_node_ = node;
+        probe_nodes_ = nodes;
+    }
     void finish();
     i64 partial_bytes() const;  // the microbatch partials of the shard (mapped now)
     // Peak bytes mapped in the weight and gradient arenas since the last reset_peaks().
@@ -131,11 +140,13 @@ private:
     int stage_;
     Arena& grads_;
     std::vector<unsigned char> merges_;
-    std::vector<int> push_;                   // per microbatch: the partial it writes
-    std::vector<Arena> partial_;              // shard-sized partials (none with one microbatch)
-    i64 head_lo_ = 0, head_hi_ = 0;           // this rank's head entries, buffer offsets
+    std::vector<int> push_;          // per microbatch: the partial it writes
+    std::vector<Arena> partial_;     // shard-sized partials (none with one microbatch)
+    i64 head_lo_ = 0, head_hi_ = 0;  // this rank's head entries, buffer offsets
     int mb_ = 0;
     i64 peak_params_ = 0, peak_grads_ = 0;
+    ProbeSink* probes_ = nullptr;  // set_probes
+    i64 probe_step_ = 0, probe_node_ = 0, probe_nodes_ = 0;
 };
 
 }  // namespace px

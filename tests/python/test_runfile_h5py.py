@@ -5,7 +5,9 @@ each metric is a group /metrics/<name> with two 1-D extendible datasets, `step` 
 optimizer steps) and `value` (float64), one row per logged step. A run resumed from a checkpoint
 into the same output folder continues the file (or writes it anew from the checkpoint's steps
 when it is gone), so it ends with each step once and the uninterrupted run's values, plus a
-`resume` row in /events; a run file that cannot be opened is an error and is left as it is.
+`resume` row in /events. A damaged run file (HDF5 cannot open it) is moved aside to
+run.h5.damaged, kept byte for byte, and written anew; one that can be read but not written is an
+error and is left as it is.
 
 Needs PARALLAX_EXE (the built `parallax` executable); `meson test` sets it. By hand:
     PARALLAX_EXE=build/app/parallax python3 -m pytest tests/python/test_runfile_h5py.py
@@ -199,14 +201,33 @@ def test_resume_drops_rows_after_the_checkpoint(tmp_path, uninterrupted):
     assert [(s, k) for s, k, _ in events(out / "run.h5")] == [(4, "resume")]
 
 
-def test_run_file_that_cannot_be_opened_is_an_error_and_kept(tmp_path):
+def test_damaged_run_file_is_moved_aside_and_the_run_continues(tmp_path, uninterrupted):
     ck = tmp_path / "ck"
     out = tmp_path / "out"
     train(out, 4, "--set", f"checkpoint.dir={ck}")
     (out / "run.h5").write_bytes(b"not an HDF5 file")
+    (out / "run.h5.damaged").write_bytes(b"an older damaged one")
+    proc = train(out, 6, "--set", f"checkpoint.dir={ck}", "--set", "checkpoint.resume=auto")
+    aside = out / "run.h5.damaged-2"
+    assert str(aside) in proc.stderr and "HDF5 cannot open it" in proc.stderr, proc.stderr
+    assert aside.read_bytes() == b"not an HDF5 file"
+    assert (out / "run.h5.damaged").read_bytes() == b"an older damaged one"
+    check_same_run(all_series(out / "run.h5"), uninterrupted)
+    (step, kind, message), = events(out / "run.h5")
+    assert (step, kind) == (4, "resume")
+    assert f"was damaged, was moved to {aside}" in message, message
+
+
+def test_run_file_held_by_another_writer_is_an_error_and_kept(tmp_path):
+    ck = tmp_path / "ck"
+    out = tmp_path / "out"
+    train(out, 4, "--set", f"checkpoint.dir={ck}")
+    before = (out / "run.h5").read_bytes()
     cmd = [EXE, "train", *RESUME_COMMON, "--set", "train.steps=6", "--set", f"checkpoint.dir={ck}",
            "--set", "checkpoint.resume=auto", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    with h5py.File(out / "run.h5", "a"):  # another process writing it holds its lock
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode != 0
-    assert str(out / "run.h5") in proc.stderr and "output.run_file=false" in proc.stderr, proc.stderr
-    assert (out / "run.h5").read_bytes() == b"not an HDF5 file"
+    assert str(out / "run.h5") in proc.stderr and "has it open" in proc.stderr, proc.stderr
+    assert (out / "run.h5").read_bytes() == before
+    assert not (out / "run.h5.damaged").exists()
