@@ -236,7 +236,9 @@ void Job::accumulate_microbatch(int k) {
     float* node = grad_stack_[sp].data();
     grad_stack_[sp].zero();
     model_->backward(node, inputs_.data(), targets_.data(), 1.0f / static_cast<float>(N));
-    if (mutation::armed() && replica_.dp) mutate_gradient(k, node);
+    if (mutation::armed() && dp_size_ > 1)  // a test's flip_grad or drop_microbatch
+        mutation::strike_gradient(model_->table(), step_ + 1, dp_rank_, k, node, 0,
+                                  model_->grad_layout().total);
     if (probes_) {  // the microbatch's gradient: node batch_lo / micro_B of the step's batch
         model_->probe_params(*probes_, step_ + 1, "mgrad", "param", node, 0, model_->table().total,
                              probe_ctx_.batch_lo / micro_B_, cfg_.train.batch_size / micro_B_);
@@ -259,22 +261,6 @@ const TableEntry& Job::mutated_entry(const mutation::Mutation& mu) const {
     const int i = model_->table().find(mu.tensor);
     PX_ASSERT(i >= 0, "a mutation names no parameter of the model: " + mu.tensor);
     return model_->table().entries[static_cast<size_t>(i)];
-}
-
-// Microbatch k's gradient, just out of backward: flip_grad and drop_microbatch strike here.
-void Job::mutate_gradient(int k, float* node) const {
-    const mutation::Mutation& mu = *mutation::armed();
-    if (mu.microbatch != k) return;
-    if (mutation::strikes(mutation::Kind::flip_grad, step_ + 1, dp_rank_)) {
-        const TableEntry& e = mutated_entry(mu);
-        PX_ASSERT(mu.element >= 0 && mu.element < e.numel(), "flip_grad: element out of range");
-        std::uint32_t bits = 0;
-        std::memcpy(&bits, node + e.offset + mu.element, sizeof bits);
-        bits ^= 1u;  // the lowest mantissa bit
-        std::memcpy(node + e.offset + mu.element, &bits, sizeof bits);
-    }
-    if (mutation::strikes(mutation::Kind::drop_microbatch, step_ + 1, dp_rank_))
-        std::fill(node, node + model_->grad_layout().total, 0.0f);
 }
 
 void Job::gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) {

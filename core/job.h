@@ -196,10 +196,8 @@ public:
 
 private:
     void accumulate_microbatch(int k);
-    // Test-only mutations (core/mutation.h): the parameter one names; flip_grad and
-    // drop_microbatch on microbatch k's gradient `node`.
+    // Test-only mutations (core/mutation.h): the parameter one names.
     const TableEntry& mutated_entry(const mutation::Mutation& mu) const;
-    void mutate_gradient(int k, float* node) const;
     void all_gather_tokens(std::vector<float>& all, const float* local, i64 per_rank);
 
     Config cfg_;

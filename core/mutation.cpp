@@ -2,7 +2,10 @@
 
 #include "core/error.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <cstring>
 
 namespace px::mutation {
 
@@ -30,6 +33,25 @@ bool strikes(Kind k, i64 step, int rank, int layer) {
     const Mutation* m = armed();
     return m && m->kind == k && m->step == step && m->rank == rank &&
            (layer < 0 || m->layer == layer);
+}
+
+void strike_gradient(const ParamTable& table, i64 step, int rank, int microbatch, float* grads,
+                     i64 lo, i64 hi) {
+    const Mutation* m = armed();
+    if (!m || m->microbatch != microbatch) return;
+    if (strikes(Kind::flip_grad, step, rank)) {
+        const int i = table.find(m->tensor);
+        if (i < 0) return;  // a part of the model without it (another pipeline stage)
+        const TableEntry& e = table.entries[static_cast<size_t>(i)];
+        PX_ASSERT(m->element >= 0 && m->element < e.numel(), "flip_grad: element out of range");
+        const i64 at = e.offset + m->element;
+        if (at < lo || at >= hi) return;  // another chunk's or unit's
+        std::uint32_t bits = 0;
+        std::memcpy(&bits, grads + at, sizeof bits);
+        bits ^= 1u;  // the lowest mantissa bit
+        std::memcpy(grads + at, &bits, sizeof bits);
+    }
+    if (strikes(Kind::drop_microbatch, step, rank)) std::fill(grads + lo, grads + hi, 0.0f);
 }
 
 void set_swap(const PartialSwap& s) {

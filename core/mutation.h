@@ -10,6 +10,7 @@
 //   Armed           arms a mutation for its scope (process-wide: every rank's thread sees it)
 //   armed           the armed mutation, or null
 //   strikes         whether the armed mutation is of a kind and strikes a step, rank and layer
+//   strike_gradient flip_grad and drop_microbatch on a microbatch's gradient buffer
 //   PartialSwap     swap_partials as the all_reduce carries it (comm::Request::swap)
 //   set_swap/take_swap  the job hands a swap to its thread's next all_reduce
 //
@@ -20,12 +21,14 @@
 //                    with three or more partials the reduced gradient changes on every rank.
 //   flip_grad        step s, dp rank `rank`, its local microbatch `microbatch`: the lowest mantissa
 //                    bit of element `element` of parameter `tensor`'s gradient, as backward leaves
-//                    it (before it joins the other microbatches and ranks; ZeRO-0/1).
+//                    it (before it joins the other microbatches and ranks: under ZeRO-2/3 before
+//                    its unit's reduce-scatter; in a pipeline on the stage that holds it).
 //   drop_microbatch  step s, dp rank `rank`: its local microbatch `microbatch` contributes no
-//                    gradient (ZeRO-0/1).
+//                    gradient (in a pipeline, on every stage of that replica).
 //   tp_offset        step s, tp rank `rank`, block `layer`: mlp.fc's forward reads its weight shard
 //                    one row off (row i+1 for row i, the last wrapping to the first).
 #pragma once
+#include "core/arena.h"   // ParamTable
 #include "core/shapes.h"  // i64
 
 #include <cstdint>
@@ -61,6 +64,13 @@ const Mutation* armed();  // null unless a test armed one
 // Whether the armed mutation is of kind k and strikes step `step` on rank `rank` (and, with
 // layer >= 0, block `layer`).
 bool strikes(Kind k, i64 step, int rank, int layer = -1);
+
+// flip_grad and drop_microbatch where a gradient leaves backward: `grads` is a gradient buffer
+// laid out as `table` (a GradLayout's), of which floats [lo, hi) hold microbatch `microbatch` of
+// dp rank `rank` at `step` (a whole model's, a pipeline chunk's, a ZeRO unit's). A flip strikes
+// when its element lies in [lo, hi); a drop zeroes [lo, hi).
+void strike_gradient(const ParamTable& table, i64 step, int rank, int microbatch, float* grads,
+                     i64 lo, i64 hi);
 
 // swap_partials as an all_reduce carries it: the partials of ranks a and b trade places for
 // elements [lo, hi) of the buffer. a < 0: none.

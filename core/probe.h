@@ -12,14 +12,14 @@
 //
 // Phases:
 //   fwd    an op's output activation, per microbatch (tensor "out")
-//   bwd    an op's input gradient, per microbatch (tensor "dinp"); weight gradients of a
-//          microbatch are partial sums that depend on the microbatch cut, so they are not probed
+//   bwd    an op's input gradient, per microbatch (tensor "dinp")
 //   mgrad  a parameter's gradient from one microbatch, as backward leaves it, before it joins the
-//          others (Job, ZeRO 0-3; not pipeline stages): logical shape (microbatches of the
-//          step, ...), one row per microbatch in batch order. These are the nodes of the token
-//          tree that the ranks reduce, so the reference must run with the same microbatch count
-//          (dp × microbatches) to have them; wte holds the embedding's part only (the LM head's
-//          part joins after the reduction)
+//          others (under ZeRO-2/3 before its reduce-scatter; in a pipeline, each stage's own
+//          parameters): logical shape (microbatches of the step, ...), one row per microbatch
+//          in batch order. These are the nodes of the token tree that the ranks reduce, so they
+//          depend on the microbatch cut: a reference must run with the layout's microbatch count
+//          (dp × microbatches) to have the same ones. wte holds the embedding's part only (the
+//          LM head's part joins after the reduction)
 //   grad   a parameter's complete, reduced gradient of the step, before the update
 //   optim  after the update: the weight (op "param"), Adam's moments (ops "adam.m", "adam.v")
 //
@@ -45,7 +45,7 @@ namespace px {
 // A capture point. The strings are literals (or the parameter table's names): never owned.
 struct ProbeKey {
     i64 step = 0;              // 1-based step being run (0: outside a Job)
-    const char* phase = "";    // "fwd", "bwd", "grad" or "optim"
+    const char* phase = "";    // "fwd", "bwd", "mgrad", "grad" or "optim"
     int layer = -1;            // the block; -1 for the embedding, the head, ln_f, the loss
     const char* op = "";       // e.g. "attn.qkv", "mlp.gelu", "param", "adam.m"
     const char* tensor = "";   // "out", "dinp", or a parameter's GPT-2 name

@@ -101,16 +101,27 @@ TEST_CASE("A dropped microbatch: named with its rank and its place in the batch"
     m.step = 2;
     m.rank = 0;
     m.microbatch = 1;
-    const LayoutResult r = validate_one(mutation_job(), "dp2xmb2", m);
-    CHECK(r.first_step == 2);
-    // Forward and backward ran; the microbatch's gradient never joined: its first parameter (wte)
-    // is zero where the reference's is not.
-    CHECK(r.first_op.name == "2/mgrad/-/param/wte");
-    CHECK(r.first_op_ranks == std::vector<int>{0});
-    REQUIRE(r.first_op.first_index.size() == 3);
-    CHECK(r.first_op.first_index[0] == 1);  // rank 0's microbatch 1: rows 2..4 of the batch
-    CHECK(r.first_op.first_candidate == 0.0f);
-    CHECK(r.first_op.first_reference != 0.0f);
+    // Where replica 0's microbatch 1 sits in the step's batch (4 microbatches of 2 sequences):
+    // rows 2..4 with plain accumulation; under ZeRO-2 microbatch k of replica r is piece r of
+    // batch range k, rows 4..6.
+    struct Case {
+        const char* layout;
+        i64 node;
+    };
+    for (const Case k : {Case{"dp2xmb2", 1}, Case{"dp2xz2xmb2", 2}, Case{"dp2xpp2xmb2", 1}}) {
+        DYNAMIC_SECTION(k.layout) {
+            const LayoutResult r = validate_one(mutation_job(), k.layout, m);
+            CHECK(r.first_step == 2);
+            // Forward and backward ran; the microbatch's gradient never joined: its first
+            // parameter (wte) is zero where the reference's is not.
+            CHECK(r.first_op.name == "2/mgrad/-/param/wte");
+            CHECK(r.first_op_ranks == std::vector<int>{0});
+            REQUIRE(r.first_op.first_index.size() == 3);
+            CHECK(r.first_op.first_index[0] == k.node);
+            CHECK(r.first_op.first_candidate == 0.0f);
+            CHECK(r.first_op.first_reference != 0.0f);
+        }
+    }
 }
 
 TEST_CASE(
@@ -156,4 +167,30 @@ TEST_CASE("single_axis_parts: each parallelism alone, with its own options", "[m
     CHECK(names("dp2xmb2xpp2") == std::vector<std::string>{"dp2xmb2", "pp2xmb2"});
     CHECK(names("dp2").empty());
     CHECK(names("tp2xsp").empty());
+}
+
+TEST_CASE("In a pipeline, one rank's flipped gradient bit is named on the stage that holds it",
+          "[mutations]") {
+    const Config c = mutation_job();
+    mutation::Mutation m;
+    m.kind = mutation::Kind::flip_grad;
+    m.step = 2;
+    m.rank = 1;  // dp rank: replica 1
+    m.microbatch = 1;
+    m.tensor = "h.1.mlp.c_fc.weight";  // layer 1: the second stage
+    m.element = 9;
+    // As above, most lowest-bit flips are rounded away by the sums after them: of elements 0..24
+    // the flips of 0..8, 12, 13, 20 and 23 leave no trace; element 9's survives.
+    const LayoutResult r = validate_one(c, "dp2xpp2xmb2", m);
+    CHECK(r.first_step == 2);
+    CHECK(r.first_op.name == "2/mgrad/1/param/mlp.c_fc.weight");
+    Config d = c;
+    d.layout.dp = 2;
+    d.layout.pp = 2;
+    const Mesh mesh(make_layout(d));
+    CHECK(r.first_op_ranks == std::vector<int>{mesh.rank_of(Coord{1, 1, 0})});
+    CHECK(r.first_op_where == "pp1 dp1 tp0");
+    // Replica 1's microbatch 1 is the step's microbatch 3; element 9 is [0, 9].
+    CHECK(r.first_op.first_index == std::vector<i64>{3, 0, 9});
+    CHECK((bits_of(r.first_op.first_reference) ^ bits_of(r.first_op.first_candidate)) == 1u);
 }

@@ -13,6 +13,7 @@
 #include "core/comm/inproc.h"
 #include "core/data.h"
 #include "core/error.h"
+#include "core/mutation.h"
 #include "core/parallel/state_slices.h"
 #include "core/parallel/tp_model.h"
 #include "core/parallel/zero.h"
@@ -454,7 +455,19 @@ void PipelineJob::run_actions() {
                 live->pending.wait();
                 TreeAccumulator& acc = acc_[static_cast<size_t>(c)];
                 set_probe_rows(m);
-                model_->backward(live->acts, c, acc.begin(m), tokens(m), targets(m), dloss);
+                float* node = acc.begin(m);
+                model_->backward(live->acts, c, node, tokens(m), targets(m), dloss);
+                if (mutation::armed() && dp_ > 1) {  // a test's flip_grad or drop_microbatch
+                    const GradSpan span = model_->grad_span(c);
+                    mutation::strike_gradient(model_->table(), step_ + 1, dp_rank_, m, node,
+                                              span.lo, span.hi);
+                }
+                if (probes_) {  // the microbatch's gradient of this chunk, before it joins
+                    const GradSpan span = model_->grad_span(c);
+                    model_->probe_params(*probes_, step_ + 1, "mgrad", "param", node + span.lo,
+                                         span.lo, span.hi, probe_ctx_.batch_lo / micro_B_,
+                                         cfg_.train.batch_size / micro_B_);
+                }
                 acc.end(m);
                 if (stage_of(rank_, c, pp_) == 0) {  // nothing to send back: done with it
                     release(c, live);
@@ -874,8 +887,10 @@ void PipelineJob::restore(const std::vector<float>& params, const std::vector<fl
             local_v[static_cast<size_t>(e.offset + j)] = v[src];
         }
     }
-    std::memcpy(opt_->m(), local_m.data() + opt_->lo(), static_cast<size_t>(opt_->size()) * sizeof(float));
-    std::memcpy(opt_->v(), local_v.data() + opt_->lo(), static_cast<size_t>(opt_->size()) * sizeof(float));
+    std::memcpy(opt_->m(), local_m.data() + opt_->lo(),
+                static_cast<size_t>(opt_->size()) * sizeof(float));
+    std::memcpy(opt_->v(), local_v.data() + opt_->lo(),
+                static_cast<size_t>(opt_->size()) * sizeof(float));
     if (zero_ == 3) release_params();
     history_ = history;
     step_ = static_cast<i64>(history.size());
@@ -943,8 +958,9 @@ void PipelineJob::run(const std::function<void(const StepMetrics&)>& on_step) {
 
 void PipelineJob::snapshot(LocalSnapshot& into) const {
     if (zero_ == 3)
-        throw InternalError("PipelineJob::snapshot under ZeRO-3: between steps this rank holds a "
-                            "shard of its stage's weights, not a replica of them");
+        throw InternalError(
+            "PipelineJob::snapshot under ZeRO-3: between steps this rank holds a "
+            "shard of its stage's weights, not a replica of them");
     take_snapshot(*model_, *opt_, step_, history_, into);
 }
 

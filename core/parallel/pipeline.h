@@ -185,8 +185,8 @@ public:
     void set_step_hooks(StepHooks hooks) { hooks_ = std::move(hooks); }
     // Probes (core/probe.h), as Job::set_probes: the stage's ops at the batch rows of each
     // microbatch, then its parameters' reduced gradients and updated weights and moments (the
-    // tied wte from both stages that hold it), tp shards as Job's. No "mgrad": a stage's
-    // microbatch gradients accumulate in TreeAccumulators.
+    // tied wte from both stages that hold it), tp shards as Job's; each microbatch's gradient
+    // of a chunk ("mgrad") before its TreeAccumulator takes it in.
     void set_probes(ProbeSink* sink) { probes_ = sink; }
     void stop_after(i64 step) { stop_after_ = step; }  // as Job::stop_after
     void snapshot(LocalSnapshot& into) const;
@@ -224,6 +224,7 @@ private:
     void release(int chunk, Slot* s);
     void run_actions();
     void set_probe_rows(int m);  // the model's probes at microbatch m's batch rows
+
     void wait_sends();
     void exchange_tied_grads(float* g);
     float grad_norm(float* g);

@@ -1,6 +1,7 @@
 #include "core/parallel/zero.h"
 
 #include "core/error.h"
+#include "core/mutation.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <algorithm>
@@ -245,7 +246,11 @@ void ZeroUnits::before_backward(Unit u, float* grads) {
 
 void ZeroUnits::after_backward(Unit u, float* grads) {
     note_peaks();  // the unit's full gradient and its weights are mapped now
-    if (probes_)   // this microbatch's gradients of the unit, before they are reduced
+    if (mutation::armed() && dp_.size() > 1)  // a test's flip_grad or drop_microbatch
+        for (const GradSpan& s : model_.unit_grads(u))
+            mutation::strike_gradient(model_.table(), probe_step_, shards_.rank_, mb_, grads, s.lo,
+                                      s.hi);
+    if (probes_)  // this microbatch's gradients of the unit, before they are reduced
         for (const GradSpan& s : model_.unit_grads(u))
             model_.probe_params(*probes_, probe_step_, "mgrad", "param", grads + s.lo, s.lo, s.hi,
                                 probe_node_, probe_nodes_);

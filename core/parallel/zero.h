@@ -107,9 +107,10 @@ public:
     ZeroUnits(GPT& model, ZeroShards& shards, comm::Communicator& dp, int stage, Arena& grads,
               std::vector<unsigned char> merges);
     void begin_microbatch(int k) { mb_ = k; }
-    // Probes (core/probe.h): after each unit's backward, before its reduce-scatter, its
-    // parameters' gradients from this microbatch as "mgrad" at `step`, node `node` of `nodes`
-    // (GPT::probe_params). Null sink: none.
+    // Called before each microbatch with the step being run. Probes (core/probe.h): after each
+    // unit's backward, before its reduce-scatter, its parameters' gradients from this microbatch
+    // as "mgrad" at `step`, node `node` of `nodes` (GPT::probe_params); null sink: none. A test's
+    // flip_grad or drop_microbatch (core/mutation.h) strikes there too.
     void set_probes(ProbeSink* sink, i64 step, i64 node, i64 nodes) {
         probes_ = sink;
         probe_step_ = step;
