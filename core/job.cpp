@@ -296,35 +296,6 @@ void Job::gather_full(std::vector<float>* params, std::vector<float>* m, std::ve
     if (shards_ && replica_.zero == 3) shards_->release_params(model_->param_arena());
 }
 
-void Job::restore(const std::vector<float>& params, const std::vector<float>& m,
-                  const std::vector<float>& v, const std::vector<StepMetrics>& history) {
-    GPT& model = *model_;
-    const i64 n = model.table().total;
-    const auto* tpl = dynamic_cast<const TpLayers*>(model.parallel_layers());
-    const ParamTable full = tpl ? ParamTable::build(cfg_.model) : model.table();
-    if (static_cast<i64>(params.size()) != full.total || m.size() != params.size() ||
-        v.size() != params.size())
-        throw InternalError("Job::restore: a logical state of " + std::to_string(params.size()) +
-                            " floats for a model of " + std::to_string(full.total));
-    std::vector<float> local_m(static_cast<size_t>(n)), local_v(static_cast<size_t>(n));
-    if (tpl) {
-        load_logical(*tpl, model, full, params.data());
-        load_logical(*tpl, model, full, m.data(), local_m.data());
-        load_logical(*tpl, model, full, v.data(), local_v.data());
-    } else {
-        std::memcpy(model.params(), params.data(), static_cast<size_t>(n) * sizeof(float));
-        local_m = m;
-        local_v = v;
-    }
-    std::memcpy(opt_->m(), local_m.data() + opt_->lo(),
-                static_cast<size_t>(opt_->size()) * sizeof(float));
-    std::memcpy(opt_->v(), local_v.data() + opt_->lo(),
-                static_cast<size_t>(opt_->size()) * sizeof(float));
-    if (shards_ && replica_.zero == 3) shards_->release_params(model_->param_arena());
-    history_ = history;
-    step_ = static_cast<i64>(history.size());
-}
-
 // ---- per-rank checkpoints (core/parallel/state_slices.h) ------------------------------------
 
 RankState Job::rank_state() {

@@ -149,22 +149,18 @@ public:
     void snapshot(LocalSnapshot& into) const;
     void rewind(const LocalSnapshot& s);
 
-    // Checkpoints (core/checkpoint.h) hold the logical, layout-free state; these move it in and
-    // out of a job of any layout. gather_full: a collective of the job's dp and tp groups that
-    // gives every rank the whole model's weights and Adam moments, laid out as
-    // ParamTable::build(model) (null pointers are skipped). restore: no communication; each rank
-    // takes its slices of a logical state (its tp shard, its ZeRO shard of the moments), and the
-    // job continues after `history.size()` steps exactly as the run that wrote them would.
+    // The logical, layout-free state (what checkpoints hold) out of a job of any layout:
+    // a collective of the job's dp and tp groups that gives every rank the whole model's
+    // weights and Adam moments, laid out as ParamTable::build(model) (null pointers are
+    // skipped). Checkpoints come back in per rank (restore_local).
     void gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v);
-    void restore(const std::vector<float>& params, const std::vector<float>& m,
-                 const std::vector<float>& v, const std::vector<StepMetrics>& history);
 
     // ---- per-rank checkpoints (core/parallel/state_slices.h) --------------------------------
     // No communication, and never the whole model on one rank. rank_state: this rank's weights
     // and Adam moments and its share of a checkpoint (what it writes: each logical element by
     // one rank of the world). restore_local: reads the pieces this rank holds from an open
-    // checkpoint (hyperslabs) and continues after history.size() steps, as restore does; the
-    // caller verified the file and serialises HDF5 calls across threads.
+    // checkpoint (hyperslabs) and continues after history.size() steps exactly as the run that
+    // wrote it would; the caller verified the file and serialises HDF5 calls across threads.
     RankState rank_state();
     void restore_local(const CheckpointReader& file, const std::vector<StepMetrics>& history);
 

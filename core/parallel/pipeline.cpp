@@ -864,38 +864,6 @@ void PipelineJob::gather_full(std::vector<float>* params, std::vector<float>* m,
     assemble(v, stage_v, "Adam v");
 }
 
-void PipelineJob::restore(const std::vector<float>& params, const std::vector<float>& m,
-                          const std::vector<float>& v, const std::vector<StepMetrics>& history) {
-    GPT& model = *model_;
-    const ParamTable full = ParamTable::build(cfg_.model);
-    if (static_cast<i64>(params.size()) != full.total || m.size() != params.size() ||
-        v.size() != params.size())
-        throw InternalError("PipelineJob::restore: a logical state of " +
-                            std::to_string(params.size()) + " floats for a model of " +
-                            std::to_string(full.total));
-    const i64 n = model.table().total;
-    std::vector<float> local_m(static_cast<size_t>(n), 0.0f), local_v = local_m;
-    const TpLayers* tpl = tp_layers(model);
-    for (const TableEntry& e : model.table().entries) {
-        const i64 src0 = full.entries[static_cast<size_t>(e.id)].offset;
-        const std::vector<i64> idx =
-            tpl ? logical_indices(*tpl, e, cfg_.model) : std::vector<i64>();
-        for (i64 j = 0; j < e.numel(); j++) {
-            const size_t src = static_cast<size_t>(src0 + (tpl ? idx[static_cast<size_t>(j)] : j));
-            model.params()[e.offset + j] = params[src];
-            local_m[static_cast<size_t>(e.offset + j)] = m[src];
-            local_v[static_cast<size_t>(e.offset + j)] = v[src];
-        }
-    }
-    std::memcpy(opt_->m(), local_m.data() + opt_->lo(),
-                static_cast<size_t>(opt_->size()) * sizeof(float));
-    std::memcpy(opt_->v(), local_v.data() + opt_->lo(),
-                static_cast<size_t>(opt_->size()) * sizeof(float));
-    if (zero_ == 3) release_params();
-    history_ = history;
-    step_ = static_cast<i64>(history.size());
-}
-
 // ---- per-rank checkpoints (core/parallel/state_slices.h) ------------------------------------
 
 RankState PipelineJob::rank_state() {

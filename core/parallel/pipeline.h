@@ -160,11 +160,6 @@ public:
     // weights and Adam moments, assembled from the stages on every rank. Null pointers are
     // skipped. Throws InternalError if the two copies of wte differ.
     void gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v);
-    // No communication: this stage (and tp shard, and ZeRO shard of the moments) takes its slices
-    // of a logical state laid out as ParamTable::build(model), and continues after
-    // history.size() steps (Job::restore's counterpart).
-    void restore(const std::vector<float>& params, const std::vector<float>& m,
-                 const std::vector<float>& v, const std::vector<StepMetrics>& history);
 
     // ---- per-rank checkpoints (core/parallel/state_slices.h) --------------------------------
     // Job::rank_state / Job::restore_local for a stage: no communication, never the whole model.
