@@ -99,11 +99,7 @@ int llmc_to_parallax(const std::string& in, const std::string& out) {
 
     // 2. The weights, checked (size, finite values) before anything is written.
     LogicalState s;
-    s.table = ParamTable::build(mc);
-    const size_t total = static_cast<size_t>(s.table.total);
-    s.params.assign(total, 0.0f);
-    s.m.assign(total, 0.0f);
-    s.v.assign(total, 0.0f);
+    s.allocate(mc);
     read_llmc_checkpoint(in, mc, [&s](const std::string& name) -> float* {
         const int i = s.table.find(name);
         return i < 0 ? nullptr : s.params.data() + s.table.entries[static_cast<size_t>(i)].offset;

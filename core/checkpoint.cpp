@@ -1007,11 +1007,7 @@ LogicalState read_checkpoint(const std::string& path, const ModelConfig& mc, Che
     CheckpointReader r(path);
     r.check_model(mc);
     LogicalState s;
-    s.table = ParamTable::build(mc);
-    const size_t total = static_cast<size_t>(s.table.total);
-    s.params.assign(total, 0.0f);
-    s.m.assign(total, 0.0f);
-    s.v.assign(total, 0.0f);
+    s.allocate(mc);
     for (const TableEntry& e : s.table.entries) {
         r.read(model_dataset(e.name), s.params.data() + e.offset);
         r.read(moment_dataset('m', e.name), s.m.data() + e.offset);

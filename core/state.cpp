@@ -22,7 +22,8 @@ bool LogicalState::absorb(const Job& job) {
         init_masks();
         std::fill(has_w_.begin(), has_w_.end(), 1);
     }
-    const bool agree = std::memcmp(params.data(), model.params(), static_cast<size_t>(n) * sizeof(float)) == 0;
+    const bool agree =
+        std::memcmp(params.data(), model.params(), static_cast<size_t>(n) * sizeof(float)) == 0;
     const AdamW& opt = job.optimizer();
     std::memcpy(m.data() + opt.lo(), opt.m(), static_cast<size_t>(opt.size()) * sizeof(float));
     std::memcpy(v.data() + opt.lo(), opt.v(), static_cast<size_t>(opt.size()) * sizeof(float));
@@ -44,15 +45,19 @@ bool same_history(const std::vector<StepMetrics>& a, const std::vector<StepMetri
 
 }  // namespace
 
+void LogicalState::allocate(const ModelConfig& mc) {
+    table = ParamTable::build(mc);
+    params.assign(static_cast<size_t>(table.total), 0.0f);
+    m = v = params;
+}
+
 bool LogicalState::absorb_tp(const Job& job) {
     const GPT& model = job.model();
     const auto* tpl = dynamic_cast<const TpLayers*>(model.parallel_layers());
     PX_ASSERT(tpl != nullptr, "LogicalState: a model with parallel layers other than TpLayers");
     bool agree = true;
     if (params.empty()) {
-        table = ParamTable::build(job.config().model);
-        params.assign(static_cast<size_t>(table.total), 0.0f);
-        m = v = params;
+        allocate(job.config().model);
         filled_.assign(params.size(), 0);
         history = job.history();
         init_masks();
@@ -87,9 +92,7 @@ bool LogicalState::absorb_shards(const GPT& model, const AdamW& opt,
     PX_ASSERT(tpl != nullptr, "LogicalState: a model with parallel layers other than TpLayers");
     bool agree = true;
     if (params.empty()) {
-        table = ParamTable::build(mc);
-        params.assign(static_cast<size_t>(table.total), 0.0f);
-        m = v = params;
+        allocate(mc);
         filled_.assign(params.size(), 0);
         history = hist;
         init_masks();
@@ -123,9 +126,7 @@ bool LogicalState::absorb(const PipelineJob& stage) {
                              stage.config().model);
     bool agree = true;
     if (params.empty()) {
-        table = ParamTable::build(stage.config().model);
-        params.assign(static_cast<size_t>(table.total), 0.0f);
-        m = v = params;
+        allocate(stage.config().model);
         seen_.assign(table.entries.size(), 0);
         history = stage.history();
         init_masks();
@@ -219,7 +220,8 @@ struct Words {
         const size_t n = (bytes + 7) / 8;
         if (at + n > w.size())
             throw DataError("LogicalState::deserialize: the words end early (" +
-                            std::to_string(w.size()) + " words); the sender and this process "
+                            std::to_string(w.size()) +
+                            " words); the sender and this process "
                             "must run the same build of Parallax");
         if (bytes) std::memcpy(data, w.data() + at, bytes);
         at += n;
@@ -274,7 +276,8 @@ LogicalState LogicalState::deserialize(const std::vector<i64>& words, const Mode
         st.has_w_.size() != st.params.size() || st.has_mv_.size() != st.params.size() ||
         (!st.params.empty() && static_cast<i64>(st.params.size()) != st.table.total))
         throw DataError("LogicalState::deserialize: array sizes do not match the model config (" +
-                        std::to_string(st.params.size()) + " weights); every rank must run the "
+                        std::to_string(st.params.size()) +
+                        " weights); every rank must run the "
                         "same config");
     return st;
 }

@@ -29,6 +29,10 @@ struct LogicalState {
     std::vector<float> params, m, v;
     std::vector<StepMetrics> history;
 
+    // The whole model's table of mc, with weights and moments all zero (and the history left as
+    // it is): what a state is filled into.
+    void allocate(const ModelConfig& mc);
+
     // Takes the weights and history from the first job absorbed; the Adam moments from every
     // job's optimizer slice [lo, hi). Replicas must agree on the weights: returns false when
     // this job's weights differ from those already absorbed. A tensor-parallel rank's shards go
