@@ -13,9 +13,7 @@
 #include "validators/trace.h"
 #include "validators/validate.h"
 
-#include <climits>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -55,41 +53,11 @@ void print_layout(const LayoutResult& r) {
 }
 
 // A Comparison as numbers and text, to travel from the rank that found it to rank 0.
-std::vector<i64> pack(const Comparison& c) {
-    std::vector<i64> w{c.count, c.differing, c.max_ulp, c.first, static_cast<i64>(c.shape.size()),
-                       static_cast<i64>(c.first_index.size()), static_cast<i64>(c.name.size())};
-    for (i64 d : c.shape) w.push_back(d);
-    for (i64 d : c.first_index) w.push_back(d);
-    for (double x : {c.first_reference, c.first_candidate, c.max_abs, c.max_rel}) {
-        i64 b;
-        std::memcpy(&b, &x, sizeof b);
-        w.push_back(b);
-    }
-    for (char ch : c.name) w.push_back(static_cast<unsigned char>(ch));
-    return w;
-}
-
-Comparison unpack(const std::vector<i64>& w) {
-    Comparison c;
-    size_t at = 0;
-    c.count = w[at++];
-    c.differing = w[at++];
-    c.max_ulp = w[at++];
-    c.first = w[at++];
-    const i64 ns = w[at++], ni = w[at++], nn = w[at++];
-    for (i64 k = 0; k < ns; k++) c.shape.push_back(w[at++]);
-    for (i64 k = 0; k < ni; k++) c.first_index.push_back(w[at++]);
-    double* xs[] = {&c.first_reference, &c.first_candidate, &c.max_abs, &c.max_rel};
-    for (double* x : xs) std::memcpy(x, &w[at++], sizeof(double));
-    for (i64 k = 0; k < nn; k++) c.name.push_back(static_cast<char>(w[at++]));
-    return c;
-}
-
 // Under mpirun: this process is one rank of the layout; every rank compares its own pieces with
 // the trace, and the first difference over the ranks (the earliest probe, then the lowest rank)
 // travels to rank 0.
-ValidationReport validate_golden_mpi(const Config& cfg, const LayoutSpec& spec, const TraceReader& trace,
-                                     const comm::MpiEnvironment& mpi) {
+ValidationReport validate_golden_mpi(const Config& cfg, const LayoutSpec& spec,
+                                     const TraceReader& trace, const comm::MpiEnvironment& mpi) {
     const TraceInfo& t = trace.info();
     Config c = cfg;
     c.train.steps = parse_config(t.config_toml, trace.path()).train.steps;
@@ -118,46 +86,8 @@ ValidationReport validate_golden_mpi(const Config& cfg, const LayoutSpec& spec, 
         world->abort("rank " + std::to_string(mpi.rank()) + " failed: " + e.what());
         throw;
     }
-    const GoldenResult g = compare_to_trace(trace, {&rec}, world->rank());
-    // The earliest difference over the ranks, and the worst distance.
-    i64 key[2] = {g.first_order < 0 ? INT64_MAX : g.first_order * world->size() + g.rank,
-                  g.max_ulp == kNoUlp ? INT64_MAX : g.max_ulp};
-    std::vector<i64> all(static_cast<size_t>(2 * world->size()));
-    world->all_gather(all.data(), key, 2);
-    i64 best = INT64_MAX, worst = 0, probes = g.probes;
-    for (int k = 0; k < world->size(); k++) {
-        best = std::min(best, all[static_cast<size_t>(2 * k)]);
-        worst = std::max(worst, all[static_cast<size_t>(2 * k + 1)]);
-    }
-    world->all_reduce_max(&probes, 1);
-    // Probes of the trace that no rank recorded (each rank holds its stage's and shard's only).
-    std::vector<i64> held(t.order.size());
-    for (size_t i = 0; i < held.size(); i++) held[i] = rec.has(t.order[i]) ? 1 : 0;
-    world->all_reduce_max(held.data(), static_cast<i64>(held.size()));
-    GoldenResult total;
-    total.probes = probes;
-    if (best == INT64_MAX)
-        for (i64 h : held) total.missing += h == 0 ? 1 : 0;
-    total.max_ulp = worst == INT64_MAX ? kNoUlp : worst;
-    if (best != INT64_MAX) {
-        const int owner = static_cast<int>(best % world->size());
-        total.first_order = best / world->size();
-        total.rank = owner;
-        if (owner == 0 && world->rank() == 0) {
-            total.first = g.first;
-        } else if (world->rank() == owner) {
-            const std::vector<i64> w = pack(g.first);
-            const i64 n = static_cast<i64>(w.size());
-            world->send(&n, 1, 0, 7);
-            world->send(w.data(), n, 0, 7);
-        } else if (world->rank() == 0) {
-            i64 n = 0;
-            world->recv(&n, 1, owner, 7);
-            std::vector<i64> w(static_cast<size_t>(n));
-            world->recv(w.data(), n, owner, 7);
-            total.first = unpack(w);
-        }
-    }
+    const GoldenResult total =
+        combine_golden(compare_to_trace(trace, {&rec}, world->rank()), trace, rec, *world);
     ValidationReport rep;
     rep.job = cfg.source_name + " against " + trace.path();
     rep.mode = "bitwise";
@@ -195,7 +125,8 @@ int run_validate(const ValidateOptions& opt, const comm::MpiEnvironment* mpi) {
         const TraceReader trace(opt.golden);
         if (mpi) {
             if (layouts.size() != 1)
-                throw ConfigError("under mpirun, --layouts names the one layout this job's ranks run");
+                throw ConfigError(
+                    "under mpirun, --layouts names the one layout this job's ranks run");
             rep = validate_golden_mpi(cfg, layouts[0], trace, *mpi);
             if (mpi->rank() != 0) return rep.all_ok() ? kOk : kDiverged;
         } else {
@@ -207,8 +138,9 @@ int run_validate(const ValidateOptions& opt, const comm::MpiEnvironment* mpi) {
         }
     } else {
         if (mpi)
-            throw ConfigError("under mpirun, parallax validate checks a layout against a golden "
-                              "trace: record one with parallax record and pass --golden");
+            throw ConfigError(
+                "under mpirun, parallax validate checks a layout against a golden "
+                "trace: record one with parallax record and pass --golden");
         std::printf("parallax validate: %s | %lld steps | %s | reference: the single device\n",
                     cfg.source_name.c_str(), static_cast<long long>(opt.steps),
                     cfg.numerics.mode == Mode::fast ? "fast (error budget)" : "bitwise");
@@ -216,8 +148,11 @@ int run_validate(const ValidateOptions& opt, const comm::MpiEnvironment* mpi) {
         rep = validate_layouts(cfg, layouts, opt.steps, &print_layout);
     }
     std::printf("\n%s", rep.table().c_str());
-    const std::string json = opt.json.empty() ? (std::filesystem::path(cfg.output.dir) / "validate.json").string() : opt.json;
-    const std::string md = opt.md.empty() ? (std::filesystem::path(cfg.output.dir) / "validate.md").string() : opt.md;
+    const std::string json =
+        opt.json.empty() ? (std::filesystem::path(cfg.output.dir) / "validate.json").string()
+                         : opt.json;
+    const std::string md =
+        opt.md.empty() ? (std::filesystem::path(cfg.output.dir) / "validate.md").string() : opt.md;
     write_text(json, rep.to_json());
     write_text(md, rep.to_markdown());
     std::printf("\nreports: %s, %s\n", json.c_str(), md.c_str());
@@ -233,7 +168,8 @@ std::function<int()> add_validate_command(CLI::App& app, const comm::MpiEnvironm
         "validate",
         "Run the single-device reference and each parallel layout of a job, compare them after "
         "every step, print a table and write JSON and Markdown reports.");
-    sub->add_option("config", opt->config_path, "TOML job config (the embedded default when omitted)")
+    sub->add_option("config", opt->config_path,
+                    "TOML job config (the embedded default when omitted)")
         ->check(CLI::ExistingFile);
     sub->add_option("--layouts", opt->layouts,
                     "Comma-separated layouts, parts joined by 'x': dpN, tpN, ppN, zN (ZeRO stage), "
@@ -247,7 +183,8 @@ std::function<int()> add_validate_command(CLI::App& app, const comm::MpiEnvironm
                     "bitwise: every layout must match bit for bit; fast: the layouts run fast "
                     "kernels and ring collectives and are judged by the error budget")
         ->check(CLI::IsMember({"bitwise", "fast"}));
-    sub->add_option("--set", opt->sets, "Override a config key: --set section.key=value (repeatable)")
+    sub->add_option("--set", opt->sets,
+                    "Override a config key: --set section.key=value (repeatable)")
         ->type_name("KEY=VALUE");
     sub->add_option("--json", opt->json, "JSON report (default <output.dir>/validate.json)");
     sub->add_option("--md", opt->md, "Markdown report (default <output.dir>/validate.md)");

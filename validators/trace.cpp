@@ -1,16 +1,19 @@
 #include "validators/trace.h"
 
 #include "core/checkpoint.h"  // checksum_f32
+#include "core/comm/comm.h"
 #include "core/error.h"
 #include "core/hdf5_util.h"
 #include "core/job.h"
 
+#include <unistd.h>
 #include <algorithm>
+#include <climits>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <sstream>
-#include <unistd.h>
 
 namespace px {
 
@@ -64,31 +67,37 @@ void write_trace(const std::string& path, const ProbeRecorder& rec, const TraceI
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
     std::string tmp_name = ".";
     tmp_name.append(p.filename().string()).append(".tmp-").append(std::to_string(::getpid()));
-    const std::string tmp =
-        (p.has_parent_path() ? p.parent_path() : std::filesystem::path(".")).append(tmp_name).string();
+    const std::string tmp = (p.has_parent_path() ? p.parent_path() : std::filesystem::path("."))
+                                .append(tmp_name)
+                                .string();
     {
         QuietHdf5 quiet;
         H fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
         H fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
-        if (!fapl.ok() || !fcpl.ok() || H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V110) < 0 ||
+        if (!fapl.ok() || !fcpl.ok() ||
+            H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V110) < 0 ||
             !compact_storage(fcpl.get()))
             fail(path, "cannot set up the file's properties");
         H file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()), H5Fclose);
         if (!file.ok()) fail(path, "cannot create " + tmp + "; is the folder writable?");
-        if (!put_string(file.get(), "format", kFormat) || !put_i64(file.get(), "format_version", kVersion) ||
+        if (!put_string(file.get(), "format", kFormat) ||
+            !put_i64(file.get(), "format_version", kVersion) ||
             !put_string(file.get(), "created", iso_time_utc()) ||
             !put_string(file.get(), "config", info.config_toml) ||
             !put_string(file.get(), "patterns", joined(info.patterns)) ||
-            !put_i64(file.get(), "stride", info.stride) || !put_i64(file.get(), "steps", info.steps))
+            !put_i64(file.get(), "stride", info.stride) ||
+            !put_i64(file.get(), "steps", info.steps))
             fail(path, "cannot write the attributes");
         const std::string order = joined(info.order);
         const hsize_t n = std::max<hsize_t>(order.size(), 1);
         H space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-        H ds(H5Dcreate2(file.get(), "order", H5T_STD_U8LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+        H ds(H5Dcreate2(file.get(), "order", H5T_STD_U8LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                        H5P_DEFAULT),
              H5Dclose);
         std::string buf = order;
         buf.resize(n, '\n');
-        if (!ds.ok() || H5Dwrite(ds.get(), H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
+        if (!ds.ok() ||
+            H5Dwrite(ds.get(), H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
             fail(path, "cannot write /order");
         std::set<std::string> made;
         for (const std::string& name : info.order) {
@@ -98,21 +107,27 @@ void write_trace(const std::string& path, const ProbeRecorder& rec, const TraceI
             ensure_groups(file.get(), dpath, made, path);
             std::vector<hsize_t> dims(shape.begin(), shape.end());
             if (dims.empty()) dims.push_back(data.size());
-            H dspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-            H d(H5Dcreate2(file.get(), dpath.c_str(), H5T_IEEE_F32LE, dspace.get(), H5P_DEFAULT, H5P_DEFAULT,
-                           H5P_DEFAULT),
+            H dspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                     H5Sclose);
+            H d(H5Dcreate2(file.get(), dpath.c_str(), H5T_IEEE_F32LE, dspace.get(), H5P_DEFAULT,
+                           H5P_DEFAULT, H5P_DEFAULT),
                 H5Dclose);
-            if (!d.ok() || H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0 ||
-                !put_u64(d.get(), "checksum", checksum_f32(data.data(), static_cast<i64>(data.size()))))
+            if (!d.ok() ||
+                H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) <
+                    0 ||
+                !put_u64(d.get(), "checksum",
+                         checksum_f32(data.data(), static_cast<i64>(data.size()))))
                 fail(path, "cannot write probe " + name);
         }
-        if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0 || file.close() < 0) fail(path, "cannot close " + tmp);
+        if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0 || file.close() < 0)
+            fail(path, "cannot close " + tmp);
     }
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);
     if (ec) {
         std::filesystem::remove(tmp);
-        throw DataError("golden trace " + path + ": cannot rename " + tmp + " to it: " + ec.message());
+        throw DataError("golden trace " + path + ": cannot rename " + tmp +
+                        " to it: " + ec.message());
     }
 }
 
@@ -151,9 +166,11 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
     std::string format, patterns;
     std::int64_t version = 0;
     if (!get_string(f, "format", format) || format != kFormat)
-        fail(path, "is not a parallax trace (format attribute \"" + format + "\"); record one with parallax record");
+        fail(path, "is not a parallax trace (format attribute \"" + format +
+                       "\"); record one with parallax record");
     if (!get_number(f, "format_version", H5T_NATIVE_INT64, version) || version != kVersion)
-        fail(path, "format_version " + std::to_string(version) + ", this build reads " + std::to_string(kVersion));
+        fail(path, "format_version " + std::to_string(version) + ", this build reads " +
+                       std::to_string(kVersion));
     TraceInfo& info = impl_->info;
     if (!get_string(f, "config", info.config_toml) || !get_string(f, "patterns", patterns) ||
         !get_number(f, "stride", H5T_NATIVE_INT64, info.stride) ||
@@ -175,14 +192,19 @@ TraceReader::~TraceReader() {
     impl_->file.close();
 }
 
-const TraceInfo& TraceReader::info() const { return impl_->info; }
-const std::string& TraceReader::path() const { return impl_->path; }
+const TraceInfo& TraceReader::info() const {
+    return impl_->info;
+}
+const std::string& TraceReader::path() const {
+    return impl_->path;
+}
 
 std::vector<float> TraceReader::read(const std::string& name, std::vector<i64>* shape) const {
     QuietHdf5 quiet;
     const std::string& path = impl_->path;
     const std::string dpath = "probes/" + name;
-    if (H5Lexists(impl_->file.get(), "probes", H5P_DEFAULT) <= 0) fail(path, "has no /probes group");
+    if (H5Lexists(impl_->file.get(), "probes", H5P_DEFAULT) <= 0)
+        fail(path, "has no /probes group");
     H ds(H5Dopen2(impl_->file.get(), dpath.c_str(), H5P_DEFAULT), H5Dclose);
     if (!ds.ok()) fail(path, "probe " + name + " is missing");
     H space(H5Dget_space(ds.get()), H5Sclose);
@@ -217,13 +239,14 @@ void check_trace_config(const TraceInfo& trace, const Config& cfg, const std::st
     if (bad.empty()) return;
     std::string msg = "golden trace " + path + " was recorded from another job: ";
     for (size_t i = 0; i < bad.size(); i++) msg += (i ? ", " : "") + bad[i];
-    msg += " differ. Validate the config it was recorded from (its config attribute; parallax "
-           "record writes it), changing only [layout]";
+    msg +=
+        " differ. Validate the config it was recorded from (its config attribute; parallax "
+        "record writes it), changing only [layout]";
     throw ConfigError(msg);
 }
 
-GoldenResult compare_to_trace(const TraceReader& trace, const std::vector<const ProbeRecorder*>& ranks,
-                              int rank0) {
+GoldenResult compare_to_trace(const TraceReader& trace,
+                              const std::vector<const ProbeRecorder*>& ranks, int rank0) {
     GoldenResult g;
     const std::vector<std::string>& order = trace.info().order;
     for (size_t i = 0; i < order.size(); i++) {
@@ -236,18 +259,106 @@ GoldenResult compare_to_trace(const TraceReader& trace, const std::vector<const 
             if (!seen) want = trace.read(name, &shape);
             seen = true;
             Comparison c = compare(name, want, ranks[k]->overlay(name, want), shape);
-            g.max_ulp = (c.max_ulp == kNoUlp || g.max_ulp == kNoUlp) ? kNoUlp : std::max(g.max_ulp, c.max_ulp);
+            g.max_ulp = (c.max_ulp == kNoUlp || g.max_ulp == kNoUlp)
+                            ? kNoUlp
+                            : std::max(g.max_ulp, c.max_ulp);
             if (!c.equal() && g.first_order < 0) {
                 g.first_order = static_cast<i64>(i);
                 g.rank = rank0 + static_cast<int>(k);
                 g.first = std::move(c);
             }
         }
-        if (seen) g.probes++;
-        else g.missing++;
+        if (seen)
+            g.probes++;
+        else
+            g.missing++;
         if (g.first_order >= 0) break;  // what follows the first difference is its consequence
     }
     return g;
+}
+
+namespace {
+
+// A Comparison as words for a communicator, and back.
+std::vector<i64> pack(const Comparison& c) {
+    std::vector<i64> w{c.count,
+                       c.differing,
+                       c.max_ulp,
+                       c.first,
+                       static_cast<i64>(c.shape.size()),
+                       static_cast<i64>(c.first_index.size()),
+                       static_cast<i64>(c.name.size())};
+    for (i64 d : c.shape) w.push_back(d);
+    for (i64 d : c.first_index) w.push_back(d);
+    for (double x : {c.first_reference, c.first_candidate, c.max_abs, c.max_rel}) {
+        i64 b;
+        std::memcpy(&b, &x, sizeof b);
+        w.push_back(b);
+    }
+    for (char ch : c.name) w.push_back(static_cast<unsigned char>(ch));
+    return w;
+}
+
+Comparison unpack(const std::vector<i64>& w) {
+    Comparison c;
+    size_t at = 0;
+    c.count = w[at++];
+    c.differing = w[at++];
+    c.max_ulp = w[at++];
+    c.first = w[at++];
+    const i64 ns = w[at++], ni = w[at++], nn = w[at++];
+    for (i64 k = 0; k < ns; k++) c.shape.push_back(w[at++]);
+    for (i64 k = 0; k < ni; k++) c.first_index.push_back(w[at++]);
+    double* xs[] = {&c.first_reference, &c.first_candidate, &c.max_abs, &c.max_rel};
+    for (double* x : xs) std::memcpy(x, &w[at++], sizeof(double));
+    for (i64 k = 0; k < nn; k++) c.name.push_back(static_cast<char>(w[at++]));
+    return c;
+}
+
+}  // namespace
+
+GoldenResult combine_golden(const GoldenResult& mine, const TraceReader& trace,
+                            const ProbeRecorder& rec, comm::Communicator& world) {
+    // The earliest difference over the ranks, and the worst distance.
+    i64 key[2] = {mine.first_order < 0 ? INT64_MAX : mine.first_order * world.size() + mine.rank,
+                  mine.max_ulp == kNoUlp ? INT64_MAX : mine.max_ulp};
+    std::vector<i64> all(static_cast<size_t>(2 * world.size()));
+    world.all_gather(all.data(), key, 2);
+    i64 best = INT64_MAX, worst = 0, probes = mine.probes;
+    for (int k = 0; k < world.size(); k++) {
+        best = std::min(best, all[static_cast<size_t>(2 * k)]);
+        worst = std::max(worst, all[static_cast<size_t>(2 * k + 1)]);
+    }
+    world.all_reduce_max(&probes, 1);
+    // Probes of the trace that no rank recorded (each rank holds its stage's and shard's only).
+    std::vector<i64> held(trace.info().order.size());
+    for (size_t i = 0; i < held.size(); i++) held[i] = rec.has(trace.info().order[i]) ? 1 : 0;
+    world.all_reduce_max(held.data(), static_cast<i64>(held.size()));
+    GoldenResult total;
+    total.probes = probes;
+    if (best == INT64_MAX)
+        for (i64 h : held) total.missing += h == 0 ? 1 : 0;
+    total.max_ulp = worst == INT64_MAX ? kNoUlp : worst;
+    if (best != INT64_MAX) {
+        const int owner = static_cast<int>(best % world.size());
+        total.first_order = best / world.size();
+        total.rank = owner;
+        if (owner == 0 && world.rank() == 0) {
+            total.first = mine.first;
+        } else if (world.rank() == owner) {
+            const std::vector<i64> w = pack(mine.first);
+            const i64 n = static_cast<i64>(w.size());
+            world.send(&n, 1, 0, 7);
+            world.send(w.data(), n, 0, 7);
+        } else if (world.rank() == 0) {
+            i64 n = 0;
+            world.recv(&n, 1, owner, 7);
+            std::vector<i64> w(static_cast<size_t>(n));
+            world.recv(w.data(), n, owner, 7);
+            total.first = unpack(w);
+        }
+    }
+    return total;
 }
 
 }  // namespace px

@@ -10,6 +10,7 @@
 //   check_trace_config  a run's config computes what the trace's did (model, train, data, numerics)
 //   GoldenResult    the first probe where a rank's piece differs from the trace
 //   compare_to_trace    recorders (one per rank) against a trace, in the trace's order
+//   combine_golden      every process's result, combined over the world (mpirun)
 //
 // File (format "parallax-trace", format_version 1; HDF5 1.8 format, compact groups, fixed-length
 // strings, as checkpoints, core/checkpoint.h):
@@ -31,6 +32,10 @@
 
 namespace px {
 
+namespace comm {
+class Communicator;
+}
+
 struct TraceInfo {
     std::string config_toml;
     std::vector<std::string> patterns;
@@ -43,8 +48,8 @@ void write_trace(const std::string& path, const ProbeRecorder& rec, const TraceI
 // cfg on the single device for `steps` steps, probes `patterns` every `stride` steps; returns the
 // bytes of tensors written. Microbatch gradients ("mgrad") are left out: they are cut as the
 // recording run's microbatches are, which a layout under test need not share.
-i64 record_trace(const Config& cfg, const std::vector<std::string>& patterns, i64 stride,
-                 i64 steps, const std::string& path);
+i64 record_trace(const Config& cfg, const std::vector<std::string>& patterns, i64 stride, i64 steps,
+                 const std::string& path);
 
 class TraceReader {
 public:
@@ -80,7 +85,15 @@ struct GoldenResult {
 
 // ranks[k] recorded world rank (rank0 + k). Every probe of the trace, in order, against every
 // recorder holding it.
-GoldenResult compare_to_trace(const TraceReader& trace, const std::vector<const ProbeRecorder*>& ranks,
-                              int rank0 = 0);
+GoldenResult compare_to_trace(const TraceReader& trace,
+                              const std::vector<const ProbeRecorder*>& ranks, int rank0 = 0);
+
+// One process per rank (mpirun): this rank's result `mine` (compare_to_trace of its recorder
+// `rec`) combined over `world`, a collective: the earliest differing probe over the ranks (then
+// the lowest rank), with its Comparison sent to rank 0 (only rank 0's `first` is filled); the
+// worst distance; the probes compared; and, when nothing differs, the trace's probes that no
+// rank recorded.
+GoldenResult combine_golden(const GoldenResult& mine, const TraceReader& trace,
+                            const ProbeRecorder& rec, comm::Communicator& world);
 
 }  // namespace px
