@@ -154,6 +154,16 @@ TEST_CASE(
     CHECK(r.axes[1].layout == "tp2");
     CHECK(r.axes[1].verdict == "diverged");
     CHECK(r.axes[1].first_step == 3);
+    // As the reports show it.
+    ValidationReport rep;
+    rep.layouts = {r};
+    CHECK_THAT(rep.table(), Catch::Contains("first op: 3/fwd/1/mlp.fc/out on ranks ") &&
+                                Catch::Contains("; parallelism: tp2 (dp2 match)"));
+    CHECK_THAT(rep.to_markdown(), Catch::Contains("- alone, dp2: match\n") &&
+                                      Catch::Contains("- alone, tp2: diverged from step 3\n"));
+    CHECK_THAT(rep.to_json(), Catch::Contains(R"("axes": [)") &&
+                                  Catch::Contains(R"("layout": "tp2",)") &&
+                                  Catch::Contains(R"("first_op_where": "pp0 dp0 tp1")"));
 }
 
 TEST_CASE("single_axis_parts: each parallelism alone, with its own options", "[mutations]") {
