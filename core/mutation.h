@@ -17,7 +17,7 @@
 // The mutations:
 //   swap_partials    step s, the data-parallel gradient all-reduce (ZeRO-0/1): the partials of dp
 //                    ranks `rank` and `other` trade places in the canonical tree, for the elements
-//                    of parameter `tensor` (in-process ranks only). Sums are not associative, so
+//                    of parameter `tensor` (both comm backends). Sums are not associative, so
 //                    with three or more partials the reduced gradient changes on every rank.
 //   flip_grad        step s, dp rank `rank`, its local microbatch `microbatch`: the lowest mantissa
 //                    bit of element `element` of parameter `tensor`'s gradient, as backward leaves

@@ -144,8 +144,8 @@ struct Request {
     int tag = 0;                  // send/recv
     int color = 0, key = 0;       // split
     std::string name;             // split: the new group's name
-    // Test-only (core/mutation.h): two ranks' partials trade places in an all_reduce's canonical
-    // tree for some elements. The in-process backend honours it; MPI ignores it.
+    // Test-only (core/mutation.h): two ranks' partials trade places in a canonical all_reduce's
+    // tree for some elements (both backends).
     mutation::PartialSwap swap;
 };
 

@@ -214,13 +214,12 @@ Outcome poll(Shared& sh, Pending& p, Clock::time_point deadline, std::string* fa
                 char text[MPI_MAX_ERROR_STRING] = {};
                 int len = 0;
                 MPI_Error_string(rc, text, &len);
-                throw CommError(std::string(what_short) + ": MPI_Test failed on rank " +
-                                std::to_string(me) + " for the message " +
-                                (p.is_recv[i] ? "from" : "to") + " rank " +
-                                std::to_string(p.peer[i]) + ": " +
-                                std::string(text, static_cast<size_t>(len)) +
-                                " (a message longer than expected means the ranks disagree on "
-                                "its size)");
+                throw CommError(
+                    std::string(what_short) + ": MPI_Test failed on rank " + std::to_string(me) +
+                    " for the message " + (p.is_recv[i] ? "from" : "to") + " rank " +
+                    std::to_string(p.peer[i]) + ": " + std::string(text, static_cast<size_t>(len)) +
+                    " (a message longer than expected means the ranks disagree on "
+                    "its size)");
             }
             if (!done) {
                 all = false;
@@ -256,7 +255,20 @@ Outcome poll(Shared& sh, Pending& p, Clock::time_point deadline, std::string* fa
 // ---- headers ---------------------------------------------------------------------------------
 
 // What a rank tells each peer about its #k. Fields 7 and 8 are per destination (all_to_all_v).
-enum Field { kSeq, kOp, kDtype, kAlgo, kN, kRoot, kCounts, kPairIn, kPairOut, kColor, kName, kFields };
+enum Field {
+    kSeq,
+    kOp,
+    kDtype,
+    kAlgo,
+    kN,
+    kRoot,
+    kCounts,
+    kPairIn,
+    kPairOut,
+    kColor,
+    kName,
+    kFields
+};
 using Header = std::array<i64, kFields>;
 
 i64 digest(const std::vector<i64>& v) {
@@ -418,9 +430,9 @@ public:
             do {  // synchronous sends: complete when the receiver has matched them
                 const i64 len = std::min(kPiece, bytes - off);
                 MPI_Request r;
-                PX_MPI(MPI_Issend(b + off, static_cast<int>(len), MPI_BYTE, q.peer, q.tag, p2p_,
-                                  &r),
-                       sh_->world_rank);
+                PX_MPI(
+                    MPI_Issend(b + off, static_cast<int>(len), MPI_BYTE, q.peer, q.tag, p2p_, &r),
+                    sh_->world_rank);
                 p.add(r, q.peer, false, len);
                 off += len;
             } while (off < bytes);
@@ -501,7 +513,6 @@ private:
         return s;
     }
 
-
     // Waits for p, or fails the job naming the collective and whoever did not deliver.
     void wait_for(Pending& p, const std::string& what, const char* phase) {
         std::string f;
@@ -548,8 +559,8 @@ private:
             std::vector<std::pair<std::string, std::vector<int>>> by;
             for (int k = 0; k < p; k++) {
                 const std::string v = text_of(h[static_cast<size_t>(k)]);
-                auto it = std::find_if(by.begin(), by.end(),
-                                       [&](const auto& b) { return b.first == v; });
+                auto it =
+                    std::find_if(by.begin(), by.end(), [&](const auto& b) { return b.first == v; });
                 if (it == by.end())
                     by.push_back({v, {k}});
                 else
@@ -597,9 +608,9 @@ private:
                 for (int k = 0; k < p; k++)
                     if (h[static_cast<size_t>(k)][kCounts] != mine) other.push_back(k);
                 if (other.empty()) return "";
-                return what + ": the ranks disagree on the counts: rank " +
-                       std::to_string(rank()) + " passed counts " + counts_str(me.counts) +
-                       ", " + rank_list(other) + " passed others." + advice;
+                return what + ": the ranks disagree on the counts: rank " + std::to_string(rank()) +
+                       " passed counts " + counts_str(me.counts) + ", " + rank_list(other) +
+                       " passed others." + advice;
             }
             case Op::all_to_all_v:
                 for (int k = 0; k < p; k++)
@@ -649,10 +660,9 @@ private:
             for (int k = 0; k < p; k++) {
                 if (k == r) continue;
                 (*out)[static_cast<size_t>(k)] = header_for(req, seq, k);
-                hp.post_recv(&in[static_cast<size_t>(k)], sizeof(Header), k, kTagHeader, coll_,
+                hp.post_recv(&in[static_cast<size_t>(k)], sizeof(Header), k, kTagHeader, coll_, me);
+                hp.post_send(&(*out)[static_cast<size_t>(k)], sizeof(Header), k, kTagHeader, coll_,
                              me);
-                hp.post_send(&(*out)[static_cast<size_t>(k)], sizeof(Header), k, kTagHeader,
-                             coll_, me);
             }
             wait_for(hp, what, "header");
             // What peer k sent us describes its own call; our own entry, as it would read to k.
@@ -691,7 +701,8 @@ private:
     static void local(const Request& q) {
         const i64 e = dtype_size(q.dtype);
         i64 n = q.n;
-        if (q.op == Op::all_gather_v || q.op == Op::all_to_all_v) n = q.counts.empty() ? 0 : q.counts[0];
+        if (q.op == Op::all_gather_v || q.op == Op::all_to_all_v)
+            n = q.counts.empty() ? 0 : q.counts[0];
         if (q.op == Op::barrier || q.op == Op::broadcast || q.op == Op::all_reduce ||
             q.op == Op::all_reduce_max)
             return;
@@ -711,15 +722,16 @@ private:
             case Op::all_reduce:
             case Op::all_reduce_max: {
                 if (q.op == Op::all_reduce && q.algo == Algo::ring) {
-                    ring_reduce_scatter<T>(out, [&](int c) { return lo(c); }, what);
+                    ring_reduce_scatter<T>(
+                        out, [&](int c) { return lo(c); }, what);
                     // All-gather: at step s rank r forwards chunk r-s to r+1.
                     for (int s = 0; s < p - 1; s++) {
                         const int cs = wrap(r - s), cr = wrap(r - 1 - s);
                         Pending pd;
-                        pd.post_recv(out + lo(cr), (lo(cr + 1) - lo(cr)) * e, wrap(r - 1),
-                                     kTagData, coll_, me);
-                        pd.post_send(out + lo(cs), (lo(cs + 1) - lo(cs)) * e, wrap(r + 1),
-                                     kTagData, coll_, me);
+                        pd.post_recv(out + lo(cr), (lo(cr + 1) - lo(cr)) * e, wrap(r - 1), kTagData,
+                                     coll_, me);
+                        pd.post_send(out + lo(cs), (lo(cs + 1) - lo(cs)) * e, wrap(r + 1), kTagData,
+                                     coll_, me);
                         wait_for(pd, what, "data");
                     }
                     return;
@@ -736,6 +748,15 @@ private:
                     }
                     std::copy(in + lo(r), in + lo(r + 1), rows.data() + r * len);
                     wait_for(pd, what, "data");
+                }
+                // A test's mutation (core/mutation.h): two ranks' partials trade places on
+                // [swap.lo, swap.hi), as in the in-process backend.
+                if (const mutation::PartialSwap& sw = q.swap; sw.a >= 0) {
+                    const i64 a = std::clamp(sw.lo, lo(r), lo(r + 1)) - lo(r);
+                    const i64 b = std::clamp(sw.hi, lo(r), lo(r + 1)) - lo(r);
+                    for (i64 j = a; j < b; j++)
+                        std::swap(rows[static_cast<size_t>(sw.a * len + j)],
+                                  rows[static_cast<size_t>(sw.b * len + j)]);
                 }
                 if (q.op == Op::all_reduce_max)
                     tree_rows<T, true>(rows.data(), 0, p, len);
@@ -754,7 +775,8 @@ private:
             case Op::reduce_scatter: {
                 if (q.algo == Algo::ring) {
                     std::vector<T> work(in, in + p * n);
-                    ring_reduce_scatter<T>(work.data(), [&](int c) { return c * n; }, what);
+                    ring_reduce_scatter<T>(
+                        work.data(), [&](int c) { return c * n; }, what);
                     std::copy(work.data() + r * n, work.data() + (r + 1) * n, out);
                     return;
                 }
@@ -796,7 +818,8 @@ private:
                     }
                     off += c;
                 }
-                if (in != out + mine) std::copy(in, in + q.counts[static_cast<size_t>(r)], out + mine);
+                if (in != out + mine)
+                    std::copy(in, in + q.counts[static_cast<size_t>(r)], out + mine);
                 wait_for(pd, what, "data");
                 return;
             }
@@ -838,8 +861,7 @@ private:
                     in_off += ci;
                     out_off += co;
                 }
-                std::copy(in + my_in, in + my_in + q.counts[static_cast<size_t>(r)],
-                          out + my_out);
+                std::copy(in + my_in, in + my_in + q.counts[static_cast<size_t>(r)], out + my_out);
                 wait_for(pd, what, "data");
                 return;
             }
@@ -879,7 +901,8 @@ private:
     std::vector<int> world_ranks_;
     i64 seq_ = 0;
 
-    ProgressQueue queue_{[this](const Request& r) { collective(r, nullptr); }};  // async collectives
+    ProgressQueue queue_{
+        [this](const Request& r) { collective(r, nullptr); }};  // async collectives
 };
 
 void MessageState::wait() {
@@ -905,12 +928,14 @@ const char* env(const char* name) {
 }  // namespace
 
 bool launched_by_mpi() {
-    return env("OMPI_COMM_WORLD_SIZE") || env("PMIX_RANK") || (env("PMI_SIZE") && env("PMI_RANK")) ||
+    return env("OMPI_COMM_WORLD_SIZE") || env("PMIX_RANK") ||
+           (env("PMI_SIZE") && env("PMI_RANK")) ||
            (env("SLURM_PROCID") && env("SLURM_NTASKS") && env("SLURM_STEP_ID"));
 }
 
 int local_ranks() {
-    for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    for (const char* name :
+         {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
         if (const char* v = env(name)) {
             const int n = std::atoi(v);
             if (n > 0) return n;
@@ -923,8 +948,9 @@ MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
     int inited = 0;
     MPI_Initialized(&inited);
     if (inited)
-        throw CommError("MpiEnvironment: MPI is already initialised; create one MpiEnvironment "
-                        "per process, before any other MPI call");
+        throw CommError(
+            "MpiEnvironment: MPI is already initialised; create one MpiEnvironment "
+            "per process, before any other MPI call");
     int provided = 0;
     PX_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), -1);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

@@ -2,7 +2,8 @@
 // backend's bits for the same inputs (both algorithms, groups of 4, 3 and 1, uneven counts); a
 // training run with ranks as processes gives the single-device reference's bits and the
 // in-process run's, for dp, dp×tp, tp×pp and pp×dp layouts with ZeRO; and a rank that skips a
-// collective, calls another one, or aborts makes the others fail within the timeout, naming it.
+// collective, calls another one, or aborts makes the others fail within the timeout, naming it;
+// and a test's swap of two partials (core/mutation.h) gives the in-process bits.
 //
 // Every rank runs every test case (Catch2 with MPI initialised in main). References that need
 // no MPI (in-process runs, single device) are computed by rank 0 while the others wait in a
@@ -13,6 +14,7 @@
 #include "core/comm/mpi.h"
 #include "core/config.h"
 #include "core/job.h"
+#include "core/mutation.h"
 #include "core/numerics.h"
 #include "core/parallel/pipeline.h"
 #include "core/parallel/runner.h"
@@ -77,7 +79,8 @@ void exercise(Communicator& c, unsigned seed, std::vector<Blob>& out) {
         c.all_reduce_max(x.data(), 777);
         out.push_back(blob(x));
         std::vector<double> d(100);
-        for (size_t i = 0; i < d.size(); i++) d[i] = std::ldexp(1.0 + r * 0.1, static_cast<int>(i % 50) - 25);
+        for (size_t i = 0; i < d.size(); i++)
+            d[i] = std::ldexp(1.0 + r * 0.1, static_cast<int>(i % 50) - 25);
         c.all_reduce(d.data(), 100);
         out.push_back(blob(d));
         std::vector<i64> k(33);
@@ -92,7 +95,8 @@ void exercise(Communicator& c, unsigned seed, std::vector<Blob>& out) {
         out.push_back(blob(g));
         std::vector<i64> counts(static_cast<size_t>(p));
         i64 total = 0;
-        for (int k = 0; k < p; k++) total += counts[static_cast<size_t>(k)] = (k * 37) % 5 * 11;  // zeros too
+        for (int k = 0; k < p; k++)
+            total += counts[static_cast<size_t>(k)] = (k * 37) % 5 * 11;  // zeros too
         const std::vector<float> mine = awkward(counts[static_cast<size_t>(r)], s + 3);
         std::vector<float> gv(static_cast<size_t>(total));
         c.all_gather_v(gv.data(), mine.data(), counts);
@@ -164,7 +168,8 @@ TEST_CASE("MPI collectives give the in-process backend's bits: every op, both al
     const int me = g_mpi->rank();
     // In-process: the same calls on 4 threads; this rank keeps what its namesake thread got.
     std::vector<std::vector<Blob>> inproc(kRanks);
-    run_ranks(kRanks, 30, [&](Communicator& c) { exercise_groups(c, inproc[static_cast<size_t>(c.rank())]); });
+    run_ranks(kRanks, 30,
+              [&](Communicator& c) { exercise_groups(c, inproc[static_cast<size_t>(c.rank())]); });
     std::vector<Blob> got;
     auto world = g_mpi->world(60);
     exercise_groups(*world, got);
@@ -181,6 +186,27 @@ TEST_CASE("MPI collectives give the in-process backend's bits: every op, both al
     CHECK(st[Op::all_reduce].calls == 5);  // canonical, ring, f64, i64, async
     CHECK(st[Op::split].calls == 2);
     CHECK(st[Op::all_reduce].bytes_sent > 0);
+    world->barrier();
+}
+
+TEST_CASE("a test's swap of two partials in one all_reduce gives the in-process bits") {
+    // Rank k contributes x_k on every element; elements [3, 7) of 10 reduce with ranks 1 and 2
+    // swapped: (x0 + x2) + (x1 + x3) instead of (x0 + x1) + (x2 + x3), which differ here.
+    const float x[kRanks] = {1.0f, std::ldexp(1.0f, -24), -1.0f, std::ldexp(1.0f, -24)};
+    auto run = [&](Communicator& c) {
+        std::vector<float> v(10, x[c.rank()]);
+        mutation::set_swap({1, 2, 3, 7});
+        c.all_reduce(v.data(), 10);
+        return v;
+    };
+    std::vector<std::vector<float>> inproc(kRanks);
+    run_ranks(kRanks, 30, [&](Communicator& c) { inproc[static_cast<size_t>(c.rank())] = run(c); });
+    auto world = g_mpi->world(60);
+    const std::vector<float> got = run(*world);
+    CHECK(test::same_bits(got, inproc[static_cast<size_t>(g_mpi->rank())]));
+    const float plain = (x[0] + x[1]) + (x[2] + x[3]), swapped = (x[0] + x[2]) + (x[1] + x[3]);
+    REQUIRE(plain != swapped);
+    for (size_t i = 0; i < got.size(); i++) CHECK(got[i] == (i >= 3 && i < 7 ? swapped : plain));
     world->barrier();
 }
 
@@ -226,7 +252,7 @@ void check_layout(const std::vector<std::string>& sets) {
         CHECK(s.history.size() == 3);
         Config ref = small({});
         test::check_same_bits(test::single_device(ref), s);  // the single-device reference
-        test::check_same_bits(in_process(c), s);              // the in-process run, same layout
+        test::check_same_bits(in_process(c), s);             // the in-process run, same layout
     }
     world->barrier();  // the others wait (polling, sleeping) while rank 0 checks
 }
@@ -234,9 +260,15 @@ void check_layout(const std::vector<std::string>& sets) {
 }  // namespace
 
 TEST_CASE("training under MPI equals the single device and the in-process run, bit for bit") {
-    SECTION("dp4, ZeRO-1") { check_layout({"layout.dp=4", "layout.zero=1"}); }
-    SECTION("dp2 x tp2, ZeRO-3") { check_layout({"layout.dp=2", "layout.tp=2", "layout.zero=3"}); }
-    SECTION("tp2 x pp2") { check_layout({"layout.tp=2", "layout.pp=2", "layout.microbatches=2"}); }
+    SECTION("dp4, ZeRO-1") {
+        check_layout({"layout.dp=4", "layout.zero=1"});
+    }
+    SECTION("dp2 x tp2, ZeRO-3") {
+        check_layout({"layout.dp=2", "layout.tp=2", "layout.zero=3"});
+    }
+    SECTION("tp2 x pp2") {
+        check_layout({"layout.tp=2", "layout.pp=2", "layout.microbatches=2"});
+    }
     SECTION("pp2 x dp2, ZeRO-1") {
         check_layout({"layout.pp=2", "layout.dp=2", "layout.zero=1", "layout.microbatches=2"});
     }
@@ -245,9 +277,9 @@ TEST_CASE("training under MPI equals the single device and the in-process run, b
 TEST_CASE("a world of the wrong size is a ConfigError naming both numbers") {
     const Config c = small({"layout.dp=2"});
     auto world = g_mpi->world(30);
-    CHECK_THROWS_WITH(run_rank(c, *world, {}),
-                      Catch::Contains("the world has 4 ranks") && Catch::Contains("= 2") &&
-                          Catch::Contains("mpirun -np 2"));
+    CHECK_THROWS_WITH(run_rank(c, *world, {}), Catch::Contains("the world has 4 ranks") &&
+                                                   Catch::Contains("= 2") &&
+                                                   Catch::Contains("mpirun -np 2"));
     world->barrier();
 }
 
