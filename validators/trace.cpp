@@ -2,6 +2,7 @@
 
 #include "core/checkpoint.h"  // checksum_f32
 #include "core/comm/comm.h"
+#include "core/data.h"
 #include "core/error.h"
 #include "core/hdf5_util.h"
 #include "core/job.h"
@@ -86,7 +87,8 @@ void write_trace(const std::string& path, const ProbeRecorder& rec, const TraceI
             !put_string(file.get(), "config", info.config_toml) ||
             !put_string(file.get(), "patterns", joined(info.patterns)) ||
             !put_i64(file.get(), "stride", info.stride) ||
-            !put_i64(file.get(), "steps", info.steps))
+            !put_i64(file.get(), "steps", info.steps) ||
+            (!info.data_hash.empty() && !put_string(file.get(), "data_hash", info.data_hash)))
             fail(path, "cannot write the attributes");
         const std::string order = joined(info.order);
         const hsize_t n = std::max<hsize_t>(order.size(), 1);
@@ -131,6 +133,24 @@ void write_trace(const std::string& path, const ProbeRecorder& rec, const TraceI
     }
 }
 
+std::string data_fingerprint(const Config& cfg, i64 steps) {
+    const std::unique_ptr<TokenSource> source = make_source(cfg);
+    const i64 T = cfg.model.seq_len, B = cfg.train.batch_size;
+    std::vector<int> tokens(static_cast<size_t>(B * (T + 1)));
+    std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64 bit, over the tokens' bytes
+    for (i64 step = 0; step < steps; step++) {
+        source->sample(tokens.data(), T, Split::train, step, 0, B);
+        const auto* bytes = reinterpret_cast<const unsigned char*>(tokens.data());
+        for (size_t i = 0; i < tokens.size() * sizeof(int); i++) {
+            h ^= bytes[i];
+            h *= 0x100000001b3ull;
+        }
+    }
+    char text[24];
+    std::snprintf(text, sizeof text, "0x%016llx", static_cast<unsigned long long>(h));
+    return text;
+}
+
 i64 record_trace(const Config& cfg, const std::vector<std::string>& patterns, i64 stride, i64 steps,
                  const std::string& path) {
     ProbeRecorder rec(patterns, stride);
@@ -146,6 +166,7 @@ i64 record_trace(const Config& cfg, const std::vector<std::string>& patterns, i6
     info.stride = stride;
     info.steps = steps;
     info.order = rec.names();
+    info.data_hash = data_fingerprint(cfg, steps);
     write_trace(path, rec, info);
     return rec.bytes();
 }
@@ -177,6 +198,8 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
         !get_number(f, "steps", H5T_NATIVE_INT64, info.steps))
         fail(path, "its attributes are missing or damaged");
     info.patterns = split_lines(patterns);
+    if (H5Aexists(f, "data_hash") > 0 && !get_string(f, "data_hash", info.data_hash))
+        fail(path, "its data_hash attribute is damaged");
     H ds(H5Dopen2(f, "order", H5P_DEFAULT), H5Dclose);
     H space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
     const hssize_t n = space.ok() ? H5Sget_simple_extent_npoints(space.get()) : -1;
@@ -236,7 +259,21 @@ void check_trace_config(const TraceInfo& trace, const Config& cfg, const std::st
     if (!(t.data == cfg.data)) bad.push_back("[data]");
     if (t.numerics.block != cfg.numerics.block) bad.push_back("numerics.block");
     if (t.train.steps != cfg.train.steps) bad.push_back("train.steps (the learning-rate schedule)");
-    if (bad.empty()) return;
+    if (bad.empty()) {
+        if (trace.data_hash.empty()) return;  // a trace from before data hashes were recorded
+        const std::string here = data_fingerprint(cfg, trace.steps);
+        if (here != trace.data_hash)
+            throw DataError("golden trace " + path +
+                            ": this machine's data source gives other "
+                            "tokens for the recorded steps than the recording machine's (data "
+                            "hash " +
+                            here + ", the trace's " + trace.data_hash +
+                            "), so no layout could match it. The same config draws the same "
+                            "tokens only where libm does too (the Markov table) and the data "
+                            "files are the same; record the trace on this machine, or copy the "
+                            "data files");
+        return;
+    }
     std::string msg = "golden trace " + path + " was recorded from another job: ";
     for (size_t i = 0; i < bad.size(); i++) msg += (i ? ", " : "") + bad[i];
     msg +=

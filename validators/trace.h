@@ -7,7 +7,9 @@
 //   write_trace     a recorder's probes to a file (atomically: temporary file, rename)
 //   record_trace    runs a config on the single device with probes and writes its trace
 //   TraceReader     opens and checks a trace; reads one probe's logical tensor (checksum verified)
+//   data_fingerprint    a hash of the tokens a config's data source gives for some steps
 //   check_trace_config  a run's config computes what the trace's did (model, train, data, numerics)
+//                       and its data source gives the trace's tokens
 //   GoldenResult    the first probe where a rank's piece differs from the trace
 //   compare_to_trace    recorders (one per rank) against a trace, in the trace's order
 //   combine_golden      every process's result, combined over the world (mpirun)
@@ -15,7 +17,8 @@
 // File (format "parallax-trace", format_version 1; HDF5 1.8 format, compact groups, fixed-length
 // strings, as checkpoints, core/checkpoint.h):
 //   /                                  attributes: format, format_version, created, config (the
-//                                      job's TOML), patterns (newline-joined globs), stride, steps
+//                                      job's TOML), patterns (newline-joined globs), stride, steps,
+//                                      data_hash (data_fingerprint; absent in older traces)
 //   /order                             uint8: probe names in the reference's order of execution,
 //                                      newline-joined
 //   /probes/<step>/<phase>/<layer>/<op>/<tensor>   float32 in the probe's logical shape (the
@@ -41,7 +44,13 @@ struct TraceInfo {
     std::vector<std::string> patterns;
     i64 stride = 1, steps = 0;
     std::vector<std::string> order;  // probe names, the reference's order of execution
+    std::string data_hash;  // data_fingerprint of the recorded steps ("0x..."); "": not recorded
 };
+
+// A hash of the tokens (inputs and targets) of every sequence of steps 1..steps of cfg's data
+// source: two machines whose libm draws another Markov table, or whose data file differs, give
+// different ones. "0x" and 16 hex digits.
+std::string data_fingerprint(const Config& cfg, i64 steps);
 
 // Throws DataError naming the file when it cannot be written.
 void write_trace(const std::string& path, const ProbeRecorder& rec, const TraceInfo& info);
@@ -71,7 +80,8 @@ private:
 
 // The run's config must compute what the trace's did: the same [model], [train] (threads aside),
 // [data] and numerics.block; the layout and numerics.mode may differ. ConfigError naming the
-// section and the trace otherwise.
+// section and the trace otherwise. Then this machine's data source must give the trace's tokens
+// (data_fingerprint, when the trace has one): DataError otherwise, since no layout could match.
 void check_trace_config(const TraceInfo& trace, const Config& cfg, const std::string& path);
 
 struct GoldenResult {

@@ -32,6 +32,10 @@ def trace(tmp_path_factory):
     return d / "ref.h5"
 
 
+def as_text(x):
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
 def validate(tmp_path, trace, *args, mpi=False):
     cmd = [*MPI, EXE] if mpi else [EXE]
     return subprocess.run([*cmd, "validate", *JOB, "--golden", str(trace), "--out", str(tmp_path), *args],
@@ -79,6 +83,20 @@ def test_another_job_or_a_damaged_trace_is_refused(tmp_path, trace):
         d[...] = x
     r = validate(tmp_path, bad, "--layouts", "dp2")
     assert r.returncode == 2 and "2/fwd/0/ln_1/out fails its checksum" in r.stderr
+
+
+def test_a_trace_whose_tokens_this_machine_does_not_draw_is_refused(tmp_path, trace):
+    # The trace holds a hash of the recorded steps' tokens; a machine whose libm draws another
+    # Markov table (simulated: another hash) cannot match it, and says why instead of diverging.
+    with h5py.File(trace, "r") as f:
+        assert as_text(f.attrs["data_hash"]).startswith("0x")
+    other = tmp_path / "other.h5"
+    shutil.copy(trace, other)
+    with h5py.File(other, "r+") as f:
+        f.attrs.modify("data_hash", np.bytes_(b"0x0123456789abcdef"))
+    r = validate(tmp_path, other, "--layouts", "dp2")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "other tokens" in r.stderr and "0x0123456789abcdef" in r.stderr and str(other) in r.stderr
 
 
 def test_record_refuses_steps_outside_the_job(tmp_path):
