@@ -470,7 +470,15 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
             }
             r.verdict = r.first_step < 0 ? "match" : "diverged";
             if (r.first_step < 0) return;
-            search_first_op(ref_cfg, c, r);
+            try {  // the divergence stands even if the search cannot run
+                search_first_op(ref_cfg, c, r);
+            } catch (const DataError&) {
+                throw;
+            } catch (const std::exception& e) {
+                r.first_op_rank = -1;
+                r.first_op_ranks.clear();
+                r.first_op_note = std::string("the first-divergence search failed: ") + e.what();
+            }
             // Which parallelism: each single-axis part alone, up to the first differing step.
             // A part that cannot run (a fault's rank beyond its world) says so and the others
             // still run.
