@@ -30,13 +30,7 @@ using test::single_device;
 // tp shares are whole blocks of 16 at tp = 2 (as tests/test_tp_model.cpp): C = 64, 4 heads,
 // F = 128, V = 64; every layout of the matrix runs this one job.
 Config job() {
-    Config c = test::small_job();
-    c.model.vocab = 64;
-    c.model.hidden = 64;
-    c.model.heads = 4;
-    c.model.ffn = 128;
-    c.model.seq_len = 32;
-    c.numerics.block = 16;
+    Config c = test::with_tp_shapes(test::small_job());
     c.train.threads = 1;
     return c;
 }

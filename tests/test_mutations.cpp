@@ -14,14 +14,9 @@ using namespace px::test;
 
 namespace {
 
-// Shapes whose tp shares are whole blocks of 16 (as test_tp_model.cpp): C = 64, F = 128.
+// Shapes whose tp shares are whole blocks (test_util.h): C = 64, F = 128.
 Config mutation_job() {
-    Config c = small_job();
-    c.model.vocab = 64;
-    c.model.hidden = 64;
-    c.model.ffn = 128;
-    c.model.seq_len = 32;
-    c.numerics.block = 16;
+    Config c = with_tp_shapes(small_job());
     c.train.batch_size = 8;
     c.train.steps = 4;
     return c;

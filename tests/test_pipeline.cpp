@@ -483,13 +483,7 @@ namespace {
 // Shapes whose tp shares are whole blocks of 16 at tp = 2 (as tests/test_tp_model.cpp): C = 64,
 // 4 heads, F = 128, V = 64; 4 layers, T = 32, so 16 token blocks per batch of 8.
 Config tp_pp_job() {
-    Config c = small_job(4);
-    c.model.vocab = 64;
-    c.model.hidden = 64;
-    c.model.ffn = 128;
-    c.model.seq_len = 32;
-    c.numerics.block = 16;
-    return c;
+    return test::with_tp_shapes(small_job(4));
 }
 
 Config tp_pp(const Config& base, int dp, const std::string& schedule, int microbatches,

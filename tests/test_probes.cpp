@@ -234,12 +234,7 @@ TEST_CASE("Probes under data parallelism unshard to the single device's, bit for
 }
 
 TEST_CASE("Probes under tensor, sequence and pipeline parallelism unshard to the single device's") {
-    Config c = probe_job();  // shapes whose tp shares are whole blocks (as test_tp_model.cpp)
-    c.model.vocab = 64;
-    c.model.hidden = 64;
-    c.model.ffn = 128;
-    c.model.seq_len = 32;
-    c.numerics.block = 16;
+    const Config c = with_tp_shapes(probe_job());
     struct Case {
         int dp, tp, pp, zero, microbatches;
         bool sp;
@@ -263,12 +258,7 @@ TEST_CASE("Probes under tensor, sequence and pipeline parallelism unshard to the
 }
 
 TEST_CASE("A tp rank's probes are its columns: qkv's three head blocks, then its ffn") {
-    Config c = probe_job();
-    c.model.vocab = 64;
-    c.model.hidden = 64;
-    c.model.ffn = 128;
-    c.model.seq_len = 32;
-    c.numerics.block = 16;
+    Config c = with_tp_shapes(probe_job());
     c.layout.tp = 2;
     c.layout.sequence_parallel = true;
     std::vector<std::unique_ptr<ProbeRecorder>> ranks;

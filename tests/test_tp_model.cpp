@@ -22,16 +22,9 @@ using test::check_same_bits;
 using test::series;
 using test::single_device;
 
-// Shapes whose tp shares are whole blocks of 16 for tp = 2 and 4: C = 64, 4 heads, F = 128,
-// V = 64 (one vocabulary block per rank at tp = 4).
+// Shapes whose tp shares are whole blocks of 16 for tp = 2 and 4 (test_util.h).
 Config tp_job() {
-    Config c = test::small_job();
-    c.model.vocab = 64;
-    c.model.hidden = 64;
-    c.model.heads = 4;
-    c.model.ffn = 128;
-    c.model.seq_len = 32;
-    c.numerics.block = 16;
+    Config c = test::with_tp_shapes(test::small_job());
     c.train.eval_every = 5;
     c.train.val_batches = 2;
     c.train.threads = 1;
@@ -124,9 +117,8 @@ TEST_CASE("layout.sequence_parallel needs whole token blocks per tp rank") {
     c.layout.sequence_parallel = true;
     c.train.batch_size = 1;
     c.model.seq_len = 32;  // 32 tokens = 2 blocks of 16 for 4 ranks
-    CHECK_THROWS_WITH(run_layout(c, {}),
-                      Catch::Contains("layout.sequence_parallel") &&
-                          Catch::Contains("numerics.block"));
+    CHECK_THROWS_WITH(run_layout(c, {}), Catch::Contains("layout.sequence_parallel") &&
+                                             Catch::Contains("numerics.block"));
 }
 
 TEST_CASE("the initial tp shards are the slices of the single device's initialisation") {

@@ -38,6 +38,18 @@ inline Config small_job() {
     return c;
 }
 
+// c with shapes whose tensor-parallel shares are whole blocks of 16 at tp = 2 and 4: C = 64,
+// 4 heads, F = 128, V = 64 (one vocabulary block per rank at tp = 4), T = 32.
+inline Config with_tp_shapes(Config c) {
+    c.model.vocab = 64;
+    c.model.hidden = 64;
+    c.model.heads = 4;
+    c.model.ffn = 128;
+    c.model.seq_len = 32;
+    c.numerics.block = 16;
+    return c;
+}
+
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;

@@ -156,20 +156,21 @@ LogicalState gathered(const Config& cfg, std::vector<float>&& p, std::vector<flo
 
 // Runs layout config c to step `last` (of c's schedule) with ranks[world rank] as each rank's
 // probe recorder.
+// The world rank of a job (pp rank 0) or of a pipeline stage.
+int world_rank(const Mesh& mesh, const Job& job) {
+    return mesh.rank_of(Coord{0, job.dp_rank(), job.tp_rank()});
+}
+int world_rank(const Mesh& mesh, const PipelineJob& stage) {
+    return mesh.rank_of(Coord{stage.pp_rank(), stage.dp_rank(), stage.tp_rank()});
+}
+
 void record_layout(const Config& c, std::vector<std::unique_ptr<ProbeRecorder>>& ranks, i64 last) {
     const Mesh mesh(make_layout(c));
-    run_layout(
-        c, {}, {}, {}, {},
-        [&](Job& job) {
-            const int r = mesh.rank_of(Coord{0, job.dp_rank(), job.tp_rank()});
-            job.set_probes(ranks[static_cast<size_t>(r)].get());
-            job.stop_after(last);
-        },
-        [&](PipelineJob& stage) {
-            const int r = mesh.rank_of(Coord{stage.pp_rank(), stage.dp_rank(), stage.tp_rank()});
-            stage.set_probes(ranks[static_cast<size_t>(r)].get());
-            stage.stop_after(last);
-        });
+    auto setup = [&](auto& job) {  // a Job or a PipelineJob
+        job.set_probes(ranks[static_cast<size_t>(world_rank(mesh, job))].get());
+        job.stop_after(last);
+    };
+    run_layout(c, {}, {}, {}, {}, setup, setup);
 }
 
 // One layout's run: `body` fills r; an exception that is not bad input makes the layout
@@ -289,36 +290,19 @@ LogicalState lockstep(const Config& c, const std::vector<LogicalState>& referenc
     std::vector<std::unique_ptr<ProbeRecorder>> grads;
     for (int k = 0; k < n; k++)
         grads.push_back(std::make_unique<ProbeRecorder>(std::vector<std::string>{"*/grad/**"}));
-    auto rank_of = [&](int pp, int dp, int tp) { return mesh.rank_of(Coord{pp, dp, tp}); };
-    auto each_job = [&](Job& job) {
-        const int rank = rank_of(0, job.dp_rank(), job.tp_rank());
+    auto setup = [&](auto& job) {  // a Job or a PipelineJob
+        job.stop_after(steps);
+        job.set_probes(grads[static_cast<size_t>(world_rank(mesh, job))].get());
+    };
+    auto each = [&](auto& job) {
+        const int rank = world_rank(mesh, job);
         std::vector<float> p, m, v;
         job.gather_full(&p, &m, &v);
         check.compare_step(
             gathered(c, std::move(p), std::move(m), std::move(v), job.history()), rank,
             compare_grads(ref_grads, *grads[static_cast<size_t>(rank)], job.steps_done()));
     };
-    auto each_stage = [&](PipelineJob& stage) {
-        const int rank = rank_of(stage.pp_rank(), stage.dp_rank(), stage.tp_rank());
-        std::vector<float> p, m, v;
-        stage.gather_full(&p, &m, &v);
-        check.compare_step(
-            gathered(c, std::move(p), std::move(m), std::move(v), stage.history()), rank,
-            compare_grads(ref_grads, *grads[static_cast<size_t>(rank)], stage.steps_done()));
-    };
-    run_layout(
-        c, {}, {}, each_job, each_stage,
-        [&](Job& job) {
-            job.stop_after(steps);
-            job.set_probes(
-                grads[static_cast<size_t>(rank_of(0, job.dp_rank(), job.tp_rank()))].get());
-        },
-        [&](PipelineJob& stage) {
-            stage.stop_after(steps);
-            stage.set_probes(grads[static_cast<size_t>(
-                                       rank_of(stage.pp_rank(), stage.dp_rank(), stage.tp_rank()))]
-                                 .get());
-        });
+    run_layout(c, {}, {}, each, each, setup, setup);
     if (r.steps != steps)
         throw InternalError("the layout compared " + std::to_string(r.steps) + " of " +
                             std::to_string(steps) + " steps");

@@ -7,6 +7,7 @@
 #include "core/parallel/checkpointing.h"
 #include "core/parallel/faults.h"
 #include "core/parallel/rank_guards.h"
+#include "core/parallel/runner.h"
 
 #include "core/checkpoint_llmc.h"
 #include "core/comm/comm.h"
@@ -27,7 +28,6 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
-#include <thread>
 
 namespace px {
 
@@ -990,12 +990,8 @@ void run_pipeline(const Config& cfg, const std::vector<Observer*>& observers,
     check_pipeline_layout(l, cfg.source_name);
     const int n = l.world_size();
     // Ranks are threads; the cores are shared out so that the ranks together use them once.
-    const int threads =
-        cfg.train.threads > 0
-            ? static_cast<int>(cfg.train.threads)
-            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / n);
     Config rank_cfg = cfg;
-    rank_cfg.train.threads = threads;
+    rank_cfg.train.threads = threads_per_rank(cfg, n);
 
     std::mutex inspect_mutex;
     comm::run_ranks(n, l.timeout_s, [&](comm::Communicator& world) {
