@@ -33,6 +33,11 @@ LayoutResult validate_one(const Config& c, const std::string& layout, const muta
     return r;
 }
 
+// The world rank at mesh coordinates `at` of `layout` run on c.
+int rank_at(const Config& c, const std::string& layout, Coord at) {
+    return Mesh(make_layout(with_layout(c, parse_layout(layout)))).rank_of(at);
+}
+
 std::uint32_t bits_of(float x) {
     std::uint32_t b;
     std::memcpy(&b, &x, sizeof b);
@@ -134,12 +139,8 @@ TEST_CASE(
     // ln_2's output (the op's input) agrees; mlp.fc's output differs in tp rank 1's columns,
     // in both dp replicas.
     CHECK(r.first_op.name == "3/fwd/1/mlp.fc/out");
-    Config d = c;
-    d.layout.dp = 2;
-    d.layout.tp = 2;
-    const Mesh mesh(make_layout(d));
-    CHECK(r.first_op_ranks ==
-          std::vector<int>{mesh.rank_of(Coord{0, 0, 1}), mesh.rank_of(Coord{0, 1, 1})});
+    CHECK(r.first_op_ranks == std::vector<int>{rank_at(c, "dp2xtp2", Coord{0, 0, 1}),
+                                               rank_at(c, "dp2xtp2", Coord{0, 1, 1})});
     REQUIRE(r.first_op.first_index.size() == 3);
     CHECK(r.first_op.first_index[2] >= c.model.ffn / 2);
     // Split into its single-axis parts: tp2 alone diverges at the same step, dp2 matches.
@@ -189,11 +190,7 @@ TEST_CASE("In a pipeline, one rank's flipped gradient bit is named on the stage 
     const LayoutResult r = validate_one(c, "dp2xpp2xmb2", m);
     CHECK(r.first_step == 2);
     CHECK(r.first_op.name == "2/mgrad/1/param/mlp.c_fc.weight");
-    Config d = c;
-    d.layout.dp = 2;
-    d.layout.pp = 2;
-    const Mesh mesh(make_layout(d));
-    CHECK(r.first_op_ranks == std::vector<int>{mesh.rank_of(Coord{1, 1, 0})});
+    CHECK(r.first_op_ranks == std::vector<int>{rank_at(c, "dp2xpp2xmb2", Coord{1, 1, 0})});
     CHECK(r.first_op_where == "pp1 dp1 tp0");
     // Replica 1's microbatch 1 is the step's microbatch 3; element 9 is [0, 9].
     CHECK(r.first_op.first_index == std::vector<i64>{3, 0, 9});
