@@ -5,10 +5,8 @@
 #include "core/comm/mpi.h"
 #include "core/config.h"
 #include "core/job.h"
-#include "core/parallel/pipeline.h"
-#include "core/parallel/checkpointing.h"
-#include "core/parallel/faults.h"
 #include "core/parallel/runner.h"
+#include "core/runfile.h"
 #include "core/state.h"
 #include "core/error.h"
 
@@ -150,16 +148,12 @@ int run_train_mpi(const Config& cfg, const TrainOptions& opt, const comm::MpiEnv
     bool agree = true;
     double last_loss = 0;
     try {
-        run_rank(
-            rank_cfg, *world, observers,
-            [&](Job& job) {
-                last_loss = job.history().empty() ? 0 : job.history().back().loss;
-                if (!opt.dump.empty()) agree = state.absorb(job) && agree;
-            },
-            [&](PipelineJob& stage) {
-                last_loss = stage.history().empty() ? 0 : stage.history().back().loss;
-                if (!opt.dump.empty()) agree = state.absorb(stage) && agree;
-            });
+        RunHooks hooks;
+        hooks.inspect = [&](Job& job) {
+            last_loss = job.history().empty() ? 0 : job.history().back().loss;
+            if (!opt.dump.empty()) agree = state.absorb(job) && agree;
+        };
+        run_rank(rank_cfg, *world, observers, hooks);
         // 2. The dump: every rank's logical part, merged on rank 0 (collective).
         if (!opt.dump.empty()) agree = gather_state(state, *world, cfg.model) && agree;
     } catch (const CorruptionError&) {
@@ -228,30 +222,16 @@ int run_train(const TrainOptions& opt, const comm::MpiEnvironment* mpi) {
     }
 
     LogicalState state;
-    if (cfg.layout.pp > 1) {
-        run_pipeline(cfg, observers, [&](PipelineJob& stage) {
-            if (!opt.dump.empty() && !state.absorb(stage))
-                throw Error("pipeline stages disagree on a shared tensor or on the metrics "
-                            "(pp rank " + std::to_string(stage.pp_rank()) +
-                            "); this is a bug in Parallax");
-        });
-    } else if (world_size(cfg.layout) > 1) {
-        run_layout(cfg, observers, [&](Job& job) {
-            if (!opt.dump.empty() && !state.absorb(job))
-                throw Error("ranks disagree on a replicated tensor or on the metrics (dp rank " +
-                            std::to_string(job.dp_rank()) + "); this is a bug in Parallax");
-        });
-    } else {
-        Job job(cfg);
-        RunCheckpoints checkpoints(cfg, nullptr);
-        checkpoints.resume(job);
-        FaultInjector faults(cfg, nullptr);
-        faults.attach(job);
-        job.set_after_step([&](Job& j) { checkpoints.after_step(j); });
-        for (Observer* o : observers) job.add_observer(o);
-        job.run();
-        if (!opt.dump.empty()) state.absorb(job);
-    }
+    RunHooks hooks;
+    if (!opt.dump.empty())
+        hooks.inspect = [&](Job& job) {
+            if (!state.absorb(job))
+                throw Error("ranks disagree on a shared tensor or on the metrics (pp rank " +
+                            std::to_string(job.pp_rank()) + ", dp rank " +
+                            std::to_string(job.dp_rank()) + ", tp rank " +
+                            std::to_string(job.tp_rank()) + "); this is a bug in Parallax");
+        };
+    run_layout(cfg, observers, hooks);
     if (!opt.dump.empty()) {
         write_dump(opt.dump, state, cfg);
         std::printf("  dump           %s\n", opt.dump.c_str());

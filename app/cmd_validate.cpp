@@ -8,7 +8,6 @@
 #include "core/comm/mpi.h"
 #include "core/config.h"
 #include "core/error.h"
-#include "core/parallel/pipeline.h"
 #include "core/parallel/runner.h"
 #include "validators/trace.h"
 #include "validators/validate.h"
@@ -72,16 +71,12 @@ ValidationReport validate_golden_mpi(const Config& cfg, const LayoutSpec& spec,
     LayoutResult r;
     r.layout = spec.name;
     try {
-        run_rank(
-            c, *world, {}, {}, {}, {}, {},
-            [&](Job& job) {
-                job.set_probes(&rec);
-                job.stop_after(t.steps);
-            },
-            [&](PipelineJob& stage) {
-                stage.set_probes(&rec);
-                stage.stop_after(t.steps);
-            });
+        RunHooks hooks;
+        hooks.setup = [&](Job& job) {
+            job.set_probes(&rec);
+            job.stop_after(t.steps);
+        };
+        run_rank(c, *world, {}, hooks);
     } catch (const std::exception& e) {
         world->abort("rank " + std::to_string(mpi.rank()) + " failed: " + e.what());
         throw;

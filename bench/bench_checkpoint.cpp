@@ -160,7 +160,8 @@ struct SaveMemory {
 // shared; every rank under MPI).
 SaveMemory measure_saves(const Config& cfg, comm::Communicator& world, bool measurer,
                          const std::string& gathered_path) {
-    Job job(cfg, ReplicaContext{world.size() > 1 ? &world : nullptr, 3, comm::Algo::canonical});
+    Job job(cfg, make_layout(cfg),
+            RankGroups{&world, nullptr, world.size() > 1 ? &world : nullptr, nullptr});
     RunCheckpoints checkpoints(cfg, &world);
     checkpoints.after_step(job);  // warm-up: HDF5's library state, the threads' malloc arenas
     SaveMemory out;

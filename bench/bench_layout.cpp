@@ -41,14 +41,16 @@ struct LastMemory : Observer {
 Result run(Config c) {
     Result r;
     LastMemory last;
-    run_layout(c, {&last}, [&](Job& job) {
+    RunHooks hooks;
+    hooks.inspect = [&](Job& job) {
         r.state.absorb(job);
         if (job.dp_rank() != 0) return;
         r.mem = last.mem;
         r.comm_bytes = job.history().back().comm_bytes;
         r.step_ms = 1e300;
         for (const StepMetrics& m : job.history()) r.step_ms = std::min(r.step_ms, m.step_ms);
-    });
+    };
+    run_layout(c, {&last}, hooks);
     return r;
 }
 

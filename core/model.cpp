@@ -1,7 +1,6 @@
 #include "core/model.h"
 
 #include "core/error.h"
-#include "core/mutation.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
 
@@ -110,6 +109,12 @@ GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
     glayout_.total = table_.total +
                      (part_.holds_wte() ? align16(resolve_dim(Dim::V, mc, dims_) * mc.hidden) : 0);
     params_ = Arena(table_.total);
+}
+
+void GPT::wrap_parallel_layers(const LayersWrap& wrap) {
+    layers_ = wrap(layers_);
+    PX_ASSERT(layers_ != nullptr && (sp_ == layers_->sequence_parallel()),
+              "a wrap of the parallel layers must delegate to them");
 }
 
 Tensor GPT::param(int i) const {
@@ -285,17 +290,6 @@ void GPT::residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) 
     ops::residual_forward(nx_, token_view(out, r, BT), token_view(a, r, BT), token_view(b, r, BT));
 }
 
-Tensor GPT::mutated_fc_weight(int l, std::vector<float>& storage) const {
-    const Tensor w = P(l, FCW);
-    if (!layers_ || !mutation::armed() || !probe_ctx_ ||
-        !mutation::strikes(mutation::Kind::tp_offset, probe_ctx_->step, layers_->rank(), l))
-        return w;
-    const i64 rows = w.shape[0], cols = w.shape[1];
-    storage.assign(w.f32() + cols, w.f32() + rows * cols);  // rows 1.., then row 0
-    storage.insert(storage.end(), w.f32(), w.f32() + cols);
-    return view_f32(storage.data(), {rows, cols});
-}
-
 // Block l: residual2 = x + attn(ln1(x)), residual3 = residual2 + mlp(ln2(residual2)).
 void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
     const Numerics& nx = nx_;
@@ -331,10 +325,7 @@ void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
                       P(l, LN2B));
     sp_gather(ln2);
     out("ln_2", ln2, ProbeSplit::whole);
-    // A test's mutation (core/mutation.h): this tp rank reads its fc shard one row off.
-    std::vector<float> off_by_one;
-    const Tensor fcw = mutated_fc_weight(l, off_by_one);
-    linear_forward(Linear::fc, fch, ln2, fcw, &fcb);
+    linear_forward(Linear::fc, fch, ln2, P(l, FCW), &fcb);
     out("mlp.fc", fch, ProbeSplit::ffn);
     ops::gelu_forward(nx, fch_gelu, fch);
     out("mlp.gelu", fch_gelu, ProbeSplit::ffn);

@@ -21,6 +21,7 @@
 #include "core/tensor.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 namespace px {
@@ -180,6 +181,11 @@ public:
     GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
         std::shared_ptr<const ParallelLayers> layers);
     const ParallelLayers* parallel_layers() const { return layers_.get(); }  // null: plain
+    // The layers become wrap(the layers): a decorator that delegates to them (a tracer, a
+    // test's planted bug) and has their dims and shards. Before the first forward.
+    using LayersWrap = std::function<std::shared_ptr<const ParallelLayers>(
+        std::shared_ptr<const ParallelLayers>)>;
+    void wrap_parallel_layers(const LayersWrap& wrap);
 
     const ModelConfig& config() const { return mc_; }
     const ModelPart& part() const { return part_; }
@@ -215,7 +221,6 @@ public:
     // rows (null ctx: step 0, the microbatch is the whole batch). Null sink: none (one pointer
     // test per op). Never changes a bit of the computation. Not owned; must outlive their use.
     // Under ParallelLayers each rank offers its piece (ProbeSplit), placed in the logical tensor.
-    // The context is also what tells a test-only mutation (core/mutation.h) the step.
     void set_probes(ProbeSink* sink, const ProbeContext* ctx) {
         probes_ = sink;
         probe_ctx_ = ctx;
@@ -268,9 +273,6 @@ private:
     // (probed: false when backward recomputes the block, whose forward was probed already)
     void block_forward(Activations& a, int l, int i, bool probed = true) const;
     void block_backward(Activations& a, float* grads, int l, int i) const;
-    // mlp.fc's weight of block l, or (a test's tp_offset mutation, core/mutation.h) a copy in
-    // `storage` read one row off.
-    Tensor mutated_fc_weight(int l, std::vector<float>& storage) const;
     // ParallelLayers' linear, or ops::matmul_* when there is none.
     void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
                         const Tensor* bias) const;

@@ -9,28 +9,6 @@
 
 namespace px {
 
-bool LogicalState::absorb(const Job& job) {
-    if (job.model().parallel_layers()) return absorb_tp(job);
-    const GPT& model = job.model();
-    const i64 n = model.table().total;
-    if (params.empty()) {
-        table = model.table();
-        params.assign(model.params(), model.params() + n);
-        m.assign(static_cast<size_t>(n), 0.0f);
-        v.assign(static_cast<size_t>(n), 0.0f);
-        history = job.history();
-        init_masks();
-        std::fill(has_w_.begin(), has_w_.end(), 1);
-    }
-    const bool agree =
-        std::memcmp(params.data(), model.params(), static_cast<size_t>(n) * sizeof(float)) == 0;
-    const AdamW& opt = job.optimizer();
-    std::memcpy(m.data() + opt.lo(), opt.m(), static_cast<size_t>(opt.size()) * sizeof(float));
-    std::memcpy(v.data() + opt.lo(), opt.v(), static_cast<size_t>(opt.size()) * sizeof(float));
-    std::fill(has_mv_.begin() + opt.lo(), has_mv_.begin() + opt.hi(), 1);
-    return agree;
-}
-
 namespace {
 
 bool same_history(const std::vector<StepMetrics>& a, const std::vector<StepMetrics>& b) {
@@ -51,10 +29,10 @@ void LogicalState::allocate(const ModelConfig& mc) {
     m = v = params;
 }
 
-bool LogicalState::absorb_tp(const Job& job) {
+bool LogicalState::absorb(const Job& job) {
     const GPT& model = job.model();
+    const AdamW& opt = job.optimizer();
     const auto* tpl = dynamic_cast<const TpLayers*>(model.parallel_layers());
-    PX_ASSERT(tpl != nullptr, "LogicalState: a model with parallel layers other than TpLayers");
     bool agree = true;
     if (params.empty()) {
         allocate(job.config().model);
@@ -64,100 +42,33 @@ bool LogicalState::absorb_tp(const Job& job) {
     } else if (!same_history(history, job.history())) {
         agree = false;
     }
-    const AdamW& opt = job.optimizer();
+    auto differ = [](float a, float b) { return std::memcmp(&a, &b, sizeof(float)) != 0; };
     for (const TableEntry& e : model.table().entries) {
         const i64 dst0 = table.entries[static_cast<size_t>(e.id)].offset;
-        const std::vector<i64> idx = logical_indices(*tpl, e, job.config().model);
+        std::vector<i64> idx;
+        if (tpl) idx = logical_indices(*tpl, e, job.config().model);
         for (i64 j = 0; j < e.numel(); j++) {
-            const size_t dst = static_cast<size_t>(dst0 + idx[static_cast<size_t>(j)]);
+            const size_t dst = static_cast<size_t>(dst0 + (tpl ? idx[static_cast<size_t>(j)] : j));
             const i64 src = e.offset + j;
             const float w = model.params()[src];
-            if (filled_[dst] && std::memcmp(&params[dst], &w, sizeof(float)) != 0) agree = false;
+            if (filled_[dst] && differ(params[dst], w)) agree = false;
             params[dst] = w;
             filled_[dst] = 1;
             has_w_[dst] = 1;
-            if (src >= opt.lo() && src < opt.hi()) {  // this rank's ZeRO-1 slice
-                m[dst] = opt.m()[src - opt.lo()];
-                v[dst] = opt.v()[src - opt.lo()];
-                has_mv_[dst] = 1;
-            }
+            if (src < opt.lo() || src >= opt.hi()) continue;  // another replica's ZeRO shard
+            const float mj = opt.m()[src - opt.lo()], vj = opt.v()[src - opt.lo()];
+            if (has_mv_[dst] && (differ(m[dst], mj) || differ(v[dst], vj))) agree = false;
+            m[dst] = mj;
+            v[dst] = vj;
+            has_mv_[dst] = 1;
         }
-    }
-    return agree;
-}
-
-bool LogicalState::absorb_shards(const GPT& model, const AdamW& opt,
-                                 const std::vector<StepMetrics>& hist, const ModelConfig& mc) {
-    const auto* tpl = dynamic_cast<const TpLayers*>(model.parallel_layers());
-    PX_ASSERT(tpl != nullptr, "LogicalState: a model with parallel layers other than TpLayers");
-    bool agree = true;
-    if (params.empty()) {
-        allocate(mc);
-        filled_.assign(params.size(), 0);
-        history = hist;
-        init_masks();
-    } else if (!same_history(history, hist)) {
-        agree = false;
-    }
-    for (const TableEntry& e : model.table().entries) {
-        const i64 dst0 = table.entries[static_cast<size_t>(e.id)].offset;
-        const std::vector<i64> idx = logical_indices(*tpl, e, mc);
-        for (i64 j = 0; j < e.numel(); j++) {
-            const size_t dst = static_cast<size_t>(dst0 + idx[static_cast<size_t>(j)]);
-            const i64 src = e.offset + j;
-            const float w = model.params()[src];
-            if (filled_[dst] && std::memcmp(&params[dst], &w, sizeof(float)) != 0) agree = false;
-            params[dst] = w;
-            filled_[dst] = 1;
-            has_w_[dst] = 1;
-            if (src >= opt.lo() && src < opt.hi()) {
-                m[dst] = opt.m()[src - opt.lo()];
-                v[dst] = opt.v()[src - opt.lo()];
-                has_mv_[dst] = 1;
-            }
-        }
-    }
-    return agree;
-}
-
-bool LogicalState::absorb(const PipelineJob& stage) {
-    if (stage.model().parallel_layers())
-        return absorb_shards(stage.model(), stage.optimizer(), stage.history(),
-                             stage.config().model);
-    bool agree = true;
-    if (params.empty()) {
-        allocate(stage.config().model);
-        seen_.assign(table.entries.size(), 0);
-        history = stage.history();
-        init_masks();
-    } else if (!same_history(history, stage.history())) {
-        agree = false;
-    }
-    const GPT& model = stage.model();
-    for (const TableEntry& e : model.table().entries) {
-        const size_t id = static_cast<size_t>(e.id);
-        const i64 dst = table.entries[id].offset;
-        const size_t bytes = static_cast<size_t>(e.numel()) * sizeof(float);
-        const float* src[3] = {model.params() + e.offset, stage.optimizer().m() + e.offset,
-                               stage.optimizer().v() + e.offset};
-        float* out[3] = {params.data() + dst, m.data() + dst, v.data() + dst};
-        for (int k = 0; k < 3; k++) {
-            if (seen_[id] && std::memcmp(out[k], src[k], bytes) != 0) agree = false;
-            std::memcpy(out[k], src[k], bytes);
-        }
-        seen_[id] = 1;
-        std::fill(has_w_.begin() + dst, has_w_.begin() + dst + e.numel(), 1);
-        std::fill(has_mv_.begin() + dst, has_mv_.begin() + dst + e.numel(), 1);
     }
     return agree;
 }
 
 bool LogicalState::complete() const {
-    if (!filled_.empty()) return std::find(filled_.begin(), filled_.end(), 0) == filled_.end();
-    if (seen_.empty()) return !params.empty();
-    for (char x : seen_)
-        if (!x) return false;
-    return true;
+    if (filled_.empty()) return !params.empty();  // a state read back from a file
+    return std::find(filled_.begin(), filled_.end(), 0) == filled_.end();
 }
 
 void LogicalState::init_masks() {
@@ -189,18 +100,16 @@ bool LogicalState::absorb(const LogicalState& o) {
             has_mv_[i] = 1;
         }
     }
-    // What complete() reads: elements (tensor parallel) or tensors (pipeline) absorbed anywhere.
+    // What complete() reads: the elements absorbed anywhere.
     if (filled_.size() == o.filled_.size())
         for (size_t i = 0; i < filled_.size(); i++) filled_[i] = filled_[i] || o.filled_[i];
-    if (seen_.size() == o.seen_.size())
-        for (size_t i = 0; i < seen_.size(); i++) seen_[i] = seen_[i] || o.seen_[i];
     return agree;
 }
 
 namespace {
 
 constexpr i64 kStateMagic = 0x50584c53;  // "PXLS"
-constexpr i64 kStateVersion = 1;
+constexpr i64 kStateVersion = 2;
 
 // Bytes appended to / read from a word stream (each array starts on a word).
 struct Words {
@@ -249,7 +158,6 @@ std::vector<i64> LogicalState::serialize() const {
     s.put_vec(has_w_);
     s.put_vec(has_mv_);
     s.put_vec(filled_);
-    s.put_vec(seen_);
     s.put_vec(history);  // StepMetrics is plain data
     return s.w;
 }
@@ -269,7 +177,6 @@ LogicalState LogicalState::deserialize(const std::vector<i64>& words, const Mode
     s.get_vec(st.has_w_);
     s.get_vec(st.has_mv_);
     s.get_vec(st.filled_);
-    s.get_vec(st.seen_);
     s.get_vec(st.history);
     if (!st.params.empty()) st.table = ParamTable::build(mc);
     if (st.m.size() != st.params.size() || st.v.size() != st.params.size() ||

@@ -17,7 +17,6 @@
 #include "core/arena.h"
 #include "core/comm/comm.h"
 #include "core/job.h"
-#include "core/parallel/pipeline.h"
 
 #include <string>
 #include <vector>
@@ -33,19 +32,13 @@ struct LogicalState {
     // it is): what a state is filled into.
     void allocate(const ModelConfig& mc);
 
-    // Takes the weights and history from the first job absorbed; the Adam moments from every
-    // job's optimizer slice [lo, hi). Replicas must agree on the weights: returns false when
-    // this job's weights differ from those already absorbed. A tensor-parallel rank's shards go
-    // to their logical places (tp_model.h logical_indices); replicated tensors and every dp
-    // replica's copy of a shard must agree, and so must the histories.
+    // One rank's job after Job::unshard (or its ZeRO slice [lo, hi) of the moments): its
+    // tensors go to their places in the whole model by tensor id, a tensor-parallel shard's
+    // elements to their logical places (tp_model.h logical_indices). Every element two ranks
+    // hold (replicas, replicated tensors, the two stages' wte) must agree, and so must the
+    // histories: returns false otherwise.
     bool absorb(const Job& job);
-    // A pipeline stage: its tensors go to their places in the whole model by tensor id (a
-    // tensor-parallel stage's shards to their logical places). Tensors held by two stages (wte)
-    // must agree; returns false otherwise, or when the stage's history differs from what is
-    // already absorbed.
-    bool absorb(const PipelineJob& stage);
-    // Whether every tensor of the whole model has been absorbed from some stage (tensor
-    // parallel: every element from some tp rank).
+    // Whether every element of the whole model has been absorbed from some rank.
     bool complete() const;
     // Another rank's state (a process under MPI): the elements it holds replace these, and
     // returns false when an element both hold, or the histories, differ. Empty states are no-ops.
@@ -61,13 +54,7 @@ private:
     void init_masks();
     std::vector<char> has_w_;   // per logical element: this state holds its weight
     std::vector<char> has_mv_;  // per logical element: this state holds its Adam moments
-    bool absorb_tp(const Job& job);
-    // A tensor-parallel shard of the whole model or of a pipeline stage (after unshard: its
-    // optimizer covers [lo, hi) of the local table), its elements to their logical places.
-    bool absorb_shards(const GPT& model, const AdamW& opt, const std::vector<StepMetrics>& hist,
-                       const ModelConfig& mc);
-    std::vector<char> seen_;    // per whole-model tensor id
-    std::vector<char> filled_;  // per logical element, tensor-parallel jobs only
+    std::vector<char> filled_;  // per logical element: absorbed from some job
 };
 
 // Collective over `world`: rank 0's state becomes the merge of every rank's (sent to it point to

@@ -39,10 +39,7 @@ Config job() {
 LogicalState run(const Config& c) {
     LogicalState s;
     bool agree = true;
-    if (c.layout.pp > 1)
-        run_pipeline(c, {}, [&](PipelineJob& j) { agree = s.absorb(j) && agree; });
-    else
-        run_layout(c, {}, [&](Job& j) { agree = s.absorb(j) && agree; });
+    run_layout(c, {}, test::inspecting([&](Job& j) { agree = s.absorb(j) && agree; }));
     CHECK(agree);
     CHECK(s.complete());
     return s;

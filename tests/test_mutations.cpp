@@ -1,10 +1,10 @@
-// Mutation tests: the harness proven on known bugs (core/mutation.h). Each test arms one
-// deliberate bug in the code under test, runs parallax validate's harness (validate_layouts) on a
+// Mutation tests: the harness proven on known bugs (tests/mutations.h). Each test plants one
+// deliberate bug in the layout's ranks (decorators around its groups, layers and hooks), runs parallax validate's harness (validate_layouts) on a
 // layout, and checks that it names exactly the step, the op, the rank and, where there is one,
 // the element the bug acts on, and (for a multi-axis layout) the parallelism.
-#include "core/mutation.h"
 #include "core/parallel/mesh.h"
 #include "test_util.h"
+#include "tests/mutations.h"
 #include "validators/validate.h"
 
 #include <cstring>
@@ -23,8 +23,8 @@ Config mutation_job() {
 }
 
 LayoutResult validate_one(const Config& c, const std::string& layout, const mutation::Mutation& m) {
-    const mutation::Armed armed(m);
-    const ValidationReport rep = validate_layouts(c, {parse_layout(layout)}, c.train.steps);
+    const ValidationReport rep =
+        validate_layouts(c, {parse_layout(layout)}, c.train.steps, nullptr, mutation::plant(m));
     REQUIRE(rep.layouts.size() == 1);
     const LayoutResult r = rep.layouts[0];
     INFO(rep.table());

@@ -36,7 +36,7 @@ using State = LogicalState;
 State parallel(const Config& c, bool& replicas_agree) {
     State s;
     replicas_agree = true;
-    run_layout(c, {}, [&](Job& job) { replicas_agree = s.absorb(job) && replicas_agree; });
+    run_layout(c, {}, test::inspecting([&](Job& job) { replicas_agree = s.absorb(job) && replicas_agree; }));
     return s;
 }
 

@@ -51,12 +51,12 @@ Config small_job(int layers = 4) {
 using State = LogicalState;
 
 // Each stage's tensors go to the whole model's arena by their tensor id (this does not use
-// PipelineJob::gather_full, which a test below checks separately). Tensors held by two stages
+// Job::gather_full, which a test below checks separately). Tensors held by two stages
 // (wte) must agree, every tensor must be on some stage, and every rank's metrics agree.
 State pipeline(const Config& c, bool& stages_agree) {
     State s;
     stages_agree = true;
-    run_pipeline(c, {}, [&](PipelineJob& job) { stages_agree = s.absorb(job) && stages_agree; });
+    run_layout(c, {}, test::inspecting([&](Job& job) { stages_agree = s.absorb(job) && stages_agree; }));
     stages_agree = stages_agree && s.complete();
     return s;
 }
@@ -224,9 +224,9 @@ TEST_CASE("full recomputation is bit-identical to the single device, with less m
     std::vector<i64> bytes(2, 0);
     for (int r = 0; r < 2; r++) {
         c.layout.recompute = r ? "full" : "none";
-        run_pipeline(c, {}, [&](PipelineJob& job) {
+        run_layout(c, {}, test::inspecting([&](Job& job) {
             if (job.pp_rank() == 0) bytes[r] = job.activation_bytes();
-        });
+        }));
     }
     CHECK(bytes[1] < bytes[0]);
 }
@@ -240,9 +240,9 @@ TEST_CASE("1F1B holds at most pp microbatches in flight on the first stage, GPip
         const SimResult sim = check_schedule(make_schedule(parse_schedule(schedule), 4, 8));
         REQUIRE(sim.ok());
         int sets = -1;
-        run_pipeline(pc, {}, [&](PipelineJob& job) {
+        run_layout(pc, {}, test::inspecting([&](Job& job) {
             if (job.pp_rank() == 0) sets = job.activation_sets(0);
-        });
+        }));
         INFO(schedule);
         CHECK(sets == sim.peak_in_flight[0]);
         CHECK(sets == (std::string(schedule) == "gpipe" ? 8 : 4));
@@ -259,7 +259,7 @@ TEST_CASE("a step reports the bytes its rank sent: activations, the tied gradien
             bytes.push_back(m.comm_bytes);
         }
     } observer;
-    run_pipeline(c, {&observer});
+    run_layout(c, {&observer});
     const std::vector<double>& sent = observer.bytes;
     // Rank 0 sends every microbatch's hidden state (the batch's B·T·C floats) and the
     // embedding's dwte (V·C); its part of the norm gather is a few hundred bytes.
@@ -278,7 +278,7 @@ TEST_CASE("gather_full assembles the stages into the single device's state") {
     std::vector<float> params, m, v;
     std::mutex mu;
     comm::run_ranks(2, 30, [&](comm::Communicator& world) {
-        PipelineJob job(c, world);
+        Job job(c, make_layout(c), RankGroups{&world, &world, nullptr, nullptr});
         job.run();
         std::vector<float> p, mm, vv;
         job.gather_full(&p, &mm, &vv);
@@ -309,7 +309,7 @@ TEST_CASE("a pipeline exports and loads llm.c checkpoints like the single device
     single.run();
     Config pc = with_layout(c, 2, "1f1b", 2);
     pc.output.export_llmc = (dir / "pipeline.bin").string();
-    run_pipeline(pc);
+    run_layout(pc);
     const std::vector<char> a = read(dir / "single.bin"), b = read(dir / "pipeline.bin");
     CHECK(!a.empty());
     CHECK(a == b);
@@ -327,23 +327,23 @@ TEST_CASE("a pipeline exports and loads llm.c checkpoints like the single device
 
 TEST_CASE("pipeline layouts that cannot work are refused with a sentence naming the keys") {
     Config c = small_job(4);
-    CHECK_THROWS_WITH(run_pipeline(with_layout(c, 5, "1f1b", 1)),
+    CHECK_THROWS_WITH(run_layout(with_layout(c, 5, "1f1b", 1)),
                       Catch::Contains("layout.pp=5") && Catch::Contains("model.layers=4"));
-    CHECK_THROWS_WITH(run_pipeline(with_layout(small_job(8), 4, "interleaved", 2, 2)),
+    CHECK_THROWS_WITH(run_layout(with_layout(small_job(8), 4, "interleaved", 2, 2)),
                       Catch::Contains("divisible by layout.pp=4"));
-    CHECK_THROWS_WITH(run_pipeline(with_layout(small_job(6), 2, "interleaved", 4, 2)),
+    CHECK_THROWS_WITH(run_layout(with_layout(small_job(6), 2, "interleaved", 4, 2)),
                       Catch::Contains("model.layers") && Catch::Contains("layout.virtual_stages"));
-    CHECK_THROWS_WITH(run_pipeline(with_layout(c, 2, "1f1b", 3)),
+    CHECK_THROWS_WITH(run_layout(with_layout(c, 2, "1f1b", 3)),
                       Catch::Contains("train.batch_size"));
     Config six = with_layout(c, 2, "1f1b", 3);
     six.train.batch_size = 6;  // 6 blocks in microbatches of 2: [2,4) is not a node
-    CHECK_THROWS_WITH(run_pipeline(six), Catch::Contains("not one node"));
-    CHECK_THROWS_WITH(run_pipeline(with_layout(c, 1, "1f1b", 1)), Catch::Contains("layout.pp"));
+    CHECK_THROWS_WITH(run_layout(six), Catch::Contains("not one node"));
     Config tp = with_layout(c, 2, "1f1b", 2);
     tp.layout.tp = 2;
     tp.numerics.block = 8;                                   // whole blocks per tp rank
     comm::run_ranks(2, 30, [&](comm::Communicator& world) {  // a stage without its tp group
-        CHECK_THROWS_WITH(PipelineJob(tp, world), Catch::Contains("layout.tp = 2"));
+        CHECK_THROWS_WITH(Job(tp, make_layout(tp), RankGroups{&world, &world, nullptr, nullptr}),
+                          Catch::Contains("layout.tp = 2"));
     });
 }
 
@@ -362,8 +362,11 @@ State dp_pipeline(const Config& c, bool& ranks_agree, comm::Algo algo = comm::Al
         auto pp = world.split(mesh.group_color(MeshDim::pp, r), at.pp, "pp");
         auto dp = world.split(mesh.group_color(MeshDim::dp, r), at.dp, "dp");
         auto tp = world.split(mesh.group_color(MeshDim::tp, r), at.tp, "tp");
-        PipelineJob job(c, *pp,
-                        ReplicaContext{dp.get(), l.zero, algo, l.tp > 1 ? tp.get() : nullptr});
+        Layout with_algo = l;
+        with_algo.algo = algo;
+        Job job(c, with_algo,
+                RankGroups{&world, pp.get(), l.dp > 1 ? dp.get() : nullptr,
+                           l.tp > 1 ? tp.get() : nullptr});
         CHECK(job.pp_rank() == at.pp);
         CHECK(job.dp_rank() == at.dp);
         CHECK(job.tp_rank() == at.tp);
@@ -466,15 +469,16 @@ TEST_CASE("run_pipeline and run_layout start dp × pp layouts with the single de
 TEST_CASE("dp × pp layouts that cannot work are refused with a sentence naming the keys") {
     Config c = with_layout(small_job(4), 2, "1f1b", 2);
     c.layout.dp = 3;  // 8 sequences over 3 replicas
-    CHECK_THROWS_WITH(run_pipeline(c),
+    CHECK_THROWS_WITH(run_layout(c),
                       Catch::Contains("layout.dp") && Catch::Contains("train.batch_size"));
     c.layout.dp = 2;
     c.layout.microbatches = 8;  // 8 sequences: half a sequence per microbatch
-    CHECK_THROWS_WITH(run_pipeline(c),
+    CHECK_THROWS_WITH(run_layout(c),
                       Catch::Contains("layout.dp") && Catch::Contains("train.batch_size"));
     c.layout.microbatches = 2;
     comm::run_ranks(2, 30, [&](comm::Communicator& world) {  // a job started on a wrong group
-        CHECK_THROWS_WITH(PipelineJob(c, world), Catch::Contains("layout.dp = 2"));
+        CHECK_THROWS_WITH(Job(c, make_layout(c), RankGroups{&world, &world, nullptr, nullptr}),
+                          Catch::Contains("layout.dp = 2"));
     });
 }
 
@@ -547,16 +551,16 @@ TEST_CASE("sequence parallelism in pipelines: tp2 × pp2+SP and dp2 × tp2 × pp
     }
     // The stages really run sequence-parallel layers.
     int sp_ranks = 0;
-    run_pipeline(c, {}, [&](PipelineJob& job) {
+    run_layout(c, {}, test::inspecting([&](Job& job) {
         CHECK(job.model().parallel_layers() != nullptr);
         if (job.model().parallel_layers()->sequence_parallel()) sp_ranks++;
-    });
+    }));
     CHECK(sp_ranks == 8);
     // A microbatch of one sequence is 2 token blocks: too few for 4 tp ranks.
     c = tp_pp(base, 2, "1f1b", 4);
     c.layout.tp = 4;
     c.layout.sequence_parallel = true;
-    CHECK_THROWS_WITH(run_pipeline(c), Catch::Contains("layout.sequence_parallel") &&
+    CHECK_THROWS_WITH(run_layout(c), Catch::Contains("layout.sequence_parallel") &&
                                            Catch::Contains("numerics.block"));
 }
 
@@ -650,12 +654,12 @@ TEST_CASE("run_layout starts dp2 × tp2 × pp2; inspect sees the stages' shards,
     const State got = pipeline(c, agree);  // every rank's shard absorbed: copies must agree
     check_same(ref, got, agree);
     int shards = 0;
-    run_pipeline(c, {}, [&](PipelineJob& job) {
+    run_layout(c, {}, test::inspecting([&](Job& job) {
         CHECK(job.tp_size() == 2);
         CHECK(job.model().parallel_layers() != nullptr);
         CHECK(job.model().num_params() < ParamTable::build(c.model, job.model().part()).num_params);
         shards++;
-    });
+    }));
     CHECK(shards == 8);
 
     struct Losses : Observer {
@@ -682,7 +686,7 @@ TEST_CASE("tp2 × pp2 exports the single device's llm.c file and starts from one
     single.run();
     Config pc = tp_pp(c, 1, "1f1b", 2);
     pc.output.export_llmc = (dir / "tp_pp.bin").string();
-    run_pipeline(pc);
+    run_layout(pc);
     const std::vector<char> a = read(dir / "single.bin"), b = read(dir / "tp_pp.bin");
     CHECK(!a.empty());
     CHECK(a == b);

@@ -206,9 +206,9 @@ void check_layout_probes(const Config& c, const Config& d) {
         job.run();
     }
     ProbeRecorder got(patterns);
-    run_layout(
-        d, {}, {}, {}, {}, [&](Job& j) { j.set_probes(&got); },
-        [&](PipelineJob& stage) { stage.set_probes(&got); });
+    RunHooks hooks;
+    hooks.setup = [&](Job& j) { j.set_probes(&got); };
+    run_layout(d, {}, hooks);
     check_same_probes(ref, got);
 }
 
@@ -266,8 +266,9 @@ TEST_CASE("A tp rank's probes are its columns: qkv's three head blocks, then its
         ranks.push_back(std::make_unique<ProbeRecorder>(std::vector<std::string>{
             "1/fwd/0/attn.qkv/out", "1/fwd/0/mlp.fc/out", "1/fwd/0/residual_1/out",
             "1/grad/0/param/attn.c_proj.weight"}));
-    run_layout(c, {}, {}, {}, {},
-               [&](Job& j) { j.set_probes(ranks[static_cast<size_t>(j.tp_rank())].get()); });
+    RunHooks hooks;
+    hooks.setup = [&](Job& j) { j.set_probes(ranks[static_cast<size_t>(j.tp_rank())].get()); };
+    run_layout(c, {}, hooks);
     const i64 B = c.train.batch_size, T = c.model.seq_len, C = c.model.hidden;
     // Rank 1's qkv: columns [32, 64), [96, 128), [160, 192) of (B, T, 3C); zeros elsewhere.
     const std::vector<float> zero(static_cast<size_t>(B * T * 3 * C), 0.0f);

@@ -41,10 +41,10 @@ void check_layout(Config c, int dp, int tp, int zero = 0, int microbatches = 0, 
     LogicalState got;
     bool agree = true;
     int ranks = 0;
-    run_layout(c, {}, [&](Job& job) {
+    run_layout(c, {}, test::inspecting([&](Job& job) {
         agree = got.absorb(job) && agree;
         ranks++;
-    });
+    }));
     INFO("dp" << dp << " tp" << tp << " zero" << zero << " microbatches " << microbatches
               << (sp ? " +SP" : ""));
     CHECK(ranks == dp * tp);
@@ -129,7 +129,7 @@ TEST_CASE("the initial tp shards are the slices of the single device's initialis
     c.layout.tp = 4;
     LogicalState got;
     bool agree = true;
-    run_layout(c, {}, [&](Job& job) { agree = got.absorb(job) && agree; });
+    run_layout(c, {}, test::inspecting([&](Job& job) { agree = got.absorb(job) && agree; }));
     CHECK(agree);
     CHECK(test::same_bits(ref.params, got.params));
 }

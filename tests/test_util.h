@@ -2,6 +2,7 @@
 #pragma once
 #include "core/config.h"
 #include "core/job.h"
+#include "core/parallel/runner.h"
 #include "core/state.h"
 
 #include <catch2/catch.hpp>
@@ -17,6 +18,13 @@
 #include <sys/wait.h>
 
 namespace px::test {
+
+// Hooks that call `f` with each rank's job after its last step (run_layout: one rank at a time).
+inline RunHooks inspecting(std::function<void(Job&)> f) {
+    RunHooks h;
+    h.inspect = std::move(f);
+    return h;
+}
 
 // A small job that trains in milliseconds: 2 layers, C = 32, T = 64 (one token block per
 // sequence), batch 8, 5 steps, no run file.

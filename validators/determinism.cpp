@@ -3,7 +3,6 @@
 
 #include "core/checkpoint.h"
 #include "core/error.h"
-#include "core/parallel/pipeline.h"
 #include "core/parallel/runner.h"
 
 #include <unistd.h>
@@ -141,11 +140,9 @@ Config validator_config(const Config& cfg) {
 LogicalState run_state(const Config& cfg, std::string* note) {
     LogicalState s;
     bool agree = true;
-    if (cfg.layout.pp > 1) {
-        run_pipeline(cfg, {}, [&](PipelineJob& stage) { agree = s.absorb(stage) && agree; });
-    } else {
-        run_layout(cfg, {}, [&](Job& job) { agree = s.absorb(job) && agree; });
-    }
+    RunHooks hooks;
+    hooks.inspect = [&](Job& job) { agree = s.absorb(job) && agree; };
+    run_layout(cfg, {}, hooks);
     if (!agree && note) {
         *note = "the ranks of the ";
         *note += layout_name(cfg.layout);

@@ -3,7 +3,6 @@
 #include "core/error.h"
 #include "core/job.h"
 #include "core/parallel/mesh.h"
-#include "core/parallel/pipeline.h"
 #include "core/parallel/runner.h"
 #include "core/state.h"
 #include "validators/budget.h"
@@ -154,23 +153,22 @@ LogicalState gathered(const Config& cfg, std::vector<float>&& p, std::vector<flo
     return s;
 }
 
-// Runs layout config c to step `last` (of c's schedule) with ranks[world rank] as each rank's
-// probe recorder.
-// The world rank of a job (pp rank 0) or of a pipeline stage.
+// The world rank of a rank's job.
 int world_rank(const Mesh& mesh, const Job& job) {
-    return mesh.rank_of(Coord{0, job.dp_rank(), job.tp_rank()});
-}
-int world_rank(const Mesh& mesh, const PipelineJob& stage) {
-    return mesh.rank_of(Coord{stage.pp_rank(), stage.dp_rank(), stage.tp_rank()});
+    return mesh.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank()});
 }
 
-void record_layout(const Config& c, std::vector<std::unique_ptr<ProbeRecorder>>& ranks, i64 last) {
+// Runs layout config c to step `last` (of c's schedule) with ranks[world rank] as each rank's
+// probe recorder, under the caller's decorators.
+void record_layout(const Config& c, std::vector<std::unique_ptr<ProbeRecorder>>& ranks, i64 last,
+                   const RunHooks& decorate) {
     const Mesh mesh(make_layout(c));
-    auto setup = [&](auto& job) {  // a Job or a PipelineJob
+    RunHooks hooks;
+    hooks.setup = [&](Job& job) {
         job.set_probes(ranks[static_cast<size_t>(world_rank(mesh, job))].get());
         job.stop_after(last);
     };
-    run_layout(c, {}, {}, {}, {}, setup, setup);
+    run_layout(c, {}, chain(decorate, hooks));
 }
 
 // One layout's run: `body` fills r; an exception that is not bad input makes the layout
@@ -205,7 +203,8 @@ std::string coord_text(const Mesh& mesh, int rank) {
 }
 
 // The first-divergence search (validate.h): probes on every op of steps s-1 and s.
-void search_first_op(const Config& ref_cfg, const Config& c, LayoutResult& r) {
+void search_first_op(const Config& ref_cfg, const Config& c, LayoutResult& r,
+                     const RunHooks& decorate) {
     const i64 s = r.first_step;
     std::vector<std::string> patterns;
     for (i64 k = std::max<i64>(1, s - 1); k <= s; k++)
@@ -224,7 +223,7 @@ void search_first_op(const Config& ref_cfg, const Config& c, LayoutResult& r) {
     const int n = c.layout.dp * c.layout.tp * c.layout.pp;
     std::vector<std::unique_ptr<ProbeRecorder>> ranks;
     for (int k = 0; k < n; k++) ranks.push_back(std::make_unique<ProbeRecorder>(patterns));
-    record_layout(c, ranks, s);
+    record_layout(c, ranks, s, decorate);
     for (const std::string& name : ref.names()) {
         std::vector<i64> shape;
         const std::vector<float> want = ref.unshard(name, &shape);
@@ -283,18 +282,20 @@ std::vector<Comparison> compare_grads(const ProbeRecorder& ref_grads, ProbeRecor
 // each rank gathers the logical state and compares it, and its pieces of the reduced gradients,
 // with the reference (Checker) into r. Returns world rank 0's last state.
 LogicalState lockstep(const Config& c, const std::vector<LogicalState>& reference,
-                      const ProbeRecorder& ref_grads, LayoutResult& r, i64 steps) {
+                      const ProbeRecorder& ref_grads, LayoutResult& r, i64 steps,
+                      const RunHooks& decorate) {
     const Mesh mesh(make_layout(c));
     Checker check{reference, r, {}, {}};
     const int n = c.layout.dp * c.layout.tp * c.layout.pp;
     std::vector<std::unique_ptr<ProbeRecorder>> grads;
     for (int k = 0; k < n; k++)
         grads.push_back(std::make_unique<ProbeRecorder>(std::vector<std::string>{"*/grad/**"}));
-    auto setup = [&](auto& job) {  // a Job or a PipelineJob
+    RunHooks hooks;
+    hooks.setup = [&](Job& job) {
         job.stop_after(steps);
         job.set_probes(grads[static_cast<size_t>(world_rank(mesh, job))].get());
     };
-    auto each = [&](auto& job) {
+    hooks.each_step = [&](Job& job) {
         const int rank = world_rank(mesh, job);
         std::vector<float> p, m, v;
         job.gather_full(&p, &m, &v);
@@ -302,7 +303,7 @@ LogicalState lockstep(const Config& c, const std::vector<LogicalState>& referenc
             gathered(c, std::move(p), std::move(m), std::move(v), job.history()), rank,
             compare_grads(ref_grads, *grads[static_cast<size_t>(rank)], job.steps_done()));
     };
-    run_layout(c, {}, {}, each, each, setup, setup);
+    run_layout(c, {}, chain(decorate, hooks));
     if (r.steps != steps)
         throw InternalError("the layout compared " + std::to_string(r.steps) + " of " +
                             std::to_string(steps) + " steps");
@@ -403,7 +404,8 @@ Config with_layout(Config cfg, const LayoutSpec& l) {
 }
 
 ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSpec>& layouts,
-                                  i64 steps, void (*progress)(const LayoutResult&)) {
+                                  i64 steps, void (*progress)(const LayoutResult&),
+                                  const RunHooks& decorate) {
     Config cfg = base;
     cfg.train.steps = steps;
     cfg.output.run_file = false;
@@ -442,7 +444,7 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
         rep.layouts.push_back(run_one(spec, progress, [&](LayoutResult& r) {
             Config c = with_layout(cfg, spec);
             if (fast) c.numerics.mode = Mode::fast;
-            const LogicalState last = lockstep(c, reference, ref_grads, r, steps);
+            const LogicalState last = lockstep(c, reference, ref_grads, r, steps, decorate);
             if (fast) {
                 std::vector<const LogicalState*> alts;
                 for (const LogicalState& a : alternates) alts.push_back(&a);
@@ -455,7 +457,7 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
             r.verdict = r.first_step < 0 ? "match" : "diverged";
             if (r.first_step < 0) return;
             try {  // the divergence stands even if the search cannot run
-                search_first_op(ref_cfg, c, r);
+                search_first_op(ref_cfg, c, r, decorate);
             } catch (const DataError&) {
                 throw;
             } catch (const std::exception& e) {
@@ -469,7 +471,8 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
             for (const LayoutSpec& part : single_axis_parts(spec)) {
                 LayoutResult p;
                 try {
-                    lockstep(with_layout(cfg, part), reference, ref_grads, p, r.first_step);
+                    lockstep(with_layout(cfg, part), reference, ref_grads, p, r.first_step,
+                             decorate);
                     r.axes.push_back(
                         {part.name, p.first_step < 0 ? "match" : "diverged", p.first_step, ""});
                 } catch (const std::exception& e) {
@@ -524,7 +527,7 @@ ValidationReport validate_golden(const Config& base, const std::vector<LayoutSpe
                 recs.push_back(std::make_unique<ProbeRecorder>(t.patterns, t.stride));
                 recs.back()->exclude({"*/mgrad/**"});
             }
-            record_layout(c, recs, t.steps);  // the trace's steps of the trace's schedule
+            record_layout(c, recs, t.steps, {});  // the trace's steps of the trace's schedule
             std::vector<const ProbeRecorder*> view;
             for (const auto& rec : recs) view.push_back(rec.get());
             set_golden_result(r, compare_to_trace(trace, view), t.steps);

@@ -54,6 +54,7 @@
 // only, which is how the harness itself is shown to find one.
 #pragma once
 #include "core/config.h"
+#include "core/parallel/runner.h"
 #include "validators/compare.h"
 
 #include <string>
@@ -149,8 +150,10 @@ void set_golden_result(LayoutResult& r, const GoldenResult& g, i64 steps);
 
 // Runs cfg on the single device for `steps` steps (cfg.train.steps is set to it), then each
 // layout in turn on in-process ranks, comparing after every step. `progress`, when given, is
-// told each layout's result as it finishes.
+// told each layout's result as it finishes. `decorate` wraps every run of a layout's ranks
+// (never the reference's): a test's planted bug, a tracer.
 ValidationReport validate_layouts(const Config& cfg, const std::vector<LayoutSpec>& layouts,
-                                  i64 steps, void (*progress)(const LayoutResult&) = nullptr);
+                                  i64 steps, void (*progress)(const LayoutResult&) = nullptr,
+                                  const RunHooks& decorate = {});
 
 }  // namespace px

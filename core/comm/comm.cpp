@@ -231,6 +231,10 @@ Communicator::Communicator(int rank, int size, std::string group, std::shared_pt
     book_->add_group(group_, rank_, size_);
 }
 
+Decorator::Decorator(std::unique_ptr<Communicator> inner)
+    : Communicator(inner->rank(), inner->size(), inner->group(), inner->stats_book()),
+      inner_(std::move(inner)) {}
+
 namespace {
 
 bool overlap(const void* a, i64 a_bytes, const void* b, i64 b_bytes) {
@@ -361,7 +365,6 @@ Request make(Op op, T* out, const T* in, i64 n, Algo algo = Algo::canonical) {
 template <class T>
 void Communicator::all_reduce(T* buf, i64 n, Algo algo) {
     Request r = make(Op::all_reduce, buf, buf, n, algo);
-    r.swap = mutation::take_swap();
     check(r);
     run(r);
 }

@@ -12,6 +12,7 @@
 //   Handle                an asynchronous operation: wait() completes it or throws its error
 //   Request               one operation as plain data: what a backend receives
 //   Communicator          rank, size, group; collectives, send/recv, async variants, split, abort
+//   Decorator             a communicator around another, handing it every operation
 //   ProgressQueue         for backends: async collectives in issue order on a thread of their own
 //
 // Collectives. Every rank of a group calls the same collectives in the same order; the k-th
@@ -48,15 +49,14 @@
 // be used from different threads.
 #pragma once
 #include "core/error.h"
-#include "core/mutation.h"
 #include "core/numerics.h"
 #include "core/shapes.h"
 
 #include <array>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
-#include <cstdint>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -144,9 +144,6 @@ struct Request {
     int tag = 0;                  // send/recv
     int color = 0, key = 0;       // split
     std::string name;             // split: the new group's name
-    // Test-only (core/mutation.h): two ranks' partials trade places in a canonical all_reduce's
-    // tree for some elements (both backends).
-    mutation::PartialSwap swap;
 };
 
 // Bytes this rank sends and receives for req in a group of `size`, by the algorithm's actual
@@ -327,6 +324,9 @@ protected:
     // consistency (counts, ranges, overlaps); matching across ranks is the backend's job.
     virtual void run(Request& req) = 0;     // blocking
     virtual Handle start(Request req) = 0;  // returns at once
+    // Another communicator's backend, for decorators (Decorator).
+    static void run_on(Communicator& c, Request& req) { c.run(req); }
+    static Handle start_on(Communicator& c, Request req) { return c.start(std::move(req)); }
     void record(const Request& req, double seconds) { book_->record(group_, req, seconds); }
 
 private:
@@ -335,6 +335,32 @@ private:
     int rank_, size_;
     std::string group_;
     std::shared_ptr<StatsBook> book_;
+};
+
+// ---- decorators ------------------------------------------------------------------------------
+
+// A communicator around another that hands it every operation: the base of wrappers that act on
+// some requests and pass the rest on (a tracer; a test's planted bug; the
+// runner's RunHooks::wrap_group puts one around a rank's group). Rank, size, group name and the
+// accounting are the wrapped one's.
+class Decorator : public Communicator {
+public:
+    explicit Decorator(std::unique_ptr<Communicator> inner);
+    Communicator& inner() { return *inner_; }
+
+    std::unique_ptr<Communicator> split(int color, int key, std::string name) override {
+        return inner_->split(color, key, std::move(name));
+    }
+    void abort(const std::string& reason) override { inner_->abort(reason); }
+    std::string failure() override { return inner_->failure(); }
+    bool ranks_are_processes() const override { return inner_->ranks_are_processes(); }
+
+protected:
+    void run(Request& req) override { run_on(*inner_, req); }
+    Handle start(Request req) override { return start_on(*inner_, std::move(req)); }
+
+private:
+    std::unique_ptr<Communicator> inner_;
 };
 
 // ---- for backends ----------------------------------------------------------------------------

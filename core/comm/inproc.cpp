@@ -290,22 +290,10 @@ void do_share(const Slot& s, int r, int p) {
             // all-gather phase). Only this rank reads or writes chunk r of any buffer.
             const i64 lo = chunk_lo(n, p, r), hi = chunk_lo(n, p, r + 1);
             if (hi == lo) break;
-            // A test's mutation (core/mutation.h) swaps two partials on [swap.lo, swap.hi): the
-            // chunk is reduced in up to three runs, the middle one with the two swapped.
-            const mutation::PartialSwap& sw = me.swap;
-            const i64 m0 = sw.a < 0 ? hi : std::clamp(sw.lo, lo, hi);
-            const i64 m1 = sw.a < 0 ? hi : std::clamp(sw.hi, m0, hi);
-            const i64 cuts[4] = {lo, m0, m1, hi};
-            for (int run = 0; run < 3; run++) {
-                const i64 a = cuts[run], b = cuts[run + 1];
-                if (a == b) continue;
-                for (int k = 0; k < p; k++) src[k] = in(k) + a;
-                if (run == 1)
-                    std::swap(src[static_cast<size_t>(sw.a)], src[static_cast<size_t>(sw.b)]);
-                reduce_chunk<T>(src, b - a, me.op, me.algo, r, [&](i64 off, const T* v, i64 w) {
-                    for (int k = 0; k < p; k++) std::copy(v, v + w, out(k) + a + off);
-                });
-            }
+            for (int k = 0; k < p; k++) src[k] = in(k) + lo;
+            reduce_chunk<T>(src, hi - lo, me.op, me.algo, r, [&](i64 off, const T* v, i64 w) {
+                for (int k = 0; k < p; k++) std::copy(v, v + w, out(k) + lo + off);
+            });
             break;
         }
         case Op::reduce_scatter:

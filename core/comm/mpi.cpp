@@ -749,15 +749,6 @@ private:
                     std::copy(in + lo(r), in + lo(r + 1), rows.data() + r * len);
                     wait_for(pd, what, "data");
                 }
-                // A test's mutation (core/mutation.h): two ranks' partials trade places on
-                // [swap.lo, swap.hi), as in the in-process backend.
-                if (const mutation::PartialSwap& sw = q.swap; sw.a >= 0) {
-                    const i64 a = std::clamp(sw.lo, lo(r), lo(r + 1)) - lo(r);
-                    const i64 b = std::clamp(sw.hi, lo(r), lo(r + 1)) - lo(r);
-                    for (i64 j = a; j < b; j++)
-                        std::swap(rows[static_cast<size_t>(sw.a * len + j)],
-                                  rows[static_cast<size_t>(sw.b * len + j)]);
-                }
                 if (q.op == Op::all_reduce_max)
                     tree_rows<T, true>(rows.data(), 0, p, len);
                 else

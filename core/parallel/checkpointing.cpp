@@ -143,8 +143,7 @@ std::string RunCheckpoints::choose_resume() {
                                             : cfg_.checkpoint.resume;
 }
 
-template <class J>
-i64 RunCheckpoints::resume_into(J& job) {
+i64 RunCheckpoints::resume(Job& job) {
     const std::string path = choose_resume();
     if (path.empty()) return 0;
     i64 step = 0;
@@ -199,8 +198,7 @@ void RunCheckpoints::sync() {
     if (world_ && world_->size() > 1) world_->barrier();
 }
 
-template <class J>
-void RunCheckpoints::save(J& job) {
+void RunCheckpoints::save(Job& job) {
     const i64 step = job.steps_done();
     const std::string path = checkpoint_path(cfg_.checkpoint.dir, step);
     // Rank 0's meta is the one stored (the ranks' histories differ only in their timings).
@@ -333,19 +331,8 @@ void RunCheckpoints::save_shared(const RankState& state, const std::string& path
     sync();
 }
 
-i64 RunCheckpoints::resume(Job& job) {
-    return resume_into(job);
-}
-i64 RunCheckpoints::resume(PipelineJob& stage) {
-    return resume_into(stage);
-}
-
 void RunCheckpoints::after_step(Job& job) {
     if (checkpoint_due(cfg_, job.steps_done())) save(job);
-}
-
-void RunCheckpoints::after_step(PipelineJob& stage) {
-    if (checkpoint_due(cfg_, stage.steps_done())) save(stage);
 }
 
 }  // namespace px

@@ -27,7 +27,7 @@
 // Resuming: world rank 0 chooses the file (verifying every checksum; newer files that fail are
 // reported and skipped; a file named by checkpoint.resume is verified the same way), broadcasts
 // its step, and every rank opens it, checks the model's shapes, the data stream and the history,
-// and reads only the hyperslabs it holds (Job::restore_local / PipelineJob::restore_local), under
+// and reads only the hyperslabs it holds (Job::restore_local), under
 // the same HDF5 mutex; a rank whose reads fail aborts the world likewise. The data and the random
 // numbers are functions of (seed, step, position), so the step is all the data loader needs; the
 // checkpoint's data source description must match the config's.
@@ -41,8 +41,6 @@
 #include <string>
 
 namespace px {
-
-class PipelineJob;
 
 // The file to resume from: "" when checkpoint.resume is "" (or "auto" finds none: then `note`
 // says so), the path itself when it names one. Reports skipped files through `note`.
@@ -60,20 +58,15 @@ public:
     // Loads the checkpoint checkpoint.resume names into the job, if any. Returns its step (0:
     // started fresh). Throws CheckpointError / ConfigError naming the file and the mismatch.
     i64 resume(Job& job);
-    i64 resume(PipelineJob& stage);
     // After each step: saves when checkpoint.every divides the step, and after the last step.
     void after_step(Job& job);
-    void after_step(PipelineJob& stage);
     bool enabled() const { return !cfg_.checkpoint.dir.empty(); }
     // What this rank wrote in its last save (pieces, floats, its largest staging buffer).
     const SliceStats& last_save() const { return last_save_; }
 
 private:
     std::string choose_resume();  // world rank 0 decides, every rank learns the path
-    template <class J>
-    i64 resume_into(J& job);
-    template <class J>
-    void save(J& job);
+    void save(Job& job);
 
     void save_mpi(const RankState& state, const std::string& path, const CheckpointMeta& meta,
                   MPI_Comm comm);

@@ -67,8 +67,7 @@ bool FaultInjector::strikes(i64 step) {
     return true;
 }
 
-template <class J>
-void FaultInjector::attach_to(J& job) {
+void FaultInjector::attach(Job& job) {
     if (!armed_) return;
     if (f_.kind == "flip_grad" || f_.kind == "flip_weight") {
         const ParamTable& table = job.model().table();
@@ -93,11 +92,9 @@ void FaultInjector::attach_to(J& job) {
         GPT* model = &job.model();
         h.updated = [this, model](i64 step) { flip(step, model->params(), "weights"); };
     }
-    job.set_step_hooks(std::move(h));
+    job.add_step_hooks(std::move(h));
 }
 
-void FaultInjector::attach(Job& job) { attach_to(job); }
-void FaultInjector::attach(PipelineJob& stage) { attach_to(stage); }
 
 void FaultInjector::before(i64 step) {
     if (f_.kind != "kill" && f_.kind != "stall") return;
@@ -163,8 +160,7 @@ namespace {
 // any flipped bit changes the hash, and the sum splits over threads exactly (mod 2^64). Two mixes
 // word of two floats, half the checkpoint checksum's per float, since this runs every N steps.
 // The Adam moments are not hashed: a fault in them reaches the weights at the next update.
-template <class J>
-std::uint64_t replica_hash(const J& job) {
+std::uint64_t replica_hash(const Job& job) {
     const GPT& model = job.model();
     const i64 n = model.table().total;
     const float* w = model.params();
@@ -228,8 +224,7 @@ std::vector<int> ReplicaCheck::outliers(const std::vector<std::uint64_t>& h, boo
     return out;
 }
 
-template <class J>
-bool ReplicaCheck::check(J& job) {
+bool ReplicaCheck::after_step(Job& job) {
     if (!enabled()) return false;
     const i64 step = job.steps_done();
     if (rerun_to_ == 0 && !due(step)) return false;
@@ -305,10 +300,5 @@ bool ReplicaCheck::check(J& job) {
 void ReplicaCheck::start(Job& job) {
     if (enabled()) job.snapshot(snap_);
 }
-void ReplicaCheck::start(PipelineJob& stage) {
-    if (enabled()) stage.snapshot(snap_);
-}
-bool ReplicaCheck::after_step(Job& job) { return check(job); }
-bool ReplicaCheck::after_step(PipelineJob& stage) { return check(stage); }
 
 }  // namespace px

@@ -3,7 +3,7 @@
 //
 // Index
 //   FaultInjector   fault.* of the config on one rank: kill, stall, flip a bit of the gradient
-//                   or of the weights (StepHooks on a Job or PipelineJob)
+//                   or of the weights (StepHooks on a Job)
 //   ReplicaCheck    validate.replica_check_every: replicas compare weight checksums; a mismatch
 //                   is re-run from the last state that agreed and judged transient or persistent
 //
@@ -54,8 +54,6 @@
 
 namespace px {
 
-class PipelineJob;
-
 class FaultInjector {
 public:
     // `world`: this rank's world communicator (a stalled or silent rank polls it for the job's
@@ -63,14 +61,11 @@ public:
     FaultInjector(const Config& cfg, comm::Communicator* world);
     bool armed() const { return armed_; }  // this rank has a fault to inject
 
-    // Sets the job's StepHooks; checks that fault.tensor and fault.element exist on this rank
+    // Adds its StepHooks to the job; checks that fault.tensor and fault.element exist on this rank
     // (ConfigError naming the keys otherwise).
     void attach(Job& job);
-    void attach(PipelineJob& stage);
 
 private:
-    template <class J>
-    void attach_to(J& job);
     bool strikes(i64 step);  // this step, and (persistent or not yet struck)
     void before(i64 step);
     void flip(i64 step, float* base, const char* what);
@@ -92,18 +87,14 @@ public:
 
     // Before the first step: the snapshot to re-run from.
     void start(Job& job);
-    void start(PipelineJob& stage);
     // After each step, before checkpoints: checks when due. Returns true when the job was
     // rewound to re-run steps (the step's checkpoint is then skipped). Throws CorruptionError
     // on every rank when a re-run reproduces a mismatch.
     bool after_step(Job& job);
-    bool after_step(PipelineJob& stage);
 
     i64 mismatches() const { return mismatches_; }  // detected so far (each re-run once)
 
 private:
-    template <class J>
-    bool check(J& job);
     bool due(i64 step) const;
     std::vector<std::uint64_t> hashes(std::uint64_t mine);  // world all-gather
     // Ranks that disagree with their replicas' majority (a group without one: all its ranks).

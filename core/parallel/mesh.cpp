@@ -268,14 +268,17 @@ std::vector<TokenRange> token_ranges(const Layout& l) {
                             ", model.seq_len=" + str(T) + " and numerics.block=" + str(l.block);
     const std::string why =
         " (DESIGN.md §2.1: a weight gradient reduces over the batch's tokens in blocks of "
-        "numerics.block combined in a fixed tree, and each dp rank and microbatch must own one "
+        "numerics.block combined in a fixed, canonical tree, and each dp rank and microbatch must "
+        "own one "
         "node of it for the sum to equal the single-device one)";
     const std::string fix_block =
         "; choose fewer microbatches, or a numerics.block that divides the tokens of a "
         "microbatch (" +
         str(mbs) + " × " + str(T) + ")";
     const std::string fix_node =
-        "; choose dp × microbatches as a power of two (every power of two that divides "
+        "; choose layout.dp and " + l.microbatches_key + " (now " + l.microbatches_key + " = " +
+        str(M) +
+        ") so that dp × microbatches is a power of two (every power of two that divides "
         "train.batch_size works), or counts whose ranges follow the tree's splits at ceil(n/2)";
 
     // A range ends on a block boundary, or at the end of the batch.
@@ -289,17 +292,32 @@ std::vector<TokenRange> token_ranges(const Layout& l) {
     };
 
     std::vector<TokenRange> out;
+    const bool mb_major = l.microbatch_major();
+    if (mb_major)
+        for (int k = 0; k < l.microbatches; k++) {
+            // Each microbatch range is one node: its dp pieces reduce over ranks, then the
+            // microbatch nodes combine.
+            const std::string range = "microbatch " + std::to_string(k) + " (its " +
+                                      std::to_string(dp) + " replicas' pieces, ZeRO-" +
+                                      str(l.zero) + ")";
+            const i64 lo = block_of(k * dp * mbs, range), hi = block_of((k + 1) * dp * mbs, range);
+            if (!is_tree_node(nb, lo, hi))
+                throw ConfigError(who + ": " + not_a_node(range, nb, lo, hi) + why + fix_node);
+        }
     for (int d = 0; d < l.dp; d++) {
         const std::string rank = "dp rank " + std::to_string(d);
-        const i64 lo = block_of(d * M * mbs, rank), hi = block_of((d + 1) * M * mbs, rank);
-        // The whole rank is one node: its microbatches combine locally, then one partial per rank.
-        if (!is_tree_node(nb, lo, hi))
-            throw ConfigError(who + ": " + not_a_node(rank, nb, lo, hi) + why + fix_node);
+        if (!mb_major) {
+            // The whole rank is one node: its microbatches combine locally, then one partial per
+            // rank.
+            const i64 lo = block_of(d * M * mbs, rank), hi = block_of((d + 1) * M * mbs, rank);
+            if (!is_tree_node(nb, lo, hi))
+                throw ConfigError(who + ": " + not_a_node(rank, nb, lo, hi) + why + fix_node);
+        }
         for (int k = 0; k < l.microbatches; k++) {
             TokenRange r;
             r.dp_rank = d;
             r.microbatch = k;
-            r.sample_lo = (d * M + k) * mbs;
+            r.sample_lo = mb_major ? (k * dp + d) * mbs : (d * M + k) * mbs;
             r.sample_hi = r.sample_lo + mbs;
             const std::string owner = rank + ", microbatch " + std::to_string(k);
             r.block_lo = block_of(r.sample_lo, owner);
@@ -387,6 +405,9 @@ LayerRange Mesh::layers(int pp_rank, int chunk) const {
 }
 
 Schedule Mesh::schedule() const {
+    // One stage: the trivial schedule, forward then backward of each microbatch in turn (1F1B
+    // with no warm-up), whatever the key says: one set of activations at a time.
+    if (l_.pp == 1) return make_schedule(ScheduleKind::one_f_one_b, 1, l_.microbatches, 1);
     return make_schedule(l_.schedule, l_.pp, l_.microbatches, l_.virtual_stages);
 }
 

@@ -33,8 +33,9 @@
 //   microbatches  dp × microbatches divides train.batch_size; GPipe and 1F1B run any count >= 1
 //                 (1F1B simply has a longer bubble below pp); interleaved needs a multiple of pp
 //                 (as Megatron: it runs microbatches in groups of pp).
-//   tokens        every (dp rank, microbatch) and every dp rank owns whole token blocks forming one
-//                 node of the canonical tree over the batch's blocks (token_ranges)
+//   tokens        every (dp rank, microbatch) and every dp rank (microbatch-major: every
+//                 microbatch range) owns whole token blocks forming one node of the canonical
+//                 tree over the batch's blocks (token_ranges)
 //   zero          any stage with any dp: with dp = 1 a ZeRO shard is the whole state (trivial).
 #pragma once
 #include "core/comm/comm.h"
@@ -79,6 +80,10 @@ struct Layout {
     // Sequences per microbatch, and the leaves of the batch's token tree.
     i64 microbatch_size() const { return batch_size / (static_cast<i64>(dp) * microbatches); }
     i64 token_blocks() const { return num_blocks(batch_size * seq_len, block); }
+    // ZeRO-2/3 with dp > 1 on one stage cuts the batch into microbatch ranges first and gives
+    // every replica a piece of each (core/parallel/zero.h ZeroUnits): dp rank d's microbatch k
+    // is piece d of range k. Otherwise each replica owns one range, cut into its microbatches.
+    bool microbatch_major() const { return zero >= 2 && dp > 1 && pp == 1; }
 };
 
 // Resolves the [layout] keys (layout.microbatches = 0 takes train.microbatches; layout.comm
@@ -96,7 +101,9 @@ void validate_layout(const Layout& l);  // throws ConfigError: one sentence nami
 // ranges. dp rank d owns sequences [d·B/dp, (d+1)·B/dp) and its microbatch k the k-th equal part
 // of that (dp-major), so a rank's microbatches combine locally (a subtree) and the dp all-reduce
 // adds one node per rank; when every rank's range is a node the canonical tree over rank indices
-// (comm::Algo::canonical) is exactly the block tree.
+// (comm::Algo::canonical) is exactly the block tree. Microbatch-major layouts
+// (Layout::microbatch_major) cut the batch into microbatch ranges first, each one node whose dp
+// pieces are its nodes below, reduced (reduce-scattered) over rank indices.
 struct TokenRange {
     int dp_rank = 0;
     int microbatch = 0;
@@ -105,7 +112,8 @@ struct TokenRange {
 
     bool operator==(const TokenRange&) const = default;
 };
-// One per (dp rank, microbatch), dp-major. Throws ConfigError naming layout.dp, the microbatches
+// One per (dp rank, microbatch), dp-major (also for a microbatch-major layout, whose ranges
+// then interleave). Throws ConfigError naming layout.dp, the microbatches
 // key, train.batch_size, model.seq_len and numerics.block when a range does not end on a block
 // boundary or is not one node of the tree (or a dp rank's whole range is not).
 std::vector<TokenRange> token_ranges(const Layout& l);
@@ -130,6 +138,9 @@ struct LayerRange {
 class Mesh {
 public:
     explicit Mesh(Layout layout);  // validates: ConfigError naming the keys
+    // A layout that make_layout made (validated once, then only read: the trainer's).
+    struct Validated {};
+    Mesh(Layout layout, Validated) : l_(std::move(layout)) {}
 
     const Layout& layout() const { return l_; }
     int world_size() const { return l_.world_size(); }

@@ -1,6 +1,6 @@
-// Steps 6 and 7 of running a rank (runner.h): its checkpoints (resume, then save every N steps,
+// Steps 5 and 6 of running a rank (runner.h): its checkpoints (resume, then save every N steps,
 // checkpointing.h) and its faults (the injector and the replica check, faults.h), set up around
-// a Job or a PipelineJob in the same order for both.
+// the rank's Job.
 #pragma once
 #include "core/comm/comm.h"
 #include "core/config.h"
@@ -14,8 +14,7 @@ public:
     // Resumes `job` from the checkpoint config asks for (if any), attaches the fault injector
     // and starts the replica check, which runs before a checkpoint so that checkpoints hold
     // checked weights. Must outlive the job's run.
-    template <class J>
-    RankGuards(const Config& cfg, comm::Communicator& world, J& job)
+    RankGuards(const Config& cfg, comm::Communicator& world, Job& job)
         : checkpoints_(cfg, &world), faults_(cfg, &world), check_(cfg, world) {
         checkpoints_.resume(job);
         faults_.attach(job);
@@ -26,8 +25,7 @@ public:
 
     // After each step: the replica check, then a checkpoint when one is due. False when the
     // check rewound the job: the step is re-run, and the caller skips its own per-step work.
-    template <class J>
-    bool after_step(J& job) {
+    bool after_step(Job& job) {
         if (check_.after_step(job)) return false;
         checkpoints_.after_step(job);
         return true;

@@ -2,11 +2,7 @@
 
 #include "core/comm/inproc.h"
 #include "core/error.h"
-#include "core/parallel/mesh.h"
-#include "core/parallel/pipeline.h"
 #include "core/parallel/rank_guards.h"
-
-#include <omp.h>
 
 #include <algorithm>
 #include <mutex>
@@ -25,83 +21,82 @@ int threads_per_rank(const Config& cfg, int ranks_on_node) {
     return std::max(1, hw / std::max(1, ranks_on_node));
 }
 
-void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Observer*>& observers,
-              const std::function<void(Job&)>& inspect,
-              const std::function<void(PipelineJob&)>& inspect_stage,
-              const std::function<void(Job&)>& each_step,
-              const std::function<void(PipelineJob&)>& each_stage_step,
-              const std::function<void(Job&)>& setup,
-              const std::function<void(PipelineJob&)>& setup_stage) {
-    const LayoutConfig& l = cfg.layout;
-    // The layout checks itself first: products, divisibility, token-tree nodes (mesh.h).
-    const Layout layout = make_layout(cfg);
-    const int n = layout.world_size();
-    if (world.size() != n)
-        throw ConfigError(
-            "the world has " + std::to_string(world.size()) +
-            " ranks but the layout needs layout.dp × layout.pp × layout.tp = " +
-            std::to_string(l.dp) + " × " + std::to_string(l.pp) + " × " + std::to_string(l.tp) +
-            " = " + std::to_string(n) + "; start it with `mpirun -np " + std::to_string(n) +
-            "`, or change the layout so that the product is " + std::to_string(world.size()));
-    if (l.pp > 1) {  // 4. pipeline parallelism: stages of layers, a schedule of actions (with
-                     //    dp and tp inside, run_pipeline_rank splits the groups)
-        run_pipeline_rank(cfg, world, observers, inspect_stage, each_stage_step, setup_stage);
-        return;
-    }
-    // 2. Data parallelism: with tp = pp = 1 the whole world is the dp group.
-    ReplicaContext replica{&world, l.zero, layout.algo};
-    // 5. Tensor parallelism: the world splits into tp groups (neighbouring ranks, Mesh's
-    //    colors) and dp groups across them; each replica is a tp group holding one shard of
-    //    the model per rank (tp_model.h), and its gradients combine over the dp group.
-    std::unique_ptr<comm::Communicator> dp_group, tp_group;
-    if (l.tp > 1) {
-        const Mesh mesh(layout);
-        const int r = world.rank();
-        const Coord c = mesh.coord_of(r);
-        dp_group = world.split(mesh.group_color(MeshDim::dp, r), c.dp, "dp");
-        tp_group = world.split(mesh.group_color(MeshDim::tp, r), c.tp, "tp");
-        replica.dp = dp_group.get();
-        replica.tp = tp_group.get();
-    }
-    Job job(cfg, replica);
-    // 6.-7. Checkpoints (resume from the logical state any layout wrote, save every N steps)
-    //    and faults (the injector, the replica check), rank_guards.h.
-    RankGuards guards(cfg, world, job);
-    if (setup) setup(job);
-    job.set_after_step([&](Job& j) {
-        if (guards.after_step(j) && each_step) each_step(j);
-    });
-    if (world.rank() == 0)
-        for (Observer* o : observers) job.add_observer(o);
-    job.run();
-    if (inspect) inspect(job);
+RunHooks chain(const RunHooks& first, RunHooks then) {
+    auto both = [](const std::function<void(Job&)>& a, std::function<void(Job&)> b) {
+        if (!a) return b;
+        if (!b) return a;
+        return std::function<void(Job&)>([a, b](Job& job) {
+            a(job);
+            b(job);
+        });
+    };
+    then.setup = both(first.setup, std::move(then.setup));
+    then.each_step = both(first.each_step, std::move(then.each_step));
+    then.inspect = both(first.inspect, std::move(then.inspect));
+    if (first.wrap_group) then.wrap_group = first.wrap_group;
+    return then;
 }
 
-void run_layout(const Config& cfg, const std::vector<Observer*>& observers,
-                const std::function<void(Job&)>& inspect,
-                const std::function<void(Job&)>& each_step,
-                const std::function<void(PipelineJob&)>& each_stage_step,
-                const std::function<void(Job&)>& setup,
-                const std::function<void(PipelineJob&)>& setup_stage) {
-    const Layout layout = make_layout(cfg);  // validates before any thread starts
-    if (cfg.layout.pp > 1) {
-        run_pipeline(cfg, observers, {}, each_stage_step, setup_stage);
-        return;
+void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Observer*>& observers,
+              const RunHooks& hooks) {
+    // 2. The layout checks itself once: products, divisibility, token-tree nodes (mesh.h).
+    const Layout layout = make_layout(cfg);
+    const Mesh mesh(layout);
+    const int n = layout.world_size();
+    if (world.size() != n)
+        throw ConfigError("the world has " + std::to_string(world.size()) +
+                          " ranks but the layout needs layout.dp × layout.pp × layout.tp = " +
+                          std::to_string(layout.dp) + " × " + std::to_string(layout.pp) + " × " +
+                          std::to_string(layout.tp) + " = " + std::to_string(n) +
+                          "; start it with `mpirun -np " + std::to_string(n) +
+                          "`, or change the layout so that the product is " +
+                          std::to_string(world.size()));
+    // 3. Groups: a pp group per (replica, tp rank) (pipeline order: the same tp rank of every
+    //    stage), a dp group per (stage, tp rank), a tp group per (stage, replica): Megatron's
+    //    order, tp innermost (mesh.h). Every rank splits every dimension (a collective); a
+    //    group of one is dropped.
+    const int r = world.rank();
+    const Coord at = mesh.coord_of(r);
+    std::unique_ptr<comm::Communicator> group[3];
+    const MeshDim dims[3] = {MeshDim::pp, MeshDim::dp, MeshDim::tp};
+    for (int d = 0; d < 3; d++) {
+        if (mesh.size(dims[d]) == 1) continue;
+        group[d] = world.split(mesh.group_color(dims[d], r), at[dims[d]], dim_name(dims[d]));
+        if (hooks.wrap_group) group[d] = hooks.wrap_group(dims[d], std::move(group[d]));
     }
+    // 4. The rank's job.
+    Job job(cfg, layout, RankGroups{&world, group[0].get(), group[1].get(), group[2].get()});
+    // 5.-6. Checkpoints (resume from the logical state any layout wrote, save every N steps)
+    //    and faults (the injector, the replica check), rank_guards.h.
+    RankGuards guards(cfg, world, job);
+    if (hooks.setup) hooks.setup(job);
+    job.set_after_step([&](Job& j) {
+        if (guards.after_step(j) && hooks.each_step) hooks.each_step(j);
+    });
+    if (r == 0)
+        for (Observer* o : observers) job.add_observer(o);
+    job.run();
+    if (hooks.inspect) {
+        job.unshard();  // collective: before any rank's turn at inspect
+        hooks.inspect(job);
+    }
+}
+
+void run_layout(const Config& cfg, const std::vector<Observer*>& observers, const RunHooks& hooks) {
+    const Layout layout = make_layout(cfg);  // validates before any thread starts
     const int n = layout.world_size();
     // 1. Ranks: threads; the cores are shared out so that the ranks together use them once.
     Config rank_cfg = cfg;
     rank_cfg.train.threads = threads_per_rank(cfg, n);
     std::mutex inspect_mutex;
+    RunHooks rank_hooks = hooks;
+    if (hooks.inspect)
+        rank_hooks.inspect = [&](Job& job) {
+            std::lock_guard<std::mutex> lock(inspect_mutex);
+            hooks.inspect(job);
+        };
     comm::run_ranks(n, cfg.layout.timeout_s, [&](comm::Communicator& world) {
-        run_rank(
-            rank_cfg, world, observers,
-            [&](Job& job) {
-                if (!inspect) return;
-                std::lock_guard<std::mutex> lock(inspect_mutex);
-                inspect(job);
-            },
-            {}, each_step, {}, setup);
+        run_rank(rank_cfg, world, observers, rank_hooks);
     });
 }
 

@@ -8,7 +8,7 @@
 //   StatePiece        a run of a local array that is one 2-D slab of one logical tensor
 //   state_pieces      the pieces of local floats [lo, hi) of a model's (tp shard's, stage's) table
 //   RankState         one rank's arrays and its shares: what it writes, what it reads
-//   replica_state     the RankState of a replica's ZeRO cut (Job and PipelineJob add tp and pp)
+//   replica_state     the RankState of a replica's ZeRO cut (Job::rank_state adds tp and pp)
 //   SliceStats        what a transfer moved: pieces, floats, the largest staging buffer
 //   write_rank_state  a rank's pieces into a CheckpointWriter (write(): 2-D hyperslabs)
 //   read_rank_state   a rank's pieces from a CheckpointReader (hyperslab reads)
@@ -62,8 +62,7 @@ struct StatePiece {
 std::vector<StatePiece> state_pieces(const GPT& model, Range floats,
                                      const std::vector<char>* only = nullptr);
 
-// One rank's arrays and its shares of the logical state (Job::rank_state,
-// PipelineJob::rank_state build it).
+// One rank's arrays and its shares of the logical state (Job::rank_state builds it).
 struct RankState {
     const GPT* model = nullptr;  // the local table and, under tp, its TpLayers
     float* params = nullptr;     // the weight array, laid out by model->table()
@@ -75,7 +74,7 @@ struct RankState {
     std::vector<char> writes_entry;  // per local entry: this rank writes its part of `writes`
 };
 
-// The part of a RankState that Job and PipelineJob share: the model's arrays and moments, and
+// The part of a RankState that every rank has: the model's arrays and moments, and
 // replica dp_rank's cut of the ZeRO shard edges as what it writes (without ZeRO the replicas split
 // the writing the same way); under ZeRO-3 it holds only those weights. writes_entry is left to
 // the caller (which tensors this rank writes over tp and pp), all 1.

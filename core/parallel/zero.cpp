@@ -1,7 +1,6 @@
 #include "core/parallel/zero.h"
 
 #include "core/error.h"
-#include "core/mutation.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <algorithm>
@@ -51,15 +50,29 @@ ZeroShards::ZeroShards(const GPT& model, int dp, int rank)
       edges_(zero_shard_edges(model.table(), dp, model.numerics().block)) {
     // The LM head's gradient shadows wte element for element: cut it where wte is cut.
     const ParamTable& t = model.table();
-    const TableEntry& wte = t.entries[t.wte];
-    head_edges_.resize(edges_.size());
+    head_edges_.assign(edges_.size(), 0);
+    if (t.wte < 0) return;  // a pipeline stage without wte
+    const TableEntry& wte = t.entries[static_cast<size_t>(t.wte)];
     for (size_t r = 0; r < edges_.size(); r++)
         head_edges_[r] = std::clamp<i64>(edges_[r] - wte.offset, 0, wte.numel());
 }
 
-void ZeroShards::reduce_scatter_grads(comm::Communicator& dp, float* grads, comm::Algo) {
-    reduce_scatter_cut(dp, grads, edges_, scratch_);
-    reduce_scatter_cut(dp, grads + model_.grad_layout().head_offset, head_edges_, scratch_);
+// wte's gradient (the embedding's part on the first stage, the LM head's on the last) is
+// all-reduced whole, since the first and the last stage cut their tables differently and
+// exchange it whole; the rest of the table is reduce-scattered at the shard edges.
+void ZeroShards::reduce_scatter_stage(comm::Communicator& dp, float* grads, comm::Algo algo) {
+    const ParamTable& t = model_.table();
+    i64 from = 0;  // the sharded segment [from, table total)
+    if (model_.part().holds_wte()) {
+        const TableEntry& wte = t.entries[static_cast<size_t>(t.wte)];
+        PX_ASSERT(wte.offset == 0, "a table starts with wte");
+        dp.all_reduce(grads, wte.numel(), algo);
+        dp.all_reduce(grads + model_.grad_layout().head_offset, wte.numel(), algo);
+        from = wte.numel();
+    }
+    std::vector<i64> cuts(edges_.size());
+    for (size_t r = 0; r < cuts.size(); r++) cuts[r] = std::clamp(edges_[r], from, t.total) - from;
+    reduce_scatter_cut(dp, grads + from, cuts, scratch_);
 }
 
 std::vector<i64> ZeroShards::cuts_in(i64 a, i64 b) const {
@@ -79,43 +92,36 @@ void ZeroShards::combine_tied(float* grads) const {
         grads[wte.offset + i] = grads[wte.offset + i] + head[i];
 }
 
-float ZeroShards::grad_norm(comm::Communicator& dp, const float* grads, comm::Algo algo) const {
+std::vector<float> ZeroShards::sum_squares(comm::Communicator& dp, const float* grads,
+                                           const std::vector<char>& owned) const {
     const Numerics& nx = model_.numerics();
     const auto& entries = model_.table().entries;
     const int block = nx.block;
-    // The blocks of tensor e that lie in shard r (shard edges are block boundaries).
-    auto owned = [&](const TableEntry& e, int r, i64& b0, i64& b1) {
-        const i64 a = std::max(e.offset, lo(r)), b = std::min(e.offset + e.numel(), hi(r));
+    // The blocks of entry i that lie in shard r (shard edges are block boundaries).
+    auto blocks = [&](size_t i, int r, i64& b0, i64& b1) {
+        const TableEntry& e = entries[i];
         b0 = b1 = 0;
+        if (!owned[i]) return;
+        const i64 a = std::max(e.offset, lo(r)), b = std::min(e.offset + e.numel(), hi(r));
         if (a >= b) return;
         b0 = (a - e.offset) / block;
         b1 = num_blocks(b - e.offset, block);
     };
-
-    if (algo == comm::Algo::ring) {  // fast mode: any order
-        double local = 0.0;
-        for (const TableEntry& e : entries) {
-            const i64 a = std::max(e.offset, lo()), b = std::min(e.offset + e.numel(), hi());
-            if (a < b) local += cpu::sum_squares(nx, grads + a, b - a);
-        }
-        dp.all_reduce(&local, 1, algo);
-        return static_cast<float>(std::sqrt(local));
-    }
-
-    // Bitwise: this rank's block partials, in flat order; then every rank's, gathered.
     std::vector<i64> counts(static_cast<size_t>(size()), 0);
     for (int r = 0; r < size(); r++)
-        for (const TableEntry& e : entries) {
+        for (size_t i = 0; i < entries.size(); i++) {
             i64 b0, b1;
-            owned(e, r, b0, b1);
+            blocks(i, r, b0, b1);
             counts[static_cast<size_t>(r)] += b1 - b0;
         }
+    // This rank's block partials, in flat order; then every rank's, gathered.
     std::vector<float> mine(static_cast<size_t>(counts[static_cast<size_t>(rank_)]));
     i64 at = 0;
-    for (const TableEntry& e : entries) {
+    for (size_t i = 0; i < entries.size(); i++) {
         i64 b0, b1;
-        owned(e, rank_, b0, b1);
+        blocks(i, rank_, b0, b1);
         if (b1 == b0) continue;
+        const TableEntry& e = entries[i];
         const i64 a = e.offset + b0 * block,
                   b = std::min(e.offset + e.numel(), e.offset + b1 * block);
         cpu::sum_squares_blocks(nx, mine.data() + at, grads + a, b - a);
@@ -125,24 +131,28 @@ float ZeroShards::grad_norm(comm::Communicator& dp, const float* grads, comm::Al
     for (i64 c : counts) all_blocks += c;
     std::vector<float> every(static_cast<size_t>(all_blocks));
     dp.all_gather_v(every.data(), mine.data(), counts);
-
-    // Every block of every tensor, in flat order: the same trees as the single device.
-    std::vector<float> per_tensor(entries.size());
+    // Every block of every owned tensor, in flat order: the single device's tree per tensor.
+    std::vector<float> sums(entries.size(), 0.0f);
     at = 0;
     for (size_t i = 0; i < entries.size(); i++) {
+        if (!owned[i]) continue;
         const i64 nb = num_blocks(entries[i].numel(), block);
-        per_tensor[i] = tree_sum(every.data() + at, nb);
+        sums[i] = tree_sum(every.data() + at, nb);
         at += nb;
     }
     PX_ASSERT(at == all_blocks, "every gradient block has exactly one owner");
-    return std::sqrt(tree_sum(per_tensor.data(), static_cast<i64>(per_tensor.size())));
+    return sums;
+}
+
+void ZeroShards::all_gather_shards(comm::Communicator& dp, float* whole, const float* mine) const {
+    std::vector<i64> counts(static_cast<size_t>(size()));
+    for (int r = 0; r < size(); r++) counts[static_cast<size_t>(r)] = hi(r) - lo(r);
+    dp.all_gather_v(whole, mine, counts);
 }
 
 void ZeroShards::all_gather_params(comm::Communicator& dp, float* params) const {
-    std::vector<i64> counts(static_cast<size_t>(size()));
-    for (int r = 0; r < size(); r++) counts[static_cast<size_t>(r)] = hi(r) - lo(r);
-    std::vector<float> mine(params + lo(), params + hi());
-    dp.all_gather_v(params, mine.data(), counts);
+    const std::vector<float> mine(params + lo(), params + hi());
+    all_gather_shards(dp, params, mine.data());
 }
 
 void ZeroShards::release_params(Arena& params) const {
@@ -246,14 +256,8 @@ void ZeroUnits::before_backward(Unit u, float* grads) {
 
 void ZeroUnits::after_backward(Unit u, float* grads) {
     note_peaks();  // the unit's full gradient and its weights are mapped now
-    if (mutation::armed() && dp_.size() > 1)  // a test's flip_grad or drop_microbatch
-        for (const GradSpan& s : model_.unit_grads(u))
-            mutation::strike_gradient(model_.table(), probe_step_, shards_.rank_, mb_, grads, s.lo,
-                                      s.hi);
-    if (probes_)  // this microbatch's gradients of the unit, before they are reduced
-        for (const GradSpan& s : model_.unit_grads(u))
-            model_.probe_params(*probes_, probe_step_, "mgrad", "param", grads + s.lo, s.lo, s.hi,
-                                probe_node_, probe_nodes_);
+    if (tap_)      // this microbatch's gradients of the unit, before they are reduced
+        for (const GradSpan& s : model_.unit_grads(u)) tap_(grads, s.lo, s.hi);
     const int r = shards_.rank_;
     for (const GradSpan& s : model_.unit_grads(u)) {
         const std::vector<i64> cuts = shards_.cuts_in(s.lo, s.hi);

@@ -31,9 +31,9 @@
 //   zero_shard_edges           dp+1 cuts of a (whole or stage) parameter table on block edges
 //   reduce_scatter_cut         canonical reduce-scatter of a segment cut into uneven pieces
 //   ZeroShards                 the shard edges of a model over dp ranks
-//   reduce_scatter_grads       ZeRO-2/3: this rank's shard of the whole batch's gradient
+//   reduce_scatter_stage       ZeRO-2/3 after the last microbatch: this rank's gradient shard
 //   combine_tied               dwte = embedding + LM head, on this rank's shard only
-//   grad_norm                  the global norm from sharded gradients, bit-identical to unsharded
+//   sum_squares                per-tensor Σg² from sharded gradients, bit-identical to unsharded
 //   all_gather_params          every rank gets every shard of the weights
 //   release_params             ZeRO-3: drop the weights this rank does not own
 //   ZeroUnits                  ZeRO-2/3 per unit: gather and free weights, reduce-scatter and
@@ -43,6 +43,7 @@
 #include "core/comm/comm.h"
 #include "core/model.h"
 
+#include <functional>
 #include <vector>
 
 namespace px {
@@ -70,13 +71,22 @@ public:
     i64 lo() const { return lo(rank_); }
     i64 hi() const { return hi(rank_); }
 
-    // grads: a GradLayout buffer holding this rank's partial (its node of the token tree).
-    // Afterwards its shard [lo, hi), and the LM-head entries that shadow the shard's part of wte,
-    // hold the canonical sum over ranks; the rest is stale.
-    void reduce_scatter_grads(comm::Communicator& dp, float* grads, comm::Algo algo);
+    // grads: a GradLayout buffer holding this rank's partial (its node of the token tree), of a
+    // pipeline stage (or the whole model) that reduces after its last microbatch. Afterwards
+    // its shard [lo, hi) holds the canonical sum over ranks, wte's two parts whole (the rest is
+    // stale).
+    void reduce_scatter_stage(comm::Communicator& dp, float* grads, comm::Algo algo);
+    // ZeroUnits' reduced gradient: dwte = embedding + LM head on this rank's shard only.
     void combine_tied(float* grads) const;
-    float grad_norm(comm::Communicator& dp, const float* grads, comm::Algo algo) const;
+    // Per entry of the table: the canonical Σg² of the tensor from this rank's gradient shard
+    // (zero for entries not `owned`); owners compute the sequential sums of their blocks, which
+    // are gathered, and every rank forms each tensor's tree as the single device does. A
+    // collective of the dp group.
+    std::vector<float> sum_squares(comm::Communicator& dp, const float* grads,
+                                   const std::vector<char>& owned) const;
     void all_gather_params(comm::Communicator& dp, float* params) const;
+    // whole (the table's floats) = every rank's shard [lo(r), hi(r)) from its `mine`.
+    void all_gather_shards(comm::Communicator& dp, float* whole, const float* mine) const;
     // ZeRO-3 between steps: the pages of every weight this rank does not own go back.
     void release_params(Arena& params) const;
     // Flat ranges [a, b) of a gradient buffer: each rank's piece of it (p + 1 cuts, clamped).
@@ -106,16 +116,13 @@ public:
     // merges[k]: how many partials merge after microbatch k (the microbatch nodes' post-order).
     ZeroUnits(GPT& model, ZeroShards& shards, comm::Communicator& dp, int stage, Arena& grads,
               std::vector<unsigned char> merges);
-    void begin_microbatch(int k) { mb_ = k; }
-    // Called before each microbatch with the step being run. Probes (core/probe.h): after each
-    // unit's backward, before its reduce-scatter, its parameters' gradients from this microbatch
-    // as "mgrad" at `step`, node `node` of `nodes` (GPT::probe_params); null sink: none. A test's
-    // flip_grad or drop_microbatch (core/mutation.h) strikes there too.
-    void set_probes(ProbeSink* sink, i64 step, i64 node, i64 nodes) {
-        probes_ = sink;
-        probe_step_ = step;
-        probe_node_ = node;
-        probe_nodes_ = nodes;
+    // Before microbatch k's backward. `tap` (may be empty) is shown each unit's gradient
+    // ranges [lo, hi) of the microbatch after its backward, before its reduce-scatter (the
+    // job's probes and StepHooks::microbatch_grad).
+    using Tap = std::function<void(float* grads, i64 lo, i64 hi)>;
+    void begin_microbatch(int k, Tap tap = {}) {
+        mb_ = k;
+        tap_ = std::move(tap);
     }
     void finish();
     i64 partial_bytes() const;  // the microbatch partials of the shard (mapped now)
@@ -146,8 +153,7 @@ private:
     i64 head_lo_ = 0, head_hi_ = 0;  // this rank's head entries, buffer offsets
     int mb_ = 0;
     i64 peak_params_ = 0, peak_grads_ = 0;
-    ProbeSink* probes_ = nullptr;  // set_probes
-    i64 probe_step_ = 0, probe_node_ = 0, probe_nodes_ = 0;
+    Tap tap_;
 };
 
 }  // namespace px

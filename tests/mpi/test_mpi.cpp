@@ -3,7 +3,7 @@
 // training run with ranks as processes gives the single-device reference's bits and the
 // in-process run's, for dp, dp×tp, tp×pp and pp×dp layouts with ZeRO; and a rank that skips a
 // collective, calls another one, or aborts makes the others fail within the timeout, naming it;
-// and a test's swap of two partials (core/mutation.h) gives the in-process bits.
+// and a test's swap of two partials (tests/mutations.h) gives the in-process bits.
 //
 // Every rank runs every test case (Catch2 with MPI initialised in main). References that need
 // no MPI (in-process runs, single device) are computed by rank 0 while the others wait in a
@@ -14,7 +14,7 @@
 #include "core/comm/mpi.h"
 #include "core/config.h"
 #include "core/job.h"
-#include "core/mutation.h"
+#include "tests/mutations.h"
 #include "core/numerics.h"
 #include "core/parallel/pipeline.h"
 #include "core/parallel/runner.h"
@@ -195,8 +195,9 @@ TEST_CASE("a test's swap of two partials in one all_reduce gives the in-process 
     const float x[kRanks] = {1.0f, std::ldexp(1.0f, -24), -1.0f, std::ldexp(1.0f, -24)};
     auto run = [&](Communicator& c) {
         std::vector<float> v(10, x[c.rank()]);
-        mutation::set_swap({1, 2, 3, 7});
-        c.all_reduce(v.data(), 10);
+        test::mutation::SwapPartials swap(c.split(0, c.rank(), c.group()), 1, 2);
+        swap.arm(3, 7, 10);
+        swap.all_reduce(v.data(), 10);
         return v;
     };
     std::vector<std::vector<float>> inproc(kRanks);
@@ -226,10 +227,7 @@ Config small(const std::vector<std::string>& sets) {
 LogicalState in_process(const Config& c) {
     LogicalState s;
     bool agree = true;
-    if (c.layout.pp > 1)
-        run_pipeline(c, {}, [&](PipelineJob& j) { agree = s.absorb(j) && agree; });
-    else
-        run_layout(c, {}, [&](Job& j) { agree = s.absorb(j) && agree; });
+    run_layout(c, {}, test::inspecting([&](Job& j) { agree = s.absorb(j) && agree; }));
     CHECK(agree);
     return s;
 }
@@ -239,9 +237,7 @@ void check_layout(const std::vector<std::string>& sets) {
     auto world = g_mpi->world(c.layout.timeout_s);
     LogicalState s;
     bool agree = true;
-    run_rank(
-        c, *world, {}, [&](Job& j) { agree = s.absorb(j) && agree; },
-        [&](PipelineJob& j) { agree = s.absorb(j) && agree; });
+    run_rank(c, *world, {}, test::inspecting([&](Job& j) { agree = s.absorb(j) && agree; }));
     agree = gather_state(s, *world, c.model) && agree;
     if (world->rank() == 0) {
         std::string what;

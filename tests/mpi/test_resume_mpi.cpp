@@ -115,9 +115,7 @@ void check_same_state_file(const std::string& mpi_file, const std::string& inpro
 LogicalState run_mpi(const Config& cfg, comm::Communicator& world) {
     LogicalState s;
     bool agree = true;
-    run_rank(
-        cfg, world, {}, [&](Job& j) { agree = s.absorb(j) && agree; },
-        [&](PipelineJob& j) { agree = s.absorb(j) && agree; });
+    run_rank(cfg, world, {}, test::inspecting([&](Job& j) { agree = s.absorb(j) && agree; }));
     agree = gather_state(s, world, cfg.model) && agree;
     if (world.rank() == 0) {
         CHECK(agree);
