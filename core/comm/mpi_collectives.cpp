@@ -142,9 +142,9 @@ int wrap(int c, int p) {
     return ((c % p) + p) % p;
 }
 
-// Every rank sends send(k) to every rank k and receives recv(k) from it, each a (pointer,
-// element count) pair: posted in rank order, receive first; this rank's own piece is copied
-// while the messages travel.
+// This rank sends send(k) to every other rank k and receives recv(k) from it, each a (pointer,
+// element count) pair, posted in rank order, receive first; its own piece, send(rank), is copied
+// to recv(rank) while the messages travel.
 template <class Recv, class Send>
 void exchange(const Group& g, Recv recv, Send send) {
     Pending pd;
@@ -155,14 +155,14 @@ void exchange(const Group& g, Recv recv, Send send) {
         const auto [from, ns] = send(k);
         pd.post_send(from, ns * i64{sizeof *from}, k, kTagData, g.comm, g.world_rank);
     }
-    const auto [to, nr] = recv(g.rank);
+    const auto to = recv(g.rank).first;
     const auto [from, ns] = send(g.rank);
     if (from != to) std::copy(from, from + ns, to);
     g.wait(pd);
 }
 
-// One step of a ring: n_to elements from the rank before into to, n_from from from to the rank
-// after.
+// One step of a ring: n_to elements into `to` from the rank before, n_from elements of `from` to
+// the rank after.
 template <class T>
 void ring_step(const Group& g, T* to, i64 n_to, const T* from, i64 n_from) {
     const i64 e = sizeof(T);
