@@ -1,7 +1,7 @@
-// HDF5 plumbing shared by the files that speak it (core/runfile.cpp, core/checkpoint.cpp,
-// core/checkpoint_llmc.cpp, validators/trace.cpp): one thread in the library at a time, quiet
-// calls, the innermost error message, handles closed on scope exit, attributes (h5::put_*,
-// h5::get_*: fixed-length strings, scalars), compact group storage, and the time stamp.
+// HDF5 plumbing shared by the files that speak it (core/runfile.cpp, core/checkpoint_read.cpp,
+// checkpoint_write.cpp, checkpoint_llmc.cpp, validators/trace.cpp): one thread in the library at
+// a time, quiet calls, the innermost error message, handles closed on scope exit, attributes
+// (h5::put_*, h5::get_*: fixed-length strings, scalars), compact group storage, the time stamp.
 #pragma once
 #include <hdf5.h>
 

@@ -1,23 +1,19 @@
-// MPI backend (see core/comm/mpi.h for how a collective runs and how failures spread).
+// MPI backend (see core/comm/mpi.h for how a collective runs and how failures spread): MPI
+// errors, the failure channel, polled waits, the communicator and the environment; what each
+// collective agrees on and moves is core/comm/mpi_collectives.cpp.
 //
 // All data moves as bytes with nonblocking point-to-point calls that are polled, never waited
-// on, so that every wait is bounded by the timeout and by the job's failure channel. The
-// arithmetic of the reducing collectives is the in-process backend's (core/comm/backend.h).
+// on, so that every wait is bounded by the timeout and by the job's failure channel.
 #include "core/comm/mpi.h"
 
 #include "core/comm/backend.h"
+#include "core/comm/mpi_internal.h"
 
 #include <algorithm>
-#include <array>
 #include <chrono>
-#include <climits>
-#include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <deque>
-#include <exception>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -44,8 +40,7 @@ void check_mpi(int rc, const char* call, const char* file, int line, int rank) {
 }
 #define PX_MPI(call, rank) ::px::comm::mpi::check_mpi((call), #call, __FILE__, __LINE__, (rank))
 
-constexpr int kTagHeader = 1;  // collectives' header exchange
-constexpr int kTagData = 2;    // collectives' data
+constexpr int kTagHeader = 1;  // collectives' header exchange (their data: kTagData, 2)
 constexpr int kTagFail = 3;    // the failure channel (a message text)
 constexpr int kMaxNotice = 4000;
 constexpr i64 kPiece = i64{1} << 30;  // bytes per MPI message: counts are ints
@@ -128,71 +123,65 @@ CommError abandoned(int rank, const std::string& what, const std::string& failur
 
 // ---- polling ---------------------------------------------------------------------------------
 
-// Requests in flight, with what each one is (a send or a recv, and the peer), so that a wait that
-// gives up can name who is missing and cancel what it posted.
-struct Pending {
-    std::vector<MPI_Request> reqs;
-    std::vector<int> peer;
-    std::vector<char> is_recv;
-    std::vector<i64> bytes;      // posted length of each piece
-    std::shared_ptr<void> keep;  // buffers of the sends (headers) to keep if abandoned
+void Pending::add(MPI_Request r, int p, bool recv, i64 len) {
+    reqs.push_back(r);
+    peer.push_back(p);
+    is_recv.push_back(recv ? 1 : 0);
+    bytes.push_back(len);
+}
 
-    void add(MPI_Request r, int p, bool recv, i64 len) {
-        reqs.push_back(r);
-        peer.push_back(p);
-        is_recv.push_back(recv ? 1 : 0);
-        bytes.push_back(len);
-    }
-    void post_send(const void* buf, i64 bytes, int p, int tag, MPI_Comm c, int me) {
-        const char* b = static_cast<const char*>(buf);
-        i64 off = 0;
-        do {
-            const i64 len = std::min(kPiece, bytes - off);
-            MPI_Request r;
+void Pending::post_send(const void* buf, i64 bytes, int p, int tag, MPI_Comm c, int me, bool sync) {
+    const char* b = static_cast<const char*>(buf);
+    i64 off = 0;
+    do {
+        const i64 len = std::min(kPiece, bytes - off);
+        MPI_Request r;
+        if (sync)
+            PX_MPI(MPI_Issend(b + off, static_cast<int>(len), MPI_BYTE, p, tag, c, &r), me);
+        else
             PX_MPI(MPI_Isend(b + off, static_cast<int>(len), MPI_BYTE, p, tag, c, &r), me);
-            add(r, p, false, len);
-            off += len;
-        } while (off < bytes);
-    }
-    void post_recv(void* buf, i64 bytes, int p, int tag, MPI_Comm c, int me) {
-        char* b = static_cast<char*>(buf);
-        i64 off = 0;
-        do {
-            const i64 len = std::min(kPiece, bytes - off);
-            MPI_Request r;
-            PX_MPI(MPI_Irecv(b + off, static_cast<int>(len), MPI_BYTE, p, tag, c, &r), me);
-            add(r, p, true, len);
-            off += len;
-        } while (off < bytes);
-    }
-    // Peers of the requests not yet complete, each once, sorted.
-    std::vector<int> missing() const {
-        std::vector<int> m;
-        for (size_t i = 0; i < reqs.size(); i++)
-            if (reqs[i] != MPI_REQUEST_NULL) m.push_back(peer[i]);
-        std::sort(m.begin(), m.end());
-        m.erase(std::unique(m.begin(), m.end()), m.end());
-        return m;
-    }
-    // Gives up: receives are cancelled (so nothing writes into the caller's buffers later),
-    // sends released to complete on their own.
-    void cancel() {
-        for (size_t i = 0; i < reqs.size(); i++) {
-            if (reqs[i] == MPI_REQUEST_NULL) continue;
-            if (is_recv[i]) {
-                MPI_Cancel(&reqs[i]);
-                MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
-            } else {
-                MPI_Request_free(&reqs[i]);
-            }
+        add(r, p, false, len);
+        off += len;
+    } while (off < bytes);
+}
+
+void Pending::post_recv(void* buf, i64 bytes, int p, int tag, MPI_Comm c, int me) {
+    char* b = static_cast<char*>(buf);
+    i64 off = 0;
+    do {
+        const i64 len = std::min(kPiece, bytes - off);
+        MPI_Request r;
+        PX_MPI(MPI_Irecv(b + off, static_cast<int>(len), MPI_BYTE, p, tag, c, &r), me);
+        add(r, p, true, len);
+        off += len;
+    } while (off < bytes);
+}
+
+std::vector<int> Pending::missing() const {
+    std::vector<int> m;
+    for (size_t i = 0; i < reqs.size(); i++)
+        if (reqs[i] != MPI_REQUEST_NULL) m.push_back(peer[i]);
+    std::sort(m.begin(), m.end());
+    m.erase(std::unique(m.begin(), m.end()), m.end());
+    return m;
+}
+
+void Pending::cancel() {
+    for (size_t i = 0; i < reqs.size(); i++) {
+        if (reqs[i] == MPI_REQUEST_NULL) continue;
+        if (is_recv[i]) {
+            MPI_Cancel(&reqs[i]);
+            MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
+        } else {
+            MPI_Request_free(&reqs[i]);
         }
-        if (keep) keep_alive(std::move(keep));
-        reqs.clear();
-        peer.clear();
-        is_recv.clear();
-        bytes.clear();
     }
-};
+    if (keep) keep_alive(std::move(keep));
+    reqs.clear();
+    peer.clear();
+    is_recv.clear();
+    bytes.clear();
+}
 
 enum class Outcome { done, timeout, failed };
 
@@ -248,57 +237,6 @@ Outcome poll(Shared& sh, Pending& p, Clock::time_point deadline, std::string* fa
         else
             std::this_thread::sleep_for(std::chrono::microseconds(idle < 1000 ? 20 : 200));
     }
-}
-
-// ---- the arithmetic (the in-process backend's orders, element by element) --------------------
-
-// ---- headers ---------------------------------------------------------------------------------
-
-// What a rank tells each peer about its #k. Fields 7 and 8 are per destination (all_to_all_v).
-enum Field {
-    kSeq,
-    kOp,
-    kDtype,
-    kAlgo,
-    kN,
-    kRoot,
-    kCounts,
-    kPairIn,
-    kPairOut,
-    kColor,
-    kName,
-    kFields
-};
-using Header = std::array<i64, kFields>;
-
-i64 digest(const std::vector<i64>& v) {
-    std::uint64_t h = 1469598103934665603ull;
-    for (i64 x : v) h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ull;
-    return static_cast<i64>(h >> 1);
-}
-
-i64 digest(const std::string& s) {
-    std::uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-    return static_cast<i64>(h >> 1);
-}
-
-Header header_for(const Request& q, i64 seq, int dst) {
-    Header h{};
-    h[kSeq] = seq;
-    h[kOp] = static_cast<i64>(q.op);
-    h[kDtype] = static_cast<i64>(q.dtype);
-    h[kAlgo] = static_cast<i64>(q.algo);
-    h[kN] = q.n;
-    h[kRoot] = q.peer;
-    h[kCounts] = digest(q.counts);
-    if (q.op == Op::all_to_all_v) {
-        h[kPairIn] = q.counts[static_cast<size_t>(dst)];
-        h[kPairOut] = q.out_counts[static_cast<size_t>(dst)];
-    }
-    h[kColor] = q.color;
-    h[kName] = q.color >= 0 ? digest(q.name) : 0;
-    return h;
 }
 
 // ---- the communicator ------------------------------------------------------------------------
@@ -424,21 +362,10 @@ public:
         const std::string f = sh_->poll();
         if (!f.empty()) throw abandoned(rank(), p2p_what(q), f);
         const i64 bytes = q.n * dtype_size(q.dtype);
-        if (q.op == Op::send) {
-            const char* b = static_cast<const char*>(q.in);
-            i64 off = 0;
-            do {  // synchronous sends: complete when the receiver has matched them
-                const i64 len = std::min(kPiece, bytes - off);
-                MPI_Request r;
-                PX_MPI(
-                    MPI_Issend(b + off, static_cast<int>(len), MPI_BYTE, q.peer, q.tag, p2p_, &r),
-                    sh_->world_rank);
-                p.add(r, q.peer, false, len);
-                off += len;
-            } while (off < bytes);
-        } else {
+        if (q.op == Op::send)  // synchronous: no hidden buffering
+            p.post_send(q.in, bytes, q.peer, q.tag, p2p_, sh_->world_rank, true);
+        else
             p.post_recv(q.out, bytes, q.peer, q.tag, p2p_, sh_->world_rank);
-        }
     }
 
     void wait_p2p(const Request& q, Pending& p, Clock::time_point t0) {
@@ -548,98 +475,6 @@ private:
         throw CommError(msg);
     }
 
-    // The header exchange's verdict on what the ranks passed: "" when they agree.
-    std::string check_match(const std::vector<Header>& h, const Request& me,
-                            const std::string& what) const {
-        const int p = size();
-        const std::string advice = " Every rank of '" + group() +
-                                   "' must make the same call at the same point; look for a rank "
-                                   "that took another branch or skipped a call.";
-        auto disagree = [&](const std::string& about, auto text_of) -> std::string {
-            std::vector<std::pair<std::string, std::vector<int>>> by;
-            for (int k = 0; k < p; k++) {
-                const std::string v = text_of(h[static_cast<size_t>(k)]);
-                auto it =
-                    std::find_if(by.begin(), by.end(), [&](const auto& b) { return b.first == v; });
-                if (it == by.end())
-                    by.push_back({v, {k}});
-                else
-                    it->second.push_back(k);
-            }
-            if (by.size() == 1) return "";
-            std::string m = what + ": the ranks disagree on " + about + ": ";
-            for (size_t i = 0; i < by.size(); i++) {
-                if (i) m += ", ";
-                m += rank_list(by[i].second) + " " + by[i].first;
-            }
-            return m + "." + advice;
-        };
-        std::string m = disagree("the collective", [](const Header& x) {
-            return std::string("called ") + op_name(static_cast<Op>(x[kOp])) + " #" +
-                   std::to_string(x[kSeq]);
-        });
-        if (!m.empty()) return m;
-        m = disagree("the element type", [](const Header& x) {
-            return std::string("passed ") + dtype_name(static_cast<Dtype>(x[kDtype]));
-        });
-        if (!m.empty()) return m;
-        if (me.op == Op::all_reduce || me.op == Op::reduce_scatter) {
-            m = disagree("the algorithm", [](const Header& x) {
-                return std::string("asked for ") + algo_name(static_cast<Algo>(x[kAlgo]));
-            });
-            if (!m.empty()) return m;
-        }
-        switch (me.op) {
-            case Op::all_reduce:
-            case Op::all_reduce_max:
-            case Op::reduce_scatter:
-            case Op::all_gather:
-            case Op::broadcast:
-            case Op::all_to_all:
-                m = disagree("the element count",
-                             [](const Header& x) { return "passed n = " + std::to_string(x[kN]); });
-                if (!m.empty() || me.op != Op::broadcast) return m;
-                return disagree("the root", [](const Header& x) {
-                    return "passed root " + std::to_string(x[kRoot]);
-                });
-            case Op::all_gather_v: {
-                const i64 mine = digest(me.counts);
-                std::vector<int> other;
-                for (int k = 0; k < p; k++)
-                    if (h[static_cast<size_t>(k)][kCounts] != mine) other.push_back(k);
-                if (other.empty()) return "";
-                return what + ": the ranks disagree on the counts: rank " + std::to_string(rank()) +
-                       " passed counts " + counts_str(me.counts) + ", " + rank_list(other) +
-                       " passed others." + advice;
-            }
-            case Op::all_to_all_v:
-                for (int k = 0; k < p; k++)
-                    if (h[static_cast<size_t>(k)][kPairIn] != me.out_counts[static_cast<size_t>(k)])
-                        return what + ": rank " + std::to_string(rank()) + " expects out_counts[" +
-                               std::to_string(k) +
-                               "] = " + std::to_string(me.out_counts[static_cast<size_t>(k)]) +
-                               " elements from rank " + std::to_string(k) + ", but rank " +
-                               std::to_string(k) + " sends in_counts[" + std::to_string(rank()) +
-                               "] = " + std::to_string(h[static_cast<size_t>(k)][kPairIn]) + "." +
-                               advice;
-                return "";
-            case Op::split:
-                for (int k = 0; k < p; k++) {
-                    const Header& x = h[static_cast<size_t>(k)];
-                    if (me.color >= 0 && x[kColor] == me.color && x[kName] != digest(me.name))
-                        return what + ": ranks " + std::to_string(rank()) + " and " +
-                               std::to_string(k) + " join color " + std::to_string(me.color) +
-                               " under different names (this rank: '" + me.name + "')." + advice;
-                }
-                return "";
-            case Op::send:
-            case Op::recv:
-            case Op::barrier:
-                return "";
-        }
-        return "";
-    }
-
     // One collective on the calling thread: header exchange, then the data, then accounting.
     void collective(const Request& req, MPI_Comm* split_out) {
         const int p = size(), r = rank(), me = sh_->world_rank;
@@ -667,7 +502,7 @@ private:
             wait_for(hp, what, "header");
             // What peer k sent us describes its own call; our own entry, as it would read to k.
             in[static_cast<size_t>(r)] = header_for(req, seq, r);
-            const std::string mismatch = check_match(in, req, what);
+            const std::string mismatch = check_match(in, req, r, group(), what);
             if (!mismatch.empty()) {
                 sh_->fail(mismatch);
                 throw CommError(mismatch);
@@ -679,212 +514,10 @@ private:
             PX_MPI(MPI_Comm_split(coll_, req.color < 0 ? MPI_UNDEFINED : req.color, req.key, &nc),
                    me);
             *split_out = nc;
-        } else if (p > 1) {
-            switch (req.dtype) {
-                case Dtype::f32:
-                    data<float>(req, what);
-                    break;
-                case Dtype::f64:
-                    data<double>(req, what);
-                    break;
-                case Dtype::i64:
-                    data<i64>(req, what);
-                    break;
-            }
         } else {
-            local(req);
+            move_data({p, r, me, coll_, [&](Pending& pd) { wait_for(pd, what, "data"); }}, req);
         }
         record(req, since(t0));
-    }
-
-    // A group of one: the output is the input.
-    static void local(const Request& q) {
-        const i64 e = dtype_size(q.dtype);
-        i64 n = q.n;
-        if (q.op == Op::all_gather_v || q.op == Op::all_to_all_v)
-            n = q.counts.empty() ? 0 : q.counts[0];
-        if (q.op == Op::barrier || q.op == Op::broadcast || q.op == Op::all_reduce ||
-            q.op == Op::all_reduce_max)
-            return;
-        if (n > 0 && q.out != q.in) std::memmove(q.out, q.in, static_cast<size_t>(n * e));
-    }
-
-    template <class T>
-    void data(const Request& q, const std::string& what) {
-        const int p = size(), r = rank(), me = sh_->world_rank;
-        const i64 e = sizeof(T);
-        const T* in = static_cast<const T*>(q.in);
-        T* out = static_cast<T*>(q.out);
-        const i64 n = q.n;
-        auto lo = [&](int c) { return chunk_lo(n, p, c); };
-        auto wrap = [&](int c) { return ((c % p) + p) % p; };
-        switch (q.op) {
-            case Op::all_reduce:
-            case Op::all_reduce_max: {
-                if (q.op == Op::all_reduce && q.algo == Algo::ring) {
-                    ring_reduce_scatter<T>(
-                        out, [&](int c) { return lo(c); }, what);
-                    // All-gather: at step s rank r forwards chunk r-s to r+1.
-                    for (int s = 0; s < p - 1; s++) {
-                        const int cs = wrap(r - s), cr = wrap(r - 1 - s);
-                        Pending pd;
-                        pd.post_recv(out + lo(cr), (lo(cr + 1) - lo(cr)) * e, wrap(r - 1), kTagData,
-                                     coll_, me);
-                        pd.post_send(out + lo(cs), (lo(cs + 1) - lo(cs)) * e, wrap(r + 1), kTagData,
-                                     coll_, me);
-                        wait_for(pd, what, "data");
-                    }
-                    return;
-                }
-                // Canonical: chunk r of every rank, the tree here, then to every rank.
-                const i64 len = lo(r + 1) - lo(r);
-                std::vector<T> rows(static_cast<size_t>(p * len));
-                {
-                    Pending pd;
-                    for (int k = 0; k < p; k++) {
-                        if (k == r) continue;
-                        pd.post_recv(rows.data() + k * len, len * e, k, kTagData, coll_, me);
-                        pd.post_send(in + lo(k), (lo(k + 1) - lo(k)) * e, k, kTagData, coll_, me);
-                    }
-                    std::copy(in + lo(r), in + lo(r + 1), rows.data() + r * len);
-                    wait_for(pd, what, "data");
-                }
-                if (q.op == Op::all_reduce_max)
-                    tree_rows<T, true>(rows.data(), 0, p, len);
-                else
-                    tree_rows<T, false>(rows.data(), 0, p, len);
-                std::copy(rows.data(), rows.data() + len, out + lo(r));
-                Pending pd;
-                for (int k = 0; k < p; k++) {
-                    if (k == r) continue;
-                    pd.post_recv(out + lo(k), (lo(k + 1) - lo(k)) * e, k, kTagData, coll_, me);
-                    pd.post_send(out + lo(r), len * e, k, kTagData, coll_, me);
-                }
-                wait_for(pd, what, "data");
-                return;
-            }
-            case Op::reduce_scatter: {
-                if (q.algo == Algo::ring) {
-                    std::vector<T> work(in, in + p * n);
-                    ring_reduce_scatter<T>(
-                        work.data(), [&](int c) { return c * n; }, what);
-                    std::copy(work.data() + r * n, work.data() + (r + 1) * n, out);
-                    return;
-                }
-                std::vector<T> rows(static_cast<size_t>(p * n));
-                Pending pd;
-                for (int k = 0; k < p; k++) {
-                    if (k == r) continue;
-                    pd.post_recv(rows.data() + k * n, n * e, k, kTagData, coll_, me);
-                    pd.post_send(in + k * n, n * e, k, kTagData, coll_, me);
-                }
-                std::copy(in + r * n, in + (r + 1) * n, rows.data() + r * n);
-                wait_for(pd, what, "data");
-                tree_rows<T, false>(rows.data(), 0, p, n);
-                std::copy(rows.data(), rows.data() + n, out);
-                return;
-            }
-            case Op::all_gather: {
-                Pending pd;
-                for (int k = 0; k < p; k++) {
-                    if (k == r) continue;
-                    pd.post_recv(out + k * n, n * e, k, kTagData, coll_, me);
-                    pd.post_send(in, n * e, k, kTagData, coll_, me);
-                }
-                if (in != out + r * n) std::copy(in, in + n, out + r * n);
-                wait_for(pd, what, "data");
-                return;
-            }
-            case Op::all_gather_v: {
-                Pending pd;
-                i64 off = 0, mine = 0;
-                for (int k = 0; k < p; k++) {
-                    const i64 c = q.counts[static_cast<size_t>(k)];
-                    if (k == r)
-                        mine = off;
-                    else {
-                        pd.post_recv(out + off, c * e, k, kTagData, coll_, me);
-                        pd.post_send(in, q.counts[static_cast<size_t>(r)] * e, k, kTagData, coll_,
-                                     me);
-                    }
-                    off += c;
-                }
-                if (in != out + mine)
-                    std::copy(in, in + q.counts[static_cast<size_t>(r)], out + mine);
-                wait_for(pd, what, "data");
-                return;
-            }
-            case Op::broadcast: {
-                Pending pd;
-                if (r == q.peer) {
-                    for (int k = 0; k < p; k++)
-                        if (k != r) pd.post_send(out, n * e, k, kTagData, coll_, me);
-                } else {
-                    pd.post_recv(out, n * e, q.peer, kTagData, coll_, me);
-                }
-                wait_for(pd, what, "data");
-                return;
-            }
-            case Op::all_to_all: {
-                Pending pd;
-                for (int k = 0; k < p; k++) {
-                    if (k == r) continue;
-                    pd.post_recv(out + k * n, n * e, k, kTagData, coll_, me);
-                    pd.post_send(in + k * n, n * e, k, kTagData, coll_, me);
-                }
-                std::copy(in + r * n, in + (r + 1) * n, out + r * n);
-                wait_for(pd, what, "data");
-                return;
-            }
-            case Op::all_to_all_v: {
-                Pending pd;
-                i64 in_off = 0, out_off = 0, my_in = 0, my_out = 0;
-                for (int k = 0; k < p; k++) {
-                    const i64 ci = q.counts[static_cast<size_t>(k)];
-                    const i64 co = q.out_counts[static_cast<size_t>(k)];
-                    if (k == r) {
-                        my_in = in_off;
-                        my_out = out_off;
-                    } else {
-                        pd.post_recv(out + out_off, co * e, k, kTagData, coll_, me);
-                        pd.post_send(in + in_off, ci * e, k, kTagData, coll_, me);
-                    }
-                    in_off += ci;
-                    out_off += co;
-                }
-                std::copy(in + my_in, in + my_in + q.counts[static_cast<size_t>(r)], out + my_out);
-                wait_for(pd, what, "data");
-                return;
-            }
-            case Op::barrier:  // the header exchange was the barrier
-            case Op::send:
-            case Op::recv:
-            case Op::split:
-                return;
-        }
-    }
-
-    // The ring's reduce-scatter phase on buf (chunk c at [at(c), at(c+1))): chunk c is summed
-    // x_{c+1} + x_{c+2} + ... + x_c, left to right, as it travels from rank c+1 to rank c; at
-    // step s rank r sends chunk r-1-s to r+1 and adds its own part to chunk r-2-s from r-1.
-    // Afterwards buf's chunk r holds the sum.
-    template <class T, class At>
-    void ring_reduce_scatter(T* buf, At at, const std::string& what) {
-        const int p = size(), r = rank(), me = sh_->world_rank;
-        const i64 e = sizeof(T);
-        auto wrap = [&](int c) { return ((c % p) + p) % p; };
-        std::vector<T> tmp;
-        for (int s = 0; s < p - 1; s++) {
-            const int cs = wrap(r - 1 - s), cr = wrap(r - 2 - s);
-            const i64 rlen = at(cr + 1) - at(cr);
-            tmp.resize(static_cast<size_t>(rlen));
-            Pending pd;
-            pd.post_recv(tmp.data(), rlen * e, wrap(r - 1), kTagData, coll_, me);
-            pd.post_send(buf + at(cs), (at(cs + 1) - at(cs)) * e, wrap(r + 1), kTagData, coll_, me);
-            wait_for(pd, what, "data");
-            T* x = buf + at(cr);
-            for (i64 i = 0; i < rlen; i++) x[i] = tmp[static_cast<size_t>(i)] + x[i];
-        }
     }
 
     std::shared_ptr<Shared> sh_;
