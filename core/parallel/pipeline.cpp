@@ -18,7 +18,6 @@
 #include "core/parallel/state_slices.h"
 #include "core/parallel/tp_model.h"
 #include "core/parallel/zero.h"
-#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 
 #include <omp.h>
@@ -610,7 +609,8 @@ void PipelineJob::stage_sum_squares(const float* g, std::vector<float>& per_id) 
         if (b1 == b0) continue;
         const i64 a = e.offset + b0 * block,
                   b = std::min(e.offset + e.numel(), e.offset + b1 * block);
-        cpu::sum_squares_blocks(nx_, mine.data() + at, g + a, b - a);
+        ops::sum_squares_blocks(nx_, view_f32(mine.data() + at, {b1 - b0}),
+                                view_f32(g + a, {b - a}));
         at += b1 - b0;
     }
     i64 all_blocks = 0;

@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 #include "core/mutation.h"
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -96,7 +96,7 @@ float ZeroShards::grad_norm(comm::Communicator& dp, const float* grads, comm::Al
         double local = 0.0;
         for (const TableEntry& e : entries) {
             const i64 a = std::max(e.offset, lo()), b = std::min(e.offset + e.numel(), hi());
-            if (a < b) local += cpu::sum_squares(nx, grads + a, b - a);
+            if (a < b) local += ops::sum_squares(nx, view_f32(grads + a, {b - a}));
         }
         dp.all_reduce(&local, 1, algo);
         return static_cast<float>(std::sqrt(local));
@@ -118,7 +118,8 @@ float ZeroShards::grad_norm(comm::Communicator& dp, const float* grads, comm::Al
         if (b1 == b0) continue;
         const i64 a = e.offset + b0 * block,
                   b = std::min(e.offset + e.numel(), e.offset + b1 * block);
-        cpu::sum_squares_blocks(nx, mine.data() + at, grads + a, b - a);
+        ops::sum_squares_blocks(nx, view_f32(mine.data() + at, {b1 - b0}),
+                                view_f32(grads + a, {b - a}));
         at += b1 - b0;
     }
     i64 all_blocks = 0;
