@@ -157,6 +157,13 @@ void Arena::zero() {
     }
 }
 
+Tensor Arena::view(i64 offset, std::initializer_list<i64> shape, const char* name) const {
+    Tensor t = view_f32(data() + offset, shape, name);
+    t.device = device();
+    PX_ASSERT(offset >= 0 && offset + t.numel() <= size_, "Arena::view out of range");
+    return t;
+}
+
 i64 resolve_dim(Dim d, const ModelConfig& mc, const ActShape& shape) {
     switch (d) {
     case Dim::T: return shape.T;

@@ -8,7 +8,8 @@
 //                                   model holds (the whole model, or one pipeline stage)
 //   ParamTable                      the list expanded for a config and a part: names, shapes,
 //                                   offsets, and the tensor ids of the whole model
-//   Arena                           a 64-byte aligned float allocation carved by a table
+//   Arena                           a 64-byte aligned float allocation carved by a table, on a
+//                                   device; view() makes its typed tensors
 //   ActSpec, kGpt2Acts, ActTable    the same for the activations of one microbatch on a run of
 //                                   layers
 #pragma once
@@ -149,6 +150,9 @@ public:
     explicit Arena(i64 floats);
     float* data() const { return data_.get(); }
     i64 size() const { return size_; }
+    Device device() const { return Device::cpu; }  // host memory; device arenas come with CUDA
+    // A contiguous fp32 tensor over floats [offset, offset + its elements), on this device.
+    Tensor view(i64 offset, std::initializer_list<i64> shape, const char* name = "") const;
     void zero();
     // Floats [lo, hi): the whole pages inside it go back to the system and read as zero; the
     // partial pages at its ends keep their contents.

@@ -23,6 +23,7 @@
 namespace px {
 
 enum class Mode { bitwise, fast };
+inline constexpr int kNumModes = 2;
 enum class Isa { scalar, avx2, avx512 };
 
 Isa detect_isa();                  // best path this CPU supports

@@ -50,10 +50,9 @@ void AdamW::step(GPT& model, float* grads, float grad_norm, float lr, int t,
         // The part of this tensor inside the shard, as a flat slice.
         const i64 a = std::max(e.offset, lo_), b = std::min(e.offset + e.numel(), hi_);
         if (a >= b) continue;
-        auto slice = [&](float* base, i64 origin) {
-            Tensor s = view_f32(base + (a - origin), {b - a});
-            s.name = e.name.c_str();
-            return s;
+        auto named = [&](Tensor t) {
+            t.name = e.name.c_str();
+            return t;
         };
         const bool decay = kGpt2Params[e.spec].decay;
         ops::AdamWStep s{lr,
@@ -63,8 +62,9 @@ void AdamW::step(GPT& model, float* grads, float grad_norm, float lr, int t,
                          decay ? static_cast<float>(tc.weight_decay) : 0.0f,
                          scale,
                          t};
-        ops::adamw_update(model.numerics(), slice(model.params(), 0), slice(m_.data(), lo_),
-                          slice(v_.data(), lo_), slice(grads, 0), s);
+        ops::adamw_update(model.numerics(), named(model.param_arena().view(a, {b - a})),
+                          named(m_.view(a - lo_, {b - a})), named(v_.view(a - lo_, {b - a})),
+                          named(view_f32(grads + a, {b - a})), s);
     }
 }
 

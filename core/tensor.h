@@ -10,6 +10,7 @@
 namespace px {
 
 enum class Device : std::uint8_t { cpu, cuda };
+inline constexpr int kNumDevices = 2;
 
 inline constexpr int kMaxDims = 4;
 
@@ -53,6 +54,10 @@ inline Tensor view_f32(float* data, std::initializer_list<i64> shape, const char
     }
     t.name = name;
     return t;
+}
+// The same over data an op only reads (a Tensor carries no constness).
+inline Tensor view_f32(const float* data, std::initializer_list<i64> shape, const char* name = "") {
+    return view_f32(const_cast<float*>(data), shape, name);
 }
 
 }  // namespace px

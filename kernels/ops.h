@@ -1,15 +1,21 @@
-// Ops on tensors: the layer the model calls. Each op checks shapes, then dispatches on device
-// and dtype to a backend kernel (kernels/cpu today; kernels/cuda and bf16/fp16/fp8 operands are
-// added beside the fp32 path here, without touching callers).
+// Ops on tensors: the only way to a kernel from outside kernels/. Each op checks shapes, then
+// runs the kernel of the backend registered for its operands' device and dtype and the numerics
+// mode (kernels/backend.h). A new backend (CUDA) or dtype (bf16) registers its kernels there;
+// callers do not change.
 //
 // Index
-//   supports          whether a backend has an op for a device and dtype
-//   matmul_*          out = inp · weightᵀ + bias
+//   Op, op_name, supports   the ops a backend may provide; whether one does for a device,
+//                           dtype and mode
+//   matmul_*                out = inp · weightᵀ + bias
+//   gemm                    c = a · b on strided views (partial products over a slice of K)
 //   layernorm_*, gelu_*, attention_*, residual_*, embedding_*, crossentropy_*
-//   adamw_update, sum_squares
+//   row_max, exp_sub, row_sum   the pieces of a softmax whose rows are split between ranks
+//   adamw_update, sum_squares, sum_squares_blocks
 //
-// Shapes use the letters of core/shapes.h; leading dimensions are flattened into BT.
-// Semantics (activations assign, gradients accumulate) are those of kernels/cpu/cpu_kernels.h.
+// Shapes use the letters of core/shapes.h; leading dimensions are flattened into BT. Operands
+// are contiguous unless an op says otherwise, and all of one call share a device and a dtype.
+// Semantics (activations assign, gradients accumulate) are those of kernels/cpu/cpu_kernels.h;
+// a backward's optional outputs are pointers, and a null one is not computed.
 #pragma once
 #include "core/numerics.h"
 #include "core/tensor.h"
@@ -17,11 +23,24 @@
 namespace px::ops {
 
 enum class Op : std::uint8_t {
-    matmul, layernorm, gelu, attention, residual, embedding, crossentropy, adamw, sum_squares,
+    matmul,
+    gemm,
+    layernorm,
+    gelu,
+    attention,
+    residual,
+    embedding,
+    crossentropy,
+    row_max,
+    exp_sub,
+    row_sum,
+    adamw,
+    sum_squares,
     kCount
 };
 const char* op_name(Op op);
-bool supports(Op op, Device device, DType dtype);
+// Whether a backend has op for tensors of this dtype on this device in this numerics mode.
+bool supports(Op op, Device device, DType dtype, Mode mode = Mode::bitwise);
 
 // out (BT,OC), inp (BT,C), weight (OC,C), bias (OC) or null
 void matmul_forward(const Numerics& nx, const Tensor& out, const Tensor& inp, const Tensor& weight,
@@ -30,14 +49,25 @@ void matmul_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweig
                      const Tensor* dbias, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight);
 
+// c (M,N) = a (M,K) · b (K,N), or c += when accumulate. a and b may have any strides (a column
+// slice, a transpose); c's rows are contiguous. In bitwise mode each c[i][j] is the canonical tree
+// over the K given, so a slice of K that is one node of a longer tree computes that node.
+void gemm(const Numerics& nx, const Tensor& c, const Tensor& a, const Tensor& b, bool accumulate);
+
 // out (BT,C), mean (BT), rstd (BT), inp (BT,C), weight (C), bias (C)
 void layernorm_forward(const Numerics& nx, const Tensor& out, const Tensor& mean,
                        const Tensor& rstd, const Tensor& inp, const Tensor& weight,
                        const Tensor& bias);
-void layernorm_backward(const Numerics& nx, const Tensor& dinp, const Tensor& dweight,
-                        const Tensor& dbias, const Tensor& dout, const Tensor& inp,
+void layernorm_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
+                        const Tensor* dbias, const Tensor& dout, const Tensor& inp,
                         const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+inline void layernorm_backward(const Numerics& nx, const Tensor& dinp, const Tensor& dweight,
+                               const Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                               const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+    layernorm_backward(nx, &dinp, &dweight, &dbias, dout, inp, weight, mean, rstd);
+}
 
+// out (N), inp (N)
 void gelu_forward(const Numerics& nx, const Tensor& out, const Tensor& inp);
 void gelu_backward(const Numerics& nx, const Tensor& dinp, const Tensor& inp, const Tensor& dout);
 
@@ -48,14 +78,19 @@ void attention_backward(const Numerics& nx, const Tensor& dqkv, const Tensor& dp
                         const Tensor& datt, const Tensor& dout, const Tensor& qkv,
                         const Tensor& att, i64 NH);
 
+// out, a, b (N)
 void residual_forward(const Numerics& nx, const Tensor& out, const Tensor& a, const Tensor& b);
 void residual_backward(const Numerics& nx, const Tensor& da, const Tensor& db, const Tensor& dout);
 
 // out (B,T,C), tokens (B,T) int32 as a raw pointer, wte (V,C), wpe (>=T,C)
 void embedding_forward(const Numerics& nx, const Tensor& out, const int* tokens, const Tensor& wte,
                        const Tensor& wpe);
-void embedding_backward(const Numerics& nx, const Tensor& dwte, const Tensor& dwpe,
+void embedding_backward(const Numerics& nx, const Tensor* dwte, const Tensor* dwpe,
                         const Tensor& dout, const int* tokens);
+inline void embedding_backward(const Numerics& nx, const Tensor& dwte, const Tensor& dwpe,
+                               const Tensor& dout, const int* tokens) {
+    embedding_backward(nx, &dwte, &dwpe, dout, tokens);
+}
 
 // losses (BT), probs (BT,V), logits (BT,V); probs may alias logits
 void crossentropy_forward(const Numerics& nx, const Tensor& losses, const Tensor& probs,
@@ -63,12 +98,26 @@ void crossentropy_forward(const Numerics& nx, const Tensor& losses, const Tensor
 void crossentropy_backward(const Numerics& nx, const Tensor& dlogits, const Tensor& probs,
                            const int* targets, float dloss);
 
+// out (BT), x (BT,N): the largest element of each row (exact in any order), NaN when the row
+// holds one, -inf when N = 0.
+void row_max(const Numerics& nx, const Tensor& out, const Tensor& x);
+// out (BT,N) = exp(x (BT,N) - shift (BT)) row by row: a softmax's numerators; out may alias x.
+void exp_sub(const Numerics& nx, const Tensor& out, const Tensor& x, const Tensor& shift);
+// out (BT), x (BT,N) whose rows may be strided (a column slice): the sum of each row, in
+// bitwise mode the canonical tree over blocks of nx.block from the row's first element.
+void row_sum(const Numerics& nx, const Tensor& out, const Tensor& x);
+
 struct AdamWStep {
     float lr, beta1, beta2, eps, weight_decay, grad_scale;
     int t;  // 1-based step, for bias correction
 };
+// param, m, v, grad (N)
 void adamw_update(const Numerics& nx, const Tensor& param, const Tensor& m, const Tensor& v,
                   const Tensor& grad, const AdamWStep& s);
+// Σ x² over x (N), the canonical tree in bitwise mode.
 float sum_squares(const Numerics& nx, const Tensor& x);
+// part (num_blocks(N, nx.block)), x (N): the in-block half of sum_squares, one sum per block. A
+// sharded tensor's owners exchange these and form the same tree (tree_sum).
+void sum_squares_blocks(const Numerics& nx, const Tensor& part, const Tensor& x);
 
 }  // namespace px::ops

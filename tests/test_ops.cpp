@@ -22,6 +22,7 @@
 #include "core/numerics.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/vecmath.h"
+#include "kernels/ops.h"
 #include "validators/gradcheck.h"
 
 #include <omp.h>
@@ -318,19 +319,18 @@ std::function<Named()> canon_of(const Problem& p) {
     return {};
 }
 
-// The ops this file checks (matmul has its own suite, tests/test_matmul.cpp).
-const char* const kOps[] = {"layernorm", "gelu",         "attention", "residual",
-                            "embedding", "crossentropy", "adamw",     "sum_squares"};
-
+// Every op of gradcheck's table (matmul has its own suite, tests/test_matmul.cpp).
 std::vector<Problem> all_problems() {
     std::vector<Problem> v;
-    for (const char* name : kOps)
+    for (const std::string& name : op_names()) {
+        if (name == "matmul") continue;
         for (const auto& s : find_op(name).shapes) {
             Problem p;
             static_cast<OpProblem&>(p) = find_op(name).make(s);
             p.canon = canon_of(p);
             v.push_back(p);
         }
+    }
     return v;
 }
 
@@ -491,6 +491,28 @@ TEST_CASE("ops: bad token and target ids throw", "[ops]") {
     CHECK_THROWS_AS(
         cpu::crossentropy_forward(nx, losses.data(), probs.data(), logits.data(), tok.data(), 2, 4),
         Error);
+}
+
+TEST_CASE("ops: the backend table answers supports and refuses what no backend runs", "[ops]") {
+    for (Mode mode : {Mode::bitwise, Mode::fast}) {
+        CHECK(ops::supports(ops::Op::matmul, Device::cpu, DType::f32, mode));
+        CHECK(ops::supports(ops::Op::gemm, Device::cpu, DType::f32, mode));
+        CHECK_FALSE(ops::supports(ops::Op::matmul, Device::cpu, DType::bf16, mode));
+        CHECK_FALSE(ops::supports(ops::Op::matmul, Device::cuda, DType::f32, mode));
+    }
+    Numerics nx;
+    Vec x(6, 1.0f), y(6);
+    Tensor in = view_f32(x.data(), {6}, "x16");
+    in.dtype = DType::bf16;
+    try {
+        ops::gelu_forward(nx, view_f32(y.data(), {6}), in);
+        FAIL("a bf16 operand ran on the fp32 backend");
+    } catch (const Error& e) {
+        const std::string what = e.what();
+        CHECK(what.find("gelu") != std::string::npos);
+        CHECK(what.find("'x16'") != std::string::npos);
+        CHECK(what.find("bf16") != std::string::npos);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

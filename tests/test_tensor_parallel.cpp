@@ -1,4 +1,4 @@
-// Tensor parallelism on in-process ranks against the single-device kernels, bit for bit:
+// Tensor parallelism on in-process ranks against the single-device ops, bit for bit:
 // core/parallel/tree_exchange (the canonical tree when its blocks are spread over ranks) and
 // core/parallel/tensor_parallel (column/row-parallel linears, vocabulary-parallel embedding and
 // cross-entropy with the tied LM head, sequence parallelism), for tp = 1, 2, 3, 4.
@@ -16,7 +16,7 @@
 #include "core/numerics.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/parallel/tree_exchange.h"
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/ops.h"
 
 #include <catch2/catch.hpp>
 
@@ -103,6 +103,28 @@ struct Shapes {
     i64 B = 2, T = 23, C = 96, NH = 12, F = 384, V = 203;
     i64 BT() const { return B * T; }
 };
+
+// A tensor over a whole buffer, for the single-device ops (also on rank threads, so no Catch2).
+Tensor v(const Vec& x, std::initializer_list<i64> shape) {
+    const Tensor t = view_f32(x.data(), shape);
+    PX_ASSERT(t.numel() == static_cast<i64>(x.size()), "a view's shape is not its buffer's");
+    return t;
+}
+
+// The single-device linear: out (BT,OC) = inp (BT,C)·w (OC,C)ᵀ + b (OC) (null: none), and its
+// backward into dinp, dw, db (null ones skipped).
+void linear_forward(const Numerics& nx, Vec& out, const Vec& inp, const Vec& w, const Vec* b,
+                    i64 BT, i64 C, i64 OC) {
+    const Tensor bias = b ? v(*b, {OC}) : Tensor{};
+    ops::matmul_forward(nx, v(out, {BT, OC}), v(inp, {BT, C}), v(w, {OC, C}), b ? &bias : nullptr);
+}
+void linear_backward(const Numerics& nx, Vec* dinp, Vec* dw, Vec* db, const Vec& dout,
+                     const Vec& inp, const Vec& w, i64 BT, i64 C, i64 OC) {
+    const Tensor di = dinp ? v(*dinp, {BT, C}) : Tensor{}, dwt = dw ? v(*dw, {OC, C}) : Tensor{},
+                 dbt = db ? v(*db, {OC}) : Tensor{};
+    ops::matmul_backward(nx, dinp ? &di : nullptr, dw ? &dwt : nullptr, db ? &dbt : nullptr,
+                         v(dout, {BT, OC}), v(inp, {BT, C}), v(w, {OC, C}));
+}
 
 // The node value of blocks [a, b) from leaf rows (nb, w): the tree over just those blocks.
 Vec node_value(const Vec& leaves, i64 w, const Range& n) {
@@ -403,10 +425,8 @@ TEST_CASE("column-parallel linear (qkv, fc, LM head) is bit-identical to matmul_
         const Vec dout = awkward(BT * OC, 30 + which);
         const Vec dinp0 = awkward(BT * C, 40), dw0 = awkward(OC * C, 41), db0 = awkward(OC, 42);
         Vec out(BT * OC), dinp = dinp0, dw = dw0, db = db0;
-        cpu::matmul_forward(nx, out.data(), inp.data(), w.data(), has_bias ? b.data() : nullptr, BT,
-                            C, OC);
-        cpu::matmul_backward(nx, dinp.data(), dw.data(), has_bias ? db.data() : nullptr,
-                             dout.data(), inp.data(), w.data(), BT, C, OC);
+        linear_forward(nx, out, inp, w, has_bias ? &b : nullptr, BT, C, OC);
+        linear_backward(nx, &dinp, &dw, has_bias ? &db : nullptr, dout, inp, w, BT, C, OC);
         for (int t : {1, 2, 3, 4}) {
             const tp::TpShards sh = tp::make_tp_shards(nx, C, s.NH, s.F, s.V, t);
             const tp::DimSplit& oc = which == 0 ? sh.qkv : which == 1 ? sh.ffn : sh.vocabulary;
@@ -452,9 +472,8 @@ TEST_CASE("row-parallel linear (attn proj, fc proj) is bit-identical; a naive al
         const Vec b = awkward(OC, 54 + which), dout = awkward(BT * OC, 56 + which);
         const Vec dinp0 = awkward(BT * K, 58), dw0 = awkward(OC * K, 59), db0 = awkward(OC, 60);
         Vec out(BT * OC), dinp = dinp0, dw = dw0, db = db0;
-        cpu::matmul_forward(nx, out.data(), inp.data(), w.data(), b.data(), BT, K, OC);
-        cpu::matmul_backward(nx, dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
-                             w.data(), BT, K, OC);
+        linear_forward(nx, out, inp, w, &b, BT, K, OC);
+        linear_backward(nx, &dinp, &dw, &db, dout, inp, w, BT, K, OC);
         for (int t : {1, 2, 3, 4}) {
             const tp::TpShards sh = tp::make_tp_shards(nx, s.C, s.NH, s.F, s.V, t);
             std::vector<std::vector<Range>> wide(t);
@@ -476,8 +495,7 @@ TEST_CASE("row-parallel linear (attn proj, fc proj) is bit-identical; a naive al
                                           dout.data(), inp_r.data(), w_r.data(), ks, BT, OC);
                 // Megatron's forward: each rank's whole local product, all-reduced, then + b.
                 Vec naive(BT * OC);
-                cpu::matmul_forward(nx, naive.data(), inp_r.data(), w_r.data(), nullptr, BT, kr,
-                                    OC);
+                linear_forward(nx, naive, inp_r, w_r, nullptr, BT, kr, OC);
                 c.all_reduce(naive.data(), BT * OC, comm::Algo::canonical);
                 for (i64 m = 0; m < BT; m++)
                     for (i64 o = 0; o < OC; o++) naive[m * OC + o] = naive[m * OC + o] + b[o];
@@ -518,19 +536,19 @@ TEST_CASE("attention block under tp: qkv column-parallel, heads local, proj row-
     // single device
     Vec qkv(BT * 3 * C), atty(BT * C);
     Vec preatt(B * NH * T * T), att = preatt, out(BT * C);
-    cpu::matmul_forward(nx, qkv.data(), ln1.data(), wqkv.data(), bqkv.data(), BT, C, 3 * C);
-    cpu::attention_forward(nx, atty.data(), preatt.data(), att.data(), qkv.data(), B, T, C, NH);
-    cpu::matmul_forward(nx, out.data(), atty.data(), wproj.data(), bproj.data(), BT, C, C);
+    linear_forward(nx, qkv, ln1, wqkv, &bqkv, BT, C, 3 * C);
+    ops::attention_forward(nx, v(atty, {B, T, C}), v(preatt, {B, NH, T, T}), v(att, {B, NH, T, T}),
+                           v(qkv, {B, T, 3 * C}), NH);
+    linear_forward(nx, out, atty, wproj, &bproj, BT, C, C);
     Vec datty(BT * C, 0.0f), dqkv(BT * 3 * C, 0.0f);
     Vec dln1(BT * C, 0.0f), dwqkv(3 * C * C, 0.0f);
     Vec dbqkv(3 * C, 0.0f), dwproj(C * C, 0.0f);
     Vec dbproj(C, 0.0f), dpre = preatt, datt = preatt;
-    cpu::matmul_backward(nx, datty.data(), dwproj.data(), dbproj.data(), dout.data(), atty.data(),
-                         wproj.data(), BT, C, C);
-    cpu::attention_backward(nx, dqkv.data(), dpre.data(), datt.data(), datty.data(), qkv.data(),
-                            att.data(), B, T, C, NH);
-    cpu::matmul_backward(nx, dln1.data(), dwqkv.data(), dbqkv.data(), dqkv.data(), ln1.data(),
-                         wqkv.data(), BT, C, 3 * C);
+    linear_backward(nx, &datty, &dwproj, &dbproj, dout, atty, wproj, BT, C, C);
+    ops::attention_backward(nx, v(dqkv, {B, T, 3 * C}), v(dpre, {B, NH, T, T}),
+                            v(datt, {B, NH, T, T}), v(datty, {B, T, C}), v(qkv, {B, T, 3 * C}),
+                            v(att, {B, NH, T, T}), NH);
+    linear_backward(nx, &dln1, &dwqkv, &dbqkv, dqkv, ln1, wqkv, BT, C, 3 * C);
     for (int t : {1, 2, 3, 4}) {
         const tp::TpShards sh = tp::make_tp_shards(nx, C, NH, s.F, s.V, t);
         Slots got(t);
@@ -544,8 +562,8 @@ TEST_CASE("attention block under tp: qkv column-parallel, heads local, proj row-
             Vec out_t(BT * C);
             tp::column_parallel_forward(c, nx, qkv_r.data(), ln1.data(), wqkv_r.data(),
                                         bqkv_r.data(), sh.qkv, BT, C);
-            cpu::attention_forward(nx, atty_r.data(), pre_r.data(), att_r.data(), qkv_r.data(), B,
-                                   T, Cr, NHr);
+            ops::attention_forward(nx, v(atty_r, {B, T, Cr}), v(pre_r, {B, NHr, T, T}),
+                                   v(att_r, {B, NHr, T, T}), v(qkv_r, {B, T, 3 * Cr}), NHr);
             tp::row_parallel_forward(c, nx, out_t.data(), atty_r.data(), wproj_r.data(),
                                      bproj.data(), sh.channels, BT, C);
             Vec datty_r(BT * Cr, 0.0f), dqkv_r(BT * 3 * Cr, 0.0f);
@@ -555,8 +573,9 @@ TEST_CASE("attention block under tp: qkv column-parallel, heads local, proj row-
             tp::row_parallel_backward(c, nx, datty_r.data(), dwproj_r.data(), dbproj_t.data(),
                                       dout.data(), atty_r.data(), wproj_r.data(), sh.channels, BT,
                                       C);
-            cpu::attention_backward(nx, dqkv_r.data(), dpre_r.data(), datt_r.data(), datty_r.data(),
-                                    qkv_r.data(), att_r.data(), B, T, Cr, NHr);
+            ops::attention_backward(nx, v(dqkv_r, {B, T, 3 * Cr}), v(dpre_r, {B, NHr, T, T}),
+                                    v(datt_r, {B, NHr, T, T}), v(datty_r, {B, T, Cr}),
+                                    v(qkv_r, {B, T, 3 * Cr}), v(att_r, {B, NHr, T, T}), NHr);
             tp::column_parallel_backward(c, nx, dln1_t.data(), dwqkv_r.data(), dbqkv_r.data(),
                                          dqkv_r.data(), ln1.data(), wqkv_r.data(), sh.qkv, BT, C);
             auto& g = got[r];
@@ -600,8 +619,9 @@ TEST_CASE("vocabulary-parallel embedding is bit-identical, -0 rows included") {
     }
     const Vec dout = awkward(BT * C, 82), dwte0 = awkward(V * C, 83), dwpe0 = awkward(T * C, 84);
     Vec out(BT * C), dwte = dwte0, dwpe = dwpe0;
-    cpu::embedding_forward(nx, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-    cpu::embedding_backward(nx, dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C, V);
+    ops::embedding_forward(nx, v(out, {B, T, C}), tokens.data(), v(wte, {V, C}), v(wpe, {T, C}));
+    ops::embedding_backward(nx, v(dwte, {V, C}), v(dwpe, {T, C}), v(dout, {B, T, C}),
+                            tokens.data());
     for (int t : {1, 2, 3, 4}) {
         const tp::TpShards sh = tp::make_tp_shards(nx, C, s.NH, s.F, V, t);
         const tp::DimSplit& vs = sh.vocabulary;
@@ -652,14 +672,14 @@ TEST_CASE("vocabulary-parallel cross-entropy and the tied LM head are bit-identi
     const Vec dlnf0 = awkward(BT * C, 93), dhead0 = awkward(V * C, 94);
     // single device, as GPT::forward/backward: logits in probs, softmax and its backward in place
     Vec probs(BT * V), losses(BT), logits;
-    cpu::matmul_forward(nx, probs.data(), lnf.data(), wte.data(), nullptr, BT, C, V);
+    linear_forward(nx, probs, lnf, wte, nullptr, BT, C, V);
     logits = probs;
-    cpu::crossentropy_forward(nx, losses.data(), probs.data(), probs.data(), targets.data(), BT, V);
+    ops::crossentropy_forward(nx, v(losses, {BT}), v(probs, {BT, V}), v(probs, {BT, V}),
+                              targets.data());
     const Vec p = probs;
-    cpu::crossentropy_backward(nx, probs.data(), probs.data(), targets.data(), dloss, BT, V);
+    ops::crossentropy_backward(nx, v(probs, {BT, V}), v(probs, {BT, V}), targets.data(), dloss);
     Vec dlnf = dlnf0, dhead = dhead0;
-    cpu::matmul_backward(nx, dlnf.data(), dhead.data(), nullptr, probs.data(), lnf.data(),
-                         wte.data(), BT, C, V);
+    linear_backward(nx, &dlnf, &dhead, nullptr, probs, lnf, wte, BT, C, V);
     for (int t : {1, 2, 3, 4}) {
         const tp::TpShards sh = tp::make_tp_shards(nx, C, s.NH, s.F, V, t);
         const tp::DimSplit& vs = sh.vocabulary;
@@ -704,22 +724,21 @@ TEST_CASE("sequence parallelism: all-gather, reduce-scatter and LayerNorm gradie
     // row-parallel fc proj (K = F) reduce-scattered by tokens; column-parallel fc backward
     const Vec inp = awkward(BT * K, 100), w = awkward(C * K, 101), b = awkward(C, 102);
     Vec out(BT * C);
-    cpu::matmul_forward(nx, out.data(), inp.data(), w.data(), b.data(), BT, K, C);
+    linear_forward(nx, out, inp, w, &b, BT, K, C);
     const Vec x = awkward(BT * C, 103), wfc = awkward(K * C, 104), dfc = awkward(BT * K, 105);
     const Vec dx0 = awkward(BT * C, 106);
     Vec dx = dx0;
-    cpu::matmul_backward(nx, dx.data(), nullptr, nullptr, dfc.data(), x.data(), wfc.data(), BT, C,
-                         K);
+    linear_backward(nx, &dx, nullptr, nullptr, dfc, x, wfc, BT, C, K);
     // LayerNorm on the residual stream
     const Vec res = uniform(BT * C, 107, -3.0f, 3.0f), lw = uniform(C, 108, 0.5f, 1.5f);
     const Vec lb = uniform(C, 109, -0.5f, 0.5f), dln = awkward(BT * C, 110, 6);
     Vec ln(BT * C), mean(BT), rstd = mean;
-    cpu::layernorm_forward(nx, ln.data(), mean.data(), rstd.data(), res.data(), lw.data(),
-                           lb.data(), BT, C);
+    ops::layernorm_forward(nx, v(ln, {BT, C}), v(mean, {BT}), v(rstd, {BT}), v(res, {BT, C}),
+                           v(lw, {C}), v(lb, {C}));
     const Vec dres0 = awkward(BT * C, 111), dlw0 = awkward(C, 112), dlb0 = awkward(C, 113);
     Vec dres = dres0, dlw = dlw0, dlb = dlb0;
-    cpu::layernorm_backward(nx, dres.data(), dlw.data(), dlb.data(), dln.data(), res.data(),
-                            lw.data(), mean.data(), rstd.data(), BT, C);
+    ops::layernorm_backward(nx, v(dres, {BT, C}), v(dlw, {C}), v(dlb, {C}), v(dln, {BT, C}),
+                            v(res, {BT, C}), v(lw, {C}), v(mean, {BT}), v(rstd, {BT}));
     auto rows = [&](const Vec& full, i64 w_, const tp::DimSplit& tok, int r) {
         return rows_of(full, w_, tok, r);
     };
@@ -778,7 +797,7 @@ TEST_CASE("fast mode: one partial per rank and the ring all-reduce, close to the
     const i64 BT = s.BT(), OC = s.C, K = s.F;
     const Vec inp = uniform(BT * K, 120, -1.0f, 1.0f), w = uniform(OC * K, 121, -1.0f, 1.0f);
     Vec out(BT * OC);
-    cpu::matmul_forward(bitwise8(), out.data(), inp.data(), w.data(), nullptr, BT, K, OC);
+    linear_forward(bitwise8(), out, inp, w, nullptr, BT, K, OC);
     const int t = 3;
     const tp::TpShards sh = tp::make_tp_shards(nx, s.C, s.NH, s.F, s.V, t);
     Slots got(t);

@@ -2,6 +2,11 @@
 // differences of an fp64 forward of the same op, within a bound derived from fp32 rounding, and
 // the whole model's loss gradient against central differences of a plain fp64 GPT-2. Used by
 // `parallax gradcheck`, tests/test_ops.cpp, tests/test_model.cpp and tests/test_validators.cpp.
+// The kernels under test are reached through kernels/ops.h.
+//
+// Files: gradcheck_math.h (EB arithmetic, the fp64 references), gradcheck_ops.cpp (the op table:
+// adding an op is a struct there and a line in op_table()), gradcheck.cpp (data, finite
+// differences, checks), gradcheck_report.cpp (rows and tables), gradcheck_model.cpp (the model).
 //
 // Index
 //   Rng                    splitmix64 generator of test inputs (full fp32 mantissas)
@@ -134,8 +139,7 @@ struct OpDef {
     OpShape small;                // the gradcheck shape: every element checked in milliseconds
     std::function<OpProblem(const OpShape&)> make;
 };
-const std::vector<OpDef>& op_table();  // layernorm, gelu, attention, residual, embedding,
-                                       // crossentropy, matmul, adamw, sum_squares
+const std::vector<OpDef>& op_table();  // every op of gradcheck_ops.cpp
 std::vector<std::string> op_names();
 const OpDef& find_op(const std::string& name);  // ConfigError naming the known ops
 
@@ -179,6 +183,8 @@ struct GradcheckRow {
     double bound = 0;            // ... and its bound
     double got = 0, expect = 0;  // its kernel value and the fp64 value it should be near
     bool pass() const { return failing == 0 && reference_failing == 0; }
+    // Folds one checked element in: its error and bound, its value and the fp64 value.
+    void add(i64 index, double err, double err_bound, double value, double fp64);
     // One line: "layernorm dweight (gradient): 19 of 19 elements, worst error ... at [4] ...".
     std::string text() const;
     std::string to_json() const;  // one JSON object

@@ -2,11 +2,9 @@
 
 #include "core/error.h"
 #include "core/mathfun.h"
-#include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cpu/vecmath.h"
+#include "kernels/ops.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -61,6 +59,30 @@ std::vector<i64> scaled(const std::vector<i64>& e, i64 w) {
 
 void add_into(float* dst, const float* src, i64 n) {
     for (i64 i = 0; i < n; i++) dst[i] = dst[i] + src[i];
+}
+
+// The view, or null where it views nothing (an output the caller does not want).
+const Tensor* optional(const Tensor& t) {
+    return t.data != nullptr ? &t : nullptr;
+}
+
+// ops::matmul_backward on this rank's buffers: dinp (BT,C), dweight (OC,C), dbias (OC) (null
+// ones skipped), dout (BT,OC), inp (BT,C), weight (OC,C).
+void linear_backward(const Numerics& nx, float* dinp, float* dweight, float* dbias,
+                     const float* dout, const float* inp, const float* weight, i64 BT, i64 C,
+                     i64 OC) {
+    const Tensor di = view_f32(dinp, {BT, C}), dw = view_f32(dweight, {OC, C}),
+                 db = view_f32(dbias, {OC});
+    ops::matmul_backward(nx, optional(di), optional(dw), optional(db), view_f32(dout, {BT, OC}),
+                         view_f32(inp, {BT, C}), view_f32(weight, {OC, C}));
+}
+
+// An fp32 matrix view (rows, cols) whose element (i, j) is p[i·rs + j·cs]: a column slice or a
+// transpose of a stored matrix, as ops::gemm and ops::row_sum take them.
+Tensor matrix(const float* p, i64 rows, i64 cols, i64 rs, i64 cs) {
+    Tensor t = view_f32(p, {rows, cols});
+    t.strides = {rs, cs};
+    return t;
 }
 
 }  // namespace
@@ -247,15 +269,17 @@ void column_dinp_partials(const Numerics& nx, float* parts, const float* dout_r,
                           const float* weight_r, const DimSplit& oc, int rank, i64 BT, i64 C) {
     const i64 ocr = oc.local(rank);
     if (nx.mode == Mode::fast) {
-        cpu::gemm(nx, parts, C, dout_r, ocr, 1, weight_r, C, 1, BT, C, ocr, false);
+        ops::gemm(nx, view_f32(parts, {BT, C}), view_f32(dout_r, {BT, ocr}),
+                  view_f32(weight_r, {ocr, C}), false);
         return;
     }
     const auto& nodes = oc.plan.nodes[rank];
     for (size_t i = 0; i < nodes.size(); i++) {
         const Range e = oc.elements(nodes[i]);
         const i64 off = oc.local_offset(rank, e.lo);
-        cpu::gemm(nx, parts + static_cast<i64>(i) * BT * C, C, dout_r + off, ocr, 1,
-                  weight_r + off * C, C, 1, BT, C, e.size(), false);
+        ops::gemm(nx, view_f32(parts + static_cast<i64>(i) * BT * C, {BT, C}),
+                  matrix(dout_r + off, BT, e.size(), ocr, 1),
+                  view_f32(weight_r + off * C, {e.size(), C}), false);
     }
 }
 
@@ -264,42 +288,36 @@ void row_out_partials(const Numerics& nx, float* parts, const float* inp_r, cons
                       const DimSplit& k, int rank, i64 BT, i64 OC) {
     const i64 kr = k.local(rank);
     if (nx.mode == Mode::fast) {
-        cpu::gemm(nx, parts, OC, inp_r, kr, 1, weight_r, 1, kr, BT, OC, kr, false);
+        ops::gemm(nx, view_f32(parts, {BT, OC}), view_f32(inp_r, {BT, kr}),
+                  matrix(weight_r, kr, OC, 1, kr), false);
         return;
     }
     const auto& nodes = k.plan.nodes[rank];
     for (size_t i = 0; i < nodes.size(); i++) {
         const Range e = k.elements(nodes[i]);
         const i64 off = k.local_offset(rank, e.lo);
-        cpu::gemm(nx, parts + static_cast<i64>(i) * BT * OC, OC, inp_r + off, kr, 1, weight_r + off,
-                  1, kr, BT, OC, e.size(), false);
+        ops::gemm(nx, view_f32(parts + static_cast<i64>(i) * BT * OC, {BT, OC}),
+                  matrix(inp_r + off, BT, e.size(), kr, 1),
+                  matrix(weight_r + off, e.size(), OC, 1, kr), false);
     }
 }
 
-// crossentropy_forward's Σexp is reduce_sum: block_sums (sequential from +0 per block) then
-// tree_sum. On a node's elements (starting on a block boundary) the same two steps give the node.
+// crossentropy_forward's Σexp is a row sum: block sums (sequential from +0 per block) then the
+// tree over them. On a node's elements (starting on a block boundary) the same gives the node.
 void logit_sum_partials(const Numerics& nx, float* parts, const float* e_r, const DimSplit& vocab,
                         int rank, i64 BT) {
-    const cpu::VecMath& vm = cpu::vecmath(nx.isa);
     const i64 vr = vocab.local(rank);
     if (nx.mode == Mode::fast) {
-        for (i64 m = 0; m < BT; m++) parts[m] = vr > 0 ? vm.fast_sum(e_r + m * vr, vr) : 0.0f;
+        ops::row_sum(nx, view_f32(parts, {BT}), view_f32(e_r, {BT, vr}));
         return;
     }
+    Numerics split = nx;  // the tree of the split's blocks
+    split.block = vocab.block;
     const auto& nodes = vocab.plan.nodes[rank];
-#pragma omp parallel
-    {
-        std::vector<float> part;
-#pragma omp for schedule(static)
-        for (i64 m = 0; m < BT; m++) {
-            for (size_t i = 0; i < nodes.size(); i++) {
-                const Range e = vocab.elements(nodes[i]);
-                part.resize(nodes[i].size());
-                vm.block_sums(part.data(), e_r + m * vr + vocab.local_offset(rank, e.lo), e.size(),
-                              vocab.block);
-                parts[static_cast<i64>(i) * BT + m] = tree_sum(part.data(), nodes[i].size());
-            }
-        }
+    for (size_t i = 0; i < nodes.size(); i++) {
+        const Range e = vocab.elements(nodes[i]);
+        ops::row_sum(split, view_f32(parts + static_cast<i64>(i) * BT, {BT}),
+                     matrix(e_r + vocab.local_offset(rank, e.lo), BT, e.size(), vr, 1));
     }
 }
 
@@ -310,8 +328,10 @@ void layernorm_param_partials(const Numerics& nx, float* parts, const float* dou
                               const float* rstd_r, const DimSplit& tokens, int rank, i64 C) {
     auto run = [&](float* row, i64 t0, i64 rows) {
         std::fill(row, row + 2 * C, -0.0f);
-        cpu::layernorm_backward(nx, nullptr, row, row + C, dout_r + t0 * C, inp_r + t0 * C, weight,
-                                mean_r + t0, rstd_r + t0, rows, C);
+        const Tensor dweight = view_f32(row, {C}), dbias = view_f32(row + C, {C});
+        ops::layernorm_backward(nx, nullptr, &dweight, &dbias, view_f32(dout_r + t0 * C, {rows, C}),
+                                view_f32(inp_r + t0 * C, {rows, C}), view_f32(weight, {C}),
+                                view_f32(mean_r + t0, {rows}), view_f32(rstd_r + t0, {rows}));
     };
     if (nx.mode == Mode::fast) {
         run(parts, 0, tokens.local(rank));
@@ -356,7 +376,10 @@ void column_parallel_forward(comm::Communicator& tp, const Numerics& nx, float* 
                              const float* inp, const float* weight_r, const float* bias_r,
                              const DimSplit& oc, i64 BT, i64 C) {
     check_group(tp, oc, "column_parallel_forward");
-    cpu::matmul_forward(nx, out_r, inp, weight_r, bias_r, BT, C, oc.local(tp.rank()));
+    const i64 ocr = oc.local(tp.rank());
+    const Tensor bias = view_f32(bias_r, {ocr});
+    ops::matmul_forward(nx, view_f32(out_r, {BT, ocr}), view_f32(inp, {BT, C}),
+                        view_f32(weight_r, {ocr, C}), optional(bias));
 }
 
 void column_parallel_backward(comm::Communicator& tp, const Numerics& nx, float* dinp,
@@ -366,8 +389,8 @@ void column_parallel_backward(comm::Communicator& tp, const Numerics& nx, float*
     check_group(tp, oc, "column_parallel_backward");
     const int me = tp.rank();
     if (dweight_r != nullptr || dbias_r != nullptr)
-        cpu::matmul_backward(nx, nullptr, dweight_r, dbias_r, dout_r, inp, weight_r, BT, C,
-                             oc.local(me));
+        linear_backward(nx, nullptr, dweight_r, dbias_r, dout_r, inp, weight_r, BT, C,
+                        oc.local(me));
     if (dinp == nullptr) return;
     std::vector<float> parts(num_partials(nx, oc, me) * BT * C), sum(BT * C);
     column_dinp_partials(nx, parts.data(), dout_r, weight_r, oc, me, BT, C);
@@ -395,8 +418,8 @@ void row_parallel_backward(comm::Communicator& tp, const Numerics& nx, float* di
     check_group(tp, k, "row_parallel_backward");
     // Every output of matmul_backward here is either per column of K (dinp_r, dweight_r) or
     // does not involve K at all (dbias): the single-device kernel on the rank's columns.
-    cpu::matmul_backward(nx, dinp_r, dweight_r, dbias, dout, inp_r, weight_r, BT,
-                         k.local(tp.rank()), OC);
+    linear_backward(nx, dinp_r, dweight_r, dbias, dout, inp_r, weight_r, BT, k.local(tp.rank()),
+                    OC);
 }
 
 // ---- vocabulary-parallel embedding -------------------------------------------------------------
@@ -471,7 +494,10 @@ void vocab_embedding_backward(comm::Communicator& tp, const Numerics& nx, float*
             }
         }
     }
-    if (dwpe != nullptr) cpu::embedding_backward(nx, nullptr, dwpe, dout, tokens, B, T, C, vocab.n);
+    if (dwpe != nullptr) {
+        const Tensor dpos = view_f32(dwpe, {T, C});
+        ops::embedding_backward(nx, nullptr, &dpos, view_f32(dout, {B, T, C}), tokens);
+    }
 }
 
 // ---- vocabulary-parallel cross-entropy ---------------------------------------------------------
@@ -482,22 +508,21 @@ void vocab_crossentropy_forward(comm::Communicator& tp, const Numerics& nx, floa
     check_group(tp, vocab, "vocab_crossentropy_forward");
     const int me = tp.rank();
     const i64 vr = vocab.local(me);
-    const cpu::VecMath& vm = cpu::vecmath(nx.isa);
     for (i64 m = 0; m < BT; m++) check_token(targets[m], m, vocab.n, "vocab_crossentropy_forward");
 
     // max over V: exact in any order. The target logit: one owner, -0 elsewhere, exact too.
     // Both are read before exp overwrites logits (probs may alias them).
     std::vector<float> mx(BT), lt(BT), sum(BT);
+    ops::row_max(nx, view_f32(mx.data(), {BT}), view_f32(logits_r, {BT, vr}));
     for (i64 m = 0; m < BT; m++) {
         const float* l = logits_r + m * vr;
-        mx[m] = vr > 0 ? vm.max(l, vr) : -INFINITY;
         lt[m] = vocab.owns(me, targets[m]) ? l[vocab.local_offset(me, targets[m])] : -0.0f;
     }
     tp.all_reduce_max(mx.data(), BT);
     tp.all_reduce(lt.data(), BT, comm::algo_for(nx.mode));
 
-#pragma omp parallel for schedule(static)
-    for (i64 m = 0; m < BT; m++) vm.exp_sub(probs_r + m * vr, logits_r + m * vr, mx[m], vr);
+    ops::exp_sub(nx, view_f32(probs_r, {BT, vr}), view_f32(logits_r, {BT, vr}),
+                 view_f32(mx.data(), {BT}));
     std::vector<float> parts(num_partials(nx, vocab, me) * BT);
     logit_sum_partials(nx, parts.data(), probs_r, vocab, me, BT);
     reduce_partials(tp, nx, vocab, parts.data(), BT, sum.data());
@@ -559,8 +584,8 @@ void column_parallel_backward_sp(comm::Communicator& tp, const Numerics& nx, flo
     const int me = tp.rank();
     const std::vector<i64> e = token_edges(tokens, "column_parallel_backward_sp");
     if (dweight_r != nullptr || dbias_r != nullptr)
-        cpu::matmul_backward(nx, nullptr, dweight_r, dbias_r, dout_r, inp, weight_r, BT, C,
-                             oc.local(me));
+        linear_backward(nx, nullptr, dweight_r, dbias_r, dout_r, inp, weight_r, BT, C,
+                        oc.local(me));
     if (dinp_r == nullptr) return;
     const i64 rows = tokens.local(me);
     std::vector<float> parts(num_partials(nx, oc, me) * BT * C), mine(rows * C);
@@ -575,9 +600,13 @@ void sp_layernorm_backward(comm::Communicator& tp, const Numerics& nx, float* di
                            const DimSplit& tokens, i64 C) {
     check_group(tp, tokens, "sp_layernorm_backward");
     const int me = tp.rank();
-    if (dinp_r != nullptr)  // per token: the single-device kernel on the slice
-        cpu::layernorm_backward(nx, dinp_r, nullptr, nullptr, dout_r, inp_r, weight, mean_r, rstd_r,
-                                tokens.local(me), C);
+    if (dinp_r != nullptr) {  // per token: the single-device kernel on the slice
+        const i64 rows = tokens.local(me);
+        const Tensor dinp = view_f32(dinp_r, {rows, C});
+        ops::layernorm_backward(nx, &dinp, nullptr, nullptr, view_f32(dout_r, {rows, C}),
+                                view_f32(inp_r, {rows, C}), view_f32(weight, {C}),
+                                view_f32(mean_r, {rows}), view_f32(rstd_r, {rows}));
+    }
     if (dweight == nullptr && dbias == nullptr) return;
     std::vector<float> parts(num_partials(nx, tokens, me) * 2 * C), sum(2 * C);
     layernorm_param_partials(nx, parts.data(), dout_r, inp_r, weight, mean_r, rstd_r, tokens, me,

@@ -2,7 +2,6 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 
 #include <algorithm>
@@ -391,7 +390,8 @@ std::vector<float> tp_sum_squares(const TpLayers& tp, const GPT& model, const fl
         if (k1 <= k0) continue;
         const i64 n = std::min(e.numel(), k1 * block) - k0 * block;
         part.assign(static_cast<size_t>(k1 - k0), 0.0f);
-        cpu::sum_squares_blocks(nx, part.data(), grads + e.offset + k0 * block, n);
+        ops::sum_squares_blocks(nx, view_f32(part.data(), {k1 - k0}),
+                                view_f32(grads + e.offset + k0 * block, {n}));
         for (i64 k = k0; k < k1; k++)
             blocks[static_cast<size_t>(first[i] + idx[static_cast<size_t>(k * block)] / block)] =
                 part[static_cast<size_t>(k - k0)];

@@ -1,7 +1,7 @@
 #include "core/parallel/zero.h"
 
 #include "core/error.h"
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -124,7 +124,8 @@ std::vector<float> ZeroShards::sum_squares(comm::Communicator& dp, const float* 
         const TableEntry& e = entries[i];
         const i64 a = e.offset + b0 * block,
                   b = std::min(e.offset + e.numel(), e.offset + b1 * block);
-        cpu::sum_squares_blocks(nx, mine.data() + at, grads + a, b - a);
+        ops::sum_squares_blocks(nx, view_f32(mine.data() + at, {b1 - b0}),
+                                view_f32(grads + a, {b - a}));
         at += b1 - b0;
     }
     i64 all_blocks = 0;

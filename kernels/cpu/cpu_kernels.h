@@ -9,7 +9,10 @@
 //   residual     out = a + b                            (residual.cpp)
 //   embedding    token + learned position embeddings    (embedding.cpp)
 //   crossentropy softmax cross-entropy per token        (crossentropy.cpp)
-//   adamw        AdamW step                             (adamw.cpp)
+//   rows         a split softmax's row max, exp, sums   (rows.cpp)
+//   adamw        AdamW step, sum of squares             (adamw.cpp)
+//
+// kernels/ops.h reaches these through the CPU fp32 backend (backend.cpp).
 //
 // Rules for every kernel here:
 //   * Argument order: numerics, outputs, saved statistics, inputs, weights, sizes.
@@ -83,6 +86,15 @@ void crossentropy_forward(const Numerics& nx, float* losses, float* probs, const
 // dlogits (BT,V) = (probs - onehot(target))·dloss — assigned, may alias probs.
 void crossentropy_backward(const Numerics& nx, float* dlogits, const float* probs,
                            const int* targets, float dloss, i64 BT, i64 V);
+
+// out (BT) = max of each row of x (BT,N): exact in any order; NaN when the row holds one; -inf
+// when N = 0.
+void row_max(const Numerics& nx, float* out, const float* x, i64 BT, i64 N);
+// out (BT,N) = exp(x (BT,N) - shift[row]), shift (BT); out may alias x.
+void exp_sub(const Numerics& nx, float* out, const float* x, const float* shift, i64 BT, i64 N);
+// out (BT) = Σ of each row of x (BT,N), row r at x + r·ldx: the canonical tree over blocks of
+// nx.block in Mode::bitwise (reduce_sum of vecmath.h), any order in Mode::fast; +0 when N = 0.
+void row_sum(const Numerics& nx, float* out, const float* x, i64 ldx, i64 BT, i64 N);
 
 // param, m, v (N) updated in place from grad (N).
 // g = grad·grad_scale; m = β1·m + (1-β1)·g; v = β2·v + (1-β2)·g²;

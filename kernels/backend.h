@@ -1,0 +1,80 @@
+// The backend table behind kernels/ops.h. Not for use outside kernels/.
+//
+// Index
+//   Backend           the kernels of one backend: one entry per op direction, null where none
+//   find_backend      the backend registered for a device, dtype and numerics mode (null: none)
+//   last_dim, rows    sizes read from an operand
+//   cpu::f32_backend  the CPU fp32 backend (kernels/cpu/backend.cpp)
+//
+// ops.cpp checks every operand (shapes, device, dtype, layout) before it calls an entry, so an
+// entry only reads its sizes from the tensors and runs. A backend serves any set of (device,
+// dtype, mode) keys: the CPU fp32 kernels handle both modes themselves; a cuBLAS backend would
+// register for fast mode only. Adding a backend or a dtype is a Backend value and its lines in
+// kRegistry (backend.cpp).
+#pragma once
+#include "kernels/ops.h"
+
+namespace px::ops {
+
+struct Backend {
+    const char* name;  // "cpu f32"
+    void (*matmul_forward)(const Numerics&, const Tensor& out, const Tensor& inp,
+                           const Tensor& weight, const Tensor* bias);
+    void (*matmul_backward)(const Numerics&, const Tensor* dinp, const Tensor* dweight,
+                            const Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                            const Tensor& weight);
+    void (*gemm)(const Numerics&, const Tensor& c, const Tensor& a, const Tensor& b,
+                 bool accumulate);
+    void (*layernorm_forward)(const Numerics&, const Tensor& out, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                              const Tensor& bias);
+    void (*layernorm_backward)(const Numerics&, const Tensor* dinp, const Tensor* dweight,
+                               const Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                               const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+    void (*gelu_forward)(const Numerics&, const Tensor& out, const Tensor& inp);
+    void (*gelu_backward)(const Numerics&, const Tensor& dinp, const Tensor& inp,
+                          const Tensor& dout);
+    void (*attention_forward)(const Numerics&, const Tensor& out, const Tensor& preatt,
+                              const Tensor& att, const Tensor& qkv, i64 NH);
+    void (*attention_backward)(const Numerics&, const Tensor& dqkv, const Tensor& dpreatt,
+                               const Tensor& datt, const Tensor& dout, const Tensor& qkv,
+                               const Tensor& att, i64 NH);
+    void (*residual_forward)(const Numerics&, const Tensor& out, const Tensor& a, const Tensor& b);
+    void (*residual_backward)(const Numerics&, const Tensor& da, const Tensor& db,
+                              const Tensor& dout);
+    void (*embedding_forward)(const Numerics&, const Tensor& out, const int* tokens,
+                              const Tensor& wte, const Tensor& wpe);
+    void (*embedding_backward)(const Numerics&, const Tensor* dwte, const Tensor* dwpe,
+                               const Tensor& dout, const int* tokens);
+    void (*crossentropy_forward)(const Numerics&, const Tensor& losses, const Tensor& probs,
+                                 const Tensor& logits, const int* targets);
+    void (*crossentropy_backward)(const Numerics&, const Tensor& dlogits, const Tensor& probs,
+                                  const int* targets, float dloss);
+    void (*row_max)(const Numerics&, const Tensor& out, const Tensor& x);
+    void (*exp_sub)(const Numerics&, const Tensor& out, const Tensor& x, const Tensor& shift);
+    void (*row_sum)(const Numerics&, const Tensor& out, const Tensor& x);
+    void (*adamw_update)(const Numerics&, const Tensor& param, const Tensor& m, const Tensor& v,
+                         const Tensor& grad, const AdamWStep& s);
+    float (*sum_squares)(const Numerics&, const Tensor& x);
+    void (*sum_squares_blocks)(const Numerics&, const Tensor& part, const Tensor& x);
+
+    bool has(Op op) const;  // every direction of op is there
+};
+
+const Backend* find_backend(Device device, DType dtype, Mode mode);
+
+inline i64 last_dim(const Tensor& t) {
+    return t.shape[t.ndim - 1];
+}
+// The product of the leading dimensions (BT), also when the last one is empty.
+inline i64 rows(const Tensor& t) {
+    i64 n = 1;
+    for (int d = 0; d + 1 < t.ndim; d++) n *= t.shape[d];
+    return n;
+}
+
+}  // namespace px::ops
+
+namespace px::cpu {
+extern const ops::Backend f32_backend;
+}  // namespace px::cpu

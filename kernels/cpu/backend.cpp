@@ -1,0 +1,156 @@
+// The CPU fp32 backend: kernels/ops.h's entries on the kernels of this folder. Each entry reads
+// the sizes of its (already checked) operands and calls the kernel; the kernels choose their
+// order from nx.mode, so one backend serves bitwise and fast mode.
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace px::cpu {
+
+namespace {
+
+using ops::last_dim;
+using ops::rows;
+
+float* f32_or_null(const Tensor* t) {
+    return t != nullptr ? t->f32() : nullptr;
+}
+
+void matmul_fwd(const Numerics& nx, const Tensor& out, const Tensor& inp, const Tensor& weight,
+                const Tensor* bias) {
+    matmul_forward(nx, out.f32(), inp.f32(), weight.f32(), f32_or_null(bias), rows(inp),
+                   last_dim(inp), weight.shape[0]);
+}
+
+void matmul_bwd(const Numerics& nx, const Tensor* dinp, const Tensor* dweight, const Tensor* dbias,
+                const Tensor& dout, const Tensor& inp, const Tensor& weight) {
+    matmul_backward(nx, f32_or_null(dinp), f32_or_null(dweight), f32_or_null(dbias), dout.f32(),
+                    inp.f32(), weight.f32(), rows(inp), last_dim(inp), weight.shape[0]);
+}
+
+void gemm_of(const Numerics& nx, const Tensor& c, const Tensor& a, const Tensor& b,
+             bool accumulate) {
+    gemm(nx, c.f32(), c.strides[0], a.f32(), a.strides[0], a.strides[1], b.f32(), b.strides[0],
+         b.strides[1], c.shape[0], c.shape[1], a.shape[1], accumulate);
+}
+
+void layernorm_fwd(const Numerics& nx, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                   const Tensor& inp, const Tensor& weight, const Tensor& bias) {
+    layernorm_forward(nx, out.f32(), mean.f32(), rstd.f32(), inp.f32(), weight.f32(), bias.f32(),
+                      rows(inp), last_dim(inp));
+}
+
+void layernorm_bwd(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
+                   const Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                   const Tensor& mean, const Tensor& rstd) {
+    layernorm_backward(nx, f32_or_null(dinp), f32_or_null(dweight), f32_or_null(dbias), dout.f32(),
+                       inp.f32(), weight.f32(), mean.f32(), rstd.f32(), rows(inp), last_dim(inp));
+}
+
+void gelu_fwd(const Numerics& nx, const Tensor& out, const Tensor& inp) {
+    gelu_forward(nx, out.f32(), inp.f32(), inp.numel());
+}
+
+void gelu_bwd(const Numerics& nx, const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+    gelu_backward(nx, dinp.f32(), inp.f32(), dout.f32(), inp.numel());
+}
+
+void attention_fwd(const Numerics& nx, const Tensor& out, const Tensor& preatt, const Tensor& att,
+                   const Tensor& qkv, i64 NH) {
+    attention_forward(nx, out.f32(), preatt.f32(), att.f32(), qkv.f32(), qkv.shape[0], qkv.shape[1],
+                      qkv.shape[2] / 3, NH);
+}
+
+void attention_bwd(const Numerics& nx, const Tensor& dqkv, const Tensor& dpreatt,
+                   const Tensor& datt, const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                   i64 NH) {
+    attention_backward(nx, dqkv.f32(), dpreatt.f32(), datt.f32(), dout.f32(), qkv.f32(), att.f32(),
+                       qkv.shape[0], qkv.shape[1], qkv.shape[2] / 3, NH);
+}
+
+void residual_fwd(const Numerics& nx, const Tensor& out, const Tensor& a, const Tensor& b) {
+    residual_forward(nx, out.f32(), a.f32(), b.f32(), a.numel());
+}
+
+void residual_bwd(const Numerics& nx, const Tensor& da, const Tensor& db, const Tensor& dout) {
+    residual_backward(nx, da.f32(), db.f32(), dout.f32(), dout.numel());
+}
+
+void embedding_fwd(const Numerics& nx, const Tensor& out, const int* tokens, const Tensor& wte,
+                   const Tensor& wpe) {
+    embedding_forward(nx, out.f32(), tokens, wte.f32(), wpe.f32(), out.shape[0], out.shape[1],
+                      out.shape[2]);
+}
+
+// V only bounds the token ids of dwte's rows, so it is unused without dwte.
+void embedding_bwd(const Numerics& nx, const Tensor* dwte, const Tensor* dwpe, const Tensor& dout,
+                   const int* tokens) {
+    embedding_backward(nx, f32_or_null(dwte), f32_or_null(dwpe), dout.f32(), tokens, dout.shape[0],
+                       dout.shape[1], dout.shape[2], dwte != nullptr ? dwte->shape[0] : 0);
+}
+
+void crossentropy_fwd(const Numerics& nx, const Tensor& losses, const Tensor& probs,
+                      const Tensor& logits, const int* targets) {
+    crossentropy_forward(nx, losses.f32(), probs.f32(), logits.f32(), targets, rows(logits),
+                         last_dim(logits));
+}
+
+void crossentropy_bwd(const Numerics& nx, const Tensor& dlogits, const Tensor& probs,
+                      const int* targets, float dloss) {
+    crossentropy_backward(nx, dlogits.f32(), probs.f32(), targets, dloss, rows(probs),
+                          last_dim(probs));
+}
+
+void row_max_of(const Numerics& nx, const Tensor& out, const Tensor& x) {
+    row_max(nx, out.f32(), x.f32(), x.shape[0], x.shape[1]);
+}
+
+void exp_sub_of(const Numerics& nx, const Tensor& out, const Tensor& x, const Tensor& shift) {
+    exp_sub(nx, out.f32(), x.f32(), shift.f32(), x.shape[0], x.shape[1]);
+}
+
+void row_sum_of(const Numerics& nx, const Tensor& out, const Tensor& x) {
+    row_sum(nx, out.f32(), x.f32(), x.strides[0], x.shape[0], x.shape[1]);
+}
+
+void adamw_of(const Numerics& nx, const Tensor& param, const Tensor& m, const Tensor& v,
+              const Tensor& grad, const ops::AdamWStep& s) {
+    adamw_update(nx, param.f32(), m.f32(), v.f32(), grad.f32(), param.numel(), s.lr, s.beta1,
+                 s.beta2, s.eps, s.weight_decay, s.grad_scale, s.t);
+}
+
+float sum_squares_of(const Numerics& nx, const Tensor& x) {
+    return sum_squares(nx, x.f32(), x.numel());
+}
+
+void sum_squares_blocks_of(const Numerics& nx, const Tensor& part, const Tensor& x) {
+    sum_squares_blocks(nx, part.f32(), x.f32(), x.numel());
+}
+
+}  // namespace
+
+const ops::Backend f32_backend{
+    .name = "cpu f32",
+    .matmul_forward = matmul_fwd,
+    .matmul_backward = matmul_bwd,
+    .gemm = gemm_of,
+    .layernorm_forward = layernorm_fwd,
+    .layernorm_backward = layernorm_bwd,
+    .gelu_forward = gelu_fwd,
+    .gelu_backward = gelu_bwd,
+    .attention_forward = attention_fwd,
+    .attention_backward = attention_bwd,
+    .residual_forward = residual_fwd,
+    .residual_backward = residual_bwd,
+    .embedding_forward = embedding_fwd,
+    .embedding_backward = embedding_bwd,
+    .crossentropy_forward = crossentropy_fwd,
+    .crossentropy_backward = crossentropy_bwd,
+    .row_max = row_max_of,
+    .exp_sub = exp_sub_of,
+    .row_sum = row_sum_of,
+    .adamw_update = adamw_of,
+    .sum_squares = sum_squares_of,
+    .sum_squares_blocks = sum_squares_blocks_of,
+};
+
+}  // namespace px::cpu
