@@ -6,8 +6,8 @@
 // (resume); validators/determinism.h. Prints one line per differing tensor; exit 0 equal, 3
 // differ, 2 bad input.
 #include "app/commands.h"
-#include "core/config.h"
-#include "core/error.h"
+#include "core/base/config.h"
+#include "core/base/error.h"
 #include "validators/determinism.h"
 #include "validators/validate.h"
 

@@ -18,12 +18,12 @@
 // state, so checkpoint.resume refuses it (its data source differs from any run's); it is meant
 // for model.init_from, which starts a run from its weights at step 0.
 #include "app/commands.h"
-#include "core/arena.h"
-#include "core/checkpoint.h"
-#include "core/checkpoint_llmc.h"
-#include "core/config.h"
-#include "core/error.h"
-#include "core/state.h"
+#include "core/base/arena.h"
+#include "core/io/checkpoint.h"
+#include "core/io/checkpoint_llmc.h"
+#include "core/base/config.h"
+#include "core/base/error.h"
+#include "core/io/state.h"
 
 #include <cmath>
 #include <cstdint>

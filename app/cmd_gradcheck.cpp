@@ -5,8 +5,8 @@
 // down when it is too large for the fp64 reference to difference in seconds). Prints a table;
 // exit 0 when every check passes, 3 when any fails, 2 on bad input.
 #include "app/commands.h"
-#include "core/config.h"
-#include "core/error.h"
+#include "core/base/config.h"
+#include "core/base/error.h"
 #include "validators/gradcheck.h"
 
 #include <cstdio>

@@ -1,9 +1,9 @@
 // parallax inspect PATH: a checkpoint's contents with every checksum verified, or a folder's
 // checkpoints, newest first, with their validity. Exit 0 when everything verifies, 2 otherwise.
 #include "app/commands.h"
-#include "core/checkpoint.h"
-#include "core/config.h"
-#include "core/error.h"
+#include "core/io/checkpoint.h"
+#include "core/base/config.h"
+#include "core/base/error.h"
 
 #include <cstdio>
 #include <filesystem>

@@ -2,8 +2,8 @@
 // Runs the single-device reference with probes and writes a golden trace (validators/trace.h),
 // for `parallax validate --golden ref.h5` to check a layout against later.
 #include "app/commands.h"
-#include "core/config.h"
-#include "core/error.h"
+#include "core/base/config.h"
+#include "core/base/error.h"
 #include "validators/trace.h"
 
 #include <cstdio>

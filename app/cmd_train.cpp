@@ -3,12 +3,13 @@
 // and writes the run file and the dump; the other ranks are quiet.
 #include "app/commands.h"
 #include "core/comm/mpi.h"
-#include "core/config.h"
-#include "core/job.h"
-#include "core/parallel/runner.h"
-#include "core/runfile.h"
-#include "core/state.h"
-#include "core/error.h"
+#include "core/base/config.h"
+#include "core/train/job.h"
+#include "core/train/runner.h"
+#include "core/io/runfile.h"
+#include "core/train/run_file_observer.h"
+#include "core/io/state.h"
+#include "core/base/error.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -151,7 +152,7 @@ int run_train_mpi(const Config& cfg, const TrainOptions& opt, const comm::MpiEnv
         RunHooks hooks;
         hooks.inspect = [&](Job& job) {
             last_loss = job.history().empty() ? 0 : job.history().back().loss;
-            if (!opt.dump.empty()) agree = state.absorb(job) && agree;
+            if (!opt.dump.empty()) agree = absorb(state, job) && agree;
         };
         run_rank(rank_cfg, *world, observers, hooks);
         // 2. The dump: every rank's logical part, merged on rank 0 (collective).
@@ -225,7 +226,7 @@ int run_train(const TrainOptions& opt, const comm::MpiEnvironment* mpi) {
     RunHooks hooks;
     if (!opt.dump.empty())
         hooks.inspect = [&](Job& job) {
-            if (!state.absorb(job))
+            if (!absorb(state, job))
                 throw Error("ranks disagree on a shared tensor or on the metrics (pp rank " +
                             std::to_string(job.pp_rank()) + ", dp rank " +
                             std::to_string(job.dp_rank()) + ", tp rank " +

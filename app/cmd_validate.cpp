@@ -6,9 +6,9 @@
 // process is one rank of the one layout given, and rank 0 reports.
 #include "app/commands.h"
 #include "core/comm/mpi.h"
-#include "core/config.h"
-#include "core/error.h"
-#include "core/parallel/runner.h"
+#include "core/base/config.h"
+#include "core/base/error.h"
+#include "core/train/runner.h"
 #include "validators/trace.h"
 #include "validators/validate.h"
 

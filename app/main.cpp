@@ -1,7 +1,7 @@
 // parallax: the command-line entry point.
 #include "app/commands.h"
 #include "core/comm/mpi.h"
-#include "core/error.h"
+#include "core/base/error.h"
 
 #include <cstdio>
 #include <memory>

@@ -24,13 +24,13 @@
 // /proc/self/clear_refs) while each runs; in-process that is the 4 ranks together (shown also
 // divided by 4), under mpirun each process's own. Beside it, the per-rank save's largest staging
 // buffer (counted). Checks: both files hold the same tensors (every stored checksum equal).
-#include "core/arena.h"
-#include "core/checkpoint.h"
+#include "core/base/arena.h"
+#include "core/io/checkpoint.h"
 #include "core/comm/inproc.h"
 #include "core/comm/mpi.h"
-#include "core/parallel/checkpointing.h"
-#include "core/rng.h"
-#include "core/state.h"
+#include "core/train/checkpointing.h"
+#include "core/base/rng.h"
+#include "core/io/state.h"
 
 #include <algorithm>
 #include <chrono>

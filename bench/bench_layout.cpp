@@ -7,11 +7,11 @@
 //
 // Checks its results: every ZeRO stage ends with the same weights as ZeRO-0 (bit for bit), and
 // the measured bytes sent equal the analytic count to within the small metadata collectives.
-#include "core/config.h"
-#include "core/job.h"
-#include "core/parallel/runner.h"
+#include "core/base/config.h"
+#include "core/train/job.h"
+#include "core/train/runner.h"
 #include "core/parallel/zero.h"
-#include "core/state.h"
+#include "core/io/state.h"
 
 #include <algorithm>
 #include <chrono>
@@ -43,7 +43,7 @@ Result run(Config c) {
     LastMemory last;
     RunHooks hooks;
     hooks.inspect = [&](Job& job) {
-        r.state.absorb(job);
+        absorb(r.state, job);
         if (job.dp_rank() != 0) return;
         r.mem = last.mem;
         r.comm_bytes = job.history().back().comm_bytes;
@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
     std::printf("step time, fast kernels, dp=%d ZeRO-0: canonical collectives %.1f ms, ring %.1f ms "
                 "(canonical/ring %.2f)\n", dp, ms[0], ms[1], ms[0] / ms[1]);
 
-    // The replica check (validate.replica_check_every = 1, core/parallel/faults.h): every rank
+    // The replica check (validate.replica_check_every = 1, core/train/faults.h): every rank
     // hashes its weights after every step, the world all-gathers the hashes, and each agreeing
     // check copies the rank's weights and moments into its snapshot to re-run from. Measured as whole-run wall time, since
     // it runs after the step's own timing.

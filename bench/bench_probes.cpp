@@ -10,9 +10,9 @@
 // noisy host hits all alike), the ratio to probes off, and the floats recorded per step.
 // Checks its results: the jobs' losses are the same bits at every step (probes never
 // change the computation), and the recorded loss probe averages to the step's loss.
-#include "core/config.h"
-#include "core/job.h"
-#include "core/numerics.h"
+#include "core/base/config.h"
+#include "core/train/job.h"
+#include "core/base/numerics.h"
 #include "validators/probes.h"
 
 #include <omp.h>

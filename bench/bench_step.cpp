@@ -8,9 +8,9 @@
 // bitwise/fast ratio. Checks its results: two bitwise steps from the same state give the same
 // bits, and the fast loss agrees with the bitwise loss within fp32 rounding.
 #include "bench/peak.h"
-#include "core/model.h"
-#include "core/optimizer.h"
-#include "core/rng.h"
+#include "core/model/model.h"
+#include "core/model/optimizer.h"
+#include "core/base/rng.h"
 
 #include <omp.h>
 

@@ -1,7 +1,7 @@
 // bench_vecmath: ns per element of the elementwise routines (exp, log, tanh, gelu, AdamW, block
 // sums) on every ISA path this CPU has, one thread. Checks that every path gives the bits of the
 // scalar path on the benchmark's own inputs.
-#include "core/numerics.h"
+#include "core/base/numerics.h"
 #include "kernels/cpu/vecmath.h"
 
 #include <chrono>

@@ -2,7 +2,7 @@
 // Benchmarks report their rates as a share of this figure taken in the same run, because the
 // host's speed drifts by tens of percent between runs.
 #pragma once
-#include "core/numerics.h"
+#include "core/base/numerics.h"
 
 namespace px::bench {
 

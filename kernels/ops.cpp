@@ -1,6 +1,6 @@
 #include "kernels/ops.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/backend.h"
 
 #include <initializer_list>

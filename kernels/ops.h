@@ -12,13 +12,13 @@
 //   row_max, exp_sub, row_sum   the pieces of a softmax whose rows are split between ranks
 //   adamw_update, sum_squares, sum_squares_blocks
 //
-// Shapes use the letters of core/shapes.h; leading dimensions are flattened into BT. Operands
+// Shapes use the letters of core/base/shapes.h; leading dimensions are flattened into BT. Operands
 // are contiguous unless an op says otherwise, and all of one call share a device and a dtype.
 // Semantics (activations assign, gradients accumulate) are those of kernels/cpu/cpu_kernels.h;
 // a backward's optional outputs are pointers, and a null one is not computed.
 #pragma once
-#include "core/numerics.h"
-#include "core/tensor.h"
+#include "core/base/numerics.h"
+#include "core/base/tensor.h"
 
 namespace px::ops {
 

@@ -1,8 +1,8 @@
 #include "tests/mutations.h"
 
-#include "core/error.h"
-#include "core/job.h"
-#include "core/numerics.h"
+#include "core/base/error.h"
+#include "core/train/job.h"
+#include "core/base/numerics.h"
 #include "core/parallel/tp_model.h"
 
 #include <algorithm>

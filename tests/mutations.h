@@ -1,7 +1,7 @@
 // Mutations: deliberate, known bugs planted in a layout's ranks, to prove that the validation
 // harness (validators/validate.h) names exactly the step, the op, the rank and the element where
 // each one acts. The library knows nothing of them: each is a decorator the tests wrap around
-// what the library hands out (core/parallel/runner.h RunHooks): a rank's dp group (a
+// what the library hands out (core/train/runner.h RunHooks): a rank's dp group (a
 // comm::Decorator), the model's parallel layers (GPT::wrap_parallel_layers) or the job's step
 // hooks (StepHooks::microbatch_grad). validate_layouts applies them to the layouts' runs only,
 // never to the single-device reference.
@@ -26,7 +26,7 @@
 //                    one row off (row i+1 for row i, the last wrapping to the first).
 #pragma once
 #include "core/comm/comm.h"
-#include "core/parallel/runner.h"
+#include "core/train/runner.h"
 
 #include <cstdint>
 #include <string>

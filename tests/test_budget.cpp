@@ -5,12 +5,12 @@
 // The references: the bitwise single device (r) and two other valid fp32 orderings of the same
 // job on the single device, fast mode (oneDNN, any order) and bitwise with numerics.block = 32
 // (another canonical tree); their spread estimates r's own rounding error per tensor.
-#include "core/config.h"
-#include "core/error.h"
-#include "core/job.h"
+#include "core/base/config.h"
+#include "core/base/error.h"
+#include "core/train/job.h"
 #include "core/parallel/pipeline.h"
-#include "core/parallel/runner.h"
-#include "core/state.h"
+#include "core/train/runner.h"
+#include "core/io/state.h"
 #include "tests/test_util.h"
 #include "validators/budget.h"
 
@@ -39,7 +39,7 @@ Config job() {
 LogicalState run(const Config& c) {
     LogicalState s;
     bool agree = true;
-    run_layout(c, {}, test::inspecting([&](Job& j) { agree = s.absorb(j) && agree; }));
+    run_layout(c, {}, test::inspecting([&](Job& j) { agree = absorb(s, j) && agree; }));
     CHECK(agree);
     CHECK(s.complete());
     return s;

@@ -1,6 +1,6 @@
 // The canonical reduction tree of DESIGN.md §2.1, checked against its worked example and
 // against the stack program that kernels use to build it.
-#include "core/numerics.h"
+#include "core/base/numerics.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,11 +1,12 @@
 // llm.c GPT-2 checkpoints (round trip, version 1 by hand, every malformed input, config
 // mismatches) and the HDF5 run file (read back with the HDF5 C API).
-#include "core/checkpoint_llmc.h"
-#include "core/data.h"
-#include "core/error.h"
-#include "core/job.h"
-#include "core/rng.h"
-#include "core/runfile.h"
+#include "core/io/checkpoint_llmc.h"
+#include "core/model/data.h"
+#include "core/base/error.h"
+#include "core/train/job.h"
+#include "core/base/rng.h"
+#include "core/io/runfile.h"
+#include "core/train/run_file_observer.h"
 #include "tests/test_util.h"
 
 #include <hdf5.h>

@@ -1,9 +1,9 @@
-// HDF5 checkpoints (core/checkpoint.h): bit-exact round trip of a trained state, piecewise
+// HDF5 checkpoints (core/io/checkpoint.h): bit-exact round trip of a trained state, piecewise
 // (hyperslab) writes equal to whole writes, the checksum, every damaged input (flipped bit,
 // truncation, not HDF5, wrong version, wrong model), the folder (keep the last K, newest valid,
 // unfinished writes) and `parallax inspect`'s exit codes.
-#include "core/checkpoint.h"
-#include "core/rng.h"
+#include "core/io/checkpoint.h"
+#include "core/base/rng.h"
 #include "test_util.h"
 
 #include <hdf5.h>

@@ -1,5 +1,5 @@
 // core/comm on the in-process backend: canonical collectives against the canonical tree of
-// core/numerics.h bit for bit (whatever the arrival order), the ring against its documented
+// core/base/numerics.h bit for bit (whatever the arrival order), the ring against its documented
 // order, every collective's data movement, groups, async handles, failures (timeout, departure,
 // a throwing rank, mismatches) and the accounting.
 //
@@ -7,7 +7,7 @@
 // own slot), and the test thread checks it after run_ranks has joined them.
 #include "core/comm/comm.h"
 #include "core/comm/inproc.h"
-#include "core/numerics.h"
+#include "core/base/numerics.h"
 
 #include <catch2/catch.hpp>
 
@@ -47,7 +47,7 @@ void random_delay(unsigned seed) {
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 4000));
 }
 
-// The canonical tree over ranks, element by element, via core/numerics.h's tree_sum.
+// The canonical tree over ranks, element by element, via core/base/numerics.h's tree_sum.
 std::vector<float> tree_over_ranks(const std::vector<std::vector<float>>& x, i64 lo, i64 hi) {
     const int p = static_cast<int>(x.size());
     std::vector<float> out(hi - lo), col(p);

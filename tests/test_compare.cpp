@@ -1,7 +1,7 @@
 // validators/compare.h: ULP distances against a brute-force walk with std::nextafter, the
 // histogram's bucket boundaries, the first difference, the JSON schema of validators/README.md,
 // and compare_states on a trained job with one weight moved by one ulp.
-#include "core/error.h"
+#include "core/base/error.h"
 #include "validators/compare.h"
 
 #include "test_util.h"

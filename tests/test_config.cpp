@@ -1,8 +1,8 @@
 // The job config: defaults, exact round trips, every kind of malformed input with its intended
 // message, --set overrides, and make_numerics.
-#include "core/config.h"
+#include "core/base/config.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #include <catch2/catch.hpp>
 

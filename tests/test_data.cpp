@@ -1,7 +1,7 @@
 // Data sources: the Markov chain's closed forms against brute force, the sampler's determinism
 // (the microbatch / data-parallel property), and llm.c token files, good and malformed.
-#include "core/data.h"
-#include "core/error.h"
+#include "core/model/data.h"
+#include "core/base/error.h"
 
 #include "tests/test_util.h"
 

@@ -4,7 +4,7 @@
 // computed with ldexp. Encoding: round trip of every value, midpoints of every adjacent pair and
 // their float neighbours, overflow / saturation, NaN, signed zero, and a sweep of ~1e6 float
 // patterns per format against a nearest-value search over the decoded table (ties to even).
-#include "core/dtype.h"
+#include "core/base/dtype.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,16 +1,16 @@
-// Faults on in-process ranks (core/parallel/faults.h): every injected fault is caught and named.
+// Faults on in-process ranks (core/train/faults.h): every injected fault is caught and named.
 // A bit flipped in one replica's weights or reduced gradient is found by the replica check; a
 // transient one is re-run away, and the run ends bit-identical to the uninterrupted reference;
 // a persistent one stops the job naming the rank and the step. A rank that dies or stalls past
 // the timeout is named by the others' failed collective. (Processes under mpirun and the CLI's
 // exit codes: tests/python/test_faults.py.)
 #include "core/comm/comm.h"
-#include "core/config.h"
-#include "core/error.h"
-#include "core/parallel/faults.h"
+#include "core/base/config.h"
+#include "core/base/error.h"
+#include "core/train/faults.h"
 #include "core/parallel/pipeline.h"
-#include "core/parallel/runner.h"
-#include "core/state.h"
+#include "core/train/runner.h"
+#include "core/io/state.h"
 #include "tests/test_util.h"
 
 #include <catch2/catch.hpp>
@@ -55,7 +55,7 @@ Config flip(Config c, const std::string& kind, int rank, i64 step, const std::st
 LogicalState run(const Config& c, bool* agree) {
     LogicalState s;
     *agree = true;
-    run_layout(c, {}, test::inspecting([&](Job& stage) { *agree = s.absorb(stage) && *agree; }));
+    run_layout(c, {}, test::inspecting([&](Job& stage) { *agree = absorb(s, stage) && *agree; }));
     return s;
 }
 

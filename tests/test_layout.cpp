@@ -4,7 +4,7 @@
 #include "core/parallel/mesh.h"
 #include "core/parallel/schedule.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #include <catch2/catch.hpp>
 

@@ -15,7 +15,7 @@
 // or an accumulated value (whose magnitude joins the sum); any other order needs n = K + 1. The
 // fp64 reference itself is off by at most K·2^-53·Σ|a·b|, added to the bound. These bounds are
 // derived, not tuned: a kernel that loses one rounding's worth of accuracy somewhere fails them.
-#include "core/numerics.h"
+#include "core/base/numerics.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <omp.h>

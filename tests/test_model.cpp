@@ -1,7 +1,7 @@
 // The whole model: the fp32 forward against a plain fp64 GPT-2 (validators/gradcheck.h RefGPT),
 // and the fp32 backward against fp64 central finite differences of that fp64 model.
-#include "core/model.h"
-#include "core/numerics.h"
+#include "core/model/model.h"
+#include "core/base/numerics.h"
 #include "validators/gradcheck.h"
 
 #include <catch2/catch.hpp>

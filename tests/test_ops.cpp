@@ -1,4 +1,4 @@
-// CPU ops: references, gradients, invariance, and core/mathfun.h. The op table, the fp64 and
+// CPU ops: references, gradients, invariance, and core/base/mathfun.h. The op table, the fp64 and
 // error-bound references and the finite differences live in validators/gradcheck.h (shared with
 // `parallax gradcheck`); this file adds the plain canonical-order references and the properties.
 //
@@ -17,9 +17,9 @@
 //     analytic fp64 backward must match it within the FD error (plus its own fp64 rounding).
 #include <catch2/catch.hpp>
 
-#include "core/error.h"
-#include "core/mathfun.h"
-#include "core/numerics.h"
+#include "core/base/error.h"
+#include "core/base/mathfun.h"
+#include "core/base/numerics.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/vecmath.h"
 #include "kernels/ops.h"

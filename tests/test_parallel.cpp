@@ -1,11 +1,11 @@
 // Parallel layouts on in-process ranks against the single-device run: 5 steps, then loss, grad
 // norm, every weight and every Adam moment compared bit for bit.
-#include "core/config.h"
-#include "core/error.h"
-#include "core/job.h"
-#include "core/parallel/runner.h"
+#include "core/base/config.h"
+#include "core/base/error.h"
+#include "core/train/job.h"
+#include "core/train/runner.h"
 #include "core/parallel/zero.h"
-#include "core/state.h"
+#include "core/io/state.h"
 #include "tests/test_util.h"
 
 #include <catch2/catch.hpp>
@@ -36,7 +36,7 @@ using State = LogicalState;
 State parallel(const Config& c, bool& replicas_agree) {
     State s;
     replicas_agree = true;
-    run_layout(c, {}, test::inspecting([&](Job& job) { replicas_agree = s.absorb(job) && replicas_agree; }));
+    run_layout(c, {}, test::inspecting([&](Job& job) { replicas_agree = absorb(s, job) && replicas_agree; }));
     return s;
 }
 

@@ -10,13 +10,13 @@
 // with sequence parallelism, tp2 × pp2+SP (1F1B; 2 and 4 microbatches; GPipe; interleaved with
 // recomputation), dp2 × tp2 × pp2+SP (ZeRO-1), tp4 × pp2+SP and dp2 × tp2 × pp3+SP (ZeRO-2).
 #include "core/comm/inproc.h"
-#include "core/config.h"
-#include "core/error.h"
-#include "core/job.h"
+#include "core/base/config.h"
+#include "core/base/error.h"
+#include "core/train/job.h"
 #include "core/parallel/pipeline.h"
-#include "core/parallel/runner.h"
-#include "core/rng.h"
-#include "core/state.h"
+#include "core/train/runner.h"
+#include "core/base/rng.h"
+#include "core/io/state.h"
 #include "tests/test_util.h"
 
 #include <catch2/catch.hpp>
@@ -56,7 +56,7 @@ using State = LogicalState;
 State pipeline(const Config& c, bool& stages_agree) {
     State s;
     stages_agree = true;
-    run_layout(c, {}, test::inspecting([&](Job& job) { stages_agree = s.absorb(job) && stages_agree; }));
+    run_layout(c, {}, test::inspecting([&](Job& job) { stages_agree = absorb(s, job) && stages_agree; }));
     stages_agree = stages_agree && s.complete();
     return s;
 }

@@ -1,6 +1,6 @@
-// Probes (core/probe.h, validators/probes.h): the pattern language, the shard specs, and that a
+// Probes (core/model/probe.h, validators/probes.h): the pattern language, the shard specs, and that a
 // data-parallel run's probes, unsharded, are bit for bit the single device's at every op.
-#include "core/parallel/runner.h"
+#include "core/train/runner.h"
 #include "test_util.h"
 #include "validators/probes.h"
 
@@ -166,7 +166,7 @@ TEST_CASE(
     // The final weights and moments with probes on are those without.
     const LogicalState off = single_device(c);
     LogicalState on;
-    on.absorb(job);
+    absorb(on, job);
     check_same_bits(off, on);
     // The last step's weights as probed are the final weights.
     const ParamTable t = ParamTable::build(c.model);

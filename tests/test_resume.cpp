@@ -1,17 +1,17 @@
 // Checkpoints written under one layout resume under another (resharding): the resumed run ends
 // bit-identical to the uninterrupted single-device run, in every weight, every Adam moment and
-// every step's loss and grad norm. The checkpoint goes through the file (core/checkpoint.h).
+// every step's loss and grad norm. The checkpoint goes through the file (core/io/checkpoint.h).
 // Every rank writes its own hyperslabs (core/parallel/state_slices.h): the file is byte for byte
 // the one a single writer makes from the gathered logical state, and no rank holds the whole
 // model while saving (peak resident memory measured, and the staging buffers counted).
-#include "core/checkpoint.h"
+#include "core/io/checkpoint.h"
 #include "core/comm/inproc.h"
-#include "core/config.h"
-#include "core/error.h"
-#include "core/parallel/checkpointing.h"
+#include "core/base/config.h"
+#include "core/base/error.h"
+#include "core/train/checkpointing.h"
 #include "core/parallel/pipeline.h"
-#include "core/parallel/runner.h"
-#include "core/state.h"
+#include "core/train/runner.h"
+#include "core/io/state.h"
 #include "tests/test_util.h"
 
 #include <hdf5.h>
@@ -63,7 +63,7 @@ Config with(Config c, const Layout_& l) {
 // The run's logical state at its end, whatever the layout.
 LogicalState run_any(const Config& c) {
     LogicalState s;
-    run_layout(c, {}, test::inspecting([&](Job& job) { s.absorb(job); }));
+    run_layout(c, {}, test::inspecting([&](Job& job) { absorb(s, job); }));
     return s;
 }
 

@@ -1,6 +1,6 @@
 // Philox 4x32-10: known answers from Random123, the logical-position contract (a slice draws what
 // the whole tensor draws), statistics sanity and stream separation.
-#include "core/rng.h"
+#include "core/base/rng.h"
 
 #include <catch2/catch.hpp>
 

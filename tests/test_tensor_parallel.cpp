@@ -12,8 +12,8 @@
 // own slot), and the test thread compares after run_ranks has joined them.
 #include "core/comm/comm.h"
 #include "core/comm/inproc.h"
-#include "core/error.h"
-#include "core/numerics.h"
+#include "core/base/error.h"
+#include "core/base/numerics.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/parallel/tree_exchange.h"
 #include "kernels/ops.h"

@@ -1,9 +1,9 @@
 // Training-level properties: thread, ISA and microbatch invariance in bitwise mode (bit for bit),
 // convergence to the Markov source's entropy rate, and the CLI's behaviour on good and bad input.
-#include "core/config.h"
-#include "core/data.h"
-#include "core/error.h"
-#include "core/job.h"
+#include "core/base/config.h"
+#include "core/model/data.h"
+#include "core/base/error.h"
+#include "core/train/job.h"
 #include "tests/test_util.h"
 
 #include <catch2/catch.hpp>

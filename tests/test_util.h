@@ -1,9 +1,9 @@
 // Helpers shared by the training-level test suites.
 #pragma once
-#include "core/config.h"
-#include "core/job.h"
-#include "core/parallel/runner.h"
-#include "core/state.h"
+#include "core/base/config.h"
+#include "core/train/job.h"
+#include "core/train/runner.h"
+#include "core/io/state.h"
 
 #include <catch2/catch.hpp>
 
@@ -76,7 +76,7 @@ inline LogicalState single_device(const Config& cfg) {
     Job job(cfg);
     job.run();
     LogicalState s;
-    s.absorb(job);
+    absorb(s, job);
     return s;
 }
 

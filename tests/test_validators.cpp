@@ -1,8 +1,8 @@
 // The gradient, determinism and resume validators (validators/gradcheck.h, determinism.h): they
 // pass on correct code, and they fail, naming what is wrong, on deliberately wrong inputs.
-#include "core/config.h"
-#include "core/error.h"
-#include "core/state.h"
+#include "core/base/config.h"
+#include "core/base/error.h"
+#include "core/io/state.h"
 #include "tests/test_util.h"
 #include "validators/determinism.h"
 #include "validators/validate.h"

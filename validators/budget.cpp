@@ -1,7 +1,7 @@
 // The fast-mode error budget; the derivation is in budget.h.
 #include "validators/budget.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #include <algorithm>
 #include <cmath>

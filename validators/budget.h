@@ -43,7 +43,7 @@
 // measured distance between two valid references). A genuinely wrong run (another learning rate,
 // a weight perturbed by 1e-3 relative) is off by orders of magnitude more than rounding, and fails.
 #pragma once
-#include "core/state.h"
+#include "core/io/state.h"
 
 #include <string>
 #include <vector>

@@ -2,8 +2,8 @@
 // compare.h, the JSON schema in validators/README.md.
 #include "validators/compare.h"
 
-#include "core/error.h"
-#include "core/state.h"
+#include "core/base/error.h"
+#include "core/io/state.h"
 
 #include <algorithm>
 #include <bit>

@@ -25,7 +25,7 @@
 // where neither side is NaN (a NaN shows as max_ulp == kNoUlp and in bucket 32 instead); an
 // infinity against anything else gives max_abs = max_rel = inf.
 #pragma once
-#include "core/shapes.h"
+#include "core/base/shapes.h"
 
 #include <array>
 #include <cstdint>

@@ -1,9 +1,9 @@
 // Run-twice determinism and checkpoint-resume checks (see determinism.h).
 #include "validators/determinism.h"
 
-#include "core/checkpoint.h"
-#include "core/error.h"
-#include "core/parallel/runner.h"
+#include "core/io/checkpoint.h"
+#include "core/base/error.h"
+#include "core/train/runner.h"
 
 #include <unistd.h>
 
@@ -141,7 +141,7 @@ LogicalState run_state(const Config& cfg, std::string* note) {
     LogicalState s;
     bool agree = true;
     RunHooks hooks;
-    hooks.inspect = [&](Job& job) { agree = s.absorb(job) && agree; };
+    hooks.inspect = [&](Job& job) { agree = absorb(s, job) && agree; };
     run_layout(cfg, {}, hooks);
     if (!agree && note) {
         *note = "the ranks of the ";

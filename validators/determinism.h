@@ -13,8 +13,8 @@
 // the config's own checkpoint settings (the resume check sets its own, in a temporary folder that
 // it removes). Under an MPI launch they are not available: they run the layout on in-process ranks.
 #pragma once
-#include "core/config.h"
-#include "core/state.h"
+#include "core/base/config.h"
+#include "core/io/state.h"
 #include "validators/compare.h"
 
 #include <string>

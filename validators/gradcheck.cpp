@@ -4,7 +4,7 @@
 // whole model's check gradcheck_model.cpp's.
 #include "validators/gradcheck.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #include <algorithm>
 #include <cmath>

@@ -30,7 +30,7 @@
 // How the op bounds are derived (none is tuned to make a test pass):
 //   * EB runs the reference with the standard model of fp32 arithmetic: every +, -, ·, /, sqrt
 //     and fma adds u·|result| (u = 2^-24) to the propagated first-order bound of its operands;
-//     exp, log and tanh add kMathUlp ulp (the contract of core/mathfun.h, tested in test_ops);
+//     exp, log and tanh add kMathUlp ulp (the contract of core/base/mathfun.h, tested in test_ops);
 //     a sum of n terms in the canonical tree (depth d = min(n, block) + ceil(log2(blocks))) adds
 //     γ_d·Σ|terms|, γ_d = d·u/(1 - d·u) (Higham, Accuracy and Stability, §4.2). Under Order::any
 //     (Mode::fast) the order is unknown, so d = n (a bound for any summation order).
@@ -49,9 +49,9 @@
 // + 1e-6 (~60 dependent fp32 ops per value). Differences: h = 1e-5 (truncation ~1e-12, rounding
 // ~1e-11, far below the fp32 gradient's own error).
 #pragma once
-#include "core/config.h"
-#include "core/model.h"
-#include "core/numerics.h"
+#include "core/base/config.h"
+#include "core/model/model.h"
+#include "core/base/numerics.h"
 
 #include <cstdint>
 #include <functional>
@@ -77,7 +77,7 @@ Vec randv(Rng& r, i64 n, float lo = -1.0f, float hi = 1.0f);  // n uniform value
 // ---- error-bound arithmetic ---------------------------------------------------------------------
 
 inline constexpr double kU = 0x1p-24;    // fp32 unit roundoff
-inline constexpr double kMathUlp = 2.0;  // core/mathfun.h's accuracy contract, in ulp
+inline constexpr double kMathUlp = 2.0;  // core/base/mathfun.h's accuracy contract, in ulp
 
 // A double value and a bound on the error of the same expression evaluated in fp32.
 struct EB {

@@ -2,8 +2,8 @@
 // central differences of a plain fp64 GPT-2 over the same parameters.
 #include "validators/gradcheck.h"
 
-#include "core/error.h"
-#include "core/rng.h"
+#include "core/base/error.h"
+#include "core/base/rng.h"
 
 #include <algorithm>
 #include <cmath>

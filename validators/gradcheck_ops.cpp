@@ -6,7 +6,7 @@
 //   kernel     the kernel under test, through kernels/ops.h, on views of an Io's fp32 buffers
 // and a line in op_table() with its test shapes. make_problem turns it into an OpProblem: the
 // kernel run, the EB reference and the fp64 loss of the finite differences.
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/ops.h"
 #include "validators/gradcheck.h"
 #include "validators/gradcheck_math.h"

@@ -1,6 +1,6 @@
 #include "validators/probes.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #include <cstring>
 

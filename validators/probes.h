@@ -1,4 +1,4 @@
-// Recording probes (core/probe.h) and putting their pieces back together. A ProbeRecorder is the
+// Recording probes (core/model/probe.h) and putting their pieces back together. A ProbeRecorder is the
 // ProbeSink a test or the harness attaches to every rank's job (in-process ranks are threads
 // sharing one recorder): it keeps the probes its patterns select, piece by piece as each rank
 // captured them, and unshards a probe into its logical tensor, which can then be compared with
@@ -14,7 +14,7 @@
 //   ProbeRecorder   patterns, a step stride; names() in capture order; unshard(); complete();
 //                   overlay() (its pieces over a reference tensor)
 #pragma once
-#include "core/probe.h"
+#include "core/model/probe.h"
 
 #include <mutex>
 #include <string>

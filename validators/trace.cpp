@@ -1,11 +1,11 @@
 #include "validators/trace.h"
 
-#include "core/checkpoint.h"  // checksum_f32
+#include "core/io/checkpoint.h"  // checksum_f32
 #include "core/comm/comm.h"
-#include "core/data.h"
-#include "core/error.h"
-#include "core/hdf5_util.h"
-#include "core/job.h"
+#include "core/model/data.h"
+#include "core/base/error.h"
+#include "core/io/hdf5_util.h"
+#include "core/train/job.h"
 
 #include <unistd.h>
 #include <algorithm>

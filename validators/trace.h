@@ -15,7 +15,7 @@
 //   combine_golden      every process's result, combined over the world (mpirun)
 //
 // File (format "parallax-trace", format_version 1; HDF5 1.8 format, compact groups, fixed-length
-// strings, as checkpoints, core/checkpoint.h):
+// strings, as checkpoints, core/io/checkpoint.h):
 //   /                                  attributes: format, format_version, created, config (the
 //                                      job's TOML), patterns (newline-joined globs), stride, steps,
 //                                      data_hash (data_fingerprint; absent in older traces)
@@ -25,7 +25,7 @@
 //                                      probe name is the path), attribute checksum (uint64, the
 //                                      checkpoint checksum of its elements)
 #pragma once
-#include "core/config.h"
+#include "core/base/config.h"
 #include "validators/compare.h"
 #include "validators/probes.h"
 

@@ -1,10 +1,10 @@
 #include "validators/validate.h"
 
-#include "core/error.h"
-#include "core/job.h"
+#include "core/base/error.h"
+#include "core/train/job.h"
 #include "core/parallel/mesh.h"
-#include "core/parallel/runner.h"
-#include "core/state.h"
+#include "core/train/runner.h"
+#include "core/io/state.h"
 #include "validators/budget.h"
 #include "validators/probes.h"
 #include "validators/trace.h"
@@ -253,12 +253,12 @@ LogicalState single_device(const Config& cfg, std::vector<LogicalState>* each_st
         job.step();
         if (each_step) {
             LogicalState s;
-            s.absorb(job);
+            absorb(s, job);
             each_step->push_back(std::move(s));
         }
     }
     LogicalState s;
-    s.absorb(job);
+    absorb(s, job);
     return s;
 }
 

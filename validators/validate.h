@@ -23,7 +23,7 @@
 // --steps to bound it for larger ones).
 //
 // First divergence. When a layout diverges in bitwise mode, the reference and the layout are run
-// again with probes (core/probe.h) on every op of the step before the first differing step and
+// again with probes (core/model/probe.h) on every op of the step before the first differing step and
 // of that step, one recorder per rank, and the probes are compared in the single device's order
 // of execution (forward ops, backward ops, the reduced gradients, the update): the first probe
 // where a rank's piece differs is the first op whose output differs while everything computed
@@ -50,11 +50,11 @@
 // way, and the verdict is the error budget of the final state (validators/budget.h): "within
 // budget" or "over budget". A layout that cannot run (a config error, a failed collective) is
 // "error" with its message; the other layouts still run. The reference runs without the config's
-// [fault] and [validate] settings: an injected fault (core/parallel/faults.h) strikes the layouts
+// [fault] and [validate] settings: an injected fault (core/train/faults.h) strikes the layouts
 // only, which is how the harness itself is shown to find one.
 #pragma once
-#include "core/config.h"
-#include "core/parallel/runner.h"
+#include "core/base/config.h"
+#include "core/train/runner.h"
 #include "validators/compare.h"
 
 #include <string>

@@ -7,8 +7,8 @@
 //   Clock, since         wall time of waits
 //   seconds_str, rank_list, counts_str, what_of   "2.00 s", "ranks 1, 3", "[4, 4, 3]", what()
 #pragma once
-#include "core/numerics.h"  // tree_mid
-#include "core/shapes.h"    // i64
+#include "core/base/numerics.h"  // tree_mid
+#include "core/base/shapes.h"    // i64
 
 #include <chrono>
 #include <cmath>
@@ -27,7 +27,7 @@ T max_of(T a, T b) {
         return a > b ? a : b;
 }
 
-// Node [lo, hi) of the canonical tree over ranks (core/numerics.h: split at tree_mid), applied
+// Node [lo, hi) of the canonical tree over ranks (core/base/numerics.h: split at tree_mid), applied
 // to rows of width w: rows[lo] = node(lo, mid) + node(mid, hi) (Max: their maximum).
 template <class T, bool Max>
 void tree_rows(T* rows, int lo, int hi, i64 w) {

@@ -22,7 +22,7 @@
 // are blocking: they return when this rank's output is complete and its input may be reused.
 //
 // Reducing collectives (all_reduce, reduce_scatter) sum element by element over ranks.
-//   Algo::canonical: element i of the result is the canonical tree (core/numerics.h) over RANK
+//   Algo::canonical: element i of the result is the canonical tree (core/base/numerics.h) over RANK
 //     index of the contributions x_0[i] .. x_{p-1}[i]: a node of ranks [lo, hi) splits at
 //     mid = lo + ceil((hi-lo)/2) and its value is node[lo, mid) + node[mid, hi). It does not
 //     depend on arrival order, timing or chunking, and every rank gets the same bits. When each
@@ -48,9 +48,9 @@
 // thread of the backend, in issue order). Different communicators (dp, tp, pp of one rank) may
 // be used from different threads.
 #pragma once
-#include "core/error.h"
-#include "core/numerics.h"
-#include "core/shapes.h"
+#include "core/base/error.h"
+#include "core/base/numerics.h"
+#include "core/base/shapes.h"
 
 #include <array>
 #include <condition_variable>
@@ -306,7 +306,7 @@ public:
     // Fail the job: every pending and later operation on every rank throws CommError(reason).
     virtual void abort(const std::string& reason) = 0;
     // The job's failure message once it has failed (any rank's abort, a timeout, a mismatch),
-    // else "". Never blocks: a rank that is not communicating (stalled, core/parallel/faults.h)
+    // else "". Never blocks: a rank that is not communicating (stalled, core/train/faults.h)
     // polls it to learn that the others gave up on it.
     virtual std::string failure() = 0;
     // Whether each rank is a process of its own (MPI), so that one can die alone; false for

@@ -66,7 +66,7 @@ int local_ranks();
 
 // The MPI communicator of c's ranks when c belongs to this backend (MpiEnvironment::world or a
 // split of it), else MPI_COMM_NULL (in-process ranks). It is c's point-to-point duplicate: a
-// library's MPI collectives on it (parallel HDF5, core/checkpoint.h) never meet the backend's
+// library's MPI collectives on it (parallel HDF5, core/io/checkpoint.h) never meet the backend's
 // own collective traffic. Valid while c lives; collectives on it must not overlap c's own.
 MPI_Comm native_comm(const Communicator& c);
 

@@ -2,7 +2,7 @@
 // ranges in the canonical tree, and rank arithmetic.
 #include "core/parallel/mesh.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #include <climits>
 #include <cmath>

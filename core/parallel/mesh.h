@@ -39,7 +39,7 @@
 //   zero          any stage with any dp: with dp = 1 a ZeRO shard is the whole state (trivial).
 #pragma once
 #include "core/comm/comm.h"
-#include "core/config.h"
+#include "core/base/config.h"
 #include "core/parallel/schedule.h"
 
 #include <cstdint>

@@ -1,9 +1,9 @@
-// Pipeline parallelism's pieces that the trainer (core/job.h) executes: the part of the model a
+// Pipeline parallelism's pieces that the trainer (core/train/job.h) executes: the part of the model a
 // pipeline rank holds, and the token-tree accumulation of a chunk's microbatch gradients. See
 // pipeline.h for the argument.
 #include "core/parallel/pipeline.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #include <cstring>
 

@@ -1,6 +1,6 @@
 // Pipeline parallelism (DESIGN.md §3, PP) on the pp group: each pp rank holds the layers of its
-// virtual stages as one GPT over a ModelPart (core/model.h) and runs its schedule's action list
-// (core/parallel/schedule.h) with point-to-point messages (the trainer, core/job.h, executes
+// virtual stages as one GPT over a ModelPart (core/model/model.h) and runs its schedule's action list
+// (core/parallel/schedule.h) with point-to-point messages (the trainer, core/train/job.h, executes
 // it; with pp = 1 the list is the single device's: forward, backward, for each microbatch); with dp
 // > 1 each data-parallel replica is one pipeline, and a stage's gradient is all-reduced over its dp
 // group. With tp > 1 each stage is cut over its tp group (tp_model.h's TpLayers on the stage's
@@ -71,8 +71,8 @@
 // message_tag of the action in a step; fixed tags above their range for the tied-wte exchange
 // and for validation forwards.
 #pragma once
-#include "core/arena.h"
-#include "core/model.h"
+#include "core/base/arena.h"
+#include "core/model/model.h"
 #include "core/parallel/mesh.h"
 
 #include <vector>

@@ -3,7 +3,7 @@
 // a send after each compute whose output does. check_schedule runs the lists in unit time.
 #include "core/parallel/schedule.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,6 +1,6 @@
 #include "core/parallel/state_slices.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "core/parallel/tp_model.h"
 #include "core/parallel/zero.h"
 

@@ -39,9 +39,9 @@
 // the layout that wrote the file: its weights (ZeRO-3: its shard; else its whole local array)
 // and its moments [opt.lo, opt.hi), replicated and tied tensors included.
 #pragma once
-#include "core/checkpoint.h"
-#include "core/model.h"
-#include "core/optimizer.h"
+#include "core/io/checkpoint.h"
+#include "core/model/model.h"
+#include "core/model/optimizer.h"
 #include "core/parallel/tree_exchange.h"
 
 #include <vector>

@@ -1,7 +1,7 @@
 #include "core/parallel/tensor_parallel.h"
 
-#include "core/error.h"
-#include "core/mathfun.h"
+#include "core/base/error.h"
+#include "core/base/mathfun.h"
 #include "kernels/ops.h"
 
 #include <algorithm>

@@ -25,7 +25,7 @@
 //
 // Why exact. A single-device reduction over a dimension (K of a matmul, the vocabulary of a
 // softmax, the tokens of a weight gradient) is the canonical tree over its blocks
-// (core/numerics.h). A split cuts that dimension in whole blocks, so every block has one owner;
+// (core/base/numerics.h). A split cuts that dimension in whole blocks, so every block has one owner;
 // the owner computes the maximal tree nodes inside its ranges with the ordinary kernels (a node's
 // subtree is the tree over its own blocks) and core/parallel/tree_exchange.h forms the upper nodes
 // in the tree's order. Outputs that are not reductions (a column-parallel output column, an
@@ -51,7 +51,7 @@
 // and the ring all-reduce (Megatron's order): close to, not equal to, the single device.
 #pragma once
 #include "core/comm/comm.h"
-#include "core/numerics.h"
+#include "core/base/numerics.h"
 #include "core/parallel/tree_exchange.h"
 
 #include <span>

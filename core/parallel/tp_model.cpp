@@ -1,7 +1,7 @@
 #include "core/parallel/tp_model.h"
 
-#include "core/error.h"
-#include "core/rng.h"
+#include "core/base/error.h"
+#include "core/base/rng.h"
 #include "kernels/ops.h"
 
 #include <algorithm>

@@ -30,7 +30,7 @@
 // identically), so gradients are never summed over tp; AdamW is elementwise on local shards.
 #pragma once
 #include "core/comm/comm.h"
-#include "core/model.h"
+#include "core/model/model.h"
 #include "core/parallel/tensor_parallel.h"
 
 #include <memory>

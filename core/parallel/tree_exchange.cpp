@@ -1,6 +1,6 @@
 #include "core/parallel/tree_exchange.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #include <algorithm>
 #include <string>

@@ -13,7 +13,7 @@
 //   reduce_scatter_nodes   rank r gets elements [edges[r], edges[r+1]) of the root
 //
 // The tree. A reduction of nb blocks combines block values in the canonical binary tree of
-// core/numerics.h: a node [lo, hi) splits at tree_mid(lo, hi) and its value is left + right;
+// core/base/numerics.h: a node [lo, hi) splits at tree_mid(lo, hi) and its value is left + right;
 // subtrees without any present block are skipped. A node's subtree has the shape of the tree over
 // its own hi - lo blocks, so a rank that owns blocks [a, b) forming a node computes the node's
 // value with any canonical kernel run on those blocks alone (a GEMM over that K range, a block
@@ -33,7 +33,7 @@
 // bits as if nothing had been added.
 #pragma once
 #include "core/comm/comm.h"
-#include "core/numerics.h"
+#include "core/base/numerics.h"
 
 #include <cstdint>
 #include <span>

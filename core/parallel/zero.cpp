@@ -1,6 +1,6 @@
 #include "core/parallel/zero.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/ops.h"
 
 #include <algorithm>

@@ -39,9 +39,9 @@
 //   ZeroUnits                  ZeRO-2/3 per unit: gather and free weights, reduce-scatter and
 //                              free gradients, keep the microbatch partials of the shard
 #pragma once
-#include "core/arena.h"
+#include "core/base/arena.h"
 #include "core/comm/comm.h"
-#include "core/model.h"
+#include "core/model/model.h"
 
 #include <functional>
 #include <vector>

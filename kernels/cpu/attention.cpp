@@ -16,7 +16,7 @@
 // unmasked element are absent (skipped), so query t's sums are the prefix subtree of the same
 // tree every query uses. Masked entries are written as exact zeros in preatt, att, datt, dpreatt.
 // Threads take whole (b, h) pairs; nothing of one sum is split.
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/vecmath.h"
 

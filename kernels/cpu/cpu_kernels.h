@@ -19,15 +19,15 @@
 //   * Activations assign. Gradients accumulate: every d-output is added into (+=) what the caller
 //     left there, and a reduced value is formed completely (canonical tree) before it is added.
 //     The one exception is crossentropy_backward, which starts the chain and assigns dlogits.
-//   * In Mode::bitwise every reduction follows the canonical order of core/numerics.h, so the
+//   * In Mode::bitwise every reduction follows the canonical order of core/base/numerics.h, so the
 //     result does not depend on the thread count, the ISA path, or where a vector ends: threads
 //     split outputs, never a reduction.
 //   * Token reductions (weight gradients) run over the kernel's own BT rows as the tree over
 //     [0, BT). A caller that splits a batch (microbatches, data parallelism) hands each kernel a
 //     row range that is one node of the global tree, so the local tree is that node's subtree.
-//   * exp, log and tanh come from core/mathfun.h, never from libm, on every path.
+//   * exp, log and tanh come from core/base/mathfun.h, never from libm, on every path.
 #pragma once
-#include "core/numerics.h"
+#include "core/base/numerics.h"
 
 namespace px::cpu {
 

@@ -2,11 +2,11 @@
 //
 // Forward, per row l (V):  e = exp(l - max),  S = Σe,  probs = e / S,
 //   loss = log S - (l[target] - max)
-// with max exact, exp and log from core/mathfun.h, and S the canonical tree over blocks of
+// with max exact, exp and log from core/base/mathfun.h, and S the canonical tree over blocks of
 // nx.block logits (Mode::bitwise). Backward: dlogits = (probs - onehot(target))·dloss, assigned.
 // Threads take whole rows.
-#include "core/error.h"
-#include "core/mathfun.h"
+#include "core/base/error.h"
+#include "core/base/mathfun.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/vecmath.h"
 

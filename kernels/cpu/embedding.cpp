@@ -5,7 +5,7 @@
 // output row are grouped by their block n / nx.block, summed sequentially inside a block (from
 // +0, in index order) and the blocks combine in the canonical tree over all num_blocks(B·T) blocks,
 // with the blocks that hold none of the row's tokens skipped. Threads take whole output rows.
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <algorithm>

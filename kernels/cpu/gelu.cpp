@@ -1,5 +1,5 @@
 // GELU, tanh approximation: out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
-// Elementwise, so every path gives the same bits; the formulas (and tanh from core/mathfun.h)
+// Elementwise, so every path gives the same bits; the formulas (and tanh from core/base/mathfun.h)
 // are in vecmath.h, shared by the scalar, AVX2 and AVX-512 tables.
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/vecmath.h"

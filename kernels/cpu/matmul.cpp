@@ -2,7 +2,7 @@
 //
 // Mode::bitwise — the canonical GEMM. Every c[i][j] is the canonical tree over K: K is cut into
 // blocks of nx.block; inside a block acc = +0, acc = fma(a[i][k], b[k][j], acc) in k order; the
-// block partials combine in the tree of core/numerics.h (node = left + right). How:
+// block partials combine in the tree of core/base/numerics.h (node = left + right). How:
 //   * A is packed into panels of MR rows and B into panels of NR columns, k-major and zero-padded,
 //     so a microkernel (matmul_avx512.cpp, matmul_avx2.cpp, the scalar one below) computes a full
 //     MR×NR tile with one SIMD lane per output column. Every lane runs exactly the scalar
@@ -18,7 +18,7 @@
 // Performance notes (2-core AVX-512 host, bench/bench_matmul.cpp): the 14×32 AVX-512 microkernel
 // runs at ~90% of the FMA peak on cached panels; the rest goes to packing (~0.5 cycle per packed
 // element, amortised over the 256 rows of a GPT-2 batch) and to streaming panels from L2.
-#include "core/error.h"
+#include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/matmul_kernels.h"
 

@@ -10,11 +10,11 @@
 // both k-major ("panel[k][lane]"), zero-padded past the matrix edge so a microkernel always
 // computes a full MR×NR tile; padded lanes hold +0 sums that are never written out.
 //
-// This header includes nothing but core/shapes.h on purpose: the ISA translation units are
+// This header includes nothing but core/base/shapes.h on purpose: the ISA translation units are
 // compiled with -mavx2 / -mavx512f, and any inline function they instantiate from a shared header
 // (std::min, std::vector, ...) could be picked by the linker for generic code too.
 #pragma once
-#include "core/shapes.h"
+#include "core/base/shapes.h"
 
 namespace px::cpu {
 

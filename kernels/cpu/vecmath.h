@@ -4,7 +4,7 @@
 //   AdamWCoeffs        per-call constants of the AdamW element update
 //   VecMath            the table of routines; vecmath(isa) picks one
 //   reduce_sum/_dot    a row's sum in the mode's order (canonical tree in Mode::bitwise)
-//   impl:: templates   the loop bodies, written once over a SIMD-ops type (see core/mathfun.h)
+//   impl:: templates   the loop bodies, written once over a SIMD-ops type (see core/base/mathfun.h)
 //
 // Every routine computes, per element (or per block), the same sequence of IEEE operations on
 // every ISA: the vector body and the tail run the same template (the tail through masked loads
@@ -13,7 +13,7 @@
 // Each ISA lives in its own translation unit and namespace (px::cpu::scalar, ::avx2, ::avx512),
 // so nothing compiled with -mavx512f reaches code that runs on an older CPU.
 #pragma once
-#include "core/numerics.h"
+#include "core/base/numerics.h"
 
 #include <vector>
 
@@ -99,14 +99,14 @@ extern const VecMath table;
 }  // namespace px::cpu
 
 #if defined(PX_VECMATH_IMPL)
-#include "core/mathfun.h"
+#include "core/base/mathfun.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 // The loop bodies. Included only by the vecmath_*.cpp files, each with its own ops type S, which
-// adds to the arithmetic of core/mathfun.h:
+// adds to the arithmetic of core/base/mathfun.h:
 //   load(p) store(p, v)                  full vector
 //   load_n(p, k) store_n(p, v, k)        first k lanes (k <= W), other lanes read as 0
 //   iload(const int32_t*)                int vector

@@ -3,7 +3,7 @@
 #define PX_VECMATH_IMPL
 #include "kernels/cpu/vecmath.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #include <string>
 
@@ -11,7 +11,7 @@ namespace px::cpu {
 namespace scalar {
 namespace {
 
-// Scalar arithmetic from core/mathfun.h plus the memory operations of the vecmath templates.
+// Scalar arithmetic from core/base/mathfun.h plus the memory operations of the vecmath templates.
 struct Ops : mathfun::ScalarOps {
     static F load(const float* p) { return *p; }
     static void store(float* p, F v) { *p = v; }

@@ -1,4 +1,4 @@
-// HDF5 checkpoints written by 4 MPI ranks through parallel HDF5 (core/checkpoint.h), under
+// HDF5 checkpoints written by 4 MPI ranks through parallel HDF5 (core/io/checkpoint.h), under
 // `mpirun -np 4`: each rank writes its own hyperslabs (rows of matrices, columns of vectors, flat
 // ranges of the Adam v moments) and the file equals, dataset by dataset and checksum by
 // checksum, the one a single writer makes; a piece left out is refused on every rank and
@@ -8,7 +8,7 @@
 // Every rank runs every test case (Catch2 with MPI initialised in main); each computes the small
 // job's trained state itself (deterministic, milliseconds).
 #define CATCH_CONFIG_RUNNER
-#include "core/checkpoint.h"
+#include "core/io/checkpoint.h"
 #include "tests/test_util.h"
 
 #include <catch2/catch.hpp>

@@ -12,13 +12,13 @@
 #include "core/comm/comm.h"
 #include "core/comm/inproc.h"
 #include "core/comm/mpi.h"
-#include "core/config.h"
-#include "core/job.h"
+#include "core/base/config.h"
+#include "core/train/job.h"
 #include "tests/mutations.h"
-#include "core/numerics.h"
+#include "core/base/numerics.h"
 #include "core/parallel/pipeline.h"
-#include "core/parallel/runner.h"
-#include "core/state.h"
+#include "core/train/runner.h"
+#include "core/io/state.h"
 #include "tests/test_util.h"
 
 #include <catch2/catch.hpp>
@@ -178,7 +178,7 @@ TEST_CASE("MPI collectives give the in-process backend's bits: every op, both al
         INFO("rank " << me << ", output " << i);
         CHECK(got[i] == inproc[static_cast<size_t>(me)][i]);
     }
-    // The canonical all_reduce is the canonical tree over ranks (core/numerics.h), bit for bit.
+    // The canonical all_reduce is the canonical tree over ranks (core/base/numerics.h), bit for bit.
     CHECK(got[0] == blob(canonical_of_world(kRanks)));
     // Accounting: every world collective recorded, by name.
     const CommStats st = world->stats();
@@ -227,7 +227,7 @@ Config small(const std::vector<std::string>& sets) {
 LogicalState in_process(const Config& c) {
     LogicalState s;
     bool agree = true;
-    run_layout(c, {}, test::inspecting([&](Job& j) { agree = s.absorb(j) && agree; }));
+    run_layout(c, {}, test::inspecting([&](Job& j) { agree = absorb(s, j) && agree; }));
     CHECK(agree);
     return s;
 }
@@ -237,7 +237,7 @@ void check_layout(const std::vector<std::string>& sets) {
     auto world = g_mpi->world(c.layout.timeout_s);
     LogicalState s;
     bool agree = true;
-    run_rank(c, *world, {}, test::inspecting([&](Job& j) { agree = s.absorb(j) && agree; }));
+    run_rank(c, *world, {}, test::inspecting([&](Job& j) { agree = absorb(s, j) && agree; }));
     agree = gather_state(s, *world, c.model) && agree;
     if (world->rank() == 0) {
         std::string what;

@@ -1,4 +1,4 @@
-// Per-rank checkpoints with ranks as processes (core/parallel/checkpointing.h under
+// Per-rank checkpoints with ranks as processes (core/train/checkpointing.h under
 // `mpirun -np 4`): a dp2·tp2 run saves through parallel HDF5, every process writing its own
 // hyperslabs, and the files equal the in-process run's, tensor by tensor and byte by byte (and
 // the history's deterministic columns); every process then resumes by reading only its own
@@ -9,12 +9,12 @@
 // that need no MPI (the in-process run, the single device) are computed by rank 0 while the
 // others wait in a barrier, which polls and sleeps, so oversubscribed ranks leave it the cores.
 #define CATCH_CONFIG_RUNNER
-#include "core/checkpoint.h"
+#include "core/io/checkpoint.h"
 #include "core/comm/mpi.h"
-#include "core/config.h"
+#include "core/base/config.h"
 #include "core/parallel/pipeline.h"
-#include "core/parallel/runner.h"
-#include "core/state.h"
+#include "core/train/runner.h"
+#include "core/io/state.h"
 #include "tests/test_util.h"
 
 #include <hdf5.h>
@@ -115,7 +115,7 @@ void check_same_state_file(const std::string& mpi_file, const std::string& inpro
 LogicalState run_mpi(const Config& cfg, comm::Communicator& world) {
     LogicalState s;
     bool agree = true;
-    run_rank(cfg, world, {}, test::inspecting([&](Job& j) { agree = s.absorb(j) && agree; }));
+    run_rank(cfg, world, {}, test::inspecting([&](Job& j) { agree = absorb(s, j) && agree; }));
     agree = gather_state(s, world, cfg.model) && agree;
     if (world.rank() == 0) {
         CHECK(agree);

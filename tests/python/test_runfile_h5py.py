@@ -1,6 +1,6 @@
 """The run file as a user reads it: run `parallax train` for three steps, open run.h5 with h5py.
 
-Contract (core/runfile.h, DESIGN.md §6): the root attribute `config` holds the job's TOML, and
+Contract (core/io/runfile.h, DESIGN.md §6): the root attribute `config` holds the job's TOML, and
 each metric is a group /metrics/<name> with two 1-D extendible datasets, `step` (int64, 1-based
 optimizer steps) and `value` (float64), one row per logged step. A run resumed from a checkpoint
 into the same output folder continues the file (or writes it anew from the checkpoint's steps
@@ -115,7 +115,7 @@ def test_other_training_metrics(run, name):
     assert all(math.isfinite(v) for v in value), value
 
 
-# ---- across a resume (core/runfile.h: RunFileObserver) ----
+# ---- across a resume (core/io/runfile.h: RunFileObserver) ----
 # Six steps uninterrupted (A), and the same six as four steps that write a checkpoint, then a
 # resume to six into the same output folder (B). The warm-up outlasts the run, so the learning
 # rate does not depend on train.steps; eval_every=2 puts val_loss at 2, 4, 6 in both.

@@ -1,0 +1,197 @@
+#include "core/base/arena.h"
+
+#include "core/base/error.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace px {
+
+namespace {
+constexpr i64 kAlignFloats = 16;  // 64 bytes
+i64 align_up(i64 n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+}  // namespace
+
+i64 resolve_dim(Dim d, const ModelConfig& mc, i64 B, i64 T) {
+    switch (d) {
+    case Dim::one: return 1;
+    case Dim::V: return mc.vocab;
+    case Dim::T: return T > 0 ? T : mc.seq_len;
+    case Dim::C: return mc.hidden;
+    case Dim::C3: return 3 * mc.hidden;
+    case Dim::F: return mc.ffn;
+    case Dim::L:
+    case Dim::LS: return mc.layers;
+    case Dim::B: return B;
+    case Dim::NH: return mc.heads;
+    case Dim::CA: return mc.hidden;
+    }
+    return 0;
+}
+
+i64 resolve_dim(Dim d, const ModelConfig& mc, const TpDims& tp) {
+    switch (d) {
+    case Dim::V: return tp.vocab >= 0 ? tp.vocab : mc.vocab;
+    case Dim::C3:
+    case Dim::F:
+    case Dim::NH:
+    case Dim::CA: return resolve_dim(d, mc) / tp.tp;
+    default: return resolve_dim(d, mc);
+    }
+}
+
+ModelPart ModelPart::whole(const ModelConfig& mc) {
+    ModelPart p;
+    p.chunks = {{0, static_cast<int>(mc.layers)}};
+    return p;
+}
+
+ParamTable ParamTable::build(const ModelConfig& mc) { return build(mc, ModelPart::whole(mc)); }
+
+ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part) {
+    return build(mc, part, TpDims{});
+}
+
+ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part, const TpDims& tp) {
+    const int L = static_cast<int>(mc.layers);
+    for (size_t c = 0; c < part.chunks.size(); c++) {
+        const LayerSpan s = part.chunks[c];
+        const int prev_hi = c > 0 ? part.chunks[c - 1].hi : 0;
+        PX_ASSERT(s.lo >= prev_hi && s.lo <= s.hi && s.hi <= L,
+                  "a model part's layer spans must be disjoint, increasing and inside the model");
+    }
+    ParamTable t;
+    t.layer_first.assign(static_cast<size_t>(L), -1);
+    // id: the index in the whole model's table (global tensors before the layers, then layer
+    // l's at 2 + l·kNumLayerParams, then those after the layers).
+    auto id_of = [&](int spec, int layer) {
+        if (layer >= 0) return kFirstLayerSpec + layer * kNumLayerParams + (spec - kFirstLayerSpec);
+        return spec < kFirstLayerSpec ? spec : spec + (L - 1) * kNumLayerParams;
+    };
+    auto add = [&](int spec, int layer) {
+        const ParamSpec& s = kGpt2Params[spec];
+        TableEntry e;
+        e.name = layer >= 0 ? "h." + std::to_string(layer) + "." + s.name : std::string(s.name);
+        e.spec = spec;
+        e.layer = layer;
+        e.id = id_of(spec, layer);
+        e.rows = resolve_dim(s.rows, mc, tp);
+        e.cols = resolve_dim(s.cols, mc, tp);
+        e.offset = t.total;
+        t.total += align_up(e.numel());
+        t.num_params += e.numel();
+        t.entries.push_back(std::move(e));
+        return static_cast<int>(t.entries.size()) - 1;
+    };
+    if (part.holds_wte()) t.wte = add(0, -1);
+    if (part.embedding) t.wpe = add(1, -1);
+    for (const LayerSpan& span : part.chunks)
+        for (int l = span.lo; l < span.hi; l++) {
+            t.layer_first[static_cast<size_t>(l)] = static_cast<int>(t.entries.size());
+            for (int p = 0; p < kNumLayerParams; p++) add(kFirstLayerSpec + p, l);
+        }
+    if (part.head) {
+        t.lnfw = add(kFirstLayerSpec + kNumLayerParams, -1);
+        t.lnfb = add(kFirstLayerSpec + kNumLayerParams + 1, -1);
+    }
+    return t;
+}
+
+int ParamTable::find(const std::string& name) const {
+    for (size_t i = 0; i < entries.size(); i++)
+        if (entries[i].name == name) return static_cast<int>(i);
+    return -1;
+}
+
+void Arena::Free::operator()(float* p) const { munmap(p, bytes); }
+
+Arena::Arena(i64 floats) : size_(floats) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t want = static_cast<size_t>(align_up(floats > 0 ? floats : 1)) * sizeof(float);
+    const size_t bytes = (want + page - 1) / page * page;
+    // Anonymous private pages: zero on first touch, and only touched pages use memory.
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        throw Error("out of memory: could not map " + std::to_string(bytes >> 20) +
+                    " MiB for an arena; reduce the model size or batch");
+    data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{bytes});
+}
+
+void Arena::decommit(i64 lo, i64 hi) {
+    const i64 page = sysconf(_SC_PAGESIZE) / static_cast<i64>(sizeof(float));
+    lo = std::max<i64>(lo, 0);
+    hi = std::min(hi, size_);
+    const i64 a = (lo + page - 1) / page * page, b = hi / page * page;
+    if (a >= b) return;
+    if (madvise(data_.get() + a, static_cast<size_t>(b - a) * sizeof(float), MADV_DONTNEED) != 0)
+        throw InternalError("madvise(MADV_DONTNEED) failed on an arena: " +
+                            std::string(std::strerror(errno)));
+}
+
+i64 Arena::resident_bytes() const {
+    if (!data_) return 0;
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t pages = (data_.get_deleter().bytes + page - 1) / page;
+    std::vector<unsigned char> in(pages);
+    if (mincore(data_.get(), pages * page, in.data()) != 0) return -1;
+    i64 n = 0;
+    for (unsigned char c : in) n += c & 1;
+    return n * static_cast<i64>(page);
+}
+
+void Arena::zero() {
+    // Arenas run to hundreds of MiB (GPT-2's gradients are 650 MiB): clear them on every core.
+    float* p = data_.get();
+    if (!p) return;
+    constexpr i64 kChunk = 1 << 18;
+    const i64 chunks = (size_ + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+    for (i64 c = 0; c < chunks; c++) {
+        const i64 lo = c * kChunk;
+        std::memset(p + lo, 0, static_cast<size_t>(std::min(kChunk, size_ - lo)) * sizeof(float));
+    }
+}
+
+Tensor Arena::view(i64 offset, std::initializer_list<i64> shape, const char* name) const {
+    Tensor t = view_f32(data() + offset, shape, name);
+    t.device = device();
+    PX_ASSERT(offset >= 0 && offset + t.numel() <= size_, "Arena::view out of range");
+    return t;
+}
+
+i64 resolve_dim(Dim d, const ModelConfig& mc, const ActShape& shape) {
+    switch (d) {
+    case Dim::T: return shape.T;
+    case Dim::B: return shape.B;
+    case Dim::L: return shape.layers;
+    case Dim::LS: return shape.recompute ? std::min(shape.layers, 1) : shape.layers;
+    case Dim::V:
+    case Dim::C3:
+    case Dim::F:
+    case Dim::NH:
+    case Dim::CA: return resolve_dim(d, mc, shape.tp);
+    default: return resolve_dim(d, mc, shape.B, shape.T);
+    }
+}
+
+ActTable ActTable::build(const ModelConfig& mc, const ActShape& shape) {
+    auto size = [&](Dim d) { return resolve_dim(d, mc, shape); };
+    ActTable t;
+    for (int i = 0; i < kNumActs; i++) {
+        const ActSpec& s = kGpt2Acts[i];
+        i64 n = size(s.d0) * size(s.d1) * size(s.d2) * size(s.d3);
+        if (i == ATT) n *= shape.T;  // (LS,B,NH,T,T)
+        if (s.head && !shape.head) n = 0;
+        t.offset[i] = t.total;
+        t.numel[i] = n;
+        t.total += align_up(n);
+    }
+    return t;
+}
+
+}  // namespace px

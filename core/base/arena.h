@@ -1,0 +1,242 @@
+// Arenas: one allocation each for parameters, gradients, optimizer state and activations,
+// carved into named tensors by tables generated from one constexpr list.
+//
+// Index
+//   Dim, ParamSpec, kGpt2Params     the GPT-2 parameter list (the only place it is written)
+//   LayerParam                      indices into that list, checked against it by static_assert
+//   LayerSpan, ModelPart            which layers, and whether the embedding and the LM head, a
+//                                   model holds (the whole model, or one pipeline stage)
+//   ParamTable                      the list expanded for a config and a part: names, shapes,
+//                                   offsets, and the tensor ids of the whole model
+//   Arena                           a 64-byte aligned float allocation carved by a table, on a
+//                                   device; view() makes its typed tensors
+//   ActSpec, kGpt2Acts, ActTable    the same for the activations of one microbatch on a run of
+//                                   layers
+#pragma once
+#include "core/base/config.h"
+#include "core/base/tensor.h"
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace px {
+
+// The symbolic size of one tensor dimension, resolved against a ModelConfig (and, for
+// activations, a microbatch). L is the layers of the run an activation table covers; LS the
+// layers whose block internals it keeps: L, or 1 when blocks are recomputed in backward.
+// CA is the channels of the attention heads a model holds: C, or C/tp in a tensor-parallel shard
+// (where C3, F, NH and V are the shard's too; see TpDims).
+enum class Dim : std::uint8_t { one, V, T, C, C3, F, L, LS, B, NH, CA };
+
+struct ParamSpec {
+    const char* name;  // GPT-2 name; per-layer names get the prefix "h.{i}."
+    bool per_layer;
+    Dim rows, cols;    // (rows, cols); vectors use rows = Dim::one
+    bool decay;        // AdamW weight decay applies (matrices yes; biases and norms no)
+    enum Init : std::uint8_t { normal, residual_normal, zeros, ones } init;
+};
+
+// Order = storage order = llm.c's per-layer order, and the tensor ids that key the RNG.
+inline constexpr ParamSpec kGpt2Params[] = {
+    {"wte", false, Dim::V, Dim::C, true, ParamSpec::normal},
+    {"wpe", false, Dim::T, Dim::C, true, ParamSpec::normal},
+    {"ln_1.weight", true, Dim::one, Dim::C, false, ParamSpec::ones},
+    {"ln_1.bias", true, Dim::one, Dim::C, false, ParamSpec::zeros},
+    {"attn.c_attn.weight", true, Dim::C3, Dim::C, true, ParamSpec::normal},
+    {"attn.c_attn.bias", true, Dim::one, Dim::C3, false, ParamSpec::zeros},
+    {"attn.c_proj.weight", true, Dim::C, Dim::CA, true, ParamSpec::residual_normal},
+    {"attn.c_proj.bias", true, Dim::one, Dim::C, false, ParamSpec::zeros},
+    {"ln_2.weight", true, Dim::one, Dim::C, false, ParamSpec::ones},
+    {"ln_2.bias", true, Dim::one, Dim::C, false, ParamSpec::zeros},
+    {"mlp.c_fc.weight", true, Dim::F, Dim::C, true, ParamSpec::normal},
+    {"mlp.c_fc.bias", true, Dim::one, Dim::F, false, ParamSpec::zeros},
+    {"mlp.c_proj.weight", true, Dim::C, Dim::F, true, ParamSpec::residual_normal},
+    {"mlp.c_proj.bias", true, Dim::one, Dim::C, false, ParamSpec::zeros},
+    {"ln_f.weight", false, Dim::one, Dim::C, false, ParamSpec::ones},
+    {"ln_f.bias", false, Dim::one, Dim::C, false, ParamSpec::zeros},
+};
+inline constexpr int kNumParamSpecs = sizeof(kGpt2Params) / sizeof(kGpt2Params[0]);
+
+// Per-layer parameters, in list order starting at kFirstLayerSpec.
+enum LayerParam : int {
+    LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB,
+    kNumLayerParams
+};
+inline constexpr int kFirstLayerSpec = 2;
+static_assert(kGpt2Params[kFirstLayerSpec + FCPROJB].per_layer &&
+                  !kGpt2Params[kFirstLayerSpec + kNumLayerParams].per_layer &&
+                  !kGpt2Params[kFirstLayerSpec - 1].per_layer,
+              "LayerParam must list the per-layer entries of kGpt2Params in order");
+
+// A dimension's size for a config (and B sequences of T tokens; T = 0: model.seq_len). L and
+// LS are model.layers here; an activation table resolves them for its run (below).
+i64 resolve_dim(Dim d, const ModelConfig& mc, i64 B = 1, i64 T = 0);
+
+// The local sizes of a tensor-parallel shard (core/parallel/tp_model.h): with tp ranks a model
+// holds 3C/tp rows of qkv (C3), C/tp attention channels (CA), NH/tp heads, F/tp ffn rows and
+// `vocab` rows of wte. The default is the whole model.
+struct TpDims {
+    int tp = 1;
+    i64 vocab = -1;  // rows of wte held; -1: model.vocab
+};
+// A dimension's size in such a shard (T = model.seq_len, B = 1 as above).
+i64 resolve_dim(Dim d, const ModelConfig& mc, const TpDims& tp);
+
+// Layers [lo, hi) of the model.
+struct LayerSpan {
+    int lo = 0, hi = 0;
+    int size() const { return hi - lo; }
+    bool operator==(const LayerSpan&) const = default;
+};
+
+// The part of the model one GPT object holds. The whole model is one chunk of all layers with
+// the embedding and the head. A pipeline stage holds one chunk per model chunk it runs (layer
+// spans in increasing order), the embedding when it runs the first layers, the head when it
+// runs the last ones. The embedding precedes chunk 0; the head follows the last chunk.
+struct ModelPart {
+    std::vector<LayerSpan> chunks;  // disjoint, increasing
+    bool embedding = true;          // wte (token) and wpe (position) embeddings
+    bool head = true;               // ln_f and the LM head, tied to wte
+
+    static ModelPart whole(const ModelConfig& mc);  // {[0, L)}, embedding, head
+    bool holds_wte() const { return embedding || head; }
+    bool operator==(const ModelPart&) const = default;
+};
+
+struct TableEntry {
+    std::string name;
+    int spec;      // index into the spec list
+    int layer;     // -1 for global tensors
+    int id;        // index of this tensor in the whole model's table: keys the RNG, orders norms
+    i64 rows, cols;
+    i64 offset;    // in floats, 16-float aligned
+    i64 numel() const { return rows * cols; }
+};
+
+// The parameter list expanded for one config and one part, in the whole model's order: wte,
+// wpe, h.0.*, ..., h.{L-1}.*, ln_f.*, keeping only what the part holds (wte with the embedding
+// or the head). For the whole model, entry i has id i, and offsets are those of the single device.
+struct ParamTable {
+    std::vector<TableEntry> entries;
+    i64 total = 0;     // floats, including alignment padding
+    i64 num_params = 0;  // true parameter count
+    int wte = -1, wpe = -1, lnfw = -1, lnfb = -1;  // entry indices; -1 where the part lacks them
+    std::vector<int> layer_first;  // per model layer: its first entry, -1 where not held
+
+    static ParamTable build(const ModelConfig& mc);  // the whole model
+    static ParamTable build(const ModelConfig& mc, const ModelPart& part);
+    // A tensor-parallel shard of the part: local shapes, the whole model's ids and names.
+    static ParamTable build(const ModelConfig& mc, const ModelPart& part, const TpDims& tp);
+    static int num_tensors(const ModelConfig& mc) {  // entries of the whole model's table
+        return 2 + static_cast<int>(mc.layers) * kNumLayerParams + 2;
+    }
+    bool has_layer(int layer) const { return layer_first[static_cast<size_t>(layer)] >= 0; }
+    int layer_index(int layer, LayerParam p) const {
+        return layer_first[static_cast<size_t>(layer)] + p;
+    }
+    int find(const std::string& name) const;  // -1 if absent
+};
+
+// One page-aligned float allocation, zero-initialised, mapped from the operating system so
+// that parts of it can be handed back and taken again: decommit() returns the whole pages of a
+// range to the system (their contents read as zero afterwards, and a later write maps fresh
+// zero pages), which is how ZeRO-3 frees the weights it does not own and ZeRO-2 the gradients
+// it has reduced (core/parallel/zero.h). resident_bytes() measures what is actually mapped.
+class Arena {
+public:
+    Arena() = default;
+    explicit Arena(i64 floats);
+    float* data() const { return data_.get(); }
+    i64 size() const { return size_; }
+    Device device() const { return Device::cpu; }  // host memory; device arenas come with CUDA
+    // A contiguous fp32 tensor over floats [offset, offset + its elements), on this device.
+    Tensor view(i64 offset, std::initializer_list<i64> shape, const char* name = "") const;
+    void zero();
+    // Floats [lo, hi): the whole pages inside it go back to the system and read as zero; the
+    // partial pages at its ends keep their contents.
+    void decommit(i64 lo, i64 hi);
+    i64 resident_bytes() const;  // bytes of this arena's pages that are mapped now
+
+private:
+    struct Free {
+        Free() : bytes(0) {}
+        explicit Free(size_t n) : bytes(n) {}
+        size_t bytes;
+        void operator()(float* p) const;
+    };
+    std::unique_ptr<float, Free> data_;
+    i64 size_ = 0;
+};
+
+// Activations of one microbatch (B sequences of T tokens) on a run of L layers (a model chunk;
+// the whole model on one device). `encoded` is the run's input hidden state (the embedding's
+// output, or one received from the previous pipeline stage) and residual3 of layer i is block
+// i's output, so encoded, residual3[0..L) is the residual stream: each block's input and output.
+// A block's internals (ln1 .. fch_gelu) have a leading LS: L when every block keeps its own, 1
+// when blocks are recomputed in backward (then only the residual stream is kept per microbatch).
+// Head tensors exist only on a run that ends in the LM head.
+struct ActSpec {
+    const char* name;
+    Dim d0, d1, d2, d3;  // Dim::one pads unused dimensions
+    bool head;           // kept only by a run that ends in the LM head
+};
+inline constexpr ActSpec kGpt2Acts[] = {
+    {"encoded", Dim::B, Dim::T, Dim::C, Dim::one, false},     // (B,T,C) the run's input
+    {"ln1", Dim::LS, Dim::B, Dim::T, Dim::C, false},          // (LS,B,T,C)
+    {"ln1_mean", Dim::LS, Dim::B, Dim::T, Dim::one, false},   // (LS,B,T)
+    {"ln1_rstd", Dim::LS, Dim::B, Dim::T, Dim::one, false},   // (LS,B,T)
+    {"qkv", Dim::LS, Dim::B, Dim::T, Dim::C3, false},         // (LS,B,T,3C)
+    {"atty", Dim::LS, Dim::B, Dim::T, Dim::CA, false},        // (LS,B,T,C)
+    {"att", Dim::LS, Dim::B, Dim::NH, Dim::T, false},         // (LS,B,NH,T,T): last T folded in
+    {"residual2", Dim::LS, Dim::B, Dim::T, Dim::C, false},    // (LS,B,T,C)
+    {"ln2", Dim::LS, Dim::B, Dim::T, Dim::C, false},          // (LS,B,T,C)
+    {"ln2_mean", Dim::LS, Dim::B, Dim::T, Dim::one, false},   // (LS,B,T)
+    {"ln2_rstd", Dim::LS, Dim::B, Dim::T, Dim::one, false},   // (LS,B,T)
+    {"fch", Dim::LS, Dim::B, Dim::T, Dim::F, false},          // (LS,B,T,F)
+    {"fch_gelu", Dim::LS, Dim::B, Dim::T, Dim::F, false},     // (LS,B,T,F)
+    {"residual3", Dim::L, Dim::B, Dim::T, Dim::C, false},     // (L,B,T,C) block outputs
+    {"lnf", Dim::B, Dim::T, Dim::C, Dim::one, true},          // (B,T,C)
+    {"lnf_mean", Dim::B, Dim::T, Dim::one, Dim::one, true},   // (B,T)
+    {"lnf_rstd", Dim::B, Dim::T, Dim::one, Dim::one, true},   // (B,T)
+    {"probs", Dim::B, Dim::T, Dim::V, Dim::one, true},        // (B,T,V): logits, probs, dlogits
+    {"losses", Dim::B, Dim::T, Dim::one, Dim::one, true},     // (B,T)
+    // backward scratch, one layer's worth, reused layer after layer; dresidual holds the
+    // gradient of the residual stream: of the run's output before its blocks, of its input after
+    {"dresidual", Dim::B, Dim::T, Dim::C, Dim::one, false},   // (B,T,C)
+    {"dbuf_c", Dim::B, Dim::T, Dim::C, Dim::one, false},      // (B,T,C)
+    {"dbuf_c3", Dim::B, Dim::T, Dim::C3, Dim::one, false},    // (B,T,3C)
+    {"dbuf_f", Dim::B, Dim::T, Dim::F, Dim::one, false},      // (B,T,F)
+    {"dbuf_f2", Dim::B, Dim::T, Dim::F, Dim::one, false},     // (B,T,F)
+    {"dpreatt", Dim::B, Dim::NH, Dim::T, Dim::T, false},      // (B,NH,T,T)
+    {"datt", Dim::B, Dim::NH, Dim::T, Dim::T, false},         // (B,NH,T,T)
+};
+enum ActIndex : int {
+    ENCODED, LN1, LN1_MEAN, LN1_RSTD, QKV, ATTY, ATT, RESIDUAL2, LN2, LN2_MEAN, LN2_RSTD, FCH,
+    FCH_GELU, RESIDUAL3, LNF, LNF_MEAN, LNF_RSTD, PROBS, LOSSES, DRESIDUAL, DBUF_C, DBUF_C3,
+    DBUF_F, DBUF_F2, DPREATT, DATT, kNumActs
+};
+static_assert(kNumActs == sizeof(kGpt2Acts) / sizeof(kGpt2Acts[0]),
+              "ActIndex must list kGpt2Acts in order");
+
+// The sizes an activation table is built for.
+struct ActShape {
+    i64 B = 1, T = 1;        // sequences and tokens of the microbatch
+    int layers = 0;          // L, layers of the run
+    bool head = true;        // the run ends in the LM head
+    bool recompute = false;  // keep one block's internals (LS = 1), recomputed in backward
+    TpDims tp;               // a tensor-parallel shard's local sizes (default: the whole model)
+};
+
+// An activation's size along one dimension, in a table built for `shape`.
+i64 resolve_dim(Dim d, const ModelConfig& mc, const ActShape& shape);
+
+struct ActTable {
+    i64 offset[kNumActs];
+    i64 numel[kNumActs];
+    i64 total = 0;
+    static ActTable build(const ModelConfig& mc, const ActShape& shape);
+};
+
+}  // namespace px

@@ -1,0 +1,175 @@
+// The job config: TOML with sections [model] [layout] [train] [data] [numerics] [output]
+// [checkpoint].
+// Every key is documented in README.md ("Config keys"); the defaults below are the embedded
+// default job (a tiny GPT on the built-in Markov source, which needs no files).
+//
+// Index
+//   ModelConfig .. CheckpointConfig   one struct per section, one field per key
+//                                 (LayoutConfig: the parallel layout, DESIGN.md §3)
+//   Config                        the whole job
+//   parse_config                  TOML text -> Config; errors name the key (ConfigError)
+//   load_config                   a file -> Config
+//   apply_override(s)             "section.key=value" from --set
+//   validate_config               ranges and cross-key constraints of a Config built in code
+//   config_keys                   every "section.key", in file order
+//   default_config_toml           the embedded default job, as TOML text
+//   config_to_toml                a Config back to TOML (stored in run files)
+#pragma once
+#include "core/base/numerics.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace px {
+
+struct ModelConfig {
+    i64 vocab = 32;           // V, tokens in the vocabulary
+    i64 seq_len = 128;        // maximum T (rows of wpe); the data's sequence length
+    i64 layers = 2;           // L
+    i64 heads = 4;            // NH; must divide hidden
+    i64 hidden = 64;          // C
+    i64 ffn = 256;            // F, MLP inner size (GPT-2: 4*hidden)
+    double init_std = 0.02;   // std of the normal init of weights (residual projections scaled by 1/sqrt(2L))
+    std::string init_from;    // optional llm.c GPT-2 checkpoint (.bin) to load instead of random init
+
+    bool operator==(const ModelConfig&) const = default;
+};
+
+// The parallel layout as written in the job. Validation here covers each key's range and the rules
+// among layout keys (and layout.comm against numerics.mode); the rules that involve the model
+// and the batch (tp divides heads, pp <= layers, dp * microbatches divides batch_size, token
+// ranges are nodes of the canonical tree, ...) are checked when a px::Layout is built from the
+// config (core/parallel/mesh.h), with a sentence naming the keys. The defaults are one device.
+struct LayoutConfig {
+    int dp = 1;                      // data-parallel replicas; world size = dp * pp * tp
+    int pp = 1;                      // pipeline stages, each a contiguous run of layers
+    int tp = 1;                      // tensor-parallel ranks (Megatron column/row parallel)
+    int zero = 0;                    // ZeRO stage 0..3 over the dp ranks
+    int microbatches = 0;            // per dp rank and step; when > 0 overrides train.microbatches
+    std::string schedule = "1f1b";   // pipeline schedule: "gpipe", "1f1b" or "interleaved"
+    int virtual_stages = 1;          // v, model chunks per pp rank; >= 2 only with "interleaved"
+    std::string recompute = "none";  // activation recomputation: "none" or "full" (per block)
+    bool sequence_parallel = false;  // tp > 1: residual stream and LayerNorms sharded by tokens
+                                     // (all-gather / reduce-scatter around the tp linears)
+    std::string comm = "auto";       // reducing collectives: "auto", "canonical" or "ring"
+    double timeout_s = 60.0;         // seconds a collective waits for its peers before failing
+
+    bool operator==(const LayoutConfig&) const = default;
+};
+
+struct TrainConfig {
+    i64 steps = 600;          // optimizer steps
+    i64 batch_size = 8;       // sequences per optimizer step (global batch)
+    i64 microbatches = 1;     // gradient-accumulation microbatches per step; must divide batch_size
+                              // (per dp rank under a layout; layout.microbatches > 0 overrides it)
+    double lr = 3e-3;         // peak learning rate
+    double min_lr = 3e-4;     // learning rate at the end of the cosine decay
+    i64 warmup_steps = 30;    // linear warm-up steps
+    double weight_decay = 0.0;  // AdamW decoupled weight decay (not applied to biases and norms)
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double grad_clip = 1.0;   // global-norm clipping threshold; 0 disables
+    std::uint64_t seed = 1337;  // init and sampling seed
+    i64 eval_every = 100;     // validation loss every N steps (and at the last step); 0 disables
+    i64 val_batches = 8;      // validation batches of batch_size sequences
+    i64 threads = 0;          // OpenMP threads; 0 means all cores
+
+    bool operator==(const TrainConfig&) const = default;
+};
+
+struct DataConfig {
+    std::string source = "markov";  // "markov" (built-in) or "bin" (llm.c token files)
+    i64 markov_order = 1;           // k, the order of the Markov chain
+    double markov_alpha = 0.25;     // concentration of the random transition rows (smaller: lower entropy)
+    std::uint64_t markov_seed = 7;  // seed of the transition table
+    i64 markov_vocab = 0;           // symbols of the chain; 0 means model.vocab
+    std::string train_path;         // llm.c .bin token file for training (source = "bin")
+    std::string val_path;           // llm.c .bin token file for validation (source = "bin")
+
+    bool operator==(const DataConfig&) const = default;
+};
+
+struct NumericsConfig {
+    Mode mode = Mode::bitwise;  // "bitwise" or "fast"
+    int block = 64;             // canonical reduction block size
+    std::string isa = "auto";   // "auto", "avx512", "avx2" or "scalar"
+
+    bool operator==(const NumericsConfig&) const = default;
+};
+
+struct OutputConfig {
+    std::string dir = "runs/default";  // where run.h5 and exports go (--out overrides)
+    bool run_file = true;              // write <dir>/run.h5
+    std::string export_llmc;           // if set, write the final weights as an llm.c checkpoint here
+    bool progress = true;              // progress bar on a terminal
+
+    bool operator==(const OutputConfig&) const = default;
+};
+
+// Checkpoints (core/io/checkpoint.h): where, how often, how many, and whether to resume.
+struct CheckpointConfig {
+    std::string dir;       // folder of ckpt-<step>.h5 files; "" turns checkpoints off
+    i64 every = 0;         // write every N steps (and at the end); 0: only at the end
+    i64 keep = 3;          // keep the newest K checkpoints, delete older ones after a commit
+    std::string resume;    // "": start fresh; "auto": the newest valid one in dir; else a file
+
+    bool operator==(const CheckpointConfig&) const = default;
+};
+
+// Fault injection (core/train/faults.h): one fault, on one rank, in one step, to prove that
+// the job's failure handling catches and names it. Off while kind is "".
+struct FaultConfig {
+    std::string kind;            // "", "kill", "stall", "flip_grad" or "flip_weight"
+    int rank = 0;                // the world rank it strikes
+    i64 step = 1;                // the step (1-based) it strikes in
+    std::string tensor = "wte";  // flip_*: the parameter (GPT-2 name) whose element flips
+    i64 element = 0;             // flip_*: index into the rank's piece of it (its tp shard)
+    int bit = 20;                // flip_*: bit of the float32, 0 (lowest mantissa) .. 31 (sign)
+    double stall_s = 0;          // stall: seconds; 0: until the other ranks give up on it
+    bool persistent = false;     // flip_*: strike again when the step is re-run (a faulty unit)
+
+    bool operator==(const FaultConfig&) const = default;
+};
+
+// Checks that run beside training.
+struct ValidateConfig {
+    i64 replica_check_every = 0;  // every N steps dp replicas compare weight checksums; 0: off
+
+    bool operator==(const ValidateConfig&) const = default;
+};
+
+struct Config {
+    ModelConfig model;
+    LayoutConfig layout;
+    TrainConfig train;
+    DataConfig data;
+    NumericsConfig numerics;
+    OutputConfig output;
+    CheckpointConfig checkpoint;
+    ValidateConfig validate;
+    FaultConfig fault;
+    std::string source_name = "<default>";  // where it came from, for error messages
+
+    bool operator==(const Config&) const = default;  // every field, source_name included
+};
+
+// Errors are ConfigError, "<source>: <what is wrong and what to do>", naming keys as section.key.
+// A missing section or key keeps its default; unknown sections and keys are errors.
+Config parse_config(const std::string& toml_text, const std::string& source_name);
+Config load_config(const std::string& path);
+// The value is read as a TOML value; text that is not TOML (or not a string, for a string key)
+// is taken as a string, so `data.source=bin` works. The result is validated; on error cfg is
+// unchanged and the message starts with "--set <assignment>:".
+void apply_override(Config& cfg, const std::string& assignment);  // "section.key=value"
+// Several --set at once, validated after all of them (so `model.heads=3 model.hidden=96` works in
+// either order).
+void apply_overrides(Config& cfg, const std::vector<std::string>& assignments);
+void validate_config(const Config& cfg);  // throws ConfigError naming cfg.source_name and the key
+std::vector<std::string> config_keys();   // "model.vocab", ..., "checkpoint.resume"
+const char* default_config_toml();         // the struct defaults, one comment line per key
+std::string config_to_toml(const Config& cfg);  // complete and exact: parse_config gives cfg back
+Numerics make_numerics(const NumericsConfig& nc);  // resolves isa "auto"; errors if unsupported here
+
+}  // namespace px

@@ -1,0 +1,91 @@
+// The run file: an HDF5 file with the job's config, its metrics and its events (DESIGN.md §6).
+//
+// Layout
+//   /                      attributes: config (the job's TOML text), parallax_version, created
+//                          (ISO 8601, UTC), plus summary attributes from set_attr
+//   /metrics/<name>/step   int64, one row per step the metric was logged at, in increasing step
+//                          order, extendible (chunks of 256 rows)
+//   /metrics/<name>/value  float64, the same rows
+//   /events/step           int64, one row per event, in the order they happened (extendible)
+//   /events/kind           string, what happened: "resume", "rerun"
+//   /events/message        string, a sentence for people ("resumed at step 4 from ck/ckpt-...")
+//   /<any>/<path>          fixed-size arrays from write_array (dumps: weights, Adam moments)
+// Strings are variable-length UTF-8: h5py returns attributes as str, dataset rows as bytes
+// (`f["events/kind"].asstr()[()]` gives str).
+//
+// Each step appears once per metric. Appending a step at or before a metric's last one (a step
+// that was run again) replaces that row and drops the rows after it; truncate() drops the rows
+// after a step in every metric. Events are a log and are never dropped: a resumed or re-run
+// step is recorded there.
+//
+// Index
+//   RunFile            creates the file (truncating) or reopens one to continue it; appends and
+//                      truncates metric rows, logs events, sets attributes
+//   RunFileDamaged     a file at the path that is not a readable run file
+//   (RunFileObserver, core/train/run_file_observer.h, writes a training run's file, continued
+//   across a resume; a damaged one is moved aside to <path>.damaged (or .damaged-2, ...) and
+//   written anew from the checkpoint.)
+//
+// Errors from HDF5 become px::Error naming the path; HDF5's own error printing is silenced
+// around every call (and restored after). Serial HDF5 is not thread-safe: one thread per file.
+#pragma once
+#include "core/base/error.h"
+#include "core/base/metrics.h"
+#include "core/base/shapes.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace px {
+
+// A file at a run file's path that HDF5 cannot open, or whose structure is not a run file's
+// (e.g. left half-written by a killed process). RunFileObserver moves it aside on a resume.
+struct RunFileDamaged : Error {
+    using Error::Error;
+};
+
+class RunFile {
+public:
+    RunFile(const std::string& path, const std::string& config_toml);  // creates or truncates
+    // The run file at `path`, opened read-write to continue it; its rows and attributes are kept.
+    // Null when there is nothing to continue: no file, or an HDF5 file that is not a run file (no
+    // parallax_version attribute or no /metrics group). Throws px::Error naming the file when a
+    // file is there that can be read but not opened read-write (permissions, another process
+    // holding it): it may hold a good run, so it is never replaced behind the user's back; and
+    // RunFileDamaged when HDF5 cannot open a readable file, or a part of it is not what a run
+    // file holds.
+    static std::unique_ptr<RunFile> reopen(const std::string& path);
+    ~RunFile();  // flushes and closes
+    RunFile(RunFile&&) noexcept;
+    RunFile& operator=(RunFile&&) noexcept;
+    RunFile(const RunFile&) = delete;
+    RunFile& operator=(const RunFile&) = delete;
+
+    // One row (step, value) of /metrics/<metric>; the group is created on first use. A step at
+    // or before the metric's last one replaces that row and drops the later ones.
+    // Metric names are non-empty and contain no '/'.
+    void append(const std::string& metric, i64 step, double value);
+    void truncate(i64 last_step);                    // every metric keeps its rows with step <= it
+    i64 last_step(const std::string& metric) const;  // of /metrics/<metric>; 0: absent or empty
+    void read(const std::string& metric, std::vector<i64>* steps,
+              std::vector<double>* values) const;  // every row; empty when absent
+    // One row of /events (created on first use): what happened at `step`.
+    void event(i64 step, const std::string& kind, const std::string& message);
+    void set_attr(const std::string& key, const std::string& value);  // root attribute, replaced
+    void set_attr(const std::string& key, double value);
+    // A fixed-size array at `where` ("weights/h.0.ln_1.weight"); missing groups are created.
+    // Names may contain '.', not empty path parts.
+    void write_array(const std::string& where, const float* data, const std::vector<i64>& shape);
+    void write_array(const std::string& where, const double* data, const std::vector<i64>& shape);
+    void flush();  // everything appended so far reaches the file
+    const std::string& path() const;
+
+    struct Impl;
+
+private:
+    RunFile();
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace px

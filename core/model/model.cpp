@@ -1,0 +1,587 @@
+#include "core/model/model.h"
+
+#include "core/base/error.h"
+#include "core/base/rng.h"
+#include "kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace px {
+
+namespace {
+
+i64 align16(i64 n) {
+    return (n + 15) / 16 * 16;
+}
+
+Tensor make_view(float* data, const i64* dims, int ndim, const char* name) {
+    Tensor t;
+    t.data = data;
+    t.ndim = ndim;
+    i64 stride = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        t.shape[d] = dims[d];
+        t.strides[d] = stride;
+        stride *= dims[d];
+    }
+    t.name = name;
+    return t;
+}
+
+void zero(const Tensor& t) {
+    std::memset(t.data, 0, static_cast<size_t>(t.numel()) * sizeof(float));
+}
+
+// Rows [r.lo, r.hi) of t seen as (rows, last dim); a vector (B,T) gives (hi - lo).
+Tensor token_view(const Tensor& t, TokenRows r, i64 BT) {
+    const i64 w = t.numel() / BT;
+    Tensor v = w == 1 ? view_f32(t.f32() + r.lo, {r.hi - r.lo})
+                      : view_f32(t.f32() + r.lo * w, {r.hi - r.lo, w});
+    v.name = t.name;
+    return v;
+}
+
+}  // namespace
+
+// ---- activations -----------------------------------------------------------------------------
+
+Activations::Activations(const ModelConfig& mc, const ActShape& shape)
+    : mc_(mc), shape_(shape), table_(ActTable::build(mc, shape)), arena_(table_.total) {}
+
+Tensor Activations::tensor(int a) const {
+    const ActSpec& s = kGpt2Acts[a];
+    PX_ASSERT(!s.head || shape_.head, std::string("activation ") + s.name +
+                                          " belongs to the head, which this chunk does not run");
+    i64 dims[5];
+    int nd = 0;
+    for (Dim d : {s.d0, s.d1, s.d2, s.d3})
+        if (d != Dim::one) dims[nd++] = resolve_dim(d, mc_, shape_);
+    if (a == ATT) dims[nd++] = shape_.T;
+    if (nd > kMaxDims) {  // (L,B,NH,T,T): fold L into B for the whole-tensor view
+        dims[1] *= dims[0];
+        for (int i = 0; i < nd - 1; i++) dims[i] = dims[i + 1];
+        nd--;
+    }
+    return make_view(arena_.data() + table_.offset[a], dims, nd, s.name);
+}
+
+Tensor Activations::layer(int a, int i) const {
+    const ActSpec& s = kGpt2Acts[a];
+    PX_ASSERT(s.d0 == Dim::L || s.d0 == Dim::LS,
+              "Activations::layer on a tensor without a layer dimension");
+    PX_ASSERT(i >= 0 && i < shape_.layers, "Activations::layer: layer out of range");
+    // Under recompute a block's internals have one slot, shared by all layers of the chunk.
+    const int slot = s.d0 == Dim::LS && shape_.recompute ? 0 : i;
+    i64 dims[4];
+    int nd = 0;
+    for (Dim d : {s.d1, s.d2, s.d3})
+        if (d != Dim::one) dims[nd++] = resolve_dim(d, mc_, shape_);
+    if (a == ATT) dims[nd++] = shape_.T;
+    i64 per_layer = 1;
+    for (int j = 0; j < nd; j++) per_layer *= dims[j];
+    return make_view(arena_.data() + table_.offset[a] + slot * per_layer, dims, nd, s.name);
+}
+
+float* Activations::output() const {
+    return shape_.layers > 0 ? layer(RESIDUAL3, shape_.layers - 1).f32() : input();
+}
+
+// ---- parameters ------------------------------------------------------------------------------
+
+GPT::GPT(const ModelConfig& mc, const Numerics& nx) : GPT(mc, nx, ModelPart::whole(mc)) {}
+
+GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part)
+    : GPT(mc, nx, part, nullptr) {}
+
+GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
+         std::shared_ptr<const ParallelLayers> layers)
+    : mc_(mc),
+      nx_(nx),
+      part_(part),
+      layers_(std::move(layers)),
+      sp_(layers_ && layers_->sequence_parallel()),
+      dims_(layers_ ? layers_->dims() : TpDims{}),
+      table_(ParamTable::build(mc, part, dims_)) {
+    PX_ASSERT(!part_.chunks.empty(), "a model part needs at least one chunk of layers");
+    glayout_.head_offset = table_.total;
+    glayout_.total = table_.total +
+                     (part_.holds_wte() ? align16(resolve_dim(Dim::V, mc, dims_) * mc.hidden) : 0);
+    params_ = Arena(table_.total);
+}
+
+void GPT::wrap_parallel_layers(const LayersWrap& wrap) {
+    layers_ = wrap(layers_);
+    PX_ASSERT(layers_ != nullptr && (sp_ == layers_->sequence_parallel()),
+              "a wrap of the parallel layers must delegate to them");
+}
+
+Tensor GPT::param(int i) const {
+    const TableEntry& e = table_.entries[i];
+    Tensor t = e.rows == 1 ? view_f32(params_.data() + e.offset, {e.cols})
+                           : view_f32(params_.data() + e.offset, {e.rows, e.cols});
+    t.name = e.name.c_str();
+    t.id = e.id;
+    return t;
+}
+
+Tensor GPT::grad(float* grads, int i) const {
+    Tensor t = param(i);
+    t.data = grads + table_.entries[i].offset;
+    return t;
+}
+
+Tensor GPT::grad_head(float* grads) const {
+    PX_ASSERT(part_.holds_wte(), "grad_head of a model part without wte");
+    return view_f32(grads + glayout_.head_offset, {resolve_dim(Dim::V, mc_, dims_), mc_.hidden},
+                    "lm_head(wte)");
+}
+
+float* GPT::param_ptr(const std::string& name) const {
+    const int i = table_.find(name);
+    return i < 0 ? nullptr : params_.data() + table_.entries[i].offset;
+}
+
+void GPT::init_random(std::uint64_t seed, double init_std) {
+    // GPT-2: weights N(0, std), residual projections N(0, std/sqrt(2L)), biases 0, norms 1.
+    const double residual_std = init_std / std::sqrt(2.0 * static_cast<double>(mc_.layers));
+    for (const TableEntry& e : table_.entries) {
+        float* p = params_.data() + e.offset;
+        const u32 id = static_cast<u32>(e.id);
+        // A shard draws its slice of the whole tensor's numbers (same ids, logical indices).
+        auto normal = [&](double std) {
+            if (layers_)
+                layers_->fill_normal(p, e, static_cast<float>(std), seed);
+            else
+                fill_normal(p, e.numel(), 0.0f, static_cast<float>(std), seed, id, 0);
+        };
+        switch (kGpt2Params[e.spec].init) {
+            case ParamSpec::normal:
+                normal(init_std);
+                break;
+            case ParamSpec::residual_normal:
+                normal(residual_std);
+                break;
+            case ParamSpec::zeros:
+                std::fill(p, p + e.numel(), 0.0f);
+                break;
+            case ParamSpec::ones:
+                std::fill(p, p + e.numel(), 1.0f);
+                break;
+        }
+    }
+}
+
+// ---- chunks ----------------------------------------------------------------------------------
+
+Activations GPT::make_activations(int chunk, i64 B, i64 T, bool recompute) const {
+    PX_ASSERT(chunk >= 0 && chunk < num_chunks(), "chunk out of range");
+    if (T > mc_.seq_len)
+        throw ConfigError("a sequence of " + std::to_string(T) +
+                          " tokens exceeds model.seq_len = " + std::to_string(mc_.seq_len));
+    ActShape shape;
+    shape.B = B;
+    shape.T = T;
+    shape.layers = part_.chunks[static_cast<size_t>(chunk)].size();
+    shape.head = has_head(chunk);
+    shape.recompute = recompute;
+    shape.tp = dims_;
+    return Activations(mc_, shape);
+}
+
+namespace {
+// Entries first..last of a table (consecutive), with the padding after the last.
+GradSpan entry_span(const ParamTable& t, int first, int last) {
+    const TableEntry& e = t.entries[static_cast<size_t>(last)];
+    return {t.entries[static_cast<size_t>(first)].offset, e.offset + align16(e.numel())};
+}
+}  // namespace
+
+std::vector<GradSpan> GPT::unit_params(Unit u) const {
+    switch (u.kind) {
+        case Unit::embedding:
+            return {entry_span(table_, table_.wte, table_.wpe)};
+        case Unit::head:
+            return {entry_span(table_, table_.wte, table_.wte),
+                    entry_span(table_, table_.lnfw, table_.lnfb)};
+        default:
+            break;
+    }
+    PX_ASSERT(table_.has_layer(u.layer), "a block this model part does not hold");
+    return {entry_span(table_, table_.layer_index(u.layer, LN1W),
+                       table_.layer_index(u.layer, FCPROJB))};
+}
+
+std::vector<GradSpan> GPT::unit_grads(Unit u) const {
+    if (u.kind != Unit::head) return unit_params(u);
+    return {entry_span(table_, table_.lnfw, table_.lnfb), {glayout_.head_offset, glayout_.total}};
+}
+
+GradSpan GPT::grad_span(int chunk) const {
+    PX_ASSERT(chunk >= 0 && chunk < num_chunks(), "chunk out of range");
+    // A chunk's tensors are consecutive entries of the table (embedding, its layers, ln_f).
+    const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];
+    int first = has_embedding(chunk) ? table_.wte : -1, last = -1;
+    if (layers.size() > 0) {
+        if (first < 0) first = table_.layer_index(layers.lo, LN1W);
+        last = table_.layer_index(layers.hi - 1, FCPROJB);
+    }
+    if (has_embedding(chunk)) last = std::max(last, table_.wpe);
+    if (has_head(chunk)) {
+        if (first < 0) first = table_.lnfw;
+        last = table_.lnfb;
+    }
+    GradSpan s;
+    if (first < 0) return s;  // an empty chunk
+    const TableEntry& e = table_.entries[static_cast<size_t>(last)];
+    s.lo = table_.entries[static_cast<size_t>(first)].offset;
+    s.hi = e.offset + align16(e.numel());
+    if (has_head(chunk)) s.hi = glayout_.total;  // and the LM head's part of dwte
+    return s;
+}
+
+void GPT::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
+                         const Tensor* bias) const {
+    if (layers_)
+        layers_->linear_forward(l, out, inp, weight, bias);
+    else
+        ops::matmul_forward(nx_, out, inp, weight, bias);
+}
+
+void GPT::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
+                          const Tensor& dout, const Tensor& inp, const Tensor& weight) const {
+    if (layers_)
+        layers_->linear_backward(l, dinp, dweight, dbias, dout, inp, weight);
+    else
+        ops::matmul_backward(nx_, &dinp, &dweight, dbias, dout, inp, weight);
+}
+
+// Under sequence parallelism these run on this rank's token rows only (BT from mean/rstd's and
+// a's (B,T) token count).
+void GPT::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                            const Tensor& inp, const Tensor& weight, const Tensor& bias) const {
+    if (!sp_) {
+        ops::layernorm_forward(nx_, out, mean, rstd, inp, weight, bias);
+        return;
+    }
+    const i64 BT = mean.numel();
+    const TokenRows r = layers_->token_rows(BT);
+    ops::layernorm_forward(nx_, token_view(out, r, BT), token_view(mean, r, BT),
+                           token_view(rstd, r, BT), token_view(inp, r, BT), weight, bias);
+}
+
+void GPT::layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                             const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                             const Tensor& mean, const Tensor& rstd) const {
+    if (sp_)
+        layers_->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+    else
+        ops::layernorm_backward(nx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+}
+
+void GPT::residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) const {
+    if (!sp_) {
+        ops::residual_forward(nx_, out, a, b);
+        return;
+    }
+    const i64 BT = out.numel() / mc_.hidden;
+    const TokenRows r = layers_->token_rows(BT);
+    ops::residual_forward(nx_, token_view(out, r, BT), token_view(a, r, BT), token_view(b, r, BT));
+}
+
+// Block l: residual2 = x + attn(ln1(x)), residual3 = residual2 + mlp(ln2(residual2)).
+void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
+    const Numerics& nx = nx_;
+    auto out = [&](const char* op, const Tensor& t, ProbeSplit split) {
+        if (probed) probe("fwd", l, op, "out", t, split);
+    };
+    const Tensor residual = i == 0 ? a.tensor(ENCODED) : a.layer(RESIDUAL3, i - 1);
+    const Tensor ln1 = a.layer(LN1, i), qkv = a.layer(QKV, i), atty = a.layer(ATTY, i);
+    const Tensor att = a.layer(ATT, i), residual2 = a.layer(RESIDUAL2, i);
+    const Tensor ln2 = a.layer(LN2, i), fch = a.layer(FCH, i);
+    const Tensor fch_gelu = a.layer(FCH_GELU, i), residual3 = a.layer(RESIDUAL3, i);
+    // The attention output projection and the MLP output reuse the backward scratch of
+    // the same shape as their staging buffer (it is free during the forward pass).
+    const Tensor proj = a.tensor(DBUF_C);
+    const Tensor qkvb = P(l, QKVB), attprojb = P(l, ATTPROJB), fcb = P(l, FCB),
+                 fcprojb = P(l, FCPROJB);
+
+    // Sequence parallelism: the LayerNorms and residual adds on this rank's tokens; all-gather
+    // before each column-parallel linear, reduce-scatter in each row-parallel one.
+    layernorm_forward(ln1, a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i), residual, P(l, LN1W),
+                      P(l, LN1B));
+    sp_gather(ln1);
+    out("ln_1", ln1, ProbeSplit::whole);
+    linear_forward(Linear::qkv, qkv, ln1, P(l, QKVW), &qkvb);
+    out("attn.qkv", qkv, ProbeSplit::qkv);
+    ops::attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, resolve_dim(Dim::NH, mc_, dims_));
+    out("attn.core", atty, ProbeSplit::channels);
+    linear_forward(Linear::attn_proj, proj, atty, P(l, ATTPROJW), &attprojb);
+    out("attn.proj", proj, ProbeSplit::tokens);
+    residual_forward(residual2, residual, proj);
+    out("residual_1", residual2, ProbeSplit::tokens);
+    layernorm_forward(ln2, a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i), residual2, P(l, LN2W),
+                      P(l, LN2B));
+    sp_gather(ln2);
+    out("ln_2", ln2, ProbeSplit::whole);
+    linear_forward(Linear::fc, fch, ln2, P(l, FCW), &fcb);
+    out("mlp.fc", fch, ProbeSplit::ffn);
+    ops::gelu_forward(nx, fch_gelu, fch);
+    out("mlp.gelu", fch_gelu, ProbeSplit::ffn);
+    linear_forward(Linear::fc_proj, proj, fch_gelu, P(l, FCPROJW), &fcprojb);
+    out("mlp.proj", proj, ProbeSplit::tokens);
+    residual_forward(residual3, residual2, proj);
+    out("residual_2", residual3, ProbeSplit::tokens);
+}
+
+// dresidual holds d(residual3) on entry and d(x) on return.
+void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
+    const Numerics& nx = nx_;
+    auto G = [&](LayerParam p) { return grad(grads, table_.layer_index(l, p)); };
+    auto dinp = [&](const char* op, const Tensor& t, ProbeSplit split) {
+        probe("bwd", l, op, "dinp", t, split);
+    };
+    const Tensor residual = i == 0 ? a.tensor(ENCODED) : a.layer(RESIDUAL3, i - 1);
+    const Tensor dresidual = a.tensor(DRESIDUAL), dbuf_c = a.tensor(DBUF_C);
+    const Tensor dfch_gelu = a.tensor(DBUF_F), dfch = a.tensor(DBUF_F2), dqkv = a.tensor(DBUF_C3);
+    const Tensor dfcprojw = G(FCPROJW), dfcprojb = G(FCPROJB), dfcw = G(FCW), dfcb = G(FCB),
+                 dattprojw = G(ATTPROJW), dattprojb = G(ATTPROJB), dqkvw = G(QKVW), dqkvb = G(QKVB);
+
+    // residual3 = residual2 + mlp(ln2(residual2)): dresidual flows to both branches.
+    // (Sequence parallelism: this rank's rows of d(residual3), all-gathered for fc_proj.)
+    sp_gather(dresidual);
+    zero(dfch_gelu);
+    linear_backward(Linear::fc_proj, dfch_gelu, dfcprojw, &dfcprojb, dresidual,
+                    a.layer(FCH_GELU, i), P(l, FCPROJW));
+    dinp("mlp.proj", dfch_gelu, ProbeSplit::ffn);
+    zero(dfch);
+    ops::gelu_backward(nx, dfch, a.layer(FCH, i), dfch_gelu);
+    dinp("mlp.gelu", dfch, ProbeSplit::ffn);
+    zero(dbuf_c);
+    linear_backward(Linear::fc, dbuf_c, dfcw, &dfcb, dfch, a.layer(LN2, i), P(l, FCW));
+    dinp("mlp.fc", dbuf_c, ProbeSplit::tokens);
+    layernorm_backward(dresidual, G(LN2W), G(LN2B), dbuf_c, a.layer(RESIDUAL2, i), P(l, LN2W),
+                       a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i));
+    sp_gather(dresidual);
+    dinp("ln_2", dresidual,
+         ProbeSplit::whole);  // the LayerNorm's input gradient plus the skip path: d(residual_1)
+
+    // residual2 = residual + attn(ln1(residual)).
+    const Tensor datty = a.layer(ATTY, i);  // d(atty) staged in dbuf_c, sized like atty
+    const Tensor dbuf_a = view_f32(dbuf_c.f32(), {datty.shape[0], datty.shape[1], datty.shape[2]});
+    zero(dbuf_a);
+    linear_backward(Linear::attn_proj, dbuf_a, dattprojw, &dattprojb, dresidual, a.layer(ATTY, i),
+                    P(l, ATTPROJW));
+    dinp("attn.proj", dbuf_a, ProbeSplit::channels);
+    zero(dqkv);
+    ops::attention_backward(nx, dqkv, a.tensor(DPREATT), a.tensor(DATT), dbuf_a, a.layer(QKV, i),
+                            a.layer(ATT, i), resolve_dim(Dim::NH, mc_, dims_));
+    dinp("attn.core", dqkv, ProbeSplit::qkv);
+    zero(dbuf_c);
+    linear_backward(Linear::qkv, dbuf_c, dqkvw, &dqkvb, dqkv, a.layer(LN1, i), P(l, QKVW));
+    dinp("attn.qkv", dbuf_c, ProbeSplit::tokens);
+    layernorm_backward(dresidual, G(LN1W), G(LN1B), dbuf_c, residual, P(l, LN1W),
+                       a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i));
+    dinp("ln_1", dresidual, ProbeSplit::tokens);  // with the skip path: d(block input)
+}
+
+void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targets) const {
+    const Numerics& nx = nx_;
+    const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];
+    PX_ASSERT(a.shape().layers == layers.size() && a.shape().head == has_head(chunk),
+              "activations made for another chunk");
+    if (has_embedding(chunk)) {
+        before_forward({Unit::embedding});
+        if (layers_)
+            layers_->embedding_forward(a.tensor(ENCODED), tokens, param(table_.wte),
+                                       param(table_.wpe));
+        else
+            ops::embedding_forward(nx, a.tensor(ENCODED), tokens, param(table_.wte),
+                                   param(table_.wpe));
+        probe("fwd", -1, "embed", "out", a.tensor(ENCODED));
+        after_forward({Unit::embedding});
+    }
+    for (int l = layers.lo; l < layers.hi; l++) {
+        before_forward({Unit::block, l});
+        block_forward(a, l, l - layers.lo);
+        after_forward({Unit::block, l});
+    }
+    if (!has_head(chunk)) return;
+    before_forward({Unit::head});
+    const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
+    layernorm_forward(a.tensor(LNF), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD), last,
+                      param(table_.lnfw), param(table_.lnfb));
+    sp_gather(a.tensor(LNF));
+    probe("fwd", -1, "ln_f", "out", a.tensor(LNF));
+    // LM head tied to wte: logits (B,T,V) = lnf · wteᵀ, written into probs, then softmax in place.
+    const Tensor probs = a.tensor(PROBS);
+    if (layers_)
+        layers_->head_logits(probs, a.tensor(LNF), param(table_.wte));
+    else
+        ops::matmul_forward(nx, probs, a.tensor(LNF), param(table_.wte), nullptr);
+    // The logits, before softmax runs in place.
+    probe("fwd", -1, "head", "out", probs, ProbeSplit::vocabulary);
+    if (layers_)
+        layers_->head_loss(a.tensor(LOSSES), probs, targets);
+    else
+        ops::crossentropy_forward(nx, a.tensor(LOSSES), probs, probs, targets);
+    probe("fwd", -1, "loss", "out", a.tensor(LOSSES));
+    after_forward({Unit::head});
+}
+
+void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, const int* targets,
+                   float dloss) const {
+    const Numerics& nx = nx_;
+    const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];
+    PX_ASSERT(a.shape().layers == layers.size() && a.shape().head == has_head(chunk),
+              "activations made for another chunk");
+    const Tensor dresidual = a.tensor(DRESIDUAL);
+
+    if (has_head(chunk)) {
+        before_backward({Unit::head}, grads);
+        const Tensor probs = a.tensor(PROBS), dbuf_c = a.tensor(DBUF_C);
+        // LM head: dlnf = dlogits · wte, and its wte gradient kept apart (see GradLayout).
+        const Tensor head = grad_head(grads);
+        zero(dbuf_c);
+        if (layers_)
+            layers_->head_dlogits(probs, targets, dloss);
+        else
+            ops::crossentropy_backward(nx, probs, probs, targets, dloss);  // probs: dlogits
+        probe("bwd", -1, "loss", "dinp", probs, ProbeSplit::vocabulary);
+        if (layers_)
+            layers_->head_dinp(dbuf_c, head, probs, a.tensor(LNF), param(table_.wte));
+        else
+            ops::matmul_backward(nx, &dbuf_c, &head, nullptr, probs, a.tensor(LNF),
+                                 param(table_.wte));
+        probe("bwd", -1, "head", "dinp", dbuf_c, ProbeSplit::tokens);
+        zero(dresidual);
+        const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
+        layernorm_backward(dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb), dbuf_c,
+                           last, param(table_.lnfw), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD));
+        probe("bwd", -1, "ln_f", "dinp", dresidual, ProbeSplit::tokens);
+        after_backward({Unit::head}, grads);
+    }
+    for (int l = layers.hi - 1; l >= layers.lo; l--) {
+        before_backward({Unit::block, l}, grads);
+        // Recompute: the block's internals were not kept; its forward from the kept input
+        // refills them bit for bit (its output, written again, is unchanged).
+        if (a.shape().recompute) block_forward(a, l, l - layers.lo, false);
+        block_backward(a, grads, l, l - layers.lo);
+        after_backward({Unit::block, l}, grads);
+    }
+    if (has_embedding(chunk)) {
+        before_backward({Unit::embedding}, grads);
+        sp_gather(dresidual);  // sequence parallelism: d(encoded) of every token
+        if (layers_)
+            layers_->embedding_backward(grad(grads, table_.wte), grad(grads, table_.wpe), dresidual,
+                                        tokens);
+        else
+            ops::embedding_backward(nx, grad(grads, table_.wte), grad(grads, table_.wpe), dresidual,
+                                    tokens);
+        after_backward({Unit::embedding}, grads);
+    }
+}
+
+// ---- probes ----------------------------------------------------------------------------------
+
+// t is a microbatch's (B,T,...) tensor: logically rows [batch_lo, batch_lo + B) of the batch's;
+// under ParallelLayers this rank's piece of it, as `split` says.
+void GPT::offer_probe(const char* phase, int layer, const char* op, const char* tensor,
+                      const Tensor& t, ProbeSplit split) const {
+    const ProbeKey key{probe_ctx_ ? probe_ctx_->step : 0, phase, layer, op, tensor};
+    if (!probes_->wants(key)) return;
+    PX_ASSERT(t.contiguous() && t.ndim >= 1, "a probed tensor must be contiguous");
+    std::vector<i64> shape(t.shape.begin(), t.shape.begin() + t.ndim);
+    const i64 w = shape.back();
+    i64 rows = 1;  // B·T (also when w is 0: a tp rank past the last vocabulary block)
+    for (size_t d = 0; d + 1 < shape.size(); d++) rows *= shape[d];
+    const float* data = t.f32();
+    std::vector<float> staged;  // the pieces back to back, when the local layout interleaves them
+    ShardSpec spec;
+    if (!layers_ || split == ProbeSplit::whole) {
+        spec.logical_shape = shape;
+        spec.pieces.push_back({std::vector<i64>(shape.size(), 0), shape});
+    } else if (split == ProbeSplit::tokens) {  // this rank's token rows (all of them without SP)
+        const TokenRows r = layers_->token_rows(rows);
+        spec = flat_shard(shape, r.lo * w, r.hi * w);
+        data += r.lo * w;
+    } else {  // columns: each range a slab of every row; several ranges are staged piece by piece
+        const ColumnShard cols = layers_->probe_columns(split);
+        spec.logical_shape = shape;
+        spec.logical_shape.back() = cols.n;
+        i64 at = 0;
+        for (const TokenRows& c : cols.ranges) {
+            Hyperslab p;
+            for (size_t d = 0; d + 1 < shape.size(); d++) {
+                p.lo.push_back(0);
+                p.hi.push_back(shape[d]);
+            }
+            p.lo.push_back(c.lo);
+            p.hi.push_back(c.hi);
+            spec.pieces.push_back(std::move(p));
+            if (cols.ranges.size() > 1)
+                for (i64 i = 0; i < rows; i++)
+                    staged.insert(staged.end(), data + i * w + at, data + i * w + at + c.hi - c.lo);
+            at += c.hi - c.lo;
+        }
+        PX_ASSERT(at == w, "a probe's column ranges do not cover its local tensor");
+        if (!staged.empty()) data = staged.data();
+    }
+    if (probe_ctx_ && probe_ctx_->batch_total > 0)
+        offset_rows(spec, probe_ctx_->batch_lo, probe_ctx_->batch_total);
+    probes_->capture(key, data, spec);
+}
+
+// ---- the whole model on one device -----------------------------------------------------------
+
+void GPT::forward(const int* tokens, const int* targets, i64 B, i64 T) {
+    PX_ASSERT(num_chunks() == 1 && part_.embedding && part_.head,
+              "the single-device forward needs the whole model");
+    const ActShape& s = acts_.shape();
+    if (acts_.bytes() == 0 || s.B != B || s.T != T) acts_ = make_activations(0, B, T);
+    forward(acts_, 0, tokens, targets);
+}
+
+void GPT::backward(float* grads, const int* tokens, const int* targets, float dloss) {
+    PX_ASSERT(acts_.bytes() > 0, "backward before forward");
+    backward(acts_, 0, grads, tokens, targets, dloss);
+}
+
+void GPT::combine_tied_grads(float* grads) const {
+    PX_ASSERT(part_.holds_wte(), "combine_tied_grads on a model part without wte");
+    const TableEntry& e = table_.entries[table_.wte];
+    float* dwte = grads + e.offset;
+    const float* head = grads + glayout_.head_offset;
+    const i64 n = e.numel();
+#pragma omp parallel for schedule(static)
+    for (i64 i = 0; i < n; i++) dwte[i] = dwte[i] + head[i];
+}
+
+void GPT::probe_params(ProbeSink& sink, i64 step, const char* phase, const char* op,
+                       const float* data, i64 lo, i64 hi, i64 node, i64 nodes) const {
+    for (const TableEntry& e : table_.entries) {
+        const ProbeKey key{step, phase, e.layer, op, kGpt2Params[e.spec].name};
+        const i64 a = std::max(lo, e.offset), b = std::min(hi, e.offset + e.numel());
+        if (a >= b || !sink.wants(key)) continue;
+        ShardSpec whole;
+        if (layers_) {
+            whole = layers_->param_shard(e);
+        } else {
+            std::vector<i64> shape{e.cols};
+            if (kGpt2Params[e.spec].rows != Dim::one) shape.insert(shape.begin(), e.rows);
+            whole = flat_shard(shape, 0, e.numel());
+        }
+        ShardSpec spec = slice(whole, a - e.offset, b - e.offset);
+        if (node >= 0) {  // one row of (nodes, ...)
+            spec.logical_shape.insert(spec.logical_shape.begin(), nodes);
+            for (Hyperslab& p : spec.pieces) {
+                p.lo.insert(p.lo.begin(), node);
+                p.hi.insert(p.hi.begin(), node + 1);
+            }
+        }
+        sink.capture(key, data + (a - lo), spec);
+    }
+}
+
+}  // namespace px

@@ -1,0 +1,328 @@
+// The GPT-2 model: token and learned position embeddings, L pre-LayerNorm blocks (causal
+// multi-head attention, GELU-tanh MLP), a final LayerNorm and an LM head tied to wte.
+// Forward and backward are written out per layer, as llm.c does. This file knows nothing of
+// parallelism; layouts wrap it from core/parallel. A GPT may hold only part of the model
+// (ModelPart: some runs of layers, with or without the embedding and the head), which is what a
+// pipeline stage is; the whole model is the part with everything, and runs exactly as before.
+//
+// Index
+//   GradLayout    where each parameter's gradient lives in a gradient buffer
+//   GradSpan      the floats of a gradient buffer that one chunk's backward writes
+//   Activations   the activations of one microbatch on one chunk of layers
+//   ParallelLayers the layers a tensor-parallel layout distributes (absent: the plain kernels)
+//   Unit, UnitHooks the units a model runs its weights in, and what a layout may do around each
+//   GPT           parameters; forward and backward of a chunk on a microbatch; the single-device
+//                 forward/backward over the whole model with activations it keeps itself
+#pragma once
+#include "core/base/arena.h"
+#include "core/base/config.h"
+#include "core/base/numerics.h"
+#include "core/model/probe.h"
+#include "core/base/tensor.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+namespace px {
+
+// A gradient buffer holds one gradient per parameter, laid out as the ParamTable, then the LM
+// head's contribution to wte kept apart (V,C): wte is used twice, and the two token reductions
+// combine only once the whole batch is in, so the sum is the same however the batch is split.
+// Every part that holds wte has the head region (a part with the embedding but not the head
+// gets the head's contribution there from whoever runs the head); a part without wte has none.
+struct GradLayout {
+    i64 head_offset = 0;  // floats from the start of the buffer
+    i64 total = 0;        // floats in one gradient buffer
+};
+
+// Floats [lo, hi) of a gradient buffer: the parameters of one chunk (with the embedding before
+// chunk 0, ln_f and the head region after the last chunk, when the part has them). The spans of
+// a part's chunks are disjoint; nothing outside its span is touched by a chunk's backward.
+struct GradSpan {
+    i64 lo = 0, hi = 0;
+};
+
+// The activations of one microbatch (B sequences of T tokens) on one chunk of layers: its input
+// hidden state, each block's saved tensors, the head's when the chunk ends in it, and the
+// backward's scratch (ActTable). Recompute: only the residual stream (each block's input and
+// output) is kept; a block's internals live in one shared slot, refilled by recomputing the
+// block's forward inside backward, which gives the same bits (same inputs, same kernels).
+class Activations {
+public:
+    Activations() = default;
+    Activations(const ModelConfig& mc, const ActShape& shape);
+
+    const ActShape& shape() const { return shape_; }
+    Tensor tensor(int a) const;            // the whole tensor
+    Tensor layer(int a, int i) const;      // local layer i (0 .. layers-1) of a per-layer tensor
+    float* input() const { return tensor(ENCODED).f32(); }      // (B,T,C) the chunk's input
+    float* output() const;                                      // (B,T,C) its last block's output
+    float* dresidual() const { return tensor(DRESIDUAL).f32(); }  // (B,T,C) see kGpt2Acts
+    const float* losses() const { return tensor(LOSSES).f32(); }  // (B,T) head chunks only
+    i64 bytes() const { return arena_.size() * static_cast<i64>(sizeof(float)); }
+
+private:
+    ModelConfig mc_;
+    ActShape shape_;
+    ActTable table_{};
+    Arena arena_;
+};
+
+// The linear layers of a block, for ParallelLayers.
+enum class Linear : std::uint8_t { qkv, attn_proj, fc, fc_proj };
+
+// The layers whose math a layout distributes over ranks (core/parallel/tp_model.h implements
+// them over a tensor-parallel group). The model only says which layer runs on which tensors; a
+// GPT without ParallelLayers calls the plain kernels (kernels/ops.h). Tensors are the model's
+// local ones (shapes from dims()); gradients accumulate, activations assign, as in the kernels.
+// Token rows [lo, hi) of a microbatch's flat B·T token axis.
+struct TokenRows {
+    i64 lo = 0, hi = 0;
+};
+
+// How a probed activation (B,T,...) is spread over the ranks of ParallelLayers (GPT::probe).
+enum class ProbeSplit : std::uint8_t {
+    whole,       // every rank holds all of it
+    tokens,      // sequence parallelism: token_rows(BT) only (whole without it)
+    qkv,         // last dimension: the rank's q, k and v columns of its heads (of 3C)
+    channels,    // last dimension: its heads' channels (of C)
+    ffn,         // last dimension: its ffn channels (of F)
+    vocabulary,  // last dimension: its vocabulary (of V)
+};
+
+// A rank's part of a split dimension of n elements: ranges of [0, n), ascending, stored locally
+// back to back.
+struct ColumnShard {
+    i64 n = 0;
+    std::vector<TokenRows> ranges;  // [lo, hi) of the dimension (not tokens here)
+};
+
+class ParallelLayers {
+public:
+    virtual ~ParallelLayers() = default;
+    // Sequence parallelism: between a row-parallel output and the next column-parallel input this
+    // rank holds only token_rows(BT) of the residual stream, and the model runs the LayerNorms and
+    // residual adds on those rows alone; it then calls sp_gather before each column-parallel
+    // linear (and, in backward, before each row-parallel one), and layernorm_backward for the
+    // LayerNorms. The row-parallel linears' forward and the column-parallel ones' backward (and
+    // head_backward's dlnf) then write only this rank's token rows of out / dinp. Tensors are
+    // still the whole microbatch's (B,T,...) buffers; rows outside token_rows are not read.
+    virtual bool sequence_parallel() const { return false; }
+    virtual TokenRows token_rows(i64 BT) const { return {0, BT}; }
+    // t (B,T,w) or (BT,w): every rank's token_rows -> all rows, in place (all-gather).
+    virtual void sp_gather(const Tensor& /*t*/) const {}
+    // As ops::layernorm_backward on token_rows only (full tensors given); dweight and dbias get
+    // the whole microbatch's token reductions, the same bits on every rank.
+    virtual void layernorm_backward(const Tensor& /*dinp*/, const Tensor& /*dweight*/,
+                                    const Tensor& /*dbias*/, const Tensor& /*dout*/,
+                                    const Tensor& /*inp*/, const Tensor& /*weight*/,
+                                    const Tensor& /*mean*/, const Tensor& /*rstd*/) const {}
+    virtual TpDims dims() const = 0;  // local sizes of parameters and activations
+    virtual int rank() const { return 0; }  // in the group that shares the layers
+    // Probes: this rank's part of the last dimension of an activation split by s (qkv, channels,
+    // ffn, vocabulary), and where a parameter's local elements sit in its logical tensor (the
+    // logical shape (rows, cols), or (cols) for a vector, and the local tensor's pieces).
+    virtual ColumnShard probe_columns(ProbeSplit s) const = 0;
+    virtual ShardSpec param_shard(const TableEntry& e) const = 0;
+    // p (e's local elements) = this model's slice of e's initialisation N(0, std) (core/base/rng.h).
+    virtual void fill_normal(float* p, const TableEntry& e, float std,
+                             std::uint64_t seed) const = 0;
+    // out = inp·weightᵀ + bias, as ops::matmul_forward / matmul_backward.
+    virtual void linear_forward(Linear l, const Tensor& out, const Tensor& inp,
+                                const Tensor& weight, const Tensor* bias) const = 0;
+    virtual void linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight,
+                                 const Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                                 const Tensor& weight) const = 0;
+    // As ops::embedding_forward / embedding_backward.
+    virtual void embedding_forward(const Tensor& out, const int* tokens, const Tensor& wte,
+                                   const Tensor& wpe) const = 0;
+    virtual void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                    const int* tokens) const = 0;
+    // The LM head tied to wte: logits = lnf·wteᵀ into probs. The loss: softmax of the logits in
+    // place and the per-token losses. Backward: probs (the softmax) become dlogits, then
+    // dlnf +=, dwte_head += from them.
+    virtual void head_logits(const Tensor& probs, const Tensor& lnf, const Tensor& wte) const = 0;
+    virtual void head_loss(const Tensor& losses, const Tensor& probs,
+                           const int* targets) const = 0;
+    virtual void head_dlogits(const Tensor& probs, const int* targets, float dloss) const = 0;
+    virtual void head_dinp(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
+                           const Tensor& lnf, const Tensor& wte) const = 0;
+};
+
+// The units a model uses its weights in, in forward order: the embedding (wte, wpe), each block,
+// the head (ln_f, and wte again: the LM head is tied to it).
+struct Unit {
+    enum Kind : std::uint8_t { embedding, block, head } kind = block;
+    int layer = -1;  // blocks only
+};
+
+// Told when a unit's weights are about to be read and when they no longer are, and when a unit's
+// gradients are about to be written and when they are complete for this microbatch. The model
+// calls these around every unit of a chunk's forward and backward (the embedding's backward reads
+// no weights but writes gradients). A layout uses them to hold weights and gradients only while
+// they are needed: ZeRO-3 gathers a unit's weights before use and frees them after, ZeRO-2
+// reduce-scatters a unit's gradients as soon as they are complete (core/parallel/zero.h). The
+// model knows nothing of what they do; without hooks nothing happens.
+class UnitHooks {
+public:
+    virtual ~UnitHooks() = default;
+    virtual void before_forward(Unit u) = 0;
+    virtual void after_forward(Unit u) = 0;
+    virtual void before_backward(Unit u, float* grads) = 0;
+    virtual void after_backward(Unit u, float* grads) = 0;
+};
+
+class GPT {
+public:
+    GPT(const ModelConfig& mc, const Numerics& nx);                       // the whole model
+    GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part);  // a part of it
+    // A part whose layers run through `layers` (a tensor-parallel shard: local shapes).
+    GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
+        std::shared_ptr<const ParallelLayers> layers);
+    const ParallelLayers* parallel_layers() const { return layers_.get(); }  // null: plain
+    // The layers become wrap(the layers): a decorator that delegates to them (a tracer, a
+    // test's planted bug) and has their dims and shards. Before the first forward.
+    using LayersWrap = std::function<std::shared_ptr<const ParallelLayers>(
+        std::shared_ptr<const ParallelLayers>)>;
+    void wrap_parallel_layers(const LayersWrap& wrap);
+
+    const ModelConfig& config() const { return mc_; }
+    const ModelPart& part() const { return part_; }
+    int num_chunks() const { return static_cast<int>(part_.chunks.size()); }
+    const ParamTable& table() const { return table_; }
+    const GradLayout& grad_layout() const { return glayout_; }
+    i64 num_params() const { return table_.num_params; }  // of this part
+    Numerics& numerics() { return nx_; }
+    const Numerics& numerics() const { return nx_; }
+
+    Tensor param(int i) const;                         // view into the parameter arena
+    Tensor grad(float* grads, int i) const;            // the same tensor in a gradient buffer
+    Tensor grad_head(float* grads) const;              // (V,C) LM-head part of dwte (local V)
+    float* params() const { return params_.data(); }
+    const Arena& param_arena() const { return params_; }
+    Arena& param_arena() { return params_; }
+    float* param_ptr(const std::string& name) const;  // null if no such parameter
+
+    // GPT-2 initialisation from Philox keyed by (seed, tensor id, element index), with the ids
+    // of the whole model: a part draws exactly the numbers the whole model has there.
+    void init_random(std::uint64_t seed, double init_std);
+
+    // ---- units: where their weights and gradients live ---------------------------------------
+    // Floats [lo, hi) of the parameter arena that unit u reads (the head: ln_f and wte), and of a
+    // gradient buffer that its backward writes (the head: ln_f and the head region; the embedding:
+    // wte and wpe). Padding between tensors belongs to the tensor before it.
+    std::vector<GradSpan> unit_params(Unit u) const;
+    std::vector<GradSpan> unit_grads(Unit u) const;
+    // Hooks called around every unit (null: none). Not owned; must outlive their use.
+    void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+    // Probes (core/model/probe.h): after every op of forward and backward the model offers its output
+    // (fwd) or its input gradient (bwd) to `sink`, keyed by ctx's step and placed at ctx's batch
+    // rows (null ctx: step 0, the microbatch is the whole batch). Null sink: none (one pointer
+    // test per op). Never changes a bit of the computation. Not owned; must outlive their use.
+    // Under ParallelLayers each rank offers its piece (ProbeSplit), placed in the logical tensor.
+    void set_probes(ProbeSink* sink, const ProbeContext* ctx) {
+        probes_ = sink;
+        probe_ctx_ = ctx;
+    }
+    // Offers every parameter's floats [lo, hi) of `data` (laid out by this model's table, element
+    // `lo` at data[0]) to `sink` as probes step/phase/layer/op/<its GPT-2 name>, in their
+    // logical shapes (a flat shard of a tensor as flat_shard's pieces; a tp shard as its
+    // ParallelLayers' param_shard). The trainer calls it for the reduced gradient ("grad") and the
+    // updated weights and moments ("optim"). node >= 0: the data is node `node` of `nodes`
+    // (a microbatch's gradient, "mgrad"), a row of a logical tensor (nodes, ...).
+    void probe_params(ProbeSink& sink, i64 step, const char* phase, const char* op,
+                      const float* data, i64 lo, i64 hi, i64 node = -1, i64 nodes = 0) const;
+
+    // ---- chunks: one run of layers on one microbatch, with caller-owned activations ----------
+    // Activations sized for chunk c on microbatches of B sequences of T tokens.
+    Activations make_activations(int chunk, i64 B, i64 T, bool recompute = false) const;
+    GradSpan grad_span(int chunk) const;
+    // Forward of chunk c. Input: the tokens (B,T) when the chunk starts with the embedding, else
+    // the hidden state the caller put in a.input(). Output: a.output() (B,T,C), and when the chunk
+    // ends in the head, the per-token losses a.losses() (B,T) against targets (B,T).
+    void forward(Activations& a, int chunk, const int* tokens, const int* targets) const;
+    // Backward of chunk c, after its forward on `a`: adds the microbatch's gradients into `grads`
+    // (a GradLayout buffer; only grad_span(c) is touched). Output gradient: from the loss when
+    // the chunk ends in the head (dloss = d(mean loss)/d(token loss) = 1/tokens in the batch),
+    // else the caller put d(output) in a.dresidual(). Afterwards a.dresidual() holds d(input)
+    // (when the chunk starts with the embedding, d(encoded), already in wte's and wpe's grads).
+    void backward(Activations& a, int chunk, float* grads, const int* tokens, const int* targets,
+                  float dloss) const;
+
+    // ---- the whole model on one device ------------------------------------------------------
+    // tokens, targets (B,T). Fills the per-token losses (B,T) (the mean is the caller's, since
+    // it is a reduction over the whole batch). Activations are kept for backward.
+    void forward(const int* tokens, const int* targets, i64 B, i64 T);
+    const float* losses() const { return acts_.losses(); }
+
+    // Adds this microbatch's gradients into `grads` (a GradLayout buffer, zeroed by the caller
+    // before its first microbatch). dloss is d(mean loss)/d(token loss) = 1/(tokens in the batch).
+    void backward(float* grads, const int* tokens, const int* targets, float dloss);
+
+    // Once every microbatch is in: dwte = dwte(embedding) + dwte(LM head), in that order.
+    void combine_tied_grads(float* grads) const;
+
+    i64 activation_bytes() const { return acts_.bytes(); }
+
+private:
+    Tensor P(int l, LayerParam p) const { return param(table_.layer_index(l, p)); }
+    bool has_embedding(int chunk) const { return chunk == 0 && part_.embedding; }
+    bool has_head(int chunk) const { return chunk == num_chunks() - 1 && part_.head; }
+    // Block l of the model, local layer i of the chunk's activations.
+    // (probed: false when backward recomputes the block, whose forward was probed already)
+    void block_forward(Activations& a, int l, int i, bool probed = true) const;
+    void block_backward(Activations& a, float* grads, int l, int i) const;
+    // ParallelLayers' linear, or ops::matmul_* when there is none.
+    void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
+                        const Tensor* bias) const;
+    void linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
+                         const Tensor& dout, const Tensor& inp, const Tensor& weight) const;
+    // Sequence parallelism (see ParallelLayers): the LayerNorm forward/backward and a residual
+    // add on this rank's token rows; plain ops on whole tensors otherwise.
+    void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& inp, const Tensor& weight, const Tensor& bias) const;
+    void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                            const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                            const Tensor& mean, const Tensor& rstd) const;
+    void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) const;
+    void sp_gather(const Tensor& t) const {
+        if (sp_) layers_->sp_gather(t);
+    }
+    void before_forward(Unit u) const {
+        if (hooks_) hooks_->before_forward(u);
+    }
+    void after_forward(Unit u) const {
+        if (hooks_) hooks_->after_forward(u);
+    }
+    void before_backward(Unit u, float* grads) const {
+        if (hooks_) hooks_->before_backward(u, grads);
+    }
+    void after_backward(Unit u, float* grads) const {
+        if (hooks_) hooks_->after_backward(u, grads);
+    }
+    // Offers t (a microbatch's (B,T,...) activation or gradient, spread over the ranks as
+    // `split` says) to the probe sink, if any.
+    void probe(const char* phase, int layer, const char* op, const char* tensor, const Tensor& t,
+               ProbeSplit split = ProbeSplit::whole) const {
+        if (probes_) offer_probe(phase, layer, op, tensor, t, split);
+    }
+    void offer_probe(const char* phase, int layer, const char* op, const char* tensor,
+                     const Tensor& t, ProbeSplit split) const;
+
+    ModelConfig mc_;
+    Numerics nx_;
+    ModelPart part_;
+    std::shared_ptr<const ParallelLayers> layers_;  // null: the plain kernels
+    bool sp_ = false;                               // layers_->sequence_parallel()
+    TpDims dims_;                                   // local sizes (the whole model without layers_)
+    ParamTable table_;
+    GradLayout glayout_;
+    Arena params_;
+    Activations acts_;
+    UnitHooks* hooks_ = nullptr;  // the single-device forward/backward's
+    ProbeSink* probes_ = nullptr;               // null: nothing is probed
+    const ProbeContext* probe_ctx_ = nullptr;   // step and batch rows of the probes; may be null
+};
+
+}  // namespace px

@@ -1,0 +1,275 @@
+// The trainer: one per rank, for every layout. A Job owns the model (the whole of it, or the
+// layers of its pipeline stage, or its tensor-parallel shard of those), the optimizer (or its ZeRO
+// shard) and the data source of one config, and runs optimizer steps by executing its rank's
+// schedule of actions (core/parallel/schedule.h): forward and backward of microbatches on its
+// model chunks, with messages to the neighbouring pipeline stages. A single device is the trivial
+// schedule (forward, backward, for each microbatch); the layout (core/parallel/mesh.h) is made
+// and checked once, and the Job only reads it. It evaluates the validation loss every N steps
+// and streams metrics to observers (the CLI's progress bar, the run file, core/job_view.h).
+//
+// Why every bit equals the single device's under every layout: see core/parallel/pipeline.h
+// (stages, data and tensor parallelism within a stage), core/parallel/zero.h (ZeRO) and
+// core/parallel/tp_model.h (tensor and sequence parallelism).
+//
+// Index
+//   RankGroups    this rank's communicators: the pipeline, data- and tensor-parallel groups
+//   MemoryStats   a rank's bytes by what they are for
+//   RunView       what observers read of a running job, on the job's thread
+//   StepHooks     hooks around each step and each microbatch gradient (faults, tests, tools)
+//   LocalSnapshot one rank's state between steps, for re-running steps (the replica check)
+//   Observer      receives metrics as they happen
+//   Job           construction makes the rank's model; step(), evaluate(), run()
+//   absorb        a rank's part of the logical state (core/io/state.h)
+#pragma once
+#include "core/base/arena.h"
+#include "core/base/metrics.h"
+#include "core/comm/comm.h"
+#include "core/base/config.h"
+#include "core/model/model.h"
+#include "core/model/optimizer.h"
+#include "core/parallel/mesh.h"
+#include "core/model/probe.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace px {
+
+class TokenSource;
+class ZeroShards;
+class ZeroUnits;
+class TreeAccumulator;
+class CheckpointReader;  // core/io/checkpoint.h
+struct RankState;        // core/parallel/state_slices.h
+
+// The groups of one rank of the mesh (core/train/runner.h splits them from the world). A
+// null group is a group of one. `world` is only read for the rank's communication accounting.
+struct RankGroups {
+    comm::Communicator* world = nullptr;
+    comm::Communicator* pp = nullptr;  // the pipeline: the same dp and tp rank of every stage
+    comm::Communicator* dp = nullptr;  // the replicas of this rank's stage and tp shard
+    comm::Communicator* tp = nullptr;  // the ranks that share this stage's layers
+};
+
+// Bytes a rank holds, by what they are for (core/parallel: per-rank memory accounting).
+struct MemoryStats {
+    i64 params = 0;       // weights held between steps (ZeRO-3: the pages mapped, measured)
+    i64 grads = 0;        // gradient buffers, microbatch partials included (ZeRO-2/3: measured)
+    i64 optimizer = 0;    // AdamW moments (this rank's shard)
+    i64 activations = 0;  // the activation sets of the microbatches in flight, backward scratch
+    i64 comm = 0;         // staging buffers of the collectives
+    // The most weights and gradients mapped at once during the last step: under ZeRO-2/3 the
+    // shard plus the units in flight (measured at every unit); otherwise params and grads.
+    i64 peak_params = 0, peak_grads = 0;
+    i64 total() const { return params + grads + optimizer + activations + comm; }
+};
+
+// What observers may read of a running job. Observers are called on the job's thread, between
+// steps; nothing here may be read from another thread while the job runs (core/job_view.h is
+// the thread-safe view). Observers see world rank 0.
+class RunView {
+public:
+    virtual ~RunView() = default;
+    virtual const Config& config() const = 0;
+    virtual i64 num_params() const = 0;  // of the whole model
+    virtual i64 steps_done() const = 0;
+    virtual const std::vector<StepMetrics>& history() const = 0;  // the job's thread only
+    virtual int dp_size() const = 0;
+    virtual double entropy_rate() const = 0;  // of the source, nats/token, when known (else -1)
+    virtual double loss_floor() const = 0;    // minimal loss on validation windows (else -1)
+    virtual MemoryStats memory() const = 0;   // this rank's
+};
+
+// Hooks around each optimizer step, on every rank: the fault injector (core/train/faults.h),
+// and tests and tools that wrap a job from outside (a planted bug, a tracer). Empty members do
+// nothing. `step` is the 1-based step being run. A job runs every StepHooks added, in order.
+struct StepHooks {
+    std::function<void(i64 step)> before;  // before anything of the step happens
+    // A microbatch's gradient as its backward leaves it, before it joins the other microbatches
+    // and replicas: floats [lo, hi) of `grads` (a GradLayout buffer; a chunk's span, or under
+    // ZeRO-2/3 one unit's) hold this rank's local microbatch `microbatch` of the step.
+    std::function<void(i64 step, int microbatch, float* grads, i64 lo, i64 hi)> microbatch_grad;
+    // The step's reduced gradient (a GradLayout buffer; ZeRO-2/3: this rank's shard of it, the
+    // rest reads 0), before the norm and the update read it.
+    std::function<void(i64 step, float* grads)> grads;
+    std::function<void(i64 step)> updated;  // after the update: the weights of the step are final
+};
+
+// One rank's training state between steps, copied out and back in without communication, so
+// that steps can be re-run on the same rank (the replica check of core/train/faults.h): the
+// weights it holds, its Adam moments, the step count and the history.
+struct LocalSnapshot {
+    std::vector<float> params, m, v;
+    i64 step = -1;  // steps done; -1: empty
+    std::vector<StepMetrics> history;
+};
+
+class Observer {
+public:
+    virtual ~Observer() = default;
+    virtual void on_start(const RunView&) {}
+    virtual void on_step(const RunView&, const StepMetrics&) {}
+    virtual void on_end(const RunView&) {}
+};
+
+struct LogicalState;  // core/io/state.h
+
+class Job : public RunView {
+public:
+    // A job on one device: the config's layout must be of one rank (ConfigError otherwise).
+    explicit Job(const Config& cfg);
+    // One rank of `layout` (made by make_layout from cfg, validated once): its groups must have
+    // the layout's sizes (a ConfigError names both numbers).
+    Job(const Config& cfg, const Layout& layout, RankGroups groups);
+    ~Job() override;
+    Job(const Job&) = delete;
+    Job& operator=(const Job&) = delete;
+
+    void add_observer(Observer* obs) { observers_.push_back(obs); }
+    // Called on every rank after each step, after the observers (checkpoints: a collective).
+    void set_after_step(std::function<void(Job&)> f) { after_step_ = std::move(f); }
+    void add_step_hooks(StepHooks hooks) { hooks_.push_back(std::move(hooks)); }
+    // run() stops after this step, the learning-rate schedule staying train.steps' (a golden
+    // trace recorded fewer steps than the job has).
+    void stop_after(i64 step) { stop_after_ = step; }
+    // Probes (core/model/probe.h) on every step from now on (null: none; not owned, must outlive the
+    // job's steps): the model's fwd/bwd probes at the batch rows each microbatch holds, each
+    // microbatch's gradient ("mgrad": of a chunk before it joins the others, under ZeRO-2/3 of a
+    // unit before its reduce-scatter), then "grad" for every parameter where the grads hooks
+    // run, "optim" after the update. Under ZeRO only this rank's shard of a tensor is valid: its
+    // pieces are the flat shard [lo, hi) of the arena cut into slabs (flat_shard), of the tp
+    // shard's pieces under tensor parallelism (ParallelLayers::param_shard); a stage offers the
+    // tensors it holds (the tied wte from both stages that hold it). Evaluation is never probed.
+    void set_probes(ProbeSink* sink) { probes_ = sink; }
+    // This rank's state between steps, and back (no communication; every rank of the job must
+    // rewind to the same step before the next one). Not under ZeRO-3 with dp > 1, whose
+    // weights between steps are shards: an InternalError.
+    void snapshot(LocalSnapshot& into) const;
+    void rewind(const LocalSnapshot& s);
+
+    // The logical, layout-free state (what checkpoints hold) out of a job of any layout: a
+    // collective of every group that gives every rank the whole model's weights and Adam
+    // moments, laid out as ParamTable::build(config().model) (null pointers are skipped). Throws
+    // InternalError if two stages' copies of wte differ.
+    void gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v);
+    // Collective over the dp group: ZeRO's shards of the Adam moments (and ZeRO-3's weights) are
+    // gathered, so every replica holds its whole state, as under ZeRO-0 (later steps run so).
+    void unshard();
+
+    // ---- per-rank checkpoints (core/parallel/state_slices.h) --------------------------------
+    // No communication, and never the whole model on one rank. rank_state: this rank's weights
+    // and Adam moments and its share of a checkpoint (each logical element written by one rank
+    // of the world: the stage that owns a tensor, wte the first; its dp replica's cut of it; a
+    // tp-sharded tensor by every tp rank, a replicated one by tp rank id mod tp). restore_local
+    // reads the pieces this rank holds from an open checkpoint (hyperslabs; the last stage's
+    // copy of wte too) and continues after history.size() steps exactly as the run that wrote
+    // it would; the caller verified the file and serialises HDF5 calls across threads.
+    RankState rank_state();
+    void restore_local(const CheckpointReader& file, const std::vector<StepMetrics>& history);
+
+    // One optimizer step over train.batch_size sequences. Every rank returns the same metrics,
+    // except comm_bytes (this rank's).
+    StepMetrics step();
+    double evaluate();  // mean validation loss over train.val_batches batches (every rank)
+    void run();         // the remaining steps, with evaluation, observers and the llm.c export
+
+    const Config& config() const override { return cfg_; }
+    const Layout& layout() const { return layout_; }
+    const Schedule& schedule() const { return schedule_; }
+    i64 num_params() const override;  // of the whole model, also when this rank holds a part
+    GPT& model() { return *model_; }
+    const GPT& model() const { return *model_; }
+    AdamW& optimizer() { return *opt_; }  // under ZeRO: the moments of [lo, hi)
+    const AdamW& optimizer() const { return *opt_; }
+    const TokenSource& source() const { return *source_; }
+    // The last step's complete gradients (GradLayout; ZeRO-2/3: this rank's shard, the rest 0).
+    float* grads() const;
+    i64 steps_done() const override { return step_; }
+    const std::vector<StepMetrics>& history() const override { return history_; }
+    MemoryStats memory() const override;
+    int pp_rank() const { return pp_rank_; }
+    int pp_size() const { return layout_.pp; }
+    int dp_rank() const { return dp_rank_; }
+    int dp_size() const override { return layout_.dp; }
+    int tp_rank() const { return tp_rank_; }
+    int tp_size() const { return layout_.tp; }
+    double loss_floor() const override;
+    double entropy_rate() const override;
+    // Activation sets made for chunk c: the most (microbatch, chunk) forwards held at once (plus
+    // any whose outgoing message was still in flight), e.g. min(pp, m) on 1F1B's first stage.
+    int activation_sets(int chunk) const;
+    i64 activation_bytes() const;  // all of them
+
+private:
+    struct Slot;
+    void build_model();
+    Slot* acquire(int chunk);
+    void release(int chunk, Slot* s);
+    void wait_sends();
+    void run_actions();
+    void backward(Slot& slot, int chunk, int m);
+    void microbatch_grad(int m, float* grads, i64 lo, i64 hi);  // probes and hooks
+    void set_probe_rows(int m);
+    i64 first_row(int m) const;  // microbatch m's first sequence in the step's batch
+    void reduce_grads(float* g);
+    void exchange_tied_grads(float* g);
+    float grad_norm(float* g);
+    double step_loss();
+    void gather_losses(std::vector<float>& all, const std::vector<float>& local, i64 batches,
+                       bool by_microbatch);
+    bool first_stage() const { return pp_rank_ == 0; }
+    bool last_stage() const { return pp_rank_ == layout_.pp - 1; }
+    bool is_last_virtual(int chunk) const;
+    const int* tokens(int m) const { return inputs_.data() + m * micro_B_ * T_; }
+    const int* targets(int m) const { return targets_.data() + m * micro_B_ * T_; }
+    double bytes_sent() const;
+
+    Config cfg_;
+    Layout layout_;
+    Numerics nx_;
+    Mesh mesh_;
+    Schedule schedule_;
+    RankGroups groups_;
+    int pp_rank_ = 0, dp_rank_ = 0, tp_rank_ = 0;
+    i64 T_ = 0, micro_B_ = 0, local_B_ = 0;
+    i64 msg_lo_ = 0, msg_floats_ = 0;  // a message: floats [msg_lo_, +msg_floats_) of a state
+    bool recompute_ = false;
+    int zero_ = 0;                  // ZeRO stage over dp (0 when dp = 1)
+    std::vector<ModelPart> parts_;  // every pp rank's, for the norm's owners and gather_full
+    std::vector<int> owner_;        // per tensor id of the whole model: the pp rank owning it
+    std::unique_ptr<GPT> model_;
+    std::unique_ptr<AdamW> opt_;
+    std::unique_ptr<TokenSource> source_;
+    std::unique_ptr<ZeroShards> shards_;  // ZeRO >= 1 with dp > 1
+    std::unique_ptr<ZeroUnits> units_;    // ZeRO-2/3 with dp > 1 on one stage (zero.h)
+    Arena grads_;                         // the step's gradient (GradLayout)
+    std::vector<TreeAccumulator> acc_;    // per chunk (not under ZeroUnits)
+    std::vector<std::vector<std::unique_ptr<Slot>>> slots_;  // per chunk: every set made
+    std::vector<std::vector<Slot*>> free_;                   // per chunk: sets not in use
+    std::vector<std::vector<Slot*>> live_;                   // per chunk, per microbatch
+
+    std::vector<Observer*> observers_;
+    std::function<void(Job&)> after_step_;
+    std::vector<StepHooks> hooks_;
+    i64 stop_after_ = INT64_MAX;
+    ProbeSink* probes_ = nullptr;
+    ProbeContext probe_ctx_;
+
+    i64 step_ = 0;
+    std::vector<int> windows_;           // (local_B, T+1), microbatch after microbatch
+    std::vector<int> inputs_, targets_;  // (local_B, T): microbatch m at m·micro_B·T
+    std::vector<float> losses_;          // (local_B·T), last stage: this replica's
+    std::vector<float> all_losses_;      // (batch_size·T), last stage: every replica's
+    std::vector<StepMetrics> history_;
+};
+
+// The rank's part of the logical state, after Job::unshard (or its ZeRO slice of the moments):
+// its tensors go to their places in the whole model by tensor id, a tensor-parallel shard's
+// elements to their logical places (tp_model.h logical_indices). Every element two ranks hold
+// (replicas, replicated tensors, the two stages' wte) must agree, and so must the histories:
+// returns false otherwise.
+bool absorb(LogicalState& state, const Job& job);
+
+}  // namespace px

@@ -1,0 +1,223 @@
+// The state a Job hands out and takes back: snapshots for re-running steps, the pieces of a
+// checkpoint each rank writes and reads, the logical state gathered from every rank, ZeRO's
+// shards gathered back, and the rank's memory.
+#include "core/train/job.h"
+
+#include "core/base/error.h"
+#include "core/io/state.h"
+#include "core/parallel/pipeline.h"
+#include "core/parallel/state_slices.h"
+#include "core/parallel/tp_model.h"
+#include "core/parallel/zero.h"
+
+#include <algorithm>
+#include <cstring>
+#include <span>
+
+namespace px {
+
+namespace {
+
+void take_snapshot(const GPT& model, const AdamW& opt, i64 step,
+                   const std::vector<StepMetrics>& history, LocalSnapshot& s) {
+    s.params.assign(model.params(), model.params() + model.table().total);
+    s.m.assign(opt.m(), opt.m() + opt.size());
+    s.v.assign(opt.v(), opt.v() + opt.size());
+    s.step = step;
+    s.history = history;
+}
+
+void put_snapshot(const LocalSnapshot& s, GPT& model, AdamW& opt) {
+    PX_ASSERT(s.step >= 0 && static_cast<i64>(s.params.size()) == model.table().total &&
+                  static_cast<i64>(s.m.size()) == opt.size() && s.m.size() == s.v.size(),
+              "a snapshot of another model or optimizer shard");
+    std::copy(s.params.begin(), s.params.end(), model.params());
+    std::copy(s.m.begin(), s.m.end(), opt.m());
+    std::copy(s.v.begin(), s.v.end(), opt.v());
+}
+
+}  // namespace
+
+void Job::snapshot(LocalSnapshot& into) const {
+    if (zero_ == 3)
+        throw InternalError(
+            "Job::snapshot under ZeRO-3: between steps this rank holds a shard of the weights, "
+            "not a replica of them");
+    take_snapshot(*model_, *opt_, step_, history_, into);
+}
+
+void Job::rewind(const LocalSnapshot& s) {
+    put_snapshot(s, *model_, *opt_);
+    step_ = s.step;
+    history_ = s.history;
+}
+
+void Job::gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) {
+    const ParamTable full = ParamTable::build(cfg_.model);
+    const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());
+    const int pp = layout_.pp, tp = layout_.tp;
+    // tables[t][r]: the table of pp rank r's stage on tp rank t (local shapes).
+    std::vector<std::vector<ParamTable>> tables(static_cast<size_t>(tp));
+    std::vector<i64> tp_counts(static_cast<size_t>(tp), 0);
+    for (int t = 0; t < tp; t++)
+        for (const ModelPart& p : parts_) {
+            tables[static_cast<size_t>(t)].push_back(
+                tpl ? ParamTable::build(cfg_.model, p,
+                                        TpDims{tp, tpl->shards().vocabulary.local(t)})
+                    : ParamTable::build(cfg_.model, p));
+            tp_counts[static_cast<size_t>(t)] += tables[static_cast<size_t>(t)].back().total;
+        }
+    std::vector<i64> pp_counts;
+    for (const ParamTable& t : tables[static_cast<size_t>(tp_rank_)]) pp_counts.push_back(t.total);
+    i64 sum = 0;
+    for (i64 c : tp_counts) sum += c;
+    std::vector<float> stages(static_cast<size_t>(tp_counts[static_cast<size_t>(tp_rank_)]));
+    std::vector<float> gathered(static_cast<size_t>(sum));
+    // Every stage's arrays over pp (this tp rank's shards), then every tp rank's over tp; each
+    // element then goes to its logical place (identity without tp).
+    auto assemble = [&](std::vector<float>* out, const float* local, const char* what) {
+        if (out == nullptr) return;
+        if (groups_.pp)
+            groups_.pp->all_gather_v(stages.data(), local, std::span<const i64>(pp_counts));
+        else
+            std::copy(local, local + stages.size(), stages.begin());
+        if (tpl)
+            groups_.tp->all_gather_v(gathered.data(), static_cast<const float*>(stages.data()),
+                                     std::span<const i64>(tp_counts));
+        else
+            gathered = stages;
+        out->assign(static_cast<size_t>(full.total), 0.0f);
+        std::vector<char> seen(full.entries.size() * static_cast<size_t>(tp), 0);
+        i64 base = 0;
+        for (int t = 0; t < tp; t++) {
+            for (int r = 0; r < pp; r++) {
+                const ParamTable& table = tables[static_cast<size_t>(t)][static_cast<size_t>(r)];
+                for (const TableEntry& e : table.entries) {
+                    const float* src = gathered.data() + base + e.offset;
+                    float* dst = out->data() + full.entries[static_cast<size_t>(e.id)].offset;
+                    const size_t at = static_cast<size_t>(e.id) * static_cast<size_t>(tp) +
+                                      static_cast<size_t>(t);
+                    std::vector<i64> idx;
+                    if (tpl) idx = logical_indices(*tpl, e, cfg_.model, t);
+                    bool same = true;
+                    for (i64 j = 0; j < e.numel(); j++) {
+                        float& d = dst[tpl ? idx[static_cast<size_t>(j)] : j];
+                        if (seen[at] && std::memcmp(&d, src + j, sizeof(float)) != 0) same = false;
+                        d = src[j];
+                    }
+                    if (!same)
+                        throw InternalError(std::string("the stages' copies of ") + e.name + " (" +
+                                            what + ") differ");
+                    seen[at] = 1;
+                }
+                base += table.total;
+            }
+        }
+    };
+    // ZeRO: the stage's whole moments from the replicas' shards first.
+    auto whole_moments = [&](std::vector<float>& whole, const float* shard) -> const float* {
+        if (!shards_) return shard;
+        whole.resize(static_cast<size_t>(model_->table().total));
+        shards_->all_gather_shards(*groups_.dp, whole.data(), shard);
+        return whole.data();
+    };
+    std::vector<float> whole_m, whole_v;
+    const float* stage_m = m ? whole_moments(whole_m, opt_->m()) : nullptr;
+    const float* stage_v = v ? whole_moments(whole_v, opt_->v()) : nullptr;
+    const bool gather = params && zero_ == 3;  // between steps ZeRO-3 holds only its shard
+    if (gather) shards_->all_gather_params(*groups_.dp, model_->params());
+    assemble(params, model_->params(), "weights");
+    if (gather) shards_->release_params(model_->param_arena());
+    assemble(m, stage_m, "Adam m");
+    assemble(v, stage_v, "Adam v");
+}
+
+void Job::unshard() {
+    if (!shards_) return;
+    if (zero_ == 3) shards_->all_gather_params(*groups_.dp, model_->params());
+    auto whole = std::make_unique<AdamW>(*model_);
+    shards_->all_gather_shards(*groups_.dp, whole->m(), opt_->m());
+    shards_->all_gather_shards(*groups_.dp, whole->v(), opt_->v());
+    opt_ = std::move(whole);
+    model_->set_unit_hooks(nullptr);
+    units_.reset();
+    shards_.reset();
+    zero_ = 0;
+}
+
+// ---- per-rank checkpoints (core/parallel/state_slices.h) ------------------------------------
+
+RankState Job::rank_state() {
+    RankState s = replica_state(*model_, model_->params(), *opt_, layout_.dp, dp_rank_, zero_ == 3);
+    // The stage that owns a tensor writes it (wte: the first); over tp, a sharded tensor every
+    // tp rank, a replicated one tp rank (id mod tp).
+    const ParamTable& t = model_->table();
+    const auto* tpl = dynamic_cast<const TpLayers*>(model_->parallel_layers());
+    for (size_t i = 0; i < t.entries.size(); i++) {
+        const TableEntry& e = t.entries[i];
+        const bool mine_over_tp = (tpl && tpl->sharded(e)) || e.id % layout_.tp == tp_rank_;
+        s.writes_entry[i] = owner_[static_cast<size_t>(e.id)] == pp_rank_ && mine_over_tp;
+    }
+    return s;
+}
+
+void Job::restore_local(const CheckpointReader& file, const std::vector<StepMetrics>& history) {
+    read_rank_state(file, rank_state());
+    if (zero_ == 3) shards_->release_params(model_->param_arena());
+    history_ = history;
+    step_ = static_cast<i64>(history.size());
+}
+
+// ---- memory ----------------------------------------------------------------------------------
+
+// Under ZeRO-2/3 the weights (ZeRO-3) and gradients are measured: the shards, and under
+// ZeroUnits the most that one unit in flight mapped. A pipeline stage gathers its ZeRO-3 weights
+// once per step and keeps them through the schedule, and reduce-scatters its gradient after the
+// last microbatch (as TorchTitan's FSDP under pipeline parallelism does), so its peaks are the
+// whole stage's.
+MemoryStats Job::memory() const {
+    MemoryStats m;
+    m.params = model_->table().total * static_cast<i64>(sizeof(float));
+    m.grads = grads_.size() * static_cast<i64>(sizeof(float));
+    for (const TreeAccumulator& a : acc_) m.grads += a.bytes();
+    m.peak_params = m.params;
+    m.peak_grads = m.grads;
+    if (zero_ == 3) m.params = model_->param_arena().resident_bytes();
+    if (zero_ >= 2) {
+        m.grads = grads_.resident_bytes();
+        for (const TreeAccumulator& a : acc_) m.grads += a.resident_bytes();
+    }
+    if (units_) {
+        m.grads += units_->partial_bytes();
+        m.peak_params = std::max(m.params, units_->peak_params());
+        m.peak_grads = std::max(m.grads, units_->peak_grads());
+    }
+    m.optimizer = 2 * opt_->size() * static_cast<i64>(sizeof(float));
+    m.activations = activation_bytes();
+    if (shards_) m.comm = shards_->staging_bytes();
+    return m;
+}
+
+bool absorb(LogicalState& state, const Job& job) {
+    const GPT& model = job.model();
+    const AdamW& opt = job.optimizer();
+    const auto* tpl = dynamic_cast<const TpLayers*>(model.parallel_layers());
+    bool agree = state.begin_part(job.config().model, job.history());
+    for (const TableEntry& e : model.table().entries) {
+        std::vector<i64> idx;
+        if (tpl) idx = logical_indices(*tpl, e, job.config().model);
+        const i64* at = tpl ? idx.data() : nullptr;
+        const float* w = model.params() + e.offset;
+        agree = state.put(e.id, e.numel(), at, w, nullptr, nullptr) && agree;
+        // The moments of this rank's ZeRO slice [lo, hi) of the table.
+        const i64 a = std::max(e.offset, opt.lo()), b = std::min(e.offset + e.numel(), opt.hi());
+        if (a >= b) continue;
+        const i64 j0 = a - e.offset;
+        agree = state.put(e.id, b - a, at ? at + j0 : nullptr, w + j0, opt.m() + (a - opt.lo()),
+                          opt.v() + (a - opt.lo())) &&
+                agree;
+    }
+    return agree;
+}
+
+}  // namespace px

@@ -1,0 +1,103 @@
+#include "core/train/runner.h"
+
+#include "core/comm/inproc.h"
+#include "core/base/error.h"
+#include "core/train/rank_guards.h"
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace px {
+
+int world_size(const LayoutConfig& layout) {
+    return layout.dp * layout.pp * layout.tp;
+}
+
+int threads_per_rank(const Config& cfg, int ranks_on_node) {
+    if (cfg.train.threads > 0) return static_cast<int>(cfg.train.threads);
+    const int hw = static_cast<int>(std::thread::hardware_concurrency());
+    return std::max(1, hw / std::max(1, ranks_on_node));
+}
+
+RunHooks chain(const RunHooks& first, RunHooks then) {
+    auto both = [](const std::function<void(Job&)>& a, std::function<void(Job&)> b) {
+        if (!a) return b;
+        if (!b) return a;
+        return std::function<void(Job&)>([a, b](Job& job) {
+            a(job);
+            b(job);
+        });
+    };
+    then.setup = both(first.setup, std::move(then.setup));
+    then.each_step = both(first.each_step, std::move(then.each_step));
+    then.inspect = both(first.inspect, std::move(then.inspect));
+    if (first.wrap_group) then.wrap_group = first.wrap_group;
+    return then;
+}
+
+void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Observer*>& observers,
+              const RunHooks& hooks) {
+    // 2. The layout checks itself once: products, divisibility, token-tree nodes (mesh.h).
+    const Layout layout = make_layout(cfg);
+    const Mesh mesh(layout);
+    const int n = layout.world_size();
+    if (world.size() != n)
+        throw ConfigError("the world has " + std::to_string(world.size()) +
+                          " ranks but the layout needs layout.dp × layout.pp × layout.tp = " +
+                          std::to_string(layout.dp) + " × " + std::to_string(layout.pp) + " × " +
+                          std::to_string(layout.tp) + " = " + std::to_string(n) +
+                          "; start it with `mpirun -np " + std::to_string(n) +
+                          "`, or change the layout so that the product is " +
+                          std::to_string(world.size()));
+    // 3. Groups: a pp group per (replica, tp rank) (pipeline order: the same tp rank of every
+    //    stage), a dp group per (stage, tp rank), a tp group per (stage, replica): Megatron's
+    //    order, tp innermost (mesh.h). Every rank splits every dimension (a collective); a
+    //    group of one is dropped.
+    const int r = world.rank();
+    const Coord at = mesh.coord_of(r);
+    std::unique_ptr<comm::Communicator> group[3];
+    const MeshDim dims[3] = {MeshDim::pp, MeshDim::dp, MeshDim::tp};
+    for (int d = 0; d < 3; d++) {
+        if (mesh.size(dims[d]) == 1) continue;
+        group[d] = world.split(mesh.group_color(dims[d], r), at[dims[d]], dim_name(dims[d]));
+        if (hooks.wrap_group) group[d] = hooks.wrap_group(dims[d], std::move(group[d]));
+    }
+    // 4. The rank's job.
+    Job job(cfg, layout, RankGroups{&world, group[0].get(), group[1].get(), group[2].get()});
+    // 5.-6. Checkpoints (resume from the logical state any layout wrote, save every N steps)
+    //    and faults (the injector, the replica check), rank_guards.h.
+    RankGuards guards(cfg, world, job);
+    if (hooks.setup) hooks.setup(job);
+    job.set_after_step([&](Job& j) {
+        if (guards.after_step(j) && hooks.each_step) hooks.each_step(j);
+    });
+    if (r == 0)
+        for (Observer* o : observers) job.add_observer(o);
+    job.run();
+    if (hooks.inspect) {
+        job.unshard();  // collective: before any rank's turn at inspect
+        hooks.inspect(job);
+    }
+}
+
+void run_layout(const Config& cfg, const std::vector<Observer*>& observers, const RunHooks& hooks) {
+    const Layout layout = make_layout(cfg);  // validates before any thread starts
+    const int n = layout.world_size();
+    // 1. Ranks: threads; the cores are shared out so that the ranks together use them once.
+    Config rank_cfg = cfg;
+    rank_cfg.train.threads = threads_per_rank(cfg, n);
+    std::mutex inspect_mutex;
+    RunHooks rank_hooks = hooks;
+    if (hooks.inspect)
+        rank_hooks.inspect = [&](Job& job) {
+            std::lock_guard<std::mutex> lock(inspect_mutex);
+            hooks.inspect(job);
+        };
+    comm::run_ranks(n, cfg.layout.timeout_s, [&](comm::Communicator& world) {
+        run_rank(rank_cfg, world, observers, rank_hooks);
+    });
+}
+
+}  // namespace px
