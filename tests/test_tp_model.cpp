@@ -6,6 +6,7 @@
 #include "core/train/runner.h"
 #include "core/io/state.h"
 #include "tests/test_util.h"
+#include "validators/validate.h"
 
 #include <catch2/catch.hpp>
 
@@ -158,4 +159,34 @@ TEST_CASE("llm.c checkpoints: tp2 exports the single device's file and starts fr
     d.model.ffn = 256;
     d.model.init_from = dir + "/single.bin";
     check_layout(d, 1, 2);
+}
+
+// A matrix shard of one row (one ffn column, one vocabulary row per rank) is still a matrix: a
+// rank holding a single MLP column once had its (1, C) weight taken for a vector of C, computed
+// nothing and diverged at the first op. The smallest shapes the layout check accepts, with
+// numerics.block = 1, must match the single device bit for bit.
+TEST_CASE("shards of one row (one ffn column, one head, one channel per rank) are exact") {
+    struct Case {
+        const char* what;
+        i64 hidden, heads, ffn;
+        const char* layout;
+    };
+    for (const Case k : {Case{"tp2, ffn = 2", 32, 4, 2, "tp2"},
+                         Case{"tp3, ffn = 3, three heads", 24, 3, 3, "tp3"},
+                         Case{"tp4, C = F = 4", 4, 4, 4, "tp4"},
+                         Case{"dp2 × tp4 × ZeRO-3, C = F = 4", 4, 4, 4, "dp2xtp4xz3"},
+                         Case{"one device, ffn = 1", 32, 4, 1, "dp2"}}) {
+        DYNAMIC_SECTION(k.what) {
+            Config c = test::small_job();
+            c.model.hidden = k.hidden;
+            c.model.heads = k.heads;
+            c.model.ffn = k.ffn;
+            c.numerics.block = 1;
+            c.train.steps = 2;
+            const ValidationReport rep = validate_layouts(c, {parse_layout(k.layout)}, 2);
+            REQUIRE(rep.layouts.size() == 1);
+            INFO(rep.table());
+            CHECK(rep.layouts[0].verdict == "match");
+        }
+    }
 }

@@ -113,6 +113,12 @@ struct TableEntry {
     i64 rows, cols;
     i64 offset;    // in floats, 16-float aligned
     i64 numel() const { return rows * cols; }
+    // A vector (a bias, a LayerNorm's weight) by its spec, never by its size: a matrix may have
+    // one row (model.ffn = 1, or a tensor-parallel shard of one row) and is still (rows, cols).
+    bool is_vector() const { return kGpt2Params[spec].rows == Dim::one; }
+    std::vector<i64> shape() const {
+        return is_vector() ? std::vector<i64>{cols} : std::vector<i64>{rows, cols};
+    }
 };
 
 // The parameter list expanded for one config and one part, in the whole model's order: wte,

@@ -36,7 +36,7 @@ inline constexpr HistoryField kHistoryFields[] = {
 };
 
 inline std::vector<i64> tensor_shape(const TableEntry& e) {
-    return e.rows == 1 ? std::vector<i64>{e.cols} : std::vector<i64>{e.rows, e.cols};
+    return e.shape();
 }
 
 // rank 1: the slab's columns of the one row; op is H5S_SELECT_SET or H5S_SELECT_OR.

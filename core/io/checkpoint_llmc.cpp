@@ -1,10 +1,10 @@
 #include "core/io/checkpoint_llmc.h"
 
 #include "core/base/arena.h"
-#include "core/io/checkpoint.h"
-#include "core/model/data.h"  // the llm.c magic numbers
 #include "core/base/error.h"
+#include "core/io/checkpoint.h"
 #include "core/io/hdf5_util.h"
+#include "core/model/data.h"  // the llm.c magic numbers
 
 #include <algorithm>
 #include <bit>
@@ -452,8 +452,7 @@ void read_parallax_weights(const std::string& path, const ModelConfig& mc,
                 ") needs; set the model keys to the checkpoint's (parallax inspect " + path +
                 " shows its config)");
         const std::vector<i64> got = r.shape(ds);
-        std::vector<i64> want =
-            e.rows == 1 ? std::vector<i64>{e.cols} : std::vector<i64>{e.rows, e.cols};
+        std::vector<i64> want = e.shape();
         const bool wpe_longer =
             e.name == "wpe" && got.size() == 2 && got[1] == e.cols && got[0] > e.rows;
         if (got != want && !wpe_longer)

@@ -204,8 +204,7 @@ bool gather_state(LogicalState& state, comm::Communicator& world, const ModelCon
 void write_dump(const std::string& path, const LogicalState& state, const Config& cfg) {
     RunFile file(path, config_to_toml(cfg));
     for (const TableEntry& e : state.table.entries) {
-        const std::vector<i64> shape =
-            e.rows == 1 ? std::vector<i64>{e.cols} : std::vector<i64>{e.rows, e.cols};
+        const std::vector<i64> shape = e.shape();
         file.write_array("weights/" + e.name, state.params.data() + e.offset, shape);
         file.write_array("adam/m/" + e.name, state.m.data() + e.offset, shape);
         file.write_array("adam/v/" + e.name, state.v.data() + e.offset, shape);

@@ -119,8 +119,8 @@ void GPT::wrap_parallel_layers(const LayersWrap& wrap) {
 
 Tensor GPT::param(int i) const {
     const TableEntry& e = table_.entries[i];
-    Tensor t = e.rows == 1 ? view_f32(params_.data() + e.offset, {e.cols})
-                           : view_f32(params_.data() + e.offset, {e.rows, e.cols});
+    Tensor t = e.is_vector() ? view_f32(params_.data() + e.offset, {e.cols})
+                             : view_f32(params_.data() + e.offset, {e.rows, e.cols});
     t.name = e.name.c_str();
     t.id = e.id;
     return t;
