@@ -23,7 +23,7 @@ namespace {
 struct CheckOptions {
     std::string config_path;
     std::vector<std::string> sets;
-    i64 at = 0;
+    i64 at = kHalfway;
     std::string to_layout;
     std::vector<std::string> to_sets;
 };

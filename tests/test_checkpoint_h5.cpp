@@ -34,8 +34,16 @@ const LogicalState& trained() {
     return s;
 }
 
+// The meta of a checkpoint at `step`: its history is one row per step, in order (the trained
+// state's rows, continued with copies of its last row when the step is later).
 CheckpointMeta meta_of(const LogicalState& s, i64 step) {
-    CheckpointMeta m = make_checkpoint_meta(small_job(), step, s.history);
+    std::vector<StepMetrics> history(s.history.begin(),
+                                     s.history.begin() + std::min<i64>(step, s.history.size()));
+    while (static_cast<i64>(history.size()) < step) {
+        history.push_back(s.history.back());
+        history.back().step = static_cast<i64>(history.size());
+    }
+    CheckpointMeta m = make_checkpoint_meta(small_job(), step, history);
     m.created = "2026-01-01T00:00:00Z";  // fixed, so two files can be compared attribute by attribute
     return m;
 }
@@ -432,7 +440,9 @@ TEST_CASE("a folder keeps the last K and resumes from the newest valid one", "[c
         CHECK(latest.step == 4);
         REQUIRE(latest.skipped.size() == 1);
         CHECK(latest.skipped[0].path == crashed);
-        check_same_bits(s, read_checkpoint(latest.path, mc));
+        LogicalState saved = s;  // as saved at step 4: its history ends there
+        saved.history = meta_of(s, 4).history;
+        check_same_bits(saved, read_checkpoint(latest.path, mc));
     }
     SECTION("no checkpoints") {
         CHECK(!find_latest_valid(dir).found());
@@ -519,4 +529,27 @@ TEST_CASE("random damage anywhere in the file is an error or harmless, never a c
     }
     CHECK(detected > trials / 2);
     WARN(detected << " of " << trials << " single-bit flips detected, " << harmless << " harmless");
+}
+
+TEST_CASE("a history out of order, or of another length than the step, is refused",
+          "[checkpoint_h5]") {
+    const std::string dir = temp_dir("ckpt_history");
+    LogicalState s = trained();
+    const i64 n = static_cast<i64>(s.history.size());
+    // Steps 1, 3, 2, 4, 5: every checksum is right, the order is not.
+    std::swap(s.history[1], s.history[2]);
+    const std::string swapped = dir + "/swapped.h5";
+    write_checkpoint(swapped, s, make_checkpoint_meta(small_job(), n, s.history),
+                     small_job().model);
+    CHECK_THROWS_WITH(read_checkpoint(swapped, small_job().model),
+                      Contains("/history/step row 1 is step 3, not 2") && Contains(swapped));
+    // Four rows of history at step 5.
+    LogicalState t = trained();
+    t.history.pop_back();
+    const std::string shorter = dir + "/shorter.h5";
+    write_checkpoint(shorter, t, make_checkpoint_meta(small_job(), n, t.history),
+                     small_job().model);
+    CHECK_THROWS_WITH(read_checkpoint(shorter, small_job().model),
+                      Contains("has 4 rows but the checkpoint's step is 5"));
+    fs::remove_all(dir);
 }

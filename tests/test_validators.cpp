@@ -210,6 +210,7 @@ TEST_CASE(
     const Config c = tiny_job();
     CHECK_THROWS_AS(check_resume(c, 4), ConfigError);
     CHECK_THROWS_AS(check_resume(c, -1), ConfigError);
+    CHECK_THROWS_AS(check_resume(c, 0), ConfigError);  // a checkpoint before any step
     Config longer = c;
     longer.train.steps = 6;
     CHECK_THROWS_AS(check_resume(c, 2, longer), ConfigError);

@@ -186,7 +186,7 @@ StateCheck check_resume(const Config& cfg, i64 at, const Config& resumed,
     const Config c = validator_config(cfg);
     validate_config(c);
     const i64 steps = c.train.steps;
-    if (at == 0) at = steps / 2;
+    if (at == kHalfway) at = steps / 2;
     if (at < 1 || at >= steps) {
         std::string msg =
             "resume check: the checkpoint step must be between 1 and train.steps - 1 (";

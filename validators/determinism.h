@@ -13,6 +13,7 @@
 // the config's own checkpoint settings (the resume check sets its own, in a temporary folder that
 // it removes). Under an MPI launch they are not available: they run the layout on in-process ranks.
 #pragma once
+#include <cstdint>
 #include "core/base/config.h"
 #include "core/io/state.h"
 #include "validators/compare.h"
@@ -42,7 +43,7 @@ LogicalState run_state(const Config& cfg, std::string* note = nullptr);
 StateCheck check_determinism(const Config& cfg);
 
 // The uninterrupted run of cfg (train.steps = N) against a run that writes a checkpoint after
-// step `at` (1 <= at < N; 0: N / 2) into a temporary folder and a run of `resumed` that starts
+// step `at` (1 <= at < N; kHalfway: N / 2) into a temporary folder and a run of `resumed` that starts
 // from that checkpoint and ends at N. `resumed` is cfg with, e.g., another layout. Another model
 // or train.steps is a ConfigError (before anything runs); anything else that makes the
 // checkpoint unusable (e.g. another data stream) throws the checkpoint reader's error (naming
@@ -50,9 +51,10 @@ StateCheck check_determinism(const Config& cfg);
 // differing tensors. `scratch`: the
 // folder for the checkpoint ("": a fresh one under the system's temporary directory); removed
 // afterwards.
+inline constexpr i64 kHalfway = INT64_MIN;  // check_resume's default step: train.steps / 2
 StateCheck check_resume(const Config& cfg, i64 at, const Config& resumed,
                         const std::string& scratch = "");
-StateCheck check_resume(const Config& cfg, i64 at = 0);  // resumed under cfg itself
+StateCheck check_resume(const Config& cfg, i64 at = kHalfway);  // resumed under cfg itself
 
 
 }  // namespace px

@@ -285,6 +285,18 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
     const i64 n = st.numel();
     std::vector<std::int64_t> steps(static_cast<size_t>(n));
     if (n > 0) read_column(st, steps.data());
+    // One entry per finished step, in order: a resume continues after the last, and the
+    // learning rate, the data and the run file all follow the step count.
+    if (n != m.step)
+        r.fail("/history/step has " + std::to_string(n) + " rows but the checkpoint's step is " +
+               std::to_string(m.step) + "; the file is damaged: use an earlier checkpoint");
+    for (i64 i = 0; i < n; i++)
+        if (steps[static_cast<size_t>(i)] != i + 1)
+            r.fail("/history/step row " + std::to_string(i) + " is step " +
+                   std::to_string(steps[static_cast<size_t>(i)]) + ", not " +
+                   std::to_string(i + 1) +
+                   ": the history must hold steps 1.." + std::to_string(n) +
+                   " in order; the file is damaged: use an earlier checkpoint");
     m.history.assign(static_cast<size_t>(n), StepMetrics{});
     for (i64 i = 0; i < n; i++) m.history[i].step = steps[i];
     std::vector<double> col(static_cast<size_t>(n));
