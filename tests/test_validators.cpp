@@ -225,3 +225,18 @@ TEST_CASE(
     CHECK(to.layout.tp == 1);
     CHECK(to.layout.zero == 1);
 }
+
+TEST_CASE("validate's layouts: z0 turns ZeRO off whatever the config says", "[validators]") {
+    const LayoutSpec z0 = parse_layout("dp2xz0");
+    CHECK(z0.dp == 2);
+    CHECK(z0.zero == 0);
+    Config c = test::small_job();
+    c.layout.zero = 2;
+    c.train.steps = 2;
+    const ValidationReport rep = validate_layouts(c, {z0, parse_layout("dp2")}, 2);
+    REQUIRE(rep.layouts.size() == 2);
+    CHECK(rep.layouts[0].verdict == "match");
+    CHECK(rep.layouts[1].verdict == "match");
+    CHECK_THROWS_WITH(parse_layout("dp0"), Catch::Contains("\"dp0\" must be at least 1"));
+    CHECK_THROWS_WITH(parse_layout("tp0"), Catch::Contains("\"tp0\" must be at least 1"));
+}

@@ -371,7 +371,7 @@ LayoutSpec parse_layout(const std::string& item) {
                               "\" is not a layout part; join "
                               "dpN, tpN, ppN, zN (ZeRO stage), mbN (microbatches) and sp (sequence "
                               "parallelism) with 'x', e.g. dp2xtp2xpp2 or dp4xz3");
-        if (n == 0 && part != "sp")
+        if (n == 0 && part != "sp" && part != "z0")  // z0: ZeRO off, whatever the config says
             throw ConfigError("layout \"" + item + "\": \"" + part + "\" must be at least 1");
     }
     return l;
