@@ -194,4 +194,14 @@ TEST_CASE("fault and replica-check settings that cannot work are refused, naming
     CHECK_THROWS_WITH(run(t), Contains("fault.tensor = \"ln_f.weight\"") && Contains("world rank 0"));
     t = flip(layout(base(), 1, 2, 1, 0), "flip_grad", 1, 1, "h.0.mlp.c_fc.weight", 64 * 32, false);
     CHECK_THROWS_WITH(run(t), Contains("fault.element = 2048") && Contains("2048 elements"));
+    // One rank: nobody can give up on a rank that stalls until then, or is silenced.
+    Config one = base();
+    one.fault.kind = "stall";
+    one.fault.stall_s = 0;
+    CHECK_THROWS_WITH(run(one), Contains("fault.stall_s = 0") && Contains("one rank"));
+    one.fault.kind = "kill";
+    CHECK_THROWS_WITH(run(one), Contains("fault.kind = \"kill\"") && Contains("one rank"));
+    one.fault.kind = "stall";
+    one.fault.stall_s = 0.1;  // a bounded stall only delays the step
+    CHECK_NOTHROW(run(one));
 }

@@ -57,6 +57,16 @@ FaultInjector::FaultInjector(const Config& cfg, comm::Communicator* world)
                           "whose world has " + std::to_string(ranks) +
                           (ranks == 1 ? " rank" : " ranks") + " (layout.dp x layout.pp x layout.tp): "
                           "choose a rank below that");
+    // A rank that waits until the others give up on it waits forever when there are none.
+    const bool processes = world && world->ranks_are_processes();
+    if (ranks == 1 && f_.kind == "stall" && f_.stall_s <= 0)
+        throw ConfigError("fault.kind = \"stall\" with fault.stall_s = 0 stalls until the other "
+                          "ranks give up on it, but this run has one rank: it would never end; "
+                          "set fault.stall_s > 0, or run a layout of more ranks");
+    if (ranks == 1 && f_.kind == "kill" && !processes)
+        throw ConfigError("fault.kind = \"kill\" on an in-process rank silences it until the other "
+                          "ranks give up on it, but this run has one rank: it would never end; "
+                          "run a layout of more ranks (or one process under mpirun, which dies)");
     armed_ = !f_.kind.empty() && (world ? world->rank() : 0) == f_.rank;
 }
 
