@@ -28,6 +28,20 @@ namespace px::app {
 
 namespace {
 
+// Why the ranks' states disagree when a dump merges them: an injected fault that nothing re-ran
+// (the replica check is off) leaves the replicas apart, which is the fault's doing, not a bug.
+[[noreturn]] void disagreement(const Config& cfg, const std::string& where) {
+    if (cfg.fault.kind == "flip_grad" || cfg.fault.kind == "flip_weight")
+        throw CorruptionError(
+            "the ranks' states disagree" + where + ": fault.kind = \"" + cfg.fault.kind +
+            "\" flipped a bit on world rank " + std::to_string(cfg.fault.rank) + " at step " +
+            std::to_string(cfg.fault.step) +
+            " and nothing re-ran it, so the replicas hold different weights and the dump, one "
+            "logical state, is not written; set validate.replica_check_every to find and re-run "
+            "the fault, or drop --dump");
+    throw Error("the ranks' states disagree" + where + "; this is a bug in Parallax");
+}
+
 struct TrainOptions {
     std::string config_path;
     std::vector<std::string> sets;
@@ -165,9 +179,10 @@ int run_train_mpi(const Config& cfg, const TrainOptions& opt, const comm::MpiEnv
         throw;
     }
     if (root && !opt.dump.empty()) {
-        if (!agree || !state.complete())
-            throw Error("the ranks' logical states disagree on a shared tensor or on the metrics, or "
-                        "miss a part, when merged on rank 0; this is a bug in Parallax");
+        if (!state.complete())
+            throw Error("the ranks' logical states miss a part when merged on rank 0; this is a "
+                        "bug in Parallax");
+        if (!agree) disagreement(cfg, " on a shared tensor or on the metrics, merged on rank 0");
         write_dump(opt.dump, state, cfg);
         std::printf("  dump           %s\n", opt.dump.c_str());
     }
@@ -227,10 +242,10 @@ int run_train(const TrainOptions& opt, const comm::MpiEnvironment* mpi) {
     if (!opt.dump.empty())
         hooks.inspect = [&](Job& job) {
             if (!absorb(state, job))
-                throw Error("ranks disagree on a shared tensor or on the metrics (pp rank " +
-                            std::to_string(job.pp_rank()) + ", dp rank " +
-                            std::to_string(job.dp_rank()) + ", tp rank " +
-                            std::to_string(job.tp_rank()) + "); this is a bug in Parallax");
+                disagreement(cfg, " on a shared tensor or on the metrics (pp rank " +
+                                      std::to_string(job.pp_rank()) + ", dp rank " +
+                                      std::to_string(job.dp_rank()) + ", tp rank " +
+                                      std::to_string(job.tp_rank()) + ")");
         };
     run_layout(cfg, observers, hooks);
     if (!opt.dump.empty()) {

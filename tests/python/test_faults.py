@@ -131,3 +131,16 @@ def test_mpi_replica_check_transient_and_persistent(tmp_path, reference):
               "--fault", "flip_weight:rank=3,step=6,tensor=wpe,element=7,persistent=true", mpi=True)
     assert r.returncode == 5, r.stdout + r.stderr
     assert "world rank 3 disagree" in r.stderr and "at step 6 of the re-run" in r.stderr
+
+
+def test_an_unchecked_fault_with_a_dump_is_named_not_called_a_bug(tmp_path):
+    """A flipped weight that no replica check re-runs leaves the replicas apart: the dump (one
+    logical state) cannot be written, and the error names the fault, with exit code 5."""
+    r = train(tmp_path, "--set", "layout.dp=2", "--set", "fault.kind=flip_weight",
+              "--set", "fault.rank=1", "--set", "fault.step=2", "--set", "fault.tensor=wte",
+              "--dump", str(tmp_path / "dump.h5"))
+    assert r.returncode == 5, r.stderr
+    assert 'fault.kind = "flip_weight"' in r.stderr
+    assert "validate.replica_check_every" in r.stderr
+    assert "bug in Parallax" not in r.stderr
+    assert not (tmp_path / "dump.h5").exists()
