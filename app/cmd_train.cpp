@@ -6,6 +6,7 @@
 #include "core/base/config.h"
 #include "core/train/job.h"
 #include "core/train/runner.h"
+#include "core/io/output_paths.h"
 #include "core/io/runfile.h"
 #include "core/train/run_file_observer.h"
 #include "core/io/state.h"
@@ -226,6 +227,8 @@ int run_train(const TrainOptions& opt, const comm::MpiEnvironment* mpi) {
         for (std::string& f : fault_sets(opt.fault)) sets.push_back(std::move(f));
     apply_overrides(cfg, sets);
     if (!opt.out_dir.empty()) cfg.output.dir = opt.out_dir;
+    // Every output path is checked before step 1: a run never computes for nothing.
+    check_run_outputs(cfg, opt.dump);
     if (mpi) return run_train_mpi(cfg, opt, *mpi);
 
     const std::string run_path = (std::filesystem::path(cfg.output.dir) / "run.h5").string();

@@ -37,6 +37,7 @@ struct RunFile::Impl {
     };
 
     std::string path;
+    std::string label = "run file";  // the file's name in errors
     hid_t file = -1;
     hid_t metrics = -1;
     std::unordered_map<std::string, Metric> series;
@@ -61,12 +62,12 @@ struct RunFile::Impl {
     }
 
     [[noreturn]] void fail(const std::string& what) const {
-        throw Error("run file " + path + ": " + what + hdf5_detail());
+        throw Error(label + " " + path + ": " + what + hdf5_detail());
     }
 
     // A part of a reopened file is not what a run file holds.
     [[noreturn]] void damaged(const std::string& what) const {
-        throw RunFileDamaged("run file " + path + ": " + what + "; the file is damaged" +
+        throw RunFileDamaged(label + " " + path + ": " + what + "; the file is damaged" +
                              hdf5_detail());
     }
 
@@ -284,10 +285,11 @@ struct RunFile::Impl {
 
 RunFile::RunFile() : impl_(std::make_unique<Impl>()) {}
 
-RunFile::RunFile(const std::string& path, const std::string& config_toml)
+RunFile::RunFile(const std::string& path, const std::string& config_toml, const std::string& label)
     : impl_(std::make_unique<Impl>()) {
     QuietHdf5 quiet;
     impl_->path = path;
+    impl_->label = label;
     impl_->file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (impl_->file < 0)
         impl_->fail(

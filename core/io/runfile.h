@@ -47,7 +47,9 @@ struct RunFileDamaged : Error {
 
 class RunFile {
 public:
-    RunFile(const std::string& path, const std::string& config_toml);  // creates or truncates
+    // Creates or truncates. `label` names the file in errors ("run file", "dump").
+    RunFile(const std::string& path, const std::string& config_toml,
+            const std::string& label = "run file");
     // The run file at `path`, opened read-write to continue it; its rows and attributes are kept.
     // Null when there is nothing to continue: no file, or an HDF5 file that is not a run file (no
     // parallax_version attribute or no /metrics group). Throws px::Error naming the file when a

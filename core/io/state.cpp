@@ -202,7 +202,7 @@ bool gather_state(LogicalState& state, comm::Communicator& world, const ModelCon
 }
 
 void write_dump(const std::string& path, const LogicalState& state, const Config& cfg) {
-    RunFile file(path, config_to_toml(cfg));
+    RunFile file(path, config_to_toml(cfg), "dump");
     for (const TableEntry& e : state.table.entries) {
         const std::vector<i64> shape = e.shape();
         file.write_array("weights/" + e.name, state.params.data() + e.offset, shape);

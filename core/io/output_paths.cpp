@@ -1,0 +1,91 @@
+#include "core/io/output_paths.h"
+
+#include "core/base/error.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <system_error>
+
+namespace px {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string quoted(const std::string& key, const std::string& path) {
+    return key + " = \"" + path + "\"";
+}
+
+// Creates and removes a file in `folder`: the only test that sees a read-only file system and
+// permissions alike, for any user.
+void try_write(const std::string& folder, const std::string& key, const std::string& path) {
+    // Unique among the ranks of a job, which may share the folder across hosts.
+    const std::string probe =
+        (fs::path(folder) / (".parallax-write-test-" + std::to_string(::getpid()) + "-" +
+                             std::to_string(std::random_device{}())))
+            .string();
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+        const int err = errno;
+        throw ConfigError(quoted(key, path) + ": cannot write in " + folder + " (" +
+                          std::strerror(err) +
+                          "); choose a folder this user can write on a writable file system");
+    }
+    ::close(fd);
+    ::unlink(probe.c_str());
+}
+
+}  // namespace
+
+namespace {
+
+// `dir` must be a writable folder (created when missing); errors quote key = path.
+void check_folder(const std::string& dir, const std::string& key, const std::string& path) {
+    std::error_code ec;
+    if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+        throw ConfigError(quoted(key, path) +
+                          " is a file, not a folder; give a folder (it is "
+                          "created when missing)");
+    fs::create_directories(dir, ec);
+    if (ec)
+        throw ConfigError(quoted(key, path) + ": the folder cannot be created (" + ec.message() +
+                          "); give a folder this user can create");
+    try_write(dir, key, path);
+}
+
+}  // namespace
+
+void check_output_folder(const std::string& path, const std::string& key) {
+    check_folder(path.empty() ? "." : path, key, path);
+}
+
+void check_output_file(const std::string& path, const std::string& key) {
+    std::error_code ec;
+    if (fs::is_directory(path, ec))
+        throw ConfigError(quoted(key, path) + " is a folder, not a file; give a file's path");
+    const fs::path parent = fs::path(path).parent_path();
+    check_folder(parent.empty() ? "." : parent.string(), key, path);
+    if (fs::exists(path, ec) && ::access(path.c_str(), W_OK) != 0) {
+        const int err = errno;
+        throw ConfigError(quoted(key, path) + ": the file cannot be replaced (" +
+                          std::strerror(err) + "); remove it or choose another path");
+    }
+}
+
+void check_run_outputs(const Config& cfg, const std::string& dump) {
+    if (cfg.output.run_file) {
+        check_output_folder(cfg.output.dir, "output.dir");
+        check_output_file((fs::path(cfg.output.dir) / "run.h5").string(), "the run file");
+    }
+    if (!cfg.checkpoint.dir.empty()) check_output_folder(cfg.checkpoint.dir, "checkpoint.dir");
+    if (!cfg.output.export_llmc.empty())
+        check_output_file(cfg.output.export_llmc, "output.export_llmc");
+    if (!dump.empty()) check_output_file(dump, "--dump");
+}
+
+}  // namespace px
