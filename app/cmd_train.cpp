@@ -227,8 +227,24 @@ int run_train(const TrainOptions& opt, const comm::MpiEnvironment* mpi) {
         for (std::string& f : fault_sets(opt.fault)) sets.push_back(std::move(f));
     apply_overrides(cfg, sets);
     if (!opt.out_dir.empty()) cfg.output.dir = opt.out_dir;
-    // Every output path is checked before step 1: a run never computes for nothing.
+    // Every output path is checked before step 1: a run never computes for nothing. Then the
+    // folders it writes are locked for it (by one process of an MPI job), so that a second run
+    // into them stops instead of writing over this one's files.
     check_run_outputs(cfg, opt.dump);
+    std::vector<std::unique_ptr<FolderLock>> locks;
+    if (!mpi || mpi->rank() == 0) {
+        namespace fs = std::filesystem;
+        std::vector<std::pair<std::string, std::string>> folders;
+        if (cfg.output.run_file) folders.push_back({cfg.output.dir, "output.dir"});
+        if (!cfg.checkpoint.dir.empty()) folders.push_back({cfg.checkpoint.dir, "checkpoint.dir"});
+        std::vector<fs::path> locked;
+        for (const auto& [dir, key] : folders) {
+            const fs::path at = fs::weakly_canonical(dir.empty() ? "." : dir);
+            if (std::find(locked.begin(), locked.end(), at) != locked.end()) continue;
+            locks.push_back(std::make_unique<FolderLock>(dir, key));
+            locked.push_back(at);
+        }
+    }
     if (mpi) return run_train_mpi(cfg, opt, *mpi);
 
     const std::string run_path = (std::filesystem::path(cfg.output.dir) / "run.h5").string();

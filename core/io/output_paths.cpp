@@ -3,6 +3,7 @@
 #include "core/base/error.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -86,6 +87,36 @@ void check_run_outputs(const Config& cfg, const std::string& dump) {
     if (!cfg.output.export_llmc.empty())
         check_output_file(cfg.output.export_llmc, "output.export_llmc");
     if (!dump.empty()) check_output_file(dump, "--dump");
+}
+
+FolderLock::FolderLock(const std::string& folder, const std::string& key) {
+    const std::string path = (fs::path(folder.empty() ? "." : folder) / ".parallax-lock").string();
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+        const int err = errno;
+        throw ConfigError(quoted(key, folder) + ": cannot create its lock file " + path + " (" +
+                          std::strerror(err) + ")");
+    }
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+        char holder[32] = "";
+        const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+        if (n > 0) holder[n] = 0;
+        ::close(fd_);
+        fd_ = -1;
+        throw ConfigError(quoted(key, folder) + " is in use by another run" +
+                          (holder[0] ? std::string(" (process ") + holder + ")" : std::string()) +
+                          ", which holds " + path +
+                          "; wait for it to end, or give this run another folder");
+    }
+    // The pid only names the holder in another run's message; the lock is what counts.
+    const std::string pid = std::to_string(::getpid());
+    if (::ftruncate(fd_, 0) == 0) {
+        [[maybe_unused]] const ssize_t written = ::pwrite(fd_, pid.data(), pid.size(), 0);
+    }
+}
+
+FolderLock::~FolderLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 }  // namespace px

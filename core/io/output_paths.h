@@ -6,6 +6,8 @@
 //   check_output_folder  a folder a run writes into: created if missing, must be a writable folder
 //   check_output_file    a file a run writes: not a folder, and its folder writable
 //   check_run_outputs    every output of a training config (run file, checkpoints, llm.c export)
+//   FolderLock           one run at a time in an output folder (an advisory lock, held until the
+//   end)
 #pragma once
 #include "core/base/config.h"
 
@@ -22,5 +24,20 @@ void check_output_file(const std::string& path, const std::string& key);
 // output.dir (when the run file is on), checkpoint.dir (when set), output.export_llmc (when
 // set) and `dump` (when not empty).
 void check_run_outputs(const Config& cfg, const std::string& dump = "");
+
+// An exclusive advisory lock (flock) on <folder>/.parallax-lock for as long as it lives, so that a
+// second run started into the folder of a running one stops with a ConfigError naming the
+// folder and the process that holds it, instead of writing over its run file and checkpoints.
+// The lock goes with the process, also when it is killed.
+class FolderLock {
+public:
+    FolderLock(const std::string& folder, const std::string& key);
+    ~FolderLock();
+    FolderLock(const FolderLock&) = delete;
+    FolderLock& operator=(const FolderLock&) = delete;
+
+private:
+    int fd_ = -1;
+};
 
 }  // namespace px

@@ -64,3 +64,31 @@ def test_read_only_outputs(tmp_path, read_only, key, value, words):
     out = [] if key == "--out" else ["--out", str(tmp_path / "out")]
     r = train(tmp_path, *out, key, value.format(ro=read_only))
     refused(r, *words)
+
+
+def test_a_second_run_into_a_running_jobs_folder_stops_and_leaves_it_whole(tmp_path):
+    """The first run holds its output folder (an advisory lock): a second run started into it
+    exits 2 naming the folder and the holder, and the first run's run file stays readable."""
+    import time
+
+    import h5py
+
+    out = tmp_path / "out"
+    first = subprocess.Popen([EXE, "train", "--quiet", "--set", "train.steps=150",
+                              "--set", "train.threads=1", "--out", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not (out / "run.h5").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        assert (out / "run.h5").exists()
+        second = train(tmp_path, "--out", str(out))
+        refused(second, 'output.dir = "', "is in use by another run", str(first.pid))
+    finally:
+        _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err
+    with h5py.File(out / "run.h5", "r") as f:
+        assert len(f["metrics/loss/step"]) == 150
+    # Once the first run has ended the folder is free again.
+    third = train(tmp_path, "--out", str(out), "--set", "train.steps=2")
+    assert third.returncode == 0, third.stderr
