@@ -28,6 +28,7 @@ enum ExitCode : int {
     kRestart = 4,
     kCorruption = 5,
     kDiverged = 6,
+    kStorage = 7,
 };
 
 // Adds the subcommand; the returned function runs it (after parsing) and returns an exit code.

@@ -62,6 +62,9 @@ int run_main(int argc, char** argv, const px::comm::MpiEnvironment* mpi) {
             std::fprintf(stderr, "%s: communication failed, restart the job: %s\n", who.c_str(),
                          e.what());
             return px::app::kRestart;
+        } catch (const px::StorageError& e) {
+            std::fprintf(stderr, "%s: cannot write: %s\n", who.c_str(), e.what());
+            return px::app::kStorage;
         } catch (const px::CorruptionError& e) {
             std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
             return px::app::kCorruption;

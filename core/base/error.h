@@ -26,6 +26,11 @@ struct CorruptionError : Error {
 struct InternalError : Error {
     using Error::Error;
 };
+// An output that could not be written: its file system is full or failing. What was written
+// before stays whole (the writers leave no half-written file in its place).
+struct StorageError : Error {
+    using Error::Error;
+};
 
 [[noreturn]] void assert_failed(const char* expr, const char* file, int line, const std::string& msg);
 

@@ -95,6 +95,12 @@ struct CheckpointWriter::Impl {
     [[noreturn]] void fail(const std::string& what) const {
         throw CheckpointError("checkpoint " + final_path + ": " + what + hdf5_detail());
     }
+    // A write the file system refused (full, failing): nothing is committed.
+    [[noreturn]] void write_failed(const std::string& what) const {
+        throw StorageError("checkpoint " + final_path + ": " + what + hdf5_detail() +
+                           "; nothing was committed and the earlier checkpoints are whole: free "
+                           "space there, then resume (checkpoint.resume = auto)");
+    }
 
     void close_all() {
         for (auto& [name, d] : sets)
@@ -106,8 +112,14 @@ struct CheckpointWriter::Impl {
 
     ~Impl() {
         QuietHdf5 quiet;
+        // An uncommitted file is garbage: empty it first, so that closing it (which flushes
+        // HDF5's metadata) finds room on a full disk. A close that fails leaves HDF5 with a
+        // half-closed file, which it would crash on when it shuts down.
+        const bool discard = !committed && rank == 0 && !temp_path.empty();
+        if (discard) [[maybe_unused]]
+            const int emptied = ::truncate(temp_path.c_str(), 0);
         close_all();
-        if (!committed && rank == 0 && !temp_path.empty()) std::remove(temp_path.c_str());
+        if (discard) std::remove(temp_path.c_str());
     }
 
     hid_t group(hid_t parent, const char* name) {
@@ -156,8 +168,7 @@ struct CheckpointWriter::Impl {
         H mspace(H5Screate_simple(1, &n, nullptr), H5Sclose);
         if (!mspace.ok() ||
             H5Dwrite(d.id, H5T_NATIVE_FLOAT, mspace.get(), fspace, H5P_DEFAULT, data) < 0)
-            fail("cannot write " + std::to_string(count) + " elements of /" + path +
-                 "; is the disk full?");
+            write_failed("cannot write " + std::to_string(count) + " elements of /" + path);
         d.written += count;
     }
 };
@@ -235,7 +246,7 @@ CheckpointWriter::CheckpointWriter(const std::string& final_path, const Checkpoi
          put_i64(rng, "counter_base", meta.rng_counter_base) &&
          put_f64(scaler, "loss_scale", meta.loss_scale) &&
          put_i64(scaler, "growth_tracker", meta.growth_tracker) && put_i64(scaler, "dynamic", 0);
-    if (!ok) w.fail("cannot write the checkpoint's attributes");
+    if (!ok) w.write_failed("cannot write the checkpoint's attributes");
 
     // Tensors, in the whole model's table order.
     const ParamTable table = ParamTable::build(mc);
@@ -254,7 +265,7 @@ CheckpointWriter::CheckpointWriter(const std::string& final_path, const Checkpoi
         Impl::Dataset& d = w.create(hist, path, name, file_type, {n}, false);
         if (w.rank == 0 && n > 0 &&
             H5Dwrite(d.id, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values) < 0)
-            w.fail("cannot write /" + path);
+            w.write_failed("cannot write /" + path);
         d.sum = sum;
         d.written = n;
     };
@@ -348,8 +359,8 @@ void CheckpointWriter::commit() {
     }
     for (size_t i = 0; i < n; i++)
         if (!put_u64(w.sets.at(w.order[i]).id, "checksum", sums[i]))
-            w.fail("cannot write the checksum of /" + w.order[i]);
-    if (H5Fflush(w.file, H5F_SCOPE_GLOBAL) < 0) w.fail("cannot flush the file; is the disk full?");
+            w.write_failed("cannot write the checksum of /" + w.order[i]);
+    if (H5Fflush(w.file, H5F_SCOPE_GLOBAL) < 0) w.write_failed("cannot flush the file");
     w.close_all();
 
     // Rank 0 makes it durable and gives it its name; every rank learns whether that worked.

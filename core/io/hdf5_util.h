@@ -19,6 +19,11 @@ namespace px {
 // hold it across a collective of in-process ranks (a peer waiting for it would never arrive).
 inline std::recursive_mutex& hdf5_lock() {
     static std::recursive_mutex m;
+    // Before the library's first use: HDF5 must not shut itself down at exit. A file whose
+    // writes failed (a full disk) keeps a half-closed handle, which that shutdown would try to
+    // flush again and crash on; every file that closed normally is closed already, and the
+    // operating system takes back the rest.
+    [[maybe_unused]] static const bool no_shutdown_at_exit = (H5dont_atexit(), true);
     return m;
 }
 

@@ -1,8 +1,8 @@
 #include "core/io/runfile.h"
 
-#include "core/io/checkpoint.h"
 #include "core/base/config.h"
 #include "core/base/error.h"
+#include "core/io/checkpoint.h"
 #include "core/io/hdf5_util.h"
 
 #include <algorithm>
@@ -15,11 +15,17 @@
 #include <unordered_map>
 #include <utility>
 
+#include <fcntl.h>
 #include <hdf5.h>
+#include <unistd.h>
 
 namespace px {
 
 namespace {
+
+// Room a run file keeps beside it while open: enough for HDF5 to flush its metadata when it
+// closes on a disk that filled up meanwhile.
+constexpr off_t kReserveBytes = 256 * 1024;
 
 constexpr const char* kParallaxVersion =
     "0.1.0";  // keep in step with meson.build's project version
@@ -38,6 +44,7 @@ struct RunFile::Impl {
 
     std::string path;
     std::string label = "run file";  // the file's name in errors
+    std::string reserve;             // keep_reserve's file; "" when none
     hid_t file = -1;
     hid_t metrics = -1;
     std::unordered_map<std::string, Metric> series;
@@ -46,6 +53,9 @@ struct RunFile::Impl {
 
     ~Impl() {
         QuietHdf5 quiet;
+        // The reserve goes first: on a full disk its room lets the close below flush HDF5's
+        // metadata (a close that fails leaves a half-closed file that HDF5 crashes on later).
+        if (!reserve.empty()) std::remove(reserve.c_str());
         for (auto& [name, m] : series) {
             if (m.step >= 0) H5Dclose(m.step);
             if (m.value >= 0) H5Dclose(m.value);
@@ -61,8 +71,35 @@ struct RunFile::Impl {
         }
     }
 
+    // A failure the file system caused (full, failing) is a StorageError; others an Error.
     [[noreturn]] void fail(const std::string& what) const {
-        throw Error(label + " " + path + ": " + what + hdf5_detail());
+        const std::string detail = hdf5_detail();
+        const std::string msg = label + " " + path + ": " + what + detail;
+        if (detail.find("errno = 28") != std::string::npos ||  // ENOSPC
+            detail.find("errno = 5,") != std::string::npos ||  // EIO
+            detail.find("errno = 122") != std::string::npos)   // EDQUOT
+            throw StorageError(msg + "; its file system is full or failing: free space there");
+        throw Error(msg);
+    }
+
+    // Room kept beside the file while it is open (kReserveBytes, when the file system grants
+    // it), given back before the file closes.
+    void keep_reserve() {
+        std::string name = ".";  // appended piecewise: GCC 12 misreads "." + a string
+        name += std::filesystem::path(path).filename().string();
+        name += ".reserve";
+        reserve = (std::filesystem::path(path).parent_path() / name).string();
+        const int fd = ::open(reserve.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            reserve.clear();
+            return;
+        }
+        const int err = ::posix_fallocate(fd, 0, kReserveBytes);
+        ::close(fd);
+        if (err != 0) {  // no room even for that: nothing to give back later
+            std::remove(reserve.c_str());
+            reserve.clear();
+        }
     }
 
     // A part of a reopened file is not what a run file holds.
@@ -295,6 +332,7 @@ RunFile::RunFile(const std::string& path, const std::string& config_toml, const 
         impl_->fail(
             "cannot create it; does its folder exist and is it writable? (or set "
             "output.run_file=false)");
+    impl_->keep_reserve();
     impl_->write_string_attr("config", config_toml);
     impl_->write_string_attr("parallax_version", kParallaxVersion);
     impl_->write_string_attr("created", iso_time_utc());
@@ -343,6 +381,7 @@ std::unique_ptr<RunFile> RunFile::reopen(const std::string& path) {
     if (im.metrics < 0) return nullptr;  // "metrics" is not a group: not a run file
     im.load_metrics();
     im.load_events();
+    im.keep_reserve();
     return rf;
 }
 

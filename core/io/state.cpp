@@ -4,6 +4,7 @@
 #include "core/io/runfile.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 namespace px {
@@ -202,26 +203,31 @@ bool gather_state(LogicalState& state, comm::Communicator& world, const ModelCon
 }
 
 void write_dump(const std::string& path, const LogicalState& state, const Config& cfg) {
-    RunFile file(path, config_to_toml(cfg), "dump");
-    for (const TableEntry& e : state.table.entries) {
-        const std::vector<i64> shape = e.shape();
-        file.write_array("weights/" + e.name, state.params.data() + e.offset, shape);
-        file.write_array("adam/m/" + e.name, state.m.data() + e.offset, shape);
-        file.write_array("adam/v/" + e.name, state.v.data() + e.offset, shape);
+    try {
+        RunFile file(path, config_to_toml(cfg), "dump");
+        for (const TableEntry& e : state.table.entries) {
+            const std::vector<i64> shape = e.shape();
+            file.write_array("weights/" + e.name, state.params.data() + e.offset, shape);
+            file.write_array("adam/m/" + e.name, state.m.data() + e.offset, shape);
+            file.write_array("adam/v/" + e.name, state.v.data() + e.offset, shape);
+        }
+        const i64 steps = static_cast<i64>(state.history.size());
+        std::vector<double> step(steps), loss(steps), norm(steps), val(steps);
+        for (i64 i = 0; i < steps; i++) {
+            step[i] = static_cast<double>(state.history[i].step);
+            loss[i] = state.history[i].loss;
+            norm[i] = state.history[i].grad_norm;
+            val[i] = state.history[i].val_loss;
+        }
+        file.write_array("steps/step", step.data(), {steps});
+        file.write_array("steps/loss", loss.data(), {steps});
+        file.write_array("steps/grad_norm", norm.data(), {steps});
+        file.write_array("steps/val_loss", val.data(), {steps});
+        file.flush();
+    } catch (...) {
+        std::remove(path.c_str());  // a half-written dump is no dump
+        throw;
     }
-    const i64 steps = static_cast<i64>(state.history.size());
-    std::vector<double> step(steps), loss(steps), norm(steps), val(steps);
-    for (i64 i = 0; i < steps; i++) {
-        step[i] = static_cast<double>(state.history[i].step);
-        loss[i] = state.history[i].loss;
-        norm[i] = state.history[i].grad_norm;
-        val[i] = state.history[i].val_loss;
-    }
-    file.write_array("steps/step", step.data(), {steps});
-    file.write_array("steps/loss", loss.data(), {steps});
-    file.write_array("steps/grad_norm", norm.data(), {steps});
-    file.write_array("steps/val_loss", val.data(), {steps});
-    file.flush();
 }
 
 }  // namespace px
