@@ -8,8 +8,9 @@
 //                                   model holds (the whole model, or one pipeline stage)
 //   ParamTable                      the list expanded for a config and a part: names, shapes,
 //                                   offsets, and the tensor ids of the whole model
-//   Arena                           a 64-byte aligned float allocation carved by a table, on a
-//                                   device; view() makes its typed tensors
+//   bytes_of                        bytes of n elements of a dtype
+//   Arena                           a 64-byte aligned allocation of bytes carved by a table, on a
+//                                   device; view() makes its typed tensors, f32() reads fp32 ones
 //   ActSpec, kGpt2Acts, ActTable    the same for the activations of one microbatch on a run of
 //                                   layers
 #pragma once
@@ -111,7 +112,7 @@ struct TableEntry {
     int layer;     // -1 for global tensors
     int id;        // index of this tensor in the whole model's table: keys the RNG, orders norms
     i64 rows, cols;
-    i64 offset;    // in floats, 16-float aligned
+    i64 offset;  // in floats (parameters and gradients are fp32), 16-float aligned
     i64 numel() const { return rows * cols; }
 };
 
@@ -120,7 +121,7 @@ struct TableEntry {
 // or the head). For the whole model, entry i has id i, and offsets are those of the single device.
 struct ParamTable {
     std::vector<TableEntry> entries;
-    i64 total = 0;     // floats, including alignment padding
+    i64 total = 0;       // floats, including alignment padding (master weights are fp32)
     i64 num_params = 0;  // true parameter count
     int wte = -1, wpe = -1, lnfw = -1, lnfb = -1;  // entry indices; -1 where the part lacks them
     std::vector<int> layer_first;  // per model layer: its first entry, -1 where not held
@@ -139,22 +140,31 @@ struct ParamTable {
     int find(const std::string& name) const;  // -1 if absent
 };
 
-// One page-aligned float allocation, zero-initialised, mapped from the operating system so
+inline i64 bytes_of(DType t, i64 n) {
+    return n * static_cast<i64>(dtype_size(t));
+}
+
+// One page-aligned allocation of bytes, zero-initialised, mapped from the operating system so
 // that parts of it can be handed back and taken again: decommit() returns the whole pages of a
 // range to the system (their contents read as zero afterwards, and a later write maps fresh
 // zero pages), which is how ZeRO-3 frees the weights it does not own and ZeRO-2 the gradients
 // it has reduced (core/parallel/zero.h). resident_bytes() measures what is actually mapped.
+// The arena has no element type: its tables say what lives where, and view() types each piece.
 class Arena {
 public:
     Arena() = default;
-    explicit Arena(i64 floats);
-    float* data() const { return data_.get(); }
-    i64 size() const { return size_; }
+    explicit Arena(i64 bytes);
+    void* data() const { return data_.get(); }
+    // The arena as floats, for arenas whose table holds fp32 data only (master weights,
+    // gradients, optimizer moments, fp32 scratch).
+    float* f32() const { return static_cast<float*>(data()); }
+    i64 bytes() const { return bytes_; }
     Device device() const { return Device::cpu; }  // host memory; device arenas come with CUDA
-    // A contiguous fp32 tensor over floats [offset, offset + its elements), on this device.
-    Tensor view(i64 offset, std::initializer_list<i64> shape, const char* name = "") const;
+    // A contiguous tensor of dtype t over bytes [offset, offset + its bytes), on this device.
+    Tensor view(DType t, i64 offset, std::initializer_list<i64> shape, const char* name = "") const;
+    Tensor view(DType t, i64 offset, const i64* dims, int ndim, const char* name = "") const;
     void zero();
-    // Floats [lo, hi): the whole pages inside it go back to the system and read as zero; the
+    // Bytes [lo, hi): the whole pages inside it go back to the system and read as zero; the
     // partial pages at its ends keep their contents.
     void decommit(i64 lo, i64 hi);
     i64 resident_bytes() const;  // bytes of this arena's pages that are mapped now
@@ -164,11 +174,16 @@ private:
         Free() : bytes(0) {}
         explicit Free(size_t n) : bytes(n) {}
         size_t bytes;
-        void operator()(float* p) const;
+        void operator()(std::byte* p) const;
     };
-    std::unique_ptr<float, Free> data_;
-    i64 size_ = 0;
+    std::unique_ptr<std::byte, Free> data_;
+    i64 bytes_ = 0;
 };
+
+// Floats [lo, hi) of an arena that holds fp32 data (weights, gradients): decommit of their bytes.
+inline void decommit_f32(Arena& a, i64 lo, i64 hi) {
+    a.decommit(bytes_of(DType::f32, lo), bytes_of(DType::f32, hi));
+}
 
 // Activations of one microbatch (B sequences of T tokens) on a run of L layers (a model chunk;
 // the whole model on one device). `encoded` is the run's input hidden state (the embedding's

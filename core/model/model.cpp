@@ -48,7 +48,10 @@ Tensor token_view(const Tensor& t, TokenRows r, i64 BT) {
 // ---- activations -----------------------------------------------------------------------------
 
 Activations::Activations(const ModelConfig& mc, const ActShape& shape)
-    : mc_(mc), shape_(shape), table_(ActTable::build(mc, shape)), arena_(table_.total) {}
+    : mc_(mc),
+      shape_(shape),
+      table_(ActTable::build(mc, shape)),
+      arena_(bytes_of(DType::f32, table_.total)) {}
 
 Tensor Activations::tensor(int a) const {
     const ActSpec& s = kGpt2Acts[a];
@@ -64,7 +67,7 @@ Tensor Activations::tensor(int a) const {
         for (int i = 0; i < nd - 1; i++) dims[i] = dims[i + 1];
         nd--;
     }
-    return make_view(arena_.data() + table_.offset[a], dims, nd, s.name);
+    return make_view(arena_.f32() + table_.offset[a], dims, nd, s.name);
 }
 
 Tensor Activations::layer(int a, int i) const {
@@ -81,7 +84,7 @@ Tensor Activations::layer(int a, int i) const {
     if (a == ATT) dims[nd++] = shape_.T;
     i64 per_layer = 1;
     for (int j = 0; j < nd; j++) per_layer *= dims[j];
-    return make_view(arena_.data() + table_.offset[a] + slot * per_layer, dims, nd, s.name);
+    return make_view(arena_.f32() + table_.offset[a] + slot * per_layer, dims, nd, s.name);
 }
 
 float* Activations::output() const {
@@ -108,7 +111,7 @@ GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
     glayout_.head_offset = table_.total;
     glayout_.total = table_.total +
                      (part_.holds_wte() ? align16(resolve_dim(Dim::V, mc, dims_) * mc.hidden) : 0);
-    params_ = Arena(table_.total);
+    params_ = Arena(bytes_of(DType::f32, table_.total));
 }
 
 void GPT::wrap_parallel_layers(const LayersWrap& wrap) {
@@ -119,8 +122,8 @@ void GPT::wrap_parallel_layers(const LayersWrap& wrap) {
 
 Tensor GPT::param(int i) const {
     const TableEntry& e = table_.entries[i];
-    Tensor t = e.rows == 1 ? view_f32(params_.data() + e.offset, {e.cols})
-                           : view_f32(params_.data() + e.offset, {e.rows, e.cols});
+    Tensor t = e.rows == 1 ? view_f32(params_.f32() + e.offset, {e.cols})
+                           : view_f32(params_.f32() + e.offset, {e.rows, e.cols});
     t.name = e.name.c_str();
     t.id = e.id;
     return t;
@@ -140,14 +143,14 @@ Tensor GPT::grad_head(float* grads) const {
 
 float* GPT::param_ptr(const std::string& name) const {
     const int i = table_.find(name);
-    return i < 0 ? nullptr : params_.data() + table_.entries[i].offset;
+    return i < 0 ? nullptr : params_.f32() + table_.entries[i].offset;
 }
 
 void GPT::init_random(std::uint64_t seed, double init_std) {
     // GPT-2: weights N(0, std), residual projections N(0, std/sqrt(2L)), biases 0, norms 1.
     const double residual_std = init_std / std::sqrt(2.0 * static_cast<double>(mc_.layers));
     for (const TableEntry& e : table_.entries) {
-        float* p = params_.data() + e.offset;
+        float* p = params_.f32() + e.offset;
         const u32 id = static_cast<u32>(e.id);
         // A shard draws its slice of the whole tensor's numbers (same ids, logical indices).
         auto normal = [&](double std) {

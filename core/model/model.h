@@ -60,7 +60,7 @@ public:
     float* output() const;                                      // (B,T,C) its last block's output
     float* dresidual() const { return tensor(DRESIDUAL).f32(); }  // (B,T,C) see kGpt2Acts
     const float* losses() const { return tensor(LOSSES).f32(); }  // (B,T) head chunks only
-    i64 bytes() const { return arena_.size() * static_cast<i64>(sizeof(float)); }
+    i64 bytes() const { return arena_.bytes(); }
 
 private:
     ModelConfig mc_;
@@ -199,7 +199,7 @@ public:
     Tensor param(int i) const;                         // view into the parameter arena
     Tensor grad(float* grads, int i) const;            // the same tensor in a gradient buffer
     Tensor grad_head(float* grads) const;              // (V,C) LM-head part of dwte (local V)
-    float* params() const { return params_.data(); }
+    float* params() const { return params_.f32(); }    // fp32 master weights
     const Arena& param_arena() const { return params_; }
     Arena& param_arena() { return params_; }
     float* param_ptr(const std::string& name) const;  // null if no such parameter

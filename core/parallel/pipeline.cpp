@@ -59,8 +59,8 @@ int TreeAccumulator::build(i64 lo, i64 hi, i64 bpm, int parent) {
 
 float* TreeAccumulator::take() {
     if (free_.empty()) {
-        pool_.emplace_back(floats_);
-        free_.push_back(pool_.back().data());
+        pool_.emplace_back(bytes_of(DType::f32, floats_));
+        free_.push_back(pool_.back().f32());
     }
     float* b = free_.back();
     free_.pop_back();
@@ -101,7 +101,7 @@ void TreeAccumulator::end(int k) {
 
 i64 TreeAccumulator::bytes() const {
     i64 n = 0;
-    for (const Arena& a : pool_) n += a.size() * static_cast<i64>(sizeof(float));
+    for (const Arena& a : pool_) n += a.bytes();
     return n;
 }
 
@@ -112,7 +112,7 @@ i64 TreeAccumulator::resident_bytes() const {
 }
 
 void TreeAccumulator::release() {
-    for (Arena& a : pool_) a.decommit(0, a.size());
+    for (Arena& a : pool_) a.decommit(0, a.bytes());
 }
 
 void TreeAccumulator::reset() {
@@ -121,7 +121,7 @@ void TreeAccumulator::reset() {
         n.buf = nullptr;
     }
     free_.clear();
-    for (Arena& a : pool_) free_.push_back(a.data());
+    for (Arena& a : pool_) free_.push_back(a.f32());
 }
 
 }  // namespace px

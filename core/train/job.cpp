@@ -134,7 +134,7 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
     // ZeRO: each replica keeps the AdamW moments of one shard of its parameters and updates
     // only that shard (core/parallel/zero.h).
     zero_ = layout_.dp > 1 ? layout_.zero : 0;
-    grads_ = Arena(model_->grad_layout().total);
+    grads_ = Arena(bytes_of(DType::f32, model_->grad_layout().total));
     if (zero_ >= 1) {
         shards_ = std::make_unique<ZeroShards>(*model_, layout_.dp, dp_rank_);
         opt_ = std::make_unique<AdamW>(*model_, shards_->lo(), shards_->hi());
@@ -157,7 +157,7 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
         // Microbatches own token blocks [k·b, (k+1)·b) of the replica's node (make_layout checked
         // they are tree nodes); the subtree below a node has the same shape wherever it starts.
         for (int c = 0; c < model_->num_chunks(); c++)
-            acc_.emplace_back(layout_.microbatches, bpm, grads_.data(), model_->grad_layout().total,
+            acc_.emplace_back(layout_.microbatches, bpm, grads_.f32(), model_->grad_layout().total,
                               model_->grad_span(c));
     }
     if (zero_ == 3) shards_->release_params(model_->param_arena());
@@ -226,7 +226,7 @@ double Job::entropy_rate() const {
 }
 
 float* Job::grads() const {
-    return grads_.data();
+    return grads_.f32();
 }
 
 bool Job::is_last_virtual(int chunk) const {
@@ -320,7 +320,7 @@ void Job::backward(Slot& slot, int c, int m) {
     if (units_) {  // the hooks zero, reduce-scatter and accumulate unit by unit
         units_->begin_microbatch(
             m, [this, m](float* g, i64 lo, i64 hi) { microbatch_grad(m, g, lo, hi); });
-        model_->backward(slot.acts, c, grads_.data(), tokens(m), targets(m), dloss);
+        model_->backward(slot.acts, c, grads_.f32(), tokens(m), targets(m), dloss);
         return;
     }
     TreeAccumulator& acc = acc_[static_cast<size_t>(c)];
@@ -533,7 +533,7 @@ StepMetrics Job::step() {
     for (TreeAccumulator& a : acc_) a.reset();
     run_actions();
 
-    float* g = grads_.data();
+    float* g = grads_.f32();
     reduce_grads(g);
     for (const StepHooks& h : hooks_)
         if (h.grads) h.grads(step_ + 1, g);
@@ -559,8 +559,8 @@ StepMetrics Job::step() {
     if (zero_ >= 2 && !units_) {
         // Between steps a replica holds only its shard of the gradient; the microbatch partials
         // and the rest of the buffer go back to the system until the next step's backward.
-        grads_.decommit(0, shards_->lo());
-        grads_.decommit(shards_->hi(), grads_.size());
+        decommit_f32(grads_, 0, shards_->lo());
+        grads_.decommit(bytes_of(DType::f32, shards_->hi()), grads_.bytes());
         for (TreeAccumulator& a : acc_) a.release();
     }
     step_++;

@@ -244,7 +244,7 @@ private:
     std::unique_ptr<TokenSource> source_;
     std::unique_ptr<ZeroShards> shards_;  // ZeRO >= 1 with dp > 1
     std::unique_ptr<ZeroUnits> units_;    // ZeRO-2/3 with dp > 1 on one stage (zero.h)
-    Arena grads_;                         // the step's gradient (GradLayout)
+    Arena grads_;                         // the step's gradient (GradLayout), fp32
     std::vector<TreeAccumulator> acc_;    // per chunk (not under ZeroUnits)
     std::vector<std::vector<std::unique_ptr<Slot>>> slots_;  // per chunk: every set made
     std::vector<std::vector<Slot*>> free_;                   // per chunk: sets not in use
