@@ -210,9 +210,10 @@ ActTable ActTable::build(const ModelConfig& mc, const ActShape& shape) {
         i64 n = size(s.d0) * size(s.d1) * size(s.d2) * size(s.d3);
         if (i == ATT) n *= shape.T;  // (LS,B,NH,T,T)
         if (s.head && !shape.head) n = 0;
+        t.dtype[i] = s.type == ActType::f32 ? DType::f32 : shape.dtype;
         t.offset[i] = t.total;
         t.numel[i] = n;
-        t.total += align_up(n);
+        t.total += align_up_bytes(bytes_of(t.dtype[i], n));
     }
     return t;
 }

@@ -16,31 +16,14 @@ i64 align16(i64 n) {
     return (n + 15) / 16 * 16;
 }
 
-Tensor make_view(float* data, const i64* dims, int ndim, const char* name) {
-    Tensor t;
-    t.data = data;
-    t.ndim = ndim;
-    i64 stride = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-        t.shape[d] = dims[d];
-        t.strides[d] = stride;
-        stride *= dims[d];
-    }
-    t.name = name;
-    return t;
-}
-
 void zero(const Tensor& t) {
-    std::memset(t.data, 0, static_cast<size_t>(t.numel()) * sizeof(float));
+    std::memset(t.data, 0, static_cast<size_t>(bytes_of(t.dtype, t.numel())));
 }
 
 // Rows [r.lo, r.hi) of t seen as (rows, last dim); a vector (B,T) gives (hi - lo).
 Tensor token_view(const Tensor& t, TokenRows r, i64 BT) {
     const i64 w = t.numel() / BT;
-    Tensor v = w == 1 ? view_f32(t.f32() + r.lo, {r.hi - r.lo})
-                      : view_f32(t.f32() + r.lo * w, {r.hi - r.lo, w});
-    v.name = t.name;
-    return v;
+    return w == 1 ? subview(t, r.lo, {r.hi - r.lo}) : subview(t, r.lo * w, {r.hi - r.lo, w});
 }
 
 }  // namespace
@@ -48,10 +31,7 @@ Tensor token_view(const Tensor& t, TokenRows r, i64 BT) {
 // ---- activations -----------------------------------------------------------------------------
 
 Activations::Activations(const ModelConfig& mc, const ActShape& shape)
-    : mc_(mc),
-      shape_(shape),
-      table_(ActTable::build(mc, shape)),
-      arena_(bytes_of(DType::f32, table_.total)) {}
+    : mc_(mc), shape_(shape), table_(ActTable::build(mc, shape)), arena_(table_.total) {}
 
 Tensor Activations::tensor(int a) const {
     const ActSpec& s = kGpt2Acts[a];
@@ -67,7 +47,7 @@ Tensor Activations::tensor(int a) const {
         for (int i = 0; i < nd - 1; i++) dims[i] = dims[i + 1];
         nd--;
     }
-    return make_view(arena_.f32() + table_.offset[a], dims, nd, s.name);
+    return arena_.view(table_.dtype[a], table_.offset[a], dims, nd, s.name);
 }
 
 Tensor Activations::layer(int a, int i) const {
@@ -84,11 +64,13 @@ Tensor Activations::layer(int a, int i) const {
     if (a == ATT) dims[nd++] = shape_.T;
     i64 per_layer = 1;
     for (int j = 0; j < nd; j++) per_layer *= dims[j];
-    return make_view(arena_.f32() + table_.offset[a] + slot * per_layer, dims, nd, s.name);
+    return arena_.view(table_.dtype[a],
+                       table_.offset[a] + bytes_of(table_.dtype[a], slot * per_layer), dims, nd,
+                       s.name);
 }
 
-float* Activations::output() const {
-    return shape_.layers > 0 ? layer(RESIDUAL3, shape_.layers - 1).f32() : input();
+Tensor Activations::output() const {
+    return shape_.layers > 0 ? layer(RESIDUAL3, shape_.layers - 1) : input();
 }
 
 // ---- parameters ------------------------------------------------------------------------------
@@ -99,13 +81,14 @@ GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part)
     : GPT(mc, nx, part, nullptr) {}
 
 GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
-         std::shared_ptr<const ParallelLayers> layers)
+         std::shared_ptr<const ParallelLayers> layers, DType activations)
     : mc_(mc),
       nx_(nx),
       part_(part),
       layers_(std::move(layers)),
       sp_(layers_ && layers_->sequence_parallel()),
       dims_(layers_ ? layers_->dims() : TpDims{}),
+      act_dtype_(activations),
       table_(ParamTable::build(mc, part, dims_)) {
     PX_ASSERT(!part_.chunks.empty(), "a model part needs at least one chunk of layers");
     glayout_.head_offset = table_.total;
@@ -190,6 +173,7 @@ Activations GPT::make_activations(int chunk, i64 B, i64 T, bool recompute) const
     shape.head = has_head(chunk);
     shape.recompute = recompute;
     shape.tp = dims_;
+    shape.dtype = act_dtype_;
     return Activations(mc_, shape);
 }
 
@@ -372,7 +356,7 @@ void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
 
     // residual2 = residual + attn(ln1(residual)).
     const Tensor datty = a.layer(ATTY, i);  // d(atty) staged in dbuf_c, sized like atty
-    const Tensor dbuf_a = view_f32(dbuf_c.f32(), {datty.shape[0], datty.shape[1], datty.shape[2]});
+    const Tensor dbuf_a = subview(dbuf_c, 0, {datty.shape[0], datty.shape[1], datty.shape[2]});
     zero(dbuf_a);
     linear_backward(Linear::attn_proj, dbuf_a, dattprojw, &dattprojb, dresidual, a.layer(ATTY, i),
                     P(l, ATTPROJW));
@@ -412,7 +396,7 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
     }
     if (!has_head(chunk)) return;
     before_forward({Unit::head});
-    const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
+    const Tensor last = a.output();
     layernorm_forward(a.tensor(LNF), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD), last,
                       param(table_.lnfw), param(table_.lnfb));
     sp_gather(a.tensor(LNF));
@@ -459,7 +443,7 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
                                  param(table_.wte));
         probe("bwd", -1, "head", "dinp", dbuf_c, ProbeSplit::tokens);
         zero(dresidual);
-        const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
+        const Tensor last = a.output();
         layernorm_backward(dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb), dbuf_c,
                            last, param(table_.lnfw), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD));
         probe("bwd", -1, "ln_f", "dinp", dresidual, ProbeSplit::tokens);
@@ -499,7 +483,12 @@ void GPT::offer_probe(const char* phase, int layer, const char* op, const char* 
     const i64 w = shape.back();
     i64 rows = 1;  // B·T (also when w is 0: a tp rank past the last vocabulary block)
     for (size_t d = 0; d + 1 < shape.size(); d++) rows *= shape[d];
-    const float* data = t.f32();
+    std::vector<float> widened;  // a narrower activation, read exactly as fp32 (core/base/dtype.h)
+    if (t.dtype != DType::f32) {
+        widened.resize(static_cast<size_t>(t.numel()));
+        convert(widened.data(), DType::f32, t.data, t.dtype, widened.size());
+    }
+    const float* data = t.dtype == DType::f32 ? t.f32() : widened.data();
     std::vector<float> staged;  // the pieces back to back, when the local layout interleaves them
     ShardSpec spec;
     if (!layers_ || split == ProbeSplit::whole) {

@@ -124,4 +124,23 @@ void TreeAccumulator::reset() {
     for (Arena& a : pool_) free_.push_back(a.f32());
 }
 
+namespace {
+void check_message(const Tensor& msg) {
+    if (msg.dtype != DType::f32)
+        throw Error(std::string("pipeline message '") + msg.name + "' holds " +
+                    dtype_name(msg.dtype) + " activations, which the communicators do not carry " +
+                    "yet: give core/comm a " + dtype_name(msg.dtype) + " element type");
+}
+}  // namespace
+
+comm::Handle send_message(comm::Communicator& pp, const Tensor& msg, int peer, int tag) {
+    check_message(msg);
+    return pp.send_async(static_cast<const float*>(msg.f32()), msg.numel(), peer, tag);
+}
+
+void recv_message(comm::Communicator& pp, const Tensor& msg, int peer, int tag) {
+    check_message(msg);
+    pp.recv(msg.f32(), msg.numel(), peer, tag);
+}
+
 }  // namespace px

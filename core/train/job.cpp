@@ -124,11 +124,11 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
     // Messages: the whole (micro_B,T,C) hidden state, or under sequence parallelism this tp
     // rank's token rows of it (all that a stage's first block reads and its last block writes;
     // the same tp rank of the next stage holds the same rows).
-    msg_floats_ = micro_B_ * T_ * cfg_.model.hidden;
+    msg_n_ = micro_B_ * T_ * cfg_.model.hidden;
     if (const ParallelLayers* pl = model_->parallel_layers(); pl && pl->sequence_parallel()) {
         const TokenRows r = pl->token_rows(micro_B_ * T_);
         msg_lo_ = r.lo * cfg_.model.hidden;
-        msg_floats_ = (r.hi - r.lo) * cfg_.model.hidden;
+        msg_n_ = (r.hi - r.lo) * cfg_.model.hidden;
     }
 
     // ZeRO: each replica keeps the AdamW moments of one shard of its parameters and updates
@@ -184,7 +184,7 @@ void Job::build_model() {
     if (layout_.tp > 1)
         tpl = std::make_shared<const TpLayers>(*groups_.tp, nx_, cfg_.model,
                                                cfg_.layout.sequence_parallel);
-    model_ = std::make_unique<GPT>(cfg_.model, nx_, part, tpl);
+    model_ = std::make_unique<GPT>(cfg_.model, nx_, part, tpl, activation_dtype(cfg_.precision));
     if (cfg_.model.init_from.empty()) {
         model_->init_random(cfg_.train.seed, cfg_.model.init_std);
         return;
@@ -341,8 +341,8 @@ void Job::run_actions() {
             case Action::recv_act:
                 PX_ASSERT(live == nullptr, "recv_act for a microbatch already in flight");
                 live = acquire(c);
-                pp->recv(live->acts.input() + msg_lo_, msg_floats_, a.peer,
-                         message_tag(schedule_, pp_rank_, a));
+                recv_message(*pp, message(live->acts.input()), a.peer,
+                             message_tag(schedule_, pp_rank_, a));
                 break;
             case Action::forward:
                 set_probe_rows(m);
@@ -353,18 +353,17 @@ void Job::run_actions() {
                 }
                 model_->forward(live->acts, c, tokens(m), targets(m));
                 if (is_last_virtual(c))
-                    std::memcpy(losses_.data() + m * micro_B_ * T_, live->acts.losses(),
+                    std::memcpy(losses_.data() + m * micro_B_ * T_, live->acts.losses().f32(),
                                 static_cast<size_t>(micro_B_ * T_) * sizeof(float));
                 break;
             case Action::send_act:
-                live->pending =
-                    pp->send_async(static_cast<const float*>(live->acts.output() + msg_lo_),
-                                   msg_floats_, a.peer, message_tag(schedule_, pp_rank_, a));
+                live->pending = send_message(*pp, message(live->acts.output()), a.peer,
+                                             message_tag(schedule_, pp_rank_, a));
                 break;
             case Action::recv_grad:
                 // Into dresidual, which the pending send of the output does not read.
-                pp->recv(live->acts.dresidual() + msg_lo_, msg_floats_, a.peer,
-                         message_tag(schedule_, pp_rank_, a));
+                recv_message(*pp, message(live->acts.dresidual()), a.peer,
+                             message_tag(schedule_, pp_rank_, a));
                 break;
             case Action::backward:
                 // The output's send has landed (the gradient that came back needed it): complete
@@ -377,9 +376,8 @@ void Job::run_actions() {
                 }
                 break;
             case Action::send_grad:
-                live->pending =
-                    pp->send_async(static_cast<const float*>(live->acts.dresidual() + msg_lo_),
-                                   msg_floats_, a.peer, message_tag(schedule_, pp_rank_, a));
+                live->pending = send_message(*pp, message(live->acts.dresidual()), a.peer,
+                                             message_tag(schedule_, pp_rank_, a));
                 release(c, live);
                 live = nullptr;
                 break;
@@ -611,15 +609,15 @@ double Job::evaluate() {
                 const int stage = stage_of(pp_rank_, c, pp);
                 Slot* s = acquire(c);
                 if (stage > 0)
-                    groups_.pp->recv(s->acts.input() + msg_lo_, msg_floats_,
-                                     rank_of_stage(stage - 1, pp), kEvalTagBase + stage);
+                    recv_message(*groups_.pp, message(s->acts.input()),
+                                 rank_of_stage(stage - 1, pp), kEvalTagBase + stage);
                 model_->forward(s->acts, c, tok.data(), tgt.data());
                 if (stage < S - 1)
-                    s->pending = groups_.pp->send_async(
-                        static_cast<const float*>(s->acts.output() + msg_lo_), msg_floats_,
-                        rank_of_stage(stage + 1, pp), kEvalTagBase + stage + 1);
+                    s->pending =
+                        send_message(*groups_.pp, message(s->acts.output()),
+                                     rank_of_stage(stage + 1, pp), kEvalTagBase + stage + 1);
                 else
-                    std::memcpy(local.data() + j * per_rank + k * mb_tokens, s->acts.losses(),
+                    std::memcpy(local.data() + j * per_rank + k * mb_tokens, s->acts.losses().f32(),
                                 static_cast<size_t>(mb_tokens) * sizeof(float));
                 release(c, s);
             }

@@ -234,7 +234,8 @@ private:
     RankGroups groups_;
     int pp_rank_ = 0, dp_rank_ = 0, tp_rank_ = 0;
     i64 T_ = 0, micro_B_ = 0, local_B_ = 0;
-    i64 msg_lo_ = 0, msg_floats_ = 0;  // a message: floats [msg_lo_, +msg_floats_) of a state
+    i64 msg_lo_ = 0, msg_n_ = 0;  // a message: elements [msg_lo_, +msg_n_) of a (B,T,C) state
+    Tensor message(const Tensor& state) const { return subview(state, msg_lo_, {msg_n_}); }
     bool recompute_ = false;
     int zero_ = 0;                  // ZeRO stage over dp (0 when dp = 1)
     std::vector<ModelPart> parts_;  // every pp rank's, for the norm's owners and gather_full
