@@ -35,7 +35,11 @@ struct StepRunner {
     i64 B, T;
 
     StepRunner(const ModelConfig& mc, const Numerics& nx, i64 B_, i64 T_)
-        : model(mc, nx), opt(model), grads(model.grad_layout().total), B(B_), T(T_) {
+        : model(mc, nx),
+          opt(model),
+          grads(bytes_of(DType::f32, model.grad_layout().total)),
+          B(B_),
+          T(T_) {
         model.init_random(1337, 0.02);
         for (i64 i = 0; i < B * (T + 1); i++) {
             const int tok = static_cast<int>(uniform_at(42, 7, static_cast<u64>(i)) * static_cast<double>(mc.vocab));
@@ -59,12 +63,12 @@ struct StepRunner {
         const double loss = canonical_sum(model.losses(), n, model.numerics().block) / static_cast<double>(n);
         const auto t1 = clock::now();
         grads.zero();
-        model.backward(grads.data(), tokens.data(), targets.data(), 1.0f / static_cast<float>(n));
-        model.combine_tied_grads(grads.data());
+        model.backward(grads.f32(), tokens.data(), targets.data(), 1.0f / static_cast<float>(n));
+        model.combine_tied_grads(grads.f32());
         const auto t2 = clock::now();
-        const float norm = global_grad_norm(model.numerics(), model, grads.data());
+        const float norm = global_grad_norm(model.numerics(), model, grads.f32());
         TrainConfig tc;
-        opt.step(model, grads.data(), norm, 6e-4f, t, tc);
+        opt.step(model, grads.f32(), norm, 6e-4f, t, tc);
         const auto t3 = clock::now();
         if (ms(t0, t3) < ms_best) {
             ms_best = ms(t0, t3);

@@ -96,7 +96,7 @@ TEST_CASE("the embedded default job documents every key with a comment line", "[
     std::vector<std::string> lines;
     for (std::string l; std::getline(in, l);) lines.push_back(l);
     const auto keys = config_keys();
-    CHECK(keys.size() == 61);
+    CHECK(keys.size() == 62);
     for (const auto& k : keys) {
         const std::string name = k.substr(k.find('.') + 1);
         std::string section = "[";  // built by appending: "[" + std::string&& trips GCC 12's -Wrestrict
@@ -519,4 +519,20 @@ TEST_CASE("make_numerics resolves the ISA", "[config]") {
             CHECK_THAT(error_of([&] { make_numerics(nc); }), Contains("numerics.isa") && Contains("not supported by this CPU"));
         }
     }
+}
+
+TEST_CASE("precision.activations: fp32 today; bf16 is refused with a sentence naming the key", "[config]") {
+    CHECK(Config{}.precision.activations == "fp32");
+    CHECK(parse_config("[precision]\nactivations = \"fp32\"\n", "ok").precision.activations == "fp32");
+    CHECK(activation_dtype(PrecisionConfig{}) == DType::f32);
+    CHECK_THAT(parse_error("[precision]\nactivations = \"bf16\"\n"),
+               Contains("precision.activations = \"bf16\" is not supported yet: bf16 activations need bf16 kernels"));
+    CHECK_THAT(parse_error("[precision]\nactivations = \"int8\"\n"),
+               Contains("precision.activations must be \"fp32\", got \"int8\""));
+    Config c;
+    CHECK_THROWS_WITH(apply_override(c, "precision.activations=fp16"), Contains("precision.activations = \"fp16\""));
+    CHECK(c.precision.activations == "fp32");
+    PrecisionConfig p;
+    p.activations = "bf16";
+    CHECK_THROWS_AS(activation_dtype(p), ConfigError);
 }

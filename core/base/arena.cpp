@@ -14,7 +14,11 @@ namespace px {
 
 namespace {
 constexpr i64 kAlignFloats = 16;  // 64 bytes
+constexpr i64 kAlignBytes = 64;
 i64 align_up(i64 n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+i64 align_up_bytes(i64 n) {
+    return (n + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
+}
 }  // namespace
 
 i64 resolve_dim(Dim d, const ModelConfig& mc, i64 B, i64 T) {
@@ -108,27 +112,29 @@ int ParamTable::find(const std::string& name) const {
     return -1;
 }
 
-void Arena::Free::operator()(float* p) const { munmap(p, bytes); }
+void Arena::Free::operator()(std::byte* p) const {
+    munmap(p, bytes);
+}
 
-Arena::Arena(i64 floats) : size_(floats) {
+Arena::Arena(i64 bytes) : bytes_(bytes) {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    const size_t want = static_cast<size_t>(align_up(floats > 0 ? floats : 1)) * sizeof(float);
-    const size_t bytes = (want + page - 1) / page * page;
+    const size_t want = static_cast<size_t>(align_up_bytes(bytes > 0 ? bytes : 1));
+    const size_t mapped = (want + page - 1) / page * page;
     // Anonymous private pages: zero on first touch, and only touched pages use memory.
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
-        throw Error("out of memory: could not map " + std::to_string(bytes >> 20) +
+        throw Error("out of memory: could not map " + std::to_string(mapped >> 20) +
                     " MiB for an arena; reduce the model size or batch");
-    data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{bytes});
+    data_ = std::unique_ptr<std::byte, Free>(static_cast<std::byte*>(p), Free{mapped});
 }
 
 void Arena::decommit(i64 lo, i64 hi) {
-    const i64 page = sysconf(_SC_PAGESIZE) / static_cast<i64>(sizeof(float));
+    const i64 page = sysconf(_SC_PAGESIZE);
     lo = std::max<i64>(lo, 0);
-    hi = std::min(hi, size_);
+    hi = std::min(hi, bytes_);
     const i64 a = (lo + page - 1) / page * page, b = hi / page * page;
     if (a >= b) return;
-    if (madvise(data_.get() + a, static_cast<size_t>(b - a) * sizeof(float), MADV_DONTNEED) != 0)
+    if (madvise(data_.get() + a, static_cast<size_t>(b - a), MADV_DONTNEED) != 0)
         throw InternalError("madvise(MADV_DONTNEED) failed on an arena: " +
                             std::string(std::strerror(errno)));
 }
@@ -146,22 +152,39 @@ i64 Arena::resident_bytes() const {
 
 void Arena::zero() {
     // Arenas run to hundreds of MiB (GPT-2's gradients are 650 MiB): clear them on every core.
-    float* p = data_.get();
+    std::byte* p = data_.get();
     if (!p) return;
-    constexpr i64 kChunk = 1 << 18;
-    const i64 chunks = (size_ + kChunk - 1) / kChunk;
+    constexpr i64 kChunk = i64{1} << 20;
+    const i64 chunks = (bytes_ + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static)
     for (i64 c = 0; c < chunks; c++) {
         const i64 lo = c * kChunk;
-        std::memset(p + lo, 0, static_cast<size_t>(std::min(kChunk, size_ - lo)) * sizeof(float));
+        std::memset(p + lo, 0, static_cast<size_t>(std::min(kChunk, bytes_ - lo)));
     }
 }
 
-Tensor Arena::view(i64 offset, std::initializer_list<i64> shape, const char* name) const {
-    Tensor t = view_f32(data() + offset, shape, name);
-    t.device = device();
-    PX_ASSERT(offset >= 0 && offset + t.numel() <= size_, "Arena::view out of range");
-    return t;
+Tensor Arena::view(DType t, i64 offset, const i64* dims, int ndim, const char* name) const {
+    PX_ASSERT(ndim >= 0 && ndim <= kMaxDims, "Arena::view: too many dimensions");
+    Tensor v;
+    v.data = data_.get() + offset;
+    v.dtype = t;
+    v.device = device();
+    v.ndim = ndim;
+    i64 stride = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        v.shape[d] = dims[d];
+        v.strides[d] = stride;
+        stride *= dims[d];
+    }
+    v.name = name;
+    PX_ASSERT(offset >= 0 && offset % static_cast<i64>(dtype_size(t)) == 0 &&
+                  offset + bytes_of(t, v.numel()) <= bytes_,
+              "Arena::view out of range or misaligned for its dtype");
+    return v;
+}
+
+Tensor Arena::view(DType t, i64 offset, std::initializer_list<i64> shape, const char* name) const {
+    return view(t, offset, shape.begin(), static_cast<int>(shape.size()), name);
 }
 
 i64 resolve_dim(Dim d, const ModelConfig& mc, const ActShape& shape) {
@@ -187,9 +210,10 @@ ActTable ActTable::build(const ModelConfig& mc, const ActShape& shape) {
         i64 n = size(s.d0) * size(s.d1) * size(s.d2) * size(s.d3);
         if (i == ATT) n *= shape.T;  // (LS,B,NH,T,T)
         if (s.head && !shape.head) n = 0;
+        t.dtype[i] = s.type == ActType::f32 ? DType::f32 : shape.dtype;
         t.offset[i] = t.total;
         t.numel[i] = n;
-        t.total += align_up(n);
+        t.total += align_up_bytes(bytes_of(t.dtype[i], n));
     }
     return t;
 }

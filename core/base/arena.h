@@ -8,10 +8,10 @@
 //                                   model holds (the whole model, or one pipeline stage)
 //   ParamTable                      the list expanded for a config and a part: names, shapes,
 //                                   offsets, and the tensor ids of the whole model
-//   Arena                           a 64-byte aligned float allocation carved by a table, on a
-//                                   device; view() makes its typed tensors
+//   Arena                           a 64-byte aligned allocation of bytes carved by a table, on a
+//                                   device; view() makes its typed tensors, f32() reads fp32 ones
 //   ActSpec, kGpt2Acts, ActTable    the same for the activations of one microbatch on a run of
-//                                   layers
+//                                   layers, each with its dtype, sized in bytes
 #pragma once
 #include "core/base/config.h"
 #include "core/base/tensor.h"
@@ -111,7 +111,7 @@ struct TableEntry {
     int layer;     // -1 for global tensors
     int id;        // index of this tensor in the whole model's table: keys the RNG, orders norms
     i64 rows, cols;
-    i64 offset;    // in floats, 16-float aligned
+    i64 offset;  // in floats (parameters and gradients are fp32), 16-float aligned
     i64 numel() const { return rows * cols; }
     // A vector (a bias, a LayerNorm's weight) by its spec, never by its size: a matrix may have
     // one row (model.ffn = 1, or a tensor-parallel shard of one row) and is still (rows, cols).
@@ -126,7 +126,7 @@ struct TableEntry {
 // or the head). For the whole model, entry i has id i, and offsets are those of the single device.
 struct ParamTable {
     std::vector<TableEntry> entries;
-    i64 total = 0;     // floats, including alignment padding
+    i64 total = 0;       // floats, including alignment padding (master weights are fp32)
     i64 num_params = 0;  // true parameter count
     int wte = -1, wpe = -1, lnfw = -1, lnfb = -1;  // entry indices; -1 where the part lacks them
     std::vector<int> layer_first;  // per model layer: its first entry, -1 where not held
@@ -145,22 +145,27 @@ struct ParamTable {
     int find(const std::string& name) const;  // -1 if absent
 };
 
-// One page-aligned float allocation, zero-initialised, mapped from the operating system so
+// One page-aligned allocation of bytes, zero-initialised, mapped from the operating system so
 // that parts of it can be handed back and taken again: decommit() returns the whole pages of a
 // range to the system (their contents read as zero afterwards, and a later write maps fresh
 // zero pages), which is how ZeRO-3 frees the weights it does not own and ZeRO-2 the gradients
 // it has reduced (core/parallel/zero.h). resident_bytes() measures what is actually mapped.
+// The arena has no element type: its tables say what lives where, and view() types each piece.
 class Arena {
 public:
     Arena() = default;
-    explicit Arena(i64 floats);
-    float* data() const { return data_.get(); }
-    i64 size() const { return size_; }
+    explicit Arena(i64 bytes);
+    void* data() const { return data_.get(); }
+    // The arena as floats, for arenas whose table holds fp32 data only (master weights,
+    // gradients, optimizer moments, fp32 scratch).
+    float* f32() const { return static_cast<float*>(data()); }
+    i64 bytes() const { return bytes_; }
     Device device() const { return Device::cpu; }  // host memory; device arenas come with CUDA
-    // A contiguous fp32 tensor over floats [offset, offset + its elements), on this device.
-    Tensor view(i64 offset, std::initializer_list<i64> shape, const char* name = "") const;
+    // A contiguous tensor of dtype t over bytes [offset, offset + its bytes), on this device.
+    Tensor view(DType t, i64 offset, std::initializer_list<i64> shape, const char* name = "") const;
+    Tensor view(DType t, i64 offset, const i64* dims, int ndim, const char* name = "") const;
     void zero();
-    // Floats [lo, hi): the whole pages inside it go back to the system and read as zero; the
+    // Bytes [lo, hi): the whole pages inside it go back to the system and read as zero; the
     // partial pages at its ends keep their contents.
     void decommit(i64 lo, i64 hi);
     i64 resident_bytes() const;  // bytes of this arena's pages that are mapped now
@@ -170,11 +175,16 @@ private:
         Free() : bytes(0) {}
         explicit Free(size_t n) : bytes(n) {}
         size_t bytes;
-        void operator()(float* p) const;
+        void operator()(std::byte* p) const;
     };
-    std::unique_ptr<float, Free> data_;
-    i64 size_ = 0;
+    std::unique_ptr<std::byte, Free> data_;
+    i64 bytes_ = 0;
 };
+
+// Floats [lo, hi) of an arena that holds fp32 data (weights, gradients): decommit of their bytes.
+inline void decommit_f32(Arena& a, i64 lo, i64 hi) {
+    a.decommit(bytes_of(DType::f32, lo), bytes_of(DType::f32, hi));
+}
 
 // Activations of one microbatch (B sequences of T tokens) on a run of L layers (a model chunk;
 // the whole model on one device). `encoded` is the run's input hidden state (the embedding's
@@ -182,41 +192,46 @@ private:
 // i's output, so encoded, residual3[0..L) is the residual stream: each block's input and output.
 // A block's internals (ln1 .. fch_gelu) have a leading LS: L when every block keeps its own, 1
 // when blocks are recomputed in backward (then only the residual stream is kept per microbatch).
-// Head tensors exist only on a run that ends in the LM head.
+// Head tensors exist only on a run that ends in the LM head; probs holds the logits, then the
+// probabilities, then dlogits. att is (LS,B,NH,T,T): its last T is folded in by the table.
+// An activation's dtype is the run's activation dtype (precision.activations), except for the
+// LayerNorm statistics and the per-token losses: reductions that stay fp32 in every precision.
+enum class ActType : std::uint8_t { act, f32 };
 struct ActSpec {
     const char* name;
     Dim d0, d1, d2, d3;  // Dim::one pads unused dimensions
     bool head;           // kept only by a run that ends in the LM head
+    ActType type;
 };
 inline constexpr ActSpec kGpt2Acts[] = {
-    {"encoded", Dim::B, Dim::T, Dim::C, Dim::one, false},     // (B,T,C) the run's input
-    {"ln1", Dim::LS, Dim::B, Dim::T, Dim::C, false},          // (LS,B,T,C)
-    {"ln1_mean", Dim::LS, Dim::B, Dim::T, Dim::one, false},   // (LS,B,T)
-    {"ln1_rstd", Dim::LS, Dim::B, Dim::T, Dim::one, false},   // (LS,B,T)
-    {"qkv", Dim::LS, Dim::B, Dim::T, Dim::C3, false},         // (LS,B,T,3C)
-    {"atty", Dim::LS, Dim::B, Dim::T, Dim::CA, false},        // (LS,B,T,C)
-    {"att", Dim::LS, Dim::B, Dim::NH, Dim::T, false},         // (LS,B,NH,T,T): last T folded in
-    {"residual2", Dim::LS, Dim::B, Dim::T, Dim::C, false},    // (LS,B,T,C)
-    {"ln2", Dim::LS, Dim::B, Dim::T, Dim::C, false},          // (LS,B,T,C)
-    {"ln2_mean", Dim::LS, Dim::B, Dim::T, Dim::one, false},   // (LS,B,T)
-    {"ln2_rstd", Dim::LS, Dim::B, Dim::T, Dim::one, false},   // (LS,B,T)
-    {"fch", Dim::LS, Dim::B, Dim::T, Dim::F, false},          // (LS,B,T,F)
-    {"fch_gelu", Dim::LS, Dim::B, Dim::T, Dim::F, false},     // (LS,B,T,F)
-    {"residual3", Dim::L, Dim::B, Dim::T, Dim::C, false},     // (L,B,T,C) block outputs
-    {"lnf", Dim::B, Dim::T, Dim::C, Dim::one, true},          // (B,T,C)
-    {"lnf_mean", Dim::B, Dim::T, Dim::one, Dim::one, true},   // (B,T)
-    {"lnf_rstd", Dim::B, Dim::T, Dim::one, Dim::one, true},   // (B,T)
-    {"probs", Dim::B, Dim::T, Dim::V, Dim::one, true},        // (B,T,V): logits, probs, dlogits
-    {"losses", Dim::B, Dim::T, Dim::one, Dim::one, true},     // (B,T)
+    {"encoded", Dim::B, Dim::T, Dim::C, Dim::one, false, ActType::act},    // (B,T,C)
+    {"ln1", Dim::LS, Dim::B, Dim::T, Dim::C, false, ActType::act},         // (LS,B,T,C)
+    {"ln1_mean", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32},  // (LS,B,T)
+    {"ln1_rstd", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32},  // (LS,B,T)
+    {"qkv", Dim::LS, Dim::B, Dim::T, Dim::C3, false, ActType::act},        // (LS,B,T,3C)
+    {"atty", Dim::LS, Dim::B, Dim::T, Dim::CA, false, ActType::act},       // (LS,B,T,C)
+    {"att", Dim::LS, Dim::B, Dim::NH, Dim::T, false, ActType::act},        // (LS,B,NH,T,T)
+    {"residual2", Dim::LS, Dim::B, Dim::T, Dim::C, false, ActType::act},   // (LS,B,T,C)
+    {"ln2", Dim::LS, Dim::B, Dim::T, Dim::C, false, ActType::act},         // (LS,B,T,C)
+    {"ln2_mean", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32},  // (LS,B,T)
+    {"ln2_rstd", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32},  // (LS,B,T)
+    {"fch", Dim::LS, Dim::B, Dim::T, Dim::F, false, ActType::act},         // (LS,B,T,F)
+    {"fch_gelu", Dim::LS, Dim::B, Dim::T, Dim::F, false, ActType::act},    // (LS,B,T,F)
+    {"residual3", Dim::L, Dim::B, Dim::T, Dim::C, false, ActType::act},    // (L,B,T,C)
+    {"lnf", Dim::B, Dim::T, Dim::C, Dim::one, true, ActType::act},         // (B,T,C)
+    {"lnf_mean", Dim::B, Dim::T, Dim::one, Dim::one, true, ActType::f32},  // (B,T)
+    {"lnf_rstd", Dim::B, Dim::T, Dim::one, Dim::one, true, ActType::f32},  // (B,T)
+    {"probs", Dim::B, Dim::T, Dim::V, Dim::one, true, ActType::act},       // (B,T,V)
+    {"losses", Dim::B, Dim::T, Dim::one, Dim::one, true, ActType::f32},    // (B,T)
     // backward scratch, one layer's worth, reused layer after layer; dresidual holds the
     // gradient of the residual stream: of the run's output before its blocks, of its input after
-    {"dresidual", Dim::B, Dim::T, Dim::C, Dim::one, false},   // (B,T,C)
-    {"dbuf_c", Dim::B, Dim::T, Dim::C, Dim::one, false},      // (B,T,C)
-    {"dbuf_c3", Dim::B, Dim::T, Dim::C3, Dim::one, false},    // (B,T,3C)
-    {"dbuf_f", Dim::B, Dim::T, Dim::F, Dim::one, false},      // (B,T,F)
-    {"dbuf_f2", Dim::B, Dim::T, Dim::F, Dim::one, false},     // (B,T,F)
-    {"dpreatt", Dim::B, Dim::NH, Dim::T, Dim::T, false},      // (B,NH,T,T)
-    {"datt", Dim::B, Dim::NH, Dim::T, Dim::T, false},         // (B,NH,T,T)
+    {"dresidual", Dim::B, Dim::T, Dim::C, Dim::one, false, ActType::act},  // (B,T,C)
+    {"dbuf_c", Dim::B, Dim::T, Dim::C, Dim::one, false, ActType::act},     // (B,T,C)
+    {"dbuf_c3", Dim::B, Dim::T, Dim::C3, Dim::one, false, ActType::act},   // (B,T,3C)
+    {"dbuf_f", Dim::B, Dim::T, Dim::F, Dim::one, false, ActType::act},     // (B,T,F)
+    {"dbuf_f2", Dim::B, Dim::T, Dim::F, Dim::one, false, ActType::act},    // (B,T,F)
+    {"dpreatt", Dim::B, Dim::NH, Dim::T, Dim::T, false, ActType::act},     // (B,NH,T,T)
+    {"datt", Dim::B, Dim::NH, Dim::T, Dim::T, false, ActType::act},        // (B,NH,T,T)
 };
 enum ActIndex : int {
     ENCODED, LN1, LN1_MEAN, LN1_RSTD, QKV, ATTY, ATT, RESIDUAL2, LN2, LN2_MEAN, LN2_RSTD, FCH,
@@ -229,6 +244,7 @@ static_assert(kNumActs == sizeof(kGpt2Acts) / sizeof(kGpt2Acts[0]),
 // The sizes an activation table is built for.
 struct ActShape {
     i64 B = 1, T = 1;        // sequences and tokens of the microbatch
+    DType dtype = DType::f32;  // the activation dtype (ActType::act)
     int layers = 0;          // L, layers of the run
     bool head = true;        // the run ends in the LM head
     bool recompute = false;  // keep one block's internals (LS = 1), recomputed in backward
@@ -239,9 +255,10 @@ struct ActShape {
 i64 resolve_dim(Dim d, const ModelConfig& mc, const ActShape& shape);
 
 struct ActTable {
-    i64 offset[kNumActs];
-    i64 numel[kNumActs];
-    i64 total = 0;
+    i64 offset[kNumActs];  // bytes, 64-byte aligned
+    i64 numel[kNumActs];   // elements
+    DType dtype[kNumActs];
+    i64 total = 0;  // bytes, including alignment padding
     static ActTable build(const ModelConfig& mc, const ActShape& shape);
 };
 

@@ -43,12 +43,13 @@ struct SectionDef {
     const char* doc;
 };
 
-constexpr std::array<SectionDef, 9> kSections = {{
+constexpr std::array<SectionDef, 10> kSections = {{
     {"model", "The GPT: sizes and initialisation."},
     {"layout", "The parallel layout: dp x pp x tp ranks, ZeRO, microbatches, pipeline schedule (DESIGN.md section 3)."},
     {"train", "Optimisation: steps, batch, AdamW and the learning-rate schedule."},
     {"data", "Where tokens come from."},
     {"numerics", "How reductions are computed (see DESIGN.md section 2)."},
+    {"precision", "The dtypes tensors are kept in (DESIGN.md section 5); master weights, gradients and optimizer state are always fp32."},
     {"output", "What the run writes."},
     {"checkpoint", "Checkpoints: logical, layout-free HDF5 files to resume from under any layout."},
     {"validate", "Checks beside training: silent data corruption across data-parallel replicas."},
@@ -103,6 +104,7 @@ const std::array kKeys = {
     PX_KEY(numerics, mode, "\"bitwise\" (equal to the single-device reference, bit for bit) or \"fast\""),
     PX_KEY(numerics, block, "canonical reduction block size"),
     PX_KEY(numerics, isa, "vector path: \"auto\", \"avx512\", \"avx2\" or \"scalar\""),
+    PX_KEY(precision, activations, "dtype of the activations: \"fp32\" (\"bf16\" and \"fp16\" are refused until their kernels exist)"),
     PX_KEY(output, dir, "where run.h5 and exports go (--out overrides)"),
     PX_KEY(output, run_file, "write <dir>/run.h5"),
     PX_KEY(output, export_llmc, "if set, write the final weights as an llm.c checkpoint here"),
@@ -405,6 +407,36 @@ void one_of(const char* key, const std::string& v, const std::vector<std::string
 
 constexpr i64 kMaxMarkovStates = i64{1} << 22;
 
+// precision.activations: each name, its dtype, and whether kernels for it are registered
+// (kernels/backend.cpp). A dtype becomes usable by registering its kernels and setting `ready`.
+struct ActivationPrecision {
+    const char* name;
+    DType dtype;
+    bool ready;
+};
+constexpr ActivationPrecision kActivationPrecisions[] = {
+    {"fp32", DType::f32, true},
+    {"bf16", DType::bf16, false},
+    {"fp16", DType::f16, false},
+};
+
+DType check_activations(const std::string& v) {
+    std::vector<std::string> ready;
+    for (const ActivationPrecision& p : kActivationPrecisions)
+        if (p.ready) ready.emplace_back(p.name);
+    for (const ActivationPrecision& p : kActivationPrecisions) {
+        if (v != p.name) continue;
+        if (!p.ready)
+            throw Problem{{"precision.activations"},
+                          "precision.activations = " + quote(v) + " is not supported yet: " + v +
+                              " activations need " + v +
+                              " kernels (registered in kernels/backend.cpp); use \"fp32\""};
+        return p.dtype;
+    }
+    one_of("precision.activations", v, ready);  // throws: no dtype has that name
+    return DType::f32;
+}
+
 // Throws the first problem: single keys in table order, then constraints across keys.
 void check(const Config& c) {
     const ModelConfig& m = c.model;
@@ -457,6 +489,7 @@ void check(const Config& c) {
     at_least("data.markov_vocab", d.markov_vocab, 0);
 
     at_least("numerics.block", n.block, 1);
+    check_activations(c.precision.activations);
 
     at_least("checkpoint.every", c.checkpoint.every, 0);
     at_least("checkpoint.keep", c.checkpoint.keep, 1);
@@ -747,6 +780,14 @@ const char* default_config_toml() {
 }
 
 std::string config_to_toml(const Config& cfg) { return to_toml(cfg, false); }
+
+DType activation_dtype(const PrecisionConfig& pc) {
+    try {
+        return check_activations(pc.activations);
+    } catch (const Problem& p) {
+        throw ConfigError(p.text);
+    }
+}
 
 Numerics make_numerics(const NumericsConfig& nc) {
     if (nc.block < 1)

@@ -1,5 +1,5 @@
-// The job config: TOML with sections [model] [layout] [train] [data] [numerics] [output]
-// [checkpoint].
+// The job config: TOML with sections [model] [layout] [train] [data] [numerics] [precision]
+// [output] [checkpoint].
 // Every key is documented in README.md ("Config keys"); the defaults below are the embedded
 // default job (a tiny GPT on the built-in Markov source, which needs no files).
 //
@@ -7,6 +7,7 @@
 //   ModelConfig .. CheckpointConfig   one struct per section, one field per key
 //                                 (LayoutConfig: the parallel layout, DESIGN.md §3)
 //   Config                        the whole job
+//   activation_dtype              the dtype precision.activations resolves to
 //   parse_config                  TOML text -> Config; errors name the key (ConfigError)
 //   load_config                   a file -> Config
 //   apply_override(s)             "section.key=value" from --set
@@ -15,6 +16,7 @@
 //   default_config_toml           the embedded default job, as TOML text
 //   config_to_toml                a Config back to TOML (stored in run files)
 #pragma once
+#include "core/base/dtype.h"
 #include "core/base/numerics.h"
 
 #include <cstdint>
@@ -99,6 +101,14 @@ struct NumericsConfig {
     bool operator==(const NumericsConfig&) const = default;
 };
 
+// The dtypes tensors are kept in (DESIGN.md §5). Master weights, gradients and optimizer state
+// are fp32 whatever this says.
+struct PrecisionConfig {
+    std::string activations = "fp32";  // the activations' dtype; only "fp32" has kernels today
+
+    bool operator==(const PrecisionConfig&) const = default;
+};
+
 struct OutputConfig {
     std::string dir = "runs/default";  // where run.h5 and exports go (--out overrides)
     bool run_file = true;              // write <dir>/run.h5
@@ -146,6 +156,7 @@ struct Config {
     TrainConfig train;
     DataConfig data;
     NumericsConfig numerics;
+    PrecisionConfig precision;
     OutputConfig output;
     CheckpointConfig checkpoint;
     ValidateConfig validate;
@@ -171,5 +182,6 @@ std::vector<std::string> config_keys();   // "model.vocab", ..., "checkpoint.res
 const char* default_config_toml();         // the struct defaults, one comment line per key
 std::string config_to_toml(const Config& cfg);  // complete and exact: parse_config gives cfg back
 Numerics make_numerics(const NumericsConfig& nc);  // resolves isa "auto"; errors if unsupported here
+DType activation_dtype(const PrecisionConfig& pc);  // ConfigError if it has no kernels
 
 }  // namespace px

@@ -16,31 +16,14 @@ i64 align16(i64 n) {
     return (n + 15) / 16 * 16;
 }
 
-Tensor make_view(float* data, const i64* dims, int ndim, const char* name) {
-    Tensor t;
-    t.data = data;
-    t.ndim = ndim;
-    i64 stride = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-        t.shape[d] = dims[d];
-        t.strides[d] = stride;
-        stride *= dims[d];
-    }
-    t.name = name;
-    return t;
-}
-
 void zero(const Tensor& t) {
-    std::memset(t.data, 0, static_cast<size_t>(t.numel()) * sizeof(float));
+    std::memset(t.data, 0, static_cast<size_t>(bytes_of(t.dtype, t.numel())));
 }
 
 // Rows [r.lo, r.hi) of t seen as (rows, last dim); a vector (B,T) gives (hi - lo).
 Tensor token_view(const Tensor& t, TokenRows r, i64 BT) {
     const i64 w = t.numel() / BT;
-    Tensor v = w == 1 ? view_f32(t.f32() + r.lo, {r.hi - r.lo})
-                      : view_f32(t.f32() + r.lo * w, {r.hi - r.lo, w});
-    v.name = t.name;
-    return v;
+    return w == 1 ? subview(t, r.lo, {r.hi - r.lo}) : subview(t, r.lo * w, {r.hi - r.lo, w});
 }
 
 }  // namespace
@@ -64,7 +47,7 @@ Tensor Activations::tensor(int a) const {
         for (int i = 0; i < nd - 1; i++) dims[i] = dims[i + 1];
         nd--;
     }
-    return make_view(arena_.data() + table_.offset[a], dims, nd, s.name);
+    return arena_.view(table_.dtype[a], table_.offset[a], dims, nd, s.name);
 }
 
 Tensor Activations::layer(int a, int i) const {
@@ -81,11 +64,13 @@ Tensor Activations::layer(int a, int i) const {
     if (a == ATT) dims[nd++] = shape_.T;
     i64 per_layer = 1;
     for (int j = 0; j < nd; j++) per_layer *= dims[j];
-    return make_view(arena_.data() + table_.offset[a] + slot * per_layer, dims, nd, s.name);
+    return arena_.view(table_.dtype[a],
+                       table_.offset[a] + bytes_of(table_.dtype[a], slot * per_layer), dims, nd,
+                       s.name);
 }
 
-float* Activations::output() const {
-    return shape_.layers > 0 ? layer(RESIDUAL3, shape_.layers - 1).f32() : input();
+Tensor Activations::output() const {
+    return shape_.layers > 0 ? layer(RESIDUAL3, shape_.layers - 1) : input();
 }
 
 // ---- parameters ------------------------------------------------------------------------------
@@ -96,19 +81,20 @@ GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part)
     : GPT(mc, nx, part, nullptr) {}
 
 GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
-         std::shared_ptr<const ParallelLayers> layers)
+         std::shared_ptr<const ParallelLayers> layers, DType activations)
     : mc_(mc),
       nx_(nx),
       part_(part),
       layers_(std::move(layers)),
       sp_(layers_ && layers_->sequence_parallel()),
       dims_(layers_ ? layers_->dims() : TpDims{}),
+      act_dtype_(activations),
       table_(ParamTable::build(mc, part, dims_)) {
     PX_ASSERT(!part_.chunks.empty(), "a model part needs at least one chunk of layers");
     glayout_.head_offset = table_.total;
     glayout_.total = table_.total +
                      (part_.holds_wte() ? align16(resolve_dim(Dim::V, mc, dims_) * mc.hidden) : 0);
-    params_ = Arena(table_.total);
+    params_ = Arena(bytes_of(DType::f32, table_.total));
 }
 
 void GPT::wrap_parallel_layers(const LayersWrap& wrap) {
@@ -119,8 +105,8 @@ void GPT::wrap_parallel_layers(const LayersWrap& wrap) {
 
 Tensor GPT::param(int i) const {
     const TableEntry& e = table_.entries[i];
-    Tensor t = e.is_vector() ? view_f32(params_.data() + e.offset, {e.cols})
-                             : view_f32(params_.data() + e.offset, {e.rows, e.cols});
+    Tensor t = e.is_vector() ? view_f32(params_.f32() + e.offset, {e.cols})
+                             : view_f32(params_.f32() + e.offset, {e.rows, e.cols});
     t.name = e.name.c_str();
     t.id = e.id;
     return t;
@@ -140,14 +126,14 @@ Tensor GPT::grad_head(float* grads) const {
 
 float* GPT::param_ptr(const std::string& name) const {
     const int i = table_.find(name);
-    return i < 0 ? nullptr : params_.data() + table_.entries[i].offset;
+    return i < 0 ? nullptr : params_.f32() + table_.entries[i].offset;
 }
 
 void GPT::init_random(std::uint64_t seed, double init_std) {
     // GPT-2: weights N(0, std), residual projections N(0, std/sqrt(2L)), biases 0, norms 1.
     const double residual_std = init_std / std::sqrt(2.0 * static_cast<double>(mc_.layers));
     for (const TableEntry& e : table_.entries) {
-        float* p = params_.data() + e.offset;
+        float* p = params_.f32() + e.offset;
         const u32 id = static_cast<u32>(e.id);
         // A shard draws its slice of the whole tensor's numbers (same ids, logical indices).
         auto normal = [&](double std) {
@@ -187,6 +173,7 @@ Activations GPT::make_activations(int chunk, i64 B, i64 T, bool recompute) const
     shape.head = has_head(chunk);
     shape.recompute = recompute;
     shape.tp = dims_;
+    shape.dtype = act_dtype_;
     return Activations(mc_, shape);
 }
 
@@ -369,7 +356,7 @@ void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
 
     // residual2 = residual + attn(ln1(residual)).
     const Tensor datty = a.layer(ATTY, i);  // d(atty) staged in dbuf_c, sized like atty
-    const Tensor dbuf_a = view_f32(dbuf_c.f32(), {datty.shape[0], datty.shape[1], datty.shape[2]});
+    const Tensor dbuf_a = subview(dbuf_c, 0, {datty.shape[0], datty.shape[1], datty.shape[2]});
     zero(dbuf_a);
     linear_backward(Linear::attn_proj, dbuf_a, dattprojw, &dattprojb, dresidual, a.layer(ATTY, i),
                     P(l, ATTPROJW));
@@ -409,7 +396,7 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
     }
     if (!has_head(chunk)) return;
     before_forward({Unit::head});
-    const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
+    const Tensor last = a.output();
     layernorm_forward(a.tensor(LNF), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD), last,
                       param(table_.lnfw), param(table_.lnfb));
     sp_gather(a.tensor(LNF));
@@ -456,7 +443,7 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
                                  param(table_.wte));
         probe("bwd", -1, "head", "dinp", dbuf_c, ProbeSplit::tokens);
         zero(dresidual);
-        const Tensor last = view_f32(a.output(), {a.shape().B, a.shape().T, mc_.hidden});
+        const Tensor last = a.output();
         layernorm_backward(dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb), dbuf_c,
                            last, param(table_.lnfw), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD));
         probe("bwd", -1, "ln_f", "dinp", dresidual, ProbeSplit::tokens);
@@ -496,7 +483,12 @@ void GPT::offer_probe(const char* phase, int layer, const char* op, const char* 
     const i64 w = shape.back();
     i64 rows = 1;  // B·T (also when w is 0: a tp rank past the last vocabulary block)
     for (size_t d = 0; d + 1 < shape.size(); d++) rows *= shape[d];
-    const float* data = t.f32();
+    std::vector<float> widened;  // a narrower activation, read exactly as fp32 (core/base/dtype.h)
+    if (t.dtype != DType::f32) {
+        widened.resize(static_cast<size_t>(t.numel()));
+        convert(widened.data(), DType::f32, t.data, t.dtype, widened.size());
+    }
+    const float* data = t.dtype == DType::f32 ? t.f32() : widened.data();
     std::vector<float> staged;  // the pieces back to back, when the local layout interleaves them
     ShardSpec spec;
     if (!layers_ || split == ProbeSplit::whole) {

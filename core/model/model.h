@@ -31,6 +31,8 @@ namespace px {
 // combine only once the whole batch is in, so the sum is the same however the batch is split.
 // Every part that holds wte has the head region (a part with the embedding but not the head
 // gets the head's contribution there from whoever runs the head); a part without wte has none.
+// Gradients are fp32, as the master weights are, whatever the activations' dtype: a gradient
+// buffer is a float* throughout (model, trainer, ZeRO, optimizer).
 struct GradLayout {
     i64 head_offset = 0;  // floats from the start of the buffer
     i64 total = 0;        // floats in one gradient buffer
@@ -54,13 +56,14 @@ public:
     Activations(const ModelConfig& mc, const ActShape& shape);
 
     const ActShape& shape() const { return shape_; }
-    Tensor tensor(int a) const;            // the whole tensor
-    Tensor layer(int a, int i) const;      // local layer i (0 .. layers-1) of a per-layer tensor
-    float* input() const { return tensor(ENCODED).f32(); }      // (B,T,C) the chunk's input
-    float* output() const;                                      // (B,T,C) its last block's output
-    float* dresidual() const { return tensor(DRESIDUAL).f32(); }  // (B,T,C) see kGpt2Acts
-    const float* losses() const { return tensor(LOSSES).f32(); }  // (B,T) head chunks only
-    i64 bytes() const { return arena_.size() * static_cast<i64>(sizeof(float)); }
+    DType dtype() const { return shape_.dtype; }  // of the activations (ActType::act)
+    Tensor tensor(int a) const;                   // the whole tensor, in its table's dtype
+    Tensor layer(int a, int i) const;  // local layer i (0 .. layers-1) of a per-layer tensor
+    Tensor input() const { return tensor(ENCODED); }        // (B,T,C) the chunk's input
+    Tensor output() const;                                  // (B,T,C) its last block's output
+    Tensor dresidual() const { return tensor(DRESIDUAL); }  // (B,T,C) see kGpt2Acts
+    Tensor losses() const { return tensor(LOSSES); }        // (B,T) fp32, head chunks only
+    i64 bytes() const { return arena_.bytes(); }            // the table's total
 
 private:
     ModelConfig mc_;
@@ -178,8 +181,9 @@ public:
     GPT(const ModelConfig& mc, const Numerics& nx);                       // the whole model
     GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part);  // a part of it
     // A part whose layers run through `layers` (a tensor-parallel shard: local shapes).
+    // Activations of `activations` dtype (precision.activations; ActType::act of the table).
     GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
-        std::shared_ptr<const ParallelLayers> layers);
+        std::shared_ptr<const ParallelLayers> layers, DType activations = DType::f32);
     const ParallelLayers* parallel_layers() const { return layers_.get(); }  // null: plain
     // The layers become wrap(the layers): a decorator that delegates to them (a tracer, a
     // test's planted bug) and has their dims and shards. Before the first forward.
@@ -196,10 +200,11 @@ public:
     Numerics& numerics() { return nx_; }
     const Numerics& numerics() const { return nx_; }
 
-    Tensor param(int i) const;                         // view into the parameter arena
+    Tensor param(int i) const;                         // view into the (fp32) parameter arena
     Tensor grad(float* grads, int i) const;            // the same tensor in a gradient buffer
     Tensor grad_head(float* grads) const;              // (V,C) LM-head part of dwte (local V)
-    float* params() const { return params_.data(); }
+    DType activation_dtype() const { return act_dtype_; }
+    float* params() const { return params_.f32(); }    // fp32 master weights
     const Arena& param_arena() const { return params_; }
     Arena& param_arena() { return params_; }
     float* param_ptr(const std::string& name) const;  // null if no such parameter
@@ -254,7 +259,7 @@ public:
     // tokens, targets (B,T). Fills the per-token losses (B,T) (the mean is the caller's, since
     // it is a reduction over the whole batch). Activations are kept for backward.
     void forward(const int* tokens, const int* targets, i64 B, i64 T);
-    const float* losses() const { return acts_.losses(); }
+    const float* losses() const { return acts_.losses().f32(); }
 
     // Adds this microbatch's gradients into `grads` (a GradLayout buffer, zeroed by the caller
     // before its first microbatch). dloss is d(mean loss)/d(token loss) = 1/(tokens in the batch).
@@ -316,6 +321,7 @@ private:
     std::shared_ptr<const ParallelLayers> layers_;  // null: the plain kernels
     bool sp_ = false;                               // layers_->sequence_parallel()
     TpDims dims_;                                   // local sizes (the whole model without layers_)
+    DType act_dtype_;                               // of the activations it makes
     ParamTable table_;
     GradLayout glayout_;
     Arena params_;

@@ -36,7 +36,8 @@ float global_grad_norm(const Numerics& nx, const GPT& model, float* grads) {
     return std::sqrt(total);
 }
 
-AdamW::AdamW(const GPT& model, i64 lo, i64 hi) : lo_(lo), hi_(hi), m_(hi - lo), v_(hi - lo) {
+AdamW::AdamW(const GPT& model, i64 lo, i64 hi)
+    : lo_(lo), hi_(hi), m_(bytes_of(DType::f32, hi - lo)), v_(bytes_of(DType::f32, hi - lo)) {
     PX_ASSERT(0 <= lo && lo <= hi && hi <= model.table().total, "AdamW shard out of range");
 }
 
@@ -62,9 +63,12 @@ void AdamW::step(GPT& model, float* grads, float grad_norm, float lr, int t,
                          decay ? static_cast<float>(tc.weight_decay) : 0.0f,
                          scale,
                          t};
-        ops::adamw_update(model.numerics(), named(model.param_arena().view(a, {b - a})),
-                          named(m_.view(a - lo_, {b - a})), named(v_.view(a - lo_, {b - a})),
-                          named(view_f32(grads + a, {b - a})), s);
+        ops::adamw_update(
+            model.numerics(),
+            named(model.param_arena().view(DType::f32, bytes_of(DType::f32, a), {b - a})),
+            named(m_.view(DType::f32, bytes_of(DType::f32, a - lo_), {b - a})),
+            named(v_.view(DType::f32, bytes_of(DType::f32, a - lo_), {b - a})),
+            named(view_f32(grads + a, {b - a})), s);
     }
 }
 

@@ -32,15 +32,15 @@ public:
     // tc.grad_clip by the given norm. t is the 1-based step.
     void step(GPT& model, float* grads, float grad_norm, float lr, int t, const TrainConfig& tc);
 
-    float* m() const { return m_.data(); }  // moments of elements [lo, hi)
-    float* v() const { return v_.data(); }
+    float* m() const { return m_.f32(); }  // moments of elements [lo, hi)
+    float* v() const { return v_.f32(); }
     i64 lo() const { return lo_; }
     i64 hi() const { return hi_; }
     i64 size() const { return hi_ - lo_; }
 
 private:
     i64 lo_, hi_;
-    Arena m_, v_;
+    Arena m_, v_;  // fp32, whatever the activations' dtype
 };
 
 }  // namespace px

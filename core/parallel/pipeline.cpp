@@ -59,8 +59,8 @@ int TreeAccumulator::build(i64 lo, i64 hi, i64 bpm, int parent) {
 
 float* TreeAccumulator::take() {
     if (free_.empty()) {
-        pool_.emplace_back(floats_);
-        free_.push_back(pool_.back().data());
+        pool_.emplace_back(bytes_of(DType::f32, floats_));
+        free_.push_back(pool_.back().f32());
     }
     float* b = free_.back();
     free_.pop_back();
@@ -101,7 +101,7 @@ void TreeAccumulator::end(int k) {
 
 i64 TreeAccumulator::bytes() const {
     i64 n = 0;
-    for (const Arena& a : pool_) n += a.size() * static_cast<i64>(sizeof(float));
+    for (const Arena& a : pool_) n += a.bytes();
     return n;
 }
 
@@ -112,7 +112,7 @@ i64 TreeAccumulator::resident_bytes() const {
 }
 
 void TreeAccumulator::release() {
-    for (Arena& a : pool_) a.decommit(0, a.size());
+    for (Arena& a : pool_) a.decommit(0, a.bytes());
 }
 
 void TreeAccumulator::reset() {
@@ -121,7 +121,26 @@ void TreeAccumulator::reset() {
         n.buf = nullptr;
     }
     free_.clear();
-    for (Arena& a : pool_) free_.push_back(a.data());
+    for (Arena& a : pool_) free_.push_back(a.f32());
+}
+
+namespace {
+void check_message(const Tensor& msg) {
+    if (msg.dtype != DType::f32)
+        throw Error(std::string("pipeline message '") + msg.name + "' holds " +
+                    dtype_name(msg.dtype) + " activations, which the communicators do not carry " +
+                    "yet: give core/comm a " + dtype_name(msg.dtype) + " element type");
+}
+}  // namespace
+
+comm::Handle send_message(comm::Communicator& pp, const Tensor& msg, int peer, int tag) {
+    check_message(msg);
+    return pp.send_async(static_cast<const float*>(msg.f32()), msg.numel(), peer, tag);
+}
+
+void recv_message(comm::Communicator& pp, const Tensor& msg, int peer, int tag) {
+    check_message(msg);
+    pp.recv(msg.f32(), msg.numel(), peer, tag);
 }
 
 }  // namespace px

@@ -1,21 +1,22 @@
 // Pipeline parallelism (DESIGN.md §3, PP) on the pp group: each pp rank holds the layers of its
-// virtual stages as one GPT over a ModelPart (core/model/model.h) and runs its schedule's action list
-// (core/parallel/schedule.h) with point-to-point messages (the trainer, core/train/job.h, executes
-// it; with pp = 1 the list is the single device's: forward, backward, for each microbatch); with dp
-// > 1 each data-parallel replica is one pipeline, and a stage's gradient is all-reduced over its dp
-// group. With tp > 1 each stage is cut over its tp group (tp_model.h's TpLayers on the stage's
-// part).
+// virtual stages as one GPT over a ModelPart (core/model/model.h) and runs its schedule's action
+// list (core/parallel/schedule.h) with point-to-point messages (the trainer, core/train/job.h,
+// executes it; with pp = 1 the list is the single device's: forward, backward, for each
+// microbatch); with dp > 1 each data-parallel replica is one pipeline, and a stage's gradient is
+// all-reduced over its dp group. With tp > 1 each stage is cut over its tp group (tp_model.h's
+// TpLayers on the stage's part).
 //
 // Index
 //   stage_part         the ModelPart of a pp rank: its chunks' layers, embedding, head
 //   TreeAccumulator    one chunk's microbatch gradients, combined in the token tree in any order
+//   send_message, recv_message  a message between stages: an activation, typed by its dtype
 //
 // The math. Virtual stage k computes h_k = f_k(h_{k-1}) on each microbatch (h_{-1}: the tokens,
 // f_0 starts with the embedding; the last stage ends in ln_f, the LM head and the per-token
 // losses). Forward: recv h_{k-1}, compute, send h_k. Backward: recv dL/dh_k, compute the chunk's
 // weight gradients and dL/dh_{k-1}, send it back (the last stage starts from dL/dloss_t = 1/N,
-// N = the tokens of the whole batch). Messages are (B,T,C) fp32 hidden states (under sequence
-// parallelism a tp rank's token rows of them, 10.), copied bit for bit.
+// N = the tokens of the whole batch). Messages are (B,T,C) hidden states in the activation dtype
+// (under sequence parallelism a tp rank's token rows of them, 10.), copied bit for bit.
 //
 // Why every bit equals the single device's (DESIGN.md §2):
 //   1. A stage runs the single device's kernels on the single device's inputs: messages move
@@ -72,6 +73,7 @@
 // and for validation forwards.
 #pragma once
 #include "core/base/arena.h"
+#include "core/comm/comm.h"
 #include "core/model/model.h"
 #include "core/parallel/mesh.h"
 
@@ -122,5 +124,12 @@ private:
     std::vector<Arena> pool_;  // partial gradients made so far
     std::vector<float*> free_;
 };
+
+// A message is a piece of an activation (a hidden state or its gradient): it moves as many
+// elements of the activation's dtype as the tensor holds. The communicators carry fp32 elements
+// today; a message of another dtype is refused with its name until core/comm carries that type.
+[[nodiscard]] comm::Handle send_message(comm::Communicator& pp, const Tensor& msg, int peer,
+                                        int tag);
+void recv_message(comm::Communicator& pp, const Tensor& msg, int peer, int tag);
 
 }  // namespace px

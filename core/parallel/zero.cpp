@@ -157,8 +157,8 @@ void ZeroShards::all_gather_params(comm::Communicator& dp, float* params) const 
 }
 
 void ZeroShards::release_params(Arena& params) const {
-    params.decommit(0, lo());
-    params.decommit(hi(), model_.table().total);
+    decommit_f32(params, 0, lo());
+    decommit_f32(params, hi(), model_.table().total);
 }
 
 // ---- ZeroUnits -------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ ZeroUnits::ZeroUnits(GPT& model, ZeroShards& shards, comm::Communicator& dp, int
     PX_ASSERT(m <= 1 || sp == 1, "the microbatch merges must leave one partial");
     if (m > 1) {
         const i64 n = (shards_.hi() - shards_.lo()) + (head_hi_ - head_lo_);
-        for (int d = 0; d < depth; d++) partial_.emplace_back(n);
+        for (int d = 0; d < depth; d++) partial_.emplace_back(bytes_of(DType::f32, n));
     }
 }
 
@@ -233,8 +233,8 @@ void ZeroUnits::gather(Unit u) {
 void ZeroUnits::release(Unit u) {
     Arena& params = model_.param_arena();
     for (const GradSpan& s : model_.unit_params(u)) {
-        params.decommit(s.lo, std::min(s.hi, shards_.lo()));
-        params.decommit(std::max(s.lo, shards_.hi()), s.hi);
+        decommit_f32(params, s.lo, std::min(s.hi, shards_.lo()));
+        decommit_f32(params, std::max(s.lo, shards_.hi()), s.hi);
     }
 }
 
@@ -249,7 +249,7 @@ void ZeroUnits::after_forward(Unit u) {
 
 // The embedding's backward reads no weights (it scatters d(encoded) into wte's and wpe's rows).
 void ZeroUnits::before_backward(Unit u, float* grads) {
-    PX_ASSERT(grads == grads_.data(), "ZeroUnits hooks a backward into another gradient buffer");
+    PX_ASSERT(grads == grads_.f32(), "ZeroUnits hooks a backward into another gradient buffer");
     if (stage_ == 3 && u.kind != Unit::embedding) gather(u);
     for (const GradSpan& s : model_.unit_grads(u))
         std::memset(grads + s.lo, 0, static_cast<size_t>(s.hi - s.lo) * sizeof(float));
@@ -265,8 +265,8 @@ void ZeroUnits::after_backward(Unit u, float* grads) {
         reduce_scatter_cut(dp_, grads, cuts, shards_.scratch_);
         const i64 a = cuts[static_cast<size_t>(r)], b = cuts[static_cast<size_t>(r) + 1];
         if (partial_.empty()) {  // one microbatch: the piece is the step's; keep it in place
-            grads_.decommit(s.lo, a);
-            grads_.decommit(b, s.hi);
+            decommit_f32(grads_, s.lo, a);
+            decommit_f32(grads_, b, s.hi);
             continue;
         }
         // This microbatch's node goes on the partials' stack, then siblings merge (job.cpp's
@@ -277,28 +277,28 @@ void ZeroUnits::after_backward(Unit u, float* grads) {
             const i64 at = slot(a), n = b - a;
             const float* right = grads + a;  // this microbatch's node
             if (merges == 0)
-                std::memcpy(partial_[static_cast<size_t>(top)].data() + at, right,
+                std::memcpy(partial_[static_cast<size_t>(top)].f32() + at, right,
                             static_cast<size_t>(n) * sizeof(float));
             for (int j = 0; j < merges; j++, top--) {
-                float* left = partial_[static_cast<size_t>(top) - 1].data() + at;
+                float* left = partial_[static_cast<size_t>(top) - 1].f32() + at;
                 for (i64 i = 0; i < n; i++) left[i] = left[i] + right[i];
                 right = left;
             }
         }
-        grads_.decommit(s.lo, s.hi);
+        decommit_f32(grads_, s.lo, s.hi);
     }
     if (stage_ == 3 && u.kind != Unit::embedding) release(u);
 }
 
 void ZeroUnits::finish() {
     if (partial_.empty()) return;
-    const float* sum = partial_[0].data();
+    const float* sum = partial_[0].f32();
     const i64 n = shards_.hi() - shards_.lo();
-    float* g = grads_.data();
+    float* g = grads_.f32();
     std::memcpy(g + shards_.lo(), sum, static_cast<size_t>(n) * sizeof(float));
     std::memcpy(g + head_lo_, sum + n, static_cast<size_t>(head_hi_ - head_lo_) * sizeof(float));
     note_peaks();
-    for (Arena& p : partial_) p.decommit(0, p.size());  // until the next step's first node
+    for (Arena& p : partial_) p.decommit(0, p.bytes());  // until the next step's first node
 }
 
 }  // namespace px

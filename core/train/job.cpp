@@ -124,17 +124,17 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
     // Messages: the whole (micro_B,T,C) hidden state, or under sequence parallelism this tp
     // rank's token rows of it (all that a stage's first block reads and its last block writes;
     // the same tp rank of the next stage holds the same rows).
-    msg_floats_ = micro_B_ * T_ * cfg_.model.hidden;
+    msg_n_ = micro_B_ * T_ * cfg_.model.hidden;
     if (const ParallelLayers* pl = model_->parallel_layers(); pl && pl->sequence_parallel()) {
         const TokenRows r = pl->token_rows(micro_B_ * T_);
         msg_lo_ = r.lo * cfg_.model.hidden;
-        msg_floats_ = (r.hi - r.lo) * cfg_.model.hidden;
+        msg_n_ = (r.hi - r.lo) * cfg_.model.hidden;
     }
 
     // ZeRO: each replica keeps the AdamW moments of one shard of its parameters and updates
     // only that shard (core/parallel/zero.h).
     zero_ = layout_.dp > 1 ? layout_.zero : 0;
-    grads_ = Arena(model_->grad_layout().total);
+    grads_ = Arena(bytes_of(DType::f32, model_->grad_layout().total));
     if (zero_ >= 1) {
         shards_ = std::make_unique<ZeroShards>(*model_, layout_.dp, dp_rank_);
         opt_ = std::make_unique<AdamW>(*model_, shards_->lo(), shards_->hi());
@@ -157,7 +157,7 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
         // Microbatches own token blocks [k·b, (k+1)·b) of the replica's node (make_layout checked
         // they are tree nodes); the subtree below a node has the same shape wherever it starts.
         for (int c = 0; c < model_->num_chunks(); c++)
-            acc_.emplace_back(layout_.microbatches, bpm, grads_.data(), model_->grad_layout().total,
+            acc_.emplace_back(layout_.microbatches, bpm, grads_.f32(), model_->grad_layout().total,
                               model_->grad_span(c));
     }
     if (zero_ == 3) shards_->release_params(model_->param_arena());
@@ -184,7 +184,7 @@ void Job::build_model() {
     if (layout_.tp > 1)
         tpl = std::make_shared<const TpLayers>(*groups_.tp, nx_, cfg_.model,
                                                cfg_.layout.sequence_parallel);
-    model_ = std::make_unique<GPT>(cfg_.model, nx_, part, tpl);
+    model_ = std::make_unique<GPT>(cfg_.model, nx_, part, tpl, activation_dtype(cfg_.precision));
     if (cfg_.model.init_from.empty()) {
         model_->init_random(cfg_.train.seed, cfg_.model.init_std);
         return;
@@ -226,7 +226,7 @@ double Job::entropy_rate() const {
 }
 
 float* Job::grads() const {
-    return grads_.data();
+    return grads_.f32();
 }
 
 bool Job::is_last_virtual(int chunk) const {
@@ -320,7 +320,7 @@ void Job::backward(Slot& slot, int c, int m) {
     if (units_) {  // the hooks zero, reduce-scatter and accumulate unit by unit
         units_->begin_microbatch(
             m, [this, m](float* g, i64 lo, i64 hi) { microbatch_grad(m, g, lo, hi); });
-        model_->backward(slot.acts, c, grads_.data(), tokens(m), targets(m), dloss);
+        model_->backward(slot.acts, c, grads_.f32(), tokens(m), targets(m), dloss);
         return;
     }
     TreeAccumulator& acc = acc_[static_cast<size_t>(c)];
@@ -341,8 +341,8 @@ void Job::run_actions() {
             case Action::recv_act:
                 PX_ASSERT(live == nullptr, "recv_act for a microbatch already in flight");
                 live = acquire(c);
-                pp->recv(live->acts.input() + msg_lo_, msg_floats_, a.peer,
-                         message_tag(schedule_, pp_rank_, a));
+                recv_message(*pp, message(live->acts.input()), a.peer,
+                             message_tag(schedule_, pp_rank_, a));
                 break;
             case Action::forward:
                 set_probe_rows(m);
@@ -353,18 +353,17 @@ void Job::run_actions() {
                 }
                 model_->forward(live->acts, c, tokens(m), targets(m));
                 if (is_last_virtual(c))
-                    std::memcpy(losses_.data() + m * micro_B_ * T_, live->acts.losses(),
+                    std::memcpy(losses_.data() + m * micro_B_ * T_, live->acts.losses().f32(),
                                 static_cast<size_t>(micro_B_ * T_) * sizeof(float));
                 break;
             case Action::send_act:
-                live->pending =
-                    pp->send_async(static_cast<const float*>(live->acts.output() + msg_lo_),
-                                   msg_floats_, a.peer, message_tag(schedule_, pp_rank_, a));
+                live->pending = send_message(*pp, message(live->acts.output()), a.peer,
+                                             message_tag(schedule_, pp_rank_, a));
                 break;
             case Action::recv_grad:
                 // Into dresidual, which the pending send of the output does not read.
-                pp->recv(live->acts.dresidual() + msg_lo_, msg_floats_, a.peer,
-                         message_tag(schedule_, pp_rank_, a));
+                recv_message(*pp, message(live->acts.dresidual()), a.peer,
+                             message_tag(schedule_, pp_rank_, a));
                 break;
             case Action::backward:
                 // The output's send has landed (the gradient that came back needed it): complete
@@ -377,9 +376,8 @@ void Job::run_actions() {
                 }
                 break;
             case Action::send_grad:
-                live->pending =
-                    pp->send_async(static_cast<const float*>(live->acts.dresidual() + msg_lo_),
-                                   msg_floats_, a.peer, message_tag(schedule_, pp_rank_, a));
+                live->pending = send_message(*pp, message(live->acts.dresidual()), a.peer,
+                                             message_tag(schedule_, pp_rank_, a));
                 release(c, live);
                 live = nullptr;
                 break;
@@ -533,7 +531,7 @@ StepMetrics Job::step() {
     for (TreeAccumulator& a : acc_) a.reset();
     run_actions();
 
-    float* g = grads_.data();
+    float* g = grads_.f32();
     reduce_grads(g);
     for (const StepHooks& h : hooks_)
         if (h.grads) h.grads(step_ + 1, g);
@@ -559,8 +557,8 @@ StepMetrics Job::step() {
     if (zero_ >= 2 && !units_) {
         // Between steps a replica holds only its shard of the gradient; the microbatch partials
         // and the rest of the buffer go back to the system until the next step's backward.
-        grads_.decommit(0, shards_->lo());
-        grads_.decommit(shards_->hi(), grads_.size());
+        decommit_f32(grads_, 0, shards_->lo());
+        grads_.decommit(bytes_of(DType::f32, shards_->hi()), grads_.bytes());
         for (TreeAccumulator& a : acc_) a.release();
     }
     step_++;
@@ -611,15 +609,15 @@ double Job::evaluate() {
                 const int stage = stage_of(pp_rank_, c, pp);
                 Slot* s = acquire(c);
                 if (stage > 0)
-                    groups_.pp->recv(s->acts.input() + msg_lo_, msg_floats_,
-                                     rank_of_stage(stage - 1, pp), kEvalTagBase + stage);
+                    recv_message(*groups_.pp, message(s->acts.input()),
+                                 rank_of_stage(stage - 1, pp), kEvalTagBase + stage);
                 model_->forward(s->acts, c, tok.data(), tgt.data());
                 if (stage < S - 1)
-                    s->pending = groups_.pp->send_async(
-                        static_cast<const float*>(s->acts.output() + msg_lo_), msg_floats_,
-                        rank_of_stage(stage + 1, pp), kEvalTagBase + stage + 1);
+                    s->pending =
+                        send_message(*groups_.pp, message(s->acts.output()),
+                                     rank_of_stage(stage + 1, pp), kEvalTagBase + stage + 1);
                 else
-                    std::memcpy(local.data() + j * per_rank + k * mb_tokens, s->acts.losses(),
+                    std::memcpy(local.data() + j * per_rank + k * mb_tokens, s->acts.losses().f32(),
                                 static_cast<size_t>(mb_tokens) * sizeof(float));
                 release(c, s);
             }

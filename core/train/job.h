@@ -234,7 +234,8 @@ private:
     RankGroups groups_;
     int pp_rank_ = 0, dp_rank_ = 0, tp_rank_ = 0;
     i64 T_ = 0, micro_B_ = 0, local_B_ = 0;
-    i64 msg_lo_ = 0, msg_floats_ = 0;  // a message: floats [msg_lo_, +msg_floats_) of a state
+    i64 msg_lo_ = 0, msg_n_ = 0;  // a message: elements [msg_lo_, +msg_n_) of a (B,T,C) state
+    Tensor message(const Tensor& state) const { return subview(state, msg_lo_, {msg_n_}); }
     bool recompute_ = false;
     int zero_ = 0;                  // ZeRO stage over dp (0 when dp = 1)
     std::vector<ModelPart> parts_;  // every pp rank's, for the norm's owners and gather_full
@@ -244,7 +245,7 @@ private:
     std::unique_ptr<TokenSource> source_;
     std::unique_ptr<ZeroShards> shards_;  // ZeRO >= 1 with dp > 1
     std::unique_ptr<ZeroUnits> units_;    // ZeRO-2/3 with dp > 1 on one stage (zero.h)
-    Arena grads_;                         // the step's gradient (GradLayout)
+    Arena grads_;                         // the step's gradient (GradLayout), fp32
     std::vector<TreeAccumulator> acc_;    // per chunk (not under ZeroUnits)
     std::vector<std::vector<std::unique_ptr<Slot>>> slots_;  // per chunk: every set made
     std::vector<std::vector<Slot*>> free_;                   // per chunk: sets not in use

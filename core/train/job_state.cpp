@@ -178,7 +178,7 @@ void Job::restore_local(const CheckpointReader& file, const std::vector<StepMetr
 MemoryStats Job::memory() const {
     MemoryStats m;
     m.params = model_->table().total * static_cast<i64>(sizeof(float));
-    m.grads = grads_.size() * static_cast<i64>(sizeof(float));
+    m.grads = grads_.bytes();
     for (const TreeAccumulator& a : acc_) m.grads += a.bytes();
     m.peak_params = m.params;
     m.peak_grads = m.grads;
