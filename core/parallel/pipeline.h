@@ -23,7 +23,7 @@
 //      bits, they never add. Recompute "full" reruns a block's forward from its kept input:
 //      same inputs, same kernels, same bits.
 //   2. Each chunk combines its microbatch gradients in the token tree (TreeAccumulator) exactly
-//      as Job does: node = left + right over the same leaves.
+//      as the single device does: node = left + right over the same leaves.
 //   3. Tied wte: the first stage holds the embedding's part of dwte, the last stage the LM head's
 //      (GradLayout's head region). They swap them, and both form dwte = embedding + head
 //      (GPT::combine_tied_grads), so both hold the same gradient and apply the same AdamW update
@@ -37,7 +37,7 @@
 //      of the batch, one node of the token tree (token_ranges), its microbatches the nodes below.
 //      After the backwards each stage all-reduces its gradient buffer (the LM head's part of
 //      dwte included) over its dp group with the canonical algorithm: the nodes above the
-//      replicas', as Job forms them. Only then the tied exchange, the norm and AdamW, in the
+//      replicas', as the single device forms them. Only then the tied exchange, the norm and AdamW, in the
 //      single device's order. Loss: the last stages gather their replicas' per-token losses over
 //      dp (token order is dp-rank-major), then 4.
 //   8. ZeRO over a stage's dp group: each replica keeps the Adam moments of one block-aligned
