@@ -4,6 +4,7 @@
 #include "core/comm/comm.h"
 #include "core/model/data.h"
 #include "core/base/error.h"
+#include "core/base/files.h"
 #include "core/io/hdf5_util.h"
 #include "core/train/job.h"
 
@@ -181,6 +182,9 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
     impl_->path = path;
     QuietHdf5 quiet;
     if (!std::filesystem::exists(path)) fail(path, "no such file; record one with parallax record");
+    if (const FileKind k = file_kind(path); k != FileKind::regular)
+        fail(path, std::string("is ") + file_kind_text(k) +
+                       ", not a trace file; give a file written by parallax record");
     impl_->file = H(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
     if (!impl_->file.ok()) fail(path, "is not an HDF5 file (or is damaged)");
     const hid_t f = impl_->file.get();

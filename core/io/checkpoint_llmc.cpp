@@ -2,6 +2,7 @@
 
 #include "core/base/arena.h"
 #include "core/base/error.h"
+#include "core/base/files.h"
 #include "core/io/checkpoint.h"
 #include "core/io/hdf5_util.h"
 #include "core/model/data.h"  // the llm.c magic numbers
@@ -97,6 +98,10 @@ struct FileCloser {
 using File = std::unique_ptr<std::FILE, FileCloser>;
 
 File open_checkpoint(const std::string& path) {
+    const FileKind kind = file_kind(path);
+    if (kind != FileKind::regular && kind != FileKind::missing)
+        throw DataError("llm.c checkpoint " + path + " is " + file_kind_text(kind) +
+                        ", not a regular file; give a checkpoint file such as gpt2_124M.bin");
     File f(std::fopen(path.c_str(), "rb"));
     if (!f)
         throw DataError("llm.c checkpoint " + path + ": cannot open it: " + std::strerror(errno) +
@@ -180,6 +185,29 @@ LlmcHeader read_llmc_header(const std::string& path) {
         throw DataError("llm.c checkpoint " + path + " has padded_vocab_size " +
                         std::to_string(h.Vp) + " < vocab_size " + std::to_string(h.V) +
                         "; the file is corrupt");
+    // The sizes the header claims must be the file's, before anything is sized by them: a
+    // damaged header could otherwise ask for terabytes (or a layer count that takes hours to
+    // list). Exact in 128 bits: each field is below 2^31.
+    using u128 = unsigned __int128;
+    const u128 C = u128(h.C);
+    const u128 floats = u128(h.Vp) * C + u128(h.max_T) * C + u128(h.L) * (12 * C * C + 13 * C) + 2 * C;
+    const u128 expected = u128(kHeaderBytes) + 4 * floats;
+    if (expected != u128(size)) {
+        const double want = double(expected);
+        char claimed[48];
+        if (expected < u128(std::numeric_limits<i64>::max()))
+            std::snprintf(claimed, sizeof claimed, "%lld", static_cast<long long>(expected));
+        else
+            std::snprintf(claimed, sizeof claimed, "%.6g", want);
+        throw DataError("llm.c checkpoint " + path + " has " + std::to_string(size) +
+                        " bytes, but its header (version " + std::to_string(h.version) +
+                        ", max_seq_len " + std::to_string(h.max_T) + ", padded vocab " +
+                        std::to_string(h.Vp) + ", layers " + std::to_string(h.L) +
+                        ", channels " + std::to_string(h.C) + ") describes " + claimed +
+                        " bytes of fp32 weights and header; the file is " +
+                        (want > double(size) ? "truncated" : "corrupt or not fp32") +
+                        ": re-download or re-export it");
+    }
     return h;
 }
 
@@ -356,7 +384,8 @@ WeightsFile sniff_weights_file(const std::string& path, const std::string& role)
     }
     if (!S_ISREG(st.st_mode)) {
         std::string msg = role;
-        msg.append(" ").append(path).append(" is not a regular file (a folder?)");
+        msg.append(" ").append(path).append(" is ").append(file_kind_text(file_kind(path)));
+        msg.append(", not a regular file");
         throw DataError(msg.append("; give the path of a checkpoint file"));
     }
     File f(std::fopen(path.c_str(), "rb"));

@@ -2,6 +2,7 @@
 // and verifies them.
 #include "core/io/checkpoint_internal.h"
 #include "core/io/hdf5_util.h"
+#include "core/base/files.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -171,6 +172,9 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
             "does not exist; check the path (parallax inspect DIR lists a folder's checkpoints)");
     if (fs::is_directory(path, ec))
         r.fail("is a folder, not a checkpoint file; give a ckpt-*.h5 file in it");
+    if (const FileKind k = file_kind(path); k != FileKind::regular)
+        r.fail(std::string("is ") + file_kind_text(k) +
+               ", not a checkpoint file; give a ckpt-*.h5 file");
     const htri_t is = H5Fis_hdf5(path.c_str());
     if (is <= 0)
         r.fail(
@@ -252,7 +256,10 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
                ", computed " + hex64(computed_meta) +
                "): the step, config or another attribute was altered; use an earlier checkpoint");
 
-    // Every dataset, with shape, dtype and stored checksum.
+    // Every dataset, with shape, dtype and stored checksum. Datasets are stored whole (contiguous,
+    // allocated when created), so none is larger than the file: a shape that claims more is
+    // damage, found here before anything is sized by it.
+    const double file_bytes = static_cast<double>(fs::file_size(path, ec));
     std::vector<std::string> names;
     if (H5Ovisit2(r.file, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names, H5O_INFO_BASIC) < 0)
         r.fail("cannot list its datasets: the file is damaged" + hdf5_detail());
@@ -269,6 +276,16 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
         in.shape.assign(dims.begin(), dims.end());
         H type(H5Dget_type(d.get()), H5Tclose);
         in.dtype = dtype_name(type.get());
+        double bytes = static_cast<double>(H5Tget_size(type.get()));
+        for (const hsize_t n : dims) bytes *= static_cast<double>(n);
+        if (bytes > file_bytes) {
+            char claimed[48];
+            std::snprintf(claimed, sizeof claimed, "%.0f", bytes);
+            r.fail("dataset /" + name + " has shape " + shape_text(in.shape) + " of " +
+                   in.dtype + ", " + claimed + " bytes, more than the whole file (" +
+                   std::to_string(static_cast<i64>(file_bytes)) +
+                   " bytes): the file is damaged; use an earlier checkpoint");
+        }
         in.has_checksum = get_number(d.get(), "checksum", H5T_NATIVE_UINT64, in.checksum);
         r.infos.push_back(std::move(in));
     }
@@ -283,13 +300,13 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
     };
     const DatasetInfo& st = r.info("history/step");
     const i64 n = st.numel();
-    std::vector<std::int64_t> steps(static_cast<size_t>(n));
-    if (n > 0) read_column(st, steps.data());
     // One entry per finished step, in order: a resume continues after the last, and the
     // learning rate, the data and the run file all follow the step count.
     if (n != m.step)
         r.fail("/history/step has " + std::to_string(n) + " rows but the checkpoint's step is " +
                std::to_string(m.step) + "; the file is damaged: use an earlier checkpoint");
+    std::vector<std::int64_t> steps(static_cast<size_t>(n));
+    if (n > 0) read_column(st, steps.data());
     for (i64 i = 0; i < n; i++)
         if (steps[static_cast<size_t>(i)] != i + 1)
             r.fail("/history/step row " + std::to_string(i) + " is step " +

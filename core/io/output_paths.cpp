@@ -1,6 +1,7 @@
 #include "core/io/output_paths.h"
 
 #include "core/base/error.h"
+#include "core/base/files.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -69,6 +70,12 @@ void check_output_file(const std::string& path, const std::string& key) {
     std::error_code ec;
     if (fs::is_directory(path, ec))
         throw ConfigError(quoted(key, path) + " is a folder, not a file; give a file's path");
+    // A FIFO or a device is replaced (a rename over it) or read back (a run file resumed) as if
+    // it were a file: neither is what its owner meant.
+    if (const FileKind k = file_kind(path); k != FileKind::regular && k != FileKind::missing)
+        throw ConfigError(quoted(key, path) + " is " + file_kind_text(k) +
+                          ", not a regular file; give the path of a file (it is created or "
+                          "replaced)");
     const fs::path parent = fs::path(path).parent_path();
     check_folder(parent.empty() ? "." : parent.string(), key, path);
     if (fs::exists(path, ec) && ::access(path.c_str(), W_OK) != 0) {

@@ -1,6 +1,7 @@
 #include "core/model/data.h"
 
 #include "core/base/error.h"
+#include "core/base/files.h"
 
 #include <algorithm>
 #include <bit>
@@ -241,7 +242,12 @@ std::int32_t le_i32(const unsigned char* p) {
 std::unique_ptr<BinTokenSource::Mapped> open_tokens(const std::string& path, const char* key, i64 V,
                                                     i64 seq_len) {
     const std::string where = "token file " + path + " (" + key + ")";
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // Never open what is not a regular file: a FIFO would block the open until a writer comes.
+    const FileKind kind = file_kind(path);
+    if (kind != FileKind::regular && kind != FileKind::missing)
+        throw DataError(where + " is " + file_kind_text(kind) +
+                        ", not a regular file; give an llm.c .bin token file");
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         throw DataError(where + ": cannot open it: " + std::strerror(errno) +
                         "; check the path (llm.c's data scripts write e.g. "
@@ -252,7 +258,7 @@ std::unique_ptr<BinTokenSource::Mapped> open_tokens(const std::string& path, con
     } closer{fd};
     struct stat st {};
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-        throw DataError(where + ": not a readable regular file");
+        throw DataError(where + " is not a regular file; give an llm.c .bin token file");
     const i64 size = i64(st.st_size);
     const i64 header_bytes = kLlmcHeaderInts * 4;
     if (size < header_bytes)
