@@ -96,7 +96,7 @@ TEST_CASE("the embedded default job documents every key with a comment line", "[
     std::vector<std::string> lines;
     for (std::string l; std::getline(in, l);) lines.push_back(l);
     const auto keys = config_keys();
-    CHECK(keys.size() == 62);
+    CHECK(keys.size() == 63);
     for (const auto& k : keys) {
         const std::string name = k.substr(k.find('.') + 1);
         std::string section = "[";  // built by appending: "[" + std::string&& trips GCC 12's -Wrestrict
@@ -307,6 +307,15 @@ TEST_CASE("values out of range name the key, the value and the rule", "[config]"
         {"[train]\neval_every = -1", "train.eval_every = -1 is out of range: must be >= 0"},
         {"[train]\nval_batches = 0", "train.val_batches = 0 is out of range: must be >= 1"},
         {"[train]\nthreads = -2", "train.threads = -2 is out of range: must be >= 0"},
+        {"[train]\nthreads = 100000", "train.threads = 100000 is out of range: must be <= 1024"},
+        {"[train]\nmax_memory_gib = -1", "train.max_memory_gib = -1 is out of range: must be >= 0"},
+        {"[train]\nmax_memory_gib = nan", "train.max_memory_gib = nan is not a finite number"},
+        {"[train]\nsteps = 4294967297", "train.steps = 4294967297 is out of range: must be <= 4294967296"},
+        {"[train]\nbatch_size = 9223372036854775807", "train.batch_size = 9223372036854775807 is out of range"},
+        {"[train]\nval_batches = 4294967297", "train.val_batches = 4294967297 is out of range"},
+        {"[model]\nseq_len = 9223372036854775000", "model.seq_len = 9223372036854775000 is out of range: must be <= 4294967294"},
+        {"[model]\nvocab = 2147483649", "model.vocab = 2147483649 is out of range: must be <= 2147483648"},
+        {"[model]\nlayers = 2000000000", "model.layers = 2000000000 is out of range: must be <= 178956970"},
         {"[data]\nsource = \"files\"", "data.source must be \"markov\" or \"bin\", got \"files\""},
         {"[data]\nmarkov_order = 0", "data.markov_order = 0 is out of range: must be >= 1"},
         {"[data]\nmarkov_alpha = 0", "data.markov_alpha = 0 is out of range: must be > 0"},
@@ -325,6 +334,28 @@ TEST_CASE("values out of range name the key, the value and the rule", "[config]"
     CHECK_NOTHROW(parse_config("[train]\nbeta1 = 0\nmin_lr = 0\nwarmup_steps = 0\neval_every = 0\ngrad_clip = 0\n"
                                "threads = 0\nweight_decay = 0\n[model]\nvocab = 2\n",
                                "edges"));
+}
+
+TEST_CASE("sizes whose products no machine holds are refused naming the keys", "[config]") {
+    // Each in range alone; their product is 2^50 elements or more, which no size computed from
+    // them could survive (it would overflow 64 bits further on).
+    CHECK_THAT(parse_error("[train]\nbatch_size = 4294967296\n[model]\nseq_len = 4294967294\n"),
+               Contains("train.batch_size=4294967296 x model.seq_len=4294967294") &&
+                   Contains("more than 2^50"));
+    CHECK_THAT(parse_error("[model]\nlayers = 100000000\nhidden = 100000000\nheads = 1\n"),
+               Contains("model.layers=100000000 x model.hidden=100000000") && Contains("parameters"));
+    CHECK_THAT(parse_error("[model]\nvocab = 2147483648\nhidden = 1048576\nheads = 1\n"),
+               Contains("model.vocab=2147483648 x model.hidden=1048576") &&
+                   Contains("lower model.vocab"));
+    CHECK_THAT(parse_error("[model]\nseq_len = 100000000\n"), Contains("attention scores"));
+    // A --set that makes the product too big is the one blamed.
+    Config c;
+    CHECK_THAT(error_of([&] { apply_override(c, "model.seq_len=4294967294"); }),
+               Contains("--set model.seq_len=4294967294:") && Contains("model.seq_len"));
+    // Large but possible: a GPT-2 XL shape.
+    CHECK_NOTHROW(parse_config("[model]\nvocab = 50257\nseq_len = 1024\nlayers = 48\nheads = 25\n"
+                               "hidden = 1600\nffn = 6400\n",
+                               "ok"));
 }
 
 TEST_CASE("constraints across keys are sentences naming both keys", "[config]") {

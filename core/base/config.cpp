@@ -3,6 +3,7 @@
 #include "core/base/config.h"
 
 #include "core/base/error.h"
+#include "core/base/files.h"
 
 #include <toml++/toml.h>
 
@@ -93,7 +94,8 @@ const std::array kKeys = {
     PX_KEY(train, seed, "init and sampling seed (0 .. 2^63-1)"),
     PX_KEY(train, eval_every, "validation loss every N steps (and at the last step); 0 disables"),
     PX_KEY(train, val_batches, "validation batches of batch_size sequences"),
-    PX_KEY(train, threads, "OpenMP threads; 0 means all cores"),
+    PX_KEY(train, threads, "OpenMP threads per rank, at most 1024; 0 means all cores"),
+    PX_KEY(train, max_memory_gib, "memory (GiB) this process may use, checked against an estimate before anything is allocated; 0: what the machine has available (MemAvailable, the cgroup's limit)"),
     PX_KEY(data, source, "\"markov\" (built-in, needs no files) or \"bin\" (llm.c token files)"),
     PX_KEY(data, markov_order, "k, the order of the Markov chain (vocab^k states, at most 2^22)"),
     PX_KEY(data, markov_alpha, "concentration of the random transition rows (smaller: lower entropy)"),
@@ -437,6 +439,59 @@ DType check_activations(const std::string& v) {
     return DType::f32;
 }
 
+void at_most(const char* key, i64 v, i64 max, const char* why) {
+    if (v > max) throw out_of_range(key, std::to_string(v), "<= " + std::to_string(max) + " (" + why + ")");
+}
+
+// Sizes no machine holds. Counters and ids have fixed widths; and no product of sizes may reach
+// 2^50 elements (4 PiB of fp32), so that every size computed from them fits in 64 bits with room
+// to spare. (Whether a job fits this machine is judged later, from a memory estimate.)
+void check_limits(const Config& c) {
+    const ModelConfig& m = c.model;
+    const TrainConfig& t = c.train;
+    constexpr i64 k32 = i64{1} << 32;
+    at_most("model.vocab", m.vocab, i64{1} << 31, "tokens are 32-bit integers");
+    at_most("model.seq_len", m.seq_len, k32 - 2, "the data sampler numbers a window's tokens in 32 bits");
+    at_most("model.layers", m.layers, (INT_MAX - 4) / 12, "tensor ids are 32-bit integers");
+    at_most("train.steps", t.steps, k32, "the data sampler numbers steps in 32 bits");
+    at_most("train.batch_size", t.batch_size, k32, "the data sampler numbers a step's sequences in 32 bits");
+    at_most("train.val_batches", t.val_batches, k32, "the data sampler numbers validation batches in 32 bits");
+    at_most("train.threads", t.threads, 1024, "OpenMP threads per rank; 0 uses all cores");
+    const double kMax = std::ldexp(1.0, 50);
+    struct Factor {
+        const char* key;
+        i64 value;
+    };
+    auto product = [&](const char* what, std::initializer_list<Factor> factors, double extra = 1) {
+        double n = extra;
+        for (const Factor& f : factors) n *= static_cast<double>(f.value);
+        if (n < kMax) return;
+        Problem p;
+        std::string terms;
+        const Factor* largest = factors.begin();
+        for (const Factor& f : factors) {
+            p.keys.emplace_back(f.key);
+            terms += (terms.empty() ? "" : " x ") + std::string(f.key) + "=" + std::to_string(f.value);
+            if (f.value > largest->value) largest = &f;
+        }
+        p.text = terms + " gives " + number(n) + " " + what +
+                 ", more than 2^50 (no machine holds that many); lower " + largest->key;
+        throw p;
+    };
+    const Factor L{"model.layers", m.layers}, C{"model.hidden", m.hidden}, F{"model.ffn", m.ffn},
+        V{"model.vocab", m.vocab}, T{"model.seq_len", m.seq_len}, NH{"model.heads", m.heads},
+        B{"train.batch_size", t.batch_size}, VB{"train.val_batches", t.val_batches};
+    product("parameters in attention weights", {L, C, C}, 4);
+    product("parameters in MLP weights", {L, C, F}, 2);
+    product("embedding parameters", {V, C});
+    product("position embedding parameters", {T, C});
+    product("validation tokens", {VB, B, T});
+    product("logits per step", {B, T, V});
+    product("activations per step", {L, B, T, C}, 8);
+    product("activations per step", {L, B, T, F}, 2);
+    product("attention scores per step", {L, B, NH, T, T});
+}
+
 // Throws the first problem: single keys in table order, then constraints across keys.
 void check(const Config& c) {
     const ModelConfig& m = c.model;
@@ -481,6 +536,7 @@ void check(const Config& c) {
     at_least("train.eval_every", t.eval_every, 0);
     at_least("train.val_batches", t.val_batches, 1);
     at_least("train.threads", t.threads, 0);
+    non_negative("train.max_memory_gib", t.max_memory_gib);
 
     one_of("data.source", d.source, {"markov", "bin"});
     at_least("data.markov_order", d.markov_order, 1);
@@ -502,6 +558,8 @@ void check(const Config& c) {
     if (c.fault.bit < 0 || c.fault.bit > 31)
         throw out_of_range("fault.bit", std::to_string(c.fault.bit), "in 0..31");
     non_negative("fault.stall_s", c.fault.stall_s);
+
+    check_limits(c);
 
     if (m.hidden % m.heads != 0)
         throw Problem{{"model.heads", "model.hidden"},
@@ -738,6 +796,10 @@ Config load_config(const std::string& path) {
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec))
         throw ConfigError("cannot read config file '" + path + "': it is a directory; give a .toml file");
+    // Reading a FIFO would wait for a writer; a device is no config.
+    if (const FileKind k = file_kind(path); k != FileKind::regular && k != FileKind::missing)
+        throw ConfigError("cannot read config file '" + path + "': it is " + file_kind_text(k) +
+                          ", not a regular file; give a .toml file");
     std::ifstream in(path, std::ios::binary);
     if (!in) {
         throw ConfigError("cannot read config file '" + path + "': " + std::strerror(errno) + "; check the path");
