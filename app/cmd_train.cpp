@@ -5,6 +5,7 @@
 #include "core/comm/mpi.h"
 #include "core/base/config.h"
 #include "core/train/job.h"
+#include "core/train/memory.h"
 #include "core/train/runner.h"
 #include "core/io/output_paths.h"
 #include "core/io/runfile.h"
@@ -231,6 +232,9 @@ int run_train(const TrainOptions& opt, const comm::MpiEnvironment* mpi) {
     // folders it writes are locked for it (by one process of an MPI job), so that a second run
     // into them stops instead of writing over this one's files.
     check_run_outputs(cfg, opt.dump);
+    // The run fits in memory (the dump's copy of the state included), before anything is made.
+    check_memory(cfg, mpi ? MemoryScope::one_rank : MemoryScope::process,
+                 mpi ? comm::local_ranks() : 1, MemoryExtras{!opt.dump.empty()});
     std::vector<std::unique_ptr<FolderLock>> locks;
     if (!mpi || mpi->rank() == 0) {
         namespace fs = std::filesystem;

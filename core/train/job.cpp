@@ -7,6 +7,7 @@
 #include "core/train/job.h"
 
 #include "core/io/checkpoint_llmc.h"
+#include "core/train/memory.h"
 #include "core/model/data.h"
 #include "core/base/error.h"
 #include "core/parallel/pipeline.h"
@@ -50,6 +51,7 @@ int rank_in(const comm::Communicator* c) {
 }
 
 Layout one_device_layout(const Config& cfg) {
+    check_memory(cfg, MemoryScope::process);  // before the layout's tables and the job's arenas
     Layout l = make_layout(cfg);
     if (l.world_size() != 1)
         throw ConfigError(cfg.source_name +

@@ -1,6 +1,8 @@
 #include "core/train/runner.h"
 
 #include "core/comm/inproc.h"
+#include "core/comm/mpi.h"
+#include "core/train/memory.h"
 #include "core/base/error.h"
 #include "core/train/rank_guards.h"
 
@@ -39,6 +41,8 @@ RunHooks chain(const RunHooks& first, RunHooks then) {
 
 void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Observer*>& observers,
               const RunHooks& hooks) {
+    // 1. A process of an MPI launch holds one rank; the ranks on its node share the memory.
+    if (comm::launched_by_mpi()) check_memory(cfg, MemoryScope::one_rank, comm::local_ranks());
     // 2. The layout checks itself once: products, divisibility, token-tree nodes (mesh.h).
     const Layout layout = make_layout(cfg);
     const Mesh mesh(layout);
@@ -83,6 +87,7 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
 }
 
 void run_layout(const Config& cfg, const std::vector<Observer*>& observers, const RunHooks& hooks) {
+    check_memory(cfg, MemoryScope::process);  // every rank fits, before anything is allocated
     const Layout layout = make_layout(cfg);  // validates before any thread starts
     const int n = layout.world_size();
     // 1. Ranks: threads; the cores are shared out so that the ranks together use them once.
