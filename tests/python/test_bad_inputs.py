@@ -1,0 +1,179 @@
+"""Inputs that once reached a hang, an allocation failure or a crash instead of a sentence: a FIFO
+(or a device, or a folder) given as a file, sizes that are in range but absurd, an llm.c header or
+an HDF5 dataset that claims more than its file holds, more threads than a process can start. Each
+must end at once with exit 2 and a message that names the key or the file."""
+import os
+import struct
+import subprocess
+
+import pytest
+
+EXE = os.environ.get("PARALLAX_EXE")
+pytestmark = pytest.mark.skipif(not EXE, reason="PARALLAX_EXE is not set (run through scripts/test.sh)")
+
+TINY = ["--quiet", "--set", "train.steps=2", "--set", "train.threads=1", "--set", "model.seq_len=8",
+        "--set", "model.vocab=16", "--set", "model.hidden=8", "--set", "model.heads=2",
+        "--set", "model.ffn=32", "--set", "model.layers=1", "--set", "numerics.block=8",
+        "--set", "train.batch_size=2", "--set", "train.eval_every=0"]
+
+
+def run(tmp_path, *args, timeout=60):
+    try:
+        return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout,
+                              cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"parallax {' '.join(args)} did not end within {timeout} s")
+
+
+def refused(r, *words):
+    assert r.returncode == 2, f"exit {r.returncode}: {r.stdout}{r.stderr}"
+    for w in words:
+        assert w in r.stderr, r.stderr
+
+
+def train(tmp_path, *sets, extra=()):
+    args = ["train", *TINY, "--out", str(tmp_path / "out")]
+    for s in sets:
+        args += ["--set", s]
+    return run(tmp_path, *args, *extra)
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    p = tmp_path / "fifo"
+    os.mkfifo(p)
+    return p
+
+
+def token_file(path, n=100):
+    path.write_bytes(struct.pack("<256i", 20240520, 1, n, *([0] * 253)) + bytes(2 * n))
+
+
+# ---- what is not a regular file -------------------------------------------------------------------
+
+def test_fifo_as_token_file(tmp_path, fifo):
+    refused(train(tmp_path, "data.source=bin", f"data.train_path={fifo}"),
+            str(fifo), "data.train_path", "FIFO")
+
+
+def test_fifo_as_validation_token_file(tmp_path, fifo):
+    token_file(tmp_path / "t.bin")
+    refused(train(tmp_path, "data.source=bin", f"data.train_path={tmp_path / 't.bin'}",
+                  f"data.val_path={fifo}", "train.eval_every=1"),
+            str(fifo), "data.val_path", "FIFO")
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "{tmp}"])
+def test_device_or_folder_as_token_file(tmp_path, path):
+    path = path.format(tmp=tmp_path)
+    refused(train(tmp_path, "data.source=bin", f"data.train_path={path}"), path,
+            "data.train_path", "not a regular file")
+
+
+def test_fifo_as_config_file(tmp_path, fifo):
+    refused(run(tmp_path, "train", str(fifo)), str(fifo), "FIFO")
+
+
+def test_fifo_as_checkpoint_to_resume(tmp_path, fifo):
+    refused(train(tmp_path, f"checkpoint.dir={tmp_path / 'ck'}", f"checkpoint.resume={fifo}"),
+            str(fifo), "FIFO")
+
+
+def test_fifo_as_weights_to_start_from(tmp_path, fifo):
+    refused(train(tmp_path, f"model.init_from={fifo}"), str(fifo), "model.init_from", "FIFO")
+
+
+def test_fifo_to_inspect_and_convert(tmp_path, fifo):
+    refused(run(tmp_path, "inspect", str(fifo)), str(fifo), "FIFO")
+    refused(run(tmp_path, "convert", str(fifo), "--to", str(tmp_path / "x.h5")), str(fifo), "FIFO")
+
+
+def test_fifo_as_golden_trace(tmp_path, fifo):
+    refused(run(tmp_path, "validate", *TINY[1:], "--layouts", "dp2", "--golden", str(fifo),
+                "--set", f"output.dir={tmp_path / 'v'}"),
+            str(fifo), "FIFO")
+
+
+@pytest.mark.parametrize("how", ["--dump", "output.export_llmc"])
+def test_fifo_or_device_as_an_output_is_not_replaced(tmp_path, fifo, how):
+    """A rename over a FIFO or a device would replace it (as root, /dev/null itself)."""
+    extra = ["--dump", str(fifo)] if how == "--dump" else []
+    sets = [f"output.export_llmc={fifo}"] if how != "--dump" else []
+    refused(train(tmp_path, *sets, extra=extra), str(fifo), how, "FIFO")
+    assert fifo.is_fifo()
+
+
+# ---- sizes in range but absurd --------------------------------------------------------------------
+
+@pytest.mark.parametrize("key,value,words", [
+    ("train.batch_size", 100000000, ["train.batch_size = 100000000 makes it too big",
+                                     "activations"]),
+    ("train.val_batches", 1000000000, ["train.val_batches = 1000000000 makes it too big",
+                                       "validation losses"]),
+    ("model.layers", 100000000, ["model.layers = 100000000 makes it too big"]),
+])
+def test_a_job_too_big_for_memory_is_refused_before_allocating(tmp_path, key, value, words):
+    r = train(tmp_path, f"{key}={value}", "train.eval_every=1")
+    refused(r, *words, "it would fit")
+    assert "summary" not in r.stdout
+
+
+def test_sizes_whose_products_overflow_name_the_key(tmp_path):
+    r = train(tmp_path, "model.seq_len=9223372036854775000")
+    refused(r, "model.seq_len = 9223372036854775000 is out of range")
+    assert "[0,-" not in r.stderr and "of -" not in r.stderr  # no overflowed sizes in the sentence
+
+
+def test_more_threads_than_a_process_can_start(tmp_path):
+    refused(train(tmp_path, "train.threads=100000"), "train.threads = 100000", "1024")
+
+
+# ---- files that claim more than they hold ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def llmc(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llmc")
+    r = subprocess.run([EXE, "train", *TINY, "--set", "output.run_file=false", "--set",
+                        f"output.export_llmc={d / 'gpt.bin'}"], capture_output=True, text=True,
+                       timeout=120, cwd=d)
+    assert r.returncode == 0, r.stderr
+    return (d / "gpt.bin").read_bytes()
+
+
+@pytest.mark.parametrize("fields", [{4: 2 ** 31 - 1}, {3: 2 ** 31 - 1, 7: 2 ** 31 - 1},
+                                    {6: 2 ** 30}, {2: 2 ** 31 - 1}, {7: 2 ** 31 - 1},
+                                    {1: 1, 3: 2 ** 31 - 1}])
+def test_llmc_header_claiming_huge_sizes(tmp_path, llmc, fields):
+    """Layers, vocabulary, channels, positions (header ints 4, 3 with 7, 6, 2, 7; version 1
+    without a padded vocabulary): the header is checked against the file's size before anything
+    is sized by it."""
+    b = bytearray(llmc)
+    for field, value in fields.items():
+        b[4 * field:4 * field + 4] = struct.pack("<i", value)
+    bad = tmp_path / "gpt.bin"
+    bad.write_bytes(bytes(b))
+    refused(run(tmp_path, "convert", str(bad), "--to", str(tmp_path / "out.h5"), timeout=20),
+            str(bad), "its header", "truncated")
+    assert not (tmp_path / "out.h5").exists()
+    refused(train(tmp_path, f"model.init_from={bad}"), str(bad))
+
+
+def test_checkpoint_dataset_larger_than_its_file(tmp_path):
+    """An HDF5 dataset whose extent was never written (a chunked one) may claim terabytes: the
+    reader compares each dataset with the file before sizing anything by it."""
+    h5py = pytest.importorskip("h5py")
+    ck = tmp_path / "ck"
+    r = train(tmp_path, f"checkpoint.dir={ck}")
+    assert r.returncode == 0, r.stderr
+    path = sorted(ck.glob("ckpt-*.h5"))[-1]
+    with h5py.File(path, "r+") as f:
+        attrs = dict(f["history/step"].attrs)
+        del f["history/step"]
+        f.create_dataset("history/step", shape=(2 ** 40,), dtype="i8", chunks=(1024,))
+        for k, v in attrs.items():
+            f["history/step"].attrs[k] = v
+    for args in (["inspect", str(path)], ["convert", str(path), "--to", str(tmp_path / "o.bin")]):
+        refused(run(tmp_path, *args, timeout=30), str(path), "/history/step",
+                "more than the whole file")
+    refused(train(tmp_path, f"checkpoint.dir={ck}", f"checkpoint.resume={path}",
+                  "train.steps=3"), str(path), "/history/step")
