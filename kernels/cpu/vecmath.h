@@ -288,6 +288,17 @@ template <class S, bool Dot>
 void block_reduce_n(float* part, const float* x, const float* y, i64 n, int block) {
     constexpr int W = S::W;
     const i64 nb = num_blocks(n, block);
+    if (i64(W) * block > INT32_MAX) {
+        // The gathers' offsets are 32-bit: blocks this long go one at a time, each the chain a
+        // lane computes (from +0, in index order, add or fma), so the bits are the same.
+        for (i64 b = 0; b < nb; b++) {
+            float acc = 0.0f;
+            for (i64 i = b * block, end = std::min(n, (b + 1) * block); i < end; i++)
+                acc = Dot ? std::fma(x[i], y[i], acc) : acc + x[i];
+            part[b] = acc;
+        }
+        return;
+    }
     alignas(64) int32_t off[64], len[64];
     for (int l = 0; l < W; l++) off[l] = l * block;
     const auto offv = S::iload(off);
