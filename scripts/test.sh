@@ -41,7 +41,8 @@ if [ $tsan_ok -eq 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1));
 
 # The fuzz suite once more against AddressSanitizer (leaks included) and
 # UndefinedBehaviorSanitizer, in its own build of only the executable (build-asan), with a
-# smaller budget: any sanitizer report fails the case. Unoptimised with line tables only
+# smaller budget, after the deterministic cases of what it found (test_bad_inputs.py): any
+# sanitizer report fails the case. Unoptimised with line tables only
 # (-O0 -g1): the first build takes about 3 minutes on 2 cores, where -O1 -g took more than
 # twice the CPU time (measured; README "Tests"), and every report still has file:line. HDF5's
 # own leaks on damaged files are suppressed (tests/lsan.supp says why); Parallax's are reported.
@@ -55,7 +56,8 @@ if [ -f build-asan/build.ninja ] ||
         UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
         PARALLAX_EXE="$PWD/build-asan/app/parallax" \
         PARALLAX_FUZZ_BUDGET_S="${PARALLAX_ASAN_FUZZ_BUDGET_S:-60}" PARALLAX_FUZZ_CASE_TIMEOUT_S=120 \
-            "$PYTHON" -m pytest -q tests/python/test_fuzz.py && asan_ok=1
+            "$PYTHON" -m pytest -q tests/python/test_bad_inputs.py tests/python/test_fuzz.py &&
+            asan_ok=1
     fi
 fi
 if [ $asan_ok -eq 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi

@@ -2,6 +2,7 @@
 
 #include "core/base/error.h"
 #include "core/train/job.h"
+#include "core/train/memory.h"
 #include "core/parallel/mesh.h"
 #include "core/train/runner.h"
 #include "core/io/state.h"
@@ -399,6 +400,7 @@ Config with_layout(Config cfg, const LayoutSpec& l) {
     if (l.microbatches >= 0) cfg.layout.microbatches = l.microbatches;
     if (l.sequence_parallel) cfg.layout.sequence_parallel = true;
     validate_config(cfg);
+    check_memory(cfg, MemoryScope::process);  // before the mesh's tables are sized by it
     make_layout(cfg);  // the mesh's checks: products, divisibility, pp <= layers, tree nodes
     return cfg;
 }

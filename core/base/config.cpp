@@ -457,6 +457,12 @@ void check_limits(const Config& c) {
     at_most("train.batch_size", t.batch_size, k32, "the data sampler numbers a step's sequences in 32 bits");
     at_most("train.val_batches", t.val_batches, k32, "the data sampler numbers validation batches in 32 bits");
     at_most("train.threads", t.threads, 1024, "OpenMP threads per rank; 0 uses all cores");
+    const LayoutConfig& l = c.layout;
+    if (double(l.dp) * double(l.pp) * double(l.tp) > double(INT_MAX))
+        throw Problem{{"layout.dp", "layout.pp", "layout.tp"},
+                      "layout.dp=" + std::to_string(l.dp) + " x layout.pp=" + std::to_string(l.pp) +
+                          " x layout.tp=" + std::to_string(l.tp) +
+                          " ranks is more than 2^31 - 1 (ranks are 32-bit integers)"};
     const double kMax = std::ldexp(1.0, 50);
     struct Factor {
         const char* key;

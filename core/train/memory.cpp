@@ -250,6 +250,8 @@ constexpr Knob kKnobs[] = {
     PX_KNOB(model, ffn, 1, i64),        PX_KNOB(model, vocab, 2, i64),
     PX_KNOB(model, heads, 1, i64),      PX_KNOB(train, val_batches, 1, i64),
     PX_KNOB(data, markov_order, 1, i64), PX_KNOB(layout, dp, 1, int),
+    PX_KNOB(layout, pp, 1, int),        PX_KNOB(layout, tp, 1, int),
+    PX_KNOB(train, microbatches, 1, i64), PX_KNOB(layout, microbatches, 1, int),
 };
 #undef PX_KNOB
 
@@ -267,7 +269,7 @@ MemoryEstimate estimate_memory(const Config& cfg, MemoryScope scope, const Memor
         // the pipeline has several), times the replicas and tp ranks.
         const double P = p.wte + p.wpe + s.L * p.layer + p.lnf + (s.pp > 1 ? p.wte : 0);
         add_group(e.items, s, p, {P, s.L, s.S, 1, s.pp, 1, s.dp * s.tp});
-        e.ranks = static_cast<int>(std::min(s.dp * s.tp * s.pp, 2e9));
+        e.ranks = static_cast<i64>(s.dp * s.tp * s.pp);  // < 2^31 (validate_config)
     } else {
         // The larger of the first and the last stage (each with the longest chunks).
         const double layers = s.v * chunk_layers;

@@ -39,7 +39,7 @@ struct MemoryItem {
 struct MemoryEstimate {
     std::vector<MemoryItem> items;  // in a fixed order; zero items included
     double total = 0;
-    int ranks = 1;  // ranks the estimate covers
+    i64 ranks = 1;  // ranks the estimate covers
 };
 
 // Extra copies a caller makes beyond the trainer (parallax train --dump gathers the logical

@@ -14,7 +14,7 @@
 namespace px {
 
 int world_size(const LayoutConfig& layout) {
-    return layout.dp * layout.pp * layout.tp;
+    return layout.dp * layout.pp * layout.tp;  // < 2^31: validate_config
 }
 
 int threads_per_rank(const Config& cfg, int ranks_on_node) {
@@ -87,12 +87,23 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
 }
 
 void run_layout(const Config& cfg, const std::vector<Observer*>& observers, const RunHooks& hooks) {
-    check_memory(cfg, MemoryScope::process);  // every rank fits, before anything is allocated
-    const Layout layout = make_layout(cfg);  // validates before any thread starts
-    const int n = layout.world_size();
-    // 1. Ranks: threads; the cores are shared out so that the ranks together use them once.
+    // 1. Ranks: threads; the cores are shared out so that the ranks together use them once. A
+    //    process starts only so many threads (libgomp ends the process when it cannot).
+    const int n = world_size(cfg.layout);
     Config rank_cfg = cfg;
     rank_cfg.train.threads = threads_per_rank(cfg, n);
+    if (static_cast<i64>(n) * rank_cfg.train.threads > kMaxThreadsPerProcess)
+        throw ConfigError(cfg.source_name + ": layout.dp × layout.pp × layout.tp = " +
+                          std::to_string(n) + " ranks run as threads of this process, each with " +
+                          std::to_string(rank_cfg.train.threads) + " OpenMP threads (train.threads = " +
+                          std::to_string(cfg.train.threads) + "): " +
+                          std::to_string(static_cast<i64>(n) * rank_cfg.train.threads) +
+                          " threads, more than the " + std::to_string(kMaxThreadsPerProcess) +
+                          " one process may start; lower train.threads (0 shares the cores out "
+                          "among the ranks) or the layout, or run the ranks as processes under "
+                          "mpirun");
+    check_memory(cfg, MemoryScope::process);  // every rank fits, before anything is allocated
+    const Layout layout = make_layout(cfg);  // validates before any thread starts
     std::mutex inspect_mutex;
     RunHooks rank_hooks = hooks;
     if (hooks.inspect)

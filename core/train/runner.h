@@ -39,6 +39,10 @@ class PipelineJob;
 
 int world_size(const LayoutConfig& layout);  // dp × pp × tp of a config's layout
 
+// Threads one process may run: its in-process ranks times their OpenMP threads (run_layout
+// refuses more, naming train.threads and the layout, before starting any).
+inline constexpr i64 kMaxThreadsPerProcess = 4096;
+
 // train.threads when set, else the hardware threads divided by the ranks on this node (at
 // least 1): the ranks of a node together use its cores once.
 int threads_per_rank(const Config& cfg, int ranks_on_node);

@@ -126,6 +126,19 @@ def test_sizes_whose_products_overflow_name_the_key(tmp_path):
 
 def test_more_threads_than_a_process_can_start(tmp_path):
     refused(train(tmp_path, "train.threads=100000"), "train.threads = 100000", "1024")
+    # In range per rank, but 64 in-process ranks of 1024 threads each.
+    refused(train(tmp_path, "layout.dp=64", "train.batch_size=64", "train.threads=1024"),
+            "train.threads = 1024", "64 ranks", "65536 threads")
+
+
+def test_validate_refuses_a_layout_too_big_before_listing_its_token_ranges(tmp_path):
+    """2^30 microbatches of one token each: the layout's tables (a token range per microbatch,
+    the schedule) would need hundreds of GiB; the memory estimate refuses it first."""
+    refused(run(tmp_path, "validate", *TINY[1:], "--layouts", "dp2", "--set",
+                "train.batch_size=2147483646", "--set", "train.microbatches=1073741823",
+                "--set", "model.seq_len=1", "--set", "numerics.block=1", "--set",
+                f"output.dir={tmp_path / 'v'}", timeout=30),
+            "layout dp2", "bookkeeping", "makes it too big")
 
 
 # ---- files that claim more than they hold ---------------------------------------------------------
@@ -177,3 +190,20 @@ def test_checkpoint_dataset_larger_than_its_file(tmp_path):
                 "more than the whole file")
     refused(train(tmp_path, f"checkpoint.dir={ck}", f"checkpoint.resume={path}",
                   "train.steps=3"), str(path), "/history/step")
+
+
+# ---- sizes that reach the kernels -----------------------------------------------------------------
+
+def test_a_block_longer_than_any_reduction_is_one_chain(tmp_path):
+    """numerics.block = 1e9: every reduction is one block. The vector kernels' gathers index a
+    group of 16 blocks with 32-bit offsets, which overflowed (UBSan: signed overflow in
+    block_reduce_n); such blocks are summed one at a time, the same chain, so the weights equal
+    those of a block that is merely longer than every reduction (2^20) bit for bit."""
+    out = {}
+    for block in (1000000000, 1 << 20):
+        w = tmp_path / f"w{block}.bin"
+        r = train(tmp_path, f"numerics.block={block}", f"output.export_llmc={w}",
+                  "output.run_file=false")
+        assert r.returncode == 0, r.stderr
+        out[block] = w.read_bytes()
+    assert out[1000000000] == out[1 << 20]
