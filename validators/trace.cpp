@@ -208,6 +208,8 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
     H space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
     const hssize_t n = space.ok() ? H5Sget_simple_extent_npoints(space.get()) : -1;
     if (n < 0) fail(path, "/order is missing or damaged");
+    if (const std::string big = oversized(ds.get(), "/order"); !big.empty())
+        fail(path, big + "; the trace is damaged");
     std::string buf(static_cast<size_t>(n), '\0');
     if (H5Dread(ds.get(), H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
         fail(path, "cannot read /order");
@@ -239,6 +241,8 @@ std::vector<float> TraceReader::read(const std::string& name, std::vector<i64>* 
     if (rank < 1 || rank > 8) fail(path, "probe " + name + " has a damaged shape");
     std::vector<hsize_t> dims(static_cast<size_t>(rank));
     H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    if (const std::string big = oversized(ds.get(), "probe " + name); !big.empty())
+        fail(path, big + "; the trace is damaged");
     i64 count = 1;
     shape->assign(dims.begin(), dims.end());
     for (hsize_t d : dims) count *= static_cast<i64>(d);

@@ -256,10 +256,8 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
                ", computed " + hex64(computed_meta) +
                "): the step, config or another attribute was altered; use an earlier checkpoint");
 
-    // Every dataset, with shape, dtype and stored checksum. Datasets are stored whole (contiguous,
-    // allocated when created), so none is larger than the file: a shape that claims more is
-    // damage, found here before anything is sized by it.
-    const double file_bytes = static_cast<double>(fs::file_size(path, ec));
+    // Every dataset, with shape, dtype and stored checksum; none may claim more than the file
+    // holds (h5::oversized), found here before anything is sized by it.
     std::vector<std::string> names;
     if (H5Ovisit2(r.file, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names, H5O_INFO_BASIC) < 0)
         r.fail("cannot list its datasets: the file is damaged" + hdf5_detail());
@@ -276,16 +274,10 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
         in.shape.assign(dims.begin(), dims.end());
         H type(H5Dget_type(d.get()), H5Tclose);
         in.dtype = dtype_name(type.get());
-        double bytes = static_cast<double>(H5Tget_size(type.get()));
-        for (const hsize_t n : dims) bytes *= static_cast<double>(n);
-        if (bytes > file_bytes) {
-            char claimed[48];
-            std::snprintf(claimed, sizeof claimed, "%.0f", bytes);
-            r.fail("dataset /" + name + " has shape " + shape_text(in.shape) + " of " +
-                   in.dtype + ", " + claimed + " bytes, more than the whole file (" +
-                   std::to_string(static_cast<i64>(file_bytes)) +
-                   " bytes): the file is damaged; use an earlier checkpoint");
-        }
+        if (const std::string big = oversized(d.get(), "dataset /" + name + " of shape " +
+                                                            shape_text(in.shape));
+            !big.empty())
+            r.fail(big + ": the file is damaged; use an earlier checkpoint");
         in.has_checksum = get_number(d.get(), "checksum", H5T_NATIVE_UINT64, in.checksum);
         r.infos.push_back(std::move(in));
     }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <ctime>
 #include <mutex>
 #include <string>
@@ -188,6 +189,41 @@ inline bool get_number(hid_t obj, const char* key, hid_t mem_type, T& out) {
     const H5T_class_t cls = H5Tget_class(ftype.get());
     if (cls != H5T_INTEGER && cls != H5T_FLOAT) return false;
     return H5Aread(attr.get(), mem_type, &out) >= 0;
+}
+
+// Parallax's files hold every dataset whole (contiguous, allocated when created), so a dataset
+// whose shape claims more bytes than its file holds is damage (an extent that was never written
+// can claim terabytes). Readers ask before they size a buffer by a shape. In doubles: no product
+// of dimensions overflows.
+inline double claimed_bytes(hid_t dset) {
+    H space(H5Dget_space(dset), H5Sclose);
+    H type(H5Dget_type(dset), H5Tclose);
+    const int nd = space.ok() ? H5Sget_simple_extent_ndims(space.get()) : -1;
+    if (nd < 0 || nd > 32 || !type.ok()) return -1;
+    hsize_t dims[32] = {};
+    if (H5Sget_simple_extent_dims(space.get(), dims, nullptr) < 0) return -1;
+    double bytes = static_cast<double>(H5Tget_size(type.get()));
+    for (int i = 0; i < nd; i++) bytes *= static_cast<double>(dims[i]);
+    return bytes;
+}
+inline double file_bytes_of(hid_t obj) {
+    const hid_t f = H5Iget_file_id(obj);
+    hsize_t size = 0;
+    const bool ok = f >= 0 && H5Fget_filesize(f, &size) >= 0;
+    if (f >= 0) H5Fclose(f);
+    return ok ? static_cast<double>(size) : -1;
+}
+// "" when the dataset's claim fits its file, else the sentence that says it does not.
+inline std::string oversized(hid_t dset, const std::string& name) {
+    const double claim = claimed_bytes(dset), file = file_bytes_of(dset);
+    if (claim >= 0 && file >= 0 && claim <= file) return "";
+    if (claim < 0 || file < 0) return "the shape of " + name + " cannot be read";
+    auto bytes = [](double b) {
+        char text[48];
+        std::snprintf(text, sizeof text, "%.0f bytes", b);
+        return std::string(text);
+    };
+    return name + " claims " + bytes(claim) + ", more than the whole file (" + bytes(file) + ")";
 }
 
 }  // namespace h5

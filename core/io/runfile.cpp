@@ -165,6 +165,7 @@ struct RunFile::Impl {
         if (!space.ok() || H5Sget_simple_extent_ndims(space.get()) != 1 ||
             H5Sget_simple_extent_dims(space.get(), &n, nullptr) < 0)
             damaged(where + " is not a 1-D dataset");
+        if (const std::string big = h5::oversized(dset, where); !big.empty()) damaged(big);
         return n;
     }
 

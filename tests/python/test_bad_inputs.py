@@ -207,3 +207,45 @@ def test_a_block_longer_than_any_reduction_is_one_chain(tmp_path):
         assert r.returncode == 0, r.stderr
         out[block] = w.read_bytes()
     assert out[1000000000] == out[1 << 20]
+
+
+def huge_extent(f, name):
+    """Replaces dataset `name` by one of the same dtype and attributes whose extent (2^40
+    elements) was never written: it takes no room in the file."""
+    attrs, dtype = dict(f[name].attrs), f[name].dtype
+    del f[name]
+    f.create_dataset(name, shape=(2 ** 40,), maxshape=(None,), dtype=dtype, chunks=(1024,))
+    for k, v in attrs.items():
+        f[name].attrs[k] = v
+
+
+def test_run_file_with_a_huge_extent_is_moved_aside_on_resume(tmp_path):
+    """A resume reopens the run file to continue it; a metric claiming 2^40 rows was read into
+    memory (std::bad_alloc). It is damage: the file is moved aside, as any damaged run file."""
+    h5py = pytest.importorskip("h5py")
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    r = train(tmp_path, "output.run_file=true", f"checkpoint.dir={ck}")
+    assert r.returncode == 0, r.stderr
+    with h5py.File(out / "run.h5", "r+") as f:
+        huge_extent(f, "metrics/loss/step")
+        huge_extent(f, "metrics/loss/value")
+    r = train(tmp_path, "output.run_file=true", f"checkpoint.dir={ck}", "checkpoint.resume=auto",
+              "train.steps=3")
+    assert r.returncode == 0, r.stderr
+    assert "more than the whole file" in r.stderr and (out / "run.h5.damaged").exists()
+    with h5py.File(out / "run.h5", "r") as f:
+        assert list(f["metrics/loss/step"][()]) == [1, 2, 3]
+
+
+def test_trace_with_a_huge_extent(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    trace = tmp_path / "ref.h5"
+    r = run(tmp_path, "record", *TINY[1:], "--out", str(trace), "--steps", "2")
+    assert r.returncode == 0, r.stderr
+    with h5py.File(trace, "r+") as f:
+        probes = []
+        f["probes"].visititems(lambda n, o: probes.append(n) if isinstance(o, h5py.Dataset) else None)
+        huge_extent(f, "probes/" + probes[0])
+    refused(run(tmp_path, "validate", *TINY[1:], "--layouts", "dp2", "--golden", str(trace),
+                "--set", f"output.dir={tmp_path / 'v'}"),
+            str(trace), "more than the whole file")
