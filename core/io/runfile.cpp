@@ -159,12 +159,20 @@ struct RunFile::Impl {
         return d;
     }
 
-    hsize_t extent(hid_t dset, const std::string& where) const {
+    // The rows of a reopened series, which must be what create_series makes: 1-D, extendible,
+    // of the class its rows are written in, and no larger than the file.
+    hsize_t extent(hid_t dset, const std::string& where, H5T_class_t cls) const {
         Handle space(H5Dget_space(dset), H5Sclose);
-        hsize_t n = 0;
+        Handle type(H5Dget_type(dset), H5Tclose);
+        hsize_t n = 0, max = 0;
         if (!space.ok() || H5Sget_simple_extent_ndims(space.get()) != 1 ||
-            H5Sget_simple_extent_dims(space.get(), &n, nullptr) < 0)
+            H5Sget_simple_extent_dims(space.get(), &n, &max) < 0)
             damaged(where + " is not a 1-D dataset");
+        if (max != H5S_UNLIMITED) damaged(where + " is not extendible");
+        if (!type.ok() || H5Tget_class(type.get()) != cls)
+            damaged(where + " does not hold the " +
+                    (cls == H5T_INTEGER ? "integers" : cls == H5T_FLOAT ? "floats" : "strings") +
+                    " a run file writes there");
         if (const std::string big = h5::oversized(dset, where); !big.empty()) damaged(big);
         return n;
     }
@@ -232,8 +240,8 @@ struct RunFile::Impl {
             slot.value = H5Dopen2(slot.group, "value", H5P_DEFAULT);
             if (slot.step < 0 || slot.value < 0)
                 damaged(where + " lacks its step or value dataset");
-            const hsize_t ns = extent(slot.step, where + "/step");
-            const hsize_t nv = extent(slot.value, where + "/value");
+            const hsize_t ns = extent(slot.step, where + "/step", H5T_INTEGER);
+            const hsize_t nv = extent(slot.value, where + "/value", H5T_FLOAT);
             slot.rows = std::min(ns, nv);
             if (ns != nv) {
                 set_extent(slot.step, slot.rows, where + "/step");
@@ -255,8 +263,9 @@ struct RunFile::Impl {
         ev_message = H5Dopen2(events, "message", H5P_DEFAULT);
         if (ev_step < 0 || ev_kind < 0 || ev_message < 0)
             damaged("/events lacks its step, kind or message dataset");
-        ev_rows = std::min({extent(ev_step, "/events/step"), extent(ev_kind, "/events/kind"),
-                            extent(ev_message, "/events/message")});
+        ev_rows = std::min({extent(ev_step, "/events/step", H5T_INTEGER),
+                            extent(ev_kind, "/events/kind", H5T_STRING),
+                            extent(ev_message, "/events/message", H5T_STRING)});
     }
 
     void create_events() {
@@ -356,15 +365,17 @@ std::unique_ptr<RunFile> RunFile::reopen(const std::string& path) {
         H5Eclear2(H5E_DEFAULT);
         std::string msg = "run file ";
         msg += path;
-        // Damaged: readable, yet HDF5 cannot open it even to read, and not because another
-        // process holds its lock.
-        if (ro < 0 && std::ifstream(path, std::ios::binary).good() &&
-            detail.find("lock") == std::string::npos)
+        // Damaged: this user may read it (and write it, or HDF5 cannot even read it), yet HDF5
+        // cannot open it to write, and not because another process holds its lock. (HDF5 opens
+        // some damaged files read-only, and refuses them for writing.)
+        const bool locked = detail.find("lock") != std::string::npos;
+        const bool readable = std::ifstream(path, std::ios::binary).good();
+        if (!locked && readable && (ro < 0 || ::access(path.c_str(), W_OK) == 0))
             throw RunFileDamaged(msg +
                                  " is there but HDF5 cannot open it (it may be damaged, e.g. by "
                                  "a process killed while writing it)" +
                                  detail);
-        msg += ro >= 0 || detail.find("lock") != std::string::npos
+        msg += ro >= 0 || locked
                    ? " can be read but not written (check its permissions, and that no other "
                      "process, a viewer or another run, has it open)"
                    : " is there but cannot be read (check its permissions)";
@@ -373,7 +384,7 @@ std::unique_ptr<RunFile> RunFile::reopen(const std::string& path) {
             "delete or move it (a new one is then written, starting with the checkpoint's "
             "steps), or set output.run_file=false";
         msg += detail;
-        throw Error(msg);
+        throw DataError(msg);  // bad input: an output this run cannot write (exit 2)
     }
     const htri_t has_version = H5Aexists(im.file, "parallax_version");
     const htri_t has_metrics = H5Lexists(im.file, "metrics", H5P_DEFAULT);

@@ -249,3 +249,20 @@ def test_trace_with_a_huge_extent(tmp_path):
     refused(run(tmp_path, "validate", *TINY[1:], "--layouts", "dp2", "--golden", str(trace),
                 "--set", f"output.dir={tmp_path / 'v'}"),
             str(trace), "more than the whole file")
+
+
+# ---- outputs of validate and record --------------------------------------------------------------
+
+def test_validate_and_record_check_their_outputs_before_they_run(tmp_path, fifo):
+    """validate wrote its reports only after every layout had run, and a folder that could not
+    be made ended in a filesystem_error (exit 1); record wrote its trace after the run."""
+    r = run(tmp_path, "validate", *TINY[1:], "--steps", "2", "--layouts", "dp2", "--out", str(fifo))
+    refused(r, 'output.dir = "' + str(fifo), "not a folder")
+    assert "dp2:" not in r.stderr  # refused before the first layout ran
+    (tmp_path / "f").write_text("x")
+    refused(run(tmp_path, "validate", *TINY[1:], "--steps", "2", "--layouts", "dp2", "--json",
+                str(tmp_path / "f" / "v.json"), "--out", str(tmp_path / "v")),
+            '--json = "' + str(tmp_path / "f" / "v.json"))
+    r = run(tmp_path, "record", *TINY[1:], "--steps", "2", "--out", str(tmp_path / "f" / "t.h5"))
+    refused(r, '--out = "' + str(tmp_path / "f" / "t.h5"))
+    assert "trace " not in r.stdout
