@@ -7,6 +7,7 @@
 #include "app/commands.h"
 #include "core/base/config.h"
 #include "core/base/error.h"
+#include "core/io/output_paths.h"
 #include "validators/gradcheck.h"
 
 #include <cstdio>
@@ -50,6 +51,7 @@ int run_gradcheck(const GradcheckOptions& opt) {
                                          : load_config(opt.config_path);
     apply_overrides(cfg, opt.sets);
     const Numerics nx = make_numerics(cfg.numerics);
+    if (!opt.json.empty()) check_output_file(opt.json, "--json");  // before the checks run
 
     std::printf("parallax gradcheck: fp64 central finite differences | %s numerics, %s\n",
                 mode_name(nx.mode), isa_name(nx.isa));

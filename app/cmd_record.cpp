@@ -4,6 +4,7 @@
 #include "app/commands.h"
 #include "core/base/config.h"
 #include "core/base/error.h"
+#include "core/io/output_paths.h"
 #include "validators/trace.h"
 
 #include <cstdio>
@@ -32,6 +33,7 @@ int run_record(const RecordOptions& opt) {
         throw ConfigError("--steps " + std::to_string(opt.steps) + " must be in 1..train.steps (" +
                           std::to_string(cfg.train.steps) + ")");
     if (opt.stride < 1) throw ConfigError("--stride " + std::to_string(opt.stride) + " must be at least 1");
+    check_output_file(opt.out, "--out");  // before the run, not after it
     cfg.layout = LayoutConfig{.timeout_s = cfg.layout.timeout_s};
     cfg.fault = FaultConfig{};
     cfg.validate = ValidateConfig{};

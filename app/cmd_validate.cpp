@@ -8,6 +8,7 @@
 #include "core/comm/mpi.h"
 #include "core/base/config.h"
 #include "core/base/error.h"
+#include "core/io/output_paths.h"
 #include "core/train/runner.h"
 #include "validators/trace.h"
 #include "validators/validate.h"
@@ -33,16 +34,19 @@ struct ValidateOptions {
     std::string golden;
 };
 
+// A report, whose path check_output_file checked before the run (a failure now is the file
+// system's: StorageError, exit 7).
 void write_text(const std::string& path, const std::string& text) {
-    const std::filesystem::path p(path);
-    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
     const std::string tmp = path + ".tmp";
     {
         std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
         f << text;
-        if (!f) throw Error("cannot write " + path + "; is its folder writable?");
+        f.close();
+        if (!f) throw StorageError("cannot write the report " + path);
     }
-    std::filesystem::rename(tmp, path);
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) throw StorageError("cannot write the report " + path + ": " + ec.message());
 }
 
 void print_layout(const LayoutResult& r) {
@@ -105,6 +109,15 @@ int run_validate(const ValidateOptions& opt, const comm::MpiEnvironment* mpi) {
     if (!opt.out_dir.empty()) cfg.output.dir = opt.out_dir;
     if (opt.steps < 1)
         throw ConfigError("--steps " + std::to_string(opt.steps) + ": validate at least one step");
+    // The reports' paths are checked before anything runs (a folder is created when missing).
+    const std::string json =
+        opt.json.empty() ? (std::filesystem::path(cfg.output.dir) / "validate.json").string()
+                         : opt.json;
+    const std::string md =
+        opt.md.empty() ? (std::filesystem::path(cfg.output.dir) / "validate.md").string() : opt.md;
+    if (opt.json.empty() || opt.md.empty()) check_output_folder(cfg.output.dir, "output.dir");
+    check_output_file(json, opt.json.empty() ? "the JSON report" : "--json");
+    check_output_file(md, opt.md.empty() ? "the Markdown report" : "--md");
     const std::vector<LayoutSpec> layouts = parse_layouts(opt.layouts);
     for (const LayoutSpec& l : layouts) {
         try {
@@ -143,11 +156,6 @@ int run_validate(const ValidateOptions& opt, const comm::MpiEnvironment* mpi) {
         rep = validate_layouts(cfg, layouts, opt.steps, &print_layout);
     }
     std::printf("\n%s", rep.table().c_str());
-    const std::string json =
-        opt.json.empty() ? (std::filesystem::path(cfg.output.dir) / "validate.json").string()
-                         : opt.json;
-    const std::string md =
-        opt.md.empty() ? (std::filesystem::path(cfg.output.dir) / "validate.md").string() : opt.md;
     write_text(json, rep.to_json());
     write_text(md, rep.to_markdown());
     std::printf("\nreports: %s, %s\n", json.c_str(), md.c_str());
