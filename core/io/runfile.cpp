@@ -368,7 +368,10 @@ std::unique_ptr<RunFile> RunFile::reopen(const std::string& path) {
         // Damaged: this user may read it (and write it, or HDF5 cannot even read it), yet HDF5
         // cannot open it to write, and not because another process holds its lock. (HDF5 opens
         // some damaged files read-only, and refuses them for writing.)
-        const bool locked = detail.find("lock") != std::string::npos;
+        // HDF5's words for a file another process holds ("unable to lock file, errno = 11");
+        // not any "lock" ("bad superblock version number" has one).
+        const bool locked = detail.find("unable to lock") != std::string::npos ||
+                            detail.find("file lock") != std::string::npos;
         const bool readable = std::ifstream(path, std::ios::binary).good();
         if (!locked && readable && (ro < 0 || ::access(path.c_str(), W_OK) == 0))
             throw RunFileDamaged(msg +

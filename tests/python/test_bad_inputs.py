@@ -266,3 +266,32 @@ def test_validate_and_record_check_their_outputs_before_they_run(tmp_path, fifo)
     r = run(tmp_path, "record", *TINY[1:], "--steps", "2", "--out", str(tmp_path / "f" / "t.h5"))
     refused(r, '--out = "' + str(tmp_path / "f" / "t.h5"))
     assert "trace " not in r.stdout
+
+
+@pytest.mark.parametrize("damage", ["superblock", "contiguous", "dtype"])
+def test_damaged_run_file_is_moved_aside_on_resume(tmp_path, damage):
+    """Found by the fuzz suite: a run file HDF5 opens read-only but not for writing (a superblock
+    field changed), or a series that cannot be extended (contiguous) or holds another type, was
+    an internal error (exit 1) on resume. Damage: moved aside, and the run goes on."""
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    r = train(tmp_path, "output.run_file=true", f"checkpoint.dir={ck}")
+    assert r.returncode == 0, r.stderr
+    path = out / "run.h5"
+    if damage == "superblock":
+        b = bytearray(path.read_bytes())
+        b[8:12] = struct.pack("<i", 15)
+        path.write_bytes(bytes(b))
+    else:
+        with h5py.File(path, "r+") as f:
+            rows = f["metrics/loss/step"][()]
+            del f["metrics/loss/step"]
+            f.create_dataset("metrics/loss/step",
+                             data=rows if damage == "contiguous" else rows.astype(np.float64))
+    r = train(tmp_path, "output.run_file=true", f"checkpoint.dir={ck}", "checkpoint.resume=auto",
+              "train.steps=3")
+    assert r.returncode == 0, r.stderr
+    assert (out / "run.h5.damaged").exists(), r.stderr
+    with h5py.File(path, "r") as f:
+        assert list(f["metrics/loss/step"][()]) == [1, 2, 3]
