@@ -38,13 +38,13 @@ MemoryStats measured(const Config& c) {
     MemoryStats sum;
     std::mutex m;
     run_layout(c, {}, test::inspecting([&](Job& job) {
-        const MemoryStats s = job.memory();
-        std::lock_guard<std::mutex> lock(m);
-        sum.params += s.peak_params;
-        sum.grads += s.peak_grads;
-        sum.optimizer += s.optimizer;
-        sum.activations += s.activations;
-    }));
+                   const MemoryStats s = job.memory();
+                   std::lock_guard<std::mutex> lock(m);
+                   sum.params += s.peak_params;
+                   sum.grads += s.peak_grads;
+                   sum.optimizer += s.optimizer;
+                   sum.activations += s.activations;
+               }));
     return sum;
 }
 
@@ -66,9 +66,9 @@ TEST_CASE("the estimate follows what the ranks of a layout hold", "[memory]") {
         const char* schedule;
     };
     const Layout layouts[] = {
-        {"single device", 1, 1, 1, 0, 1, "1f1b"}, {"dp2", 2, 1, 1, 0, 1, "1f1b"},
-        {"dp2 zero1", 2, 1, 1, 1, 1, "1f1b"},     {"dp2 zero3 mb2", 2, 1, 1, 3, 2, "1f1b"},
-        {"dp2 mb4", 2, 1, 1, 0, 4, "1f1b"},       {"pp2 1f1b mb4", 1, 2, 1, 0, 4, "1f1b"},
+        {"single device", 1, 1, 1, 0, 1, "1f1b"},  {"dp2", 2, 1, 1, 0, 1, "1f1b"},
+        {"dp2 zero1", 2, 1, 1, 1, 1, "1f1b"},      {"dp2 zero3 mb2", 2, 1, 1, 3, 2, "1f1b"},
+        {"dp2 mb4", 2, 1, 1, 0, 4, "1f1b"},        {"pp2 1f1b mb4", 1, 2, 1, 0, 4, "1f1b"},
         {"pp2 gpipe mb4", 1, 2, 1, 0, 4, "gpipe"}, {"tp2", 1, 1, 2, 0, 1, "1f1b"},
     };
     for (const Layout& l : layouts) {

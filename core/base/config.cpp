@@ -440,7 +440,8 @@ DType check_activations(const std::string& v) {
 }
 
 void at_most(const char* key, i64 v, i64 max, const char* why) {
-    if (v > max) throw out_of_range(key, std::to_string(v), "<= " + std::to_string(max) + " (" + why + ")");
+    if (v > max)
+        throw out_of_range(key, std::to_string(v), "<= " + std::to_string(max) + " (" + why + ")");
 }
 
 // Sizes no machine holds. Counters and ids have fixed widths; and no product of sizes may reach
@@ -451,11 +452,12 @@ void check_limits(const Config& c) {
     const TrainConfig& t = c.train;
     constexpr i64 k32 = i64{1} << 32;
     at_most("model.vocab", m.vocab, i64{1} << 31, "tokens are 32-bit integers");
-    at_most("model.seq_len", m.seq_len, k32 - 2, "the data sampler numbers a window's tokens in 32 bits");
+    const char* sampler = "the data sampler's counters are 32 bits";
+    at_most("model.seq_len", m.seq_len, k32 - 2, sampler);
     at_most("model.layers", m.layers, (INT_MAX - 4) / 12, "tensor ids are 32-bit integers");
-    at_most("train.steps", t.steps, k32, "the data sampler numbers steps in 32 bits");
-    at_most("train.batch_size", t.batch_size, k32, "the data sampler numbers a step's sequences in 32 bits");
-    at_most("train.val_batches", t.val_batches, k32, "the data sampler numbers validation batches in 32 bits");
+    at_most("train.steps", t.steps, k32, sampler);
+    at_most("train.batch_size", t.batch_size, k32, sampler);
+    at_most("train.val_batches", t.val_batches, k32, sampler);
     at_most("train.threads", t.threads, 1024, "OpenMP threads per rank; 0 uses all cores");
     const LayoutConfig& l = c.layout;
     if (double(l.dp) * double(l.pp) * double(l.tp) > double(INT_MAX))
@@ -477,7 +479,8 @@ void check_limits(const Config& c) {
         const Factor* largest = factors.begin();
         for (const Factor& f : factors) {
             p.keys.emplace_back(f.key);
-            terms += (terms.empty() ? "" : " x ") + std::string(f.key) + "=" + std::to_string(f.value);
+            terms += (terms.empty() ? "" : " x ") + std::string(f.key) + "=" +
+                     std::to_string(f.value);
             if (f.value > largest->value) largest = &f;
         }
         p.text = terms + " gives " + number(n) + " " + what +

@@ -77,7 +77,7 @@ struct TrainConfig {
     i64 eval_every = 100;     // validation loss every N steps (and at the last step); 0 disables
     i64 val_batches = 8;      // validation batches of batch_size sequences
     i64 threads = 0;          // OpenMP threads per rank (at most 1024); 0 means all cores
-    double max_memory_gib = 0;  // memory this process may use (GiB); 0: what the machine has available
+    double max_memory_gib = 0;  // memory (GiB) this process may use; 0: what the machine has
 
     bool operator==(const TrainConfig&) const = default;
 };

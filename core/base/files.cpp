@@ -2,7 +2,6 @@
 
 #include <sys/stat.h>
 
-
 namespace px {
 
 FileKind file_kind(const std::string& path) {
@@ -19,14 +18,22 @@ FileKind file_kind(const std::string& path) {
 
 const char* file_kind_text(FileKind k) {
     switch (k) {
-        case FileKind::missing: return "missing";
-        case FileKind::regular: return "a regular file";
-        case FileKind::folder: return "a folder";
-        case FileKind::fifo: return "a FIFO (named pipe)";
-        case FileKind::char_device: return "a character device";
-        case FileKind::block_device: return "a block device";
-        case FileKind::socket: return "a socket";
-        case FileKind::other: return "not a regular file";
+        case FileKind::missing:
+            return "missing";
+        case FileKind::regular:
+            return "a regular file";
+        case FileKind::folder:
+            return "a folder";
+        case FileKind::fifo:
+            return "a FIFO (named pipe)";
+        case FileKind::char_device:
+            return "a character device";
+        case FileKind::block_device:
+            return "a block device";
+        case FileKind::socket:
+            return "a socket";
+        case FileKind::other:
+            return "not a regular file";
     }
     return "not a regular file";
 }

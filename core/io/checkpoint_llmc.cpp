@@ -190,7 +190,8 @@ LlmcHeader read_llmc_header(const std::string& path) {
     // list). Exact in 128 bits: each field is below 2^31.
     using u128 = unsigned __int128;
     const u128 C = u128(h.C);
-    const u128 floats = u128(h.Vp) * C + u128(h.max_T) * C + u128(h.L) * (12 * C * C + 13 * C) + 2 * C;
+    const u128 floats =
+        u128(h.Vp) * C + u128(h.max_T) * C + u128(h.L) * (12 * C * C + 13 * C) + 2 * C;
     const u128 expected = u128(kHeaderBytes) + 4 * floats;
     if (expected != u128(size)) {
         const double want = double(expected);

@@ -47,7 +47,7 @@ Sizes sizes_of(const Config& c) {
     s.recompute = c.layout.recompute == "full";
     s.microbatch_major = s.zero >= 2 && s.dp > 1 && s.pp == 1;
     s.schedule = c.layout.schedule;
-    s.act_bytes = c.precision.activations == "fp32" ? 4 : 2;
+    s.act_bytes = double(dtype_size(activation_dtype(c.precision)));
     if (c.data.source == "markov") {
         const double V = double(c.data.markov_vocab > 0 ? c.data.markov_vocab : m.vocab);
         const double states = std::pow(V, double(c.data.markov_order));
@@ -62,17 +62,27 @@ Sizes sizes_of(const Config& c) {
 // rows, the first ranks taking the extra ones).
 double dim(Dim d, const Sizes& s, double B) {
     switch (d) {
-        case Dim::one: return 1;
-        case Dim::V: return std::ceil(s.V / s.tp);
-        case Dim::T: return s.T;
-        case Dim::C: return s.C;
-        case Dim::C3: return 3 * s.C / s.tp;
-        case Dim::F: return s.F / s.tp;
-        case Dim::NH: return s.NH / s.tp;
-        case Dim::CA: return s.C / s.tp;
-        case Dim::B: return B;
+        case Dim::one:
+            return 1;
+        case Dim::V:
+            return std::ceil(s.V / s.tp);
+        case Dim::T:
+            return s.T;
+        case Dim::C:
+            return s.C;
+        case Dim::C3:
+            return 3 * s.C / s.tp;
+        case Dim::F:
+            return s.F / s.tp;
+        case Dim::NH:
+            return s.NH / s.tp;
+        case Dim::CA:
+            return s.C / s.tp;
+        case Dim::B:
+            return B;
         case Dim::L:
-        case Dim::LS: return 1;  // counted by the caller
+        case Dim::LS:
+            return 1;  // counted by the caller
     }
     return 1;
 }
@@ -129,6 +139,30 @@ double slots(const Sizes& s) {
     return std::min(s.M, s.pp);
 }
 
+// The parts of the estimate, in the order they are listed.
+enum Item : size_t {
+    kWeights,
+    kGradients,
+    kMoments,
+    kActivations,
+    kBatch,
+    kValidation,
+    kData,
+    kBookkeeping,
+    kCopies,
+    kItems
+};
+constexpr const char* kItemNames[] = {"weights",
+                                      "gradients",
+                                      "AdamW moments",
+                                      "activations",
+                                      "token and loss buffers",
+                                      "validation losses",
+                                      "data tables",
+                                      "bookkeeping",
+                                      "whole-model copies"};
+static_assert(sizeof(kItemNames) / sizeof(kItemNames[0]) == kItems, "a name per Item");
+
 // A group of `ranks` stage ranks (a whole pipeline, or one rank) holding P parameter floats,
 // `layers` layers in `chunks` chunks, `heads` LM heads and `lasts` last stages, times `copies`
 // (replicas × tp ranks).
@@ -142,38 +176,35 @@ void add_group(std::vector<MemoryItem>& items, const Sizes& s, const Params& p, 
     const double P = g.P;
     // weights
     if (s.zero == 3 && s.microbatch_major)
-        add(0, kFloat * (P / s.dp + 2 * unit * g.ranks));
+        add(kWeights, kFloat * (P / s.dp + 2 * unit * g.ranks));
     else
-        add(0, kFloat * P);
+        add(kWeights, kFloat * P);
     // gradients: the buffer, and the microbatch tree's partial buffers
     if (s.zero >= 2 && s.microbatch_major)
-        add(1, kFloat * (P / s.dp + 2 * unit * g.ranks));
+        add(kGradients, kFloat * (P / s.dp + 2 * unit * g.ranks));
     else
-        add(1, kFloat * P * (1 + (s.M > 1 ? std::ceil(std::log2(s.M)) : 0)));
+        add(kGradients, kFloat * P * (1 + (s.M > 1 ? std::ceil(std::log2(s.M)) : 0)));
     // AdamW moments
-    add(2, 2 * kFloat * P / (s.zero >= 1 ? s.dp : 1));
+    add(kMoments, 2 * kFloat * P / (s.zero >= 1 ? s.dp : 1));
     // activations
-    add(3, slots(s) * activation_bytes(s, g.layers, g.chunks, g.heads));
+    add(kActivations, slots(s) * activation_bytes(s, g.layers, g.chunks, g.heads));
     // the batch: windows, inputs, targets, losses, every token's loss, the replicas' gathered
     const double BT = s.B * s.T;
-    add(4, g.ranks * kFloat *
-               (s.local_B * (s.T + 1) + 3 * s.local_B * s.T + BT + (s.dp > 1 ? BT : 0)));
+    add(kBatch, g.ranks * kFloat *
+                    (s.local_B * (s.T + 1) + 3 * s.local_B * s.T + BT + (s.dp > 1 ? BT : 0)));
     // validation losses, on the last stages
-    if (s.eval) add(5, g.lasts * kFloat * s.VB * (s.local_B * s.T + (s.dp > 1 ? 2 * BT : 0)));
+    if (s.eval)
+        add(kValidation, g.lasts * kFloat * s.VB * (s.local_B * s.T + (s.dp > 1 ? 2 * BT : 0)));
     // data tables
-    add(6, g.ranks * s.markov);
+    add(kData, g.ranks * s.markov);
     // bookkeeping: the schedule's actions, token ranges, the token tree, tensor tables
-    add(7, g.ranks * (6 * s.M * s.S * 32 + s.dp * s.M * 48 + 2 * s.M * 32 + 3 * (4 + 12 * s.L) * 96));
+    add(kBookkeeping,
+        g.ranks * (6 * s.M * s.S * 32 + s.dp * s.M * 48 + 2 * s.M * 32 + 3 * (4 + 12 * s.L) * 96));
     // whole-model copies: weights read whole for a tp shard, the final weights for llm.c
     const double full = (p.wte + p.wpe + s.L * p.layer + p.lnf) * s.tp;
-    add(8, g.ranks * kFloat * full * ((s.init_from && s.tp > 1 ? 1 : 0) + (s.export_llmc ? 2 : 0)));
+    add(kCopies,
+        g.ranks * kFloat * full * ((s.init_from && s.tp > 1 ? 1 : 0) + (s.export_llmc ? 2 : 0)));
 }
-
-const char* const kItemNames[] = {"weights",          "gradients",         "AdamW moments",
-                                  "activations",      "token and loss buffers",
-                                  "validation losses", "data tables",      "bookkeeping",
-                                  "whole-model copies"};
-constexpr size_t kItems = sizeof(kItemNames) / sizeof(kItemNames[0]);
 
 // ---- the budget ----
 
@@ -239,18 +270,20 @@ struct Knob {
     void (*set)(Config&, i64);
 };
 
-#define PX_KNOB(sec, key, min, type)                                        \
-    Knob {                                                                  \
-        #sec "." #key, min, [](const Config& c) { return i64(c.sec.key); }, \
-            [](Config& c, i64 v) { c.sec.key = static_cast<type>(v); }      \
+#define PX_KNOB(sec, key, min, type)                                                              \
+    Knob {                                                                                        \
+#sec "." #key, min,                                                                       \
+            [](const Config&                                                                      \
+                   c) { return i64(c.sec.key); }, [](Config & c,                                  \
+                                                     i64 v) { c.sec.key = static_cast<type>(v); } \
     }
 constexpr Knob kKnobs[] = {
-    PX_KNOB(train, batch_size, 1, i64), PX_KNOB(model, seq_len, 1, i64),
-    PX_KNOB(model, layers, 1, i64),     PX_KNOB(model, hidden, 1, i64),
-    PX_KNOB(model, ffn, 1, i64),        PX_KNOB(model, vocab, 2, i64),
-    PX_KNOB(model, heads, 1, i64),      PX_KNOB(train, val_batches, 1, i64),
-    PX_KNOB(data, markov_order, 1, i64), PX_KNOB(layout, dp, 1, int),
-    PX_KNOB(layout, pp, 1, int),        PX_KNOB(layout, tp, 1, int),
+    PX_KNOB(train, batch_size, 1, i64),   PX_KNOB(model, seq_len, 1, i64),
+    PX_KNOB(model, layers, 1, i64),       PX_KNOB(model, hidden, 1, i64),
+    PX_KNOB(model, ffn, 1, i64),          PX_KNOB(model, vocab, 2, i64),
+    PX_KNOB(model, heads, 1, i64),        PX_KNOB(train, val_batches, 1, i64),
+    PX_KNOB(data, markov_order, 1, i64),  PX_KNOB(layout, dp, 1, int),
+    PX_KNOB(layout, pp, 1, int),          PX_KNOB(layout, tp, 1, int),
     PX_KNOB(train, microbatches, 1, i64), PX_KNOB(layout, microbatches, 1, int),
 };
 #undef PX_KNOB
@@ -284,7 +317,7 @@ MemoryEstimate estimate_memory(const Config& cfg, MemoryScope scope, const Memor
         for (size_t i = 0; i < kItems; i++) e.items[i].bytes = (a >= b ? first : last)[i].bytes;
     }
     if (extras.dump)  // the logical state: weights and both moments of the whole model
-        e.items[8].bytes += 3 * kFloat * (p.wte + p.wpe + s.L * p.layer + p.lnf) * s.tp;
+        e.items[kCopies].bytes += 3 * kFloat * (p.wte + p.wpe + s.L * p.layer + p.lnf) * s.tp;
     for (const MemoryItem& i : e.items) e.total += i.bytes;
     return e;
 }
@@ -382,8 +415,8 @@ void check_memory(const Config& cfg, MemoryScope scope, int processes_on_node,
                       (scope == MemoryScope::process
                            ? std::to_string(e.ranks) + " rank" + (e.ranks == 1 ? "" : "s")
                            : std::string("one rank")) +
-                      ": " + list + "), more than the " + format_bytes(b.bytes) +
-                      " available (" + b.source + ") by " + format_bytes(e.total - b.bytes);
+                      ": " + list + "), more than the " + format_bytes(b.bytes) + " available (" +
+                      b.source + ") by " + format_bytes(e.total - b.bytes);
     if (b.bytes > 0) {
         char ratio[32];
         const double r = e.total / b.bytes;

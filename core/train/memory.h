@@ -48,7 +48,8 @@ struct MemoryExtras {
     bool dump = false;
 };
 
-MemoryEstimate estimate_memory(const Config& cfg, MemoryScope scope, const MemoryExtras& extras = {});
+MemoryEstimate estimate_memory(const Config& cfg, MemoryScope scope,
+                               const MemoryExtras& extras = {});
 
 struct MemoryBudget {
     double bytes = 0;

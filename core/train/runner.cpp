@@ -95,8 +95,9 @@ void run_layout(const Config& cfg, const std::vector<Observer*>& observers, cons
     if (static_cast<i64>(n) * rank_cfg.train.threads > kMaxThreadsPerProcess)
         throw ConfigError(cfg.source_name + ": layout.dp × layout.pp × layout.tp = " +
                           std::to_string(n) + " ranks run as threads of this process, each with " +
-                          std::to_string(rank_cfg.train.threads) + " OpenMP threads (train.threads = " +
-                          std::to_string(cfg.train.threads) + "): " +
+                          std::to_string(rank_cfg.train.threads) +
+                          " OpenMP threads (train.threads = " + std::to_string(cfg.train.threads) +
+                          "): " +
                           std::to_string(static_cast<i64>(n) * rank_cfg.train.threads) +
                           " threads, more than the " + std::to_string(kMaxThreadsPerProcess) +
                           " one process may start; lower train.threads (0 shares the cores out "
