@@ -152,8 +152,12 @@ def base(tmp_path_factory):
     cfg = base_config(d)
     (d / "job.toml").write_text(toml_text(cfg))
     r = subprocess.run([EXE, "train", str(d / "job.toml"), "--quiet", "--set",
-                        f"output.export_llmc={d / 'gpt.bin'}", "--set", f"checkpoint.dir={d / 'ck'}"],
+                        f"output.export_llmc={d / 'gpt.bin'}", "--set", f"checkpoint.dir={d / 'ck'}",
+                        "--set", "output.run_file=true", "--set", f"output.dir={d / 'out'}"],
                        capture_output=True, text=True, timeout=120, cwd=d)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([EXE, "record", str(d / "job.toml"), "--out", str(d / "trace.h5"), "--steps",
+                        "2"], capture_output=True, text=True, timeout=120, cwd=d)
     assert r.returncode == 0, r.stderr
     ckpts = sorted((d / "ck").glob("ckpt-*.h5"))
     assert ckpts, "the base run wrote no checkpoint"
@@ -509,12 +513,29 @@ def build_case(case):
             cfg["model"]["init_from"] = str(dst)
             case.args = ["train", str(case.config_file(cfg)), "--quiet"]
         return
-    # an HDF5 checkpoint
+    # an HDF5 file: a checkpoint mostly, else a golden trace or the run file a resume continues
+    op = rng.randrange(6)
+    if op >= 4:
+        cfg["train"]["steps"] = 3
+        if op == 4:
+            dst = d / "trace.h5"
+            shutil.copy(base / "trace.h5", dst)
+            case.args = ["validate", str(case.config_file(cfg)), "--golden", str(dst), "--layouts",
+                         rng.choice(["dp2", "tp2", "pp2", "dp2xz3"])]
+        else:
+            dst = d / "out" / "run.h5"
+            dst.parent.mkdir()
+            shutil.copy(base / "out" / "run.h5", dst)
+            cfg["output"].update({"run_file": True, "dir": str(dst.parent)})
+            cfg["checkpoint"] = {"dir": str(d / "ck"), "resume": str(base / "ckpt.h5")}
+            case.args = ["train", str(case.config_file(cfg)), "--quiet"]
+        case.what.append(f"{dst.name}: " + mutate_h5(rng, dst))
+        case.files.append(dst)
+        return
     dst = d / "ckpt-00000002.h5"
     shutil.copy(base / "ckpt.h5", dst)
     case.what.append("checkpoint: " + mutate_h5(rng, dst))
     case.files.append(dst)
-    op = rng.randrange(4)
     if op == 0:
         case.args = ["inspect", str(dst if rng.random() < 0.7 else d)]
     elif op == 1:
