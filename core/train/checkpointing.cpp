@@ -127,7 +127,10 @@ std::string RunCheckpoints::choose_resume() {
                 CheckpointReader(path).verify_all();
             if (!path.empty()) choice = cfg_.checkpoint.resume == "auto" ? step_of(path) : 0;
         } catch (const Error& e) {
-            error = e.what();
+            // A file the config named: the key says where it came from.
+            error = cfg_.checkpoint.resume == "auto"
+                        ? std::string(e.what())
+                        : "checkpoint.resume = \"" + cfg_.checkpoint.resume + "\": " + e.what();
             choice = kFailed;
         }
     }

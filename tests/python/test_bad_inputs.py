@@ -295,3 +295,8 @@ def test_damaged_run_file_is_moved_aside_on_resume(tmp_path, damage):
     assert (out / "run.h5.damaged").exists(), r.stderr
     with h5py.File(path, "r") as f:
         assert list(f["metrics/loss/step"][()]) == [1, 2, 3]
+
+
+def test_a_checkpoint_to_resume_that_is_missing_names_the_key(tmp_path):
+    """Found by the fuzz suite: checkpoint.resume = 3 said only "checkpoint 3: does not exist"."""
+    refused(train(tmp_path, "checkpoint.resume=3"), 'checkpoint.resume = "3"', "does not exist")
