@@ -349,6 +349,12 @@ void share(const Slot& s, int r, int p) {
         case Dtype::i64:
             do_share<i64>(s, r, p);
             break;
+        case Dtype::b16:
+            do_share<std::uint16_t>(s, r, p);
+            break;
+        case Dtype::b8:
+            do_share<std::uint8_t>(s, r, p);
+            break;
     }
 }
 

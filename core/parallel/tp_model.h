@@ -48,6 +48,10 @@ public:
 
     const tp::TpShards& shards() const { return shards_; }
     int rank() const override { return rank_; }
+    // The tp:: routines (core/parallel/tensor_parallel.h) read and write fp32 activations; a
+    // 16-bit precision under tensor parallelism gives them typed outputs (README, "Where a
+    // precision plugs in").
+    bool carries(DType t) const override { return t == DType::f32; }
     int size() const { return shards_.tp; }
     comm::Communicator& comm() const { return comm_; }
     // The splits of a parameter's rows and columns (null: not split, replicated along it).
