@@ -21,6 +21,8 @@ struct Registration {
 constexpr Registration kRegistry[] = {
     {Device::cpu, DType::f32, Mode::bitwise, &cpu::f32_backend},
     {Device::cpu, DType::f32, Mode::fast, &cpu::f32_backend},
+    {Device::cpu, DType::bf16, Mode::bitwise, &cpu::bf16_backend},
+    {Device::cpu, DType::bf16, Mode::fast, &cpu::bf16_backend},
 };
 
 constexpr size_t slot(Device device, DType dtype, Mode mode) {

@@ -104,7 +104,7 @@ const std::array kKeys = {
     PX_KEY(numerics, mode, "\"bitwise\" (equal to the single-device reference, bit for bit) or \"fast\""),
     PX_KEY(numerics, block, "canonical reduction block size"),
     PX_KEY(numerics, isa, "vector path: \"auto\", \"avx512\", \"avx2\" or \"scalar\""),
-    PX_KEY(precision, activations, "dtype of the activations: \"fp32\" (\"bf16\" and \"fp16\" are refused until their kernels exist)"),
+    PX_KEY(precision, activations, "dtype of the activations: \"fp32\" or \"bf16\" (\"fp16\" is refused until its kernels exist)"),
     PX_KEY(output, dir, "where run.h5 and exports go (--out overrides)"),
     PX_KEY(output, run_file, "write <dir>/run.h5"),
     PX_KEY(output, export_llmc, "if set, write the final weights as an llm.c checkpoint here"),
@@ -416,7 +416,7 @@ struct ActivationPrecision {
 };
 constexpr ActivationPrecision kActivationPrecisions[] = {
     {"fp32", DType::f32, true},
-    {"bf16", DType::bf16, false},
+    {"bf16", DType::bf16, true},
     {"fp16", DType::f16, false},
 };
 
