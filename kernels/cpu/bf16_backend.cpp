@@ -8,9 +8,8 @@
 // This is the reference bf16 path, exact by construction and the same on every CPU; a backend
 // that runs native bf16 dot products (AVX512_BF16, AMX) registers for fast mode beside it.
 #include "core/base/dtype.h"
+#include "core/base/widened.h"
 #include "kernels/backend.h"
-
-#include <vector>
 
 namespace px::cpu {
 
@@ -18,51 +17,10 @@ namespace {
 
 using ops::Backend;
 
-// An fp32 copy of a tensor (contiguous, any strides read), and where to round it back to.
-class Wide {
-public:
-    // from: the tensor (null: none). round_weight: round the fp32 values through bf16 first.
-    explicit Wide(const Tensor* from, bool round_weight = false) : from_(from) {
-        if (from == nullptr) return;
-        buf_.resize(static_cast<size_t>(from->numel()));
-        view_ = *from;
-        view_.dtype = DType::f32;
-        view_.data = buf_.data();
-        const i64 n = from->numel();
-        if (from->contiguous()) {
-            convert(buf_.data(), DType::f32, from->data, from->dtype, static_cast<size_t>(n));
-        } else {
-            PX_ASSERT(from->ndim == 2, "a strided operand of more than two dimensions");
-            const i64 R = from->shape[0], C = from->shape[1];
-            const size_t e = dtype_size(from->dtype);
-            for (i64 r = 0; r < R; r++)
-                for (i64 c = 0; c < C; c++)
-                    convert(buf_.data() + r * C + c, DType::f32,
-                            static_cast<const std::byte*>(from->data) +
-                                (r * from->strides[0] + c * from->strides[1]) * e,
-                            from->dtype, 1);
-        }
-        view_.strides[view_.ndim - 1] = 1;
-        for (int d = view_.ndim - 2; d >= 0; d--)
-            view_.strides[d] = view_.strides[d + 1] * view_.shape[d + 1];
-        if (round_weight)
-            for (float& x : buf_) x = round_to(DType::bf16, x);
-    }
-    Wide(const Wide&) = delete;
-    Wide& operator=(const Wide&) = delete;
-    const Tensor& operator*() const { return view_; }
-    const Tensor* get() const { return from_ != nullptr ? &view_ : nullptr; }
-    // The fp32 result rounded into the tensor it came from (contiguous outputs only).
-    void store() const {
-        if (from_ == nullptr) return;
-        PX_ASSERT(from_->contiguous(), std::string("output '") + from_->name + "' must be contiguous");
-        convert(from_->data, from_->dtype, buf_.data(), DType::f32, buf_.size());
-    }
-
-private:
-    const Tensor* from_;
-    std::vector<float> buf_;
-    Tensor view_;
+// Wide(t): t's values in fp32; Wide(t, true): a matmul's fp32 weights rounded to bf16.
+struct Wide : Widened {
+    explicit Wide(const Tensor* t, bool matmul_weight = false)
+        : Widened(t, matmul_weight ? DType::bf16 : DType::f32) {}
 };
 
 const Backend& f32() {
