@@ -271,6 +271,19 @@ TEST_CASE("under ZeRO, a fault in what only a shard's owner computes, or in a we
                                  "from the second copy of it that world rank 1 keeps") &&
                             Contains("the fault on world rank 0 was transient"));
     }
+    SECTION("dp2·pp2 ZeRO-2 with microbatches, resumed from a checkpoint: the second copies "
+            "start from the checkpoint's shards") {
+        Config w = layout(c, 2, 1, 2, 2);
+        w.layout.microbatches = 2;
+        Config first = w;
+        first.checkpoint.dir = test::temp_dir("faults_zero_resume");
+        first.checkpoint.every = 2;
+        run(first);
+        w.checkpoint.resume = first.checkpoint.dir + "/ckpt-00000004.h5";
+        const std::string err = recovers(aimed(w, "flip_grad", 1, 5, false), 1);
+        CHECK_THAT(err, Contains("replica check at step 5: world rank 1's reduced gradient shard") &&
+                            Contains("the fault on world rank 1 was transient"));
+    }
 }
 
 TEST_CASE("under ZeRO, a persistent fault in an owner's gradient shard stops the job naming the "
