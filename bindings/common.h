@@ -6,6 +6,7 @@
 //   make_config                 a Config from a TOML path, a dict, a parallax.Config and
 //                               keyword sections, the way the CLI's --set builds one
 //   metrics_dict, metrics_row   per-step metrics as numpy columns, one step as a dict
+//   adopt                       a vector's floats as a numpy array that owns them (no copy)
 //   wait_interruptibly          waits for a SteppedRun with the GIL released, Ctrl-C honoured
 //
 // Errors: the library's exceptions become Python ones (errors.cpp) with the library's own
@@ -48,6 +49,10 @@ Config make_config(const py::object& source, const py::dict& sections);
 // A TOML path for messages and the source of a Config: "<dict>" etc.
 py::dict metrics_dict(const MetricColumns& c);  // {"step": int64 array, "loss": float64 array, ...}
 py::dict metrics_row(const StepMetrics& m);     // {"step": 3, "loss": 3.41, ...}
+
+// The array takes the vector over (a capsule owns it): the floats are not copied. An empty shape
+// is flat.
+py::array adopt(std::vector<float> v, const std::vector<i64>& shape);
 
 // Until the run is paused, finished or failed, with the GIL released, checking for signals every
 // 50 ms: on Ctrl-C (or any signal handler that raises) the run is held after the step in

@@ -10,6 +10,7 @@
 #include "core/io/output_paths.h"
 #include "core/train/checkpointing.h"
 #include "core/train/run_file_observer.h"
+#include "validators/probes.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -25,6 +26,7 @@ struct PyJob {
     JobView view;
     std::unique_ptr<RunFileObserver> run_file;
     std::vector<py::object> observers;  // called after each step, the ranks paused
+    std::unique_ptr<ProbeRecorder> probes;  // shared by every rank; null: no probes
     std::unique_ptr<SteppedRun> run;    // last: destroyed first, while what its ranks use lives
 };
 
@@ -180,6 +182,10 @@ Job(config=None, *, out=None, **sections)
     out       a folder for the run file (<out>/run.h5), as `parallax train --out`. Without it a
               job writes no run file (output.run_file is off), so that the many jobs of a
               notebook do not share one; checkpoints follow [checkpoint] as in the CLI.
+    probes    glob patterns over probe names step/phase/layer/op/tensor, e.g.
+              "*/fwd/*/attn.*/*" or ["*/grad/**"]: every rank offers its pieces of those op
+              outputs, gradients and updates to one recorder (read with probe(name)), at steps
+              1, 1 + probe_stride, ...; they change no bit of the computation.
 
 Every layout runs on in-process ranks (threads): each rank builds its part of the model and
 pauses before step 1. step(n) lets the ranks run n more steps and waits for them, with the GIL
@@ -195,7 +201,8 @@ error (CommError, CheckpointError, ...) from the call that waits for it.
 >>> job.metrics()["loss"].shape
 (5,)
 )doc")
-        .def(py::init([](const py::object& config, const py::object& out, const py::kwargs& sections) {
+        .def(py::init([](const py::object& config, const py::object& out, const py::object& probes,
+                         i64 probe_stride, const py::kwargs& sections) {
                  auto j = std::make_unique<PyJob>();
                  j->cfg = make_config(config, sections);
                  if (out.is_none()) {
@@ -222,11 +229,23 @@ error (CommError, CheckpointError, ...) from the call that waits for it.
                          (std::filesystem::path(j->cfg.output.dir) / "run.h5").string(), j->cfg);
                      observers.push_back(j->run_file.get());
                  }
-                 j->run = std::make_unique<SteppedRun>(j->cfg, observers);
+                 RunHooks hooks;
+                 if (!probes.is_none()) {
+                     std::vector<std::string> patterns;
+                     if (py::isinstance<py::str>(probes)) patterns.push_back(probes.cast<std::string>());
+                     else patterns = probes.cast<std::vector<std::string>>();
+                     if (probe_stride < 1)
+                         throw ConfigError("probe_stride = " + std::to_string(probe_stride) +
+                                           " must be at least 1");
+                     j->probes = std::make_unique<ProbeRecorder>(patterns, probe_stride);
+                     hooks.setup = [rec = j->probes.get()](Job& job) { job.set_probes(rec); };
+                 }
+                 j->run = std::make_unique<SteppedRun>(j->cfg, observers, hooks);
                  wait(*j);  // every rank built (and resumed) and paused before its next step
                  return j;
              }),
-             py::arg("config") = py::none(), py::kw_only(), py::arg("out") = py::none())
+             py::arg("config") = py::none(), py::kw_only(), py::arg("out") = py::none(),
+             py::arg("probes") = py::none(), py::arg("probe_stride") = 1)
         .def_property_readonly(
             "config", [](const PyJob& j) { return PyConfig{j.cfg}; }, "The job's config.")
         .def_property_readonly(
@@ -406,6 +425,32 @@ it, flat) and `<what>_range` (those floats' range in its local table: a ZeRO sha
             "shapes, the slice of the logical tensor it holds (\"h.0.mlp.c_fc.weight[0:128, :]\"), "
             "and how many of its elements the rank holds as weights and as Adam moments between "
             "steps (ZeRO shards) and writes to checkpoints.")
+        .def(
+            "probe_names",
+            [](PyJob& j) {
+                raise_if_failed(j);
+                return j.probes ? j.probes->names() : std::vector<std::string>{};
+            },
+            "The probes recorded so far, in the order they were first captured.")
+        .def(
+            "probe",
+            [](PyJob& j, const std::string& name) {
+                raise_if_failed(j);
+                if (!j.probes) throw ConfigError("probe: this job records no probes; give Job(..., probes=[patterns])");
+                std::vector<i64> shape;
+                std::vector<float> v = j.probes->unshard(name, &shape);
+                return adopt(std::move(v), shape);
+            },
+            py::arg("name"),
+            "A probe's logical tensor, put together from every rank's pieces (an array that owns "
+            "the floats unshard made; ParallaxError naming the probe when pieces are missing or "
+            "replicas disagree).")
+        .def(
+            "clear_probes",
+            [](PyJob& j) {
+                if (j.probes) j.probes->clear();
+            },
+            "Forgets the probes recorded so far (the patterns stay).")
         .def("save_checkpoint", &save_checkpoint, py::arg("dir"),
              "Writes a checkpoint of the state after the steps done to <dir>/ckpt-<step>.h5, "
              "every rank its own hyperslabs (as the run's checkpoints), and returns its path.")

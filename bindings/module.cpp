@@ -4,6 +4,14 @@
 
 namespace px::py_bind {
 
+py::array adopt(std::vector<float> v, const std::vector<i64>& shape) {
+    auto* owned = new std::vector<float>(std::move(v));
+    py::capsule owner(owned, [](void* p) { delete static_cast<std::vector<float>*>(p); });
+    std::vector<py::ssize_t> dims(shape.begin(), shape.end());
+    if (dims.empty()) dims.push_back(static_cast<py::ssize_t>(owned->size()));
+    return py::array(py::dtype::of<float>(), dims, {}, owned->data(), owner);
+}
+
 py::dict metrics_row(const StepMetrics& m) {
     py::dict d;
     d["step"] = m.step;

@@ -14,15 +14,6 @@ namespace px::py_bind {
 
 namespace {
 
-// A vector's floats as a numpy array without copying them: the array owns the vector.
-py::array adopt(std::vector<float> v, const std::vector<i64>& shape) {
-    auto* owned = new std::vector<float>(std::move(v));
-    py::capsule owner(owned, [](void* p) { delete static_cast<std::vector<float>*>(p); });
-    std::vector<py::ssize_t> dims(shape.begin(), shape.end());
-    if (dims.empty()) dims.push_back(static_cast<py::ssize_t>(owned->size()));
-    return py::array(py::dtype::of<float>(), dims, {}, owned->data(), owner);
-}
-
 std::vector<LayoutSpec> layouts_of(const py::object& layouts) {
     if (py::isinstance<py::str>(layouts)) return parse_layouts(layouts.cast<std::string>());
     std::vector<LayoutSpec> out;

@@ -205,6 +205,29 @@ def test_each_rank_s_pieces_are_views_and_the_shard_map_says_what_they_are():
     assert len(mem) == 4 and all(m["optimizer"] > 0 for m in mem)
 
 
+def test_probes_of_a_layout_put_together_equal_the_single_device_s():
+    pats = ["*/fwd/*/attn.*/*", "*/grad/0/param/mlp.c_fc.weight"]
+    ref = parallax.Job(**small(), probes=pats)
+    job = parallax.Job(**small(layout={"tp": 2, "sequence_parallel": True}), probes=pats)
+    ref.step(2)
+    job.step(2)
+    names = ref.probe_names()
+    assert names and set(names) == set(job.probe_names())
+    assert "2/grad/0/param/mlp.c_fc.weight" in names
+    for n in names:
+        a, b = ref.probe(n), job.probe(n)
+        assert a.dtype == np.float32 and a.shape == b.shape and a.tobytes() == b.tobytes(), n
+        assert not a.flags.owndata and a.base is not None  # the array owns what unshard made
+    assert ref.probe("2/grad/0/param/mlp.c_fc.weight").tobytes() == \
+        ref.grads()["h.0.mlp.c_fc.weight"].tobytes()
+    ref.clear_probes()
+    assert ref.probe_names() == []
+    with pytest.raises(parallax.ParallaxError, match="no such|never"):
+        ref.probe("1/fwd/0/nothing/out")
+    with pytest.raises(parallax.ConfigError, match="probes"):
+        parallax.Job(**small()).probe("1/fwd/0/attn.qkv/out")
+
+
 # ---- the same bits as the CLI -------------------------------------------------------------
 
 
