@@ -31,6 +31,7 @@ namespace py = pybind11;
 void bind_errors(py::module_& m);
 void bind_config(py::module_& m);
 void bind_layout(py::module_& m);
+void bind_numerics(py::module_& m);
 void bind_job(py::module_& m);
 void bind_validate(py::module_& m);
 void bind_files(py::module_& m);

@@ -55,6 +55,7 @@ computes the single device's bits.
   Job          a training job driven a few steps at a time; metrics and state as numpy arrays
   validate     the single-device reference against parallel layouts, step by step
   schedule     a pipeline schedule as data (actions per rank) and its simulation
+  canonical_sum, tree_nodes   the canonical reduction order itself
   checkpoints  save (Job.save_checkpoint), read_checkpoint, inspect_checkpoint, convert (llm.c)
   read_run_file the metrics and events of a run file
 Errors are parallax.ParallaxError subclasses (ConfigError is also a ValueError) carrying the
@@ -63,6 +64,7 @@ library's own messages.)doc";
     bind_errors(m);
     bind_config(m);
     bind_layout(m);
+    bind_numerics(m);
     bind_job(m);
     bind_validate(m);
     bind_files(m);

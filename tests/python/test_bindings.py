@@ -420,6 +420,49 @@ def test_layouts_and_schedules_as_data():
         parallax.schedule("interleaved", pp=4, microbatches=6, virtual_stages=2)
 
 
+def test_the_canonical_sum_is_the_documented_tree_and_shares_of_its_nodes_agree():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(768).astype(np.float32) * np.float32(1e3)
+
+    def blocks_then_tree(v, block):  # README "The numerics contract, in short"
+        sums = []
+        for b in range(0, len(v), block):
+            acc = np.float32(0)
+            for e in v[b:b + block]:
+                acc = np.float32(acc + e)
+            sums.append(acc)
+
+        def node(lo, hi):
+            if hi - lo == 1:
+                return sums[lo]
+            mid = parallax.tree_split(lo, hi)
+            return np.float32(node(lo, mid) + node(mid, hi))
+        return node(0, len(sums))
+
+    total = parallax.canonical_sum(x, 64)
+    assert np.float32(total) == blocks_then_tree(x, 64)
+    assert parallax.tree_split(0, 12) == 6 and parallax.tree_split(0, 3) == 2
+    # tp=3 over 12 blocks (DESIGN.md's example): rank 1 owns [4,8) = nodes [4,5) [5,6) [6,8).
+    assert parallax.tree_nodes(12, 4, 8) == [(4, 5), (5, 6), (6, 8)]
+    assert parallax.tree_nodes(12, 0, 12) == [(0, 12)]
+    partial = {(a, b): parallax.canonical_sum(x[a * 64:b * 64], 64)
+               for r in ((0, 4), (4, 8), (8, 12)) for a, b in parallax.tree_nodes(12, *r)}
+
+    def combine(lo, hi):  # the ranks' node partials, combined in the tree above them
+        if (lo, hi) in partial:
+            return np.float32(partial[(lo, hi)])
+        mid = parallax.tree_split(lo, hi)
+        return np.float32(combine(lo, mid) + combine(mid, hi))
+    root = combine(0, 12)
+    f = np.float32
+    assert root == f(total)
+    shuffled_sums = {np.float32(np.sum(rng.permutation(x), dtype=np.float32)) for _ in range(20)}
+    assert len(shuffled_sums) > 1  # without a fixed order, the bits depend on the order
+    assert parallax.canonical_dot(x, np.ones_like(x), 64) == total
+    with pytest.raises(parallax.ConfigError):
+        parallax.canonical_sum(x, 0)
+
+
 # ---- the stub -----------------------------------------------------------------------------
 
 
