@@ -37,12 +37,10 @@ void raise_if_failed(PyJob& j) {
     j.run->rethrow();
 }
 
+// Until the ranks pause (Ctrl-C: held at a step boundary, and KeyboardInterrupt raised); a run
+// that failed raises its error.
 void wait(PyJob& j) {
-    try {
-        wait_interruptibly(*j.run);
-    } catch (const py::error_already_set&) {
-        throw;  // Ctrl-C: the run was held at a step boundary
-    }
+    wait_interruptibly(*j.run);
     raise_if_failed(j);
 }
 

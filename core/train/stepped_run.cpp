@@ -1,7 +1,6 @@
 #include "core/train/stepped_run.h"
 
 #include "core/base/error.h"
-#include "core/comm/inproc.h"
 
 #include <algorithm>
 #include <chrono>
@@ -37,6 +36,8 @@ SteppedRun::SteppedRun(const Config& cfg, std::vector<Observer*> observers, RunH
       observers_(std::move(observers)),
       hooks_(std::move(hooks)),
       ranks_(static_cast<size_t>(layout_.world_size())) {
+    errors_.error.resize(ranks_.size());
+    errors_.message.resize(ranks_.size());
     driver_ = std::thread([this] { run_ranks(); });
 }
 
@@ -64,6 +65,8 @@ void SteppedRun::run_ranks() {
     hooks.setup = pause_after(hooks_.setup, false);
     hooks.each_step = pause_after(hooks_.each_step, false);
     hooks.inspect = pause_after(hooks_.inspect, true);
+    // The ranks' errors are kept by rank_main (the run fails as soon as one throws, long before
+    // the threads end); what run_ranks_collect returns at the end adds nothing.
     comm::run_ranks_collect(world_size(), cfg_.layout.timeout_s, [&](comm::Communicator& world) {
         rank_main(world, rank_cfg, hooks);
     });
@@ -83,25 +86,30 @@ void SteppedRun::rank_main(comm::Communicator& world, const Config& cfg, const R
     } catch (const Cancelled&) {
     } catch (const std::exception& e) {
         error = std::current_exception();
-        bool first = false;
         {
             std::lock_guard<std::mutex> lock(mu_);
-            if (!error_) {  // the cause: the first rank to fail of its own accord
-                error_ = error;
-                error_text_ = e.what();
-                first = true;
-            }
+            errors_.error[static_cast<size_t>(world.rank())] = error;
+            errors_.message[static_cast<size_t>(world.rank())] = e.what();
+            if (errors_.first < 0) errors_.first = world.rank();
             cancel_ = true;  // the others leave their pauses
         }
         cv_.notify_all();
-        // The others' collectives throw at once instead of waiting for this rank.
-        if (first) world.abort("rank " + std::to_string(world.rank()) + " failed: " + e.what());
+        // The others' collectives throw at once instead of waiting for this rank (when the error
+        // is itself the job's failure, this changes nothing).
+        world.abort("rank " + std::to_string(world.rank()) + " failed: " + e.what());
     }
     // Left: wait with the job kept until the run is destroyed (a caller may read its memory).
     std::unique_lock<std::mutex> lock(mu_);
     me.state = RankState::left;
     ended_ = std::all_of(ranks_.begin(), ranks_.end(),
                          [](const Rank& r) { return r.state == RankState::left; });
+    if (ended_) {
+        const int cause = comm::cause_of(errors_);
+        if (cause >= 0) {
+            error_ = errors_.error[static_cast<size_t>(cause)];
+            error_text_ = errors_.message[static_cast<size_t>(cause)];
+        }
+    }
     cv_.notify_all();
     cv_.wait(lock, [this] { return destroying_; });
     lock.unlock();

@@ -21,13 +21,14 @@
 //
 // Errors. A rank that throws (a failed collective, a checkpoint that cannot be read, an injected
 // fault) ends the run: it fails the world's communicator (the others' collectives throw at once)
-// and the other ranks are woken from their pauses and leave too; every later call reports the
-// first rank's error (rethrow). The ranks' jobs are kept (RankRun) until the SteppedRun is
+// and the other ranks are woken from their pauses and leave too; once all have left, every later
+// call reports the error that caused the others (rethrow; comm::cause_of, as run_layout does). The ranks' jobs are kept (RankRun) until the SteppedRun is
 // destroyed, so memory a caller still reads stays valid, finished or failed. Destroying a
 // SteppedRun ends the ranks wherever they wait and joins them.
 #pragma once
 #include "core/base/config.h"
 #include "core/comm/comm.h"
+#include "core/comm/inproc.h"
 #include "core/parallel/mesh.h"
 #include "core/train/job.h"
 #include "core/train/runner.h"
@@ -129,7 +130,8 @@ private:
     bool cancel_ = false;      // the ranks leave their pauses (a failure, or the destructor)
     bool destroying_ = false;  // the ranks that left end their threads
     bool ended_ = false;       // every rank left its run
-    std::exception_ptr error_;
+    comm::RankErrors errors_;  // what each rank threw, in the order they threw
+    std::exception_ptr error_;  // once every rank left: the cause among them (comm::cause_of)
     std::string error_text_;
     const std::function<void(Job&, comm::Communicator&)>* task_ = nullptr;
     std::uint64_t task_gen_ = 0;

@@ -338,6 +338,9 @@ def test_save_checkpoint_inspect_read_and_resume_under_another_layout(tmp_path):
     same_bits(ref.weights(), resumed.weights())
     with pytest.raises(parallax.CheckpointError, match="nothing.h5"):
         parallax.inspect_checkpoint(tmp_path / "nothing.h5")
+    # A resume that fails while the ranks build their jobs raises from the constructor.
+    with pytest.raises(parallax.CheckpointError, match="nothing.h5"):
+        parallax.Job(**small(layout={"dp": 2}, checkpoint={"resume": str(tmp_path / "nothing.h5")}))
 
 
 def test_convert_to_llmc_and_back_gives_the_same_weights(tmp_path):
