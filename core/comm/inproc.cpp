@@ -792,6 +792,31 @@ void RankErrors::rethrow_first() const {
     if (first >= 0) std::rethrow_exception(error[first]);
 }
 
+int cause_of(const RankErrors& errors) {
+    const int n = static_cast<int>(errors.error.size());
+    const auto is_comm = [&](int r) {
+        try {
+            std::rethrow_exception(errors.error[static_cast<size_t>(r)]);
+        } catch (const CommError&) {
+            return true;
+        } catch (...) {
+            return false;
+        }
+    };
+    const auto consequence = [&](int r) {
+        return errors.message[static_cast<size_t>(r)].find(" was abandoned because the job failed: ") !=
+               std::string::npos;
+    };
+    const auto has = [&](int r) { return errors.error[static_cast<size_t>(r)] != nullptr; };
+    for (int r = 0; r < n; r++)
+        if (has(r) && !is_comm(r)) return r;
+    if (errors.first >= 0 && errors.first < n && has(errors.first) && !consequence(errors.first))
+        return errors.first;
+    for (int r = 0; r < n; r++)
+        if (has(r) && !consequence(r)) return r;
+    return -1;
+}
+
 RankErrors run_ranks_collect(InProcWorld& world, const std::function<void(Communicator&)>& fn) {
     const int n = world.size();
     RankErrors res;
@@ -822,29 +847,7 @@ RankErrors run_ranks_collect(InProcWorld& world, const std::function<void(Commun
     threads.reserve(n);
     for (int r = 0; r < n; r++) threads.emplace_back(body, r);
     for (auto& t : threads) t.join();
-    // The cause, not a consequence: a rank whose operation was abandoned because another failed,
-    // or whose peer left while unwinding its own error, may have thrown first. An error that is
-    // not a CommError (bad input, a bug) is always a cause; a CommError that no other failure
-    // explains (a timeout, a mismatch) is one too.
-    const auto is_comm = [&](int r) {
-        try {
-            std::rethrow_exception(res.error[r]);
-        } catch (const CommError&) {
-            return true;
-        } catch (...) {
-            return false;
-        }
-    };
-    const auto consequence = [&](int r) {
-        return res.message[r].find(" was abandoned because the job failed: ") != std::string::npos;
-    };
-    int cause = -1;
-    for (int r = 0; r < n && cause < 0; r++)
-        if (res.error[r] && !is_comm(r)) cause = r;
-    for (int r = 0; r < n && cause < 0; r++)
-        if (r == res.first && res.error[r] && !consequence(r)) cause = r;
-    for (int r = 0; r < n && cause < 0; r++)
-        if (res.error[r] && !consequence(r)) cause = r;
+    const int cause = cause_of(res);
     if (cause >= 0) res.first = cause;
     return res;
 }
