@@ -1,7 +1,10 @@
 // The backend registry: which Backend serves each (device, dtype, mode); see backend.h.
 #include "kernels/backend.h"
 
+#include "core/base/error.h"
+
 #include <array>
+#include <string>
 
 namespace px::ops {
 
@@ -18,6 +21,8 @@ struct Registration {
 constexpr Registration kRegistry[] = {
     {Device::cpu, DType::f32, Mode::bitwise, &cpu::f32_backend},
     {Device::cpu, DType::f32, Mode::fast, &cpu::f32_backend},
+    {Device::cpu, DType::bf16, Mode::bitwise, &cpu::bf16_backend},
+    {Device::cpu, DType::bf16, Mode::fast, &cpu::bf16_backend},
 };
 
 constexpr size_t slot(Device device, DType dtype, Mode mode) {
@@ -38,6 +43,38 @@ constexpr auto kTable = [] {
 }();
 
 }  // namespace
+
+const char* role_name(Role r) {
+    switch (r) {
+        case Role::act:
+            return "activation";
+        case Role::weight:
+            return "weight";
+        case Role::grad:
+            return "weight gradient";
+        case Role::acc:
+            return "fp32 sum";
+        case Role::master:
+            return "optimizer state";
+    }
+    return "?";
+}
+
+DType Operands::of(Role r) const {
+    switch (r) {
+        case Role::act:
+            return act;
+        case Role::weight:
+            return weight;
+        case Role::grad:
+            return grad;
+        case Role::acc:
+            return acc;
+        case Role::master:
+            return master;
+    }
+    return act;
+}
 
 bool Backend::has(Op op) const {
     switch (op) {
@@ -74,7 +111,12 @@ bool Backend::has(Op op) const {
 }
 
 const Backend* find_backend(Device device, DType dtype, Mode mode) {
-    return kTable[slot(device, dtype, mode)];
+    const Backend* b = kTable[slot(device, dtype, mode)];
+    PX_ASSERT(b == nullptr || b->operands.act == dtype,
+              std::string("backend '") + (b ? b->name : "") + "' is registered for " +
+                  dtype_name(dtype) + " activations but declares " +
+                  dtype_name(b ? b->operands.act : dtype));
+    return b;
 }
 
 }  // namespace px::ops

@@ -2,12 +2,16 @@
 //
 // Index
 //   Backend           the kernels of one backend: one entry per op direction, null where none
+//   Role, Operands    the part an operand plays in an op, and the dtype a backend wants for each
 //   find_backend      the backend registered for a device, dtype and numerics mode (null: none)
 //   last_dim, rows    sizes read from an operand
 //   cpu::f32_backend  the CPU fp32 backend (kernels/cpu/backend.cpp)
+//   cpu::bf16_backend bf16 activations computed by the fp32 kernels (kernels/cpu/bf16_backend.cpp)
 //
 // ops.cpp checks every operand (shapes, device, dtype, layout) before it calls an entry, so an
-// entry only reads its sizes from the tensors and runs. A backend serves any set of (device,
+// entry only reads its sizes from the tensors and runs. A backend is keyed by the dtype of its
+// activations; its other operands may differ (bf16 activations with fp32 LayerNorm statistics and
+// weight gradients), as its Operands say. A backend serves any set of (device,
 // dtype, mode) keys: the CPU fp32 kernels handle both modes themselves; a cuBLAS backend would
 // register for fast mode only. Adding a backend or a dtype is a Backend value and its lines in
 // kRegistry (backend.cpp).
@@ -16,8 +20,24 @@
 
 namespace px::ops {
 
+// The dtype a backend wants for each role an operand plays (ops.cpp tags every operand):
+//   act     activations and their gradients (the dtype of the key: precision.activations)
+//   weight  parameters read by the forward and backward (master weights, or a cast copy)
+//   grad    weight gradients, accumulated over microbatches (fp32 under the numerics contract)
+//   acc     sums kept in fp32 whatever the activations: LayerNorm statistics, losses, a
+//           softmax's row statistics, gemm partials of a canonical tree
+//   master  optimizer state and the master weights it updates
+enum class Role : std::uint8_t { act, weight, grad, acc, master };
+const char* role_name(Role r);
+struct Operands {
+    DType act = DType::f32, weight = DType::f32, grad = DType::f32, acc = DType::f32,
+          master = DType::f32;
+    DType of(Role r) const;
+};
+
 struct Backend {
     const char* name;  // "cpu f32"
+    Operands operands;  // the dtype of each role; a backend's key dtype is operands.act
     void (*matmul_forward)(const Numerics&, const Tensor& out, const Tensor& inp,
                            const Tensor& weight, const Tensor* bias);
     void (*matmul_backward)(const Numerics&, const Tensor* dinp, const Tensor* dweight,
@@ -77,4 +97,5 @@ inline i64 rows(const Tensor& t) {
 
 namespace px::cpu {
 extern const ops::Backend f32_backend;
+extern const ops::Backend bf16_backend;  // bf16 activations on the fp32 kernels
 }  // namespace px::cpu

@@ -22,29 +22,51 @@ enum class Layout : std::uint8_t {
     any,         // any strides (the gemm operands; the kernel reads strides)
 };
 
-[[noreturn]] void no_kernel(const Numerics& nx, Op op, const Tensor& t) {
-    throw Error(std::string("op ") + op_name(op) + " has no kernel for tensor '" + t.name +
-                "' with dtype " + dtype_name(t.dtype) + " on " +
-                (t.device == Device::cpu ? "cpu" : "cuda") + " in " + mode_name(nx.mode) +
+const char* device_name(Device d) {
+    return d == Device::cpu ? "cpu" : "cuda";
+}
+
+[[noreturn]] void no_backend(const Numerics& nx, Op op, const Tensor& key) {
+    throw Error(std::string("op ") + op_name(op) + " has no kernel for " + dtype_name(key.dtype) +
+                " activations (tensor '" + key.name + "') on " + device_name(key.device) +
+                " in " + mode_name(nx.mode) +
                 " mode; use precision fp32 or a backend that supports it");
 }
 
-// The backend for op on its operands (null entries skipped): the one registered for the first
-// operand's device and dtype in nx's mode. Every operand must have that device and dtype.
-const Backend& dispatch(const Numerics& nx, Op op, std::initializer_list<const Tensor*> operands,
+[[noreturn]] void wrong_operand(Op op, const Backend& b, Role role, const Tensor& t) {
+    throw Error(std::string("op ") + op_name(op) + ": tensor '" + t.name + "' (" +
+                role_name(role) + ") is " + dtype_name(t.dtype) + " on " +
+                device_name(t.device) + ", but backend '" + b.name + "' takes " +
+                dtype_name(b.operands.of(role)) + " " + role_name(role) + "s on " +
+                device_name(t.device) + "; allocate it as the backend's Operands say");
+}
+
+// One operand of an op and the part it plays (null: an optional output not computed).
+struct Arg {
+    Role role;
+    const Tensor* t;
+};
+constexpr Role A = Role::act, W = Role::weight, G = Role::grad, S = Role::acc, M = Role::master;
+
+// The backend for op: the one registered for the device and dtype of its first activation (of
+// its first operand when it has none) in nx's mode. Every operand must have that device and the
+// dtype the backend gives its role.
+const Backend& dispatch(const Numerics& nx, Op op, std::initializer_list<Arg> operands,
                         Layout layout = Layout::contiguous) {
-    const Tensor* first = nullptr;
-    for (const Tensor* t : operands)
-        if (t != nullptr) {
-            first = t;
-            break;
+    const Tensor* key = nullptr;
+    for (const Arg& a : operands)
+        if (a.t != nullptr && (a.role == Role::act || key == nullptr)) {
+            key = a.t;
+            if (a.role == Role::act) break;
         }
-    PX_ASSERT(first != nullptr, std::string("op ") + op_name(op) + " without operands");
-    const Backend* b = find_backend(first->device, first->dtype, nx.mode);
-    if (b == nullptr || !b->has(op)) no_kernel(nx, op, *first);
-    for (const Tensor* t : operands) {
+    PX_ASSERT(key != nullptr, std::string("op ") + op_name(op) + " without operands");
+    const Backend* b = find_backend(key->device, key->dtype, nx.mode);
+    if (b == nullptr || !b->has(op)) no_backend(nx, op, *key);
+    for (const Arg& a : operands) {
+        const Tensor* t = a.t;
         if (t == nullptr) continue;
-        if (t->device != first->device || t->dtype != first->dtype) no_kernel(nx, op, *t);
+        if (t->device != key->device || t->dtype != b->operands.of(a.role))
+            wrong_operand(op, *b, a.role, *t);
         if (layout == Layout::contiguous)
             PX_ASSERT(t->contiguous(), std::string("operand '") + t->name + "' must be contiguous");
         if (layout == Layout::rows)
@@ -65,7 +87,7 @@ bool supports(Op op, Device device, DType dtype, Mode mode) {
 
 void matmul_forward(const Numerics& nx, const Tensor& out, const Tensor& inp, const Tensor& weight,
                     const Tensor* bias) {
-    const Backend& b = dispatch(nx, Op::matmul, {&out, &inp, &weight, bias});
+    const Backend& b = dispatch(nx, Op::matmul, {{A, &out}, {A, &inp}, {W, &weight}, {W, bias}});
     const i64 C = last_dim(inp), BT = rows(inp), OC = weight.shape[0];
     PX_ASSERT(weight.shape[1] == C && rows(out) == BT && last_dim(out) == OC, "matmul shapes");
     b.matmul_forward(nx, out, inp, weight, bias);
@@ -74,14 +96,14 @@ void matmul_forward(const Numerics& nx, const Tensor& out, const Tensor& inp, co
 void matmul_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
                      const Tensor* dbias, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight) {
-    const Backend& b = dispatch(nx, Op::matmul, {&dout, &inp, &weight, dinp, dweight, dbias});
+    const Backend& b = dispatch(nx, Op::matmul, {{A, &dout}, {A, &inp}, {W, &weight}, {A, dinp}, {G, dweight}, {G, dbias}});
     const i64 BT = rows(inp), OC = weight.shape[0];
     PX_ASSERT(rows(dout) == BT && last_dim(dout) == OC, "matmul_backward shapes");
     b.matmul_backward(nx, dinp, dweight, dbias, dout, inp, weight);
 }
 
 void gemm(const Numerics& nx, const Tensor& c, const Tensor& a, const Tensor& b, bool accumulate) {
-    const Backend& be = dispatch(nx, Op::gemm, {&c, &a, &b}, Layout::any);
+    const Backend& be = dispatch(nx, Op::gemm, {{S, &c}, {A, &a}, {W, &b}}, Layout::any);
     PX_ASSERT(a.ndim == 2 && b.ndim == 2 && c.ndim == 2 && a.shape[1] == b.shape[0] &&
                   c.shape[0] == a.shape[0] && c.shape[1] == b.shape[1],
               "gemm shapes");
@@ -92,7 +114,7 @@ void gemm(const Numerics& nx, const Tensor& c, const Tensor& a, const Tensor& b,
 void layernorm_forward(const Numerics& nx, const Tensor& out, const Tensor& mean,
                        const Tensor& rstd, const Tensor& inp, const Tensor& weight,
                        const Tensor& bias) {
-    const Backend& b = dispatch(nx, Op::layernorm, {&out, &mean, &rstd, &inp, &weight, &bias});
+    const Backend& b = dispatch(nx, Op::layernorm, {{A, &out}, {S, &mean}, {S, &rstd}, {A, &inp}, {W, &weight}, {W, &bias}});
     const i64 C = last_dim(inp), BT = rows(inp);
     PX_ASSERT(weight.numel() == C && mean.numel() == BT, "layernorm shapes");
     b.layernorm_forward(nx, out, mean, rstd, inp, weight, bias);
@@ -102,23 +124,23 @@ void layernorm_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dw
                         const Tensor* dbias, const Tensor& dout, const Tensor& inp,
                         const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
     const Backend& b =
-        dispatch(nx, Op::layernorm, {&dout, &inp, &weight, &mean, &rstd, dinp, dweight, dbias});
+        dispatch(nx, Op::layernorm, {{A, &dout}, {A, &inp}, {W, &weight}, {S, &mean}, {S, &rstd}, {A, dinp}, {G, dweight}, {G, dbias}});
     b.layernorm_backward(nx, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
 }
 
 void gelu_forward(const Numerics& nx, const Tensor& out, const Tensor& inp) {
-    const Backend& b = dispatch(nx, Op::gelu, {&out, &inp});
+    const Backend& b = dispatch(nx, Op::gelu, {{A, &out}, {A, &inp}});
     PX_ASSERT(out.numel() == inp.numel(), "gelu shapes");
     b.gelu_forward(nx, out, inp);
 }
 
 void gelu_backward(const Numerics& nx, const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
-    dispatch(nx, Op::gelu, {&dinp, &inp, &dout}).gelu_backward(nx, dinp, inp, dout);
+    dispatch(nx, Op::gelu, {{A, &dinp}, {A, &inp}, {A, &dout}}).gelu_backward(nx, dinp, inp, dout);
 }
 
 void attention_forward(const Numerics& nx, const Tensor& out, const Tensor& preatt,
                        const Tensor& att, const Tensor& qkv, i64 NH) {
-    const Backend& b = dispatch(nx, Op::attention, {&out, &preatt, &att, &qkv});
+    const Backend& b = dispatch(nx, Op::attention, {{A, &out}, {A, &preatt}, {A, &att}, {A, &qkv}});
     const i64 B = qkv.shape[0], T = qkv.shape[1];
     PX_ASSERT(att.numel() == B * NH * T * T && preatt.numel() >= att.numel(), "attention shapes");
     b.attention_forward(nx, out, preatt, att, qkv, NH);
@@ -127,23 +149,23 @@ void attention_forward(const Numerics& nx, const Tensor& out, const Tensor& prea
 void attention_backward(const Numerics& nx, const Tensor& dqkv, const Tensor& dpreatt,
                         const Tensor& datt, const Tensor& dout, const Tensor& qkv,
                         const Tensor& att, i64 NH) {
-    dispatch(nx, Op::attention, {&dqkv, &dpreatt, &datt, &dout, &qkv, &att})
+    dispatch(nx, Op::attention, {{A, &dqkv}, {A, &dpreatt}, {A, &datt}, {A, &dout}, {A, &qkv}, {A, &att}})
         .attention_backward(nx, dqkv, dpreatt, datt, dout, qkv, att, NH);
 }
 
 void residual_forward(const Numerics& nx, const Tensor& out, const Tensor& a, const Tensor& b) {
-    const Backend& be = dispatch(nx, Op::residual, {&out, &a, &b});
+    const Backend& be = dispatch(nx, Op::residual, {{A, &out}, {A, &a}, {A, &b}});
     PX_ASSERT(a.numel() == b.numel() && out.numel() == a.numel(), "residual shapes");
     be.residual_forward(nx, out, a, b);
 }
 
 void residual_backward(const Numerics& nx, const Tensor& da, const Tensor& db, const Tensor& dout) {
-    dispatch(nx, Op::residual, {&da, &db, &dout}).residual_backward(nx, da, db, dout);
+    dispatch(nx, Op::residual, {{A, &da}, {A, &db}, {A, &dout}}).residual_backward(nx, da, db, dout);
 }
 
 void embedding_forward(const Numerics& nx, const Tensor& out, const int* tokens, const Tensor& wte,
                        const Tensor& wpe) {
-    const Backend& b = dispatch(nx, Op::embedding, {&out, &wte, &wpe});
+    const Backend& b = dispatch(nx, Op::embedding, {{A, &out}, {W, &wte}, {W, &wpe}});
     const i64 T = out.shape[1], C = out.shape[2];
     PX_ASSERT(wpe.shape[0] >= T && wte.shape[1] == C, "embedding shapes");
     b.embedding_forward(nx, out, tokens, wte, wpe);
@@ -151,45 +173,45 @@ void embedding_forward(const Numerics& nx, const Tensor& out, const int* tokens,
 
 void embedding_backward(const Numerics& nx, const Tensor* dwte, const Tensor* dwpe,
                         const Tensor& dout, const int* tokens) {
-    dispatch(nx, Op::embedding, {&dout, dwte, dwpe})
+    dispatch(nx, Op::embedding, {{A, &dout}, {G, dwte}, {G, dwpe}})
         .embedding_backward(nx, dwte, dwpe, dout, tokens);
 }
 
 void crossentropy_forward(const Numerics& nx, const Tensor& losses, const Tensor& probs,
                           const Tensor& logits, const int* targets) {
-    const Backend& b = dispatch(nx, Op::crossentropy, {&losses, &probs, &logits});
+    const Backend& b = dispatch(nx, Op::crossentropy, {{S, &losses}, {A, &probs}, {A, &logits}});
     PX_ASSERT(losses.numel() == rows(logits), "crossentropy shapes");
     b.crossentropy_forward(nx, losses, probs, logits, targets);
 }
 
 void crossentropy_backward(const Numerics& nx, const Tensor& dlogits, const Tensor& probs,
                            const int* targets, float dloss) {
-    dispatch(nx, Op::crossentropy, {&dlogits, &probs})
+    dispatch(nx, Op::crossentropy, {{A, &dlogits}, {A, &probs}})
         .crossentropy_backward(nx, dlogits, probs, targets, dloss);
 }
 
 void row_max(const Numerics& nx, const Tensor& out, const Tensor& x) {
-    const Backend& b = dispatch(nx, Op::row_max, {&out, &x});
+    const Backend& b = dispatch(nx, Op::row_max, {{S, &out}, {A, &x}});
     PX_ASSERT(x.ndim == 2 && out.numel() == x.shape[0], "row_max shapes");
     b.row_max(nx, out, x);
 }
 
 void exp_sub(const Numerics& nx, const Tensor& out, const Tensor& x, const Tensor& shift) {
-    const Backend& b = dispatch(nx, Op::exp_sub, {&out, &x, &shift});
+    const Backend& b = dispatch(nx, Op::exp_sub, {{A, &out}, {A, &x}, {S, &shift}});
     PX_ASSERT(x.ndim == 2 && out.numel() == x.numel() && shift.numel() == x.shape[0],
               "exp_sub shapes");
     b.exp_sub(nx, out, x, shift);
 }
 
 void row_sum(const Numerics& nx, const Tensor& out, const Tensor& x) {
-    const Backend& b = dispatch(nx, Op::row_sum, {&out, &x}, Layout::rows);
+    const Backend& b = dispatch(nx, Op::row_sum, {{S, &out}, {A, &x}}, Layout::rows);
     PX_ASSERT(x.ndim == 2 && out.ndim == 1 && out.shape[0] == x.shape[0], "row_sum shapes");
     b.row_sum(nx, out, x);
 }
 
 void adamw_update(const Numerics& nx, const Tensor& param, const Tensor& m, const Tensor& v,
                   const Tensor& grad, const AdamWStep& s) {
-    const Backend& b = dispatch(nx, Op::adamw, {&param, &m, &v, &grad});
+    const Backend& b = dispatch(nx, Op::adamw, {{M, &param}, {M, &m}, {M, &v}, {G, &grad}});
     PX_ASSERT(
         m.numel() == param.numel() && v.numel() == param.numel() && grad.numel() == param.numel(),
         "adamw shapes");
@@ -197,11 +219,11 @@ void adamw_update(const Numerics& nx, const Tensor& param, const Tensor& m, cons
 }
 
 float sum_squares(const Numerics& nx, const Tensor& x) {
-    return dispatch(nx, Op::sum_squares, {&x}).sum_squares(nx, x);
+    return dispatch(nx, Op::sum_squares, {{G, &x}}).sum_squares(nx, x);
 }
 
 void sum_squares_blocks(const Numerics& nx, const Tensor& part, const Tensor& x) {
-    const Backend& b = dispatch(nx, Op::sum_squares, {&part, &x});
+    const Backend& b = dispatch(nx, Op::sum_squares, {{S, &part}, {G, &x}});
     PX_ASSERT(part.numel() == num_blocks(x.numel(), nx.block), "sum_squares_blocks shapes");
     b.sum_squares_blocks(nx, part, x);
 }

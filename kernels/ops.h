@@ -13,7 +13,10 @@
 //   adamw_update, sum_squares, sum_squares_blocks
 //
 // Shapes use the letters of core/base/shapes.h; leading dimensions are flattened into BT. Operands
-// are contiguous unless an op says otherwise, and all of one call share a device and a dtype.
+// are contiguous unless an op says otherwise and share a device. Each plays a role (activation,
+// weight, weight gradient, fp32 sum, optimizer state: kernels/backend.h): the activations' dtype
+// picks the backend, and the backend says the dtype of every other role. So bf16 activations
+// keep fp32 LayerNorm statistics, losses and weight gradients without a caller changing.
 // Semantics (activations assign, gradients accumulate) are those of kernels/cpu/cpu_kernels.h;
 // a backward's optional outputs are pointers, and a null one is not computed.
 #pragma once
@@ -39,7 +42,7 @@ enum class Op : std::uint8_t {
     kCount
 };
 const char* op_name(Op op);
-// Whether a backend has op for tensors of this dtype on this device in this numerics mode.
+// Whether a backend has op for activations of this dtype on this device in this numerics mode.
 bool supports(Op op, Device device, DType dtype, Mode mode = Mode::bitwise);
 
 // out (BT,OC), inp (BT,C), weight (OC,C), bias (OC) or null
@@ -49,8 +52,8 @@ void matmul_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweig
                      const Tensor* dbias, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight);
 
-// c (M,N) = a (M,K) · b (K,N), or c += when accumulate. a and b may have any strides (a column
-// slice, a transpose); c's rows are contiguous. In bitwise mode each c[i][j] is the canonical tree
+// c (M,N) fp32 sums = a (M,K) activations · b (K,N) weights, or c += when accumulate. a and b may
+// have any strides (a column slice, a transpose); c's rows are contiguous. In bitwise mode each c[i][j] is the canonical tree
 // over the K given, so a slice of K that is one node of a longer tree computes that node.
 void gemm(const Numerics& nx, const Tensor& c, const Tensor& a, const Tensor& b, bool accumulate);
 

@@ -554,18 +554,21 @@ TEST_CASE("make_numerics resolves the ISA", "[config]") {
     }
 }
 
-TEST_CASE("precision.activations: fp32 today; bf16 is refused with a sentence naming the key", "[config]") {
+TEST_CASE("precision.activations: fp32 or bf16; fp16 is refused with a sentence naming the key", "[config]") {
     CHECK(Config{}.precision.activations == "fp32");
     CHECK(parse_config("[precision]\nactivations = \"fp32\"\n", "ok").precision.activations == "fp32");
     CHECK(activation_dtype(PrecisionConfig{}) == DType::f32);
-    CHECK_THAT(parse_error("[precision]\nactivations = \"bf16\"\n"),
-               Contains("precision.activations = \"bf16\" is not supported yet: bf16 activations need bf16 kernels"));
+    CHECK(parse_config("[precision]\nactivations = \"bf16\"\n", "ok").precision.activations == "bf16");
+    CHECK_THAT(parse_error("[precision]\nactivations = \"fp16\"\n"),
+               Contains("precision.activations = \"fp16\" is not supported yet: fp16 activations need fp16 kernels"));
     CHECK_THAT(parse_error("[precision]\nactivations = \"int8\"\n"),
-               Contains("precision.activations must be \"fp32\", got \"int8\""));
+               Contains("precision.activations must be \"fp32\" or \"bf16\", got \"int8\""));
     Config c;
     CHECK_THROWS_WITH(apply_override(c, "precision.activations=fp16"), Contains("precision.activations = \"fp16\""));
     CHECK(c.precision.activations == "fp32");
     PrecisionConfig p;
     p.activations = "bf16";
+    CHECK(activation_dtype(p) == DType::bf16);
+    p.activations = "fp16";
     CHECK_THROWS_AS(activation_dtype(p), ConfigError);
 }

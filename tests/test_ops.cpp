@@ -497,7 +497,9 @@ TEST_CASE("ops: the backend table answers supports and refuses what no backend r
     for (Mode mode : {Mode::bitwise, Mode::fast}) {
         CHECK(ops::supports(ops::Op::matmul, Device::cpu, DType::f32, mode));
         CHECK(ops::supports(ops::Op::gemm, Device::cpu, DType::f32, mode));
-        CHECK_FALSE(ops::supports(ops::Op::matmul, Device::cpu, DType::bf16, mode));
+        CHECK(ops::supports(ops::Op::matmul, Device::cpu, DType::bf16, mode));
+        CHECK_FALSE(ops::supports(ops::Op::adamw, Device::cpu, DType::bf16, mode));  // fp32 state
+        CHECK_FALSE(ops::supports(ops::Op::matmul, Device::cpu, DType::f16, mode));
         CHECK_FALSE(ops::supports(ops::Op::matmul, Device::cuda, DType::f32, mode));
     }
     Numerics nx;
@@ -513,6 +515,52 @@ TEST_CASE("ops: the backend table answers supports and refuses what no backend r
         CHECK(what.find("'x16'") != std::string::npos);
         CHECK(what.find("bf16") != std::string::npos);
     }
+}
+
+TEST_CASE("ops: each operand is checked against the dtype of its role", "[ops]") {
+    // The activations' dtype chooses the backend; every other operand must have the dtype the
+    // backend gives its role (kernels/backend.h). The CPU fp32 backend wants fp32 everywhere.
+    Numerics nx;
+    const i64 BT = 3, C = 4;
+    Vec x(BT * C, 0.5f), y(BT * C), w(C, 1.0f), b(C, 0.0f), mu(BT), rs(BT);
+    auto ln = [&](DType act, DType stat) {
+        Tensor out = view_f32(y.data(), {BT, C}, "out"), inp = view_f32(x.data(), {BT, C}, "inp");
+        Tensor mean = view_f32(mu.data(), {BT}, "mean"), rstd = view_f32(rs.data(), {BT}, "rstd");
+        out.dtype = inp.dtype = act;
+        mean.dtype = rstd.dtype = stat;
+        ops::layernorm_forward(nx, out, mean, rstd, inp, view_f32(w.data(), {C}, "w"),
+                               view_f32(b.data(), {C}, "b"));
+    };
+    ln(DType::f32, DType::f32);
+    CHECK(mu[0] == 0.5f);
+    auto error_of = [](auto&& f) -> std::string {
+        try {
+            f();
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "";
+    };
+    // An fp32 sum in a narrow dtype: the tensor, its role and the backend's dtype are named.
+    const std::string stat = error_of([&] { ln(DType::f32, DType::bf16); });
+    CHECK(stat.find("'mean'") != std::string::npos);
+    CHECK(stat.find("fp32 sum") != std::string::npos);
+    CHECK(stat.find("cpu f32") != std::string::npos);
+    // bf16 activations with fp32 statistics run on the bf16 backend; fp16 ones are a valid call
+    // for which no backend is registered.
+    ln(DType::bf16, DType::f32);
+    const std::string act = error_of([&] { ln(DType::f16, DType::f32); });
+    CHECK(act.find("no kernel for f16 activations") != std::string::npos);
+    CHECK(act.find("'out'") != std::string::npos);
+    // A weight gradient is a role of its own: an fp16 one is refused by name.
+    Vec g(C * C), dout(BT * C, 1.0f), ww(C * C, 0.25f);
+    Tensor dweight = view_f32(g.data(), {C, C}, "dweight");
+    dweight.dtype = DType::f16;
+    const std::string grad = error_of([&] {
+        ops::matmul_backward(nx, nullptr, &dweight, nullptr, view_f32(dout.data(), {BT, C}, "dout"),
+                             view_f32(x.data(), {BT, C}, "inp"), view_f32(ww.data(), {C, C}, "w"));
+    });
+    CHECK(grad.find("'dweight' (weight gradient) is f16") != std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------

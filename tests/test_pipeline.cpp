@@ -120,6 +120,29 @@ TEST_CASE("a model part initialises exactly the single device's numbers, under t
     CHECK(s1.hi == stage.grad_layout().total);
 }
 
+TEST_CASE("a pipeline message of bf16 or fp8 activations arrives bit for bit") {
+    const i64 n = 6;
+    for (DType t : {DType::bf16, DType::e4m3, DType::f32}) {
+        std::vector<std::vector<std::byte>> got(2);
+        const std::size_t bytes = static_cast<std::size_t>(bytes_of(t, n));
+        auto pattern = [&](std::size_t i) { return static_cast<std::byte>(0xA5 ^ (i * 29)); };
+        comm::run_ranks(2, 20, [&](comm::Communicator& pp) {
+            std::vector<std::byte> buf(bytes);
+            if (pp.rank() == 0)
+                for (std::size_t i = 0; i < bytes; i++) buf[i] = pattern(i);
+            const Tensor msg = view_of(t, buf.data(), {2, n / 2}, "act");
+            if (pp.rank() == 0)
+                send_message(pp, msg, 1, 3).wait();
+            else
+                recv_message(pp, msg, 0, 3);
+            got[static_cast<std::size_t>(pp.rank())] = buf;
+        });
+        INFO(dtype_name(t));
+        REQUIRE(got[1].size() == bytes);
+        for (std::size_t i = 0; i < bytes; i++) CHECK(got[1][i] == pattern(i));
+    }
+}
+
 TEST_CASE("the tree accumulator combines microbatches in the token tree, in any order") {
     // Eight microbatch gradients of one chunk, with values whose sum depends on the order.
     const int M = 8;

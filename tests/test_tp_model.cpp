@@ -2,6 +2,8 @@
 // single-device run: 5 steps, then loss, grad norm and validation loss histories, every logical
 // weight and every Adam moment compared bit for bit.
 #include "core/base/config.h"
+#include "core/comm/inproc.h"
+#include "core/parallel/tp_model.h"
 #include "core/train/job.h"
 #include "core/train/runner.h"
 #include "core/io/state.h"
@@ -120,6 +122,31 @@ TEST_CASE("layout.sequence_parallel needs whole token blocks per tp rank") {
     c.model.seq_len = 32;  // 32 tokens = 2 blocks of 16 for 4 ranks
     CHECK_THROWS_WITH(run_layout(c, {}), Catch::Contains("layout.sequence_parallel") &&
                                              Catch::Contains("numerics.block"));
+}
+
+TEST_CASE("a precision the tensor-parallel layers do not carry is refused before allocating") {
+    // The tp:: routines compute in fp32 and carry fp32, bf16 and fp16 activations by widening
+    // them; fp8 needs scales, so its activations are refused by name, on every rank, when the
+    // model is made.
+    const Config c = tp_job();
+    const Numerics nx = make_numerics(c.numerics);
+    const ModelPart whole = ModelPart::whole(c.model);
+    std::vector<std::string> errors(2);
+    comm::run_ranks(2, 20, [&](comm::Communicator& tp) {
+        auto layers = std::make_shared<TpLayers>(tp, nx, c.model);
+        CHECK(layers->carries(DType::f32));
+        CHECK(layers->carries(DType::bf16));
+        CHECK_FALSE(layers->carries(DType::e4m3));
+        try {
+            GPT model(c.model, nx, whole, layers, DType::e4m3);
+        } catch (const ConfigError& e) {
+            errors[static_cast<size_t>(tp.rank())] = e.what();
+        }
+    });
+    for (const std::string& e : errors) {
+        CHECK(e.find("precision.activations") != std::string::npos);
+        CHECK(e.find("e4m3") != std::string::npos);
+    }
 }
 
 TEST_CASE("the initial tp shards are the slices of the single device's initialisation") {

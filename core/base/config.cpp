@@ -106,7 +106,7 @@ const std::array kKeys = {
     PX_KEY(numerics, mode, "\"bitwise\" (equal to the single-device reference, bit for bit) or \"fast\""),
     PX_KEY(numerics, block, "canonical reduction block size"),
     PX_KEY(numerics, isa, "vector path: \"auto\", \"avx512\", \"avx2\" or \"scalar\""),
-    PX_KEY(precision, activations, "dtype of the activations: \"fp32\" (\"bf16\" and \"fp16\" are refused until their kernels exist)"),
+    PX_KEY(precision, activations, "dtype of the activations: \"fp32\" or \"bf16\" (\"fp16\" is refused until its kernels exist)"),
     PX_KEY(output, dir, "where run.h5 and exports go (--out overrides)"),
     PX_KEY(output, run_file, "write <dir>/run.h5"),
     PX_KEY(output, export_llmc, "if set, write the final weights as an llm.c checkpoint here"),
@@ -115,7 +115,7 @@ const std::array kKeys = {
     PX_KEY(checkpoint, every, "write a checkpoint every N steps and at the end; 0: only at the end"),
     PX_KEY(checkpoint, keep, "keep the newest K checkpoints (>= 1); older ones are deleted after a new one is committed"),
     PX_KEY(checkpoint, resume, "\"\": start fresh; \"auto\": resume from the newest valid checkpoint in checkpoint.dir (fresh if none); else a checkpoint file to resume from"),
-    PX_KEY(validate, replica_check_every, "every N steps (and before each checkpoint) the data-parallel replicas compare checksums of their weights; a mismatch re-runs the steps since the last check to tell a transient fault from a persistent one; needs layout.dp >= 2 and layout.zero <= 2; 0: off"),
+    PX_KEY(validate, replica_check_every, "each step the data-parallel replicas hash their reduced gradient, weights and metrics, and every N steps (and before each checkpoint) compare them; under ZeRO each rank also keeps a second copy of the next rank's shard to compare with its owner's; a mismatch re-runs the steps since the last check to tell a transient fault from a persistent one; needs layout.dp >= 2; 0: off"),
     PX_KEY(fault, kind, "\"\": none; \"kill\": the rank dies; \"stall\": it stops for fault.stall_s; \"flip_grad\" / \"flip_weight\": one bit of its reduced gradient / its weights flips"),
     PX_KEY(fault, rank, "the world rank the fault strikes"),
     PX_KEY(fault, step, "the step (1-based) the fault strikes in: before it (kill, stall), before its update (flip_grad) or after it (flip_weight)"),
@@ -418,7 +418,7 @@ struct ActivationPrecision {
 };
 constexpr ActivationPrecision kActivationPrecisions[] = {
     {"fp32", DType::f32, true},
-    {"bf16", DType::bf16, false},
+    {"bf16", DType::bf16, true},
     {"fp16", DType::f16, false},
 };
 
@@ -607,11 +607,6 @@ void check(const Config& c) {
                       "validate.replica_check_every=" + std::to_string(c.validate.replica_check_every) +
                           " compares data-parallel replicas, but layout.dp = " + std::to_string(l.dp) +
                           ": use layout.dp >= 2, or validate.replica_check_every = 0"};
-    if (c.validate.replica_check_every > 0 && l.zero == 3)
-        throw Problem{{"validate.replica_check_every", "layout.zero"},
-                      "validate.replica_check_every needs replicated weights, but under layout.zero = 3 "
-                      "each data-parallel rank holds its own shard of them, so there is nothing to "
-                      "compare: use layout.zero <= 2, or validate.replica_check_every = 0"};
     if (!c.fault.kind.empty() && c.fault.step > t.steps)
         throw Problem{{"fault.step", "train.steps"},
                       "fault.step=" + std::to_string(c.fault.step) + " comes after the last step (train.steps=" +

@@ -23,6 +23,10 @@ const char* dtype_name(Dtype dt) {
             return "f64";
         case Dtype::i64:
             return "i64";
+        case Dtype::b16:
+            return "b16";
+        case Dtype::b8:
+            return "b8";
     }
     return "?";
 }
@@ -35,8 +39,16 @@ i64 dtype_size(Dtype dt) {
             return 8;
         case Dtype::i64:
             return 8;
+        case Dtype::b16:
+            return 2;
+        case Dtype::b8:
+            return 1;
     }
     return 0;
+}
+
+bool can_reduce(Dtype dt) {
+    return dt == Dtype::f32 || dt == Dtype::f64 || dt == Dtype::i64;
 }
 
 bool is_reducing(Op op) {
@@ -252,6 +264,10 @@ void Communicator::check(const Request& req) const {
     const i64 e = dtype_size(req.dtype);
     const int p = size_;
     if (req.n < 0) fail("element count " + std::to_string(req.n) + " is negative");
+    if (is_reducing(req.op) && !can_reduce(req.dtype))
+        fail(std::string(dtype_name(req.dtype)) +
+             " elements are moved, never summed (the numerics contract adds in fp32): reduce the "
+             "partials as f32 and round the result");
 
     auto check_counts = [&](const std::vector<i64>& c, const char* what) -> i64 {
         if (static_cast<int>(c.size()) != p)
@@ -502,11 +518,9 @@ Handle Communicator::recv_async(T* buf, i64 n, int src, int tag) {
     return start(std::move(r));
 }
 
-// Every typed entry point, for every element type (adding a Dtype adds one line here).
-#define PX_COMM_INSTANTIATE(T)                                                       \
-    template void Communicator::all_reduce<T>(T*, i64, Algo);                        \
-    template void Communicator::all_reduce_max<T>(T*, i64);                          \
-    template void Communicator::reduce_scatter<T>(T*, const T*, i64, Algo);          \
+// Every typed entry point, for every element type (adding a Dtype adds a line here). Types that
+// cannot be summed have no reducing entry points: calling one does not link.
+#define PX_COMM_MOVE(T)                                                              \
     template void Communicator::all_gather<T>(T*, const T*, i64);                    \
     template void Communicator::all_gather_v<T>(T*, const T*, std::span<const i64>); \
     template void Communicator::broadcast<T>(T*, i64, int);                          \
@@ -515,19 +529,29 @@ Handle Communicator::recv_async(T* buf, i64 n, int src, int tag) {
                                                 std::span<const i64>);               \
     template void Communicator::send<T>(const T*, i64, int, int);                    \
     template void Communicator::recv<T>(T*, i64, int, int);                          \
-    template Handle Communicator::all_reduce_async<T>(T*, i64, Algo);                \
-    template Handle Communicator::reduce_scatter_async<T>(T*, const T*, i64, Algo);  \
     template Handle Communicator::all_gather_async<T>(T*, const T*, i64);            \
     template Handle Communicator::broadcast_async<T>(T*, i64, int);                  \
     template Handle Communicator::all_to_all_async<T>(T*, const T*, i64);            \
     template Handle Communicator::send_async<T>(const T*, i64, int, int);            \
     template Handle Communicator::recv_async<T>(T*, i64, int, int);
+#define PX_COMM_REDUCE(T)                                                            \
+    template void Communicator::all_reduce<T>(T*, i64, Algo);                        \
+    template void Communicator::all_reduce_max<T>(T*, i64);                          \
+    template void Communicator::reduce_scatter<T>(T*, const T*, i64, Algo);          \
+    template Handle Communicator::all_reduce_async<T>(T*, i64, Algo);                \
+    template Handle Communicator::reduce_scatter_async<T>(T*, const T*, i64, Algo);
 
-PX_COMM_INSTANTIATE(float)
-PX_COMM_INSTANTIATE(double)
-PX_COMM_INSTANTIATE(i64)
+PX_COMM_MOVE(float)
+PX_COMM_MOVE(double)
+PX_COMM_MOVE(i64)
+PX_COMM_MOVE(std::uint16_t)
+PX_COMM_MOVE(std::uint8_t)
+PX_COMM_REDUCE(float)
+PX_COMM_REDUCE(double)
+PX_COMM_REDUCE(i64)
 
-#undef PX_COMM_INSTANTIATE
+#undef PX_COMM_MOVE
+#undef PX_COMM_REDUCE
 
 // ---- the progress queue ----------------------------------------------------------------------
 

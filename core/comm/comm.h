@@ -3,7 +3,7 @@
 //
 // Index
 //   Algo, algo_for        canonical (bitwise mode) or ring (fast mode), for reducing collectives
-//   Dtype, dtype_of       element types a collective moves: f32, f64, i64
+//   Dtype, dtype_of       element types a collective moves: f32, f64, i64; b16, b8 (bits only)
 //   Op, op_name           the kinds of operation; labels of the accounting table
 //   CommError             a collective or message that failed: names it, its group and the ranks
 //   Traffic, traffic      bytes one rank sends and receives for one operation, by its algorithm
@@ -76,9 +76,14 @@ inline Algo algo_for(Mode mode) {
 }
 const char* algo_name(Algo algo);  // "canonical", "ring"
 
-enum class Dtype : std::uint8_t { f32, f64, i64 };
-const char* dtype_name(Dtype dt);  // "f32", "f64", "i64"
+// f32, f64, i64: any collective. b16 and b8 are 16- and 8-bit floats (bf16, fp16; fp8 e4m3, e5m2)
+// moved as their bits: every collective that moves data (pipeline messages, sequence-parallel
+// gathers, ZeRO-3 gathers of a cast weight), none that adds. The numerics contract sums in fp32
+// (DESIGN.md §2.1), so a 16-bit tensor's partial sums travel as f32 and are rounded once after.
+enum class Dtype : std::uint8_t { f32, f64, i64, b16, b8 };
+const char* dtype_name(Dtype dt);  // "f32", "f64", "i64", "b16", "b8"
 i64 dtype_size(Dtype dt);          // bytes per element
+bool can_reduce(Dtype dt);         // f32, f64, i64
 
 template <class T>
 constexpr Dtype dtype_of() {
@@ -86,8 +91,13 @@ constexpr Dtype dtype_of() {
         return Dtype::f32;
     else if constexpr (std::is_same_v<T, double>)
         return Dtype::f64;
+    else if constexpr (std::is_same_v<T, std::uint16_t>)
+        return Dtype::b16;
+    else if constexpr (std::is_same_v<T, std::uint8_t>)
+        return Dtype::b8;
     else {
-        static_assert(std::is_same_v<T, i64>, "collectives move float, double or px::i64");
+        static_assert(std::is_same_v<T, i64>,
+                      "collectives move float, double, px::i64, or 16/8-bit floats as uint16_t/uint8_t");
         return Dtype::i64;
     }
 }
@@ -249,7 +259,8 @@ public:
     int size() const { return size_; }
     const std::string& group() const { return group_; }  // "world", "dp", "tp", "pp", ...
 
-    // Collectives. T is float, double or px::i64. Counts are elements.
+    // Collectives. T is float, double or px::i64, and for those that do not add also std::uint16_t
+    // or std::uint8_t (16- and 8-bit floats as bits: Dtype). Counts are elements.
     template <class T>
     void all_reduce(T* buf, i64 n, Algo algo = Algo::canonical);  // sum
     template <class T>

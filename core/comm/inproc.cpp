@@ -15,7 +15,10 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <list>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -63,6 +66,13 @@ struct Group {
     int size() const { return static_cast<int>(world_ranks.size()); }
 };
 
+// A rank blocked in a collective or a message, waiting for other ranks (world ranks).
+struct Wait {
+    int rank = 0;
+    std::function<std::string()> what;
+    std::vector<int> waits_for;
+};
+
 struct World {
     int n = 0;
     double timeout_s = 0;
@@ -70,6 +80,7 @@ struct World {
     std::condition_variable cv;
     bool failed = false;
     std::string failure;  // the first failure; later ones are consequences
+    std::list<Wait> waits;  // every rank blocked now (a rank and its progress thread: two)
     int next_group_id = 0;
     std::shared_ptr<Group> world;
     std::vector<char> handed_out;
@@ -87,6 +98,52 @@ struct World {
         return Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                   std::chrono::duration<double>(timeout_s));
     }
+
+    // Caller holds mu. Why `missing` (world ranks) did not arrive, when they are themselves
+    // blocked: the chain of waits down to a rank blocked in nothing (dead, stalled or busy), so
+    // that a timeout names the rank at its root and not one that waits for it; "" otherwise.
+    std::string why_missing(const std::vector<int>& missing) const {
+        std::string s;
+        std::vector<int> seen;
+        for (int x = missing.empty() ? -1 : missing.front(); x >= 0;) {
+            seen.push_back(x);
+            const auto it = std::find_if(waits.begin(), waits.end(),
+                                         [&](const Wait& wt) { return wt.rank == x; });
+            if (it == waits.end()) {
+                if (!s.empty())
+                    s += ", which waits in no collective or message of this job (it died, "
+                         "stalled or is busy)";
+                break;
+            }
+            s += s.empty() ? ", because world rank " : ", and world rank ";
+            s += std::to_string(x) + " waits in " + it->what() + " for world rank" +
+                 (it->waits_for.size() == 1 ? " " : "s ");
+            for (size_t i = 0; i < it->waits_for.size(); i++)
+                s += (i ? ", " : "") + std::to_string(it->waits_for[i]);
+            x = it->waits_for.empty() ? -1 : it->waits_for.front();
+            if (std::find(seen.begin(), seen.end(), x) != seen.end()) {
+                s += " (a cycle: these ranks wait for each other)";
+                break;
+            }
+        }
+        return s;
+    }
+};
+
+// Registers a rank's wait while it lasts (the caller holds mu when it starts and ends).
+class Waiting {
+public:
+    Waiting(World& w, int rank, std::function<std::string()> what) : w_(w) {
+        it_ = w_.waits.insert(w_.waits.end(), Wait{rank, std::move(what), {}});
+    }
+    ~Waiting() { w_.waits.erase(it_); }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+    std::vector<int>& waits_for() { return it_->waits_for; }
+
+private:
+    World& w_;
+    std::list<Wait>::iterator it_;
 };
 
 // ---- messages --------------------------------------------------------------------------------
@@ -349,6 +406,12 @@ void share(const Slot& s, int r, int p) {
         case Dtype::i64:
             do_share<i64>(s, r, p);
             break;
+        case Dtype::b16:
+            do_share<std::uint16_t>(s, r, p);
+            break;
+        case Dtype::b8:
+            do_share<std::uint8_t>(s, r, p);
+            break;
     }
 }
 
@@ -417,6 +480,9 @@ void p2p_wait(World& w, Group& g, int rank, const std::shared_ptr<Message>& m, S
     std::unique_lock lk(w.mu);
     const auto deadline = w.deadline();
     const int peer = m->is_send() ? m->dst : m->src;
+    std::optional<Waiting> waiting;  // ends before the lock is given up
+    waiting.emplace(w, g.world_ranks[rank], [m, rank, &g] { return p2p_what(*m, rank, g); });
+    waiting->waits_for() = {g.world_ranks[peer]};
     for (;;) {
         if (m->state == 2) break;
         if (m->state == 1) {  // the partner is copying; that cannot block
@@ -443,7 +509,7 @@ void p2p_wait(World& w, Group& g, int rank, const std::shared_ptr<Message>& m, S
             unpost(g, m);
             const std::string msg =
                 what + ": " + who(g, {peer}) + " did not post a matching " + partner + " within " +
-                seconds_str(w.timeout_s) +
+                seconds_str(w.timeout_s) + w.why_missing({g.world_ranks[peer]}) +
                 ". Sends and recvs pair up by (source, destination, tag), in order; look for a "
                 "missing " +
                 partner + " or a wrong tag, or raise the timeout if rank " + std::to_string(peer) +
@@ -453,6 +519,7 @@ void p2p_wait(World& w, Group& g, int rank, const std::shared_ptr<Message>& m, S
         }
         w.cv.wait_until(lk, deadline);
     }
+    waiting.reset();
     if (!m->error.empty()) throw CommError(m->error);
     lk.unlock();
     book.record(g.name, m->req, since(m->t0));
@@ -569,13 +636,16 @@ private:
                 w.cv.notify_all();
             }
             const auto deadline = w.deadline();
+            Waiting waiting(w, g.world_ranks[r], what);
             // Once all ranks have arrived the collective is committed: others may already be
             // reading this rank's buffers, so only a mismatch (found before any work) may stop it.
             while (s.arrived < p) {
                 if (w.failed) throw aborted(r, what(), w.failure);
                 std::vector<int> here, missing, gone;
+                waiting.waits_for().clear();
                 for (int k = 0; k < p; k++) {
                     (s.posts[k] ? here : missing).push_back(k);
+                    if (!s.posts[k]) waiting.waits_for().push_back(g.world_ranks[k]);
                     if (!s.posts[k] && !g.alive[k]) gone.push_back(k);
                 }
                 auto advice = [&] {
@@ -596,7 +666,8 @@ private:
                 if (Clock::now() >= deadline) {
                     const std::string msg =
                         what() + ": " + who(g, missing) + " did not arrive within " +
-                        seconds_str(w.timeout_s) + " (" + rank_list(here) + " did). " + advice() +
+                        seconds_str(w.timeout_s) + " (" + rank_list(here) + " did" +
+                        w.why_missing(waiting.waits_for()) + "). " + advice() +
                         "; if " + rank_list(missing) + (missing.size() == 1 ? " is" : " are") +
                         " only slow, raise the timeout.";
                     w.fail(msg);
@@ -721,6 +792,31 @@ void RankErrors::rethrow_first() const {
     if (first >= 0) std::rethrow_exception(error[first]);
 }
 
+int cause_of(const RankErrors& errors) {
+    const int n = static_cast<int>(errors.error.size());
+    const auto is_comm = [&](int r) {
+        try {
+            std::rethrow_exception(errors.error[static_cast<size_t>(r)]);
+        } catch (const CommError&) {
+            return true;
+        } catch (...) {
+            return false;
+        }
+    };
+    const auto consequence = [&](int r) {
+        return errors.message[static_cast<size_t>(r)].find(" was abandoned because the job failed: ") !=
+               std::string::npos;
+    };
+    const auto has = [&](int r) { return errors.error[static_cast<size_t>(r)] != nullptr; };
+    for (int r = 0; r < n; r++)
+        if (has(r) && !is_comm(r)) return r;
+    if (errors.first >= 0 && errors.first < n && has(errors.first) && !consequence(errors.first))
+        return errors.first;
+    for (int r = 0; r < n; r++)
+        if (has(r) && !consequence(r)) return r;
+    return -1;
+}
+
 RankErrors run_ranks_collect(InProcWorld& world, const std::function<void(Communicator&)>& fn) {
     const int n = world.size();
     RankErrors res;
@@ -751,29 +847,7 @@ RankErrors run_ranks_collect(InProcWorld& world, const std::function<void(Commun
     threads.reserve(n);
     for (int r = 0; r < n; r++) threads.emplace_back(body, r);
     for (auto& t : threads) t.join();
-    // The cause, not a consequence: a rank whose operation was abandoned because another failed,
-    // or whose peer left while unwinding its own error, may have thrown first. An error that is
-    // not a CommError (bad input, a bug) is always a cause; a CommError that no other failure
-    // explains (a timeout, a mismatch) is one too.
-    const auto is_comm = [&](int r) {
-        try {
-            std::rethrow_exception(res.error[r]);
-        } catch (const CommError&) {
-            return true;
-        } catch (...) {
-            return false;
-        }
-    };
-    const auto consequence = [&](int r) {
-        return res.message[r].find(" was abandoned because the job failed: ") != std::string::npos;
-    };
-    int cause = -1;
-    for (int r = 0; r < n && cause < 0; r++)
-        if (res.error[r] && !is_comm(r)) cause = r;
-    for (int r = 0; r < n && cause < 0; r++)
-        if (r == res.first && res.error[r] && !consequence(r)) cause = r;
-    for (int r = 0; r < n && cause < 0; r++)
-        if (res.error[r] && !consequence(r)) cause = r;
+    const int cause = cause_of(res);
     if (cause >= 0) res.first = cause;
     return res;
 }

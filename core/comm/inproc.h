@@ -4,6 +4,7 @@
 // Index
 //   InProcWorld         N ranks and a timeout; comm(r) is rank r's "world" communicator
 //   RankErrors          what each rank of a run threw, and which rank threw first
+//   cause_of            which rank's error caused the others'
 //   run_ranks           one thread per rank runs fn(comm), joins, rethrows the first error
 //   run_ranks_collect   the same, returning every rank's error instead of throwing
 //
@@ -68,6 +69,12 @@ struct RankErrors {
     bool ok() const { return first < 0; }
     void rethrow_first() const;  // rethrows error[first] as thrown; no-op when ok()
 };
+
+// The rank whose error is the cause, not a consequence (-1: no error): a rank whose operation was
+// abandoned because another failed, or whose peer left while unwinding its own error, may have
+// thrown first. An error that is not a CommError (bad input, a bug) is always a cause (the lowest
+// rank's); then `first` unless its error is a consequence; then any error that is not one.
+int cause_of(const RankErrors& errors);
 
 // One thread per rank runs fn(rank's world communicator). A rank that throws fails the job, so
 // the others' operations throw CommError naming it. All threads are joined before returning.

@@ -349,6 +349,10 @@ void move_data(const Group& g, const Request& q) {
             return data<double>(g, q);
         case Dtype::i64:
             return data<i64>(g, q);
+        case Dtype::b16:
+            return data<std::uint16_t>(g, q);
+        case Dtype::b8:
+            return data<std::uint8_t>(g, q);
     }
 }
 

@@ -22,6 +22,7 @@
 //   RunFile            creates the file (truncating) or reopens one to continue it; appends and
 //                      truncates metric rows, logs events, sets attributes
 //   RunFileDamaged     a file at the path that is not a readable run file
+//   RunRecords, read_run_records   a run file's config, metrics and events, opened read-only
 //   (RunFileObserver, core/train/run_file_observer.h, writes a training run's file, continued
 //   across a resume; a damaged one is moved aside to <path>.damaged (or .damaged-2, ...) and
 //   written anew from the checkpoint.)
@@ -34,6 +35,7 @@
 #include "core/base/shapes.h"
 
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -89,5 +91,23 @@ private:
     RunFile();
     std::unique_ptr<Impl> impl_;
 };
+
+// What a run file holds, read without opening it for writing (a reader beside a running job, a
+// notebook): the config, every metric's rows, every event.
+struct RunRecords {
+    struct Rows {
+        std::vector<i64> steps;
+        std::vector<double> values;
+    };
+    struct Event {
+        i64 step = 0;
+        std::string kind, message;
+    };
+    std::string config_toml;
+    std::vector<std::pair<std::string, Rows>> metrics;  // by name, sorted
+    std::vector<Event> events;                          // in the order they happened
+};
+// Throws px::Error naming the file when it is missing or not a run file.
+RunRecords read_run_records(const std::string& path);
 
 }  // namespace px

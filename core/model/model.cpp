@@ -91,6 +91,10 @@ GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
       act_dtype_(activations),
       table_(ParamTable::build(mc, part, dims_)) {
     PX_ASSERT(!part_.chunks.empty(), "a model part needs at least one chunk of layers");
+    if (layers_ && !layers_->carries(act_dtype_))
+        throw ConfigError(std::string("precision.activations: the parallel layers of this layout "
+                                      "do not carry ") +
+                          dtype_name(act_dtype_) + " activations; use fp32");
     glayout_.head_offset = table_.total;
     glayout_.total = table_.total +
                      (part_.holds_wte() ? align16(resolve_dim(Dim::V, mc, dims_) * mc.hidden) : 0);

@@ -122,6 +122,9 @@ public:
                                     const Tensor& /*inp*/, const Tensor& /*weight*/,
                                     const Tensor& /*mean*/, const Tensor& /*rstd*/) const {}
     virtual TpDims dims() const = 0;  // local sizes of parameters and activations
+    // Whether these layers take activations of dtype t (the model refuses a precision its layers
+    // do not carry, before it allocates).
+    virtual bool carries(DType /*t*/) const { return true; }
     virtual int rank() const { return 0; }  // in the group that shares the layers
     // Probes: this rank's part of the last dimension of an activation split by s (qkv, channels,
     // ffn, vocabulary), and where a parameter's local elements sit in its logical tensor (the

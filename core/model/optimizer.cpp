@@ -43,6 +43,11 @@ AdamW::AdamW(const GPT& model, i64 lo, i64 hi)
 
 void AdamW::step(GPT& model, float* grads, float grad_norm, float lr, int t,
                  const TrainConfig& tc) {
+    step(model, model.params() + lo_, grads, grad_norm, lr, t, tc);
+}
+
+void AdamW::step(const GPT& model, float* w, float* grads, float grad_norm, float lr, int t,
+                 const TrainConfig& tc) {
     const float clip = static_cast<float>(tc.grad_clip);
     const float scale = (clip > 0.0f && grad_norm > clip) ? clip / grad_norm : 1.0f;
     const auto& entries = model.table().entries;
@@ -65,7 +70,7 @@ void AdamW::step(GPT& model, float* grads, float grad_norm, float lr, int t,
                          t};
         ops::adamw_update(
             model.numerics(),
-            named(model.param_arena().view(DType::f32, bytes_of(DType::f32, a), {b - a})),
+            named(view_f32(w + (a - lo_), {b - a})),
             named(m_.view(DType::f32, bytes_of(DType::f32, a - lo_), {b - a})),
             named(v_.view(DType::f32, bytes_of(DType::f32, a - lo_), {b - a})),
             named(view_f32(grads + a, {b - a})), s);

@@ -31,6 +31,10 @@ public:
     // One update from `grads` (a GradLayout buffer whose wte gradient is complete). Clips to
     // tc.grad_clip by the given norm. t is the 1-based step.
     void step(GPT& model, float* grads, float grad_norm, float lr, int t, const TrainConfig& tc);
+    // The same update of weights kept apart from the model: w[0, size()) are elements [lo, hi)
+    // (the replica check's second copy of a ZeRO shard, core/train/job.h).
+    void step(const GPT& model, float* w, float* grads, float grad_norm, float lr, int t,
+              const TrainConfig& tc);
 
     float* m() const { return m_.f32(); }  // moments of elements [lo, hi)
     float* v() const { return v_.f32(); }

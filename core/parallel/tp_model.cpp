@@ -1,5 +1,7 @@
 #include "core/parallel/tp_model.h"
 
+#include "core/base/widened.h"
+
 #include "core/base/error.h"
 #include "core/base/rng.h"
 #include "kernels/ops.h"
@@ -57,7 +59,9 @@ void TpLayers::sp_gather(const Tensor& t) const {
     const i64 w = t.shape[t.ndim - 1], BT = rows_of(t);
     const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
     const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
-    tp::sp_all_gather(comm_, t.f32(), t.f32() + lo * w, tokens, w);
+    const Widened x(&t);
+    tp::sp_all_gather(comm_, x.f32(), x.f32() + lo * w, tokens, w);
+    x.store();
 }
 
 void TpLayers::layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
@@ -70,9 +74,11 @@ void TpLayers::layernorm_backward(const Tensor& dinp, const Tensor& dweight, con
     }
     const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
     const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
-    tp::sp_layernorm_backward(comm_, nx_, dinp.f32() + lo * C, dweight.f32(), dbias.f32(),
-                              dout.f32() + lo * C, inp.f32() + lo * C, weight.f32(),
-                              mean.f32() + lo, rstd.f32() + lo, tokens, C);
+    const Widened di(&dinp), d(&dout), i(&inp);
+    tp::sp_layernorm_backward(comm_, nx_, di.f32() + lo * C, dweight.f32(), dbias.f32(),
+                              d.f32() + lo * C, i.f32() + lo * C, weight.f32(), mean.f32() + lo,
+                              rstd.f32() + lo, tokens, C);
+    di.store();
 }
 
 const tp::DimSplit* TpLayers::row_split(const TableEntry& e) const {
@@ -134,13 +140,14 @@ void TpLayers::linear_forward(Linear l, const Tensor& out, const Tensor& inp, co
                               const Tensor* bias) const {
     const float* b = bias ? bias->f32() : nullptr;
     const i64 BT = rows_of(inp);
+    const Widened o(&out), i(&inp), w(&weight, inp.dtype);
     switch (l) {
         case Linear::qkv:
         case Linear::fc:
-            tp::column_parallel_forward(comm_, nx_, out.f32(), inp.f32(), weight.f32(), b,
+            tp::column_parallel_forward(comm_, nx_, o.f32(), i.f32(), w.f32(), b,
                                         l == Linear::qkv ? shards_.qkv : shards_.ffn, BT,
                                         weight.shape[1]);
-            return;
+            break;
         case Linear::attn_proj:
         case Linear::fc_proj: {
             const tp::DimSplit& k = l == Linear::attn_proj ? shards_.channels : shards_.ffn;
@@ -148,14 +155,15 @@ void TpLayers::linear_forward(Linear l, const Tensor& out, const Tensor& inp, co
             if (sequence_parallel()) {  // reduce-scatter: this rank's token rows of out
                 const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
                 const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
-                tp::row_parallel_forward_sp(comm_, nx_, out.f32() + lo * OC, inp.f32(),
-                                            weight.f32(), b, k, tokens, BT, OC);
-                return;
+                tp::row_parallel_forward_sp(comm_, nx_, o.f32() + lo * OC, i.f32(), w.f32(), b, k,
+                                            tokens, BT, OC);
+                break;
             }
-            tp::row_parallel_forward(comm_, nx_, out.f32(), inp.f32(), weight.f32(), b, k, BT, OC);
-            return;
+            tp::row_parallel_forward(comm_, nx_, o.f32(), i.f32(), w.f32(), b, k, BT, OC);
+            break;
         }
     }
+    o.store();
 }
 
 void TpLayers::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight,
@@ -163,6 +171,7 @@ void TpLayers::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweig
                                const Tensor& weight) const {
     float* db = dbias ? dbias->f32() : nullptr;
     const i64 BT = rows_of(inp);
+    const Widened di(&dinp), d(&dout), i(&inp), w(&weight, inp.dtype);
     switch (l) {
         case Linear::qkv:
         case Linear::fc: {
@@ -171,66 +180,77 @@ void TpLayers::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweig
             if (sequence_parallel()) {  // dX reduce-scattered: this rank's token rows of dinp
                 const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
                 const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
-                tp::column_parallel_backward_sp(comm_, nx_, dinp.f32() + lo * C, dweight.f32(), db,
-                                                dout.f32(), inp.f32(), weight.f32(), oc, tokens, BT,
-                                                C);
-                return;
+                tp::column_parallel_backward_sp(comm_, nx_, di.f32() + lo * C, dweight.f32(), db,
+                                                d.f32(), i.f32(), w.f32(), oc, tokens, BT, C);
+                break;
             }
-            tp::column_parallel_backward(comm_, nx_, dinp.f32(), dweight.f32(), db, dout.f32(),
-                                         inp.f32(), weight.f32(), oc, BT, C);
-            return;
+            tp::column_parallel_backward(comm_, nx_, di.f32(), dweight.f32(), db, d.f32(), i.f32(),
+                                         w.f32(), oc, BT, C);
+            break;
         }
         case Linear::attn_proj:
         case Linear::fc_proj:
-            tp::row_parallel_backward(
-                comm_, nx_, dinp.f32(), dweight.f32(), db, dout.f32(), inp.f32(), weight.f32(),
-                l == Linear::attn_proj ? shards_.channels : shards_.ffn, BT, weight.shape[0]);
-            return;
+            tp::row_parallel_backward(comm_, nx_, di.f32(), dweight.f32(), db, d.f32(), i.f32(),
+                                      w.f32(), l == Linear::attn_proj ? shards_.channels : shards_.ffn,
+                                      BT, weight.shape[0]);
+            break;
     }
+    di.store();
 }
 
 void TpLayers::embedding_forward(const Tensor& out, const int* tokens, const Tensor& wte,
                                  const Tensor& wpe) const {
-    tp::vocab_embedding_forward(comm_, nx_, out.f32(), tokens, wte.f32(), wpe.f32(),
+    const Widened o(&out);
+    tp::vocab_embedding_forward(comm_, nx_, o.f32(), tokens, wte.f32(), wpe.f32(),
                                 shards_.vocabulary, out.shape[0], out.shape[1], out.shape[2]);
+    o.store();
 }
 
 void TpLayers::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                                   const int* tokens) const {
-    tp::vocab_embedding_backward(comm_, nx_, dwte.f32(), dwpe.f32(), dout.f32(), tokens,
+    const Widened d(&dout);
+    tp::vocab_embedding_backward(comm_, nx_, dwte.f32(), dwpe.f32(), d.f32(), tokens,
                                  shards_.vocabulary, dout.shape[0], dout.shape[1], dout.shape[2]);
 }
 
 // LM head: logits_r = lnf wte_rᵀ (column parallel over the vocabulary, no bias), then the
 // vocabulary-parallel cross-entropy; backward the same in reverse (dlnf by the tree exchange).
 void TpLayers::head_logits(const Tensor& probs, const Tensor& lnf, const Tensor& wte) const {
-    tp::column_parallel_forward(comm_, nx_, probs.f32(), lnf.f32(), wte.f32(), nullptr,
-                                shards_.vocabulary, rows_of(lnf), mc_.hidden);
+    const Widened p(&probs), l(&lnf), w(&wte, lnf.dtype);
+    tp::column_parallel_forward(comm_, nx_, p.f32(), l.f32(), w.f32(), nullptr, shards_.vocabulary,
+                                rows_of(lnf), mc_.hidden);
+    p.store();
 }
 
 void TpLayers::head_loss(const Tensor& losses, const Tensor& probs, const int* targets) const {
-    tp::vocab_crossentropy_forward(comm_, nx_, losses.f32(), probs.f32(), probs.f32(), targets,
+    const Widened p(&probs);
+    tp::vocab_crossentropy_forward(comm_, nx_, losses.f32(), p.f32(), p.f32(), targets,
                                    shards_.vocabulary, rows_of(probs));
+    p.store();
 }
 
 void TpLayers::head_dlogits(const Tensor& probs, const int* targets, float dloss) const {
-    tp::vocab_crossentropy_backward(comm_, nx_, probs.f32(), probs.f32(), targets, dloss,
+    const Widened p(&probs);
+    tp::vocab_crossentropy_backward(comm_, nx_, p.f32(), p.f32(), targets, dloss,
                                     shards_.vocabulary, rows_of(probs));
+    p.store();
 }
 
 void TpLayers::head_dinp(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
                          const Tensor& lnf, const Tensor& wte) const {
     const i64 BT = rows_of(lnf);
+    const Widened dl(&dlnf), p(&probs), l(&lnf), w(&wte, lnf.dtype);
     if (sequence_parallel()) {  // dlnf reduce-scattered: this rank's token rows
         const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
         const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
-        tp::column_parallel_backward_sp(comm_, nx_, dlnf.f32() + lo * mc_.hidden, dwte_head.f32(),
-                                        nullptr, probs.f32(), lnf.f32(), wte.f32(),
-                                        shards_.vocabulary, tokens, BT, mc_.hidden);
-        return;
+        tp::column_parallel_backward_sp(comm_, nx_, dl.f32() + lo * mc_.hidden, dwte_head.f32(),
+                                        nullptr, p.f32(), l.f32(), w.f32(), shards_.vocabulary,
+                                        tokens, BT, mc_.hidden);
+    } else {
+        tp::column_parallel_backward(comm_, nx_, dl.f32(), dwte_head.f32(), nullptr, p.f32(),
+                                     l.f32(), w.f32(), shards_.vocabulary, BT, mc_.hidden);
     }
-    tp::column_parallel_backward(comm_, nx_, dlnf.f32(), dwte_head.f32(), nullptr, probs.f32(),
-                                 lnf.f32(), wte.f32(), shards_.vocabulary, BT, mc_.hidden);
+    dl.store();
 }
 
 // ---- probes ----------------------------------------------------------------------------------

@@ -48,6 +48,14 @@ public:
 
     const tp::TpShards& shards() const { return shards_; }
     int rank() const override { return rank_; }
+    // The tp:: routines (core/parallel/tensor_parallel.h) compute in fp32. Activations of a
+    // narrower dtype are widened for them (exactly), a matmul's weights rounded to that dtype (its
+    // cast point) and each activation they write rounded once: the ops' own rule for a 16-bit
+    // backend (kernels/cpu/bf16_backend.cpp), so a layout matches the single device bit for bit.
+    // fp8 needs scales, which a plain cast does not give.
+    bool carries(DType t) const override {
+        return t == DType::f32 || t == DType::bf16 || t == DType::f16;
+    }
     int size() const { return shards_.tp; }
     comm::Communicator& comm() const { return comm_; }
     // The splits of a parameter's rows and columns (null: not split, replicated along it).

@@ -29,19 +29,56 @@ std::vector<i64> zero_shard_edges(const ParamTable& t, int dp, int block) {
 }
 
 void reduce_scatter_cut(comm::Communicator& dp, float* seg, const std::vector<i64>& cuts,
-                        std::vector<float>& scratch) {
+                        std::vector<float>& scratch, bool twice) {
     const int p = dp.size(), rank = dp.rank();
     if (cuts[static_cast<size_t>(p)] == cuts[0]) return;  // the same on every rank
+    auto len = [&](int r) { return cuts[static_cast<size_t>(r) + 1] - cuts[static_cast<size_t>(r)]; };
     std::vector<i64> send(static_cast<size_t>(p)), recv(static_cast<size_t>(p));
-    for (int r = 0; r < p; r++) send[static_cast<size_t>(r)] = cuts[r + 1] - cuts[r];
-    const i64 mine = send[static_cast<size_t>(rank)];
-    std::fill(recv.begin(), recv.end(), mine);
-    // Row r of scratch: rank r's contribution to this rank's piece.
-    scratch.resize(static_cast<size_t>(mine * p));
-    dp.all_to_all_v(scratch.data(), recv, seg + cuts[0], send);
-    if (mine == 0) return;
-    tree_combine_rows(scratch.data(), p, mine);
-    std::memcpy(seg + cuts[rank], scratch.data(), static_cast<size_t>(mine) * sizeof(float));
+    for (int r = 0; r < p; r++) send[static_cast<size_t>(r)] = len(r);
+    const i64 mine = len(rank);
+    if (!twice) {
+        std::fill(recv.begin(), recv.end(), mine);
+        // Row r of scratch: rank r's contribution to this rank's piece.
+        scratch.resize(static_cast<size_t>(mine * p));
+        dp.all_to_all_v(scratch.data(), recv, seg + cuts[0], send);
+        if (mine == 0) return;
+        tree_combine_rows(scratch.data(), p, mine);
+        std::memcpy(seg + cuts[rank], scratch.data(), static_cast<size_t>(mine) * sizeof(float));
+        return;
+    }
+    // Rank r is sent its piece, then the piece of rank (r + 1) mod p, from one packed buffer (the
+    // pieces are overwritten in place below, after every send has left).
+    const int next = (rank + 1) % p;
+    const i64 other = len(next), row = mine + other;
+    i64 packed_n = 0;
+    for (int r = 0; r < p; r++) {
+        send[static_cast<size_t>(r)] = len(r) + len((r + 1) % p);
+        packed_n += send[static_cast<size_t>(r)];
+    }
+    std::vector<float> packed(static_cast<size_t>(packed_n));
+    float* at = packed.data();
+    for (int r = 0; r < p; r++)
+        for (int piece : {r, (r + 1) % p}) {
+            std::memcpy(at, seg + cuts[static_cast<size_t>(piece)],
+                        static_cast<size_t>(len(piece)) * sizeof(float));
+            at += len(piece);
+        }
+    std::fill(recv.begin(), recv.end(), row);
+    std::vector<float> got(static_cast<size_t>(row * p));
+    dp.all_to_all_v(got.data(), recv, static_cast<const float*>(packed.data()), send);
+    // Rows of rank r's contributions to each of the two pieces, combined in the same tree.
+    const std::pair<int, i64> pieces[2] = {{rank, 0}, {next, mine}};
+    for (const auto& [piece, from] : pieces) {
+        const i64 n = len(piece);
+        if (n == 0) continue;
+        scratch.resize(static_cast<size_t>(n * p));
+        for (int r = 0; r < p; r++)
+            std::memcpy(scratch.data() + r * n, got.data() + r * row + from,
+                        static_cast<size_t>(n) * sizeof(float));
+        tree_combine_rows(scratch.data(), p, n);
+        std::memcpy(seg + cuts[static_cast<size_t>(piece)], scratch.data(),
+                    static_cast<size_t>(n) * sizeof(float));
+    }
 }
 
 ZeroShards::ZeroShards(const GPT& model, int dp, int rank)
@@ -72,7 +109,7 @@ void ZeroShards::reduce_scatter_stage(comm::Communicator& dp, float* grads, comm
     }
     std::vector<i64> cuts(edges_.size());
     for (size_t r = 0; r < cuts.size(); r++) cuts[r] = std::clamp(edges_[r], from, t.total) - from;
-    reduce_scatter_cut(dp, grads + from, cuts, scratch_);
+    reduce_scatter_cut(dp, grads + from, cuts, scratch_, checked_ >= 0);
 }
 
 std::vector<i64> ZeroShards::cuts_in(i64 a, i64 b) const {
@@ -88,8 +125,11 @@ std::vector<i64> ZeroShards::cuts_in(i64 a, i64 b) const {
 void ZeroShards::combine_tied(float* grads) const {
     const TableEntry& wte = model_.table().entries[model_.table().wte];
     const float* head = grads + model_.grad_layout().head_offset;
-    for (i64 i = head_edges_[rank_]; i < head_edges_[rank_ + 1]; i++)
-        grads[wte.offset + i] = grads[wte.offset + i] + head[i];
+    for (int r : {rank_, checked_}) {
+        if (r < 0) continue;
+        for (i64 i = head_edges_[r]; i < head_edges_[r + 1]; i++)
+            grads[wte.offset + i] = grads[wte.offset + i] + head[i];
+    }
 }
 
 std::vector<float> ZeroShards::sum_squares(comm::Communicator& dp, const float* grads,
@@ -172,9 +212,6 @@ ZeroUnits::ZeroUnits(GPT& model, ZeroShards& shards, comm::Communicator& dp, int
       grads_(grads),
       merges_(std::move(merges)) {
     PX_ASSERT(stage_ >= 2 && stage_ <= 3, "ZeroUnits is ZeRO-2/3");
-    const int r = shards_.rank_;
-    head_lo_ = model_.grad_layout().head_offset + shards_.head_edges_[static_cast<size_t>(r)];
-    head_hi_ = model_.grad_layout().head_offset + shards_.head_edges_[static_cast<size_t>(r) + 1];
     // The partials' stack, as the single device's microbatch accumulation (job.cpp) uses it.
     const int m = static_cast<int>(merges_.size());
     push_.resize(static_cast<size_t>(m));
@@ -187,21 +224,35 @@ ZeroUnits::ZeroUnits(GPT& model, ZeroShards& shards, comm::Communicator& dp, int
         sp -= merges_[static_cast<size_t>(k)];
     }
     PX_ASSERT(m <= 1 || sp == 1, "the microbatch merges must leave one partial");
-    if (m > 1) {
-        const i64 n = (shards_.hi() - shards_.lo()) + (head_hi_ - head_lo_);
-        for (int d = 0; d < depth; d++) partial_.emplace_back(bytes_of(DType::f32, n));
-    }
+    depth_ = m > 1 ? depth : 0;
+    held_.push_back(make_held(shards_.rank_));
 }
 
-i64 ZeroUnits::slot(i64 i) const {
-    if (i >= shards_.lo() && i < shards_.hi()) return i - shards_.lo();
-    PX_ASSERT(i >= head_lo_ && i < head_hi_, "slot of a gradient this rank does not own");
-    return (shards_.hi() - shards_.lo()) + (i - head_lo_);
+ZeroUnits::Held ZeroUnits::make_held(int rank) const {
+    Held h;
+    h.rank = rank;
+    h.head_lo = model_.grad_layout().head_offset + shards_.head_edges_[static_cast<size_t>(rank)];
+    h.head_hi = model_.grad_layout().head_offset + shards_.head_edges_[static_cast<size_t>(rank) + 1];
+    const i64 n = (shards_.hi(rank) - shards_.lo(rank)) + (h.head_hi - h.head_lo);
+    for (int d = 0; d < depth_; d++) h.partial.emplace_back(bytes_of(DType::f32, n));
+    return h;
+}
+
+void ZeroUnits::hold_checked() {
+    PX_ASSERT(shards_.checked() >= 0 && held_.size() == 1, "hold_checked: nothing to hold");
+    held_.push_back(make_held(shards_.checked()));
+}
+
+i64 ZeroUnits::Held::slot(const ZeroShards& s, i64 i) const {
+    if (i >= s.lo(rank) && i < s.hi(rank)) return i - s.lo(rank);
+    PX_ASSERT(i >= head_lo && i < head_hi, "slot of a gradient this rank does not hold");
+    return (s.hi(rank) - s.lo(rank)) + (i - head_lo);
 }
 
 i64 ZeroUnits::partial_bytes() const {
     i64 n = 0;
-    for (const Arena& p : partial_) n += p.resident_bytes();
+    for (const Held& h : held_)
+        for (const Arena& p : h.partial) n += p.resident_bytes();
     return n;
 }
 
@@ -259,28 +310,37 @@ void ZeroUnits::after_backward(Unit u, float* grads) {
     note_peaks();  // the unit's full gradient and its weights are mapped now
     if (tap_)      // this microbatch's gradients of the unit, before they are reduced
         for (const GradSpan& s : model_.unit_grads(u)) tap_(grads, s.lo, s.hi);
-    const int r = shards_.rank_;
+    const bool twice = held_.size() > 1;
     for (const GradSpan& s : model_.unit_grads(u)) {
         const std::vector<i64> cuts = shards_.cuts_in(s.lo, s.hi);
-        reduce_scatter_cut(dp_, grads, cuts, shards_.scratch_);
-        const i64 a = cuts[static_cast<size_t>(r)], b = cuts[static_cast<size_t>(r) + 1];
-        if (partial_.empty()) {  // one microbatch: the piece is the step's; keep it in place
-            decommit_f32(grads_, s.lo, a);
-            decommit_f32(grads_, b, s.hi);
+        reduce_scatter_cut(dp_, grads, cuts, shards_.scratch_, twice);
+        if (depth_ == 0) {  // one microbatch: the pieces are the step's; keep them in place
+            std::vector<std::pair<i64, i64>> keep;
+            for (const Held& h : held_)
+                keep.push_back({cuts[static_cast<size_t>(h.rank)], cuts[static_cast<size_t>(h.rank) + 1]});
+            std::sort(keep.begin(), keep.end());
+            i64 from = s.lo;
+            for (const auto& [a, b] : keep) {
+                decommit_f32(grads_, from, a);
+                from = std::max(from, b);
+            }
+            decommit_f32(grads_, from, s.hi);
             continue;
         }
         // This microbatch's node goes on the partials' stack, then siblings merge (job.cpp's
-        // accumulation, restricted to this rank's piece of this unit).
-        if (a < b) {
+        // accumulation, restricted to this rank's pieces of this unit).
+        for (Held& h : held_) {
+            const i64 a = cuts[static_cast<size_t>(h.rank)], b = cuts[static_cast<size_t>(h.rank) + 1];
+            if (a >= b) continue;
             const int merges = merges_[static_cast<size_t>(mb_)];
             int top = push_[static_cast<size_t>(mb_)];
-            const i64 at = slot(a), n = b - a;
+            const i64 at = h.slot(shards_, a), n = b - a;
             const float* right = grads + a;  // this microbatch's node
             if (merges == 0)
-                std::memcpy(partial_[static_cast<size_t>(top)].f32() + at, right,
+                std::memcpy(h.partial[static_cast<size_t>(top)].f32() + at, right,
                             static_cast<size_t>(n) * sizeof(float));
             for (int j = 0; j < merges; j++, top--) {
-                float* left = partial_[static_cast<size_t>(top) - 1].f32() + at;
+                float* left = h.partial[static_cast<size_t>(top) - 1].f32() + at;
                 for (i64 i = 0; i < n; i++) left[i] = left[i] + right[i];
                 right = left;
             }
@@ -291,14 +351,17 @@ void ZeroUnits::after_backward(Unit u, float* grads) {
 }
 
 void ZeroUnits::finish() {
-    if (partial_.empty()) return;
-    const float* sum = partial_[0].f32();
-    const i64 n = shards_.hi() - shards_.lo();
+    if (depth_ == 0) return;
     float* g = grads_.f32();
-    std::memcpy(g + shards_.lo(), sum, static_cast<size_t>(n) * sizeof(float));
-    std::memcpy(g + head_lo_, sum + n, static_cast<size_t>(head_hi_ - head_lo_) * sizeof(float));
+    for (Held& h : held_) {
+        const float* sum = h.partial[0].f32();
+        const i64 lo = shards_.lo(h.rank), n = shards_.hi(h.rank) - lo;
+        std::memcpy(g + lo, sum, static_cast<size_t>(n) * sizeof(float));
+        std::memcpy(g + h.head_lo, sum + n, static_cast<size_t>(h.head_hi - h.head_lo) * sizeof(float));
+    }
     note_peaks();
-    for (Arena& p : partial_) p.decommit(0, p.bytes());  // until the next step's first node
+    for (Held& h : held_)
+        for (Arena& p : h.partial) p.decommit(0, p.bytes());  // until the next step's first node
 }
 
 }  // namespace px

@@ -38,6 +38,12 @@
 //   release_params             ZeRO-3: drop the weights this rank does not own
 //   ZeroUnits                  ZeRO-2/3 per unit: gather and free weights, reduce-scatter and
 //                              free gradients, keep the microbatch partials of the shard
+//
+// The replica check's second copy (core/train/faults.h). What a ZeRO shard's owner alone
+// computes (its reduced gradient, its update, its moments, under ZeRO-3 its weights) has no
+// replica to compare with. With check_next() every rank also holds the shard of the next dp
+// rank, (rank + 1) mod dp: its gradient reduce-scatters to both ranks (the same canonical sum,
+// so the same bits) and the job keeps a second, independent copy of its update (job.h).
 #pragma once
 #include "core/base/arena.h"
 #include "core/comm/comm.h"
@@ -58,8 +64,10 @@ std::vector<i64> zero_shard_edges(const ParamTable& t, int dp, int block);
 // floats per rank) and sums what it receives in the canonical tree over rank index, so the
 // piece is bit for bit that piece of the canonical all-reduce, whatever the cuts. Fast mode
 // uses the same exchange (its order is as good as any). `scratch` may be kept between calls.
+// twice (every rank of the group or none): each rank also receives the piece of the next rank,
+// (rank + 1) mod p, summed the same way into its place: a second copy of that piece, bit for bit.
 void reduce_scatter_cut(comm::Communicator& dp, float* seg, const std::vector<i64>& cuts,
-                        std::vector<float>& scratch);
+                        std::vector<float>& scratch, bool twice = false);
 
 class ZeroShards {
 public:
@@ -70,13 +78,18 @@ public:
     i64 hi(int r) const { return edges_[static_cast<size_t>(r) + 1]; }
     i64 lo() const { return lo(rank_); }
     i64 hi() const { return hi(rank_); }
+    // The replica check: from now on this rank also reduces (ZeRO-2/3) the gradient shard of
+    // dp rank checked() = (rank + 1) mod dp. Every rank of the group calls it, or none.
+    void check_next() { checked_ = (rank_ + 1) % size(); }
+    int checked() const { return checked_; }  // -1: none
 
     // grads: a GradLayout buffer holding this rank's partial (its node of the token tree), of a
     // pipeline stage (or the whole model) that reduces after its last microbatch. Afterwards
-    // its shard [lo, hi) holds the canonical sum over ranks, wte's two parts whole (the rest is
-    // stale).
+    // its shard [lo, hi) holds the canonical sum over ranks (and the checked shard), wte's two
+    // parts whole (the rest is stale).
     void reduce_scatter_stage(comm::Communicator& dp, float* grads, comm::Algo algo);
-    // ZeroUnits' reduced gradient: dwte = embedding + LM head on this rank's shard only.
+    // ZeroUnits' reduced gradient: dwte = embedding + LM head on this rank's (and the checked)
+    // shard only.
     void combine_tied(float* grads) const;
     // Per entry of the table: the canonical Σg² of the tensor from this rank's gradient shard
     // (zero for entries not `owned`); owners compute the sequential sums of their blocks, which
@@ -97,6 +110,7 @@ private:
     friend class ZeroUnits;
     const GPT& model_;
     int rank_;
+    int checked_ = -1;
     std::vector<i64> edges_;       // dp+1 cuts of [0, table.total)
     std::vector<i64> head_edges_;  // dp+1 cuts of the LM-head region [0, V·C)
     std::vector<float> scratch_;
@@ -125,6 +139,9 @@ public:
         tap_ = std::move(tap);
     }
     void finish();
+    // The replica check: also keep the partials of the shard of ZeroShards::checked() (call
+    // after ZeroShards::check_next, between steps).
+    void hold_checked();
     i64 partial_bytes() const;  // the microbatch partials of the shard (mapped now)
     // Peak bytes mapped in the weight and gradient arenas since the last reset_peaks().
     i64 peak_params() const { return peak_params_; }
@@ -140,7 +157,14 @@ private:
     void gather(Unit u);
     void release(Unit u);
     void note_peaks();
-    i64 slot(i64 i) const;  // position of gradient-buffer index i in a partial (owned only)
+    // A shard whose gradient this rank keeps: its own, and the checked one (hold_checked).
+    struct Held {
+        int rank = 0;                    // the dp rank whose shard it is
+        i64 head_lo = 0, head_hi = 0;    // its head entries, buffer offsets
+        std::vector<Arena> partial;      // shard-sized partials (none with one microbatch)
+        i64 slot(const ZeroShards& s, i64 i) const;  // position of buffer index i in a partial
+    };
+    Held make_held(int rank) const;
 
     GPT& model_;
     ZeroShards& shards_;
@@ -149,8 +173,8 @@ private:
     Arena& grads_;
     std::vector<unsigned char> merges_;
     std::vector<int> push_;          // per microbatch: the partial it writes
-    std::vector<Arena> partial_;     // shard-sized partials (none with one microbatch)
-    i64 head_lo_ = 0, head_hi_ = 0;  // this rank's head entries, buffer offsets
+    int depth_ = 0;                  // partials per held shard (0 with one microbatch)
+    std::vector<Held> held_;         // [0]: this rank's shard; [1]: the checked one
     int mb_ = 0;
     i64 peak_params_ = 0, peak_grads_ = 0;
     Tap tap_;

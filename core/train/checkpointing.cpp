@@ -6,8 +6,10 @@
 #include "core/io/hdf5_util.h"
 #include "core/parallel/pipeline.h"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -201,8 +203,48 @@ void RunCheckpoints::sync() {
     if (world_ && world_->size() > 1) world_->barrier();
 }
 
+namespace {
+
+// The size of the next checkpoint in dir: the latest one there (a run's checkpoints are alike),
+// and at least the weights and both Adam moments in fp32, plus room for the metadata.
+i64 checkpoint_bytes(const std::string& dir, i64 num_params) {
+    namespace fs = std::filesystem;
+    i64 bytes = 3 * 4 * num_params;
+    std::error_code ec;
+    std::string latest;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind("ckpt-", 0) == 0 && name.size() > 3 && name.ends_with(".h5") && name > latest)
+            latest = name;
+    }
+    if (!latest.empty()) {
+        const auto size = fs::file_size(fs::path(dir) / latest, ec);
+        if (!ec) bytes = std::max(bytes, static_cast<i64>(size));
+    }
+    return bytes + (i64{256} << 10);
+}
+
+// A checkpoint that cannot fit is refused before any file is opened. (Parallel HDF5 cannot close
+// a file cleanly once its ranks' writes failed at different points, so a full disk is found
+// here, on every rank alike, rather than in the middle of a write.)
+void check_room(const std::string& dir, const std::string& path, i64 need) {
+    struct statvfs st{};
+    if (::statvfs(dir.c_str(), &st) != 0) return;  // the write itself will say what is wrong
+    const i64 free_bytes = static_cast<i64>(st.f_bavail) * static_cast<i64>(st.f_frsize);
+    if (free_bytes >= need) return;
+    throw StorageError("checkpoint " + path + ": the file system of checkpoint.dir = " + dir +
+                       " has " + std::to_string(free_bytes >> 10) + " KiB free and the checkpoint "
+                       "needs about " + std::to_string(need >> 10) +
+                       " KiB; free space there, lower checkpoint.keep or choose another "
+                       "checkpoint.dir (the checkpoints already written are kept)");
+}
+
+}  // namespace
+
 void RunCheckpoints::save(Job& job) {
     const i64 step = job.steps_done();
+    need_bytes_ = 0;
+    if (rank_ == 0) need_bytes_ = checkpoint_bytes(cfg_.checkpoint.dir, job.num_params());
     const std::string path = checkpoint_path(cfg_.checkpoint.dir, step);
     // Rank 0's meta is the one stored (the ranks' histories differ only in their timings).
     const CheckpointMeta meta = make_checkpoint_meta(cfg_, step, job.history());
@@ -225,6 +267,7 @@ void RunCheckpoints::save_mpi(const RankState& state, const std::string& path,
     if (rank_ == 0) {
         try {
             make_folder(cfg_.checkpoint.dir);
+            check_room(cfg_.checkpoint.dir, path, need_bytes_);
         } catch (...) {
             error = std::current_exception();
         }
@@ -269,6 +312,7 @@ void RunCheckpoints::save_shared(const RankState& state, const std::string& path
     if (rank_ == 0) {
         try {
             make_folder(cfg_.checkpoint.dir);
+            check_room(cfg_.checkpoint.dir, path, need_bytes_);
             auto made = std::make_shared<SharedWriter>();
             {
                 std::lock_guard<std::recursive_mutex> lock(hdf5_lock());

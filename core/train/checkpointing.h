@@ -80,6 +80,7 @@ private:
     comm::Communicator* world_;
     int rank_ = 0;
     SliceStats last_save_;
+    i64 need_bytes_ = 0;  // the next checkpoint's size, estimated before it is written
 };
 
 }  // namespace px

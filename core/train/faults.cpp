@@ -165,15 +165,11 @@ void FaultInjector::flip(i64 step, float* base, const char* what) {
 
 namespace {
 
-// What a rank holds as a replica: its weights, hashed as 64-bit words (two floats each), each
-// word mixed with its position (splitmix64's finaliser, a bijection) and the results summed, so
-// any flipped bit changes the hash, and the sum splits over threads exactly (mod 2^64). Two mixes
-// word of two floats, half the checkpoint checksum's per float, since this runs every N steps.
-// The Adam moments are not hashed: a fault in them reaches the weights at the next update.
-std::uint64_t replica_hash(const Job& job) {
-    const GPT& model = job.model();
-    const i64 n = model.table().total;
-    const float* w = model.params();
+// Floats hashed as 64-bit words (two floats each), each word mixed with its position (splitmix64's
+// finaliser, a bijection) and the results summed, so any flipped bit changes the hash, and the
+// sum splits over threads exactly (mod 2^64). Two mixes a word: half the checkpoint checksum's
+// per float, since the weights are hashed at every step under ZeRO-1/2.
+std::uint64_t hash_floats(const float* w, i64 n) {
     std::uint64_t h = 0;
     if (n % 2) {
         std::uint32_t last;
@@ -189,13 +185,44 @@ std::uint64_t replica_hash(const Job& job) {
     return h;
 }
 
+// A shard's weights and Adam moments (the Adam moments of a replica are not hashed: a fault in
+// them reaches its weights at the next update; a shard's owner has no replica to show it).
+std::uint64_t hash_shard(const ShardState& s) {
+    if (s.w == nullptr) return 0;
+    const i64 n = s.hi - s.lo;
+    std::uint64_t h = mix64(hash_floats(s.w, n));
+    h = mix64(h ^ hash_floats(s.m, n));
+    return mix64(h ^ hash_floats(s.v, n)) | 1;  // never 0, which means "none"
+}
+
+std::uint64_t hash_metrics(const StepMetrics& m) {
+    const double x[3] = {m.loss, m.grad_norm, m.val_loss};
+    return checksum_bytes(x, sizeof x) | 1;
+}
+
 }  // namespace
+
+std::vector<int> ReplicaCheck::Finding::ranks() const {
+    std::vector<int> out;
+    for (const auto& [r, w] : suspects) out.push_back(r);
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+}
 
 ReplicaCheck::ReplicaCheck(const Config& cfg, comm::Communicator& world)
     : cfg_(cfg), world_(world), every_(cfg.validate.replica_check_every) {
     if (!enabled()) return;
-    const Mesh mesh(make_layout(cfg));
-    for (int r = 0; r < world.size(); r++) group_.push_back(mesh.group_color(MeshDim::dp, r));
+    const Layout layout = make_layout(cfg);
+    const Mesh mesh(layout);
+    zero_ = layout.dp > 1 ? layout.zero : 0;
+    dp_size_ = layout.dp;
+    by_dp_.assign(static_cast<size_t>(world.size()), -1);
+    for (int r = 0; r < world.size(); r++) {
+        group_.push_back(mesh.group_color(MeshDim::dp, r));
+        dp_.push_back(mesh.coord_of(r).dp);
+        by_dp_[static_cast<size_t>(group_.back() * dp_size_ + dp_.back())] = r;
+    }
 }
 
 bool ReplicaCheck::due(i64 step) const {
@@ -204,55 +231,135 @@ bool ReplicaCheck::due(i64 step) const {
     return step % every_ == 0 || checkpoint_due(cfg_, step) || step == cfg_.train.steps;
 }
 
-std::vector<std::uint64_t> ReplicaCheck::hashes(std::uint64_t mine) {
-    i64 in;
-    std::memcpy(&in, &mine, sizeof in);
-    std::vector<i64> all(static_cast<size_t>(world_.size()));
-    world_.all_gather(all.data(), &in, 1);
+std::vector<std::uint64_t> ReplicaCheck::gather(i64 n) {
+    PX_ASSERT(static_cast<i64>(window_.size()) == n * kWords, "the window holds every step's words");
+    std::vector<i64> in(window_.size()), all(window_.size() * static_cast<size_t>(world_.size()));
+    std::memcpy(in.data(), window_.data(), in.size() * sizeof(i64));
+    world_.all_gather(all.data(), in.data(), static_cast<i64>(in.size()));
     std::vector<std::uint64_t> out(all.size());
     std::memcpy(out.data(), all.data(), all.size() * sizeof(i64));
     return out;
 }
 
-std::vector<int> ReplicaCheck::outliers(const std::vector<std::uint64_t>& h, bool* no_majority) const {
+ReplicaCheck::Finding ReplicaCheck::examine(const std::vector<std::uint64_t>& all, i64 n,
+                                            i64 first_step) const {
+    const int world = world_.size();
+    auto word = [&](int r, i64 k, Word w) {
+        return all[static_cast<size_t>((r * n + k) * kWords + w)];
+    };
     std::map<int, std::vector<int>> groups;  // colour -> world ranks
-    for (int r = 0; r < static_cast<int>(h.size()); r++) groups[group_[static_cast<size_t>(r)]].push_back(r);
-    std::vector<int> out;
-    *no_majority = false;
-    for (const auto& [colour, ranks] : groups) {
-        std::map<std::uint64_t, int> votes;
-        for (int r : ranks) votes[h[static_cast<size_t>(r)]]++;
-        if (votes.size() == 1) continue;
-        std::uint64_t majority = 0;
-        bool found = false;
-        for (const auto& [value, n] : votes)
-            if (2 * n > static_cast<int>(ranks.size())) majority = value, found = true;
-        if (!found) *no_majority = true;
-        for (int r : ranks)
-            if (!found || h[static_cast<size_t>(r)] != majority) out.push_back(r);
+    for (int r = 0; r < world; r++) groups[group_[static_cast<size_t>(r)]].push_back(r);
+    // The kinds of evidence in the order a step makes them: where a fault entered comes first.
+    struct Kind {
+        Word replicated;  // kWords: none
+        Word own, checked;
+        const char *of, *shard_of;
+    };
+    const Kind kinds[] = {
+        {grads, grads_own, grads_checked, "reduced gradients", "reduced gradient shard"},
+        {weights, shard_own, shard_checked, "weights", "ZeRO shard (its weights and Adam moments)"},
+        {metrics, kWords, kWords, "step metrics (loss, gradient norm)", ""},
+    };
+    for (i64 k = 0; k < n; k++) {
+        for (const Kind& kind : kinds) {
+            Finding f;
+            std::vector<std::string> parts, again;
+            for (const auto& [colour, ranks] : groups) {
+                // A replicated hash: the majority, and those apart from it.
+                std::map<std::uint64_t, int> votes;
+                for (int r : ranks) votes[word(r, k, kind.replicated)]++;
+                if (votes.size() > 1) {
+                    std::uint64_t majority = 0;
+                    bool found = false;
+                    for (const auto& [value, count] : votes)
+                        if (2 * count > static_cast<int>(ranks.size())) majority = value, found = true;
+                    std::vector<int> bad;
+                    for (int r : ranks)
+                        if (!found || word(r, k, kind.replicated) != majority) {
+                            bad.push_back(r);
+                            f.suspects.push_back({r, kind.replicated});
+                        }
+                    const std::string of = std::string("the ") + kind.of + " of ";
+                    if (!found) {
+                        f.no_majority = true;
+                        const std::string who = of + "the data-parallel replicas " + ranks_phrase(bad) + " disagree";
+                        parts.push_back(who + ", with no majority to name the faulty one");
+                        again.push_back(who);
+                    } else {
+                        parts.push_back(of + ranks_phrase(bad) +
+                                        (bad.size() == 1 ? " differ from its" : " differ from their") +
+                                        " data-parallel replicas'");
+                        again.push_back(of + ranks_phrase(bad) + " disagree with their data-parallel replicas");
+                    }
+                }
+                if (kind.own == kWords) continue;
+                // A ZeRO shard: the owner's against the second copy the previous dp rank keeps.
+                for (int owner : ranks) {
+                    const int d = dp_[static_cast<size_t>(owner)];
+                    const int keeper = by_dp_[static_cast<size_t>(colour * dp_size_ + (d + dp_size_ - 1) % dp_size_)];
+                    if (word(owner, k, kind.own) == word(keeper, k, kind.checked)) continue;
+                    f.no_majority = true;
+                    f.suspects.push_back({owner, kind.own});
+                    f.suspects.push_back({keeper, kind.checked});
+                    const std::string own = "world rank " + std::to_string(owner) + "'s " + kind.shard_of;
+                    const std::string second = "world rank " + std::to_string(keeper);
+                    parts.push_back(own + " differs from the second copy of it that " + second +
+                                    " keeps, with no third copy to name the faulty one");
+                    again.push_back(own + " and " + second + "'s second copy of it disagree");
+                }
+            }
+            if (f.suspects.empty()) continue;
+            f.step = first_step + k;
+            for (size_t i = 0; i < parts.size(); i++) {
+                f.what += (i ? "; " : "") + parts[i];
+                f.again += (i ? "; " : "") + again[i];
+            }
+            return f;
+        }
     }
-    return out;
+    return {};
 }
 
 bool ReplicaCheck::after_step(Job& job) {
     if (!enabled()) return false;
     const i64 step = job.steps_done();
-    if (rerun_to_ == 0 && !due(step)) return false;
-    const std::vector<std::uint64_t> h = hashes(replica_hash(job));
-    bool no_majority = false;
-    const std::vector<int> bad = outliers(h, &no_majority);
+    const bool checking = rerun_to_ > 0 || due(step);
+    // This step's words (the gradient's from the grads hook of start()).
+    std::uint64_t words[kWords] = {};
+    std::copy(step_grads_, step_grads_ + 3, words + grads);
+    std::fill(step_grads_, step_grads_ + 3, 0);
+    if (zero_ != 3)  // ZeRO-3 holds a shard of the weights
+        words[weights] = hash_floats(job.model().params(), job.model().table().total) | 1;
+    words[shard_own] = hash_shard(job.own_shard());
+    words[shard_checked] = hash_shard(job.checked_shard());
+    words[metrics] = hash_metrics(job.history().back());
+    window_.insert(window_.end(), words, words + kWords);
+    if (!checking) return false;
+    const i64 n = static_cast<i64>(window_.size()) / kWords;
+    const std::vector<std::uint64_t> all = gather(n);
+    window_.clear();
+    const Finding f = examine(all, n, step - n + 1);
     const bool report = world_.rank() == 0;
+    // Every rank's words of step k of the window, for naming after a re-run.
+    auto words_at = [&](i64 k) {
+        std::vector<std::uint64_t> out;
+        for (int r = 0; r < world_.size(); r++) {
+            const auto at = all.begin() + static_cast<std::ptrdiff_t>((r * n + k) * kWords);
+            out.insert(out.end(), at, at + kWords);
+        }
+        return out;
+    };
 
     if (rerun_to_ > 0) {  // re-running after a mismatch: every step is checked
-        if (!bad.empty()) {
-            std::string msg = "silent data corruption: the weights of " + ranks_phrase(bad) +
-                              " disagree with their data-parallel replicas again at step " +
+        if (f.step != 0) {
+            const std::vector<int> bad = f.ranks();
+            std::string msg = "silent data corruption: " + f.again + " again at step " +
                               std::to_string(step) + " of the re-run (first seen at step " +
                               std::to_string(rerun_to_) + "), so the fault is persistent: it follows "
                               "the hardware";
-            if (no_majority)
-                msg += " (a group of replicas without a majority: the faulty rank among them cannot "
-                       "be told apart)";
+            if (f.no_majority)
+                msg += " (with two copies that disagree, the faulty rank among them cannot be told "
+                       "apart)";
             msg += ". Take the node";
             msg += bad.size() == 1 ? "" : "s";
             msg += " of " + ranks_phrase(bad) +
@@ -260,55 +367,70 @@ bool ReplicaCheck::after_step(Job& job) {
                    "newest checkpoint, whose weights were checked";
             throw CorruptionError(msg);
         }
+        if (step == first_.step) rerun_words_ = words_at(0);
         if (step < rerun_to_) return false;
-        // The faulty ranks: the first run's minority. Without a majority (two replicas), those
-        // whose first hash differs from the re-run's; when the check runs every step the fault
-        // has not spread to the other replicas yet, so that names one rank.
-        std::vector<int> culprits = first_outliers_;
-        if (first_no_majority_) {
-            culprits.clear();
-            for (int r : first_outliers_)
-                if (first_[static_cast<size_t>(r)] != h[static_cast<size_t>(r)]) culprits.push_back(r);
+        // The faulty ranks: the first run's majority's outliers; without a majority, those whose
+        // word at the first step that disagreed differs from the re-run's.
+        std::vector<int> culprits;
+        if (first_.no_majority) {
+            for (const auto& [r, w] : first_.suspects) {
+                const size_t at = static_cast<size_t>(r * kWords + w);
+                if (first_words_[at] != rerun_words_[at]) culprits.push_back(r);
+            }
+            std::sort(culprits.begin(), culprits.end());
+            culprits.erase(std::unique(culprits.begin(), culprits.end()), culprits.end());
         }
+        if (culprits.empty()) culprits = first_.ranks();
         if (report)
             std::fprintf(stderr,
                          "parallax: replica check: the re-run of %s agrees on every replica%s, so "
                          "the fault on %s was transient; training continues from the re-run\n",
                          steps_phrase(snap_.step + 1, step).c_str(),
-                         first_no_majority_ ? "" : " and with the first run's majority",
+                         first_.no_majority ? "" : " and with the first run's majority",
                          ranks_phrase(culprits).c_str());
         rerun_to_ = 0;
         job.snapshot(snap_);
         return false;
     }
-    if (bad.empty()) {
+    if (f.step == 0) {
         job.snapshot(snap_);
         return false;
     }
     mismatches_++;
     if (report) {
-        std::string what = no_majority ? "the data-parallel replicas " + ranks_phrase(bad) +
-                                             " disagree, with no majority to name the faulty one"
-                                       : "the weights of " + ranks_phrase(bad) +
-                                             (bad.size() == 1 ? " differ from its" : " differ from their") +
-                                             " data-parallel replicas'";
+        std::string when;
+        if (f.step != step) when = " (at step " + std::to_string(f.step) + ")";
         std::fprintf(stderr,
-                     "parallax: replica check at step %lld: %s; re-running %s from the state "
+                     "parallax: replica check at step %lld: %s%s; re-running %s from the state "
                      "checked at step %lld to tell a transient fault from a persistent one\n",
-                     static_cast<long long>(step), what.c_str(),
+                     static_cast<long long>(step), f.what.c_str(), when.c_str(),
                      steps_phrase(snap_.step + 1, step).c_str(), static_cast<long long>(snap_.step));
         std::fflush(stderr);
     }
-    first_ = h;
-    first_outliers_ = bad;
-    first_no_majority_ = no_majority;
+    first_ = f;
+    first_words_ = words_at(f.step - (step - n + 1));
+    rerun_words_.clear();
     rerun_to_ = step;
     job.rewind(snap_);
     return true;
 }
 
 void ReplicaCheck::start(Job& job) {
-    if (enabled()) job.snapshot(snap_);
+    if (!enabled()) return;
+    job.check_updates();
+    job.snapshot(snap_);
+    window_.clear();
+    // The reduced gradient as the update reads it, after every earlier hook (the fault injector).
+    StepHooks h;
+    h.grads = [this, &job](i64, float* g) {
+        if (zero_ <= 1) {
+            step_grads_[0] = hash_floats(g, job.model().table().total) | 1;
+            return;
+        }
+        for (const auto& [at, s] : {std::pair{1, job.own_shard()}, std::pair{2, job.checked_shard()}})
+            step_grads_[at] = s.w ? hash_floats(g + s.lo, s.hi - s.lo) | 1 : 0;
+    };
+    job.add_step_hooks(std::move(h));
 }
 
 }  // namespace px

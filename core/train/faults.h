@@ -23,26 +23,43 @@
 //          the replica check is what catches it. fault.persistent: the flip repeats whenever the
 //          step is run again (a faulty unit), else only the first time (a transient upset).
 //
-// The replica check (validate.replica_check_every = N). After every N-th step, and after any
-// step a checkpoint is due (so a checkpoint only ever holds checked weights), every rank hashes
-// the weights it holds as a replica (position-keyed, as the checkpoint checksum of
-// core/io/checkpoint.h: every flipped bit changes it) and the world all-gathers the hashes. A fault
-// in a replica's gradient or Adam moments shows in its weights after the update. Replicas are the ranks of one dp group (same pp and tp
-// coordinates): in each group the hash held by more than half is the majority, and the other
-// ranks are named. On a mismatch at step s, every rank rewinds to its snapshot of the last step
-// that agreed (s0; a copy of its weights and moments taken then) and the job re-runs steps
-// s0+1..s, checking after each. Megatron's rerun state machine does the same for a suspicious
-// loss; here the evidence is the replicas:
-//   - every re-run step agrees: the fault was transient. The ranks whose first hash differed from
-//     the re-run's agreed one are named, and training goes on from the re-run;
+// The replica check (validate.replica_check_every = N). Data-parallel replicas compute the same
+// thing, so what one of them gets wrong shows as a difference from the others. After every step
+// each rank hashes (position-keyed, as the checkpoint checksum of core/io/checkpoint.h: every
+// flipped bit changes a hash), in the order the step makes them:
+//   grads     the reduced gradient it updates from: as a replica (ZeRO-0/1), or its ZeRO-2/3
+//             shard of it and the second copy of the next dp rank's shard it also reduces;
+//   weights   the weights it holds as a replica (not under ZeRO-3, where it holds a shard), and
+//             under ZeRO >= 1 its shard's weights and Adam moments, whose update only it
+//             computes, and the second copy of the next dp rank's shard that it keeps and
+//             updates from its own copy of that shard's gradient (Job::check_updates,
+//             core/parallel/zero.h): owner and second copy must agree bit for bit;
+//   metrics   the step's loss, gradient norm and validation loss (the same on every rank).
+// Every step is hashed because a fault does not stay where it struck: under ZeRO-1/2 a flipped
+// weight is overwritten by its owner's shard at the next step, after it spread through that
+// step's gradient to every replica, and a flipped gradient reaches the other stages and tensor-
+// parallel ranks of its replica through the gradient norm.
+// After every N-th step, and after any step a checkpoint is due (so a checkpoint only ever holds
+// checked weights), and after the last step, the world all-gathers the hashes of the steps since
+// the last check and finds the first step at which some ranks disagree, and at that step the
+// first of the three kinds above that disagrees (where the fault entered). Replicas are the
+// ranks of one dp group (same pp and tp coordinates): for a replicated hash, the value held by
+// more than half is the majority, and the other ranks are named; for a shard, its owner and the
+// rank that keeps its second copy are named (two copies: no majority).
+//
+// On a mismatch found at check step s, every rank rewinds to its snapshot of the last step that
+// agreed (s0; a copy of its weights and moments taken then) and the job re-runs steps s0+1..s,
+// checking after each. Megatron's rerun state machine does the same for a suspicious loss; here
+// the evidence is the replicas:
+//   - every re-run step agrees: the fault was transient. The ranks named are the first run's
+//     majority's outliers, or (no majority) those whose hash at the first step that disagreed
+//     differs from the re-run's; training goes on from the re-run, bit-identical to a run
+//     without the fault;
 //   - a re-run step disagrees again: the fault is persistent (it follows the hardware). Every
 //     rank throws CorruptionError naming the ranks and the step; the app exits with the code
 //     that tells a cluster script to take those nodes out (app/commands.h).
-// Not under ZeRO-3 (each rank holds its own shard: nothing to compare) nor with dp = 1: the
-// config refuses both. Under ZeRO-1/2 each rank updates only its shard of the weights and
-// all-gathers it, so a fault in a rank's gradient shard lands in every replica's weights and is
-// not seen, and a fault in a replica's weights is overwritten at the next all-gather (check every
-// step to see it): what has no replica cannot be checked by replicas.
+// Not with dp = 1 (the config refuses it: nothing to compare with). What it cannot see is listed
+// in README.md ("Faults that cannot be detected").
 #pragma once
 #include "core/comm/comm.h"
 #include "core/base/config.h"
@@ -85,31 +102,56 @@ public:
     ReplicaCheck(const Config& cfg, comm::Communicator& world);
     bool enabled() const { return every_ > 0; }
 
-    // Before the first step: the snapshot to re-run from.
+    // Before the first step (after a resume): the second copies of ZeRO shards (a collective of
+    // every dp group) and the snapshot to re-run from.
     void start(Job& job);
-    // After each step, before checkpoints: checks when due. Returns true when the job was
-    // rewound to re-run steps (the step's checkpoint is then skipped). Throws CorruptionError
-    // on every rank when a re-run reproduces a mismatch.
+    // After each step, before checkpoints: hashes the step and checks when due. Returns true when
+    // the job was rewound to re-run steps (the step's checkpoint is then skipped). Throws
+    // CorruptionError on every rank when a re-run reproduces a mismatch.
     bool after_step(Job& job);
 
     i64 mismatches() const { return mismatches_; }  // detected so far (each re-run once)
 
+    // What one rank reports for one step (hashes; 0 where it holds nothing of the kind). *_own
+    // of a dp rank and *_checked of the previous dp rank are the two copies of one ZeRO shard.
+    enum Word {
+        grads, grads_own, grads_checked,         // the reduced gradient, before the update
+        weights, shard_own, shard_checked,       // after the update
+        metrics,                                 // loss, gradient norm, validation loss
+        kWords
+    };
+    // Ranks found disagreeing at one step: each with the word that disagreed.
+    struct Finding {
+        i64 step = 0;  // 0: none
+        std::vector<std::pair<int, Word>> suspects;
+        bool no_majority = false;  // some of them cannot be told apart from their peers
+        std::string what;          // a sentence naming them
+        std::string again;         // the same, for a re-run that finds it again
+        std::vector<int> ranks() const;
+    };
+
 private:
     bool due(i64 step) const;
-    std::vector<std::uint64_t> hashes(std::uint64_t mine);  // world all-gather
-    // Ranks that disagree with their replicas' majority (a group without one: all its ranks).
-    std::vector<int> outliers(const std::vector<std::uint64_t>& h, bool* no_majority) const;
+    // Every rank's words of the `n` steps since the snapshot: all[(rank·n + k)·kWords + word].
+    std::vector<std::uint64_t> gather(i64 n);
+    Finding examine(const std::vector<std::uint64_t>& all, i64 n, i64 first_step) const;
 
     const Config& cfg_;
     comm::Communicator& world_;
     i64 every_ = 0;
+    int zero_ = 0;            // the ZeRO stage over dp (0 when dp = 1)
     std::vector<int> group_;  // world rank -> dp group colour (replicas share one)
+    std::vector<int> dp_;     // world rank -> its dp rank
+    std::vector<int> by_dp_;  // (colour, dp rank) -> world rank: by_dp_[colour·dp + dp rank]
+    int dp_size_ = 1;
     LocalSnapshot snap_;      // the state of the last step that agreed
-    // A re-run in progress: up to step rerun_to_, after a mismatch whose hashes were first_.
+    std::vector<std::uint64_t> window_;  // this rank's words of the steps since the snapshot
+    std::uint64_t step_grads_[3] = {};   // the running step's gradient words (a StepHooks)
+    // A re-run in progress: up to step rerun_to_, after a mismatch first found as first_, with
+    // every rank's words of first_.step then (first_words_) and in the re-run (rerun_words_).
     i64 rerun_to_ = 0;
-    std::vector<std::uint64_t> first_;
-    std::vector<int> first_outliers_;
-    bool first_no_majority_ = false;
+    Finding first_;
+    std::vector<std::uint64_t> first_words_, rerun_words_;
     i64 mismatches_ = 0;
 };
 

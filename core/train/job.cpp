@@ -552,6 +552,9 @@ StepMetrics Job::step() {
     m.lr = lr_at(tc, step_);
     opt_->step(*model_, g, static_cast<float>(m.grad_norm), static_cast<float>(m.lr),
                static_cast<int>(step_ + 1), tc);
+    if (checked_opt_)  // the replica check's second copy of the next rank's update
+        checked_opt_->step(*model_, checked_w_.data(), g, static_cast<float>(m.grad_norm),
+                           static_cast<float>(m.lr), static_cast<int>(step_ + 1), tc);
     // ZeRO-1/2: every replica updated its shard. ZeRO-3 holds only its shard between steps
     // (under ZeroUnits each unit's weights are gathered when it runs).
     if (zero_ == 1 || zero_ == 2) shards_->all_gather_params(*groups_.dp, model_->params());

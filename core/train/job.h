@@ -99,11 +99,24 @@ struct StepHooks {
 
 // One rank's training state between steps, copied out and back in without communication, so
 // that steps can be re-run on the same rank (the replica check of core/train/faults.h): the
-// weights it holds, its Adam moments, the step count and the history.
+// weights it holds (under ZeRO-3 its shard of them), its Adam moments, the second copy of the
+// next rank's shard it keeps for the replica check (Job::check_updates), the step count and the
+// history.
 struct LocalSnapshot {
     std::vector<float> params, m, v;
+    std::vector<float> checked_w, checked_m, checked_v;
     i64 step = -1;  // steps done; -1: empty
     std::vector<StepMetrics> history;
+};
+
+// A ZeRO shard as the replica check reads it: elements [lo, hi) of the rank's parameter table,
+// its weights and Adam moments (w == nullptr: none).
+struct ShardState {
+    int dp_rank = -1;  // whose shard it is
+    i64 lo = 0, hi = 0;
+    const float* w = nullptr;
+    const float* m = nullptr;
+    const float* v = nullptr;
 };
 
 class Observer {
@@ -144,10 +157,18 @@ public:
     // tensors it holds (the tied wte from both stages that hold it). Evaluation is never probed.
     void set_probes(ProbeSink* sink) { probes_ = sink; }
     // This rank's state between steps, and back (no communication; every rank of the job must
-    // rewind to the same step before the next one). Not under ZeRO-3 with dp > 1, whose
-    // weights between steps are shards: an InternalError.
+    // rewind to the same step before the next one).
     void snapshot(LocalSnapshot& into) const;
     void rewind(const LocalSnapshot& s);
+    // The replica check (core/train/faults.h) under ZeRO >= 1 with dp > 1, where a shard's update
+    // has one owner and so nothing to compare with: from now on this rank also reduces the
+    // gradient shard of the next dp rank ((dp rank + 1) mod dp; ZeRO-2/3), and keeps a second,
+    // independent copy of that shard's weights and Adam moments, updated every step as the owner
+    // updates its own. Starts from the owner's state. Collective over the dp group; does nothing
+    // without ZeRO shards.
+    void check_updates();
+    ShardState own_shard() const;      // under ZeRO >= 1 with dp > 1
+    ShardState checked_shard() const;  // after check_updates
 
     // The logical, layout-free state (what checkpoints hold) out of a job of any layout: a
     // collective of every group that gives every rank the whole model's weights and Adam
@@ -245,6 +266,8 @@ private:
     std::unique_ptr<TokenSource> source_;
     std::unique_ptr<ZeroShards> shards_;  // ZeRO >= 1 with dp > 1
     std::unique_ptr<ZeroUnits> units_;    // ZeRO-2/3 with dp > 1 on one stage (zero.h)
+    std::unique_ptr<AdamW> checked_opt_;  // check_updates: the next rank's shard, a second copy
+    std::vector<float> checked_w_;        // of its moments and its weights
     Arena grads_;                         // the step's gradient (GradLayout), fp32
     std::vector<TreeAccumulator> acc_;    // per chunk (not under ZeroUnits)
     std::vector<std::vector<std::unique_ptr<Slot>>> slots_;  // per chunk: every set made

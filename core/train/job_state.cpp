@@ -16,40 +16,72 @@
 
 namespace px {
 
-namespace {
-
-void take_snapshot(const GPT& model, const AdamW& opt, i64 step,
-                   const std::vector<StepMetrics>& history, LocalSnapshot& s) {
-    s.params.assign(model.params(), model.params() + model.table().total);
-    s.m.assign(opt.m(), opt.m() + opt.size());
-    s.v.assign(opt.v(), opt.v() + opt.size());
-    s.step = step;
-    s.history = history;
-}
-
-void put_snapshot(const LocalSnapshot& s, GPT& model, AdamW& opt) {
-    PX_ASSERT(s.step >= 0 && static_cast<i64>(s.params.size()) == model.table().total &&
-                  static_cast<i64>(s.m.size()) == opt.size() && s.m.size() == s.v.size(),
-              "a snapshot of another model or optimizer shard");
-    std::copy(s.params.begin(), s.params.end(), model.params());
-    std::copy(s.m.begin(), s.m.end(), opt.m());
-    std::copy(s.v.begin(), s.v.end(), opt.v());
-}
-
-}  // namespace
-
-void Job::snapshot(LocalSnapshot& into) const {
-    if (zero_ == 3)
-        throw InternalError(
-            "Job::snapshot under ZeRO-3: between steps this rank holds a shard of the weights, "
-            "not a replica of them");
-    take_snapshot(*model_, *opt_, step_, history_, into);
+void Job::snapshot(LocalSnapshot& s) const {
+    // Between steps ZeRO-3 holds only its shard of the weights.
+    const i64 lo = zero_ == 3 ? shards_->lo() : 0;
+    const i64 hi = zero_ == 3 ? shards_->hi() : model_->table().total;
+    s.params.assign(model_->params() + lo, model_->params() + hi);
+    s.m.assign(opt_->m(), opt_->m() + opt_->size());
+    s.v.assign(opt_->v(), opt_->v() + opt_->size());
+    s.checked_w.clear();
+    s.checked_m.clear();
+    s.checked_v.clear();
+    if (checked_opt_) {
+        s.checked_w = checked_w_;
+        s.checked_m.assign(checked_opt_->m(), checked_opt_->m() + checked_opt_->size());
+        s.checked_v.assign(checked_opt_->v(), checked_opt_->v() + checked_opt_->size());
+    }
+    s.step = step_;
+    s.history = history_;
 }
 
 void Job::rewind(const LocalSnapshot& s) {
-    put_snapshot(s, *model_, *opt_);
+    const i64 lo = zero_ == 3 ? shards_->lo() : 0;
+    const i64 hi = zero_ == 3 ? shards_->hi() : model_->table().total;
+    PX_ASSERT(s.step >= 0 && static_cast<i64>(s.params.size()) == hi - lo &&
+                  static_cast<i64>(s.m.size()) == opt_->size() && s.m.size() == s.v.size() &&
+                  s.checked_w.size() == checked_w_.size(),
+              "a snapshot of another model or optimizer shard");
+    std::copy(s.params.begin(), s.params.end(), model_->params() + lo);
+    std::copy(s.m.begin(), s.m.end(), opt_->m());
+    std::copy(s.v.begin(), s.v.end(), opt_->v());
+    if (checked_opt_) {
+        checked_w_ = s.checked_w;
+        std::copy(s.checked_m.begin(), s.checked_m.end(), checked_opt_->m());
+        std::copy(s.checked_v.begin(), s.checked_v.end(), checked_opt_->v());
+    }
     step_ = s.step;
     history_ = s.history;
+}
+
+void Job::check_updates() {
+    if (!shards_ || checked_opt_) return;
+    shards_->check_next();
+    if (units_) units_->hold_checked();
+    const int c = shards_->checked();
+    const i64 lo = shards_->lo(c), hi = shards_->hi(c);
+    checked_opt_ = std::make_unique<AdamW>(*model_, lo, hi);
+    // The owner's state now (zeros, or what a resume read): its shard, gathered once.
+    std::vector<float> whole(static_cast<size_t>(model_->table().total));
+    auto take = [&](const float* mine, float* out) {
+        shards_->all_gather_shards(*groups_.dp, whole.data(), mine);
+        std::copy(whole.begin() + lo, whole.begin() + hi, out);
+    };
+    checked_w_.resize(static_cast<size_t>(hi - lo));
+    take(model_->params() + shards_->lo(), checked_w_.data());
+    take(opt_->m(), checked_opt_->m());
+    take(opt_->v(), checked_opt_->v());
+}
+
+ShardState Job::own_shard() const {
+    if (!shards_) return {};
+    return {dp_rank_, opt_->lo(), opt_->hi(), model_->params() + opt_->lo(), opt_->m(), opt_->v()};
+}
+
+ShardState Job::checked_shard() const {
+    if (!checked_opt_) return {};
+    return {shards_->checked(), checked_opt_->lo(), checked_opt_->hi(), checked_w_.data(),
+            checked_opt_->m(), checked_opt_->v()};
 }
 
 void Job::gather_full(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) {
@@ -139,6 +171,8 @@ void Job::unshard() {
     shards_->all_gather_shards(*groups_.dp, whole->m(), opt_->m());
     shards_->all_gather_shards(*groups_.dp, whole->v(), opt_->v());
     opt_ = std::move(whole);
+    checked_opt_.reset();
+    checked_w_.clear();
     model_->set_unit_hooks(nullptr);
     units_.reset();
     shards_.reset();
@@ -193,6 +227,9 @@ MemoryStats Job::memory() const {
         m.peak_grads = std::max(m.grads, units_->peak_grads());
     }
     m.optimizer = 2 * opt_->size() * static_cast<i64>(sizeof(float));
+    if (checked_opt_)  // the replica check's second copy of a shard: weights and moments
+        m.optimizer += (2 * checked_opt_->size() + static_cast<i64>(checked_w_.size())) *
+                       static_cast<i64>(sizeof(float));
     m.activations = activation_bytes();
     if (shards_) m.comm = shards_->staging_bytes();
     return m;

@@ -39,8 +39,9 @@ RunHooks chain(const RunHooks& first, RunHooks then) {
     return then;
 }
 
-void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Observer*>& observers,
-              const RunHooks& hooks) {
+RankRun::RankRun(const Config& cfg, comm::Communicator& world,
+                 const std::vector<Observer*>& observers, const RunHooks& hooks)
+    : hooks_(hooks) {
     // 1. A process of an MPI launch holds one rank; the ranks on its node share the memory.
     if (comm::launched_by_mpi()) check_memory(cfg, MemoryScope::one_rank, comm::local_ranks());
     // 2. The layout checks itself once: products, divisibility, token-tree nodes (mesh.h).
@@ -61,29 +62,40 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
     //    group of one is dropped.
     const int r = world.rank();
     const Coord at = mesh.coord_of(r);
-    std::unique_ptr<comm::Communicator> group[3];
     const MeshDim dims[3] = {MeshDim::pp, MeshDim::dp, MeshDim::tp};
     for (int d = 0; d < 3; d++) {
         if (mesh.size(dims[d]) == 1) continue;
-        group[d] = world.split(mesh.group_color(dims[d], r), at[dims[d]], dim_name(dims[d]));
-        if (hooks.wrap_group) group[d] = hooks.wrap_group(dims[d], std::move(group[d]));
+        group_[d] = world.split(mesh.group_color(dims[d], r), at[dims[d]], dim_name(dims[d]));
+        if (hooks.wrap_group) group_[d] = hooks.wrap_group(dims[d], std::move(group_[d]));
     }
     // 4. The rank's job.
-    Job job(cfg, layout, RankGroups{&world, group[0].get(), group[1].get(), group[2].get()});
+    job_ = std::make_unique<Job>(
+        cfg, layout, RankGroups{&world, group_[0].get(), group_[1].get(), group_[2].get()});
     // 5.-6. Checkpoints (resume from the logical state any layout wrote, save every N steps)
     //    and faults (the injector, the replica check), rank_guards.h.
-    RankGuards guards(cfg, world, job);
-    if (hooks.setup) hooks.setup(job);
-    job.set_after_step([&](Job& j) {
-        if (guards.after_step(j) && hooks.each_step) hooks.each_step(j);
+    guards_ = std::make_unique<RankGuards>(cfg, world, *job_);
+    job_->set_after_step([this](Job& j) {
+        if (guards_->after_step(j) && hooks_.each_step) hooks_.each_step(j);
     });
     if (r == 0)
-        for (Observer* o : observers) job.add_observer(o);
-    job.run();
-    if (hooks.inspect) {
-        job.unshard();  // collective: before any rank's turn at inspect
-        hooks.inspect(job);
+        for (Observer* o : observers) job_->add_observer(o);
+}
+
+RankRun::~RankRun() = default;
+
+void RankRun::run() {
+    if (hooks_.setup) hooks_.setup(*job_);
+    job_->run();
+    if (hooks_.inspect) {
+        job_->unshard();  // collective: before any rank's turn at inspect
+        hooks_.inspect(*job_);
     }
+}
+
+void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Observer*>& observers,
+              const RunHooks& hooks) {
+    RankRun rank(cfg, world, observers, hooks);
+    rank.run();
 }
 
 void run_layout(const Config& cfg, const std::vector<Observer*>& observers, const RunHooks& hooks) {

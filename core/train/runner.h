@@ -7,6 +7,7 @@
 //   RunHooks          what a caller does with each rank's job: setup, each step, inspect, and
 //                     decorators around the rank's groups
 //   chain             two RunHooks as one (a caller's decorators around a harness's hooks)
+//   RankRun           one rank's part of a run, held: its groups and job outlive the run
 //   run_rank          one rank's part of a run, on whatever communicator it is given
 //   run_layout        trains a config on its in-process ranks; observers see rank 0
 //
@@ -36,6 +37,7 @@
 namespace px {
 
 class PipelineJob;
+class RankGuards;
 
 int world_size(const LayoutConfig& layout);  // dp × pp × tp of a config's layout
 
@@ -67,6 +69,28 @@ struct RunHooks {
 
 // `first`'s hooks run before `then`'s at each point; the group decorator is first's.
 RunHooks chain(const RunHooks& first, RunHooks then);
+
+// One rank's part of training cfg, as run_rank runs it, in two parts: the constructor makes the
+// layout, the rank's groups, its job and its guards (steps 2-6 below: a resume happens here),
+// run() calls hooks.setup, trains and inspects. A caller that holds it keeps the job and its
+// groups alive after run() returns or throws (core/train/stepped_run.h, whose callers may still
+// be reading the job's memory).
+class RankRun {
+public:
+    RankRun(const Config& cfg, comm::Communicator& world, const std::vector<Observer*>& observers,
+            const RunHooks& hooks = {});
+    ~RankRun();
+    RankRun(const RankRun&) = delete;
+    RankRun& operator=(const RankRun&) = delete;
+    Job& job() { return *job_; }
+    void run();
+
+private:
+    RunHooks hooks_;
+    std::unique_ptr<comm::Communicator> group_[3];  // pp, dp, tp; null: a group of one
+    std::unique_ptr<Job> job_;
+    std::unique_ptr<RankGuards> guards_;
+};
 
 // One rank's part of training cfg: `world` is this rank's world communicator (a thread under
 // comm::run_ranks, or this process under MPI) and must have the layout's dp × pp × tp ranks,

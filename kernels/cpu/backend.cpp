@@ -130,6 +130,7 @@ void sum_squares_blocks_of(const Numerics& nx, const Tensor& part, const Tensor&
 
 const ops::Backend f32_backend{
     .name = "cpu f32",
+    .operands = {},  // fp32 in every role
     .matmul_forward = matmul_fwd,
     .matmul_backward = matmul_bwd,
     .gemm = gemm_of,

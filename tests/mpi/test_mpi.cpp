@@ -118,6 +118,17 @@ void exercise(Communicator& c, unsigned seed, std::vector<Blob>& out) {
         std::vector<float> ov(static_cast<size_t>(to));
         c.all_to_all_v(ov.data(), outc, av.data(), inc);
         out.push_back(blob(ov));
+        // 16- and 8-bit floats move as their bits (a bf16 activation, an fp8 weight).
+        std::vector<std::uint16_t> h16(static_cast<size_t>(21)), g16(static_cast<size_t>(21 * p));
+        for (size_t i = 0; i < h16.size(); i++)
+            h16[i] = static_cast<std::uint16_t>(0xFFC0 ^ (i * 977 + static_cast<size_t>(r) * 31));
+        c.all_gather(g16.data(), h16.data(), 21);
+        out.push_back(blob(g16));
+        std::vector<std::uint8_t> s8(static_cast<size_t>(5 * p)), r8(s8.size());
+        for (size_t i = 0; i < s8.size(); i++)
+            s8[i] = static_cast<std::uint8_t>(i * 41 + static_cast<size_t>(r) * 7);
+        c.all_to_all(r8.data(), s8.data(), 5);
+        out.push_back(blob(r8));
     }
     {  // a ring of messages, and async collectives in issue order
         const std::vector<float> msg = awkward(40, s + 8);

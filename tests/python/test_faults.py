@@ -62,6 +62,28 @@ def test_transient_flip_is_named_and_rerun_away(tmp_path, reference):
     assert_same_dump(tmp_path / "a.h5", reference)
 
 
+# dp3 x pp2 under ZeRO-2 (three replicas of a two-stage pipeline; each replica owns one token block).
+DP3PP2Z2 = ["--set", "layout.dp=3", "--set", "layout.pp=2", "--set", "layout.zero=2", "--set", "train.batch_size=6"]
+
+
+@pytest.mark.parametrize("fault, named", [
+    # a weight rank 1 holds as a mere replica (wpe is dp rank 0's shard), flipped between two checks:
+    # step 4 uses it, then the owner's shard overwrites it (this run used to exit 0, its dump apart)
+    ("flip_weight:rank=1,step=3,tensor=wpe,element=5", "the weights of world rank 1 differ"),
+    # the gradient shard that only rank 0 updates (it used to go unseen: the replicas all take its update)
+    ("flip_grad:rank=0,step=3,tensor=wpe,element=5", "world rank 0's reduced gradient shard differs"),
+])
+def test_zero2_pipeline_fault_between_checks_is_found_and_rerun_exactly(tmp_path, fault, named):
+    r = train(tmp_path, *DP3PP2Z2, "--dump", str(tmp_path / "ref.h5"))
+    assert r.returncode == 0, r.stderr
+    r = train(tmp_path, *DP3PP2Z2, "--set", "validate.replica_check_every=2", "--fault", fault,
+              "--dump", str(tmp_path / "a.h5"))
+    assert r.returncode == 0, r.stderr
+    assert "replica check at step 4: " + named in r.stderr and "(at step 3)" in r.stderr
+    assert f"the fault on world rank {fault.split('rank=')[1][0]} was transient" in r.stderr
+    assert_same_dump(tmp_path / "a.h5", tmp_path / "ref.h5")
+
+
 def test_persistent_flip_exits_5_naming_rank_and_step(tmp_path):
     r = train(tmp_path, *DP4, "--set", "validate.replica_check_every=2",
               "--fault", "flip_grad:rank=1,step=3,persistent=true")

@@ -1,0 +1,166 @@
+// Files from Python: checkpoints (inspect, read), llm.c weights (convert), run files (read).
+// Saving a checkpoint is Job.save_checkpoint (job.cpp): every rank writes its own hyperslabs.
+#include "bindings/common.h"
+
+#include "core/base/error.h"
+#include "core/io/checkpoint.h"
+#include "core/io/checkpoint_convert.h"
+#include "core/io/runfile.h"
+
+namespace px::py_bind {
+
+namespace {
+
+std::string path_of(const py::object& p) {
+    return py::str(py::module_::import("os").attr("fspath")(p));
+}
+
+py::dict history_dict(const std::vector<StepMetrics>& h) {
+    MetricColumns c;
+    for (const StepMetrics& m : h) c.push_back(m);
+    return metrics_dict(c);
+}
+
+py::dict meta_dict(const CheckpointMeta& m) {
+    py::dict d;
+    d["step"] = m.step;
+    d["seed"] = m.seed;
+    d["config"] = m.config_toml;
+    d["data_source"] = m.data_source;
+    d["data_next_step"] = m.data_next_step;
+    d["rng_counter_base"] = m.rng_counter_base;
+    d["adam_step"] = m.adam_step;
+    d["loss_scale"] = m.loss_scale;
+    d["growth_tracker"] = m.growth_tracker;
+    d["parallax_version"] = m.parallax_version;
+    d["created"] = m.created;
+    d["history"] = history_dict(m.history);
+    return d;
+}
+
+}  // namespace
+
+void bind_files(py::module_& m) {
+    m.def(
+        "inspect_checkpoint",
+        [](const py::object& path) {
+            const std::string p = path_of(path);
+            py::gil_scoped_release nogil;
+            const CheckpointReader r(p);
+            const std::vector<DatasetCheck> checks = r.check_all();
+            py::gil_scoped_acquire gil;
+            py::list datasets;
+            bool ok = true;
+            for (const DatasetCheck& c : checks) {
+                py::dict d;
+                d["path"] = c.info.path;
+                d["shape"] = py::tuple(py::cast(c.info.shape));
+                d["dtype"] = c.info.dtype;
+                d["checksum"] = c.info.checksum;
+                d["computed"] = c.computed;
+                d["ok"] = c.ok;
+                d["problem"] = c.problem;
+                datasets.append(d);
+                ok = ok && c.ok;
+            }
+            py::dict d = meta_dict(r.meta());
+            d["path"] = p;
+            d["datasets"] = datasets;
+            d["ok"] = ok;
+            return d;
+        },
+        py::arg("path"), R"doc(
+Opens a checkpoint and verifies every dataset's checksum, as `parallax inspect`: a dict with its
+meta (step, seed, config, data_source, adam_step, created, parallax_version, history as numpy
+columns), datasets (path, shape, dtype, stored and computed checksum, ok, problem) and ok (every
+checksum verifies). CheckpointError naming the file when it is not a readable checkpoint.)doc");
+
+    m.def(
+        "read_checkpoint",
+        [](const py::object& path) {
+            const std::string p = path_of(path);
+            std::unique_ptr<CheckpointReader> r;
+            {
+                py::gil_scoped_release nogil;
+                r = std::make_unique<CheckpointReader>(p);
+                r->verify_all();
+            }
+            const ModelConfig mc = parse_config(r->meta().config_toml, p + " (its config)").model;
+            r->check_model(mc);
+            const ParamTable table = ParamTable::build(mc);
+            py::dict weights, m1, m2;
+            for (const TableEntry& e : table.entries) {
+                const auto read = [&](const std::string& dataset) {
+                    std::vector<py::ssize_t> dims;
+                    for (const i64 d : e.shape()) dims.push_back(d);
+                    py::array_t<float> a(dims);
+                    r->read(dataset, a.mutable_data());
+                    return a;
+                };
+                weights[py::str(e.name)] = read(model_dataset(e.name));
+                m1[py::str(e.name)] = read(moment_dataset('m', e.name));
+                m2[py::str(e.name)] = read(moment_dataset('v', e.name));
+            }
+            py::dict d = meta_dict(r->meta());
+            d["weights"] = weights;
+            d["adam_m"] = m1;
+            d["adam_v"] = m2;
+            return d;
+        },
+        py::arg("path"), R"doc(
+A checkpoint's logical state, every checksum verified first: its meta (as inspect_checkpoint)
+with weights, adam_m and adam_v as {name: float32 array} in GPT-2 names and shapes.)doc");
+
+    m.def(
+        "convert",
+        [](const py::object& in, const py::object& out) {
+            const std::string a = path_of(in), b = path_of(out);
+            py::gil_scoped_release nogil;
+            return convert_weights(a, b);
+        },
+        py::arg("input"), py::arg("output"), R"doc(
+Converts GPT-2 weights between llm.c and Parallax, as `parallax convert IN --to OUT`: OUT's
+extension picks the direction (.h5: an llm.c checkpoint becomes a Parallax checkpoint with zero
+Adam moments at step 0, to start a job from with model={"init_from": OUT}; .bin: a Parallax
+checkpoint becomes llm.c's fp32 version-3 file). Returns a sentence saying what was written.
+DataError naming the file on bad input.)doc");
+
+    m.def(
+        "read_run_file",
+        [](const py::object& path) {
+            const std::string p = path_of(path);
+            RunRecords rec;
+            {
+                py::gil_scoped_release nogil;
+                rec = read_run_records(p);
+            }
+            py::dict metrics;
+            for (const auto& [name, rows] : rec.metrics) {
+                py::array_t<std::int64_t> steps(static_cast<py::ssize_t>(rows.steps.size()));
+                py::array_t<double> values(static_cast<py::ssize_t>(rows.values.size()));
+                std::copy(rows.steps.begin(), rows.steps.end(), steps.mutable_data());
+                std::copy(rows.values.begin(), rows.values.end(), values.mutable_data());
+                metrics[py::str(name)] = py::make_tuple(steps, values);
+            }
+            py::list events;
+            for (const RunRecords::Event& e : rec.events) {
+                py::dict d;
+                d["step"] = e.step;
+                d["kind"] = e.kind;
+                d["message"] = e.message;
+                events.append(d);
+            }
+            py::dict d;
+            d["config"] = rec.config_toml;
+            d["metrics"] = metrics;
+            d["events"] = events;
+            return d;
+        },
+        py::arg("path"), R"doc(
+A run file's records (<out>/run.h5 of parallax train or Job(out=...)): config (TOML text),
+metrics ({name: (steps int64 array, values float64 array)}: loss, val_loss, grad_norm, lr,
+tokens_per_s, step_ms, comm_bytes, ...) and events (step, kind, message), read without opening
+the file for writing.)doc");
+}
+
+}  // namespace px::py_bind

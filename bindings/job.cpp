@@ -1,0 +1,464 @@
+// parallax.Job: a training job driven from Python, a few steps at a time, on its layout's
+// in-process ranks (core/train/stepped_run.h). While it steps the GIL is released and Ctrl-C is
+// honoured after the step in progress; metrics come from the job's thread-safe view
+// (core/train/job_view.h), state as numpy arrays (state.cpp).
+#include "bindings/common.h"
+#include "bindings/state.h"
+
+#include "core/base/error.h"
+#include "core/io/checkpoint.h"
+#include "core/io/output_paths.h"
+#include "core/train/checkpointing.h"
+#include "core/train/run_file_observer.h"
+#include "validators/probes.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+
+namespace px::py_bind {
+
+namespace {
+
+struct PyJob {
+    Config cfg;
+    std::vector<std::unique_ptr<FolderLock>> locks;
+    JobView view;
+    std::unique_ptr<RunFileObserver> run_file;
+    std::vector<py::object> observers;  // called after each step, the ranks paused
+    std::unique_ptr<ProbeRecorder> probes;  // shared by every rank; null: no probes
+    std::unique_ptr<SteppedRun> run;    // last: destroyed first, while what its ranks use lives
+};
+
+// A failed run: the view says so, and its error is raised.
+void raise_if_failed(PyJob& j) {
+    if (j.run->status() != SteppedRun::Status::failed) return;
+    if (j.view.snapshot().state != RunState::failed) j.view.fail(j.run->error());
+    j.run->rethrow();
+}
+
+// Until the ranks pause (Ctrl-C: held at a step boundary, and KeyboardInterrupt raised); a run
+// that failed raises its error.
+void wait(PyJob& j) {
+    wait_interruptibly(*j.run);
+    raise_if_failed(j);
+}
+
+void require_paused(PyJob& j, const char* what) {
+    raise_if_failed(j);
+    const SteppedRun::Status s = j.run->status();
+    if (s == SteppedRun::Status::finished)
+        throw Error(std::string(what) + ": the job has finished (finish(), run() or close()); "
+                                        "start a new parallax.Job to train again");
+    if (s != SteppedRun::Status::paused)
+        throw InternalError(std::string(what) + ": the job is " + stepped_status_name(s));
+}
+
+py::dict last_row(PyJob& j) {
+    const std::vector<StepMetrics>& h = j.run->job(0).history();
+    return h.empty() ? py::dict() : metrics_row(h.back());
+}
+
+py::dict step(PyJob& j, i64 n) {
+    if (n < 1) throw ConfigError("step(n): n = " + std::to_string(n) + " must be at least 1");
+    require_paused(j, "step");
+    const i64 done = j.run->steps_done(), total = j.run->steps_total();
+    if (done >= total)
+        throw Error("step: the job has done all its train.steps = " + std::to_string(total) +
+                    " steps; give the config more steps (train={\"steps\": N}) to train longer");
+    const i64 target = std::min(total, done + n);
+    if (j.observers.empty()) {
+        j.run->advance_to(target);
+        wait(j);
+    } else {
+        // One step at a time, so that each observer sees the job paused right after its step.
+        for (i64 s = done + 1; s <= target; s++) {
+            j.run->advance_to(s);
+            wait(j);
+            const py::dict row = last_row(j);
+            for (const py::object& obs : std::vector<py::object>(j.observers)) obs(row);
+        }
+    }
+    return last_row(j);
+}
+
+void finish(PyJob& j) {
+    raise_if_failed(j);
+    if (j.run->status() == SteppedRun::Status::finished) return;
+    require_paused(j, "finish");
+    j.run->finish();
+    wait(j);
+}
+
+std::string save_checkpoint(PyJob& j, const py::object& where) {
+    raise_if_failed(j);
+    const std::string dir = py::str(py::module_::import("os").attr("fspath")(where));
+    Config c = j.cfg;
+    c.checkpoint.dir = dir;
+    c.checkpoint.every = 1;  // due after every step: RunCheckpoints saves now
+    c.checkpoint.keep = INT64_MAX / 2;
+    check_output_folder(dir, "save_checkpoint(dir)");
+    const i64 step = j.run->steps_done();
+    if (step == 0)
+        throw ConfigError("save_checkpoint: nothing to save before the first step (a checkpoint "
+                          "holds the state after a step)");
+    {
+        py::gil_scoped_release nogil;
+        j.run->on_each_rank([&](Job& job, comm::Communicator& world) {
+            RunCheckpoints(c, &world).after_step(job);
+        });
+    }
+    return checkpoint_path(dir, step);
+}
+
+py::list memory_rows(PyJob& j) {
+    py::list rows;
+    for (int r = 0; r < j.run->world_size(); r++) {
+        const MemoryStats m = j.run->job(r).memory();
+        py::dict d;
+        d["rank"] = r;
+        d["params"] = m.params;
+        d["grads"] = m.grads;
+        d["optimizer"] = m.optimizer;
+        d["activations"] = m.activations;
+        d["comm"] = m.comm;
+        d["peak_params"] = m.peak_params;
+        d["peak_grads"] = m.peak_grads;
+        d["total"] = m.total();
+        rows.append(d);
+    }
+    return rows;
+}
+
+py::dict layout_dict(const SteppedRun& run) {
+    const Layout& l = run.layout();
+    py::dict d;
+    d["dp"] = l.dp;
+    d["tp"] = l.tp;
+    d["pp"] = l.pp;
+    d["zero"] = l.zero;
+    d["microbatches"] = l.microbatches;
+    d["schedule"] = schedule_name(l.schedule);
+    d["virtual_stages"] = l.virtual_stages;
+    d["recompute"] = recompute_name(l.recompute);
+    d["sequence_parallel"] = run.config().layout.sequence_parallel;
+    d["world_size"] = l.world_size();
+    return d;
+}
+
+}  // namespace
+
+void wait_interruptibly(SteppedRun& run) {
+    for (;;) {
+        bool settled;
+        {
+            py::gil_scoped_release nogil;
+            settled = run.wait(0.05);
+        }
+        if (settled) return;
+        if (PyErr_CheckSignals() != 0) {
+            // Stop after the step in progress, so that the run is left at a step boundary.
+            run.hold();
+            {
+                py::gil_scoped_release nogil;
+                while (!run.wait(0.05)) {
+                }
+            }
+            throw py::error_already_set();
+        }
+    }
+}
+
+void bind_job(py::module_& m) {
+    py::class_<PyJob>(m, "Job", R"doc(
+A training job, driven from Python a few steps at a time.
+
+Job(config=None, *, out=None, **sections)
+    config    None (the embedded default job), a TOML file's path, a dict of sections, or a
+              parallax.Config; keyword sections are applied after it, e.g.
+              Job("examples/tiny.toml", train={"lr": 1e-3}, layout={"tp": 2}).
+    out       a folder for the run file (<out>/run.h5), as `parallax train --out`. Without it a
+              job writes no run file (output.run_file is off), so that the many jobs of a
+              notebook do not share one; checkpoints follow [checkpoint] as in the CLI.
+    probes    glob patterns over probe names step/phase/layer/op/tensor, e.g.
+              "*/fwd/*/attn.*/*" or ["*/grad/**"]: every rank offers its pieces of those op
+              outputs, gradients and updates to one recorder (read with probe(name)), at steps
+              1, 1 + probe_stride, ...; they change no bit of the computation.
+
+Every layout runs on in-process ranks (threads): each rank builds its part of the model and
+pauses before step 1. step(n) lets the ranks run n more steps and waits for them, with the GIL
+released; Ctrl-C (KeyboardInterrupt) stops them after the step in progress and leaves the job
+usable. The result of every step is bit-identical to `parallax train` of the same config.
+
+Bad configs raise parallax.ConfigError before any rank starts; a rank that fails raises its
+error (CommError, CheckpointError, ...) from the call that waits for it.
+
+>>> job = parallax.Job(train={"steps": 20})
+>>> job.step(5)["step"]
+5
+>>> job.metrics()["loss"].shape
+(5,)
+)doc")
+        .def(py::init([](const py::object& config, const py::object& out, const py::object& probes,
+                         i64 probe_stride, const py::kwargs& sections) {
+                 auto j = std::make_unique<PyJob>();
+                 j->cfg = make_config(config, sections);
+                 if (out.is_none()) {
+                     j->cfg.output.run_file = false;
+                 } else {
+                     j->cfg.output.dir = py::str(py::module_::import("os").attr("fspath")(out));
+                 }
+                 // Every output path is checked before anything runs, and the folders are
+                 // locked for the job (as `parallax train` does).
+                 check_run_outputs(j->cfg);
+                 std::vector<std::string> locked;
+                 auto lock = [&](const std::string& dir, const char* key) {
+                     const std::string at =
+                         std::filesystem::weakly_canonical(dir.empty() ? "." : dir).string();
+                     if (std::find(locked.begin(), locked.end(), at) != locked.end()) return;
+                     j->locks.push_back(std::make_unique<FolderLock>(dir, key));
+                     locked.push_back(at);
+                 };
+                 if (j->cfg.output.run_file) lock(j->cfg.output.dir, "output.dir");
+                 if (!j->cfg.checkpoint.dir.empty()) lock(j->cfg.checkpoint.dir, "checkpoint.dir");
+                 std::vector<Observer*> observers{&j->view};
+                 if (j->cfg.output.run_file) {
+                     j->run_file = std::make_unique<RunFileObserver>(
+                         (std::filesystem::path(j->cfg.output.dir) / "run.h5").string(), j->cfg);
+                     observers.push_back(j->run_file.get());
+                 }
+                 RunHooks hooks;
+                 if (!probes.is_none()) {
+                     std::vector<std::string> patterns;
+                     if (py::isinstance<py::str>(probes)) patterns.push_back(probes.cast<std::string>());
+                     else patterns = probes.cast<std::vector<std::string>>();
+                     if (probe_stride < 1)
+                         throw ConfigError("probe_stride = " + std::to_string(probe_stride) +
+                                           " must be at least 1");
+                     j->probes = std::make_unique<ProbeRecorder>(patterns, probe_stride);
+                     hooks.setup = [rec = j->probes.get()](Job& job) { job.set_probes(rec); };
+                 }
+                 j->run = std::make_unique<SteppedRun>(j->cfg, observers, hooks);
+                 wait(*j);  // every rank built (and resumed) and paused before its next step
+                 return j;
+             }),
+             py::arg("config") = py::none(), py::kw_only(), py::arg("out") = py::none(),
+             py::arg("probes") = py::none(), py::arg("probe_stride") = 1)
+        .def_property_readonly(
+            "config", [](const PyJob& j) { return PyConfig{j.cfg}; }, "The job's config.")
+        .def_property_readonly(
+            "layout", [](const PyJob& j) { return layout_dict(*j.run); },
+            "The resolved layout: dp, tp, pp, zero, microbatches, schedule, virtual_stages, "
+            "recompute, sequence_parallel, world_size.")
+        .def_property_readonly(
+            "world_size", [](const PyJob& j) { return j.run->world_size(); },
+            "Ranks of the layout (dp × pp × tp), each a thread.")
+        .def_property_readonly(
+            "steps_done", [](const PyJob& j) { return j.run->steps_done(); },
+            "Optimizer steps done (a resumed job counts the checkpoint's).")
+        .def_property_readonly(
+            "steps_total", [](const PyJob& j) { return j.run->steps_total(); }, "train.steps.")
+        .def_property_readonly(
+            "status", [](const PyJob& j) { return stepped_status_name(j.run->status()); },
+            "\"paused\" between steps, \"finished\" after finish(), \"failed\" after an error.")
+        .def_property_readonly(
+            "num_params", [](PyJob& j) { return j.run->job(0).num_params(); },
+            "Parameters of the whole model.")
+        .def("step", &step, py::arg("n") = 1, R"doc(
+Runs n more steps (fewer if train.steps ends first) on every rank and returns the last step's
+metrics as a dict (step, loss, val_loss, grad_norm, lr, tokens_per_s, step_ms, comm_bytes;
+val_loss is -1 at steps without evaluation). With observers the ranks advance one step at a time
+and every observer is called after each. KeyboardInterrupt stops the job after the step in
+progress; the job stays usable.)doc")
+        .def(
+            "run",
+            [](PyJob& j) {
+                if (j.run->status() == SteppedRun::Status::paused &&
+                    j.run->steps_done() < j.run->steps_total())
+                    step(j, j.run->steps_total() - j.run->steps_done());
+                finish(j);
+                return metrics_dict(j.view.snapshot().metrics);
+            },
+            "Runs the remaining steps, then finish(); returns metrics().")
+        .def("finish", &finish, R"doc(
+Ends the run at the steps done, as the CLI's run ends: the llm.c export (output.export_llmc) is
+written and observers see the end. Each rank then holds its whole state (ZeRO shards gathered);
+the state stays readable, but the job takes no more steps.)doc")
+        .def(
+            "close", [](PyJob& j) { if (j.run->status() == SteppedRun::Status::paused) finish(j); },
+            "finish() if the job is paused. Its memory is freed when the last array that views it "
+            "and the job itself are gone.")
+        .def("__enter__", [](py::object self) { return self; })
+        .def("__exit__",
+             [](PyJob& j, const py::object& type, const py::object&, const py::object&) {
+                 if (type.is_none() && j.run->status() == SteppedRun::Status::paused) finish(j);
+             })
+        .def(
+            "add_observer",
+            [](PyJob& j, const py::function& fn) { j.observers.push_back(fn); },
+            py::arg("fn"),
+            "fn(metrics) is called after every step with that step's metrics dict, while every "
+            "rank is paused (it may read the job's state). An exception it raises propagates "
+            "from step() and leaves the job paused after that step.")
+        .def(
+            "remove_observer",
+            [](PyJob& j, const py::function& fn) {
+                auto it = std::find_if(j.observers.begin(), j.observers.end(),
+                                       [&](const py::object& o) { return o.is(fn); });
+                if (it == j.observers.end()) throw ConfigError("remove_observer: not an observer of this job");
+                j.observers.erase(it);
+            },
+            py::arg("fn"))
+        .def(
+            "metrics", [](PyJob& j) { return metrics_dict(j.view.snapshot().metrics); },
+            "Per-step metrics of world rank 0 as numpy arrays: step (int64), loss, val_loss "
+            "(-1: not evaluated), grad_norm, lr, tokens_per_s, step_ms, comm_bytes (float64).")
+        .def(
+            "events",
+            [](PyJob& j) {
+                py::list out;
+                for (const RunEvent& e : j.view.snapshot().events) {
+                    py::dict d;
+                    d["step"] = e.step;
+                    d["kind"] = event_kind_name(e.kind);
+                    d["message"] = e.message;
+                    out.append(d);
+                }
+                return out;
+            },
+            "Events of the run (resume, rerun, checkpoint, fault, failure) as dicts.")
+        .def(
+            "memory",
+            [](PyJob& j) {
+                raise_if_failed(j);
+                return memory_rows(j);
+            },
+            "Bytes each rank holds, by what they are for (params, grads, optimizer, activations, "
+            "comm, peaks), one dict per world rank.")
+        .def(
+            "comm_stats",
+            [](PyJob& j, bool reset) {
+                raise_if_failed(j);
+                py::list rows;
+                for (int r = 0; r < j.run->world_size(); r++) {
+                    comm::Communicator& world = j.run->world(r);
+                    for (const comm::StatRow& s : world.stat_rows()) {
+                        py::dict d;
+                        d["rank"] = r;
+                        d["group"] = s.group;
+                        d["group_rank"] = s.rank;
+                        d["op"] = s.op;
+                        d["calls"] = s.calls;
+                        d["bytes_sent"] = s.bytes_sent;
+                        d["bytes_recv"] = s.bytes_recv;
+                        d["seconds"] = s.seconds;
+                        rows.append(d);
+                    }
+                    if (reset) world.stats_book()->reset();
+                }
+                return rows;
+            },
+            py::arg("reset") = false, R"doc(
+What every rank's collectives moved since the start (or the last reset): one dict per (rank,
+group, op) with rank, group ("dp", "tp", "pp", "world"), group_rank, op ("all_reduce",
+"reduce_scatter", "all_gather", "send", ...), calls, bytes_sent, bytes_recv (by the algorithm's
+actual traffic) and seconds. reset=True zeroes the counters after reading, so that the next call
+reports the steps in between.)doc")
+        .def(
+            "describe", [](PyJob& j) { return j.run->mesh().describe(); },
+            "The mesh in words: every rank's coordinates and layers.")
+        .def(
+            "weights",
+            [](py::object self) {
+                PyJob& j = self.cast<PyJob&>();
+                raise_if_failed(j);
+                return logical_tensors(*j.run, What::weights, self);
+            },
+            "{name: array} of the logical weights, GPT-2 names and shapes. On one device they "
+            "view the job's memory (no copy: base is this job; they see later steps); under a "
+            "parallel layout they are assembled from the ranks' pieces (copies).")
+        .def(
+            "grads",
+            [](py::object self) {
+                PyJob& j = self.cast<PyJob&>();
+                raise_if_failed(j);
+                return logical_tensors(*j.run, What::grads, self);
+            },
+            "{name: array} of the last step's reduced gradients (as weights()).")
+        .def(
+            "adam_m",
+            [](py::object self) {
+                PyJob& j = self.cast<PyJob&>();
+                raise_if_failed(j);
+                return logical_tensors(*j.run, What::adam_m, self);
+            },
+            "{name: array} of AdamW's first moments (as weights()).")
+        .def(
+            "adam_v",
+            [](py::object self) {
+                PyJob& j = self.cast<PyJob&>();
+                raise_if_failed(j);
+                return logical_tensors(*j.run, What::adam_v, self);
+            },
+            "{name: array} of AdamW's second moments (as weights()).")
+        .def(
+            "rank",
+            [](py::object self, int r) {
+                PyJob& j = self.cast<PyJob&>();
+                raise_if_failed(j);
+                return rank_view(*j.run, r, self);
+            },
+            py::arg("rank"), R"doc(
+World rank r's own memory, as views (no copy): a dict with rank, pp, dp, tp, layers (its
+chunks' layer ranges), and for each of weights, grads, adam_m, adam_v a dict {name: array} of the
+local tensors it holds whole (a tp shard's local shape), `<what>_flat` (everything it holds of
+it, flat) and `<what>_range` (those floats' range in its local table: a ZeRO shard).)doc")
+        .def(
+            "shard_map",
+            [](PyJob& j) {
+                raise_if_failed(j);
+                return shard_map(*j.run);
+            },
+            "One dict per (rank, tensor): its coordinates, the tensor, its logical and local "
+            "shapes, the slice of the logical tensor it holds (\"h.0.mlp.c_fc.weight[0:128, :]\"), "
+            "and how many of its elements the rank holds as weights and as Adam moments between "
+            "steps (ZeRO shards) and writes to checkpoints.")
+        .def(
+            "probe_names",
+            [](PyJob& j) {
+                raise_if_failed(j);
+                return j.probes ? j.probes->names() : std::vector<std::string>{};
+            },
+            "The probes recorded so far, in the order they were first captured.")
+        .def(
+            "probe",
+            [](PyJob& j, const std::string& name) {
+                raise_if_failed(j);
+                if (!j.probes) throw ConfigError("probe: this job records no probes; give Job(..., probes=[patterns])");
+                std::vector<i64> shape;
+                std::vector<float> v = j.probes->unshard(name, &shape);
+                return adopt(std::move(v), shape);
+            },
+            py::arg("name"),
+            "A probe's logical tensor, put together from every rank's pieces (an array that owns "
+            "the floats unshard made; ParallaxError naming the probe when pieces are missing or "
+            "replicas disagree).")
+        .def(
+            "clear_probes",
+            [](PyJob& j) {
+                if (j.probes) j.probes->clear();
+            },
+            "Forgets the probes recorded so far (the patterns stay).")
+        .def("save_checkpoint", &save_checkpoint, py::arg("dir"),
+             "Writes a checkpoint of the state after the steps done to <dir>/ckpt-<step>.h5, "
+             "every rank its own hyperslabs (as the run's checkpoints), and returns its path.")
+        .def("__repr__", [](PyJob& j) {
+            return "<parallax.Job " + j.cfg.source_name + ": " +
+                   std::to_string(j.run->world_size()) + " rank(s), step " +
+                   std::to_string(j.run->steps_done()) + "/" +
+                   std::to_string(j.run->steps_total()) + ", " +
+                   stepped_status_name(j.run->status()) + ">";
+        });
+}
+
+}  // namespace px::py_bind

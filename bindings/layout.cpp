@@ -1,0 +1,160 @@
+// Layouts and pipeline schedules as data: parallax.layout(config) describes the mesh a config
+// makes (make_layout's checks, every rank's coordinates, layers and token ranges), and
+// parallax.schedule(...) gives a schedule's actions per rank and its unit-time simulation
+// (core/parallel/schedule.h), which is what the runtime executes and what notebooks draw.
+#include "bindings/common.h"
+
+#include "core/parallel/mesh.h"
+#include "core/parallel/schedule.h"
+
+namespace px::py_bind {
+
+namespace {
+
+py::dict layout_of(const Config& cfg) {
+    const Layout l = make_layout(cfg);
+    const Mesh mesh(l, Mesh::Validated{});
+    py::dict d;
+    d["dp"] = l.dp;
+    d["tp"] = l.tp;
+    d["pp"] = l.pp;
+    d["zero"] = l.zero;
+    d["microbatches"] = l.microbatches;
+    d["microbatch_size"] = l.microbatch_size();
+    d["schedule"] = schedule_name(l.schedule);
+    d["virtual_stages"] = l.virtual_stages;
+    d["recompute"] = recompute_name(l.recompute);
+    d["sequence_parallel"] = cfg.layout.sequence_parallel;
+    d["world_size"] = l.world_size();
+    d["text"] = mesh.describe();
+    py::list ranks;
+    for (int r = 0; r < l.world_size(); r++) {
+        const Coord c = mesh.coord_of(r);
+        py::dict rank;
+        rank["rank"] = r;
+        rank["pp"] = c.pp;
+        rank["dp"] = c.dp;
+        rank["tp"] = c.tp;
+        py::list layers;
+        for (int ch = 0; ch < l.virtual_stages; ch++) {
+            const LayerRange lr = mesh.layers(c.pp, ch);
+            layers.append(py::make_tuple(lr.lo, lr.hi));
+        }
+        rank["layers"] = layers;
+        rank["dp_group"] = mesh.dp_group(r);
+        rank["tp_group"] = mesh.tp_group(r);
+        rank["pp_group"] = mesh.pp_group(r);
+        ranks.append(rank);
+    }
+    d["ranks"] = ranks;
+    py::list tokens;
+    for (const TokenRange& t : mesh.token_ranges()) {
+        py::dict row;
+        row["dp_rank"] = t.dp_rank;
+        row["microbatch"] = t.microbatch;
+        row["sequences"] = py::make_tuple(t.sample_lo, t.sample_hi);
+        row["token_blocks"] = py::make_tuple(t.block_lo, t.block_hi);
+        tokens.append(row);
+    }
+    d["token_ranges"] = tokens;
+    return d;
+}
+
+py::dict action_dict(const Action& a) {
+    py::dict d;
+    d["kind"] = kActionNames[a.kind];
+    d["microbatch"] = a.microbatch;
+    d["chunk"] = a.chunk;
+    d["peer"] = a.peer;
+    return d;
+}
+
+}  // namespace
+
+void bind_layout(py::module_& m) {
+    m.def(
+        "layout",
+        [](const py::object& config, const py::kwargs& sections) {
+            return layout_of(make_config(config, sections));
+        },
+        py::arg("config") = py::none(), R"doc(
+The layout a config makes, checked once as a job checks it (ConfigError naming the keys when it
+does not fit the model, the batch or the numerics): a dict with dp, tp, pp, zero, microbatches,
+microbatch_size, schedule, virtual_stages, recompute, sequence_parallel, world_size, text (the
+mesh in words), ranks (per world rank: pp, dp, tp, layers, and the world ranks of its dp, tp and
+pp groups) and token_ranges (per dp rank and microbatch: its sequences and token blocks of the
+batch's canonical tree). Ranks are numbered tp innermost: rank = (pp·dp + dp_rank)·tp + tp_rank.
+>>> parallax.layout(layout={"dp": 2, "tp": 2}, numerics={"block": 32})["world_size"]
+4)doc");
+
+    py::class_<Schedule>(m, "Schedule", R"doc(
+A pipeline schedule as data: for every pipeline rank the actions it executes in order (forward,
+backward, send_act, recv_act, send_grad, recv_grad of a microbatch and model chunk). The runtime
+executes exactly these lists. Make one with parallax.schedule().)doc")
+        .def_property_readonly("kind", [](const Schedule& s) { return schedule_name(s.kind); })
+        .def_readonly("pp", &Schedule::pp)
+        .def_readonly("microbatches", &Schedule::microbatches)
+        .def_readonly("virtual_stages", &Schedule::virtual_stages)
+        .def_property_readonly(
+            "actions",
+            [](const Schedule& s) {
+                py::list ranks;
+                for (const std::vector<Action>& list : s.ranks) {
+                    py::list l;
+                    for (const Action& a : list) l.append(action_dict(a));
+                    ranks.append(l);
+                }
+                return ranks;
+            },
+            "Per pp rank, its actions in order: dicts with kind, microbatch, chunk, peer (the "
+            "other pp rank of a send or recv; -1 for compute).")
+        .def(
+            "simulate",
+            [](const Schedule& s, int forward_slots, int backward_slots, bool rendezvous) {
+                const SimResult r =
+                    check_schedule(s, SimOptions{forward_slots, backward_slots, rendezvous});
+                py::dict d;
+                d["ok"] = r.ok();
+                d["problem"] = r.problem;
+                d["makespan"] = r.makespan;
+                d["bubble"] = r.bubble;
+                d["peak_in_flight"] = r.peak_in_flight;
+                d["start"] = r.start;
+                return d;
+            },
+            py::arg("forward_slots") = 1, py::arg("backward_slots") = 1,
+            py::arg("rendezvous") = false, R"doc(
+Runs the lists in unit time (a forward takes forward_slots, a backward backward_slots,
+communication none; rendezvous: blocking sends) and checks completeness, dependencies and
+deadlock freedom. Returns ok, problem (a sentence, "" when ok), makespan (slots), bubble (idle
+fraction), peak_in_flight (per rank: most forwards awaiting their backward) and start (per rank,
+per action: the slot it started in, -1 for communication and never-run actions).)doc")
+        .def(
+            "text", [](const Schedule& s) { return to_text(s); },
+            "The simulated timeline as a grid, one row per rank (F<m>, B<m>, '.' idle).")
+        .def(
+            "actions_text", [](const Schedule& s) { return actions_text(s); },
+            "Each rank's list with its communication (>A0:1 sends microbatch 0's activation to "
+            "rank 1).")
+        .def("__repr__", [](const Schedule& s) {
+            return "<parallax.Schedule " + std::string(schedule_name(s.kind)) +
+                   ", pp=" + std::to_string(s.pp) + ", microbatches=" +
+                   std::to_string(s.microbatches) + ", virtual_stages=" +
+                   std::to_string(s.virtual_stages) + ">";
+        });
+
+    m.def(
+        "schedule",
+        [](const std::string& kind, int pp, int microbatches, int virtual_stages) {
+            return make_schedule(parse_schedule(kind), pp, microbatches, virtual_stages);
+        },
+        py::arg("kind") = "1f1b", py::arg("pp") = 2, py::arg("microbatches") = 4,
+        py::arg("virtual_stages") = 1, R"doc(
+A pipeline schedule: kind "gpipe", "1f1b" or "interleaved" (virtual_stages >= 2 model chunks per
+rank, microbatches a multiple of pp), over pp ranks and that many microbatches per step.
+ConfigError when the combination is impossible.
+>>> parallax.schedule("1f1b", pp=4, microbatches=8).simulate()["bubble"]
+0.2727...)doc");
+}
+
+}  // namespace px::py_bind

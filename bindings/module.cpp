@@ -1,0 +1,71 @@
+// The Python module `parallax`: jobs, state as numpy arrays, layouts and schedules, validation,
+// checkpoints and run files (README "Python"). Each part is bound by its own file (common.h).
+#include "bindings/common.h"
+
+namespace px::py_bind {
+
+py::array adopt(std::vector<float> v, const std::vector<i64>& shape) {
+    auto* owned = new std::vector<float>(std::move(v));
+    py::capsule owner(owned, [](void* p) { delete static_cast<std::vector<float>*>(p); });
+    std::vector<py::ssize_t> dims(shape.begin(), shape.end());
+    if (dims.empty()) dims.push_back(static_cast<py::ssize_t>(owned->size()));
+    return py::array(py::dtype::of<float>(), dims, {}, owned->data(), owner);
+}
+
+py::dict metrics_row(const StepMetrics& m) {
+    py::dict d;
+    d["step"] = m.step;
+    d["loss"] = m.loss;
+    d["val_loss"] = m.val_loss;
+    d["grad_norm"] = m.grad_norm;
+    d["lr"] = m.lr;
+    d["tokens_per_s"] = m.tokens_per_s;
+    d["step_ms"] = m.step_ms;
+    d["comm_bytes"] = m.comm_bytes;
+    return d;
+}
+
+py::dict metrics_dict(const MetricColumns& c) {
+    auto column = [](const auto& v) {
+        using T = typename std::decay_t<decltype(v)>::value_type;
+        py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
+        std::copy(v.begin(), v.end(), a.mutable_data());
+        return a;
+    };
+    py::dict d;
+    d["step"] = column(c.step);
+    d["loss"] = column(c.loss);
+    d["val_loss"] = column(c.val_loss);
+    d["grad_norm"] = column(c.grad_norm);
+    d["lr"] = column(c.lr);
+    d["tokens_per_s"] = column(c.tokens_per_s);
+    d["step_ms"] = column(c.step_ms);
+    d["comm_bytes"] = column(c.comm_bytes);
+    return d;
+}
+
+}  // namespace px::py_bind
+
+PYBIND11_MODULE(parallax, m) {
+    using namespace px::py_bind;
+    m.doc() = R"doc(Parallax from Python: a GPT training runtime whose every parallel layout
+computes the single device's bits.
+
+  Config       a job config (TOML file, dict or keyword sections)
+  Job          a training job driven a few steps at a time; metrics and state as numpy arrays
+  validate     the single-device reference against parallel layouts, step by step
+  schedule     a pipeline schedule as data (actions per rank) and its simulation
+  canonical_sum, tree_nodes   the canonical reduction order itself
+  checkpoints  save (Job.save_checkpoint), read_checkpoint, inspect_checkpoint, convert (llm.c)
+  read_run_file the metrics and events of a run file
+Errors are parallax.ParallaxError subclasses (ConfigError is also a ValueError) carrying the
+library's own messages.)doc";
+    m.attr("__version__") = PARALLAX_VERSION;
+    bind_errors(m);
+    bind_config(m);
+    bind_layout(m);
+    bind_numerics(m);
+    bind_job(m);
+    bind_validate(m);
+    bind_files(m);
+}

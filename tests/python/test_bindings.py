@@ -1,0 +1,485 @@
+"""The Python module `parallax` (bindings/): configs built as --set builds them, jobs stepped from
+Python on every layout, state as numpy views of the library's memory, bit-for-bit agreement with
+the CLI's --dump, errors as Python exceptions, interruption by Ctrl-C, validation, schedules,
+checkpoints and run files."""
+import _thread
+import ast
+import os
+import re
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import parallax
+
+ROOT = Path(__file__).resolve().parents[2]
+EXE = os.environ.get("PARALLAX_EXE", str(ROOT / "build" / "app" / "parallax"))
+
+# A small job: the default model on 64-token sequences, one OpenMP thread per rank.
+SMALL = dict(model={"seq_len": 64}, train={"steps": 10, "threads": 1, "eval_every": 5},
+             numerics={"block": 32})
+
+
+def small(**over):
+    sections = {k: dict(v) for k, v in SMALL.items()}
+    for k, v in over.items():
+        sections.setdefault(k, {}).update(v)
+    return sections
+
+
+def same_bits(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
+        assert a[name].tobytes() == b[name].tobytes(), name
+
+
+# ---- configs and errors -------------------------------------------------------------------
+
+
+def test_module_is_this_tree_and_version_matches_the_cli():
+    assert Path(parallax.__file__).resolve().parent == (ROOT / "build" / "bindings").resolve()
+    out = subprocess.run([EXE, "--version"], capture_output=True, text=True, check=True).stdout
+    assert parallax.__version__ in out
+
+
+def test_a_config_from_a_dict_keywords_dotted_keys_and_toml_is_the_same(tmp_path):
+    a = parallax.Config({"train": {"lr": 1e-3, "steps": 7}, "layout": {"dp": 2}})
+    b = parallax.Config(train={"lr": 1e-3, "steps": 7}, layout={"dp": 2})
+    c = parallax.Config({"train.lr": 1e-3, "train.steps": 7, "layout.dp": 2})
+    path = tmp_path / "job.toml"
+    path.write_text(a.toml)
+    d = parallax.Config(path)
+    assert a.toml == b.toml == c.toml == d.toml
+    assert d["train.lr"] == 1e-3 and d["layout"]["dp"] == 2
+    assert parallax.Config("examples/tiny.toml" if Path("examples/tiny.toml").exists()
+                           else ROOT / "examples" / "tiny.toml")["model.hidden"] == 64
+    assert a.override(layout={"tp": 2})["layout.tp"] == 2 and a["layout.tp"] == 1
+    assert set(parallax.config_keys()) >= {"train.lr", "layout.zero", "numerics.block"}
+
+
+@pytest.mark.parametrize("sections, words", [
+    ({"train": {"lr": -1}}, ["train.lr", "out of range"]),
+    ({"train": {"lrr": 1}}, ["train.lrr"]),
+    ({"train": {"steps": "many"}}, ["train.steps"]),
+    ({"nosuch": {"x": 1}}, ["nosuch"]),
+    ({"train": {"lr": [1, 2]}}, ["train.lr", "list"]),
+    ({"train": 5}, ["train", "dict"]),
+])
+def test_bad_values_raise_config_error_naming_the_key(sections, words):
+    with pytest.raises(parallax.ConfigError) as e:
+        parallax.Config(**sections)
+    assert isinstance(e.value, ValueError) and isinstance(e.value, parallax.ParallaxError)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_a_layout_the_job_cannot_take_is_refused_before_any_rank_starts():
+    with pytest.raises(parallax.ConfigError, match="layout.tp=3"):
+        parallax.Job(layout={"tp": 3})
+    with pytest.raises(parallax.ConfigError, match="train.batch_size"):
+        parallax.layout(layout={"dp": 3})
+    with pytest.raises(parallax.ConfigError):
+        parallax.Job(ROOT / "examples" / "no-such-job.toml")
+    with pytest.raises(parallax.ConfigError):
+        parallax.Job(42)
+    job = parallax.Job(**small())  # the interpreter and the module are fine afterwards
+    assert job.step()["step"] == 1
+
+
+# ---- stepping and metrics -----------------------------------------------------------------
+
+
+def test_step_run_and_metrics():
+    job = parallax.Job(**small())
+    assert (job.status, job.steps_done, job.steps_total, job.world_size) == ("paused", 0, 10, 1)
+    row = job.step(3)
+    assert row["step"] == 3 and np.isfinite(row["loss"]) and row["val_loss"] == -1
+    m = job.metrics()
+    assert list(m["step"]) == [1, 2, 3] and m["loss"].dtype == np.float64
+    assert m["loss"][-1] == row["loss"]
+    with pytest.raises(parallax.ConfigError, match="at least 1"):
+        job.step(0)
+    final = job.run()
+    assert job.status == "finished" and job.steps_done == 10
+    assert list(final["step"]) == list(range(1, 11))
+    assert np.all(final["val_loss"][[4, 9]] > 0) and np.all(np.delete(final["val_loss"], [4, 9]) == -1)
+    with pytest.raises(parallax.ParallaxError, match="finished"):
+        job.step()
+    assert job.weights()["wte"].shape == (32, 64)  # the state stays readable
+
+
+def test_observers_see_every_step_with_the_job_paused():
+    job = parallax.Job(**small())
+    seen = []
+
+    def watch(m):
+        # The job is paused right after step m["step"]: its metrics end with this step.
+        assert job.steps_done == m["step"] == job.metrics()["step"][-1]
+        seen.append((m["step"], m["loss"], job.weights()["ln_f.bias"].copy()))
+
+    job.add_observer(watch)
+    job.step(4)
+    assert [s for s, _, _ in seen] == [1, 2, 3, 4]
+    assert [l for _, l, _ in seen] == list(job.metrics()["loss"])
+    assert not np.array_equal(seen[0][2], seen[-1][2])
+    job.remove_observer(watch)
+    job.step(1)
+    assert len(seen) == 4
+
+
+# ---- state: views without a copy ----------------------------------------------------------
+
+
+def test_single_device_state_views_the_library_memory_and_sees_the_next_update():
+    job = parallax.Job(**small())
+    job.step()
+    w, g, m, v = job.weights(), job.grads(), job.adam_m(), job.adam_v()
+    fc = w["h.0.mlp.c_fc.weight"]
+    assert fc.shape == (256, 64) and fc.dtype == np.float32
+    for d in (w, g, m, v):
+        for a in d.values():
+            assert a.base is job  # the job owns the memory; the array keeps it alive
+            assert not a.flags.writeable and not a.flags.owndata
+    assert np.shares_memory(fc, job.weights()["h.0.mlp.c_fc.weight"])  # the same memory again
+    before = {k: d["h.1.attn.c_attn.weight"].copy() for k, d in zip("wgmv", (w, g, m, v))}
+    job.step()
+    for k, d in zip("wgmv", (w, g, m, v)):
+        assert not np.array_equal(d["h.1.attn.c_attn.weight"], before[k]), k  # the next update
+    same_bits(w, {k: a.copy() for k, a in job.weights().items()})
+
+
+def test_arrays_keep_the_job_alive():
+    w = parallax.Job(**small()).weights()["wpe"]  # the job's only reference is the array's base
+    assert w.base.steps_done == 0 and w.shape == (64, 64) and np.isfinite(w).all()
+
+
+LAYOUTS = [{"dp": 2}, {"dp": 2, "zero": 3, "microbatches": 2}, {"dp": 4, "zero": 2},
+           {"tp": 2}, {"tp": 2, "sequence_parallel": True}, {"pp": 2, "microbatches": 4},
+           {"dp": 2, "tp": 2, "pp": 2, "zero": 1, "microbatches": 2}]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: "x".join(f"{k}{v}" for k, v in l.items()))
+def test_logical_state_under_a_layout_equals_the_single_device(layout):
+    ref = parallax.Job(**small())
+    job = parallax.Job(**small(layout=layout))
+    assert job.world_size == layout.get("dp", 1) * layout.get("tp", 1) * layout.get("pp", 1)
+    ref.step(2)
+    job.step(2)
+    for what in ("weights", "grads", "adam_m", "adam_v"):
+        same_bits(getattr(ref, what)(), getattr(job, what)())
+    same_bits({k: v for k, v in ref.metrics().items() if k in ("loss", "grad_norm")},
+              {k: v for k, v in job.metrics().items() if k in ("loss", "grad_norm")})
+
+
+def test_each_rank_s_pieces_are_views_and_the_shard_map_says_what_they_are():
+    job = parallax.Job(**small(layout={"dp": 2, "tp": 2, "zero": 1}))
+    job.step()
+    r3 = job.rank(3)
+    assert (r3["dp"], r3["tp"], r3["pp"], r3["layers"]) == (1, 1, 0, [(0, 2)])
+    fc = r3["weights"]["h.0.mlp.c_fc.weight"]
+    assert fc.shape == (128, 64) and fc.base is job  # its tp shard: half the ffn rows
+    lo, hi = r3["adam_m_range"]
+    assert r3["adam_m_flat"].shape == (hi - lo,) and r3["adam_m_flat"].base is job
+    # ZeRO-1: the two replicas hold the two halves of the moments of their tp shard.
+    assert job.rank(1)["adam_m_range"] == (0, lo) and r3["weights_range"][0] == 0
+    logical = job.weights()["h.0.mlp.c_fc.weight"]
+    assert np.array_equal(fc, logical[128:256])
+    rows = [r for r in job.shard_map() if r["rank"] == 3]
+    by = {r["tensor"]: r for r in rows}
+    assert by["h.0.mlp.c_fc.weight"]["slice"] == "h.0.mlp.c_fc.weight[128:256, :]"
+    assert by["h.0.mlp.c_proj.weight"]["slice"] == "h.0.mlp.c_proj.weight[:, 128:256]"
+    assert by["h.0.ln_1.weight"]["slice"] == "h.0.ln_1.weight[:]"
+    assert by["h.0.mlp.c_fc.weight"]["local_shape"] == (128, 64)
+    # Every logical element of every tensor is written by exactly one rank.
+    written = {}
+    for r in job.shard_map():
+        written[r["tensor"]] = written.get(r["tensor"], 0) + r["writes"]
+    assert written == {k: a.size for k, a in job.weights().items()}
+    mem = job.memory()
+    assert len(mem) == 4 and all(m["optimizer"] > 0 for m in mem)
+
+
+def test_probes_of_a_layout_put_together_equal_the_single_device_s():
+    pats = ["*/fwd/*/attn.*/*", "*/grad/0/param/mlp.c_fc.weight"]
+    ref = parallax.Job(**small(), probes=pats)
+    job = parallax.Job(**small(layout={"tp": 2, "sequence_parallel": True}), probes=pats)
+    ref.step(2)
+    job.step(2)
+    names = ref.probe_names()
+    assert names and set(names) == set(job.probe_names())
+    assert "2/grad/0/param/mlp.c_fc.weight" in names
+    for n in names:
+        a, b = ref.probe(n), job.probe(n)
+        assert a.dtype == np.float32 and a.shape == b.shape and a.tobytes() == b.tobytes(), n
+        assert not a.flags.owndata and a.base is not None  # the array owns what unshard made
+    assert ref.probe("2/grad/0/param/mlp.c_fc.weight").tobytes() == \
+        ref.grads()["h.0.mlp.c_fc.weight"].tobytes()
+    ref.clear_probes()
+    assert ref.probe_names() == []
+    with pytest.raises(parallax.ParallaxError, match="no such|never"):
+        ref.probe("1/fwd/0/nothing/out")
+    with pytest.raises(parallax.ConfigError, match="probes"):
+        parallax.Job(**small()).probe("1/fwd/0/attn.qkv/out")
+
+
+# ---- the same bits as the CLI -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", [{}, {"dp": 2, "tp": 2, "zero": 2}], ids=["single", "dp2xtp2xz2"])
+def test_a_ten_step_job_from_python_gives_the_cli_dump_s_bits(tmp_path, layout):
+    sets = ["model.seq_len=64", "train.steps=10", "train.threads=1", "train.eval_every=5",
+            "numerics.block=32"] + [f"layout.{k}={v}" for k, v in layout.items()]
+    dump = tmp_path / "cli.h5"
+    subprocess.run([EXE, "train", "--quiet", "--out", str(tmp_path / "cli"), "--dump", str(dump),
+                    *[a for s in sets for a in ("--set", s)]], check=True, capture_output=True)
+    job = parallax.Job(**small(layout=layout))
+    while job.steps_done < 10:
+        job.step(3)
+    m = job.metrics()
+    with h5py.File(dump, "r") as f:
+        same_bits({k: f["weights"][k][()] for k in f["weights"]}, job.weights())
+        same_bits({k: f["adam/m"][k][()] for k in f["adam/m"]}, job.adam_m())
+        same_bits({k: f["adam/v"][k][()] for k in f["adam/v"]}, job.adam_v())
+        for key in ("loss", "grad_norm", "val_loss"):
+            assert f["steps"][key][()].tobytes() == m[key].tobytes(), key
+        assert list(f["steps/step"][()]) == list(m["step"])
+
+
+# ---- interruption and failures ------------------------------------------------------------
+
+
+def interrupt_main_later(how, after_s):
+    def fire():
+        if how == "interrupt_main":
+            _thread.interrupt_main()
+        else:
+            os.kill(os.getpid(), signal.SIGINT)
+    t = threading.Timer(after_s, fire)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("how", ["interrupt_main", "sigint"])
+def test_ctrl_c_stops_after_the_step_in_progress_and_the_job_goes_on_bit_for_bit(how):
+    steps = 40
+    job = parallax.Job(**small(train={"steps": steps}))
+    job.step()  # the first step is the slowest (pages mapped); time the rest
+    t = interrupt_main_later(how, 0.4)
+    with pytest.raises(KeyboardInterrupt):
+        job.step(steps)
+    t.join()
+    stopped = job.steps_done
+    assert 1 < stopped < steps and job.status == "paused"
+    assert list(job.metrics()["step"]) == list(range(1, stopped + 1))
+    job.step(steps)  # runs to the end
+    ref = parallax.Job(**small(train={"steps": steps}))
+    ref.step(steps)
+    same_bits(ref.weights(), job.weights())
+    same_bits(ref.adam_v(), job.adam_v())
+
+
+def test_an_exception_in_an_observer_leaves_the_job_usable():
+    job = parallax.Job(**small())
+
+    def boom(m):
+        if m["step"] == 3:
+            raise RuntimeError("observer says stop")
+
+    job.add_observer(boom)
+    with pytest.raises(RuntimeError, match="observer says stop"):
+        job.step(8)
+    assert job.steps_done == 3
+    job.remove_observer(boom)
+    job.step(7)
+    ref = parallax.Job(**small())
+    ref.step(10)
+    same_bits(ref.weights(), job.weights())
+
+
+def test_a_rank_that_dies_raises_comm_error_and_the_interpreter_lives_on():
+    job = parallax.Job(**small(layout={"dp": 2, "timeout_s": 1.0},
+                               fault={"kind": "kill", "rank": 1, "step": 3}))
+    job.step()
+    w = job.weights()["wte"]  # a copy under dp2; rank views stay valid after a failure too
+    r1 = job.rank(1)["weights"]["wte"]
+    with pytest.raises(parallax.CommError, match="rank 1"):
+        job.step(5)
+    assert job.status == "failed"
+    with pytest.raises(parallax.CommError):
+        job.step()
+    assert np.isfinite(w).all() and np.isfinite(r1).all() and r1.shape == (32, 64)
+
+
+# ---- checkpoints, run files, llm.c --------------------------------------------------------
+
+
+def test_save_checkpoint_inspect_read_and_resume_under_another_layout(tmp_path):
+    job = parallax.Job(**small(layout={"dp": 2, "zero": 3}))
+    job.step(4)
+    path = job.save_checkpoint(tmp_path / "ck")
+    assert Path(path).name == "ckpt-00000004.h5"
+    info = parallax.inspect_checkpoint(path)
+    assert info["ok"] and info["step"] == 4 and all(d["ok"] for d in info["datasets"])
+    assert list(info["history"]["step"]) == [1, 2, 3, 4]
+    state = parallax.read_checkpoint(path)
+    same_bits(state["weights"], job.weights())
+    same_bits(state["adam_v"], job.adam_v())
+    resumed = parallax.Job(**small(layout={"tp": 2}, checkpoint={"resume": str(path)}))
+    assert resumed.steps_done == 4
+    resumed.step(6)
+    ref = parallax.Job(**small())
+    ref.step(10)
+    same_bits(ref.weights(), resumed.weights())
+    with pytest.raises(parallax.CheckpointError, match="nothing.h5"):
+        parallax.inspect_checkpoint(tmp_path / "nothing.h5")
+    # A resume that fails while the ranks build their jobs raises from the constructor.
+    with pytest.raises(parallax.CheckpointError, match="nothing.h5"):
+        parallax.Job(**small(layout={"dp": 2}, checkpoint={"resume": str(tmp_path / "nothing.h5")}))
+
+
+def test_convert_to_llmc_and_back_gives_the_same_weights(tmp_path):
+    job = parallax.Job(**small())
+    job.step(2)
+    ck = job.save_checkpoint(tmp_path)
+    text = parallax.convert(ck, tmp_path / "model.bin")
+    assert "llm.c checkpoint" in text and (tmp_path / "model.bin").stat().st_size > 0
+    parallax.convert(tmp_path / "model.bin", tmp_path / "back.h5")
+    same_bits(job.weights(), parallax.read_checkpoint(tmp_path / "back.h5")["weights"])
+    started = parallax.Job(**small(model={"init_from": str(tmp_path / "back.h5")}))
+    same_bits(job.weights(), started.weights())
+    with pytest.raises(parallax.DataError, match="extension"):
+        parallax.convert(ck, tmp_path / "model.txt")
+
+
+def test_a_run_file_is_written_with_out_and_read_back(tmp_path):
+    job = parallax.Job(**small(), out=tmp_path / "run")
+    job.step(5)
+    rec = parallax.read_run_file(tmp_path / "run" / "run.h5")
+    steps, loss = rec["metrics"]["loss"]
+    assert list(steps) == [1, 2, 3, 4, 5] and loss.tobytes() == job.metrics()["loss"].tobytes()
+    assert "[model]" in rec["config"]
+    with pytest.raises(parallax.ConfigError, match="output.dir"):
+        parallax.Job(**small(), out=tmp_path / "run")  # the folder is the first job's
+    with pytest.raises(parallax.ParallaxError, match="nothing.h5"):
+        parallax.read_run_file(tmp_path / "nothing.h5")
+
+
+# ---- validation, layouts and schedules ----------------------------------------------------
+
+
+def test_validate_matches_and_names_a_planted_divergence():
+    rep = parallax.validate(layouts=["dp2", "tp2"], steps=3, **small())
+    assert rep.all_ok and [r["verdict"] for r in rep.rows()] == ["match", "match"]
+    assert "dp2" in rep.table()
+    per = rep.layouts[0].per_tensor()
+    assert np.all(per["differing"] == 0) and len(per["name"]) == len(per["max_ulp"])
+    bad = parallax.validate(layouts="dp2", steps=3,
+                            **small(fault={"kind": "flip_weight", "rank": 1, "step": 2,
+                                           "tensor": "wpe", "element": 5}))
+    r = bad.layouts[0]
+    assert not bad.all_ok and r.verdict == "diverged" and r.first_step == 2
+    assert r.first.name == "params/wpe" and r.first.first == 5
+    assert r.first_op_rank == 1 and "wpe" in r.first_op.name
+    with pytest.raises(parallax.ConfigError, match="layout tp3"):
+        parallax.validate(layouts=["tp3"], steps=2, **small())
+
+
+def test_golden_trace_recorded_read_and_checked(tmp_path):
+    trace = tmp_path / "ref.h5"
+    assert parallax.record_trace(trace, steps=2, probes=["*/fwd/*/attn.*/*", "*/optim/**"],
+                                 **small()) > 0
+    t = parallax.Trace(trace)
+    names = t.names()
+    assert t.info["steps"] == 2 and any("/optim/" in n for n in names)
+    a = t.read(names[0])
+    assert a.dtype == np.float32 and a.flags.owndata is False and a.base is not None
+    rep = parallax.validate(layouts=["dp2"], golden=trace, **small())
+    assert rep.all_ok
+
+
+def test_layouts_and_schedules_as_data():
+    lay = parallax.layout(layout={"dp": 2, "tp": 2, "pp": 2, "microbatches": 2},
+                          numerics={"block": 32})
+    assert lay["world_size"] == 8 and len(lay["ranks"]) == 8
+    r5 = lay["ranks"][5]
+    assert (r5["pp"], r5["dp"], r5["tp"]) == (1, 0, 1) and r5["tp_group"] == [4, 5]
+    assert "rank 5: pp 1, dp 0, tp 1" in lay["text"]
+    for pp, m in ((2, 4), (4, 8), (4, 4)):
+        for kind in ("gpipe", "1f1b"):
+            s = parallax.schedule(kind, pp=pp, microbatches=m)
+            sim = s.simulate()
+            assert sim["ok"] and abs(sim["bubble"] - (pp - 1) / (m + pp - 1)) < 1e-12
+            assert len(s.actions) == pp
+            assert all(sum(a["kind"] == "forward" for a in acts) == m for acts in s.actions)
+    inter = parallax.schedule("interleaved", pp=4, microbatches=8, virtual_stages=2).simulate()
+    assert inter["ok"] and inter["bubble"] < parallax.schedule("1f1b", pp=4, microbatches=8).simulate()["bubble"]
+    with pytest.raises(parallax.ConfigError):
+        parallax.schedule("interleaved", pp=4, microbatches=6, virtual_stages=2)
+
+
+def test_the_canonical_sum_is_the_documented_tree_and_shares_of_its_nodes_agree():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(768).astype(np.float32) * np.float32(1e3)
+
+    def blocks_then_tree(v, block):  # README "The numerics contract, in short"
+        sums = []
+        for b in range(0, len(v), block):
+            acc = np.float32(0)
+            for e in v[b:b + block]:
+                acc = np.float32(acc + e)
+            sums.append(acc)
+
+        def node(lo, hi):
+            if hi - lo == 1:
+                return sums[lo]
+            mid = parallax.tree_split(lo, hi)
+            return np.float32(node(lo, mid) + node(mid, hi))
+        return node(0, len(sums))
+
+    total = parallax.canonical_sum(x, 64)
+    assert np.float32(total) == blocks_then_tree(x, 64)
+    assert parallax.tree_split(0, 12) == 6 and parallax.tree_split(0, 3) == 2
+    # tp=3 over 12 blocks (DESIGN.md's example): rank 1 owns [4,8) = nodes [4,5) [5,6) [6,8).
+    assert parallax.tree_nodes(12, 4, 8) == [(4, 5), (5, 6), (6, 8)]
+    assert parallax.tree_nodes(12, 0, 12) == [(0, 12)]
+    partial = {(a, b): parallax.canonical_sum(x[a * 64:b * 64], 64)
+               for r in ((0, 4), (4, 8), (8, 12)) for a, b in parallax.tree_nodes(12, *r)}
+
+    def combine(lo, hi):  # the ranks' node partials, combined in the tree above them
+        if (lo, hi) in partial:
+            return np.float32(partial[(lo, hi)])
+        mid = parallax.tree_split(lo, hi)
+        return np.float32(combine(lo, mid) + combine(mid, hi))
+    root = combine(0, 12)
+    f = np.float32
+    assert root == f(total)
+    shuffled_sums = {np.float32(np.sum(rng.permutation(x), dtype=np.float32)) for _ in range(20)}
+    assert len(shuffled_sums) > 1  # without a fixed order, the bits depend on the order
+    assert parallax.canonical_dot(x, np.ones_like(x), 64) == total
+    with pytest.raises(parallax.ConfigError):
+        parallax.canonical_sum(x, 0)
+
+
+# ---- the stub -----------------------------------------------------------------------------
+
+
+def test_the_stub_names_exactly_what_the_module_has():
+    stub = ast.parse((ROOT / "bindings" / "parallax.pyi").read_text())
+    declared = {n.name for n in stub.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    declared |= {t.id for n in stub.body if isinstance(n, ast.AnnAssign) for t in [n.target]}
+    public = {n for n in dir(parallax) if not n.startswith("_")} | {"__version__"}
+    assert declared == public
+    for cls in ("Job", "Config", "Schedule", "ValidationReport", "LayoutResult", "Comparison",
+                "Trace"):
+        node = next(n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == cls)
+        methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        methods |= {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
+        real = {n for n in dir(getattr(parallax, cls)) if not n.startswith("_")}
+        assert methods - {"__init__", "__enter__", "__exit__", "__getitem__", "__eq__"} == real, cls
+        assert getattr(parallax, cls).__doc__
