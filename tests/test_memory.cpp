@@ -5,6 +5,7 @@
 #include "core/train/job.h"
 #include "core/train/memory.h"
 #include "core/train/runner.h"
+#include "core/train/stepped_run.h"
 #include "tests/test_util.h"
 
 #include <catch2/catch.hpp>
@@ -159,6 +160,17 @@ TEST_CASE("training refuses a job too big before it allocates anything", "[memor
                        (Contains("MemAvailable") || Contains("cgroup")));
     }
     CHECK_THROWS_AS(Job(c), ConfigError);  // the single-device job too
+}
+
+TEST_CASE("a stepped run (the Python module's) is refused the same way, before any thread starts",
+          "[memory]") {
+    Config c = job();
+    c.train.batch_size = 100000000;
+    CHECK_THROWS_WITH(SteppedRun(c), Contains("train.batch_size = 100000000 makes it too big"));
+    c = job();
+    c.layout.dp = 8;
+    c.train.threads = 1024;  // 8 ranks of 1024 threads
+    CHECK_THROWS_WITH(SteppedRun(c), Contains("8192 threads") && Contains("train.threads = 1024"));
 }
 
 TEST_CASE("memory_budget: the key, else what the machine reports", "[memory]") {

@@ -98,25 +98,29 @@ void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Ob
     rank.run();
 }
 
-void run_layout(const Config& cfg, const std::vector<Observer*>& observers, const RunHooks& hooks) {
-    // 1. Ranks: threads; the cores are shared out so that the ranks together use them once. A
-    //    process starts only so many threads (libgomp ends the process when it cannot).
+Layout make_in_process_layout(const Config& cfg) {
+    // A process starts only so many threads (libgomp ends the process when it cannot).
     const int n = world_size(cfg.layout);
-    Config rank_cfg = cfg;
-    rank_cfg.train.threads = threads_per_rank(cfg, n);
-    if (static_cast<i64>(n) * rank_cfg.train.threads > kMaxThreadsPerProcess)
+    const i64 threads = static_cast<i64>(n) * threads_per_rank(cfg, n);
+    if (threads > kMaxThreadsPerProcess)
         throw ConfigError(cfg.source_name + ": layout.dp × layout.pp × layout.tp = " +
                           std::to_string(n) + " ranks run as threads of this process, each with " +
-                          std::to_string(rank_cfg.train.threads) +
-                          " OpenMP threads (train.threads = " + std::to_string(cfg.train.threads) +
-                          "): " +
-                          std::to_string(static_cast<i64>(n) * rank_cfg.train.threads) +
+                          std::to_string(threads / n) + " OpenMP threads (train.threads = " +
+                          std::to_string(cfg.train.threads) + "): " + std::to_string(threads) +
                           " threads, more than the " + std::to_string(kMaxThreadsPerProcess) +
                           " one process may start; lower train.threads (0 shares the cores out "
                           "among the ranks) or the layout, or run the ranks as processes under "
                           "mpirun");
     check_memory(cfg, MemoryScope::process);  // every rank fits, before anything is allocated
-    const Layout layout = make_layout(cfg);  // validates before any thread starts
+    return make_layout(cfg);
+}
+
+void run_layout(const Config& cfg, const std::vector<Observer*>& observers, const RunHooks& hooks) {
+    const Layout layout = make_in_process_layout(cfg);  // before any thread starts
+    const int n = layout.world_size();
+    // 1. Ranks: threads; the cores are shared out so that the ranks together use them once.
+    Config rank_cfg = cfg;
+    rank_cfg.train.threads = threads_per_rank(cfg, n);
     std::mutex inspect_mutex;
     RunHooks rank_hooks = hooks;
     if (hooks.inspect)

@@ -99,6 +99,12 @@ private:
 void run_rank(const Config& cfg, comm::Communicator& world, const std::vector<Observer*>& observers,
               const RunHooks& hooks = {});
 
+// The layout of a run on in-process ranks, made (make_layout) once the process is known to hold
+// them: ConfigError, naming the keys, when the ranks' threads would be more than
+// kMaxThreadsPerProcess or the memory estimate more than the budget (core/train/memory.h).
+// run_layout and SteppedRun call it before any thread starts or anything is allocated.
+Layout make_in_process_layout(const Config& cfg);
+
 // Trains cfg for train.steps steps on the layout's dp × pp × tp in-process ranks. `observers`
 // receive rank 0's metrics.
 void run_layout(const Config& cfg, const std::vector<Observer*>& observers = {},

@@ -31,7 +31,7 @@ const char* stepped_status_name(SteppedRun::Status s) {
 
 SteppedRun::SteppedRun(const Config& cfg, std::vector<Observer*> observers, RunHooks hooks)
     : cfg_(cfg),
-      layout_(make_layout(cfg)),  // validates before any thread starts
+      layout_(make_in_process_layout(cfg)),  // threads, memory, the layout: before any thread
       mesh_(layout_, Mesh::Validated{}),
       observers_(std::move(observers)),
       hooks_(std::move(hooks)),

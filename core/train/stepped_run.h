@@ -53,7 +53,8 @@ public:
         failed,    // a rank threw: error() says what; the ranks are gone
     };
 
-    // Validates cfg and its layout (ConfigError naming the keys), then starts one thread per
+    // Validates cfg and its layout, and that the process can hold the ranks (threads and memory:
+    // make_in_process_layout; ConfigError naming the keys), then starts one thread per
     // rank; they build their jobs (resuming when cfg says so) and pause before their first step.
     // `observers` see world rank 0 (as run_layout's); `hooks` run on every rank before this run's
     // pause points. cfg.train.threads is per rank: 0 shares the cores out (threads_per_rank).
