@@ -65,7 +65,7 @@ struct Backend {
     void (*embedding_forward)(const Numerics&, const Tensor& out, const int* tokens,
                               const Tensor& wte, const Tensor& wpe);
     void (*embedding_backward)(const Numerics&, const Tensor* dwte, const Tensor* dwpe,
-                               const Tensor& dout, const int* tokens);
+                               const Tensor& dout, const int* tokens, i64 row_lo, i64 row_hi);
     void (*crossentropy_forward)(const Numerics&, const Tensor& losses, const Tensor& probs,
                                  const Tensor& logits, const int* targets);
     void (*crossentropy_backward)(const Numerics&, const Tensor& dlogits, const Tensor& probs,

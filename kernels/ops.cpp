@@ -172,9 +172,14 @@ void embedding_forward(const Numerics& nx, const Tensor& out, const int* tokens,
 }
 
 void embedding_backward(const Numerics& nx, const Tensor* dwte, const Tensor* dwpe,
-                        const Tensor& dout, const int* tokens) {
+                        const Tensor& dout, const int* tokens, i64 row_lo, i64 row_hi) {
+    const i64 BT = dout.ndim >= 2 ? dout.shape[0] * dout.shape[1] : 0;
+    if (row_hi < 0) row_hi = BT;
+    PX_ASSERT(0 <= row_lo && row_lo <= row_hi && row_hi <= BT,
+              "embedding_backward: rows [" + std::to_string(row_lo) + ", " +
+                  std::to_string(row_hi) + ") outside the " + std::to_string(BT) + " tokens");
     dispatch(nx, Op::embedding, {{A, &dout}, {G, dwte}, {G, dwpe}})
-        .embedding_backward(nx, dwte, dwpe, dout, tokens);
+        .embedding_backward(nx, dwte, dwpe, dout, tokens, row_lo, row_hi);
 }
 
 void crossentropy_forward(const Numerics& nx, const Tensor& losses, const Tensor& probs,

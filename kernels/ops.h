@@ -88,8 +88,10 @@ void residual_backward(const Numerics& nx, const Tensor& da, const Tensor& db, c
 // out (B,T,C), tokens (B,T) int32 as a raw pointer, wte (V,C), wpe (>=T,C)
 void embedding_forward(const Numerics& nx, const Tensor& out, const int* tokens, const Tensor& wte,
                        const Tensor& wpe);
+// Backward over the flat tokens [row_lo, row_hi) of dout only (row_hi < 0: to the end), their
+// blocks counted from row_lo: one node of a longer batch's tree; positions stay (b·T + t) mod T.
 void embedding_backward(const Numerics& nx, const Tensor* dwte, const Tensor* dwpe,
-                        const Tensor& dout, const int* tokens);
+                        const Tensor& dout, const int* tokens, i64 row_lo = 0, i64 row_hi = -1);
 inline void embedding_backward(const Numerics& nx, const Tensor& dwte, const Tensor& dwpe,
                                const Tensor& dout, const int* tokens) {
     embedding_backward(nx, &dwte, &dwpe, dout, tokens);

@@ -298,23 +298,30 @@ TEST_CASE("each validation error is a sentence naming the keys", "[layout]") {
          {"layout.dp=2 × train.microbatches=2 with train.batch_size=8, model.seq_len=48 and "
           "numerics.block=64",
           "dp rank 0, microbatch 0 starts or ends at token 96, inside a block of 64 tokens"}},
-        {"token range not a node",
+        {"token range not a node under sequence parallelism",
          [](Layout& l) {
              l.dp = 3;
              l.batch_size = 6;
              l.seq_len = 64;
+             l.tp = 2;
+             l.hidden = 128;
+             l.sequence_parallel = true;
          },
          {"layout.dp=3 × train.microbatches=1 with train.batch_size=6, model.seq_len=64 and "
           "numerics.block=64",
           "dp rank 1 owns token blocks [2,4) of 6, which is not one node of the tree: the smallest "
           "node holding it, "
-          "[0,6), splits into [0,3) and [3,6)"}},
-        {"dp rank not a node although its microbatches are",
+          "[0,6), splits into [0,3) and [3,6)",
+          "with layout.sequence_parallel", "choose layout.sequence_parallel = false, or layout.dp"}},
+        {"dp rank not a node although its microbatches are, under sequence parallelism",
          [](Layout& l) {
              l.dp = 3;
              l.microbatches = 2;
              l.batch_size = 6;
              l.seq_len = 64;
+             l.tp = 2;
+             l.hidden = 128;
+             l.sequence_parallel = true;
          },
          {"dp rank 1 owns token blocks [2,4) of 6"}},
     };
@@ -325,6 +332,18 @@ TEST_CASE("each validation error is a sentence naming the keys", "[layout]") {
         const std::string msg = error_of([&] { Mesh m(l); });
         for (const auto& part : c.message) CHECK_THAT(msg, Contains(part));
         CHECK_THAT(error_of([&] { validate_layout(l); }), Contains(c.message.front()));
+    }
+    // Ranges that are not tree nodes are allowed without sequence parallelism (with tp too).
+    for (int tp : {1, 2}) {
+        Layout odd = base();
+        odd.dp = 3;
+        odd.batch_size = 6;
+        odd.seq_len = 64;
+        odd.tp = tp;
+        odd.hidden = 128;
+        CHECK_NOTHROW(Mesh(odd));
+        odd.microbatches = 2;
+        CHECK_NOTHROW(Mesh(odd));
     }
     // Edges that are allowed: 1F1B and GPipe take fewer microbatches than stages; ZeRO with dp = 1.
     Layout ok = mesh_layout(1, 4, 1);
@@ -348,7 +367,7 @@ TEST_CASE("token ranges are nodes of the canonical tree", "[layout]") {
             {0, 0, 0, 2, 0, 2}, {0, 1, 2, 4, 2, 4}, {1, 0, 4, 6, 4, 6}, {1, 1, 6, 8, 6, 8}};
         CHECK(r == want);
     }
-    SECTION("dp=3: batch 3 works (the tree over 3 blocks is [0,2)+[2,3)), batch 6 does not") {
+    SECTION("dp=3: batch 3 gives nodes; batch 6 ranges that are not, refused only under sp") {
         Layout l = base();
         l.dp = 3;
         l.seq_len = 64;
@@ -358,8 +377,29 @@ TEST_CASE("token ranges are nodes of the canonical tree", "[layout]") {
         CHECK(r[1].block_lo == 1);
         CHECK(r[1].block_hi == 2);
         l.batch_size = 6;
+        const auto r6 = token_ranges(l);  // [2,4) of 6: the nodes [2,3) and [3,4)
+        REQUIRE(r6.size() == 3);
+        CHECK(r6[1].block_lo == 2);
+        CHECK(r6[1].block_hi == 4);
+        l.tp = 2;
+        l.sequence_parallel = true;
         CHECK_THAT(error_of([&] { token_ranges(l); }),
                    Contains("dp rank 1 owns token blocks [2,4) of 6"));
+    }
+    SECTION("ZeRO-2/3 cut by microbatch only when every range and piece is a node") {
+        Layout l = base();
+        l.seq_len = 64;
+        l.zero = 2;
+        l.dp = 2;
+        l.microbatches = 2;
+        CHECK(l.microbatch_major());
+        l.dp = 3;
+        l.batch_size = 6;
+        l.microbatches = 1;
+        CHECK_FALSE(l.microbatch_major());  // pieces [2,4) of 6: dp-major instead
+        CHECK(token_ranges(l)[1].sample_lo == 2);
+        l.batch_size = 3;
+        CHECK(l.microbatch_major());  // pieces [0,1) [1,2) [2,3) of 3, range [0,3): nodes
     }
     SECTION("an unvalidated layout is checked too") {
         Layout l = base();
@@ -390,8 +430,8 @@ TEST_CASE("token ranges are nodes of the canonical tree", "[layout]") {
         l.microbatches = 4;  // 1 sequence = half a block
         CHECK_THAT(error_of([&] { token_ranges(l); }), Contains("inside a block of 64 tokens"));
     }
-    SECTION("whenever a layout is valid, the owners' tree is the block tree") {
-        int valid = 0, invalid = 0;
+    SECTION("under sp, whenever a layout is valid the owners' tree is the block tree") {
+        int valid = 0, invalid = 0, not_nodes = 0;
         for (int dp = 1; dp <= 8; dp++)
             for (int M = 1; M <= 8; M++)
                 for (i64 B = 1; B <= 24; B++)
@@ -404,11 +444,23 @@ TEST_CASE("token ranges are nodes of the canonical tree", "[layout]") {
                             l.batch_size = B;
                             l.seq_len = T;
                             l.block = block;
+                            // Without sequence parallelism only a block cut between owners is
+                            // refused: a range that is not one node is computed as its nodes.
+                            std::string plain;
+                            try {
+                                token_ranges(l);
+                            } catch (const ConfigError& e) {
+                                plain = e.what();
+                            }
+                            if (!plain.empty()) CHECK_THAT(plain, Contains("inside a block"));
+                            l.tp = 2;
+                            l.sequence_parallel = true;
                             std::vector<TokenRange> r;
                             try {
                                 r = token_ranges(l);
                             } catch (const ConfigError&) {
                                 invalid++;
+                                if (plain.empty()) not_nodes++;
                                 continue;
                             }
                             valid++;
@@ -437,6 +489,7 @@ TEST_CASE("token ranges are nodes of the canonical tree", "[layout]") {
                         }
         CHECK(valid > 100);
         CHECK(invalid > 100);
+        CHECK(not_nodes > 50);  // refused under sp, run without it
     }
 }
 

@@ -95,6 +95,30 @@ TEST_CASE("The lowest bit of one rank's gradient flipped: named with rank, micro
     CHECK((bits_of(r.first_op.first_reference) ^ bits_of(r.first_op.first_candidate)) == 1u);
 }
 
+TEST_CASE("A flipped bit in a replica whose tokens are not one tree node is named as well",
+          "[mutations]") {
+    // dp3 over 12 token blocks: replica 1 owns [4,8), not a node of the tree; its microbatch 0,
+    // blocks [4,6), is two nodes ([4,5) and [5,6)), each with its own gradient buffer. The flip
+    // strikes the first (the hooks and the "mgrad" probe see a microbatch's first node), and the
+    // reference cut into six microbatches computes the same node for its microbatch 2.
+    Config c = mutation_job();
+    c.train.batch_size = 6;
+    mutation::Mutation m;
+    m.kind = mutation::Kind::flip_grad;
+    m.step = 2;
+    m.rank = 1;
+    m.microbatch = 0;
+    m.tensor = "h.1.attn.c_proj.weight";
+    // Of elements 0..39 only element 13's flip survives the sums after it (the rest round away).
+    m.element = 13;
+    const LayoutResult r = validate_one(c, "dp3xmb2", m);
+    CHECK(r.first_step == 2);
+    CHECK(r.first_op.name == "2/mgrad/1/param/attn.c_proj.weight");
+    CHECK(r.first_op_ranks == std::vector<int>{1});
+    CHECK(r.first_op.first_index == std::vector<i64>{2, 0, 13});
+    CHECK((bits_of(r.first_op.first_reference) ^ bits_of(r.first_op.first_candidate)) == 1u);
+}
+
 TEST_CASE("A dropped microbatch: named with its rank and its place in the batch", "[mutations]") {
     mutation::Mutation m;
     m.kind = mutation::Kind::drop_microbatch;

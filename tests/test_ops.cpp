@@ -480,6 +480,51 @@ TEST_CASE("ops: crossentropy_backward may overwrite probs", "[ops]") {
     CHECK(first_diff(dl, probs) == -1);
 }
 
+TEST_CASE("ops: embedding_backward over a row range is that node's value, positions kept",
+          "[ops]") {
+    // Flat tokens [3, 12) of a (3, 5) batch in blocks of 2: the range starts and ends inside
+    // sequences. Each output row is the canonical tree over the range's own blocks (counted from
+    // its first token), written out plainly here; positions stay n mod T.
+    const i64 B = 3, T = 5, C = 4, V = 6, lo = 3, hi = 12;
+    Numerics nx;
+    nx.block = 2;
+    Rng r(11);
+    const Vec dout = randv(r, B * T * C, -1.0f, 1.0f);
+    std::vector<int> tok(static_cast<size_t>(B * T));
+    for (i64 n = 0; n < B * T; n++) tok[static_cast<size_t>(n)] = static_cast<int>((n * 7 + 3) % V);
+    Vec dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
+    cpu::embedding_backward(nx, dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C, V, lo,
+                            hi);
+    const i64 nb = num_blocks(hi - lo, nx.block);
+    auto reference = [&](auto belongs) {  // the tree over the range's blocks of the rows chosen
+        Vec p(static_cast<size_t>(nb * C), 0.0f), out(C, 0.0f);
+        std::vector<unsigned char> present(static_cast<size_t>(nb), 0);
+        for (i64 n = lo; n < hi; n++) {
+            if (!belongs(n)) continue;
+            const i64 b = (n - lo) / nx.block;
+            present[static_cast<size_t>(b)] = 1;
+            for (i64 i = 0; i < C; i++) p[b * C + i] = p[b * C + i] + dout[n * C + i];
+        }
+        if (tree_combine_rows(p.data(), nb, C, present.data()))
+            for (i64 i = 0; i < C; i++) out[i] = 0.0f + p[i];
+        return out;
+    };
+    for (i64 v = 0; v < V; v++) {
+        const Vec want = reference([&](i64 n) { return tok[static_cast<size_t>(n)] == v; });
+        CHECK(first_diff(want, Vec(dwte.begin() + v * C, dwte.begin() + (v + 1) * C)) == -1);
+    }
+    for (i64 t = 0; t < T; t++) {
+        const Vec want = reference([&](i64 n) { return n % T == t; });
+        CHECK(first_diff(want, Vec(dwpe.begin() + t * C, dwpe.begin() + (t + 1) * C)) == -1);
+    }
+    // The whole range is the plain call.
+    Vec a(V * C, 0.0f), b(V * C, 0.0f), pa(T * C, 0.0f), pb(T * C, 0.0f);
+    cpu::embedding_backward(nx, a.data(), pa.data(), dout.data(), tok.data(), B, T, C, V);
+    cpu::embedding_backward(nx, b.data(), pb.data(), dout.data(), tok.data(), B, T, C, V, 0, B * T);
+    CHECK(first_diff(a, b) == -1);
+    CHECK(first_diff(pa, pb) == -1);
+}
+
 TEST_CASE("ops: bad token and target ids throw", "[ops]") {
     Numerics nx;
     const std::vector<int> tok{0, 5};

@@ -106,11 +106,25 @@ TEST_CASE("layouts that are not available yet, or impossible, are refused with a
     c.layout.tp = 1;
     c.layout.dp = 3;  // batch 8 is not divisible by 3 replicas
     CHECK_THROWS_WITH(run_layout(c, {}), Catch::Contains("layout.dp"));
-    // 3 replicas of 2 sequences: every microbatch is one block, but replica 1 owns blocks
-    // [2,4) of 6, which is not a node of the tree ([0,6) splits into [0,3) and [3,6)).
-    c.train.batch_size = 6;
-    c.layout.microbatches = 2;
-    CHECK_THROWS_WITH(run_layout(c, {}), Catch::Contains("[2,4)"));
+}
+
+TEST_CASE("dp over 3, 5, 6 or 7 replicas with ordinary batches is bit-identical to the single device") {
+    // A replica's or a microbatch's token range that is not one node of the batch's tree is
+    // computed as its maximal nodes, which combine with the other replicas' in the tree.
+    Config c = small_job();
+    c.train.batch_size = 6;  // 3 replicas of 2 sequences: replica 1 owns blocks [2,4) of 6,
+    check_layout(c, 3, 0, 2);  // not a node ([0,6) splits into [0,3) and [3,6)), in 2 microbatches
+    check_layout(c, 3, 1, 1);
+    check_layout(c, 2, 0, 3);  // each replica a node, its three microbatches not
+    check_layout(c, 6, 2, 1);  // ZeRO-2/3 whose pieces are not nodes run dp-major (mesh.h)
+    c.numerics.block = 32;     // two blocks per sequence: a node [0,3) ends inside sequence 1
+    check_layout(c, 3, 3, 1);
+    check_layout(c, 3, 2, 2);
+    c.train.batch_size = 10;
+    check_layout(c, 5, 0, 1);
+    c.train.batch_size = 14;
+    c.numerics.block = 16;
+    check_layout(c, 7, 1, 2);
 }
 
 TEST_CASE("ZeRO-2/3 with several microbatches per replica are bit-identical to the single device") {

@@ -164,7 +164,7 @@ TEST_CASE("the tree accumulator combines microbatches in the token tree, in any 
         std::vector<float> result(n + 16, -1.0f);
         TreeAccumulator acc(M, 2, result.data(), n + 16, GradSpan{8, 8 + n});
         for (int k : order) {
-            float* g = acc.begin(k);
+            float* g = acc.begin(k).front();
             for (i64 i = 0; i < n; i++) g[8 + i] += leaf[k][i];
             acc.end(k);
         }
@@ -213,6 +213,78 @@ TEST_CASE("GPipe and 1F1B at pp2 and pp4 are bit-identical to the single device"
     for (const char* schedule : {"gpipe", "1f1b"})
         for (int pp : {2, 4})
             for (int m : {1, 2, 4, 8}) check_pipeline(base, ref, pp, schedule, m);
+}
+
+TEST_CASE("microbatches whose token ranges are not tree nodes are bit-identical in a pipeline") {
+    // 6 blocks in 3 microbatches of 2: [2,4) is not a node ([0,6) splits into [0,3) and [3,6)),
+    // so microbatch 1 is two nodes, [2,3) and [3,4), accumulated apart on every stage.
+    Config six = small_job(4);
+    six.train.batch_size = 6;
+    const State ref = single_device(six);
+    check_pipeline(six, ref, 2, "1f1b", 3);
+    check_pipeline(six, ref, 2, "gpipe", 6);
+    six.numerics.block = 32;  // two blocks per sequence: nodes end inside sequences
+    check_pipeline(six, single_device(six), 2, "1f1b", 3);
+}
+
+TEST_CASE("the tree accumulator takes microbatches of several nodes and leaves each target apart") {
+    // 10 blocks; microbatches [0,3) [3,5) [5,10) of the tree [0,5) [5,10) ([0,5): [0,3) [3,5);
+    // [5,10): [5,8) [8,10)); the last microbatch is two nodes. A replica owning [1,7) of the
+    // same tree has targets [1,2) [2,3) [3,5) [5,7): leaves [1,2),[2,3) | [3,5) | [5,7).
+    const i64 n = 16;
+    auto value = [&](i64 lo, i64 hi) {  // a leaf's partial: distinct per block range
+        std::vector<float> v(n);
+        fill_normal(v.data(), n, 0.0f, 1.0f + 100.0f * static_cast<float>(lo * 10 + hi), 5, lo, hi);
+        return v;
+    };
+    std::vector<std::vector<Range>> leaves = {{{0, 3}}, {{3, 5}}, {{5, 8}, {8, 10}}};
+    std::vector<float> result(n, -1.0f);
+    TreeAccumulator acc(10, leaves, result.data(), n, GradSpan{0, n});
+    REQUIRE(acc.targets() == std::vector<Range>{{0, 10}});
+    for (int k : {2, 0, 1}) {
+        const std::vector<float*> bufs = acc.begin(k);
+        REQUIRE(bufs.size() == leaves[static_cast<size_t>(k)].size());
+        for (size_t i = 0; i < bufs.size(); i++) {
+            const Range r = leaves[static_cast<size_t>(k)][i];
+            const std::vector<float> v = value(r.lo, r.hi);
+            for (i64 j = 0; j < n; j++) bufs[i][j] += v[static_cast<size_t>(j)];
+        }
+        acc.end(k);
+    }
+    REQUIRE(acc.complete());
+    // The same nodes combined by the tree exchange's local combine.
+    std::vector<Range> nodes = {{0, 3}, {3, 5}, {5, 8}, {8, 10}};
+    std::vector<float> rows;
+    for (const Range& r : nodes) {
+        const std::vector<float> v = value(r.lo, r.hi);
+        rows.insert(rows.end(), v.begin(), v.end());
+    }
+    REQUIRE(combine_nodes(10, nodes, rows.data(), n));
+    CHECK(same_bits(result, std::vector<float>(rows.begin(), rows.begin() + n)));
+
+    // Several targets: each ends in its own buffer, the first in `result`.
+    std::vector<std::vector<Range>> part = {{{1, 2}, {2, 3}}, {{3, 5}}, {{5, 7}}};
+    std::fill(result.begin(), result.end(), -1.0f);
+    TreeAccumulator acc2(10, part, result.data(), n, GradSpan{0, n});
+    REQUIRE(acc2.targets() == std::vector<Range>{{1, 2}, {2, 3}, {3, 5}, {5, 7}});
+    for (int k = 0; k < 3; k++) {
+        const std::vector<float*> bufs = acc2.begin(k);
+        for (size_t i = 0; i < bufs.size(); i++) {
+            const Range r = part[static_cast<size_t>(k)][i];
+            const std::vector<float> v = value(r.lo, r.hi);
+            for (i64 j = 0; j < n; j++) bufs[i][j] += v[static_cast<size_t>(j)];
+        }
+        acc2.end(k);
+    }
+    REQUIRE(acc2.complete());
+    CHECK(acc2.target_buffer(0) == result.data());
+    for (size_t t = 0; t < 4; t++) {
+        const Range r = acc2.targets()[t];
+        const std::vector<float> v = value(r.lo, r.hi);
+        CHECK(same_bits(std::vector<float>(acc2.target_buffer(t), acc2.target_buffer(t) + n), v));
+    }
+    CHECK_THROWS_WITH(TreeAccumulator(10, {{{1, 3}}}, result.data(), n, GradSpan{0, n}),
+                      Catch::Contains("not one node"));
 }
 
 TEST_CASE("pp3, a degree that is not a power of two, is bit-identical to the single device") {
@@ -358,9 +430,6 @@ TEST_CASE("pipeline layouts that cannot work are refused with a sentence naming 
                       Catch::Contains("model.layers") && Catch::Contains("layout.virtual_stages"));
     CHECK_THROWS_WITH(run_layout(with_layout(c, 2, "1f1b", 3)),
                       Catch::Contains("train.batch_size"));
-    Config six = with_layout(c, 2, "1f1b", 3);
-    six.train.batch_size = 6;  // 6 blocks in microbatches of 2: [2,4) is not a node
-    CHECK_THROWS_WITH(run_layout(six), Catch::Contains("not one node"));
     Config tp = with_layout(c, 2, "1f1b", 2);
     tp.layout.tp = 2;
     tp.numerics.block = 8;                                   // whole blocks per tp rank

@@ -26,6 +26,21 @@ Tensor token_view(const Tensor& t, TokenRows r, i64 BT) {
     return w == 1 ? subview(t, r.lo, {r.hi - r.lo}) : subview(t, r.lo * w, {r.hi - r.lo, w});
 }
 
+// Rows [lo, hi) of a (B,T,w) tensor t whose B·T rows are `BT`, as (hi - lo, w) (even for w = 1);
+// of a (B,T) one (a LayerNorm's mean or rstd) as (hi - lo).
+Tensor node_rows(const Tensor& t, i64 lo, i64 hi, i64 BT) {
+    const i64 w = t.numel() / BT;
+    const bool per_token = t.ndim == 2 && t.shape[0] * t.shape[1] == BT;
+    return per_token ? subview(t, lo, {hi - lo}) : subview(t, lo * w, {hi - lo, w});
+}
+
+// The tensor g (in nodes[0]'s gradient buffer) in node n's buffer.
+Tensor in_node(const Tensor& g, std::span<const TokenNode> nodes, size_t n) {
+    Tensor t = g;
+    t.data = nodes[n].grads + (g.f32() - nodes[0].grads);
+    return t;
+}
+
 }  // namespace
 
 // ---- activations -----------------------------------------------------------------------------
@@ -240,12 +255,29 @@ void GPT::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const T
         ops::matmul_forward(nx_, out, inp, weight, bias);
 }
 
-void GPT::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
-                          const Tensor& dout, const Tensor& inp, const Tensor& weight) const {
-    if (layers_)
-        layers_->linear_backward(l, dinp, dweight, dbias, dout, inp, weight);
-    else
-        ops::matmul_backward(nx_, &dinp, &dweight, dbias, dout, inp, weight);
+void GPT::linear_backward(std::span<const TokenNode> nodes, Linear l, const Tensor& dinp,
+                          const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
+                          const Tensor& inp, const Tensor& weight) const {
+    auto backward = [&](const Tensor* di, const Tensor* dw, const Tensor* db, const Tensor& d,
+                        const Tensor& i) {
+        if (layers_)
+            layers_->linear_backward(l, di, dw, db, d, i, weight);
+        else
+            ops::matmul_backward(nx_, di, dw, db, d, i, weight);
+    };
+    if (nodes.size() == 1) {
+        backward(&dinp, &dweight, dbias, dout, inp);
+        return;
+    }
+    PX_ASSERT(!sp_, "a microbatch of several token nodes under sequence parallelism");
+    backward(&dinp, nullptr, nullptr, dout, inp);
+    const i64 BT = inp.numel() / inp.shape[inp.ndim - 1];
+    for (size_t n = 0; n < nodes.size(); n++) {
+        const Tensor dw = in_node(dweight, nodes, n);
+        const Tensor db = dbias ? in_node(*dbias, nodes, n) : Tensor{};
+        backward(nullptr, &dw, dbias ? &db : nullptr, node_rows(dout, nodes[n].lo, nodes[n].hi, BT),
+                 node_rows(inp, nodes[n].lo, nodes[n].hi, BT));
+    }
 }
 
 // Under sequence parallelism these run on this rank's token rows only (BT from mean/rstd's and
@@ -262,13 +294,27 @@ void GPT::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor&
                            token_view(rstd, r, BT), token_view(inp, r, BT), weight, bias);
 }
 
-void GPT::layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
-                             const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                             const Tensor& mean, const Tensor& rstd) const {
-    if (sp_)
-        layers_->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
-    else
-        ops::layernorm_backward(nx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+void GPT::layernorm_backward(std::span<const TokenNode> nodes, const Tensor& dinp,
+                             const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                             const Tensor& inp, const Tensor& weight, const Tensor& mean,
+                             const Tensor& rstd) const {
+    if (nodes.size() == 1) {
+        if (sp_)
+            layers_->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+        else
+            ops::layernorm_backward(nx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+        return;
+    }
+    PX_ASSERT(!sp_, "a microbatch of several token nodes under sequence parallelism");
+    ops::layernorm_backward(nx_, &dinp, nullptr, nullptr, dout, inp, weight, mean, rstd);
+    const i64 BT = mean.numel();
+    for (size_t n = 0; n < nodes.size(); n++) {
+        const i64 lo = nodes[n].lo, hi = nodes[n].hi;
+        const Tensor dw = in_node(dweight, nodes, n), db = in_node(dbias, nodes, n);
+        ops::layernorm_backward(nx_, nullptr, &dw, &db, node_rows(dout, lo, hi, BT),
+                                node_rows(inp, lo, hi, BT), weight, node_rows(mean, lo, hi, BT),
+                                node_rows(rstd, lo, hi, BT));
+    }
 }
 
 void GPT::residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) const {
@@ -327,9 +373,9 @@ void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
 }
 
 // dresidual holds d(residual3) on entry and d(x) on return.
-void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
+void GPT::block_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i) const {
     const Numerics& nx = nx_;
-    auto G = [&](LayerParam p) { return grad(grads, table_.layer_index(l, p)); };
+    auto G = [&](LayerParam p) { return grad(nodes[0].grads, table_.layer_index(l, p)); };
     auto dinp = [&](const char* op, const Tensor& t, ProbeSplit split) {
         probe("bwd", l, op, "dinp", t, split);
     };
@@ -343,16 +389,16 @@ void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
     // (Sequence parallelism: this rank's rows of d(residual3), all-gathered for fc_proj.)
     sp_gather(dresidual);
     zero(dfch_gelu);
-    linear_backward(Linear::fc_proj, dfch_gelu, dfcprojw, &dfcprojb, dresidual,
+    linear_backward(nodes, Linear::fc_proj, dfch_gelu, dfcprojw, &dfcprojb, dresidual,
                     a.layer(FCH_GELU, i), P(l, FCPROJW));
     dinp("mlp.proj", dfch_gelu, ProbeSplit::ffn);
     zero(dfch);
     ops::gelu_backward(nx, dfch, a.layer(FCH, i), dfch_gelu);
     dinp("mlp.gelu", dfch, ProbeSplit::ffn);
     zero(dbuf_c);
-    linear_backward(Linear::fc, dbuf_c, dfcw, &dfcb, dfch, a.layer(LN2, i), P(l, FCW));
+    linear_backward(nodes, Linear::fc, dbuf_c, dfcw, &dfcb, dfch, a.layer(LN2, i), P(l, FCW));
     dinp("mlp.fc", dbuf_c, ProbeSplit::tokens);
-    layernorm_backward(dresidual, G(LN2W), G(LN2B), dbuf_c, a.layer(RESIDUAL2, i), P(l, LN2W),
+    layernorm_backward(nodes, dresidual, G(LN2W), G(LN2B), dbuf_c, a.layer(RESIDUAL2, i), P(l, LN2W),
                        a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i));
     sp_gather(dresidual);
     dinp("ln_2", dresidual,
@@ -362,7 +408,7 @@ void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
     const Tensor datty = a.layer(ATTY, i);  // d(atty) staged in dbuf_c, sized like atty
     const Tensor dbuf_a = subview(dbuf_c, 0, {datty.shape[0], datty.shape[1], datty.shape[2]});
     zero(dbuf_a);
-    linear_backward(Linear::attn_proj, dbuf_a, dattprojw, &dattprojb, dresidual, a.layer(ATTY, i),
+    linear_backward(nodes, Linear::attn_proj, dbuf_a, dattprojw, &dattprojb, dresidual, a.layer(ATTY, i),
                     P(l, ATTPROJW));
     dinp("attn.proj", dbuf_a, ProbeSplit::channels);
     zero(dqkv);
@@ -370,9 +416,9 @@ void GPT::block_backward(Activations& a, float* grads, int l, int i) const {
                             a.layer(ATT, i), resolve_dim(Dim::NH, mc_, dims_));
     dinp("attn.core", dqkv, ProbeSplit::qkv);
     zero(dbuf_c);
-    linear_backward(Linear::qkv, dbuf_c, dqkvw, &dqkvb, dqkv, a.layer(LN1, i), P(l, QKVW));
+    linear_backward(nodes, Linear::qkv, dbuf_c, dqkvw, &dqkvb, dqkv, a.layer(LN1, i), P(l, QKVW));
     dinp("attn.qkv", dbuf_c, ProbeSplit::tokens);
-    layernorm_backward(dresidual, G(LN1W), G(LN1B), dbuf_c, residual, P(l, LN1W),
+    layernorm_backward(nodes, dresidual, G(LN1W), G(LN1B), dbuf_c, residual, P(l, LN1W),
                        a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i));
     dinp("ln_1", dresidual, ProbeSplit::tokens);  // with the skip path: d(block input)
 }
@@ -423,10 +469,24 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
 
 void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, const int* targets,
                    float dloss) const {
+    const TokenNode whole{0, a.shape().B * a.shape().T, grads};
+    backward(a, chunk, std::span<const TokenNode>(&whole, 1), tokens, targets, dloss);
+}
+
+void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, const int* tokens,
+                   const int* targets, float dloss) const {
     const Numerics& nx = nx_;
     const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];
     PX_ASSERT(a.shape().layers == layers.size() && a.shape().head == has_head(chunk),
               "activations made for another chunk");
+    const i64 BT = a.shape().B * a.shape().T;
+    PX_ASSERT(!nodes.empty() && nodes.front().lo == 0 && nodes.back().hi == BT,
+              "a microbatch's token nodes must cover its rows");
+    for (size_t n = 1; n < nodes.size(); n++)
+        PX_ASSERT(nodes[n].lo == nodes[n - 1].hi && nodes[n].lo < nodes[n].hi,
+                  "a microbatch's token nodes must be ascending and adjacent");
+    PX_ASSERT(nodes.size() == 1 || !hooks_, "a microbatch of several token nodes under unit hooks");
+    float* const grads = nodes[0].grads;
     const Tensor dresidual = a.tensor(DRESIDUAL);
 
     if (has_head(chunk)) {
@@ -440,15 +500,29 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
         else
             ops::crossentropy_backward(nx, probs, probs, targets, dloss);  // probs: dlogits
         probe("bwd", -1, "loss", "dinp", probs, ProbeSplit::vocabulary);
-        if (layers_)
-            layers_->head_dinp(dbuf_c, head, probs, a.tensor(LNF), param(table_.wte));
-        else
-            ops::matmul_backward(nx, &dbuf_c, &head, nullptr, probs, a.tensor(LNF),
-                                 param(table_.wte));
+        // dlnf over all rows; the head's dwte over each node's rows (all rows when one node).
+        auto head_backward = [&](const Tensor* dlnf, const Tensor* dwte_head, const Tensor& p,
+                                 const Tensor& lnf) {
+            if (layers_)
+                layers_->head_dinp(dlnf, dwte_head, p, lnf, param(table_.wte));
+            else
+                ops::matmul_backward(nx, dlnf, dwte_head, nullptr, p, lnf, param(table_.wte));
+        };
+        if (nodes.size() == 1) {
+            head_backward(&dbuf_c, &head, probs, a.tensor(LNF));
+        } else {
+            PX_ASSERT(!sp_, "a microbatch of several token nodes under sequence parallelism");
+            head_backward(&dbuf_c, nullptr, probs, a.tensor(LNF));
+            for (size_t n = 0; n < nodes.size(); n++) {
+                const Tensor h = in_node(head, nodes, n);
+                head_backward(nullptr, &h, node_rows(probs, nodes[n].lo, nodes[n].hi, BT),
+                              node_rows(a.tensor(LNF), nodes[n].lo, nodes[n].hi, BT));
+            }
+        }
         probe("bwd", -1, "head", "dinp", dbuf_c, ProbeSplit::tokens);
         zero(dresidual);
         const Tensor last = a.output();
-        layernorm_backward(dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb), dbuf_c,
+        layernorm_backward(nodes, dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb), dbuf_c,
                            last, param(table_.lnfw), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD));
         probe("bwd", -1, "ln_f", "dinp", dresidual, ProbeSplit::tokens);
         after_backward({Unit::head}, grads);
@@ -458,18 +532,22 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
         // Recompute: the block's internals were not kept; its forward from the kept input
         // refills them bit for bit (its output, written again, is unchanged).
         if (a.shape().recompute) block_forward(a, l, l - layers.lo, false);
-        block_backward(a, grads, l, l - layers.lo);
+        block_backward(a, nodes, l, l - layers.lo);
         after_backward({Unit::block, l}, grads);
     }
     if (has_embedding(chunk)) {
         before_backward({Unit::embedding}, grads);
         sp_gather(dresidual);  // sequence parallelism: d(encoded) of every token
-        if (layers_)
-            layers_->embedding_backward(grad(grads, table_.wte), grad(grads, table_.wpe), dresidual,
-                                        tokens);
-        else
-            ops::embedding_backward(nx, grad(grads, table_.wte), grad(grads, table_.wpe), dresidual,
-                                    tokens);
+        for (size_t n = 0; n < nodes.size(); n++) {
+            const Tensor dwte = in_node(grad(grads, table_.wte), nodes, n);
+            const Tensor dwpe = in_node(grad(grads, table_.wpe), nodes, n);
+            if (layers_)
+                layers_->embedding_backward(dwte, dwpe, dresidual, tokens, nodes[n].lo,
+                                            nodes[n].hi);
+            else
+                ops::embedding_backward(nx, &dwte, &dwpe, dresidual, tokens, nodes[n].lo,
+                                        nodes[n].hi);
+        }
         after_backward({Unit::embedding}, grads);
     }
 }

@@ -11,6 +11,7 @@
 //   Activations   the activations of one microbatch on one chunk of layers
 //   ParallelLayers the layers a tensor-parallel layout distributes (absent: the plain kernels)
 //   Unit, UnitHooks the units a model runs its weights in, and what a layout may do around each
+//   TokenNode     a node of the token tree that a microbatch covers, with its gradient buffer
 //   GPT           parameters; forward and backward of a chunk on a microbatch; the single-device
 //                 forward/backward over the whole model with activations it keeps itself
 #pragma once
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 
 namespace px {
 
@@ -134,17 +136,20 @@ public:
     // p (e's local elements) = this model's slice of e's initialisation N(0, std) (core/base/rng.h).
     virtual void fill_normal(float* p, const TableEntry& e, float std,
                              std::uint64_t seed) const = 0;
-    // out = inp·weightᵀ + bias, as ops::matmul_forward / matmul_backward.
+    // out = inp·weightᵀ + bias, as ops::matmul_forward / matmul_backward (a null output is not
+    // computed: the weight gradients of a microbatch's token nodes are taken one node at a time,
+    // over its rows, after dinp over all of them).
     virtual void linear_forward(Linear l, const Tensor& out, const Tensor& inp,
                                 const Tensor& weight, const Tensor* bias) const = 0;
-    virtual void linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight,
+    virtual void linear_backward(Linear l, const Tensor* dinp, const Tensor* dweight,
                                  const Tensor* dbias, const Tensor& dout, const Tensor& inp,
                                  const Tensor& weight) const = 0;
-    // As ops::embedding_forward / embedding_backward.
+    // As ops::embedding_forward / embedding_backward (the backward over the flat tokens
+    // [row_lo, row_hi) of dout only, row_hi < 0: all).
     virtual void embedding_forward(const Tensor& out, const int* tokens, const Tensor& wte,
                                    const Tensor& wpe) const = 0;
     virtual void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                    const int* tokens) const = 0;
+                                    const int* tokens, i64 row_lo, i64 row_hi) const = 0;
     // The LM head tied to wte: logits = lnf·wteᵀ into probs. The loss: softmax of the logits in
     // place and the per-token losses. Backward: probs (the softmax) become dlogits, then
     // dlnf +=, dwte_head += from them.
@@ -152,7 +157,7 @@ public:
     virtual void head_loss(const Tensor& losses, const Tensor& probs,
                            const int* targets) const = 0;
     virtual void head_dlogits(const Tensor& probs, const int* targets, float dloss) const = 0;
-    virtual void head_dinp(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
+    virtual void head_dinp(const Tensor* dlnf, const Tensor* dwte_head, const Tensor& probs,
                            const Tensor& lnf, const Tensor& wte) const = 0;
 };
 
@@ -177,6 +182,17 @@ public:
     virtual void after_forward(Unit u) = 0;
     virtual void before_backward(Unit u, float* grads) = 0;
     virtual void after_backward(Unit u, float* grads) = 0;
+};
+
+// One node of the batch's token tree that a microbatch's rows cover: token rows [lo, hi) of the
+// microbatch (B·T rows), whose weight gradients go to their own GradLayout buffer `grads`. A
+// microbatch whose tokens are one node has one; one whose range is not a node of the tree (a dp
+// rank's or microbatch's range cut at a point the tree does not split at, DESIGN.md §2.1) has its
+// maximal nodes, and the caller combines their gradients in the tree (core/parallel/pipeline.h
+// TreeAccumulator, then across replicas core/parallel/tree_exchange.h).
+struct TokenNode {
+    i64 lo = 0, hi = 0;
+    float* grads = nullptr;
 };
 
 class GPT {
@@ -257,6 +273,13 @@ public:
     // (when the chunk starts with the embedding, d(encoded), already in wte's and wpe's grads).
     void backward(Activations& a, int chunk, float* grads, const int* tokens, const int* targets,
                   float dloss) const;
+    // The same with the microbatch's token rows cut into nodes (ascending, covering its B·T rows):
+    // every weight gradient is computed once per node, over the node's rows alone, into the
+    // node's buffer; input gradients once over all rows. Each node's gradients are then bit for
+    // bit those of a microbatch of exactly its rows. Not under unit hooks, and not under sequence
+    // parallelism (the layout check keeps such layouts to dp-major runs without sp).
+    void backward(Activations& a, int chunk, std::span<const TokenNode> nodes, const int* tokens,
+                  const int* targets, float dloss) const;
 
     // ---- the whole model on one device ------------------------------------------------------
     // tokens, targets (B,T). Fills the per-token losses (B,T) (the mean is the caller's, since
@@ -280,19 +303,21 @@ private:
     // Block l of the model, local layer i of the chunk's activations.
     // (probed: false when backward recomputes the block, whose forward was probed already)
     void block_forward(Activations& a, int l, int i, bool probed = true) const;
-    void block_backward(Activations& a, float* grads, int l, int i) const;
+    void block_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i) const;
     // ParallelLayers' linear, or ops::matmul_* when there is none.
     void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
                         const Tensor* bias) const;
-    void linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
-                         const Tensor& dout, const Tensor& inp, const Tensor& weight) const;
+    void linear_backward(std::span<const TokenNode> nodes, Linear l, const Tensor& dinp,
+                         const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
+                         const Tensor& inp, const Tensor& weight) const;
     // Sequence parallelism (see ParallelLayers): the LayerNorm forward/backward and a residual
     // add on this rank's token rows; plain ops on whole tensors otherwise.
     void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                            const Tensor& inp, const Tensor& weight, const Tensor& bias) const;
-    void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
-                            const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                            const Tensor& mean, const Tensor& rstd) const;
+    void layernorm_backward(std::span<const TokenNode> nodes, const Tensor& dinp,
+                            const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                            const Tensor& inp, const Tensor& weight, const Tensor& mean,
+                            const Tensor& rstd) const;
     void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) const;
     void sp_gather(const Tensor& t) const {
         if (sp_) layers_->sp_gather(t);

@@ -130,6 +130,7 @@ Layout make_layout(const LayoutConfig& lc, const ModelConfig& mc, const TrainCon
     l.batch_size = tc.batch_size;
     l.seq_len = mc.seq_len;
     l.block = nc.block;
+    l.sequence_parallel = lc.sequence_parallel && l.tp > 1;
     validate_layout(l);
     // Sequence parallelism: each tp rank holds a slice of every microbatch's tokens, cut at
     // multiples of numerics.block (tp::token_split), and the LayerNorm weight/bias gradients
@@ -255,6 +256,23 @@ void validate_layout(const Layout& l) {
 
 // ---- token ranges ----------------------------------------------------------------------------
 
+bool Layout::microbatch_pieces_are_nodes() const {
+    const i64 dpm = static_cast<i64>(dp) * microbatches;
+    if (dp < 1 || microbatches < 1 || block < 1 || batch_size % dpm != 0) return false;
+    const i64 T = seq_len, N = batch_size * T, nb = token_blocks(), mbs = microbatch_size();
+    auto node = [&](i64 s_lo, i64 s_hi) {  // sequences [s_lo, s_hi)
+        const i64 lo = s_lo * T, hi = s_hi * T;
+        if (lo % block != 0 || (hi != N && hi % block != 0)) return false;
+        return is_tree_node(nb, lo / block, hi == N ? nb : hi / block);
+    };
+    for (i64 k = 0; k < microbatches; k++) {
+        if (!node(k * dp * mbs, (k + 1) * dp * mbs)) return false;
+        for (i64 d = 0; d < dp; d++)
+            if (!node((k * dp + d) * mbs, (k * dp + d + 1) * mbs)) return false;
+    }
+    return true;
+}
+
 std::vector<TokenRange> token_ranges(const Layout& l) {
     const i64 T = l.seq_len, N = l.batch_size * T, nb = l.token_blocks();
     const i64 dp = l.dp, M = l.microbatches;
@@ -268,18 +286,30 @@ std::vector<TokenRange> token_ranges(const Layout& l) {
                             ", model.seq_len=" + str(T) + " and numerics.block=" + str(l.block);
     const std::string why =
         " (DESIGN.md §2.1: a weight gradient reduces over the batch's tokens in blocks of "
-        "numerics.block combined in a fixed, canonical tree, and each dp rank and microbatch must "
-        "own one "
-        "node of it for the sum to equal the single-device one)";
+        "numerics.block, each block summed sequentially, so a block cannot be split between "
+        "owners)";
     const std::string fix_block =
         "; choose fewer microbatches, or a numerics.block that divides the tokens of a "
         "microbatch (" +
         str(mbs) + " × " + str(T) + ")";
+    // Under sequence parallelism a range must be one node: the tp ranks' token slices of a
+    // microbatch exchange their LayerNorm-gradient partials in the microbatch's own tree.
+    const std::string why_sp =
+        " (with layout.sequence_parallel the tp ranks split each microbatch's tokens and combine "
+        "its LayerNorm gradients in the microbatch's own tree, so each dp rank and microbatch "
+        "must own one node of the batch's token tree; without sequence parallelism any such "
+        "range is exact)";
     const std::string fix_node =
         "; choose layout.dp and " + l.microbatches_key + " (now " + l.microbatches_key + " = " +
         str(M) +
         ") so that dp × microbatches is a power of two (every power of two that divides "
         "train.batch_size works), or counts whose ranges follow the tree's splits at ceil(n/2)";
+    auto require_node = [&](const std::string& owner, i64 lo, i64 hi) {
+        if (l.sequence_parallel && !is_tree_node(nb, lo, hi))
+            throw ConfigError(who + ": " + not_a_node(owner, nb, lo, hi) + why_sp +
+                              "; choose layout.sequence_parallel = false, or" +
+                                  fix_node.substr(8));
+    };
 
     // A range ends on a block boundary, or at the end of the batch.
     auto block_of = [&](i64 sample, const std::string& owner) {
@@ -292,27 +322,11 @@ std::vector<TokenRange> token_ranges(const Layout& l) {
     };
 
     std::vector<TokenRange> out;
-    const bool mb_major = l.microbatch_major();
-    if (mb_major)
-        for (int k = 0; k < l.microbatches; k++) {
-            // Each microbatch range is one node: its dp pieces reduce over ranks, then the
-            // microbatch nodes combine.
-            const std::string range = "microbatch " + std::to_string(k) + " (its " +
-                                      std::to_string(dp) + " replicas' pieces, ZeRO-" +
-                                      str(l.zero) + ")";
-            const i64 lo = block_of(k * dp * mbs, range), hi = block_of((k + 1) * dp * mbs, range);
-            if (!is_tree_node(nb, lo, hi))
-                throw ConfigError(who + ": " + not_a_node(range, nb, lo, hi) + why + fix_node);
-        }
+    const bool mb_major = l.microbatch_major();  // its ranges and pieces are nodes
     for (int d = 0; d < l.dp; d++) {
         const std::string rank = "dp rank " + std::to_string(d);
-        if (!mb_major) {
-            // The whole rank is one node: its microbatches combine locally, then one partial per
-            // rank.
-            const i64 lo = block_of(d * M * mbs, rank), hi = block_of((d + 1) * M * mbs, rank);
-            if (!is_tree_node(nb, lo, hi))
-                throw ConfigError(who + ": " + not_a_node(rank, nb, lo, hi) + why + fix_node);
-        }
+        if (!mb_major)  // the rank's microbatches combine locally, then across ranks
+            require_node(rank, block_of(d * M * mbs, rank), block_of((d + 1) * M * mbs, rank));
         for (int k = 0; k < l.microbatches; k++) {
             TokenRange r;
             r.dp_rank = d;
@@ -322,9 +336,7 @@ std::vector<TokenRange> token_ranges(const Layout& l) {
             const std::string owner = rank + ", microbatch " + std::to_string(k);
             r.block_lo = block_of(r.sample_lo, owner);
             r.block_hi = block_of(r.sample_hi, owner);
-            if (!is_tree_node(nb, r.block_lo, r.block_hi))
-                throw ConfigError(who + ": " + not_a_node(owner, nb, r.block_lo, r.block_hi) + why +
-                                  fix_node);
+            require_node(owner, r.block_lo, r.block_hi);
             out.push_back(r);
         }
     }

@@ -57,6 +57,7 @@ struct Layout {
     int dp = 1;            // data-parallel replicas
     int pp = 1;            // pipeline ranks
     int tp = 1;            // tensor-parallel ranks
+    bool sequence_parallel = false;  // layout.sequence_parallel with tp > 1
     int cp = 1;            // context parallel: not yet (must be 1)
     int ep = 1;            // expert parallel, dividing dp: not yet (must be 1)
     int zero = 0;          // ZeRO stage over the dp group: 1 optimizer state, 2 + grads, 3 + params
@@ -82,8 +83,16 @@ struct Layout {
     i64 token_blocks() const { return num_blocks(batch_size * seq_len, block); }
     // ZeRO-2/3 with dp > 1 on one stage cuts the batch into microbatch ranges first and gives
     // every replica a piece of each (core/parallel/zero.h ZeroUnits): dp rank d's microbatch k
-    // is piece d of range k. Otherwise each replica owns one range, cut into its microbatches.
-    bool microbatch_major() const { return zero >= 2 && dp > 1 && pp == 1; }
+    // is piece d of range k. It reduces each unit's gradient as soon as it is complete, which
+    // needs every range and piece to be one node of the token tree (pieces_are_nodes); otherwise
+    // (and with pp > 1) each replica owns one range, cut into its microbatches (dp-major), and
+    // the step's gradients reduce after the last microbatch.
+    bool microbatch_major() const {
+        return zero >= 2 && dp > 1 && pp == 1 && microbatch_pieces_are_nodes();
+    }
+    // Whether every microbatch range of the batch, and each replica's piece of it, is one node
+    // of the token tree (blocks of numerics.block tokens).
+    bool microbatch_pieces_are_nodes() const;
 };
 
 // Resolves the [layout] keys (layout.microbatches = 0 takes train.microbatches; layout.comm
@@ -104,18 +113,23 @@ void validate_layout(const Layout& l);  // throws ConfigError: one sentence nami
 // (comm::Algo::canonical) is exactly the block tree. Microbatch-major layouts
 // (Layout::microbatch_major) cut the batch into microbatch ranges first, each one node whose dp
 // pieces are its nodes below, reduced (reduce-scattered) over rank indices.
+// A range that is not one node of the tree is still exact: its maximal nodes are computed apart
+// and combine with the other ranks' in the tree (GPT::backward over TokenNodes, TreeAccumulator,
+// exchange_and_combine), as the tensor-parallel shards' channel blocks do.
 struct TokenRange {
     int dp_rank = 0;
     int microbatch = 0;
     i64 sample_lo = 0, sample_hi = 0;  // sequences [lo, hi) of the global batch
-    i64 block_lo = 0, block_hi = 0;    // token blocks [lo, hi): one node of the batch's tree
+    i64 block_lo = 0, block_hi = 0;    // token blocks [lo, hi) of the batch's tree
 
     bool operator==(const TokenRange&) const = default;
 };
 // One per (dp rank, microbatch), dp-major (also for a microbatch-major layout, whose ranges
-// then interleave). Throws ConfigError naming layout.dp, the microbatches
-// key, train.batch_size, model.seq_len and numerics.block when a range does not end on a block
-// boundary or is not one node of the tree (or a dp rank's whole range is not).
+// then interleave). block_lo/hi is then the range's blocks, one node or several. Throws
+// ConfigError naming layout.dp, the microbatches key, train.batch_size, model.seq_len and
+// numerics.block when a range does not end on a block boundary, or when it is not one node of
+// the tree under sequence parallelism (whose tp ranks combine a microbatch's LayerNorm gradients
+// in the microbatch's own tree).
 std::vector<TokenRange> token_ranges(const Layout& l);
 
 // ---- the mesh --------------------------------------------------------------------------------

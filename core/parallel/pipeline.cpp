@@ -5,7 +5,9 @@
 
 #include "core/base/error.h"
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 
 namespace px {
 
@@ -27,31 +29,68 @@ ModelPart stage_part(const Mesh& mesh, int pp_rank) {
 
 // ---- TreeAccumulator -------------------------------------------------------------------------
 
-TreeAccumulator::TreeAccumulator(int microbatches, i64 blocks_per_microbatch, float* result,
-                                 i64 floats, GradSpan span)
-    : result_(result), floats_(floats), span_(span) {
-    PX_ASSERT(microbatches >= 1 && blocks_per_microbatch >= 1, "TreeAccumulator: empty tree");
-    PX_ASSERT(0 <= span.lo && span.lo <= span.hi && span.hi <= floats, "TreeAccumulator: span");
-    leaf_.assign(static_cast<size_t>(microbatches), -1);
-    build(0, blocks_per_microbatch * microbatches, blocks_per_microbatch, -1);
-    for (int k = 0; k < microbatches; k++)
-        PX_ASSERT(leaf_[static_cast<size_t>(k)] >= 0, "TreeAccumulator: a microbatch is no node");
+namespace {
+
+std::vector<std::vector<Range>> equal_leaves(int microbatches, i64 bpm) {
+    std::vector<std::vector<Range>> leaves(static_cast<size_t>(std::max(microbatches, 0)));
+    for (int k = 0; k < microbatches; k++) leaves[static_cast<size_t>(k)] = {{k * bpm, (k + 1) * bpm}};
+    return leaves;
 }
 
-// Node [lo, hi) of token blocks; it splits at ceil(n/2) (DESIGN.md §2.1) until one microbatch's.
-int TreeAccumulator::build(i64 lo, i64 hi, i64 bpm, int parent) {
+}  // namespace
+
+TreeAccumulator::TreeAccumulator(int microbatches, i64 blocks_per_microbatch, float* result,
+                                 i64 floats, GradSpan span)
+    : TreeAccumulator(blocks_per_microbatch * microbatches,
+                      equal_leaves(microbatches, blocks_per_microbatch), result, floats, span) {}
+
+TreeAccumulator::TreeAccumulator(i64 nb, std::vector<std::vector<Range>> leaves, float* result,
+                                 i64 floats, GradSpan span)
+    : result_(result), floats_(floats), span_(span), leaves_(std::move(leaves)) {
+    PX_ASSERT(!leaves_.empty() && nb >= 1, "TreeAccumulator: empty tree");
+    PX_ASSERT(0 <= span.lo && span.lo <= span.hi && span.hi <= floats, "TreeAccumulator: span");
+    std::vector<Range> all;
+    for (const auto& l : leaves_) {
+        PX_ASSERT(!l.empty(), "TreeAccumulator: a microbatch without tokens");
+        for (const Range& r : l) {
+            if (!is_tree_node(nb, r.lo, r.hi))
+                throw Error("TreeAccumulator: blocks [" + std::to_string(r.lo) + ", " +
+                            std::to_string(r.hi) + ") are not one node of the tree over " +
+                            std::to_string(nb) + " blocks");
+            PX_ASSERT(all.empty() || all.back().hi <= r.lo,
+                      "TreeAccumulator: leaves must be ascending and disjoint");
+            all.push_back(r);
+        }
+    }
+    targets_ = maximal_nodes(nb, all);
+    leaf_.resize(leaves_.size());
+    for (size_t k = 0; k < leaves_.size(); k++)
+        leaf_[k].assign(leaves_[k].size(), -1);
+    for (size_t t = 0; t < targets_.size(); t++)
+        roots_.push_back(build(nb, targets_[t].lo, targets_[t].hi, -1, static_cast<int>(t)));
+    for (const auto& l : leaf_)
+        for (int id : l) PX_ASSERT(id >= 0, "TreeAccumulator: a leaf outside the targets");
+    target_bufs_.assign(targets_.size(), nullptr);
+    target_bufs_[0] = result_;
+}
+
+// Node [lo, hi) of token blocks; it splits at ceil(n/2) (DESIGN.md §2.1) until it is a leaf.
+// leftmost_of: the target whose leftmost path this node is on (else -1).
+int TreeAccumulator::build(i64 nb, i64 lo, i64 hi, int parent, int leftmost_of) {
     const int id = static_cast<int>(nodes_.size());
     nodes_.push_back(Node{});
     nodes_[static_cast<size_t>(id)].parent = parent;
-    if (hi - lo == bpm) {
-        PX_ASSERT(lo % bpm == 0, "TreeAccumulator: a microbatch's blocks are not one node");
-        leaf_[static_cast<size_t>(lo / bpm)] = id;
-        return id;
-    }
-    PX_ASSERT(hi - lo > bpm, "TreeAccumulator: a microbatch's blocks are not one node");
+    for (size_t k = 0; k < leaves_.size(); k++)
+        for (size_t i = 0; i < leaves_[k].size(); i++)
+            if (leaves_[k][i] == Range{lo, hi}) {
+                leaf_[k][i] = id;
+                nodes_[static_cast<size_t>(id)].target = leftmost_of;
+                return id;
+            }
+    PX_ASSERT(hi - lo > 1, "TreeAccumulator: the leaves do not cover the targets");
     const i64 mid = tree_mid(lo, hi);
-    const int left = build(lo, mid, bpm, id);
-    const int right = build(mid, hi, bpm, id);
+    const int left = build(nb, lo, mid, id, leftmost_of);
+    const int right = build(nb, mid, hi, id, -1);
     nodes_[static_cast<size_t>(id)].left = left;
     nodes_[static_cast<size_t>(id)].right = right;
     return id;
@@ -67,36 +106,61 @@ float* TreeAccumulator::take() {
     return b;
 }
 
-float* TreeAccumulator::begin(int k) {
-    Node& n = nodes_[static_cast<size_t>(leaf_[static_cast<size_t>(k)])];
-    PX_ASSERT(!n.done && n.buf == nullptr, "TreeAccumulator: microbatch " + std::to_string(k) +
-                                               " accumulated twice in one step");
-    // The leftmost leaf's buffer becomes every ancestor's, up to the root: the result.
-    n.buf = k == 0 ? result_ : take();
-    std::memset(n.buf + span_.lo, 0, static_cast<size_t>(span_.hi - span_.lo) * sizeof(float));
-    return n.buf;
+std::vector<float*> TreeAccumulator::begin(int k) {
+    std::vector<float*> bufs;
+    for (int id : leaf_[static_cast<size_t>(k)]) {
+        Node& n = nodes_[static_cast<size_t>(id)];
+        PX_ASSERT(!n.done && n.buf == nullptr, "TreeAccumulator: microbatch " + std::to_string(k) +
+                                                   " accumulated twice in one step");
+        // A target's leftmost leaf's buffer becomes every ancestor's, up to the target.
+        if (n.target >= 0) {
+            float*& t = target_bufs_[static_cast<size_t>(n.target)];
+            if (t == nullptr) {  // kept for the target: never on the free list
+                pool_.emplace_back(bytes_of(DType::f32, floats_));
+                t = pool_.back().f32();
+            }
+            n.buf = t;
+        } else {
+            n.buf = take();
+        }
+        std::memset(n.buf + span_.lo, 0, static_cast<size_t>(span_.hi - span_.lo) * sizeof(float));
+        bufs.push_back(n.buf);
+    }
+    return bufs;
 }
 
 void TreeAccumulator::end(int k) {
-    int id = leaf_[static_cast<size_t>(k)];
-    nodes_[static_cast<size_t>(id)].done = true;
-    // Walk up while the sibling is complete too: parent = left + right, in left's buffer.
-    for (int p = nodes_[static_cast<size_t>(id)].parent; p >= 0;
-         p = nodes_[static_cast<size_t>(p)].parent) {
-        Node& node = nodes_[static_cast<size_t>(p)];
-        Node& l = nodes_[static_cast<size_t>(node.left)];
-        Node& r = nodes_[static_cast<size_t>(node.right)];
-        if (!l.done || !r.done) return;
-        float* left = l.buf;
-        const float* right = r.buf;
-        const i64 lo = span_.lo, hi = span_.hi;
+    for (int id : leaf_[static_cast<size_t>(k)]) {
+        nodes_[static_cast<size_t>(id)].done = true;
+        // Walk up while the sibling is complete too: parent = left + right, in left's buffer.
+        for (int p = nodes_[static_cast<size_t>(id)].parent; p >= 0;
+             p = nodes_[static_cast<size_t>(p)].parent) {
+            Node& node = nodes_[static_cast<size_t>(p)];
+            Node& l = nodes_[static_cast<size_t>(node.left)];
+            Node& r = nodes_[static_cast<size_t>(node.right)];
+            if (!l.done || !r.done) break;
+            float* left = l.buf;
+            const float* right = r.buf;
+            const i64 lo = span_.lo, hi = span_.hi;
 #pragma omp parallel for schedule(static)
-        for (i64 i = lo; i < hi; i++) left[i] = left[i] + right[i];
-        free_.push_back(r.buf);
-        node.buf = l.buf;
-        node.done = true;
-        l.buf = r.buf = nullptr;
+            for (i64 i = lo; i < hi; i++) left[i] = left[i] + right[i];
+            free_.push_back(r.buf);
+            node.buf = l.buf;
+            node.done = true;
+            l.buf = r.buf = nullptr;
+        }
     }
+}
+
+bool TreeAccumulator::complete() const {
+    for (int r : roots_)
+        if (!nodes_[static_cast<size_t>(r)].done) return false;
+    return true;
+}
+
+float* TreeAccumulator::target_buffer(size_t i) const {
+    PX_ASSERT(nodes_[static_cast<size_t>(roots_[i])].done, "TreeAccumulator: target incomplete");
+    return target_bufs_[i];
 }
 
 i64 TreeAccumulator::bytes() const {
@@ -121,7 +185,9 @@ void TreeAccumulator::reset() {
         n.buf = nullptr;
     }
     free_.clear();
-    for (Arena& a : pool_) free_.push_back(a.f32());
+    for (Arena& a : pool_)
+        if (std::find(target_bufs_.begin(), target_bufs_.end(), a.f32()) == target_bufs_.end())
+            free_.push_back(a.f32());
 }
 
 // A message moves its elements as bits: fp32 as floats, a 16-bit or 8-bit activation as

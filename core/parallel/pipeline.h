@@ -76,6 +76,7 @@
 #include "core/comm/comm.h"
 #include "core/model/model.h"
 #include "core/parallel/mesh.h"
+#include "core/parallel/tree_exchange.h"
 
 #include <vector>
 
@@ -88,19 +89,32 @@ ModelPart stage_part(const Mesh& mesh, int pp_rank);
 // ---- gradient accumulation -------------------------------------------------------------------
 
 // The microbatch gradients of one model chunk, combined in the canonical token tree (DESIGN.md
-// §2.1): microbatch k owns token blocks [k·b, (k+1)·b) of the batch's tree, one node of it; a
-// node's gradient is left + right once both children are in. Microbatches may finish in any
-// order (every schedule here runs a chunk's backwards in increasing microbatch order, which
-// makes this Job's stack: at most log2(m)+1 partials); the result is the same bits either way.
-// Leaf 0 accumulates into `result`, so the root ends there; other leaves use pooled buffers.
-// Only floats [span.lo, span.hi) are zeroed and combined: the chunk's part of a gradient buffer.
+// §2.1). Microbatch k covers one or several nodes of the batch's tree over `nb` token blocks (its
+// leaves, ascending: the maximal nodes of its block range); the rank's microbatches together
+// cover its targets (the maximal nodes of all their blocks: one node when the rank's range is
+// one). A node below a target is left + right once both children are in. Microbatches may finish
+// in any order (every schedule here runs a chunk's backwards in increasing microbatch order,
+// which makes this a stack: about log2(m)+1 partials per target); the result is the same bits
+// either way. Each target's value ends in the buffer of its leftmost leaf: `result` for target 0,
+// a pooled buffer for the others (targets()). Only floats [span.lo, span.hi) are zeroed and
+// combined: the chunk's part of a gradient buffer.
 class TreeAccumulator {
 public:
+    // leaves[k]: microbatch k's nodes of the tree over nb blocks, ascending; the microbatches'
+    // ranges disjoint and ascending. Throws px::Error when a leaf is not a node.
+    TreeAccumulator(i64 nb, std::vector<std::vector<Range>> leaves, float* result, i64 floats,
+                    GradSpan span);
+    // Microbatch k owns blocks [k·b, (k+1)·b) of a tree over m·b blocks, one node each.
     TreeAccumulator(int microbatches, i64 blocks_per_microbatch, float* result, i64 floats,
                     GradSpan span);
-    float* begin(int k);  // where microbatch k's backward accumulates (its span zeroed)
-    void end(int k);      // k is complete: combine every node whose children are complete
-    bool complete() const { return nodes_[0].done; }  // the whole batch is in `result`
+    // Where microbatch k's backward accumulates, one buffer per leaf of it (spans zeroed).
+    std::vector<float*> begin(int k);
+    void end(int k);  // k is complete: combine every node whose children are complete
+    bool complete() const;  // every target is in its buffer
+    // The targets (ascending) and their buffers: complete() once every microbatch has ended.
+    const std::vector<Range>& targets() const { return targets_; }
+    float* target_buffer(size_t i) const;
+    const std::vector<Range>& leaves(int k) const { return leaves_[static_cast<size_t>(k)]; }
     void reset();                                     // for the next step
     int buffers() const { return static_cast<int>(pool_.size()); }  // partial buffers made
     i64 bytes() const;                                              // of those buffers
@@ -110,18 +124,23 @@ public:
 private:
     struct Node {
         int left = -1, right = -1, parent = -1;
+        int target = -1;  // a target's leftmost leaf: the target's index (its buffer)
         bool done = false;
         float* buf = nullptr;
     };
-    int build(i64 lo, i64 hi, i64 blocks_per_microbatch, int parent);
+    int build(i64 nb, i64 lo, i64 hi, int parent, int leftmost_of);
     float* take();
 
     float* result_;
     i64 floats_;
     GradSpan span_;
-    std::vector<Node> nodes_;  // [0] is the root
-    std::vector<int> leaf_;    // per microbatch: its node
-    std::vector<Arena> pool_;  // partial gradients made so far
+    std::vector<std::vector<Range>> leaves_;  // per microbatch
+    std::vector<Range> targets_;
+    std::vector<Node> nodes_;             // the targets' subtrees
+    std::vector<int> roots_;              // per target: its node
+    std::vector<std::vector<int>> leaf_;  // per microbatch: its leaves' nodes
+    std::vector<float*> target_bufs_;     // per target: where its value ends (0: result)
+    std::vector<Arena> pool_;             // partial gradients made so far
     std::vector<float*> free_;
 };
 

@@ -449,10 +449,22 @@ void vocab_embedding_forward(comm::Communicator& tp, const Numerics& nx, float* 
 
 void vocab_embedding_backward(comm::Communicator& tp, const Numerics& nx, float* dwte_r,
                               float* dwpe, const float* dout, const int* tokens,
-                              const DimSplit& vocab, i64 B, i64 T, i64 C) {
+                              const DimSplit& vocab, i64 B, i64 T, i64 C, i64 row_lo,
+                              i64 row_hi) {
     check_group(tp, vocab, "vocab_embedding_backward");
     const int me = tp.rank();
-    const i64 BT = B * T;
+    if (row_hi < 0) row_hi = B * T;
+    PX_ASSERT(0 <= row_lo && row_lo <= row_hi && row_hi <= B * T,
+              "vocab_embedding_backward: row range");
+    if (dwpe != nullptr) {
+        const Tensor dpos = view_f32(dwpe, {T, C});
+        ops::embedding_backward(nx, nullptr, &dpos, view_f32(dout, {B, T, C}), tokens, row_lo,
+                                row_hi);
+    }
+    // dwte's rows over the flat tokens [row_lo, row_hi), counted from row_lo.
+    dout += row_lo * C;
+    tokens += row_lo;
+    const i64 BT = row_hi - row_lo;
     if (BT <= 0) return;
     for (i64 n = 0; n < BT; n++) check_token(tokens[n], n, vocab.n, "vocab_embedding_backward");
     const i64 vr = vocab.local(me);
@@ -493,10 +505,6 @@ void vocab_embedding_backward(comm::Communicator& tp, const Numerics& nx, float*
                 add_into(dwte_r + v * C, p.data(), C);
             }
         }
-    }
-    if (dwpe != nullptr) {
-        const Tensor dpos = view_f32(dwpe, {T, C});
-        ops::embedding_backward(nx, nullptr, &dpos, view_f32(dout, {B, T, C}), tokens);
     }
 }
 

@@ -186,10 +186,12 @@ void vocab_embedding_forward(comm::Communicator& tp, const Numerics& nx, float* 
 // dwte_r[v] += Σ dout[n] over the tokens n with tok_n = v, for rank's rows only: the single
 // device reduces each output row on its own (tree over the flat token index, empty blocks
 // skipped), so restricting the rows is exact. dwpe (T,C) += Σ_b dout[b,t] on every rank
-// (replicated), or null. No communication. dout (B,T,C); tokens (B,T)
+// (replicated), or null. No communication. dout (B,T,C); tokens (B,T). With a row range, over
+// the flat tokens [row_lo, row_hi) only (row_hi < 0: all), as ops::embedding_backward's.
 void vocab_embedding_backward(comm::Communicator& tp, const Numerics& nx, float* dwte_r,
                               float* dwpe, const float* dout, const int* tokens,
-                              const DimSplit& vocab, i64 B, i64 T, i64 C);
+                              const DimSplit& vocab, i64 B, i64 T, i64 C, i64 row_lo = 0,
+                              i64 row_hi = -1);
 
 // ---- vocabulary-parallel cross-entropy ---------------------------------------------------------
 

@@ -166,12 +166,13 @@ void TpLayers::linear_forward(Linear l, const Tensor& out, const Tensor& inp, co
     o.store();
 }
 
-void TpLayers::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight,
+void TpLayers::linear_backward(Linear l, const Tensor* dinp, const Tensor* dweight,
                                const Tensor* dbias, const Tensor& dout, const Tensor& inp,
                                const Tensor& weight) const {
     float* db = dbias ? dbias->f32() : nullptr;
+    float* dw = dweight ? dweight->f32() : nullptr;
     const i64 BT = rows_of(inp);
-    const Widened di(&dinp), d(&dout), i(&inp), w(&weight, inp.dtype);
+    const Widened di(dinp), d(&dout), i(&inp), w(&weight, inp.dtype);
     switch (l) {
         case Linear::qkv:
         case Linear::fc: {
@@ -180,17 +181,18 @@ void TpLayers::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweig
             if (sequence_parallel()) {  // dX reduce-scattered: this rank's token rows of dinp
                 const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
                 const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
-                tp::column_parallel_backward_sp(comm_, nx_, di.f32() + lo * C, dweight.f32(), db,
-                                                d.f32(), i.f32(), w.f32(), oc, tokens, BT, C);
+                PX_ASSERT(dinp != nullptr, "column_parallel_backward_sp without dinp");
+                tp::column_parallel_backward_sp(comm_, nx_, di.f32() + lo * C, dw, db, d.f32(),
+                                                i.f32(), w.f32(), oc, tokens, BT, C);
                 break;
             }
-            tp::column_parallel_backward(comm_, nx_, di.f32(), dweight.f32(), db, d.f32(), i.f32(),
-                                         w.f32(), oc, BT, C);
+            tp::column_parallel_backward(comm_, nx_, di.f32(), dw, db, d.f32(), i.f32(), w.f32(),
+                                         oc, BT, C);
             break;
         }
         case Linear::attn_proj:
         case Linear::fc_proj:
-            tp::row_parallel_backward(comm_, nx_, di.f32(), dweight.f32(), db, d.f32(), i.f32(),
+            tp::row_parallel_backward(comm_, nx_, di.f32(), dw, db, d.f32(), i.f32(),
                                       w.f32(), l == Linear::attn_proj ? shards_.channels : shards_.ffn,
                                       BT, weight.shape[0]);
             break;
@@ -207,10 +209,11 @@ void TpLayers::embedding_forward(const Tensor& out, const int* tokens, const Ten
 }
 
 void TpLayers::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                  const int* tokens) const {
+                                  const int* tokens, i64 row_lo, i64 row_hi) const {
     const Widened d(&dout);
     tp::vocab_embedding_backward(comm_, nx_, dwte.f32(), dwpe.f32(), d.f32(), tokens,
-                                 shards_.vocabulary, dout.shape[0], dout.shape[1], dout.shape[2]);
+                                 shards_.vocabulary, dout.shape[0], dout.shape[1], dout.shape[2],
+                                 row_lo, row_hi);
 }
 
 // LM head: logits_r = lnf wte_rᵀ (column parallel over the vocabulary, no bias), then the
@@ -236,19 +239,21 @@ void TpLayers::head_dlogits(const Tensor& probs, const int* targets, float dloss
     p.store();
 }
 
-void TpLayers::head_dinp(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
+void TpLayers::head_dinp(const Tensor* dlnf, const Tensor* dwte_head, const Tensor& probs,
                          const Tensor& lnf, const Tensor& wte) const {
     const i64 BT = rows_of(lnf);
-    const Widened dl(&dlnf), p(&probs), l(&lnf), w(&wte, lnf.dtype);
+    const Widened dl(dlnf), p(&probs), l(&lnf), w(&wte, lnf.dtype);
+    float* dh = dwte_head ? dwte_head->f32() : nullptr;
     if (sequence_parallel()) {  // dlnf reduce-scattered: this rank's token rows
+        PX_ASSERT(dlnf != nullptr, "head_dinp under sequence parallelism without dlnf");
         const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
         const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
-        tp::column_parallel_backward_sp(comm_, nx_, dl.f32() + lo * mc_.hidden, dwte_head.f32(),
-                                        nullptr, p.f32(), l.f32(), w.f32(), shards_.vocabulary,
-                                        tokens, BT, mc_.hidden);
+        tp::column_parallel_backward_sp(comm_, nx_, dl.f32() + lo * mc_.hidden, dh, nullptr,
+                                        p.f32(), l.f32(), w.f32(), shards_.vocabulary, tokens, BT,
+                                        mc_.hidden);
     } else {
-        tp::column_parallel_backward(comm_, nx_, dl.f32(), dwte_head.f32(), nullptr, p.f32(),
-                                     l.f32(), w.f32(), shards_.vocabulary, BT, mc_.hidden);
+        tp::column_parallel_backward(comm_, nx_, dl.f32(), dh, nullptr, p.f32(), l.f32(), w.f32(),
+                                     shards_.vocabulary, BT, mc_.hidden);
     }
     dl.store();
 }

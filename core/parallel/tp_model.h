@@ -73,17 +73,17 @@ public:
     void fill_normal(float* p, const TableEntry& e, float std, std::uint64_t seed) const override;
     void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
                         const Tensor* bias) const override;
-    void linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
+    void linear_backward(Linear l, const Tensor* dinp, const Tensor* dweight, const Tensor* dbias,
                          const Tensor& dout, const Tensor& inp,
                          const Tensor& weight) const override;
     void embedding_forward(const Tensor& out, const int* tokens, const Tensor& wte,
                            const Tensor& wpe) const override;
     void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                            const int* tokens) const override;
+                            const int* tokens, i64 row_lo, i64 row_hi) const override;
     void head_logits(const Tensor& probs, const Tensor& lnf, const Tensor& wte) const override;
     void head_loss(const Tensor& losses, const Tensor& probs, const int* targets) const override;
     void head_dlogits(const Tensor& probs, const int* targets, float dloss) const override;
-    void head_dinp(const Tensor& dlnf, const Tensor& dwte_head, const Tensor& probs,
+    void head_dinp(const Tensor* dlnf, const Tensor* dwte_head, const Tensor& probs,
                    const Tensor& lnf, const Tensor& wte) const override;
     ColumnShard probe_columns(ProbeSplit s) const override;
     ShardSpec param_shard(const TableEntry& e) const override;

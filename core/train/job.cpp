@@ -143,8 +143,8 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
     } else {
         opt_ = std::make_unique<AdamW>(*model_);
     }
-    const i64 bpm = layout_.microbatches > 1 ? micro_B_ * T_ / nx_.block : 1;
     if (layout_.microbatch_major()) {
+        const i64 bpm = layout_.microbatches > 1 ? micro_B_ * T_ / nx_.block : 1;
         // ZeRO-2/3 on one stage: the model tells ZeroUnits before and after each unit; weights
         // (ZeRO-3) and gradients are mapped only while a unit runs, and only the shard is kept.
         // Microbatch k of the batch is one node, cut into one piece per replica; the nodes
@@ -156,10 +156,26 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
         model_->set_unit_hooks(units_.get());
         units_->reset_peaks();
     } else {
-        // Microbatches own token blocks [k·b, (k+1)·b) of the replica's node (make_layout checked
-        // they are tree nodes); the subtree below a node has the same shape wherever it starts.
+        // Microbatch m owns token blocks [lo, hi) of the batch's tree (mesh.h token_ranges): one
+        // node, or several when the cut does not follow the tree's splits (dp = 3, 6, ...). Its
+        // nodes are the accumulator's leaves; GPT::backward computes each one's weight gradients
+        // over its rows alone. The subtree below a node has the same shape wherever it starts.
+        const i64 nb = layout_.token_blocks(), N = cfg_.train.batch_size * T_;
+        std::vector<std::vector<Range>> leaves;
+        std::vector<std::vector<Range>> owned(static_cast<size_t>(layout_.dp));
+        for (const TokenRange& r : token_ranges(layout_)) {
+            owned[static_cast<size_t>(r.dp_rank)].push_back({r.block_lo, r.block_hi});
+            if (r.dp_rank != dp_rank_) continue;
+            leaves.push_back(maximal_nodes(nb, r.block_lo, r.block_hi));
+            std::vector<Range> rows;
+            const i64 first = r.sample_lo * T_;
+            for (const Range& n : leaves.back())
+                rows.push_back({n.lo * nx_.block - first, std::min(n.hi * nx_.block, N) - first});
+            leaf_rows_.push_back(std::move(rows));
+        }
+        plan_ = make_plan(nb, owned);
         for (int c = 0; c < model_->num_chunks(); c++)
-            acc_.emplace_back(layout_.microbatches, bpm, grads_.f32(), model_->grad_layout().total,
+            acc_.emplace_back(nb, leaves, grads_.f32(), model_->grad_layout().total,
                               model_->grad_span(c));
     }
     if (zero_ == 3) shards_->release_params(model_->param_arena());
@@ -326,10 +342,14 @@ void Job::backward(Slot& slot, int c, int m) {
         return;
     }
     TreeAccumulator& acc = acc_[static_cast<size_t>(c)];
-    float* node = acc.begin(m);
-    model_->backward(slot.acts, c, node, tokens(m), targets(m), dloss);
+    const std::vector<float*> bufs = acc.begin(m);
+    const std::vector<Range>& rows = leaf_rows_[static_cast<size_t>(m)];
+    std::vector<TokenNode> nodes;
+    for (size_t i = 0; i < bufs.size(); i++) nodes.push_back({rows[i].lo, rows[i].hi, bufs[i]});
+    model_->backward(slot.acts, c, nodes, tokens(m), targets(m), dloss);
+    // The hooks and the "mgrad" probe see the microbatch's first node (all of it when it is one).
     const GradSpan span = model_->grad_span(c);
-    microbatch_grad(m, node, span.lo, span.hi);
+    microbatch_grad(m, bufs[0], span.lo, span.hi);
     acc.end(m);
 }
 
@@ -402,11 +422,45 @@ void Job::reduce_grads(float* g) {
         shards_->combine_tied(g);
         return;
     }
-    if (zero_ >= 2)
+    if (!plan_.rank_tree && groups_.dp) {
+        combine_nodes_across_replicas(g);
+    } else if (zero_ >= 2) {
         shards_->reduce_scatter_stage(*groups_.dp, g, layout_.algo);
-    else if (groups_.dp)
+    } else if (groups_.dp) {
         groups_.dp->all_reduce(g, model_->grad_layout().total, layout_.algo);
+    }
     exchange_tied_grads(g);
+}
+
+// The replicas' ranges are not one node each, or their tree over rank indices is not the block
+// tree: each replica's nodes (its accumulators' targets: g holds the first, the others their own
+// buffers) combine in the block tree by the tree exchange, and every replica gets the whole
+// reduced gradient (under ZeRO-2, the shard it owns is a part of it). Fast mode adds a replica's
+// nodes locally and reduces as usual.
+void Job::combine_nodes_across_replicas(float* g) {
+    const i64 w = model_->grad_layout().total;
+    const size_t k = acc_.front().targets().size();
+    if (nx_.mode == Mode::fast) {
+        for (const TreeAccumulator& a : acc_) {
+            const GradSpan s = model_->grad_span(static_cast<int>(&a - acc_.data()));
+            for (size_t j = 1; j < k; j++) {
+                const float* t = a.target_buffer(j);
+                for (i64 i = s.lo; i < s.hi; i++) g[i] += t[i];
+            }
+        }
+        groups_.dp->all_reduce(g, w, layout_.algo);
+        return;
+    }
+    std::vector<float> values(k * static_cast<size_t>(w));
+    std::memcpy(values.data(), g, static_cast<size_t>(w) * sizeof(float));
+    for (size_t c = 0; c < acc_.size(); c++) {
+        const GradSpan s = model_->grad_span(static_cast<int>(c));
+        for (size_t j = 1; j < k; j++)
+            std::memcpy(values.data() + j * static_cast<size_t>(w) + s.lo,
+                        acc_[c].target_buffer(j) + s.lo,
+                        static_cast<size_t>(s.hi - s.lo) * sizeof(float));
+    }
+    exchange_and_combine(*groups_.dp, plan_, values.data(), w, g);
 }
 
 // dwte = dwte(embedding) + dwte(LM head). On one stage, GPT::combine_tied_grads. Across stages

@@ -28,6 +28,7 @@
 #include "core/model/model.h"
 #include "core/model/optimizer.h"
 #include "core/parallel/mesh.h"
+#include "core/parallel/tree_exchange.h"
 #include "core/model/probe.h"
 
 #include <cstdint>
@@ -235,6 +236,7 @@ private:
     void set_probe_rows(int m);
     i64 first_row(int m) const;  // microbatch m's first sequence in the step's batch
     void reduce_grads(float* g);
+    void combine_nodes_across_replicas(float* g);
     void exchange_tied_grads(float* g);
     float grad_norm(float* g);
     double step_loss();
@@ -270,6 +272,10 @@ private:
     std::vector<float> checked_w_;        // of its moments and its weights
     Arena grads_;                         // the step's gradient (GradLayout), fp32
     std::vector<TreeAccumulator> acc_;    // per chunk (not under ZeroUnits)
+    // Per microbatch: token rows [lo, hi) of each of its nodes of the batch's token tree (one
+    // when its range is a node), in TreeAccumulator::leaves order.
+    std::vector<std::vector<Range>> leaf_rows_;
+    NodePlan plan_;  // every replica's nodes of the batch's token tree (not under ZeroUnits)
     std::vector<std::vector<std::unique_ptr<Slot>>> slots_;  // per chunk: every set made
     std::vector<std::vector<Slot*>> free_;                   // per chunk: sets not in use
     std::vector<std::vector<Slot*>> live_;                   // per chunk, per microbatch

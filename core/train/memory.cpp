@@ -3,6 +3,7 @@
 
 #include "core/base/arena.h"
 #include "core/base/error.h"
+#include "core/parallel/mesh.h"
 
 #include <algorithm>
 #include <cmath>
@@ -45,7 +46,13 @@ Sizes sizes_of(const Config& c) {
     s.VB = double(c.train.val_batches);
     s.eval = c.train.eval_every > 0;
     s.recompute = c.layout.recompute == "full";
-    s.microbatch_major = s.zero >= 2 && s.dp > 1 && s.pp == 1;
+    {  // as Layout::microbatch_major decides it (ZeroUnits when every piece is a tree node)
+        Layout l;
+        l.dp = c.layout.dp, l.pp = c.layout.pp, l.zero = s.zero;
+        l.microbatches = static_cast<int>(s.M);
+        l.batch_size = c.train.batch_size, l.seq_len = m.seq_len, l.block = c.numerics.block;
+        s.microbatch_major = l.microbatch_major();
+    }
     s.schedule = c.layout.schedule;
     s.act_bytes = double(dtype_size(activation_dtype(c.precision)));
     if (c.data.source == "markov") {

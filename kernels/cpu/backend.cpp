@@ -83,9 +83,10 @@ void embedding_fwd(const Numerics& nx, const Tensor& out, const int* tokens, con
 
 // V only bounds the token ids of dwte's rows, so it is unused without dwte.
 void embedding_bwd(const Numerics& nx, const Tensor* dwte, const Tensor* dwpe, const Tensor& dout,
-                   const int* tokens) {
+                   const int* tokens, i64 row_lo, i64 row_hi) {
     embedding_backward(nx, f32_or_null(dwte), f32_or_null(dwpe), dout.f32(), tokens, dout.shape[0],
-                       dout.shape[1], dout.shape[2], dwte != nullptr ? dwte->shape[0] : 0);
+                       dout.shape[1], dout.shape[2], dwte != nullptr ? dwte->shape[0] : 0, row_lo,
+                       row_hi);
 }
 
 void crossentropy_fwd(const Numerics& nx, const Tensor& losses, const Tensor& probs,

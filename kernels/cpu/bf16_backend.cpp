@@ -116,9 +116,9 @@ void embedding_fwd(const Numerics& nx, const Tensor& out, const int* tokens, con
 }
 
 void embedding_bwd(const Numerics& nx, const Tensor* dwte, const Tensor* dwpe, const Tensor& dout,
-                   const int* tokens) {
+                   const int* tokens, i64 row_lo, i64 row_hi) {
     Wide d(&dout);
-    f32().embedding_backward(nx, dwte, dwpe, *d, tokens);
+    f32().embedding_backward(nx, dwte, dwpe, *d, tokens, row_lo, row_hi);
 }
 
 void crossentropy_fwd(const Numerics& nx, const Tensor& losses, const Tensor& probs,

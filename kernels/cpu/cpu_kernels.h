@@ -75,9 +75,12 @@ void residual_backward(const Numerics& nx, float* dinp1, float* dinp2, const flo
 void embedding_forward(const Numerics& nx, float* out, const int* tokens, const float* wte,
                        const float* wpe, i64 B, i64 T, i64 C);
 // dwte (V,C) += Σ over tokens with that id; dwpe (T,C) += Σ over the B tokens at that position.
-// Both are reductions over the flat token index b*T+t in the canonical tree (empty nodes skipped).
+// Both are reductions over the flat token index b*T+t in the canonical tree (empty nodes skipped);
+// with a row range, over the flat tokens [row_lo, row_hi) only (row_hi < 0: to the end), its
+// blocks counted from row_lo (one node of a longer tree).
 void embedding_backward(const Numerics& nx, float* dwte, float* dwpe, const float* dout,
-                        const int* tokens, i64 B, i64 T, i64 C, i64 V);
+                        const int* tokens, i64 B, i64 T, i64 C, i64 V, i64 row_lo = 0,
+                        i64 row_hi = -1);
 
 // losses (BT), probs (BT,V) saved; logits (BT,V), targets (BT).
 // loss = log Σ exp(l - max) - (l[target] - max), the sum in the canonical tree over V.

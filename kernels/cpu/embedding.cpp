@@ -5,6 +5,9 @@
 // output row are grouped by their block n / nx.block, summed sequentially inside a block (from
 // +0, in index order) and the blocks combine in the canonical tree over all num_blocks(B·T) blocks,
 // with the blocks that hold none of the row's tokens skipped. Threads take whole output rows.
+// A row range [row_lo, row_hi) of the flat tokens reduces only those, its blocks counted from
+// row_lo: the value of one node of a longer batch's tree (core/model: a microbatch that is several
+// nodes), whose positions are still n mod T.
 #include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -68,11 +71,17 @@ void embedding_forward(const Numerics&, float* out, const int* tokens, const flo
     }
 }
 
-// dwte (V,C) +=, dwpe (T,C) += (null skipped); dout (B,T,C); tokens (B,T)
+// dwte (V,C) +=, dwpe (T,C) += (null skipped); dout (B,T,C); tokens (B,T); the flat tokens
+// [row_lo, row_hi) (row_hi < 0: to the end)
 void embedding_backward(const Numerics& nx, float* dwte, float* dwpe, const float* dout,
-                        const int* tokens, i64 B, i64 T, i64 C, i64 V) {
-    const i64 BT = B * T;
+                        const int* tokens, i64 B, i64 T, i64 C, i64 V, i64 row_lo, i64 row_hi) {
+    if (row_hi < 0) row_hi = B * T;
+    PX_ASSERT(0 <= row_lo && row_lo <= row_hi && row_hi <= B * T, "embedding_backward: row range");
+    // From here on, flat indices n count from row_lo; a token's position is (row_lo + n) mod T.
+    const i64 BT = row_hi - row_lo, first = row_lo;
     if (BT <= 0) return;
+    dout += first * C;
+    tokens += first;
     const int blk = nx.block;
     const i64 nb = num_blocks(BT, blk);
     if (dwte) {
@@ -106,11 +115,13 @@ void embedding_backward(const Numerics& nx, float* dwte, float* dwpe, const floa
 #pragma omp parallel
         {
             std::vector<float> p;
-            std::vector<i64> bids, idx(B);
+            std::vector<i64> bids, idx;
 #pragma omp for schedule(static)
             for (i64 t = 0; t < T; t++) {
-                for (i64 b = 0; b < B; b++) idx[b] = b * T + t;
-                reduce_tokens(dwpe + t * C, dout, idx.data(), B, C, blk, nb, p, bids);
+                idx.clear();  // the tokens at position t, ascending
+                for (i64 n = ((t - first) % T + T) % T; n < BT; n += T) idx.push_back(n);
+                reduce_tokens(dwpe + t * C, dout, idx.data(), i64(idx.size()), C, blk, nb, p,
+                              bids);
             }
         }
     }

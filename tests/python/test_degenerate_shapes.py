@@ -34,13 +34,16 @@ ORDER = ["model.ffn", "model.heads", "model.hidden", "model.vocab", "model.seq_l
          "train.batch_size", "model.layers"]
 FIXED = {"numerics.block": 1, "train.threads": 1, "train.eval_every": 0, "train.microbatches": 1}
 
-# Every layout kind: dp (ZeRO 0-3, microbatches, a degree that is not a power of two), tp (1, 3, 4
+# Every layout kind: dp (ZeRO 0-3, microbatches, degrees that are not a power of two), tp (1, 3, 4
 # ranks; sequence parallelism), pp (GPipe, 1F1B, interleaved, recomputation), and their products.
 # A layout's extra keys may also move the base (dp3: three sequences of one block each; tp3:
 # three heads).
 LAYOUTS = [
     ("dp2", []),
     ("dp3", ["train.batch_size=3", "numerics.block=4"]),
+    # Ranges that are not tree nodes: computed as their nodes (ZeRO-2 then runs dp-major).
+    ("dp6xz2", ["train.batch_size=6"]),
+    ("dp3xtp2xmb2", ["train.batch_size=6"]),
     ("dp4xz1", []),
     ("dp2xz2xmb2", []),
     ("dp4xz3", []),
