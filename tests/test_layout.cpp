@@ -298,32 +298,6 @@ TEST_CASE("each validation error is a sentence naming the keys", "[layout]") {
          {"layout.dp=2 × train.microbatches=2 with train.batch_size=8, model.seq_len=48 and "
           "numerics.block=64",
           "dp rank 0, microbatch 0 starts or ends at token 96, inside a block of 64 tokens"}},
-        {"token range not a node under sequence parallelism",
-         [](Layout& l) {
-             l.dp = 3;
-             l.batch_size = 6;
-             l.seq_len = 64;
-             l.tp = 2;
-             l.hidden = 128;
-             l.sequence_parallel = true;
-         },
-         {"layout.dp=3 × train.microbatches=1 with train.batch_size=6, model.seq_len=64 and "
-          "numerics.block=64",
-          "dp rank 1 owns token blocks [2,4) of 6, which is not one node of the tree: the smallest "
-          "node holding it, "
-          "[0,6), splits into [0,3) and [3,6)",
-          "with layout.sequence_parallel", "choose layout.sequence_parallel = false, or layout.dp"}},
-        {"dp rank not a node although its microbatches are, under sequence parallelism",
-         [](Layout& l) {
-             l.dp = 3;
-             l.microbatches = 2;
-             l.batch_size = 6;
-             l.seq_len = 64;
-             l.tp = 2;
-             l.hidden = 128;
-             l.sequence_parallel = true;
-         },
-         {"dp rank 1 owns token blocks [2,4) of 6"}},
     };
     for (const auto& c : cases) {
         INFO(c.what);
@@ -333,7 +307,8 @@ TEST_CASE("each validation error is a sentence naming the keys", "[layout]") {
         for (const auto& part : c.message) CHECK_THAT(msg, Contains(part));
         CHECK_THAT(error_of([&] { validate_layout(l); }), Contains(c.message.front()));
     }
-    // Ranges that are not tree nodes are allowed without sequence parallelism (with tp too).
+    // Ranges that are not tree nodes are allowed (dp rank 1 owns blocks [2,4) of 6), with tp
+    // and sequence parallelism too.
     for (int tp : {1, 2}) {
         Layout odd = base();
         odd.dp = 3;
@@ -341,6 +316,7 @@ TEST_CASE("each validation error is a sentence naming the keys", "[layout]") {
         odd.seq_len = 64;
         odd.tp = tp;
         odd.hidden = 128;
+        odd.sequence_parallel = tp > 1;
         CHECK_NOTHROW(Mesh(odd));
         odd.microbatches = 2;
         CHECK_NOTHROW(Mesh(odd));
@@ -367,7 +343,7 @@ TEST_CASE("token ranges are nodes of the canonical tree", "[layout]") {
             {0, 0, 0, 2, 0, 2}, {0, 1, 2, 4, 2, 4}, {1, 0, 4, 6, 4, 6}, {1, 1, 6, 8, 6, 8}};
         CHECK(r == want);
     }
-    SECTION("dp=3: batch 3 gives nodes; batch 6 ranges that are not, refused only under sp") {
+    SECTION("dp=3: batch 3 gives nodes; batch 6 ranges that are not") {
         Layout l = base();
         l.dp = 3;
         l.seq_len = 64;
@@ -381,10 +357,6 @@ TEST_CASE("token ranges are nodes of the canonical tree", "[layout]") {
         REQUIRE(r6.size() == 3);
         CHECK(r6[1].block_lo == 2);
         CHECK(r6[1].block_hi == 4);
-        l.tp = 2;
-        l.sequence_parallel = true;
-        CHECK_THAT(error_of([&] { token_ranges(l); }),
-                   Contains("dp rank 1 owns token blocks [2,4) of 6"));
     }
     SECTION("ZeRO-2/3 cut by microbatch only when every range and piece is a node") {
         Layout l = base();
@@ -430,8 +402,9 @@ TEST_CASE("token ranges are nodes of the canonical tree", "[layout]") {
         l.microbatches = 4;  // 1 sequence = half a block
         CHECK_THAT(error_of([&] { token_ranges(l); }), Contains("inside a block of 64 tokens"));
     }
-    SECTION("under sp, whenever a layout is valid the owners' tree is the block tree") {
-        int valid = 0, invalid = 0, not_nodes = 0;
+    SECTION("only a block cut between owners is refused; where ranges are nodes, the owners' "
+            "tree is the block tree") {
+        int valid = 0, invalid = 0, nodes = 0;
         for (int dp = 1; dp <= 8; dp++)
             for (int M = 1; M <= 8; M++)
                 for (i64 B = 1; B <= 24; B++)
@@ -444,23 +417,13 @@ TEST_CASE("token ranges are nodes of the canonical tree", "[layout]") {
                             l.batch_size = B;
                             l.seq_len = T;
                             l.block = block;
-                            // Without sequence parallelism only a block cut between owners is
-                            // refused: a range that is not one node is computed as its nodes.
-                            std::string plain;
-                            try {
-                                token_ranges(l);
-                            } catch (const ConfigError& e) {
-                                plain = e.what();
-                            }
-                            if (!plain.empty()) CHECK_THAT(plain, Contains("inside a block"));
-                            l.tp = 2;
-                            l.sequence_parallel = true;
+                            // A range that is not one node is computed as its nodes.
                             std::vector<TokenRange> r;
                             try {
                                 r = token_ranges(l);
-                            } catch (const ConfigError&) {
+                            } catch (const ConfigError& e) {
+                                CHECK_THAT(e.what(), Contains("inside a block"));
                                 invalid++;
-                                if (plain.empty()) not_nodes++;
                                 continue;
                             }
                             valid++;
@@ -483,13 +446,19 @@ TEST_CASE("token ranges are nodes of the canonical tree", "[layout]") {
                             for (int d = 0; d < dp; d++)
                                 ranks.push_back({r[d * M].block_lo, r[d * M + M - 1].block_hi});
                             for (const auto& t : r) all.push_back({t.block_lo, t.block_hi});
+                            bool all_nodes = true;
+                            for (const auto& [lo, hi] : ranks) all_nodes &= is_tree_node(nb, lo, hi);
+                            for (const auto& [lo, hi] : all) all_nodes &= is_tree_node(nb, lo, hi);
+                            if (!all_nodes) continue;
+                            nodes++;
                             CHECK(owner_tree_matches(ranks, nb, 0, dp));
                             for (int d = 0; d < dp; d++)
                                 CHECK(owner_tree_matches(all, nb, d * M, d * M + M));
                         }
-        CHECK(valid > 100);
-        CHECK(invalid > 100);
-        CHECK(not_nodes > 50);  // refused under sp, run without it
+        CHECK(valid > 200);
+        CHECK(invalid > 50);
+        CHECK(nodes > 100);
+        CHECK(valid - nodes > 50);  // ranges that are not nodes: exact all the same
     }
 }
 

@@ -114,6 +114,18 @@ TEST_CASE("sequence parallelism: dp2 x tp2+SP, with microbatches and ZeRO, is bi
     check_layout(c, 1, 3, 0, 2, true);
 }
 
+TEST_CASE("dp3 x tp, with and without SP, over replicas whose tokens are not tree nodes") {
+    // Batch 6 of 32 tokens in blocks of 16: 12 blocks, replica 1 owns [4,8), not a node; each
+    // node's weight gradients are taken over its rows (under SP the tp ranks' token slices
+    // inside each node combine in the node's tree; some ranks hold none of a node).
+    Config c = tp_job();
+    c.train.batch_size = 6;
+    check_layout(c, 3, 2);
+    check_layout(c, 3, 2, 3, 2);
+    check_layout(c, 3, 4, 0, 0, true);
+    check_layout(c, 3, 2, 2, 2, true);
+}
+
 TEST_CASE("layout.sequence_parallel needs whole token blocks per tp rank") {
     Config c = tp_job();
     c.layout.tp = 4;

@@ -269,7 +269,6 @@ void GPT::linear_backward(std::span<const TokenNode> nodes, Linear l, const Tens
         backward(&dinp, &dweight, dbias, dout, inp);
         return;
     }
-    PX_ASSERT(!sp_, "a microbatch of several token nodes under sequence parallelism");
     backward(&dinp, nullptr, nullptr, dout, inp);
     const i64 BT = inp.numel() / inp.shape[inp.ndim - 1];
     for (size_t n = 0; n < nodes.size(); n++) {
@@ -298,22 +297,28 @@ void GPT::layernorm_backward(std::span<const TokenNode> nodes, const Tensor& din
                              const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                              const Tensor& inp, const Tensor& weight, const Tensor& mean,
                              const Tensor& rstd) const {
+    const i64 BT = mean.numel();
     if (nodes.size() == 1) {
         if (sp_)
-            layers_->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+            layers_->layernorm_backward(&dinp, &dweight, &dbias, dout, inp, weight, mean, rstd, 0,
+                                        BT);
         else
             ops::layernorm_backward(nx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
         return;
     }
-    PX_ASSERT(!sp_, "a microbatch of several token nodes under sequence parallelism");
-    ops::layernorm_backward(nx_, &dinp, nullptr, nullptr, dout, inp, weight, mean, rstd);
-    const i64 BT = mean.numel();
+    if (sp_)  // whole tensors and a row range: the tp ranks hold different rows of them
+        layers_->layernorm_backward(&dinp, nullptr, nullptr, dout, inp, weight, mean, rstd, 0, BT);
+    else
+        ops::layernorm_backward(nx_, &dinp, nullptr, nullptr, dout, inp, weight, mean, rstd);
     for (size_t n = 0; n < nodes.size(); n++) {
         const i64 lo = nodes[n].lo, hi = nodes[n].hi;
         const Tensor dw = in_node(dweight, nodes, n), db = in_node(dbias, nodes, n);
-        ops::layernorm_backward(nx_, nullptr, &dw, &db, node_rows(dout, lo, hi, BT),
-                                node_rows(inp, lo, hi, BT), weight, node_rows(mean, lo, hi, BT),
-                                node_rows(rstd, lo, hi, BT));
+        if (sp_)
+            layers_->layernorm_backward(nullptr, &dw, &db, dout, inp, weight, mean, rstd, lo, hi);
+        else
+            ops::layernorm_backward(nx_, nullptr, &dw, &db, node_rows(dout, lo, hi, BT),
+                                    node_rows(inp, lo, hi, BT), weight, node_rows(mean, lo, hi, BT),
+                                    node_rows(rstd, lo, hi, BT));
     }
 }
 
@@ -511,7 +516,6 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
         if (nodes.size() == 1) {
             head_backward(&dbuf_c, &head, probs, a.tensor(LNF));
         } else {
-            PX_ASSERT(!sp_, "a microbatch of several token nodes under sequence parallelism");
             head_backward(&dbuf_c, nullptr, probs, a.tensor(LNF));
             for (size_t n = 0; n < nodes.size(); n++) {
                 const Tensor h = in_node(head, nodes, n);

@@ -117,12 +117,15 @@ public:
     virtual TokenRows token_rows(i64 BT) const { return {0, BT}; }
     // t (B,T,w) or (BT,w): every rank's token_rows -> all rows, in place (all-gather).
     virtual void sp_gather(const Tensor& /*t*/) const {}
-    // As ops::layernorm_backward on token_rows only (full tensors given); dweight and dbias get
-    // the whole microbatch's token reductions, the same bits on every rank.
-    virtual void layernorm_backward(const Tensor& /*dinp*/, const Tensor& /*dweight*/,
-                                    const Tensor& /*dbias*/, const Tensor& /*dout*/,
+    // As ops::layernorm_backward on token_rows only (full tensors given; a null output is not
+    // computed); dweight and dbias get the token reductions over the microbatch's rows
+    // [row_lo, row_hi) (one node of the batch's token tree; row_hi < 0: all rows), the same bits
+    // on every rank.
+    virtual void layernorm_backward(const Tensor* /*dinp*/, const Tensor* /*dweight*/,
+                                    const Tensor* /*dbias*/, const Tensor& /*dout*/,
                                     const Tensor& /*inp*/, const Tensor& /*weight*/,
-                                    const Tensor& /*mean*/, const Tensor& /*rstd*/) const {}
+                                    const Tensor& /*mean*/, const Tensor& /*rstd*/,
+                                    i64 /*row_lo*/, i64 /*row_hi*/) const {}
     virtual TpDims dims() const = 0;  // local sizes of parameters and activations
     // Whether these layers take activations of dtype t (the model refuses a precision its layers
     // do not carry, before it allocates).
@@ -276,8 +279,8 @@ public:
     // The same with the microbatch's token rows cut into nodes (ascending, covering its B·T rows):
     // every weight gradient is computed once per node, over the node's rows alone, into the
     // node's buffer; input gradients once over all rows. Each node's gradients are then bit for
-    // bit those of a microbatch of exactly its rows. Not under unit hooks, and not under sequence
-    // parallelism (the layout check keeps such layouts to dp-major runs without sp).
+    // bit those of a microbatch of exactly its rows. Not under unit hooks (the layout check
+    // runs such layouts dp-major).
     void backward(Activations& a, int chunk, std::span<const TokenNode> nodes, const int* tokens,
                   const int* targets, float dloss) const;
 

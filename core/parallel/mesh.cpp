@@ -27,34 +27,6 @@ void at_least(const std::string& key, i64 v, i64 min) {
         throw ConfigError(key + " = " + str(v) + " is out of range: must be >= " + str(min));
 }
 
-// The smallest node of the tree over [0, nb) that contains [lo, hi).
-std::pair<i64, i64> enclosing_node(i64 nb, i64 lo, i64 hi) {
-    i64 a = 0, b = nb;
-    while (b - a > 1) {
-        const i64 mid = tree_mid(a, b);
-        if (hi <= mid)
-            b = mid;
-        else if (lo >= mid)
-            a = mid;
-        else
-            break;
-    }
-    return {a, b};
-}
-
-std::string blocks(i64 lo, i64 hi) {
-    return "[" + str(lo) + "," + str(hi) + ")";
-}
-
-// "dp rank 1, microbatch 0 owns blocks [2,4) of 6, but ..." for a range that is not a node.
-std::string not_a_node(const std::string& owner, i64 nb, i64 lo, i64 hi) {
-    const auto [a, b] = enclosing_node(nb, lo, hi);
-    const i64 mid = tree_mid(a, b);
-    return owner + " owns token blocks " + blocks(lo, hi) + " of " + str(nb) +
-           ", which is not one node of the tree: " + "the smallest node holding it, " +
-           blocks(a, b) + ", splits into " + blocks(a, mid) + " and " + blocks(mid, b);
-}
-
 // dp × microbatches divides the batch: every dp rank runs the same number of equal microbatches.
 void check_microbatches_divide_batch(const Layout& l) {
     const i64 dpm = static_cast<i64>(l.dp) * l.microbatches;
@@ -292,25 +264,6 @@ std::vector<TokenRange> token_ranges(const Layout& l) {
         "; choose fewer microbatches, or a numerics.block that divides the tokens of a "
         "microbatch (" +
         str(mbs) + " × " + str(T) + ")";
-    // Under sequence parallelism a range must be one node: the tp ranks' token slices of a
-    // microbatch exchange their LayerNorm-gradient partials in the microbatch's own tree.
-    const std::string why_sp =
-        " (with layout.sequence_parallel the tp ranks split each microbatch's tokens and combine "
-        "its LayerNorm gradients in the microbatch's own tree, so each dp rank and microbatch "
-        "must own one node of the batch's token tree; without sequence parallelism any such "
-        "range is exact)";
-    const std::string fix_node =
-        "; choose layout.dp and " + l.microbatches_key + " (now " + l.microbatches_key + " = " +
-        str(M) +
-        ") so that dp × microbatches is a power of two (every power of two that divides "
-        "train.batch_size works), or counts whose ranges follow the tree's splits at ceil(n/2)";
-    auto require_node = [&](const std::string& owner, i64 lo, i64 hi) {
-        if (l.sequence_parallel && !is_tree_node(nb, lo, hi))
-            throw ConfigError(who + ": " + not_a_node(owner, nb, lo, hi) + why_sp +
-                              "; choose layout.sequence_parallel = false, or" +
-                                  fix_node.substr(8));
-    };
-
     // A range ends on a block boundary, or at the end of the batch.
     auto block_of = [&](i64 sample, const std::string& owner) {
         const i64 tok = sample * T;
@@ -325,8 +278,6 @@ std::vector<TokenRange> token_ranges(const Layout& l) {
     const bool mb_major = l.microbatch_major();  // its ranges and pieces are nodes
     for (int d = 0; d < l.dp; d++) {
         const std::string rank = "dp rank " + std::to_string(d);
-        if (!mb_major)  // the rank's microbatches combine locally, then across ranks
-            require_node(rank, block_of(d * M * mbs, rank), block_of((d + 1) * M * mbs, rank));
         for (int k = 0; k < l.microbatches; k++) {
             TokenRange r;
             r.dp_rank = d;
@@ -336,7 +287,6 @@ std::vector<TokenRange> token_ranges(const Layout& l) {
             const std::string owner = rank + ", microbatch " + std::to_string(k);
             r.block_lo = block_of(r.sample_lo, owner);
             r.block_hi = block_of(r.sample_hi, owner);
-            require_node(owner, r.block_lo, r.block_hi);
             out.push_back(r);
         }
     }

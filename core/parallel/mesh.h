@@ -127,9 +127,7 @@ struct TokenRange {
 // One per (dp rank, microbatch), dp-major (also for a microbatch-major layout, whose ranges
 // then interleave). block_lo/hi is then the range's blocks, one node or several. Throws
 // ConfigError naming layout.dp, the microbatches key, train.batch_size, model.seq_len and
-// numerics.block when a range does not end on a block boundary, or when it is not one node of
-// the tree under sequence parallelism (whose tp ranks combine a microbatch's LayerNorm gradients
-// in the microbatch's own tree).
+// numerics.block when a range does not end on a block boundary (a block's sum is sequential).
 std::vector<TokenRange> token_ranges(const Layout& l);
 
 // ---- the mesh --------------------------------------------------------------------------------

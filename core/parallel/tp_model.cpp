@@ -64,21 +64,44 @@ void TpLayers::sp_gather(const Tensor& t) const {
     x.store();
 }
 
-void TpLayers::layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+void TpLayers::layernorm_backward(const Tensor* dinp, const Tensor* dweight, const Tensor* dbias,
                                   const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                                  const Tensor& mean, const Tensor& rstd) const {
+                                  const Tensor& mean, const Tensor& rstd, i64 row_lo,
+                                  i64 row_hi) const {
     const i64 C = inp.shape[inp.ndim - 1], BT = rows_of(inp);
+    if (row_hi < 0) row_hi = BT;
+    PX_ASSERT(sequence_parallel() || (row_lo == 0 && row_hi == BT),
+              "a LayerNorm's rows without sequence parallelism (the model slices them itself)");
     if (!sequence_parallel()) {
         ops::layernorm_backward(nx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
         return;
     }
     const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
-    const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
-    const Widened di(&dinp), d(&dout), i(&inp);
-    tp::sp_layernorm_backward(comm_, nx_, di.f32() + lo * C, dweight.f32(), dbias.f32(),
-                              d.f32() + lo * C, i.f32() + lo * C, weight.f32(), mean.f32() + lo,
-                              rstd.f32() + lo, tokens, C);
-    di.store();
+    const Range mine = tokens.ranges[static_cast<size_t>(rank_)].front();
+    const Widened di(dinp), d(&dout), i(&inp);
+    float* dw = dweight ? dweight->f32() : nullptr;
+    float* db = dbias ? dbias->f32() : nullptr;
+    if (row_lo == 0 && row_hi == BT) {  // the microbatch is one node: its own token split
+        const i64 lo = mine.lo;
+        tp::sp_layernorm_backward(comm_, nx_, dinp ? di.f32() + lo * C : nullptr, dw, db,
+                                  d.f32() + lo * C, i.f32() + lo * C, weight.f32(), mean.f32() + lo,
+                                  rstd.f32() + lo, tokens, C);
+        di.store();
+        return;
+    }
+    PX_ASSERT(dinp == nullptr, "a LayerNorm's dinp over a node's rows");
+    // One node of the batch's tree, rows [row_lo, row_hi): each rank's token rows inside it,
+    // counted from row_lo, form the node's split; their partials combine in the node's tree.
+    std::vector<std::vector<Range>> in_node(static_cast<size_t>(shards_.tp));
+    for (int r = 0; r < shards_.tp; r++) {
+        const Range t = tokens.ranges[static_cast<size_t>(r)].front();
+        const i64 a = std::max(t.lo, row_lo), b = std::min(t.hi, row_hi);
+        if (a < b) in_node[static_cast<size_t>(r)].push_back({a - row_lo, b - row_lo});
+    }
+    const tp::DimSplit node = tp::make_split("tokens", row_hi - row_lo, nx_.block, in_node);
+    const i64 lo = std::clamp(mine.lo, row_lo, row_hi);  // this rank's first row in the node
+    tp::sp_layernorm_backward(comm_, nx_, nullptr, dw, db, d.f32() + lo * C, i.f32() + lo * C,
+                              weight.f32(), mean.f32() + lo, rstd.f32() + lo, node, C);
 }
 
 const tp::DimSplit* TpLayers::row_split(const TableEntry& e) const {
@@ -178,10 +201,9 @@ void TpLayers::linear_backward(Linear l, const Tensor* dinp, const Tensor* dweig
         case Linear::fc: {
             const tp::DimSplit& oc = l == Linear::qkv ? shards_.qkv : shards_.ffn;
             const i64 C = weight.shape[1];
-            if (sequence_parallel()) {  // dX reduce-scattered: this rank's token rows of dinp
+            if (sequence_parallel() && dinp != nullptr) {  // dX reduce-scattered: this rank's rows
                 const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
                 const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
-                PX_ASSERT(dinp != nullptr, "column_parallel_backward_sp without dinp");
                 tp::column_parallel_backward_sp(comm_, nx_, di.f32() + lo * C, dw, db, d.f32(),
                                                 i.f32(), w.f32(), oc, tokens, BT, C);
                 break;
@@ -244,8 +266,7 @@ void TpLayers::head_dinp(const Tensor* dlnf, const Tensor* dwte_head, const Tens
     const i64 BT = rows_of(lnf);
     const Widened dl(dlnf), p(&probs), l(&lnf), w(&wte, lnf.dtype);
     float* dh = dwte_head ? dwte_head->f32() : nullptr;
-    if (sequence_parallel()) {  // dlnf reduce-scattered: this rank's token rows
-        PX_ASSERT(dlnf != nullptr, "head_dinp under sequence parallelism without dlnf");
+    if (sequence_parallel() && dlnf != nullptr) {  // dlnf reduce-scattered: this rank's rows
         const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
         const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
         tp::column_parallel_backward_sp(comm_, nx_, dl.f32() + lo * mc_.hidden, dh, nullptr,

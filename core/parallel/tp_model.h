@@ -67,9 +67,10 @@ public:
     bool sequence_parallel() const override { return sp_ && shards_.tp > 1; }
     TokenRows token_rows(i64 BT) const override;
     void sp_gather(const Tensor& t) const override;
-    void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+    void layernorm_backward(const Tensor* dinp, const Tensor* dweight, const Tensor* dbias,
                             const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                            const Tensor& mean, const Tensor& rstd) const override;
+                            const Tensor& mean, const Tensor& rstd, i64 row_lo,
+                            i64 row_hi) const override;
     void fill_normal(float* p, const TableEntry& e, float std, std::uint64_t seed) const override;
     void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
                         const Tensor* bias) const override;
