@@ -237,11 +237,8 @@ TEST_CASE("the tree accumulator takes microbatches of several nodes and leaves e
         fill_normal(v.data(), n, 0.0f, 1.0f + 100.0f * static_cast<float>(lo * 10 + hi), 5, lo, hi);
         return v;
     };
-    std::vector<std::vector<Range>> leaves = {{{0, 3}}, {{3, 5}}, {{5, 8}, {8, 10}}};
-    std::vector<float> result(n, -1.0f);
-    TreeAccumulator acc(10, leaves, result.data(), n, GradSpan{0, n});
-    REQUIRE(acc.targets() == std::vector<Range>{{0, 10}});
-    for (int k : {2, 0, 1}) {
+    // Microbatch k's backward: each of its leaves gets its partial.
+    auto feed = [&](TreeAccumulator& acc, const std::vector<std::vector<Range>>& leaves, int k) {
         const std::vector<float*> bufs = acc.begin(k);
         REQUIRE(bufs.size() == leaves[static_cast<size_t>(k)].size());
         for (size_t i = 0; i < bufs.size(); i++) {
@@ -250,7 +247,12 @@ TEST_CASE("the tree accumulator takes microbatches of several nodes and leaves e
             for (i64 j = 0; j < n; j++) bufs[i][j] += v[static_cast<size_t>(j)];
         }
         acc.end(k);
-    }
+    };
+    std::vector<std::vector<Range>> leaves = {{{0, 3}}, {{3, 5}}, {{5, 8}, {8, 10}}};
+    std::vector<float> result(n, -1.0f);
+    TreeAccumulator acc(10, leaves, result.data(), n, GradSpan{0, n});
+    REQUIRE(acc.targets() == std::vector<Range>{{0, 10}});
+    for (int k : {2, 0, 1}) feed(acc, leaves, k);
     REQUIRE(acc.complete());
     // The same nodes combined by the tree exchange's local combine.
     std::vector<Range> nodes = {{0, 3}, {3, 5}, {5, 8}, {8, 10}};
@@ -267,15 +269,7 @@ TEST_CASE("the tree accumulator takes microbatches of several nodes and leaves e
     std::fill(result.begin(), result.end(), -1.0f);
     TreeAccumulator acc2(10, part, result.data(), n, GradSpan{0, n});
     REQUIRE(acc2.targets() == std::vector<Range>{{1, 2}, {2, 3}, {3, 5}, {5, 7}});
-    for (int k = 0; k < 3; k++) {
-        const std::vector<float*> bufs = acc2.begin(k);
-        for (size_t i = 0; i < bufs.size(); i++) {
-            const Range r = part[static_cast<size_t>(k)][i];
-            const std::vector<float> v = value(r.lo, r.hi);
-            for (i64 j = 0; j < n; j++) bufs[i][j] += v[static_cast<size_t>(j)];
-        }
-        acc2.end(k);
-    }
+    for (int k = 0; k < 3; k++) feed(acc2, part, k);
     REQUIRE(acc2.complete());
     CHECK(acc2.target_buffer(0) == result.data());
     for (size_t t = 0; t < 4; t++) {
