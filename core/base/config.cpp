@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -106,7 +107,11 @@ const std::array kKeys = {
     PX_KEY(numerics, mode, "\"bitwise\" (equal to the single-device reference, bit for bit) or \"fast\""),
     PX_KEY(numerics, block, "canonical reduction block size"),
     PX_KEY(numerics, isa, "vector path: \"auto\", \"avx512\", \"avx2\" or \"scalar\""),
-    PX_KEY(precision, activations, "dtype of the activations: \"fp32\" or \"bf16\" (\"fp16\" is refused until its kernels exist)"),
+    PX_KEY(precision, activations, "dtype of the activations: \"fp32\", \"bf16\" or \"fp16\" (fp16 with dynamic loss scaling)"),
+    PX_KEY(precision, loss_scale_init, "fp16: the loss scale of the first step (> 0)"),
+    PX_KEY(precision, loss_scale_growth_interval, "fp16: steps in a row without inf/NaN gradients before the loss scale grows (>= 1)"),
+    PX_KEY(precision, loss_scale_growth_factor, "fp16: what the loss scale is multiplied by when it grows (> 1)"),
+    PX_KEY(precision, loss_scale_backoff_factor, "fp16: what the loss scale is multiplied by when a step is skipped for inf/NaN gradients (in (0, 1))"),
     PX_KEY(output, dir, "where run.h5 and exports go (--out overrides)"),
     PX_KEY(output, run_file, "write <dir>/run.h5"),
     PX_KEY(output, export_llmc, "if set, write the final weights as an llm.c checkpoint here"),
@@ -419,7 +424,7 @@ struct ActivationPrecision {
 constexpr ActivationPrecision kActivationPrecisions[] = {
     {"fp32", DType::f32, true},
     {"bf16", DType::bf16, true},
-    {"fp16", DType::f16, false},
+    {"fp16", DType::f16, true},
 };
 
 DType check_activations(const std::string& v) {
@@ -555,6 +560,19 @@ void check(const Config& c) {
 
     at_least("numerics.block", n.block, 1);
     check_activations(c.precision.activations);
+    const PrecisionConfig& pr = c.precision;
+    positive("precision.loss_scale_init", pr.loss_scale_init);
+    if (pr.loss_scale_init > std::numeric_limits<float>::max())
+        throw out_of_range("precision.loss_scale_init", number(pr.loss_scale_init),
+                           "at most 3.4028235e38 (the scale is an fp32 number)");
+    at_least("precision.loss_scale_growth_interval", pr.loss_scale_growth_interval, 1);
+    finite("precision.loss_scale_growth_factor", pr.loss_scale_growth_factor);
+    if (!(pr.loss_scale_growth_factor > 1))
+        throw out_of_range("precision.loss_scale_growth_factor", number(pr.loss_scale_growth_factor), "> 1");
+    finite("precision.loss_scale_backoff_factor", pr.loss_scale_backoff_factor);
+    if (!(pr.loss_scale_backoff_factor > 0 && pr.loss_scale_backoff_factor < 1))
+        throw out_of_range("precision.loss_scale_backoff_factor", number(pr.loss_scale_backoff_factor),
+                           "in (0, 1), e.g. 0.5");
 
     at_least("checkpoint.every", c.checkpoint.every, 0);
     at_least("checkpoint.keep", c.checkpoint.keep, 1);

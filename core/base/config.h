@@ -105,7 +105,15 @@ struct NumericsConfig {
 // The dtypes tensors are kept in (DESIGN.md §5). Master weights, gradients and optimizer state
 // are fp32 whatever this says.
 struct PrecisionConfig {
-    std::string activations = "fp32";  // the activations' dtype; only "fp32" has kernels today
+    std::string activations = "fp32";  // the activations' dtype: "fp32", "bf16" or "fp16"
+    // Dynamic loss scaling (fp16 activations only; core/train/loss_scaler.h): the loss gradient
+    // is multiplied by the scale, the weight gradients divided by it; a step whose gradients hold
+    // an inf or a NaN on any rank is skipped and the scale multiplied by the backoff factor; after
+    // growth_interval good steps in a row it is multiplied by the growth factor.
+    double loss_scale_init = 65536.0;     // the scale of the first step (> 0)
+    i64 loss_scale_growth_interval = 2000;  // good steps in a row before the scale grows (>= 1)
+    double loss_scale_growth_factor = 2.0;  // > 1
+    double loss_scale_backoff_factor = 0.5;  // in (0, 1)
 
     bool operator==(const PrecisionConfig&) const = default;
 };

@@ -249,6 +249,9 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
              "/scaler loss_scale");
         need(get_number(g.get(), "growth_tracker", H5T_NATIVE_INT64, m.growth_tracker),
              "/scaler growth_tracker");
+        std::int64_t dynamic = 0;  // written by every version, 0 before fp16 existed
+        need(get_number(g.get(), "dynamic", H5T_NATIVE_INT64, dynamic), "/scaler dynamic");
+        m.loss_scale_dynamic = dynamic != 0;
     }
     const std::uint64_t computed_meta = meta_checksum(m, version);
     if (computed_meta != stored_meta)

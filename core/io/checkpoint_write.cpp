@@ -47,14 +47,16 @@ void broadcast_string(std::string& s, MPI_Comm comm) {
 
 void broadcast_meta(CheckpointMeta& m, MPI_Comm comm) {
     static_assert(std::is_trivially_copyable_v<StepMetrics>);
-    long long nums[7] = {m.step,
+    long long nums[8] = {m.step,
                          static_cast<long long>(m.seed),
                          m.data_next_step,
                          m.rng_counter_base,
                          m.adam_step,
                          m.growth_tracker,
-                         static_cast<long long>(m.history.size())};
-    MPI_Bcast(nums, 7, MPI_LONG_LONG, 0, comm);
+                         static_cast<long long>(m.history.size()),
+                         m.loss_scale_dynamic ? 1 : 0};
+    MPI_Bcast(nums, 8, MPI_LONG_LONG, 0, comm);
+    m.loss_scale_dynamic = nums[7] != 0;
     m.step = nums[0];
     m.seed = static_cast<std::uint64_t>(nums[1]);
     m.data_next_step = nums[2];
@@ -245,7 +247,7 @@ CheckpointWriter::CheckpointWriter(const std::string& final_path, const Checkpoi
          put_string(rng, "generator", "philox4x32-10") && put_u64(rng, "seed", meta.seed) &&
          put_i64(rng, "counter_base", meta.rng_counter_base) &&
          put_f64(scaler, "loss_scale", meta.loss_scale) &&
-         put_i64(scaler, "growth_tracker", meta.growth_tracker) && put_i64(scaler, "dynamic", 0);
+         put_i64(scaler, "growth_tracker", meta.growth_tracker) && put_i64(scaler, "dynamic", meta.loss_scale_dynamic ? 1 : 0);
     if (!ok) w.write_failed("cannot write the checkpoint's attributes");
 
     // Tensors, in the whole model's table order.

@@ -28,6 +28,7 @@
 #include "core/model/model.h"
 #include "core/model/optimizer.h"
 #include "core/parallel/mesh.h"
+#include "core/train/loss_scaler.h"
 #include "core/model/probe.h"
 
 #include <cstdint>
@@ -107,6 +108,7 @@ struct LocalSnapshot {
     std::vector<float> checked_w, checked_m, checked_v;
     i64 step = -1;  // steps done; -1: empty
     std::vector<StepMetrics> history;
+    LossScaleState scaler;  // fp16's loss scale (core/train/loss_scaler.h)
 };
 
 // A ZeRO shard as the replica check reads it: elements [lo, hi) of the rank's parameter table,
@@ -205,6 +207,9 @@ public:
     AdamW& optimizer() { return *opt_; }  // under ZeRO: the moments of [lo, hi)
     const AdamW& optimizer() const { return *opt_; }
     const TokenSource& source() const { return *source_; }
+    // fp16's dynamic loss scale; a scale of 1 that never moves otherwise. restore_local and
+    // rewind set its state; checkpoints keep it under /scaler.
+    const LossScaler& loss_scaler() const { return scaler_; }
     // The last step's complete gradients (GradLayout; ZeRO-2/3: this rank's shard, the rest 0).
     float* grads() const;
     i64 steps_done() const override { return step_; }
@@ -236,6 +241,11 @@ private:
     i64 first_row(int m) const;  // microbatch m's first sequence in the step's batch
     void reduce_grads(float* g);
     void exchange_tied_grads(float* g);
+    // The loss scale's part of a step: g unscaled where this rank holds it complete, then whether
+    // every rank's gradient is finite (one flag reduced over tp, dp and pp: the same answer
+    // everywhere).
+    void unscale_grads(float* g);
+    bool grads_finite_everywhere(const float* g);
     float grad_norm(float* g);
     double step_loss();
     void gather_losses(std::vector<float>& all, const std::vector<float>& local, i64 batches,
@@ -264,6 +274,7 @@ private:
     std::unique_ptr<GPT> model_;
     std::unique_ptr<AdamW> opt_;
     std::unique_ptr<TokenSource> source_;
+    LossScaler scaler_;
     std::unique_ptr<ZeroShards> shards_;  // ZeRO >= 1 with dp > 1
     std::unique_ptr<ZeroUnits> units_;    // ZeRO-2/3 with dp > 1 on one stage (zero.h)
     std::unique_ptr<AdamW> checked_opt_;  // check_updates: the next rank's shard, a second copy

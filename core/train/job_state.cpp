@@ -4,6 +4,7 @@
 #include "core/train/job.h"
 
 #include "core/base/error.h"
+#include "core/io/checkpoint.h"
 #include "core/io/state.h"
 #include "core/parallel/pipeline.h"
 #include "core/parallel/state_slices.h"
@@ -33,6 +34,7 @@ void Job::snapshot(LocalSnapshot& s) const {
     }
     s.step = step_;
     s.history = history_;
+    s.scaler = scaler_.state();
 }
 
 void Job::rewind(const LocalSnapshot& s) {
@@ -52,6 +54,7 @@ void Job::rewind(const LocalSnapshot& s) {
     }
     step_ = s.step;
     history_ = s.history;
+    scaler_.restore(s.scaler);
 }
 
 void Job::check_updates() {
@@ -200,6 +203,11 @@ void Job::restore_local(const CheckpointReader& file, const std::vector<StepMetr
     if (zero_ == 3) shards_->release_params(model_->param_arena());
     history_ = history;
     step_ = static_cast<i64>(history.size());
+    // The loss scale goes on from the file's when it was a dynamic one (an fp16 run); a file
+    // of a run without loss scaling leaves this run's initial scale.
+    const CheckpointMeta& meta = file.meta();
+    if (scaler_.dynamic() && meta.loss_scale_dynamic)
+        scaler_.restore({static_cast<float>(meta.loss_scale), meta.growth_tracker});
 }
 
 // ---- memory ----------------------------------------------------------------------------------
