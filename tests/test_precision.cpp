@@ -356,3 +356,80 @@ TEST_CASE("fp16: a resume goes on with the checkpoint's loss scale, bit for bit"
     CHECK(got[1].scales == got[0].scales);
     check_same_bits(whole, resumed);
 }
+
+// ---- fp8 with delayed scaling ----------------------------------------------------------------
+
+namespace {
+
+// fp8 delayed over bf16 activations, every block's linears in fp8 (the small job has two blocks,
+// both ends), a short history so the scales move within a few steps.
+Config fp8_job() {
+    Config c = job_in("bf16");
+    c.precision.fp8 = "delayed";
+    c.precision.fp8_keep_ends_bf16 = false;
+    c.precision.fp8_amax_history_len = 4;
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 delayed: training falls in loss, is not the bf16 run, and the scales move", "[precision]") {
+    Config c = fp8_job();
+    c.train.steps = 8;
+    std::vector<float> scales;
+    LogicalState fp8;
+    run_layout(c, {}, test::inspecting([&](Job& job) {
+                   absorb(fp8, job);
+                   REQUIRE(job.fp8() != nullptr);
+                   CHECK(job.fp8()->gemms() == 8);  // 4 linears x 2 blocks
+                   scales = job.fp8()->state();
+               }));
+    c.precision.fp8 = "off";
+    const LogicalState bf = single_device(c);
+    const std::vector<double> l8 = series(fp8, &StepMetrics::loss), lb = series(bf, &StepMetrics::loss);
+    REQUIRE(l8.size() == 8);
+    CHECK(l8.back() < l8.front() - 0.1);
+    CHECK(l8 != lb);
+    CHECK(std::abs(l8.front() - lb.front()) < 0.05 * lb.front());
+    // Every scale left 1: X and W near 448 / amax, dY (tiny gradients) far above 1.
+    for (int k = 0; k < 8 * 3; k++) CHECK(scales[static_cast<size_t>(k)] != 1.0f);
+    for (int g = 0; g < 8; g++) CHECK(scales[static_cast<size_t>(g * 3 + 2)] > 1000.0f);
+}
+
+TEST_CASE("fp8 delayed: layouts are bit-identical to the fp8 single device", "[precision]") {
+    struct L {
+        int dp, tp, pp, zero, microbatches;
+        bool sp;
+    };
+    const Config base = test::with_tp_shapes(fp8_job());
+    LogicalState ref;
+    std::vector<float> ref_fp8;
+    run_layout(base, {}, test::inspecting([&](Job& job) {
+                   absorb(ref, job);
+                   ref_fp8 = job.fp8()->state();
+               }));
+    for (const L l : {L{2, 1, 1, 0, 0, false}, L{2, 1, 1, 3, 2, false}, L{1, 1, 2, 0, 2, false},
+                      L{2, 1, 2, 2, 0, false}, L{1, 2, 1, 0, 0, false}, L{1, 4, 1, 0, 0, true},
+                      L{2, 2, 1, 3, 0, false}, L{1, 2, 2, 0, 2, true}}) {
+        Config c = base;
+        c.layout.dp = l.dp;
+        c.layout.tp = l.tp;
+        c.layout.pp = l.pp;
+        c.layout.zero = l.zero;
+        c.layout.microbatches = l.microbatches;
+        c.layout.sequence_parallel = l.sp;
+        LogicalState got;
+        bool agree = true;
+        std::vector<std::vector<float>> states;
+        run_layout(c, {}, test::inspecting([&](Job& job) {
+                       agree = absorb(got, job) && agree;
+                       states.push_back(job.fp8()->state());
+                   }));
+        INFO("dp" << l.dp << " tp" << l.tp << " pp" << l.pp << " zero" << l.zero << " mb"
+                  << l.microbatches << (l.sp ? " +SP" : ""));
+        CHECK(agree);
+        CHECK(got.complete());
+        check_same_bits(ref, got);
+        for (const auto& s : states) CHECK(test::same_bits(s, ref_fp8));  // scales, histories
+    }
+}

@@ -112,6 +112,11 @@ const std::array kKeys = {
     PX_KEY(precision, loss_scale_growth_interval, "fp16: steps in a row without inf/NaN gradients before the loss scale grows (>= 1)"),
     PX_KEY(precision, loss_scale_growth_factor, "fp16: what the loss scale is multiplied by when it grows (> 1)"),
     PX_KEY(precision, loss_scale_backoff_factor, "fp16: what the loss scale is multiplied by when a step is skipped for inf/NaN gradients (in (0, 1))"),
+    PX_KEY(precision, fp8, "FP8 matmuls over bf16 activations: \"off\" or \"delayed\" (per-tensor delayed scaling: e4m3 inputs and weights, e5m2 output gradients); needs activations = \"bf16\""),
+    PX_KEY(precision, fp8_amax_history_len, "fp8 delayed: steps of amax history per tensor (>= 1)"),
+    PX_KEY(precision, fp8_amax_compute_algo, "fp8 delayed: the amax a scale is made from: \"max\" of the history or \"most_recent\""),
+    PX_KEY(precision, fp8_margin, "fp8 delayed: scale = fp8_max / amax / 2^margin (>= 0)"),
+    PX_KEY(precision, fp8_keep_ends_bf16, "fp8: the first and last blocks' matmuls stay in bf16 (the embedding and the LM head always do)"),
     PX_KEY(output, dir, "where run.h5 and exports go (--out overrides)"),
     PX_KEY(output, run_file, "write <dir>/run.h5"),
     PX_KEY(output, export_llmc, "if set, write the final weights as an llm.c checkpoint here"),
@@ -573,6 +578,13 @@ void check(const Config& c) {
     if (!(pr.loss_scale_backoff_factor > 0 && pr.loss_scale_backoff_factor < 1))
         throw out_of_range("precision.loss_scale_backoff_factor", number(pr.loss_scale_backoff_factor),
                            "in (0, 1), e.g. 0.5");
+    one_of("precision.fp8", pr.fp8, {"off", "delayed"});
+    at_least("precision.fp8_amax_history_len", pr.fp8_amax_history_len, 1);
+    at_most("precision.fp8_amax_history_len", pr.fp8_amax_history_len, i64{1} << 20,
+            "a history is kept per tensor and saved in checkpoints");
+    one_of("precision.fp8_amax_compute_algo", pr.fp8_amax_compute_algo, {"max", "most_recent"});
+    at_least("precision.fp8_margin", pr.fp8_margin, 0);
+    at_most("precision.fp8_margin", pr.fp8_margin, 126, "2^margin must be a finite fp32 number");
 
     at_least("checkpoint.every", c.checkpoint.every, 0);
     at_least("checkpoint.keep", c.checkpoint.keep, 1);
@@ -611,6 +623,12 @@ void check(const Config& c) {
                       "layout.comm = \"ring\" breaks numerics.mode = \"bitwise\": a ring all-reduce sums in ring "
                       "order, not the canonical tree; use layout.comm = \"auto\" or \"canonical\", or "
                       "numerics.mode = \"fast\""};
+    if (c.precision.fp8 != "off" && c.precision.activations != "bf16")
+        throw Problem{{"precision.fp8", "precision.activations"},
+                      "precision.fp8 = " + quote(c.precision.fp8) + " needs precision.activations = "
+                      "\"bf16\" (the activations between the fp8 matmuls), got " +
+                          quote(c.precision.activations) +
+                          ": set precision.activations = \"bf16\", or precision.fp8 = \"off\""};
     if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
         throw Problem{{"checkpoint.resume", "checkpoint.dir"},
                       "checkpoint.resume = \"auto\" needs checkpoint.dir: set it to the folder the "

@@ -114,6 +114,13 @@ struct PrecisionConfig {
     i64 loss_scale_growth_interval = 2000;  // good steps in a row before the scale grows (>= 1)
     double loss_scale_growth_factor = 2.0;  // > 1
     double loss_scale_backoff_factor = 0.5;  // in (0, 1)
+    // FP8 matmuls (core/model/fp8.h), over bf16 activations: "off" or "delayed" (Transformer
+    // Engine's per-tensor delayed scaling, e4m3 forward, e5m2 gradients).
+    std::string fp8 = "off";
+    i64 fp8_amax_history_len = 1024;         // amaxes of the last N steps a scale is made from
+    std::string fp8_amax_compute_algo = "max";  // "max" of the history, or its "most_recent"
+    i64 fp8_margin = 0;                      // scale = fp8_max / amax / 2^margin
+    bool fp8_keep_ends_bf16 = true;          // the first and last blocks' matmuls stay bf16
 
     bool operator==(const PrecisionConfig&) const = default;
 };

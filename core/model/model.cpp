@@ -234,7 +234,9 @@ GradSpan GPT::grad_span(int chunk) const {
 
 void GPT::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
                          const Tensor* bias) const {
-    if (layers_)
+    if (const int g = fp8_ ? fp8_->gemm_of(weight.id) : -1; g >= 0)
+        fp8_linear_forward(g, l, out, inp, weight, bias);
+    else if (layers_)
         layers_->linear_forward(l, out, inp, weight, bias);
     else
         ops::matmul_forward(nx_, out, inp, weight, bias);
@@ -242,7 +244,9 @@ void GPT::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const T
 
 void GPT::linear_backward(Linear l, const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
                           const Tensor& dout, const Tensor& inp, const Tensor& weight) const {
-    if (layers_)
+    if (const int g = fp8_ ? fp8_->gemm_of(weight.id) : -1; g >= 0)
+        fp8_linear_backward(g, l, dinp, dweight, dbias, dout, inp, weight);
+    else if (layers_)
         layers_->linear_backward(l, dinp, dweight, dbias, dout, inp, weight);
     else
         ops::matmul_backward(nx_, &dinp, &dweight, dbias, dout, inp, weight);

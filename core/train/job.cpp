@@ -188,6 +188,10 @@ void Job::build_model() {
         tpl = std::make_shared<const TpLayers>(*groups_.tp, nx_, cfg_.model,
                                                cfg_.layout.sequence_parallel);
     model_ = std::make_unique<GPT>(cfg_.model, nx_, part, tpl, activation_dtype(cfg_.precision));
+    if (cfg_.precision.fp8 != "off") {
+        fp8_ = std::make_shared<Fp8Scaling>(cfg_.model, cfg_.precision);
+        model_->set_fp8(fp8_);
+    }
     if (cfg_.model.init_from.empty()) {
         model_->init_random(cfg_.train.seed, cfg_.model.init_std);
         return;
@@ -442,6 +446,14 @@ void Job::unscale_grads(float* g) {
     if (checked_opt_) scaler_.unscale(g, checked_opt_->lo(), checked_opt_->hi());
 }
 
+void Job::update_fp8_scales() {
+    if (!fp8_) return;
+    std::vector<float>& amax = fp8_->step_amax();
+    for (comm::Communicator* c : {groups_.tp, groups_.dp, groups_.pp})
+        if (c && !amax.empty()) c->all_reduce_max(amax.data(), static_cast<i64>(amax.size()));
+    fp8_->update();
+}
+
 // 0/1 flags summed over each group in turn (exact in any order): every rank learns whether any
 // rank of the world holds a non-finite gradient element.
 bool Job::grads_finite_everywhere(const float* g) {
@@ -556,7 +568,9 @@ StepMetrics Job::step() {
     }
     split_windows(inputs_.data(), targets_.data(), windows_.data(), local_B_, T_);
     for (TreeAccumulator& a : acc_) a.reset();
+    if (fp8_) fp8_->begin_step();
     run_actions();
+    update_fp8_scales();
 
     float* g = grads_.f32();
     reduce_grads(g);

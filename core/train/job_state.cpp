@@ -35,6 +35,8 @@ void Job::snapshot(LocalSnapshot& s) const {
     s.step = step_;
     s.history = history_;
     s.scaler = scaler_.state();
+    s.fp8.clear();
+    if (fp8_) s.fp8 = fp8_->state();
 }
 
 void Job::rewind(const LocalSnapshot& s) {
@@ -55,6 +57,7 @@ void Job::rewind(const LocalSnapshot& s) {
     step_ = s.step;
     history_ = s.history;
     scaler_.restore(s.scaler);
+    if (fp8_) fp8_->restore(s.fp8);
 }
 
 void Job::check_updates() {

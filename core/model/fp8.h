@@ -1,0 +1,74 @@
+// FP8 matmuls with per-tensor delayed scaling (precision.fp8 = "delayed"), as Transformer Engine
+// defines it (DelayedScaling, the HYBRID format): every matmul that runs in fp8 has three scaled
+// tensors, its input X and weight W (e4m3, max 448) and, in backward, its output gradient dY
+// (e5m2, max 57344). A tensor is cast as q = fp8(x · scale) (nearest even, saturating: OCP) and
+// read back as q · scale_inv, scale_inv = 1 / scale in fp32; the matmul then runs on those values
+// with fp32 products summed in the canonical order (the fp32 kernels), which is an exact
+// emulation of an fp8 GEMM with fp32 accumulation up to where the two scales are applied.
+// The activations between matmuls stay bf16 (precision.activations = "bf16").
+//
+// Delayed scaling: a step casts with the scales made before it. Each cast records max |x| of its
+// tensor (the step's amax: over every microbatch; X and W in forward, dY in backward); after the
+// step's backward the trainer takes the max over the tensor-, data- and pipeline-parallel groups
+// (exact in any order), so every rank holds the same amaxes and makes the same scales:
+//   history: the step's amax enters at the front, the oldest of amax_history_len leaves;
+//   amax    = max of the history ("max") or its front ("most_recent");
+//   scale   = fp8_max / amax / 2^margin, in fp32; the previous scale is kept when amax is 0 (a
+//             tensor of zeros), not finite (an inf or NaN was cast), or the quotient overflows.
+// The first step casts with scale 1 (an empty history), as Transformer Engine does.
+//
+// Which matmuls: the linears of every block, except (fp8_keep_ends_bf16, the default) the first
+// and last blocks'; the LM head and the embedding always stay bf16.
+//
+// Index
+//   Fp8Scaling      the scales, histories and step amaxes of every fp8 matmul of the whole model
+#pragma once
+#include "core/base/config.h"
+#include "core/base/tensor.h"
+
+#include <vector>
+
+namespace px {
+
+class Fp8Scaling {
+public:
+    enum Role : int { x = 0, w = 1, dy = 2 };  // input, weight (e4m3), output gradient (e5m2)
+    static constexpr int kRoles = 3;
+
+    Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc);
+
+    int gemms() const { return n_gemms_; }
+    i64 history_len() const { return history_len_; }
+    // The fp8 matmul whose weight is tensor `weight_id` of the whole model's table; -1: that
+    // matmul runs in bf16.
+    int gemm_of(int weight_id) const;
+    float scale(int gemm, Role r) const { return scale_[slot(gemm, r)]; }
+
+    // dst (src.numel() floats) = src's values cast to role r's fp8 dtype with its scale and read
+    // back (see above). record: max |src| joins the step's amax of (gemm, r).
+    void cast(int gemm, Role r, const Tensor& src, float* dst, bool record);
+
+    // The step's amaxes, (gemms, kRoles) row-major: zero at begin_step; the trainer reduces them
+    // (max over ranks) in place between the step's backward and update().
+    void begin_step();
+    std::vector<float>& step_amax() { return amax_now_; }
+    void update();
+
+    // What checkpoints and snapshots keep: scales (gemms, kRoles), then histories (gemms ·
+    // kRoles, history_len), newest first.
+    std::vector<float> state() const;
+    void restore(const std::vector<float>& s);  // a state() of the same shapes
+    i64 state_size() const;
+
+private:
+    size_t slot(int gemm, Role r) const { return static_cast<size_t>(gemm) * kRoles + r; }
+
+    int n_gemms_ = 0;
+    std::vector<int> gemm_of_id_;  // per whole-model tensor id
+    i64 history_len_ = 1;
+    bool most_recent_ = false;
+    int margin_ = 0;
+    std::vector<float> scale_, amax_now_, history_;  // history_: (slot, history_len)
+};
+
+}  // namespace px
