@@ -11,6 +11,7 @@
 #include "core/train/job.h"
 #include "core/train/runner.h"
 #include "core/io/checkpoint.h"
+#include "core/model/fp8.h"
 #include "core/io/state.h"
 #include "core/train/checkpointing.h"
 #include "kernels/ops.h"
@@ -18,6 +19,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -432,4 +434,114 @@ TEST_CASE("fp8 delayed: layouts are bit-identical to the fp8 single device", "[p
         check_same_bits(ref, got);
         for (const auto& s : states) CHECK(test::same_bits(s, ref_fp8));  // scales, histories
     }
+}
+
+TEST_CASE("fp8 delayed: casts and the scale update follow Transformer Engine's definition", "[precision]") {
+    Config c = fp8_job();
+    c.model.layers = 3;
+    c.precision.fp8_keep_ends_bf16 = true;  // only the middle block's 4 linears
+    c.precision.fp8_amax_history_len = 3;
+    c.precision.fp8_margin = 1;
+    Fp8Scaling f(c.model, c.precision);
+    REQUIRE(f.gemms() == 4);
+    const ParamTable t = ParamTable::build(c.model);
+    CHECK(f.gemm_of(t.entries[static_cast<size_t>(t.layer_index(0, QKVW))].id) == -1);
+    CHECK(f.gemm_of(t.entries[static_cast<size_t>(t.layer_index(1, QKVW))].id) == 0);
+    CHECK(f.gemm_of(t.entries[static_cast<size_t>(t.layer_index(1, FCPROJW))].id) == 3);
+    CHECK(f.gemm_of(t.entries[static_cast<size_t>(t.layer_index(1, QKVB))].id) == -1);
+    CHECK(f.gemm_of(t.entries[static_cast<size_t>(t.layer_index(2, FCW))].id) == -1);
+    CHECK(f.gemm_of(t.entries[static_cast<size_t>(t.wte)].id) == -1);  // the LM head: bf16
+
+    // A cast: q = fp8(x * scale), read back as q * (1 / scale); amax recorded when asked.
+    std::vector<float> x = {0.5f, -3.0f, 1000.0f, 1e-9f, -0.0f, 7.25f};
+    std::vector<float> out(x.size());
+    f.begin_step();
+    f.cast(0, Fp8Scaling::x, view_f32(x.data(), {6}, "x"), out.data(), true);
+    for (size_t i = 0; i < x.size(); i++)
+        CHECK(std::bit_cast<std::uint32_t>(out[i]) ==
+              std::bit_cast<std::uint32_t>(e4m3_to_f32(f32_to_e4m3(x[i] * 1.0f)) * 1.0f));
+    CHECK(out[2] == 448.0f);  // saturated
+    CHECK(out[3] == 0.0f);    // underflowed
+    f.cast(0, Fp8Scaling::dy, view_f32(x.data(), {6}, "dy"), out.data(), false);
+    CHECK(out[2] == 1024.0f);  // e5m2: 1000 rounds to 1024
+    CHECK(f.step_amax()[0 * 3 + Fp8Scaling::x] == 1000.0f);
+    CHECK(f.step_amax()[0 * 3 + Fp8Scaling::dy] == 0.0f);  // not recorded
+
+    // Updates: scale = fp8_max / amax / 2^margin from the max of the history (newest first).
+    auto step = [&](float ax, float ady) {
+        f.begin_step();
+        f.step_amax()[0] = ax;
+        f.step_amax()[2] = ady;
+        f.update();
+    };
+    step(1000.0f, 0.5f);
+    CHECK(f.scale(0, Fp8Scaling::x) == 448.0f / 1000.0f / 2.0f);
+    CHECK(f.scale(0, Fp8Scaling::dy) == 57344.0f / 0.5f / 2.0f);
+    CHECK(f.scale(0, Fp8Scaling::w) == 1.0f);  // amax 0: the scale is kept
+    CHECK(f.scale(1, Fp8Scaling::x) == 1.0f);
+    step(10.0f, 0.25f);  // the history still holds 1000
+    CHECK(f.scale(0, Fp8Scaling::x) == 448.0f / 1000.0f / 2.0f);
+    step(10.0f, 0.25f);
+    step(10.0f, 0.25f);  // 1000 left the history of 3
+    CHECK(f.scale(0, Fp8Scaling::x) == 448.0f / 10.0f / 2.0f);
+    const float kept = f.scale(0, Fp8Scaling::x);
+    step(INFINITY, 0.25f);  // an overflow keeps the scale while it is in the history
+    CHECK(f.scale(0, Fp8Scaling::x) == kept);
+    // most_recent: only the newest amax counts.
+    c.precision.fp8_amax_compute_algo = "most_recent";
+    Fp8Scaling g(c.model, c.precision);
+    g.begin_step();
+    g.step_amax()[0] = 1000.0f;
+    g.update();
+    g.begin_step();
+    g.step_amax()[0] = 10.0f;
+    g.update();
+    CHECK(g.scale(0, Fp8Scaling::x) == 448.0f / 10.0f / 2.0f);
+    // State round trip.
+    Fp8Scaling h(c.model, c.precision);
+    h.restore(f.state());
+    CHECK(test::same_bits(h.state(), f.state()));
+}
+
+TEST_CASE("fp8 delayed: a resume continues bit for bit, scales and histories from the file", "[precision]") {
+    Config c = test::with_tp_shapes(fp8_job());
+    c.train.steps = 6;
+    c.layout.dp = 2;
+    const std::string dir = test::temp_dir("fp8_resume");
+    c.checkpoint.dir = dir;
+    c.checkpoint.every = 3;
+    LogicalState whole;
+    std::vector<float> whole_fp8;
+    run_layout(c, {}, test::inspecting([&](Job& job) {
+                   absorb(whole, job);
+                   whole_fp8 = job.fp8()->state();
+               }));
+    {
+        const CheckpointReader file(checkpoint_path(dir, 3));
+        CHECK(file.meta().fp8_gemms == 8);
+        CHECK(file.meta().fp8_history_len == 4);
+        file.verify_all();
+    }
+    // Resumed from step 3 under tp2·pp2: the same bits at the end, scales and histories too.
+    Config r = c;
+    r.checkpoint.dir = test::temp_dir("fp8_resume_2");
+    r.checkpoint.resume = checkpoint_path(dir, 3);
+    r.layout.dp = 1;
+    r.layout.tp = 2;
+    r.layout.pp = 2;
+    r.layout.microbatches = 2;
+    LogicalState resumed;
+    std::vector<float> resumed_fp8;
+    run_layout(r, {}, test::inspecting([&](Job& job) {
+                   absorb(resumed, job);
+                   resumed_fp8 = job.fp8()->state();
+               }));
+    check_same_bits(whole, resumed);
+    CHECK(test::same_bits(whole_fp8, resumed_fp8));
+    // Another history length is refused by name.
+    Config other = r;
+    other.precision.fp8_amax_history_len = 5;
+    other.checkpoint.dir = test::temp_dir("fp8_resume_3");
+    CHECK_THAT(test::error_of<std::exception>([&] { run_layout(other); }),
+               Catch::Contains("precision.fp8_amax_history_len"));
 }

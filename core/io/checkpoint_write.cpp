@@ -271,6 +271,27 @@ CheckpointWriter::CheckpointWriter(const std::string& final_path, const Checkpoi
         d.sum = sum;
         d.written = n;
     };
+    // fp8's scales and histories: the same on every rank (core/model/fp8.h), written by rank 0.
+    if (meta.fp8_gemms > 0) {
+        PX_ASSERT(static_cast<i64>(meta.fp8_scale.size()) == meta.fp8_gemms * 3 &&
+                      static_cast<i64>(meta.fp8_history.size()) ==
+                          meta.fp8_gemms * 3 * meta.fp8_history_len,
+                  "fp8 state of the wrong size");
+        const hid_t fp8 = w.group(f, "fp8");
+        auto table = [&](const char* name, const std::vector<float>& v, i64 rows) {
+            const std::string path = std::string("fp8/") + name;
+            const i64 count = static_cast<i64>(v.size());
+            Impl::Dataset& d = w.create(fp8, path, name, H5T_IEEE_F32LE, {rows, count / rows}, false);
+            if (w.rank == 0 && H5Dwrite(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                        v.data()) < 0)
+                w.write_failed("cannot write /" + path);
+            d.sum = checksum_f32(v.data(), count);
+            d.written = count;
+        };
+        table("scale", meta.fp8_scale, meta.fp8_gemms);
+        table("amax_history", meta.fp8_history, meta.fp8_gemms * 3);
+    }
+
     std::vector<std::int64_t> steps(static_cast<size_t>(n));
     for (i64 i = 0; i < n; i++) steps[i] = meta.history[i].step;
     column("step", H5T_STD_I64LE, H5T_NATIVE_INT64, steps.data(), checksum_i64(steps.data(), n));

@@ -252,6 +252,14 @@ void RunCheckpoints::save(Job& job) {
     meta.loss_scale = scaler.scale();
     meta.growth_tracker = scaler.state().growth_tracker;
     meta.loss_scale_dynamic = scaler.dynamic();
+    if (const Fp8Scaling* fp8 = job.fp8(); fp8 && fp8->gemms() > 0) {  // the same on every rank
+        const std::vector<float> st = fp8->state();
+        const size_t ns = static_cast<size_t>(fp8->gemms()) * Fp8Scaling::kRoles;
+        meta.fp8_gemms = fp8->gemms();
+        meta.fp8_history_len = fp8->history_len();
+        meta.fp8_scale.assign(st.begin(), st.begin() + static_cast<std::ptrdiff_t>(ns));
+        meta.fp8_history.assign(st.begin() + static_cast<std::ptrdiff_t>(ns), st.end());
+    }
     const RankState state = job.rank_state();
     const MPI_Comm mpi = world_ && world_->size() > 1 ? comm::native_comm(*world_) : MPI_COMM_NULL;
     last_save_ = SliceStats{};

@@ -211,6 +211,22 @@ void Job::restore_local(const CheckpointReader& file, const std::vector<StepMetr
     const CheckpointMeta& meta = file.meta();
     if (scaler_.dynamic() && meta.loss_scale_dynamic)
         scaler_.restore({static_cast<float>(meta.loss_scale), meta.growth_tracker});
+    // fp8's scales and histories go on from the file's; a file without them (a run without fp8)
+    // leaves the fresh ones (scale 1, empty histories).
+    if (fp8_ && fp8_->gemms() > 0 && meta.fp8_gemms > 0) {
+        if (meta.fp8_gemms != fp8_->gemms() || meta.fp8_history_len != fp8_->history_len())
+            throw CheckpointError(
+                "checkpoint " + file.path() + " holds fp8 state for " +
+                std::to_string(meta.fp8_gemms) + " matmuls with amax histories of " +
+                std::to_string(meta.fp8_history_len) + " steps, but this run has " +
+                std::to_string(fp8_->gemms()) + " fp8 matmuls and precision.fp8_amax_history_len = " +
+                std::to_string(fp8_->history_len()) +
+                ": resume with the writer's precision.fp8_amax_history_len and "
+                "precision.fp8_keep_ends_bf16");
+        std::vector<float> st = meta.fp8_scale;
+        st.insert(st.end(), meta.fp8_history.begin(), meta.fp8_history.end());
+        fp8_->restore(st);
+    }
 }
 
 // ---- memory ----------------------------------------------------------------------------------
