@@ -600,3 +600,34 @@ TEST_CASE("precision: activations fp32, bf16 or fp16, and the loss-scale keys, n
     CHECK_THAT(parse_error("[precision]\nloss_scale_backoff_factor = \"half\"\n"),
                Contains("precision.loss_scale_backoff_factor must be a number"));
 }
+
+TEST_CASE("precision: the fp8 keys, their defaults and their errors", "[config]") {
+    const PrecisionConfig d;
+    CHECK(d.fp8 == "off");
+    CHECK(d.fp8_amax_history_len == 1024);
+    CHECK(d.fp8_amax_compute_algo == "max");
+    CHECK(d.fp8_margin == 0);
+    CHECK(d.fp8_keep_ends_bf16);
+    const Config c = parse_config("[precision]\nactivations = \"bf16\"\nfp8 = \"delayed\"\n"
+                                  "fp8_amax_history_len = 16\nfp8_amax_compute_algo = \"most_recent\"\n"
+                                  "fp8_margin = 2\nfp8_keep_ends_bf16 = false\n", "ok");
+    CHECK(c.precision.fp8 == "delayed");
+    CHECK(c.precision.fp8_amax_history_len == 16);
+    CHECK(c.precision.fp8_amax_compute_algo == "most_recent");
+    CHECK(c.precision.fp8_margin == 2);
+    CHECK_FALSE(c.precision.fp8_keep_ends_bf16);
+    CHECK_THAT(parse_error("[precision]\nactivations = \"bf16\"\nfp8 = \"e4m3\"\n"),
+               Contains("precision.fp8 must be \"off\" or \"delayed\", got \"e4m3\""));
+    CHECK_THAT(parse_error("[precision]\nfp8 = \"delayed\"\n"),
+               Contains("precision.fp8 = \"delayed\" needs precision.activations = \"bf16\""));
+    CHECK_THAT(parse_error("[precision]\nfp8_amax_history_len = 0\n"),
+               Contains("precision.fp8_amax_history_len = 0 is out of range: must be >= 1"));
+    CHECK_THAT(parse_error("[precision]\nfp8_amax_compute_algo = \"mean\"\n"),
+               Contains("precision.fp8_amax_compute_algo must be \"max\" or \"most_recent\", got \"mean\""));
+    CHECK_THAT(parse_error("[precision]\nfp8_margin = -1\n"),
+               Contains("precision.fp8_margin = -1 is out of range: must be >= 0"));
+    CHECK_THAT(parse_error("[precision]\nfp8_margin = 200\n"),
+               Contains("precision.fp8_margin = 200 is out of range: must be <= 126"));
+    CHECK_THAT(parse_error("[precision]\nfp8_keep_ends_bf16 = 1\n"),
+               Contains("precision.fp8_keep_ends_bf16 must be true or false"));
+}

@@ -23,11 +23,20 @@ Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc)
         if (pc.fp8_keep_ends_bf16 && (e.layer == 0 || e.layer == L - 1)) continue;
         int j = -1;
         switch (e.spec - kFirstLayerSpec) {
-            case QKVW: j = 0; break;
-            case ATTPROJW: j = 1; break;
-            case FCW: j = 2; break;
-            case FCPROJW: j = 3; break;
-            default: break;
+            case QKVW:
+                j = 0;
+                break;
+            case ATTPROJW:
+                j = 1;
+                break;
+            case FCW:
+                j = 2;
+                break;
+            case FCPROJW:
+                j = 3;
+                break;
+            default:
+                break;
         }
         if (j >= 0) gemm_of_id_[static_cast<size_t>(e.id)] = n_gemms_++;
     }
@@ -132,7 +141,8 @@ Tensor f32_like(const Tensor& t, float* data) {
 // out rounded once into its dtype (bf16): the bf16 backend's rule with fp8 cast points.
 void GPT::fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor& inp,
                              const Tensor& weight, const Tensor* bias) const {
-    std::vector<float> xq(static_cast<size_t>(inp.numel())), wq(static_cast<size_t>(weight.numel()));
+    std::vector<float> xq(static_cast<size_t>(inp.numel())),
+        wq(static_cast<size_t>(weight.numel()));
     fp8_->cast(gemm, Fp8Scaling::x, inp, xq.data(), true);
     fp8_->cast(gemm, Fp8Scaling::w, weight, wq.data(), true);
     const Tensor x = f32_like(inp, xq.data()), w = f32_like(weight, wq.data());

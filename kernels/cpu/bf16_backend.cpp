@@ -178,29 +178,29 @@ void row_sum_of(const Numerics& nx, const Tensor& out, const Tensor& x) {
 template <DType D>
 constexpr Backend narrow_backend(const char* name) {
     return Backend{
-    .name = name,
-    .operands = {.act = D},  // weights, gradients, sums and optimizer state: fp32
-    .matmul_forward = matmul_fwd<D>,
-    .matmul_backward = matmul_bwd<D>,
-    .gemm = gemm_of<D>,
-    .layernorm_forward = layernorm_fwd<D>,
-    .layernorm_backward = layernorm_bwd<D>,
-    .gelu_forward = gelu_fwd<D>,
-    .gelu_backward = gelu_bwd<D>,
-    .attention_forward = attention_fwd<D>,
-    .attention_backward = attention_bwd<D>,
-    .residual_forward = residual_fwd<D>,
-    .residual_backward = residual_bwd<D>,
-    .embedding_forward = embedding_fwd<D>,
-    .embedding_backward = embedding_bwd<D>,
-    .crossentropy_forward = crossentropy_fwd<D>,
-    .crossentropy_backward = crossentropy_bwd<D>,
-    .row_max = row_max_of<D>,
-    .exp_sub = exp_sub_of<D>,
-    .row_sum = row_sum_of<D>,
-    .adamw_update = nullptr,  // the optimizer runs on fp32 master weights (the fp32 backend)
-    .sum_squares = nullptr,
-    .sum_squares_blocks = nullptr,
+        .name = name,
+        .operands = {.act = D},  // weights, gradients, sums and optimizer state: fp32
+        .matmul_forward = matmul_fwd<D>,
+        .matmul_backward = matmul_bwd<D>,
+        .gemm = gemm_of<D>,
+        .layernorm_forward = layernorm_fwd<D>,
+        .layernorm_backward = layernorm_bwd<D>,
+        .gelu_forward = gelu_fwd<D>,
+        .gelu_backward = gelu_bwd<D>,
+        .attention_forward = attention_fwd<D>,
+        .attention_backward = attention_bwd<D>,
+        .residual_forward = residual_fwd<D>,
+        .residual_backward = residual_bwd<D>,
+        .embedding_forward = embedding_fwd<D>,
+        .embedding_backward = embedding_bwd<D>,
+        .crossentropy_forward = crossentropy_fwd<D>,
+        .crossentropy_backward = crossentropy_bwd<D>,
+        .row_max = row_max_of<D>,
+        .exp_sub = exp_sub_of<D>,
+        .row_sum = row_sum_of<D>,
+        .adamw_update = nullptr,  // the optimizer runs on fp32 master weights (the fp32 backend)
+        .sum_squares = nullptr,
+        .sum_squares_blocks = nullptr,
     };
 }
 
