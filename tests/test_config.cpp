@@ -96,7 +96,7 @@ TEST_CASE("the embedded default job documents every key with a comment line", "[
     std::vector<std::string> lines;
     for (std::string l; std::getline(in, l);) lines.push_back(l);
     const auto keys = config_keys();
-    CHECK(keys.size() == 72);
+    CHECK(keys.size() == 73);
     for (const auto& k : keys) {
         const std::string name = k.substr(k.find('.') + 1);
         std::string section = "[";  // built by appending: "[" + std::string&& trips GCC 12's -Wrestrict
@@ -617,7 +617,12 @@ TEST_CASE("precision: the fp8 keys, their defaults and their errors", "[config]"
     CHECK(c.precision.fp8_margin == 2);
     CHECK_FALSE(c.precision.fp8_keep_ends_bf16);
     CHECK_THAT(parse_error("[precision]\nactivations = \"bf16\"\nfp8 = \"e4m3\"\n"),
-               Contains("precision.fp8 must be \"off\" or \"delayed\", got \"e4m3\""));
+               Contains("precision.fp8 must be \"off\", \"delayed\" or \"block\", got \"e4m3\""));
+    CHECK(parse_config("[precision]\nactivations = \"bf16\"\nfp8 = \"block\"\nfp8_block_size = 16\n", "ok")
+              .precision.fp8_block_size == 16);
+    CHECK(PrecisionConfig{}.fp8_block_size == 128);
+    CHECK_THAT(parse_error("[precision]\nfp8_block_size = 0\n"),
+               Contains("precision.fp8_block_size = 0 is out of range: must be >= 1"));
     CHECK_THAT(parse_error("[precision]\nfp8 = \"delayed\"\n"),
                Contains("precision.fp8 = \"delayed\" needs precision.activations = \"bf16\""));
     CHECK_THAT(parse_error("[precision]\nfp8_amax_history_len = 0\n"),

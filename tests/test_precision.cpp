@@ -398,12 +398,15 @@ TEST_CASE("fp8 delayed: training falls in loss, is not the bf16 run, and the sca
     for (int g = 0; g < 8; g++) CHECK(scales[static_cast<size_t>(g * 3 + 2)] > 1000.0f);
 }
 
-TEST_CASE("fp8 delayed: layouts are bit-identical to the fp8 single device", "[precision]") {
+TEST_CASE("fp8 delayed and block: layouts are bit-identical to the fp8 single device", "[precision]") {
     struct L {
         int dp, tp, pp, zero, microbatches;
         bool sp;
     };
-    const Config base = test::with_tp_shapes(fp8_job());
+    for (const char* recipe : {"delayed", "block"}) {
+    Config base = test::with_tp_shapes(fp8_job());
+    base.precision.fp8 = recipe;
+    base.precision.fp8_block_size = 16;  // tp4's shares of hidden 64 and ffn 128: whole tiles
     LogicalState ref;
     std::vector<float> ref_fp8;
     run_layout(base, {}, test::inspecting([&](Job& job) {
@@ -427,12 +430,13 @@ TEST_CASE("fp8 delayed: layouts are bit-identical to the fp8 single device", "[p
                        agree = absorb(got, job) && agree;
                        states.push_back(job.fp8()->state());
                    }));
-        INFO("dp" << l.dp << " tp" << l.tp << " pp" << l.pp << " zero" << l.zero << " mb"
+        INFO(recipe << " dp" << l.dp << " tp" << l.tp << " pp" << l.pp << " zero" << l.zero << " mb"
                   << l.microbatches << (l.sp ? " +SP" : ""));
         CHECK(agree);
         CHECK(got.complete());
         check_same_bits(ref, got);
         for (const auto& s : states) CHECK(test::same_bits(s, ref_fp8));  // scales, histories
+    }
     }
 }
 
@@ -503,45 +507,112 @@ TEST_CASE("fp8 delayed: casts and the scale update follow Transformer Engine's d
     CHECK(test::same_bits(h.state(), f.state()));
 }
 
-TEST_CASE("fp8 delayed: a resume continues bit for bit, scales and histories from the file", "[precision]") {
-    Config c = test::with_tp_shapes(fp8_job());
-    c.train.steps = 6;
-    c.layout.dp = 2;
-    const std::string dir = test::temp_dir("fp8_resume");
-    c.checkpoint.dir = dir;
-    c.checkpoint.every = 3;
-    LogicalState whole;
-    std::vector<float> whole_fp8;
-    run_layout(c, {}, test::inspecting([&](Job& job) {
-                   absorb(whole, job);
-                   whole_fp8 = job.fp8()->state();
-               }));
-    {
-        const CheckpointReader file(checkpoint_path(dir, 3));
-        CHECK(file.meta().fp8_gemms == 8);
-        CHECK(file.meta().fp8_history_len == 4);
-        file.verify_all();
+TEST_CASE("fp8 block: tiles and blocks of their own scales; training; shares that cut a tile are refused", "[precision]") {
+    Config c = fp8_job();
+    c.precision.fp8 = "block";
+    c.precision.fp8_block_size = 4;
+    Fp8Scaling f(c.model, c.precision);
+    CHECK_FALSE(f.delayed());
+    CHECK(f.state().empty());
+    // An activation (2, 6): tiles [0,4) and [4,6) of each row, each scaled by 448 / its amax.
+    std::vector<float> x = {1.0f, -2.0f, 0.1f, 0.3f, 1000.0f, 3.0f, 0.0f, 0.0f, 0.0f, 0.0f, 1e-3f, -1e-4f};
+    std::vector<float> out(x.size());
+    f.cast(0, Fp8Scaling::x, view_f32(x.data(), {2, 6}, "x"), out.data(), true);
+    auto tile = [](const std::vector<float>& v, std::vector<size_t> idx) {
+        float amax = 0.0f;
+        for (size_t i : idx) amax = std::max(amax, std::fabs(v[i]));
+        std::vector<float> r;
+        const float s = amax > 0.0f ? 448.0f / amax : 1.0f, inv = 1.0f / s;
+        for (size_t i : idx) r.push_back(e4m3_to_f32(f32_to_e4m3(v[i] * s)) * inv);
+        return r;
+    };
+    std::vector<float> want;
+    for (const auto& idx : std::vector<std::vector<size_t>>{{0, 1, 2, 3}, {4, 5}, {6, 7, 8, 9}, {10, 11}}) {
+        const std::vector<float> t = tile(x, idx);
+        want.insert(want.end(), t.begin(), t.end());
     }
-    // Resumed from step 3 under tp2·pp2: the same bits at the end, scales and histories too.
-    Config r = c;
-    r.checkpoint.dir = test::temp_dir("fp8_resume_2");
-    r.checkpoint.resume = checkpoint_path(dir, 3);
-    r.layout.dp = 1;
-    r.layout.tp = 2;
-    r.layout.pp = 2;
-    r.layout.microbatches = 2;
-    LogicalState resumed;
-    std::vector<float> resumed_fp8;
-    run_layout(r, {}, test::inspecting([&](Job& job) {
-                   absorb(resumed, job);
-                   resumed_fp8 = job.fp8()->state();
-               }));
-    check_same_bits(whole, resumed);
-    CHECK(test::same_bits(whole_fp8, resumed_fp8));
-    // Another history length is refused by name.
-    Config other = r;
-    other.precision.fp8_amax_history_len = 5;
-    other.checkpoint.dir = test::temp_dir("fp8_resume_3");
-    CHECK_THAT(test::error_of<std::exception>([&] { run_layout(other); }),
-               Catch::Contains("precision.fp8_amax_history_len"));
+    CHECK(test::same_bits(out, want));
+    CHECK(std::abs(out[4] - 1000.0f) <= 1e-4f);  // each tile's amax maps to 448: no saturation
+    // A weight (6, 6): blocks of 4 x 4, 4 x 2, 2 x 4, 2 x 2.
+    std::vector<float> w(36);
+    for (size_t i = 0; i < w.size(); i++) w[i] = std::sin(static_cast<float>(i)) * static_cast<float>(1 + i % 7);
+    std::vector<float> wq(w.size());
+    f.cast(0, Fp8Scaling::w, view_f32(w.data(), {6, 6}, "w"), wq.data(), true);
+    for (int br : {0, 1})
+        for (int bc : {0, 1}) {
+            std::vector<size_t> idx;
+            for (size_t i = static_cast<size_t>(br) * 4; i < std::min<size_t>(6, br * 4 + 4); i++)
+                for (size_t j = static_cast<size_t>(bc) * 4; j < std::min<size_t>(6, bc * 4 + 4); j++)
+                    idx.push_back(i * 6 + j);
+            const std::vector<float> t = tile(w, idx);
+            for (size_t k = 0; k < idx.size(); k++) CHECK(std::bit_cast<std::uint32_t>(wq[idx[k]]) == std::bit_cast<std::uint32_t>(t[k]));
+        }
+
+    // Training falls in loss and is neither the bf16 nor the delayed run.
+    c.train.steps = 8;
+    c.precision.fp8_block_size = 16;
+    const LogicalState blk = single_device(c);
+    const std::vector<double> lb = series(blk, &StepMetrics::loss);
+    CHECK(lb.back() < lb.front() - 0.1);
+    c.precision.fp8 = "delayed";
+    CHECK(series(single_device(c), &StepMetrics::loss) != lb);
+
+    // tp2 with hidden 32: shares of 16 are not whole tiles of 12.
+    Config bad = fp8_job();
+    bad.precision.fp8 = "block";
+    bad.precision.fp8_block_size = 12;
+    bad.layout.tp = 2;
+    bad.numerics.block = 8;
+    CHECK_THAT(test::error_of<std::exception>([&] { run_layout(bad); }),
+               Catch::Contains("precision.fp8_block_size = 12") && Catch::Contains("layout.tp = 2"));
+}
+
+TEST_CASE("fp8: a resume continues bit for bit, delayed scales and histories from the file", "[precision]") {
+    for (const char* recipe : {"delayed", "block"}) {
+        INFO(recipe);
+        const bool delayed = std::string(recipe) == "delayed";
+        Config c = test::with_tp_shapes(fp8_job());
+        c.precision.fp8 = recipe;
+        c.precision.fp8_block_size = 16;
+        c.train.steps = 6;
+        c.layout.dp = 2;
+        const std::string dir = test::temp_dir("fp8_resume");
+        c.checkpoint.dir = dir;
+        c.checkpoint.every = 3;
+        LogicalState whole;
+        std::vector<float> whole_fp8;
+        run_layout(c, {}, test::inspecting([&](Job& job) {
+                       absorb(whole, job);
+                       whole_fp8 = job.fp8()->state();
+                   }));
+        {
+            const CheckpointReader file(checkpoint_path(dir, 3));
+            CHECK(file.meta().fp8_gemms == (delayed ? 8 : 0));  // block scaling keeps no state
+            CHECK(file.meta().fp8_history_len == (delayed ? 4 : 0));
+            file.verify_all();
+        }
+        // Resumed from step 3 under tp2·pp2: the same bits at the end, scales and histories too.
+        Config r = c;
+        r.checkpoint.dir = test::temp_dir("fp8_resume_2");
+        r.checkpoint.resume = checkpoint_path(dir, 3);
+        r.layout.dp = 1;
+        r.layout.tp = 2;
+        r.layout.pp = 2;
+        r.layout.microbatches = 2;
+        LogicalState resumed;
+        std::vector<float> resumed_fp8;
+        run_layout(r, {}, test::inspecting([&](Job& job) {
+                       absorb(resumed, job);
+                       resumed_fp8 = job.fp8()->state();
+                   }));
+        check_same_bits(whole, resumed);
+        CHECK(test::same_bits(whole_fp8, resumed_fp8));
+        if (!delayed) continue;
+        // Another history length is refused by name.
+        Config other = r;
+        other.precision.fp8_amax_history_len = 5;
+        other.checkpoint.dir = test::temp_dir("fp8_resume_3");
+        CHECK_THAT(test::error_of<std::exception>([&] { run_layout(other); }),
+                   Catch::Contains("precision.fp8_amax_history_len"));
+    }
 }

@@ -112,7 +112,8 @@ const std::array kKeys = {
     PX_KEY(precision, loss_scale_growth_interval, "fp16: steps in a row without inf/NaN gradients before the loss scale grows (>= 1)"),
     PX_KEY(precision, loss_scale_growth_factor, "fp16: what the loss scale is multiplied by when it grows (> 1)"),
     PX_KEY(precision, loss_scale_backoff_factor, "fp16: what the loss scale is multiplied by when a step is skipped for inf/NaN gradients (in (0, 1))"),
-    PX_KEY(precision, fp8, "FP8 matmuls over bf16 activations: \"off\" or \"delayed\" (per-tensor delayed scaling: e4m3 inputs and weights, e5m2 output gradients); needs activations = \"bf16\""),
+    PX_KEY(precision, fp8, "FP8 matmuls over bf16 activations: \"off\", \"delayed\" (per-tensor delayed scaling: e4m3 inputs and weights, e5m2 output gradients) or \"block\" (current scaling per 1 x fp8_block_size activation tile and fp8_block_size^2 weight block, e4m3); needs activations = \"bf16\""),
+    PX_KEY(precision, fp8_block_size, "fp8 block: the edge of the activation tiles and weight blocks (>= 1; DeepSeek-V3: 128)"),
     PX_KEY(precision, fp8_amax_history_len, "fp8 delayed: steps of amax history per tensor (>= 1)"),
     PX_KEY(precision, fp8_amax_compute_algo, "fp8 delayed: the amax a scale is made from: \"max\" of the history or \"most_recent\""),
     PX_KEY(precision, fp8_margin, "fp8 delayed: scale = fp8_max / amax / 2^margin (>= 0)"),
@@ -578,7 +579,9 @@ void check(const Config& c) {
     if (!(pr.loss_scale_backoff_factor > 0 && pr.loss_scale_backoff_factor < 1))
         throw out_of_range("precision.loss_scale_backoff_factor", number(pr.loss_scale_backoff_factor),
                            "in (0, 1), e.g. 0.5");
-    one_of("precision.fp8", pr.fp8, {"off", "delayed"});
+    one_of("precision.fp8", pr.fp8, {"off", "delayed", "block"});
+    at_least("precision.fp8_block_size", pr.fp8_block_size, 1);
+    at_most("precision.fp8_block_size", pr.fp8_block_size, i64{1} << 20, "a tile of a row");
     at_least("precision.fp8_amax_history_len", pr.fp8_amax_history_len, 1);
     at_most("precision.fp8_amax_history_len", pr.fp8_amax_history_len, i64{1} << 20,
             "a history is kept per tensor and saved in checkpoints");

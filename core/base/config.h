@@ -114,9 +114,11 @@ struct PrecisionConfig {
     i64 loss_scale_growth_interval = 2000;  // good steps in a row before the scale grows (>= 1)
     double loss_scale_growth_factor = 2.0;  // > 1
     double loss_scale_backoff_factor = 0.5;  // in (0, 1)
-    // FP8 matmuls (core/model/fp8.h), over bf16 activations: "off" or "delayed" (Transformer
-    // Engine's per-tensor delayed scaling, e4m3 forward, e5m2 gradients).
+    // FP8 matmuls (core/model/fp8.h), over bf16 activations: "off", "delayed" (Transformer
+    // Engine's per-tensor delayed scaling, e4m3 forward, e5m2 gradients) or "block" (DeepSeek-V3's
+    // current scaling of 1 x block activation tiles and block x block weight blocks, e4m3).
     std::string fp8 = "off";
+    i64 fp8_block_size = 128;                // "block": the tile and block edge
     i64 fp8_amax_history_len = 1024;         // amaxes of the last N steps a scale is made from
     std::string fp8_amax_compute_algo = "max";  // "max" of the history, or its "most_recent"
     i64 fp8_margin = 0;                      // scale = fp8_max / amax / 2^margin

@@ -11,8 +11,10 @@
 
 namespace px {
 
-Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc)
-    : history_len_(pc.fp8_amax_history_len),
+Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp)
+    : delayed_(pc.fp8 != "block"),
+      block_(pc.fp8_block_size),
+      history_len_(pc.fp8_amax_history_len),
       most_recent_(pc.fp8_amax_compute_algo == "most_recent"),
       margin_(static_cast<int>(pc.fp8_margin)) {
     const ParamTable table = ParamTable::build(mc);
@@ -40,6 +42,18 @@ Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc)
         }
         if (j >= 0) gemm_of_id_[static_cast<size_t>(e.id)] = n_gemms_++;
     }
+    if (!delayed_) {
+        if (tp > 1 && ((mc.hidden / tp) % block_ != 0 || (mc.ffn / tp) % block_ != 0))
+            throw ConfigError(
+                "precision.fp8 = \"block\" under layout.tp = " + std::to_string(tp) +
+                ": each rank's share of model.hidden = " + std::to_string(mc.hidden) +
+                " and model.ffn = " + std::to_string(mc.ffn) +
+                " must be whole tiles of precision.fp8_block_size = " + std::to_string(block_) +
+                " (a tile may not span two ranks); choose a block size that divides " +
+                std::to_string(mc.hidden / tp) + " and " + std::to_string(mc.ffn / tp) +
+                ", or another layout.tp");
+        return;  // current scaling keeps no state
+    }
     const size_t slots = static_cast<size_t>(n_gemms_) * kRoles;
     scale_.assign(slots, 1.0f);
     amax_now_.assign(slots, 0.0f);
@@ -51,8 +65,43 @@ int Fp8Scaling::gemm_of(int weight_id) const {
     return gemm_of_id_[static_cast<size_t>(weight_id)];
 }
 
+void Fp8Scaling::cast_blocks(Role r, const Tensor& src, float* dst) const {
+    PX_ASSERT(src.contiguous(), std::string("fp8 cast of a strided tensor '") + src.name + "'");
+    const i64 n = src.numel();
+    convert(dst, DType::f32, src.data, src.dtype, static_cast<size_t>(n));  // exact
+    const i64 b = block_;
+    // (R, K): a weight's rows, cut into blocks of b rows; an activation's rows one by one.
+    const i64 K = src.shape[src.ndim - 1];
+    const i64 R = K > 0 ? n / K : 0;
+    const i64 band = r == w ? b : 1;
+    const i64 bands = (R + band - 1) / band, tiles = (K + b - 1) / b;
+#pragma omp parallel for schedule(static)
+    for (i64 t = 0; t < bands * tiles; t++) {
+        const i64 r0 = (t / tiles) * band, r1 = std::min(R, r0 + band);
+        const i64 c0 = (t % tiles) * b, c1 = std::min(K, c0 + b);
+        float amax = 0.0f;
+        bool finite = true;
+        for (i64 i = r0; i < r1; i++)
+            for (i64 j = c0; j < c1; j++) {
+                const float a = std::fabs(dst[i * K + j]);
+                finite = finite && std::isfinite(a);
+                amax = std::max(amax, a);
+            }
+        float s = kE4M3Max / amax;
+        if (!(amax > 0.0f) || !finite || !std::isfinite(s)) s = 1.0f;
+        const float inv = 1.0f / s;
+        for (i64 i = r0; i < r1; i++)
+            for (i64 j = c0; j < c1; j++)
+                dst[i * K + j] = e4m3_to_f32(f32_to_e4m3(dst[i * K + j] * s)) * inv;
+    }
+}
+
 void Fp8Scaling::cast(int gemm, Role r, const Tensor& src, float* dst, bool record) {
     PX_ASSERT(gemm >= 0 && gemm < n_gemms_, "an fp8 cast of a matmul that runs in bf16");
+    if (!delayed_) {
+        cast_blocks(r, src, dst);
+        return;
+    }
     PX_ASSERT(src.contiguous(), std::string("fp8 cast of a strided tensor '") + src.name + "'");
     const i64 n = src.numel();
     convert(dst, DType::f32, src.data, src.dtype, static_cast<size_t>(n));  // exact

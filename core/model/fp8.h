@@ -17,6 +17,15 @@
 //             tensor of zeros), not finite (an inf or NaN was cast), or the quotient overflows.
 // The first step casts with scale 1 (an empty history), as Transformer Engine does.
 //
+// Block-wise current scaling (precision.fp8 = "block"), as DeepSeek-V3 does it: no state; each
+// cast scales every 1 x b tile of an activation or output gradient (b consecutive elements of a
+// row along its last dimension, b = fp8_block_size, 128 by default) and every b x b block of a
+// weight by its own scale 448 / amax(tile) (1 for a tile of zeros or one holding an inf or a
+// NaN), all in e4m3. The backward casts X and W with the forward's tiles (the same values give
+// the same casts). Tiles are cut on logical indices; under tensor parallelism each rank's share
+// of hidden and ffn must be whole tiles (checked when the job is made), so that no tile spans two
+// ranks and every rank casts what the single device casts.
+//
 // Which matmuls: the linears of every block, except (fp8_keep_ends_bf16, the default) the first
 // and last blocks'; the LM head and the embedding always stay bf16.
 //
@@ -35,7 +44,12 @@ public:
     enum Role : int { x = 0, w = 1, dy = 2 };  // input, weight (e4m3), output gradient (e5m2)
     static constexpr int kRoles = 3;
 
-    Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc);
+    // tp: the tensor-parallel degree, for the block recipe's check (a ConfigError naming the
+    // keys when a rank's share of hidden or ffn is not whole tiles).
+    Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp = 1);
+
+    bool delayed() const { return delayed_; }  // else block-wise current scaling
+    i64 block_size() const { return block_; }
 
     int gemms() const { return n_gemms_; }
     i64 history_len() const { return history_len_; }
@@ -47,6 +61,8 @@ public:
     // dst (src.numel() floats) = src's values cast to role r's fp8 dtype with its scale and read
     // back (see above). record: max |src| joins the step's amax of (gemm, r).
     void cast(int gemm, Role r, const Tensor& src, float* dst, bool record);
+    // Block recipe: dst = src cast tile by tile (weights: b x b blocks of its (rows, cols)).
+    void cast_blocks(Role r, const Tensor& src, float* dst) const;
 
     // The step's amaxes, (gemms, kRoles) row-major: zero at begin_step; the trainer reduces them
     // (max over ranks) in place between the step's backward and update().
@@ -55,7 +71,7 @@ public:
     void update();
 
     // What checkpoints and snapshots keep: scales (gemms, kRoles), then histories (gemms ·
-    // kRoles, history_len), newest first.
+    // kRoles, history_len), newest first. Empty for the block recipe (it keeps nothing).
     std::vector<float> state() const;
     void restore(const std::vector<float>& s);  // a state() of the same shapes
     i64 state_size() const;
@@ -63,6 +79,8 @@ public:
 private:
     size_t slot(int gemm, Role r) const { return static_cast<size_t>(gemm) * kRoles + r; }
 
+    bool delayed_ = true;
+    i64 block_ = 128;
     int n_gemms_ = 0;
     std::vector<int> gemm_of_id_;  // per whole-model tensor id
     i64 history_len_ = 1;

@@ -252,7 +252,7 @@ void RunCheckpoints::save(Job& job) {
     meta.loss_scale = scaler.scale();
     meta.growth_tracker = scaler.state().growth_tracker;
     meta.loss_scale_dynamic = scaler.dynamic();
-    if (const Fp8Scaling* fp8 = job.fp8(); fp8 && fp8->gemms() > 0) {  // the same on every rank
+    if (const Fp8Scaling* fp8 = job.fp8(); fp8 && fp8->delayed() && fp8->gemms() > 0) {  // the same on every rank
         const std::vector<float> st = fp8->state();
         const size_t ns = static_cast<size_t>(fp8->gemms()) * Fp8Scaling::kRoles;
         meta.fp8_gemms = fp8->gemms();

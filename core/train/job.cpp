@@ -189,7 +189,7 @@ void Job::build_model() {
                                                cfg_.layout.sequence_parallel);
     model_ = std::make_unique<GPT>(cfg_.model, nx_, part, tpl, activation_dtype(cfg_.precision));
     if (cfg_.precision.fp8 != "off") {
-        fp8_ = std::make_shared<Fp8Scaling>(cfg_.model, cfg_.precision);
+        fp8_ = std::make_shared<Fp8Scaling>(cfg_.model, cfg_.precision, layout_.tp);
         model_->set_fp8(fp8_);
     }
     if (cfg_.model.init_from.empty()) {
@@ -447,7 +447,7 @@ void Job::unscale_grads(float* g) {
 }
 
 void Job::update_fp8_scales() {
-    if (!fp8_) return;
+    if (!fp8_ || !fp8_->delayed()) return;
     std::vector<float>& amax = fp8_->step_amax();
     for (comm::Communicator* c : {groups_.tp, groups_.dp, groups_.pp})
         if (c && !amax.empty()) c->all_reduce_max(amax.data(), static_cast<i64>(amax.size()));

@@ -213,7 +213,7 @@ void Job::restore_local(const CheckpointReader& file, const std::vector<StepMetr
         scaler_.restore({static_cast<float>(meta.loss_scale), meta.growth_tracker});
     // fp8's scales and histories go on from the file's; a file without them (a run without fp8)
     // leaves the fresh ones (scale 1, empty histories).
-    if (fp8_ && fp8_->gemms() > 0 && meta.fp8_gemms > 0) {
+    if (fp8_ && fp8_->delayed() && fp8_->gemms() > 0 && meta.fp8_gemms > 0) {
         if (meta.fp8_gemms != fp8_->gemms() || meta.fp8_history_len != fp8_->history_len())
             throw CheckpointError(
                 "checkpoint " + file.path() + " holds fp8 state for " +
