@@ -591,6 +591,8 @@ TEST_CASE("precision: activations fp32, bf16 or fp16, and the loss-scale keys, n
                Contains("precision.loss_scale_init = 0 is out of range: must be > 0"));
     CHECK_THAT(parse_error("[precision]\nloss_scale_init = 1e39\n"),
                Contains("precision.loss_scale_init = 1e+39 is out of range"));
+    CHECK_THAT(parse_error("[precision]\nloss_scale_init = 1e-40\n"),
+               Contains("precision.loss_scale_init = 1e-40 is out of range"));
     CHECK_THAT(parse_error("[precision]\nloss_scale_growth_interval = 0\n"),
                Contains("precision.loss_scale_growth_interval = 0 is out of range: must be >= 1"));
     CHECK_THAT(parse_error("[precision]\nloss_scale_growth_factor = 1.0\n"),

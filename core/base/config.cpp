@@ -568,9 +568,10 @@ void check(const Config& c) {
     check_activations(c.precision.activations);
     const PrecisionConfig& pr = c.precision;
     positive("precision.loss_scale_init", pr.loss_scale_init);
-    if (pr.loss_scale_init > std::numeric_limits<float>::max())
+    if (pr.loss_scale_init > std::numeric_limits<float>::max() ||
+        pr.loss_scale_init < std::numeric_limits<float>::min())
         throw out_of_range("precision.loss_scale_init", number(pr.loss_scale_init),
-                           "at most 3.4028235e38 (the scale is an fp32 number)");
+                           "in [1.1754944e-38, 3.4028235e38] (the scale is a normal fp32 number)");
     at_least("precision.loss_scale_growth_interval", pr.loss_scale_growth_interval, 1);
     finite("precision.loss_scale_growth_factor", pr.loss_scale_growth_factor);
     if (!(pr.loss_scale_growth_factor > 1))

@@ -1,6 +1,7 @@
 #include "core/train/loss_scaler.h"
 
 #include <cmath>
+#include <limits>
 
 namespace px {
 
@@ -33,7 +34,8 @@ bool LossScaler::all_finite(const float* g, i64 lo, i64 hi) {
 bool LossScaler::update(bool finite) {
     if (!dynamic_) return true;
     if (!finite) {
-        state_.scale = state_.scale * backoff_;
+        const float backed = state_.scale * backoff_;
+        if (backed >= std::numeric_limits<float>::min()) state_.scale = backed;
         state_.growth_tracker = 0;
         return false;
     }

@@ -4,7 +4,8 @@
 // and are divided by it before anything reads them. A step whose gradients hold an inf or a NaN
 // on any rank (or whose global norm is not finite) is skipped, S is multiplied by the backoff
 // factor and the count of good steps restarts; after growth_interval good steps in a row S is
-// multiplied by the growth factor (a growth that would overflow fp32 is not taken).
+// multiplied by the growth factor (a growth that would overflow fp32 is not taken, nor a backoff
+// below the smallest normal fp32 number).
 //
 // Why it keeps the bitwise promise: S is the same fp32 number on every rank (it changes only from
 // a decision every rank takes from the same canonical reductions: Job::step), so the loss
