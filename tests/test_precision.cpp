@@ -616,3 +616,38 @@ TEST_CASE("fp8: a resume continues bit for bit, delayed scales and histories fro
                    Catch::Contains("precision.fp8_amax_history_len"));
     }
 }
+
+TEST_CASE("fp16 and fp8: a step the replica check re-runs restores the loss scale and the fp8 state", "[precision]") {
+    // A bit of one replica's reduced gradient flips at step 3 (transient); the check (every
+    // step) finds it and re-runs the step from the snapshot, which holds the loss scale and the
+    // fp8 scales and histories: the run ends as the run without the flip, those states included.
+    Config f16 = scaled_job();
+    Config f8 = fp8_job();
+    for (Config c : {f16, f8}) {
+        c.train.steps = 5;
+        c.layout.dp = 2;
+        c.validate.replica_check_every = 1;
+        auto run_states = [&](const Config& cfg, LogicalState& s) {
+            std::vector<float> extra;
+            run_layout(cfg, {}, test::inspecting([&](Job& job) {
+                           absorb(s, job);
+                           extra = job.fp8() ? job.fp8()->state() : std::vector<float>{};
+                           extra.push_back(job.loss_scaler().scale());
+                           extra.push_back(static_cast<float>(job.loss_scaler().state().growth_tracker));
+                       }));
+            return extra;
+        };
+        LogicalState clean, hit;
+        const std::vector<float> clean_extra = run_states(c, clean);
+        Config f = c;
+        f.fault.kind = "flip_grad";
+        f.fault.rank = 1;
+        f.fault.step = 3;
+        f.fault.tensor = "h.0.mlp.c_fc.weight";
+        f.fault.element = 7;
+        const std::vector<float> hit_extra = run_states(f, hit);
+        INFO(c.precision.activations << " fp8 " << c.precision.fp8);
+        check_same_bits(clean, hit);
+        CHECK(test::same_bits(clean_extra, hit_extra));
+    }
+}
