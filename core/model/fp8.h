@@ -3,8 +3,11 @@
 // tensors, its input X and weight W (e4m3, max 448) and, in backward, its output gradient dY
 // (e5m2, max 57344). A tensor is cast as q = fp8(x · scale) (nearest even, saturating: OCP) and
 // read back as q · scale_inv, scale_inv = 1 / scale in fp32; the matmul then runs on those values
-// with fp32 products summed in the canonical order (the fp32 kernels), which is an exact
-// emulation of an fp8 GEMM with fp32 accumulation up to where the two scales are applied.
+// with fp32 products summed in the canonical order (the fp32 kernels). This "fake quantisation"
+// is an fp8 GEMM with fp32 accumulation bit for bit when the scales are powers of two (the
+// products of two read-back values are then exact); otherwise each read-back value carries one
+// fp32 rounding, the same on every layout. Hopper's narrower accumulator, promoted to fp32 every
+// N products, is not emulated: every sum is fp32 from its first product.
 // The activations between matmuls stay bf16 (precision.activations = "bf16").
 //
 // Delayed scaling: a step casts with the scales made before it. Each cast records max |x| of its
