@@ -70,8 +70,12 @@ int inspect_file(const std::string& path) {
                 static_cast<long long>(m.data_next_step));
     std::printf("rng:      philox4x32-10, counter base %lld\n",
                 static_cast<long long>(m.rng_counter_base));
-    std::printf("scaler:   loss scale %g, growth tracker %lld (no dynamic loss scaling: fp32)\n",
-                m.loss_scale, static_cast<long long>(m.growth_tracker));
+    std::printf("scaler:   loss scale %g, growth tracker %lld (%s)\n", m.loss_scale,
+                static_cast<long long>(m.growth_tracker),
+                m.loss_scale_dynamic ? "dynamic loss scaling: fp16" : "no dynamic loss scaling");
+    if (m.fp8_gemms > 0)
+        std::printf("fp8:      delayed scaling of %lld matmuls, amax histories of %lld steps\n",
+                    static_cast<long long>(m.fp8_gemms), static_cast<long long>(m.fp8_history_len));
     if (!m.history.empty()) {
         const StepMetrics& last = m.history.back();
         std::printf("history:  %zu steps, last loss %.6f grad norm %.6f lr %g\n", m.history.size(),

@@ -32,6 +32,7 @@ py::dict meta_dict(const CheckpointMeta& m) {
     d["adam_step"] = m.adam_step;
     d["loss_scale"] = m.loss_scale;
     d["growth_tracker"] = m.growth_tracker;
+    d["loss_scale_dynamic"] = m.loss_scale_dynamic;
     d["parallax_version"] = m.parallax_version;
     d["created"] = m.created;
     d["history"] = history_dict(m.history);

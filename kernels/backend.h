@@ -7,6 +7,7 @@
 //   last_dim, rows    sizes read from an operand
 //   cpu::f32_backend  the CPU fp32 backend (kernels/cpu/backend.cpp)
 //   cpu::bf16_backend bf16 activations computed by the fp32 kernels (kernels/cpu/bf16_backend.cpp)
+//   cpu::f16_backend  fp16 activations, the same template (kernels/cpu/bf16_backend.cpp)
 //
 // ops.cpp checks every operand (shapes, device, dtype, layout) before it calls an entry, so an
 // entry only reads its sizes from the tensors and runs. A backend is keyed by the dtype of its
@@ -98,4 +99,5 @@ inline i64 rows(const Tensor& t) {
 namespace px::cpu {
 extern const ops::Backend f32_backend;
 extern const ops::Backend bf16_backend;  // bf16 activations on the fp32 kernels
+extern const ops::Backend f16_backend;   // fp16 activations on the fp32 kernels
 }  // namespace px::cpu

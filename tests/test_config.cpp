@@ -96,7 +96,7 @@ TEST_CASE("the embedded default job documents every key with a comment line", "[
     std::vector<std::string> lines;
     for (std::string l; std::getline(in, l);) lines.push_back(l);
     const auto keys = config_keys();
-    CHECK(keys.size() == 63);
+    CHECK(keys.size() == 73);
     for (const auto& k : keys) {
         const std::string name = k.substr(k.find('.') + 1);
         std::string section = "[";  // built by appending: "[" + std::string&& trips GCC 12's -Wrestrict
@@ -554,21 +554,87 @@ TEST_CASE("make_numerics resolves the ISA", "[config]") {
     }
 }
 
-TEST_CASE("precision.activations: fp32 or bf16; fp16 is refused with a sentence naming the key", "[config]") {
+TEST_CASE("precision: activations fp32, bf16 or fp16, and the loss-scale keys, named when wrong", "[config]") {
     CHECK(Config{}.precision.activations == "fp32");
     CHECK(parse_config("[precision]\nactivations = \"fp32\"\n", "ok").precision.activations == "fp32");
     CHECK(activation_dtype(PrecisionConfig{}) == DType::f32);
     CHECK(parse_config("[precision]\nactivations = \"bf16\"\n", "ok").precision.activations == "bf16");
-    CHECK_THAT(parse_error("[precision]\nactivations = \"fp16\"\n"),
-               Contains("precision.activations = \"fp16\" is not supported yet: fp16 activations need fp16 kernels"));
+    CHECK(parse_config("[precision]\nactivations = \"fp16\"\n", "ok").precision.activations == "fp16");
     CHECK_THAT(parse_error("[precision]\nactivations = \"int8\"\n"),
-               Contains("precision.activations must be \"fp32\" or \"bf16\", got \"int8\""));
+               Contains("precision.activations must be \"fp32\", \"bf16\" or \"fp16\", got \"int8\""));
     Config c;
-    CHECK_THROWS_WITH(apply_override(c, "precision.activations=fp16"), Contains("precision.activations = \"fp16\""));
+    CHECK_THROWS_WITH(apply_override(c, "precision.activations=fp12"), Contains("precision.activations"));
     CHECK(c.precision.activations == "fp32");
+    apply_override(c, "precision.activations=fp16");
+    CHECK(activation_dtype(c.precision) == DType::f16);
     PrecisionConfig p;
     p.activations = "bf16";
     CHECK(activation_dtype(p) == DType::bf16);
-    p.activations = "fp16";
+    p.activations = "e4m3";
     CHECK_THROWS_AS(activation_dtype(p), ConfigError);
+
+    // The loss scaler's keys: defaults, and each range named with its key.
+    const PrecisionConfig d;
+    CHECK(d.loss_scale_init == 65536.0);
+    CHECK(d.loss_scale_growth_interval == 2000);
+    CHECK(d.loss_scale_growth_factor == 2.0);
+    CHECK(d.loss_scale_backoff_factor == 0.5);
+    const Config set = parse_config("[precision]\nactivations = \"fp16\"\nloss_scale_init = 1024\n"
+                                    "loss_scale_growth_interval = 3\nloss_scale_growth_factor = 4.0\n"
+                                    "loss_scale_backoff_factor = 0.25\n", "ok");
+    CHECK(set.precision.loss_scale_init == 1024.0);
+    CHECK(set.precision.loss_scale_growth_interval == 3);
+    CHECK(set.precision.loss_scale_growth_factor == 4.0);
+    CHECK(set.precision.loss_scale_backoff_factor == 0.25);
+    CHECK(parse_config(config_to_toml(set), "again") == [&] { Config x = set; x.source_name = "again"; return x; }());
+    CHECK_THAT(parse_error("[precision]\nloss_scale_init = 0\n"),
+               Contains("precision.loss_scale_init = 0 is out of range: must be > 0"));
+    CHECK_THAT(parse_error("[precision]\nloss_scale_init = 1e39\n"),
+               Contains("precision.loss_scale_init = 1e+39 is out of range"));
+    CHECK_THAT(parse_error("[precision]\nloss_scale_init = 1e-40\n"),
+               Contains("precision.loss_scale_init = 1e-40 is out of range"));
+    CHECK_THAT(parse_error("[precision]\nloss_scale_growth_interval = 0\n"),
+               Contains("precision.loss_scale_growth_interval = 0 is out of range: must be >= 1"));
+    CHECK_THAT(parse_error("[precision]\nloss_scale_growth_factor = 1.0\n"),
+               Contains("precision.loss_scale_growth_factor = 1 is out of range: must be > 1"));
+    CHECK_THAT(parse_error("[precision]\nloss_scale_backoff_factor = 1.0\n"),
+               Contains("precision.loss_scale_backoff_factor = 1 is out of range: must be in (0, 1)"));
+    CHECK_THAT(parse_error("[precision]\nloss_scale_backoff_factor = \"half\"\n"),
+               Contains("precision.loss_scale_backoff_factor must be a number"));
+}
+
+TEST_CASE("precision: the fp8 keys, their defaults and their errors", "[config]") {
+    const PrecisionConfig d;
+    CHECK(d.fp8 == "off");
+    CHECK(d.fp8_amax_history_len == 1024);
+    CHECK(d.fp8_amax_compute_algo == "max");
+    CHECK(d.fp8_margin == 0);
+    CHECK(d.fp8_keep_ends_bf16);
+    const Config c = parse_config("[precision]\nactivations = \"bf16\"\nfp8 = \"delayed\"\n"
+                                  "fp8_amax_history_len = 16\nfp8_amax_compute_algo = \"most_recent\"\n"
+                                  "fp8_margin = 2\nfp8_keep_ends_bf16 = false\n", "ok");
+    CHECK(c.precision.fp8 == "delayed");
+    CHECK(c.precision.fp8_amax_history_len == 16);
+    CHECK(c.precision.fp8_amax_compute_algo == "most_recent");
+    CHECK(c.precision.fp8_margin == 2);
+    CHECK_FALSE(c.precision.fp8_keep_ends_bf16);
+    CHECK_THAT(parse_error("[precision]\nactivations = \"bf16\"\nfp8 = \"e4m3\"\n"),
+               Contains("precision.fp8 must be \"off\", \"delayed\" or \"block\", got \"e4m3\""));
+    CHECK(parse_config("[precision]\nactivations = \"bf16\"\nfp8 = \"block\"\nfp8_block_size = 16\n", "ok")
+              .precision.fp8_block_size == 16);
+    CHECK(PrecisionConfig{}.fp8_block_size == 128);
+    CHECK_THAT(parse_error("[precision]\nfp8_block_size = 0\n"),
+               Contains("precision.fp8_block_size = 0 is out of range: must be >= 1"));
+    CHECK_THAT(parse_error("[precision]\nfp8 = \"delayed\"\n"),
+               Contains("precision.fp8 = \"delayed\" needs precision.activations = \"bf16\""));
+    CHECK_THAT(parse_error("[precision]\nfp8_amax_history_len = 0\n"),
+               Contains("precision.fp8_amax_history_len = 0 is out of range: must be >= 1"));
+    CHECK_THAT(parse_error("[precision]\nfp8_amax_compute_algo = \"mean\"\n"),
+               Contains("precision.fp8_amax_compute_algo must be \"max\" or \"most_recent\", got \"mean\""));
+    CHECK_THAT(parse_error("[precision]\nfp8_margin = -1\n"),
+               Contains("precision.fp8_margin = -1 is out of range: must be >= 0"));
+    CHECK_THAT(parse_error("[precision]\nfp8_margin = 200\n"),
+               Contains("precision.fp8_margin = 200 is out of range: must be <= 126"));
+    CHECK_THAT(parse_error("[precision]\nfp8_keep_ends_bf16 = 1\n"),
+               Contains("precision.fp8_keep_ends_bf16 must be true or false"));
 }

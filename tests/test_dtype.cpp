@@ -490,3 +490,49 @@ TEST_CASE("bulk convert matches the scalar functions for every pair of types", "
         CHECK(fbits(round_to(DType::f32, x)) == fbits(x));
     }
 }
+
+TEST_CASE("structured sweep: every fp32 exponent, ties and their neighbours, both signs", "[dtype]") {
+    // For every fp32 exponent field (subnormals, every normal binade, infinity and NaN) and both
+    // signs: mantissas whose bits below each format's rounding position are exactly half an ulp
+    // (a tie, with an even and an odd kept part), one below and one above it, all zeros and all
+    // ones, plus a stride through the rest. Checked against the fp64 reference encoder.
+    std::vector<std::uint32_t> mantissas;
+    for (int drop : {16, 13, 20, 21}) {  // bf16, f16, e4m3, e5m2 mantissa bits dropped (normal range)
+        for (int shift = drop; shift <= 23 && shift <= drop + 10; shift++) {  // deeper in subnormals
+            const std::uint32_t half = 1u << (shift - 1);
+            for (std::uint32_t kept : {0u, 1u, 2u, 3u, 0x2Au, 0x55u}) {
+                const std::uint32_t base = (kept << shift) & 0x007FFFFFu;
+                for (std::uint32_t m : {base, base | half, (base | half) - 1u, base | half | 1u,
+                                        base | (half - 1u), base | ((1u << shift) - 1u)})
+                    mantissas.push_back(m & 0x007FFFFFu);
+            }
+        }
+    }
+    for (std::uint32_t m = 0; m < 0x00800000u; m += 0x1235u) mantissas.push_back(m);
+    std::sort(mantissas.begin(), mantissas.end());
+    mantissas.erase(std::unique(mantissas.begin(), mantissas.end()), mantissas.end());
+    for (const Format* f : kAllFormats) {
+        const auto table = positive_table(*f);
+        Mismatches bad;
+        for (std::uint32_t e = 0; e < 256; e++) {
+            for (std::uint32_t m : mantissas) {
+                for (std::uint32_t s : {0u, 0x80000000u}) {
+                    const float x = std::bit_cast<float>(s | e << 23 | m);
+                    const std::uint32_t got = encode(*f, x);
+                    if (std::isnan(x)) {
+                        if (!is_nan_code(*f, got)) bad.add("NaN " + hex(fbits(x)) + " -> " + hex(got));
+                        continue;
+                    }
+                    const std::uint32_t want = ref_encode(*f, table, x, false);
+                    if (got != want) bad.add(hex(fbits(x)) + " -> " + hex(got) + ", reference " + hex(want));
+                    // And back: the decoded value is the reference's value (exact in fp32).
+                    const double back = ref_decode(*f, want);
+                    if (std::isfinite(back) && fbits(decode(*f, got)) != fbits(static_cast<float>(back)))
+                        bad.add("decode " + hex(got));
+                }
+            }
+        }
+        INFO(f->name << " (" << mantissas.size() << " mantissas x 256 exponents x 2 signs):\n" << bad.first);
+        CHECK(bad.count == 0);
+    }
+}

@@ -143,17 +143,17 @@ TEST_CASE("a model with bf16 activations hands them to the ops as bf16, never as
     CHECK(a.output().dtype == DType::bf16);
     const Tensor losses = a.losses();
     for (i64 i = 0; i < losses.numel(); i++) CHECK(std::isfinite(losses.f32()[i]));
-    // fp16 has no kernels: the first op (the embedding, writing `encoded`) refuses its fp16
-    // output by name.
-    GPT half(fx.mc, Numerics{}, ModelPart::whole(fx.mc), nullptr, DType::f16);
-    half.init_random(1, 0.02);
-    Activations h = half.make_activations(0, fx.B, fx.T);
+    // fp8 activations have no kernels: the first op (the embedding, writing `encoded`) refuses
+    // its e4m3 output by name.
+    GPT narrow(fx.mc, Numerics{}, ModelPart::whole(fx.mc), nullptr, DType::e4m3);
+    narrow.init_random(1, 0.02);
+    Activations h = narrow.make_activations(0, fx.B, fx.T);
     try {
-        half.forward(h, 0, tokens.data(), targets.data());
-        FAIL("fp16 activations ran on the fp32 kernels");
+        narrow.forward(h, 0, tokens.data(), targets.data());
+        FAIL("fp8 activations ran on the fp32 kernels");
     } catch (const Error& e) {
         const std::string what = e.what();
         CHECK(what.find("'encoded'") != std::string::npos);
-        CHECK(what.find("f16") != std::string::npos);
+        CHECK(what.find("e4m3") != std::string::npos);
     }
 }

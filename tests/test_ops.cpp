@@ -544,7 +544,9 @@ TEST_CASE("ops: the backend table answers supports and refuses what no backend r
         CHECK(ops::supports(ops::Op::gemm, Device::cpu, DType::f32, mode));
         CHECK(ops::supports(ops::Op::matmul, Device::cpu, DType::bf16, mode));
         CHECK_FALSE(ops::supports(ops::Op::adamw, Device::cpu, DType::bf16, mode));  // fp32 state
-        CHECK_FALSE(ops::supports(ops::Op::matmul, Device::cpu, DType::f16, mode));
+        CHECK(ops::supports(ops::Op::matmul, Device::cpu, DType::f16, mode));
+        CHECK_FALSE(ops::supports(ops::Op::adamw, Device::cpu, DType::f16, mode));  // fp32 state
+        CHECK_FALSE(ops::supports(ops::Op::matmul, Device::cpu, DType::e4m3, mode));
         CHECK_FALSE(ops::supports(ops::Op::matmul, Device::cuda, DType::f32, mode));
     }
     Numerics nx;
@@ -591,11 +593,12 @@ TEST_CASE("ops: each operand is checked against the dtype of its role", "[ops]")
     CHECK(stat.find("'mean'") != std::string::npos);
     CHECK(stat.find("fp32 sum") != std::string::npos);
     CHECK(stat.find("cpu f32") != std::string::npos);
-    // bf16 activations with fp32 statistics run on the bf16 backend; fp16 ones are a valid call
-    // for which no backend is registered.
+    // bf16 and fp16 activations with fp32 statistics run on their backends; fp8 ones are a valid
+    // call for which no backend is registered (fp8 needs scales, not a plain cast).
     ln(DType::bf16, DType::f32);
-    const std::string act = error_of([&] { ln(DType::f16, DType::f32); });
-    CHECK(act.find("no kernel for f16 activations") != std::string::npos);
+    ln(DType::f16, DType::f32);
+    const std::string act = error_of([&] { ln(DType::e4m3, DType::f32); });
+    CHECK(act.find("no kernel for e4m3 activations") != std::string::npos);
     CHECK(act.find("'out'") != std::string::npos);
     // A weight gradient is a role of its own: an fp16 one is refused by name.
     Vec g(C * C), dout(BT * C, 1.0f), ww(C * C, 0.25f);

@@ -2,6 +2,7 @@
 // default job and writing a config back out, so a key is added in one place (kKeys below).
 #include "core/base/config.h"
 
+#include "core/base/config_checks.h"
 #include "core/base/error.h"
 #include "core/base/files.h"
 
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -25,6 +27,8 @@
 #include <variant>
 
 namespace px {
+
+using namespace config_checks;
 
 namespace {
 
@@ -106,7 +110,17 @@ const std::array kKeys = {
     PX_KEY(numerics, mode, "\"bitwise\" (equal to the single-device reference, bit for bit) or \"fast\""),
     PX_KEY(numerics, block, "canonical reduction block size"),
     PX_KEY(numerics, isa, "vector path: \"auto\", \"avx512\", \"avx2\" or \"scalar\""),
-    PX_KEY(precision, activations, "dtype of the activations: \"fp32\" or \"bf16\" (\"fp16\" is refused until its kernels exist)"),
+    PX_KEY(precision, activations, "dtype of the activations: \"fp32\", \"bf16\" or \"fp16\" (fp16 with dynamic loss scaling)"),
+    PX_KEY(precision, loss_scale_init, "fp16: the loss scale of the first step (> 0)"),
+    PX_KEY(precision, loss_scale_growth_interval, "fp16: steps in a row without inf/NaN gradients before the loss scale grows (>= 1)"),
+    PX_KEY(precision, loss_scale_growth_factor, "fp16: what the loss scale is multiplied by when it grows (> 1)"),
+    PX_KEY(precision, loss_scale_backoff_factor, "fp16: what the loss scale is multiplied by when a step is skipped for inf/NaN gradients (in (0, 1))"),
+    PX_KEY(precision, fp8, "FP8 matmuls over bf16 activations: \"off\", \"delayed\" (per-tensor delayed scaling: e4m3 inputs and weights, e5m2 output gradients) or \"block\" (current scaling per 1 x fp8_block_size activation tile and fp8_block_size^2 weight block, e4m3); needs activations = \"bf16\""),
+    PX_KEY(precision, fp8_block_size, "fp8 block: the edge of the activation tiles and weight blocks (>= 1; DeepSeek-V3: 128)"),
+    PX_KEY(precision, fp8_amax_history_len, "fp8 delayed: steps of amax history per tensor (>= 1)"),
+    PX_KEY(precision, fp8_amax_compute_algo, "fp8 delayed: the amax a scale is made from: \"max\" of the history or \"most_recent\""),
+    PX_KEY(precision, fp8_margin, "fp8 delayed: scale = fp8_max / amax / 2^margin (>= 0)"),
+    PX_KEY(precision, fp8_keep_ends_bf16, "fp8: the first and last blocks' matmuls stay in bf16 (the embedding and the LM head always do)"),
     PX_KEY(output, dir, "where run.h5 and exports go (--out overrides)"),
     PX_KEY(output, run_file, "write <dir>/run.h5"),
     PX_KEY(output, export_llmc, "if set, write the final weights as an llm.c checkpoint here"),
@@ -144,12 +158,6 @@ bool is_string_like(const FieldRef& f) {
     return std::holds_alternative<std::string*>(f) || std::holds_alternative<Mode*>(f);
 }
 
-// A problem with one or more keys, before it is given its source ("file:", "--set ...:").
-struct Problem {
-    std::vector<std::string> keys;
-    std::string text;
-};
-
 // ---- formatting values ----
 
 std::string format_double(double x) {
@@ -167,31 +175,6 @@ std::string format_double(double x) {
         while (z + 1 < s.size() && s[z] == '0') s.erase(z, 1);
     }
     return s;
-}
-
-std::string quote(std::string_view s) {
-    std::string out = "\"";
-    for (const char ch : s) {
-        const auto c = static_cast<unsigned char>(ch);
-        switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\b': out += "\\b"; break;
-        case '\t': out += "\\t"; break;
-        case '\n': out += "\\n"; break;
-        case '\f': out += "\\f"; break;
-        case '\r': out += "\\r"; break;
-        default:
-            if (c < 0x20 || c == 0x7F) {
-                char buf[8];
-                std::snprintf(buf, sizeof buf, "\\u%04X", c);
-                out += buf;
-            } else {
-                out += ch;
-            }
-        }
-    }
-    return out + "\"";
 }
 
 // The TOML text of a field's value.
@@ -364,85 +347,7 @@ std::string top_level_key_text(std::string_view name) {
 
 // ---- validation ----
 
-// A number in a message: the shortest text, without the ".0" TOML would need ("train.lr = -1").
-std::string number(double x) {
-    if (!std::isfinite(x)) return format_double(x);
-    char buf[64];
-    const auto r = std::to_chars(buf, buf + sizeof buf, x);
-    return std::string(buf, r.ptr);
-}
-
-Problem out_of_range(const std::string& key, const std::string& value, const std::string& rule) {
-    return {{key}, key + " = " + value + " is out of range: must be " + rule};
-}
-
-void at_least(const char* key, i64 v, i64 min) {
-    if (v < min) throw out_of_range(key, std::to_string(v), ">= " + std::to_string(min));
-}
-
-void finite(const char* key, double v) {
-    if (!std::isfinite(v)) throw Problem{{key}, std::string(key) + " = " + number(v) + " is not a finite number"};
-}
-
-void positive(const char* key, double v) {
-    finite(key, v);
-    if (!(v > 0)) throw out_of_range(key, number(v), "> 0");
-}
-
-void non_negative(const char* key, double v) {
-    finite(key, v);
-    if (!(v >= 0)) throw out_of_range(key, number(v), ">= 0");
-}
-
-void below_2_63(const char* key, std::uint64_t v) {
-    if (v > static_cast<std::uint64_t>(INT64_MAX))
-        throw out_of_range(key, std::to_string(v), "< 2^63 (TOML integers are signed 64-bit)");
-}
-
-void one_of(const char* key, const std::string& v, const std::vector<std::string>& allowed) {
-    if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return;
-    std::string list;
-    for (std::size_t i = 0; i < allowed.size(); i++)
-        list += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + quote(allowed[i]);
-    throw Problem{{key}, std::string(key) + " must be " + list + ", got " + quote(v)};
-}
-
 constexpr i64 kMaxMarkovStates = i64{1} << 22;
-
-// precision.activations: each name, its dtype, and whether kernels for it are registered
-// (kernels/backend.cpp). A dtype becomes usable by registering its kernels and setting `ready`.
-struct ActivationPrecision {
-    const char* name;
-    DType dtype;
-    bool ready;
-};
-constexpr ActivationPrecision kActivationPrecisions[] = {
-    {"fp32", DType::f32, true},
-    {"bf16", DType::bf16, true},
-    {"fp16", DType::f16, false},
-};
-
-DType check_activations(const std::string& v) {
-    std::vector<std::string> ready;
-    for (const ActivationPrecision& p : kActivationPrecisions)
-        if (p.ready) ready.emplace_back(p.name);
-    for (const ActivationPrecision& p : kActivationPrecisions) {
-        if (v != p.name) continue;
-        if (!p.ready)
-            throw Problem{{"precision.activations"},
-                          "precision.activations = " + quote(v) + " is not supported yet: " + v +
-                              " activations need " + v +
-                              " kernels (registered in kernels/backend.cpp); use \"fp32\""};
-        return p.dtype;
-    }
-    one_of("precision.activations", v, ready);  // throws: no dtype has that name
-    return DType::f32;
-}
-
-void at_most(const char* key, i64 v, i64 max, const char* why) {
-    if (v > max)
-        throw out_of_range(key, std::to_string(v), "<= " + std::to_string(max) + " (" + why + ")");
-}
 
 // Sizes no machine holds. Counters and ids have fixed widths; and no product of sizes may reach
 // 2^50 elements (4 PiB of fp32), so that every size computed from them fits in 64 bits with room
@@ -554,7 +459,7 @@ void check(const Config& c) {
     at_least("data.markov_vocab", d.markov_vocab, 0);
 
     at_least("numerics.block", n.block, 1);
-    check_activations(c.precision.activations);
+    check_precision_keys(c.precision);
 
     at_least("checkpoint.every", c.checkpoint.every, 0);
     at_least("checkpoint.keep", c.checkpoint.keep, 1);
@@ -593,6 +498,7 @@ void check(const Config& c) {
                       "layout.comm = \"ring\" breaks numerics.mode = \"bitwise\": a ring all-reduce sums in ring "
                       "order, not the canonical tree; use layout.comm = \"auto\" or \"canonical\", or "
                       "numerics.mode = \"fast\""};
+    check_precision_across(c.precision);
     if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
         throw Problem{{"checkpoint.resume", "checkpoint.dir"},
                       "checkpoint.resume = \"auto\" needs checkpoint.dir: set it to the folder the "

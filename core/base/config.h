@@ -105,7 +105,24 @@ struct NumericsConfig {
 // The dtypes tensors are kept in (DESIGN.md §5). Master weights, gradients and optimizer state
 // are fp32 whatever this says.
 struct PrecisionConfig {
-    std::string activations = "fp32";  // the activations' dtype; only "fp32" has kernels today
+    std::string activations = "fp32";  // the activations' dtype: "fp32", "bf16" or "fp16"
+    // Dynamic loss scaling (fp16 activations only; core/train/loss_scaler.h): the loss gradient
+    // is multiplied by the scale, the weight gradients divided by it; a step whose gradients hold
+    // an inf or a NaN on any rank is skipped and the scale multiplied by the backoff factor; after
+    // growth_interval good steps in a row it is multiplied by the growth factor.
+    double loss_scale_init = 65536.0;     // the scale of the first step (> 0)
+    i64 loss_scale_growth_interval = 2000;  // good steps in a row before the scale grows (>= 1)
+    double loss_scale_growth_factor = 2.0;  // > 1
+    double loss_scale_backoff_factor = 0.5;  // in (0, 1)
+    // FP8 matmuls (core/model/fp8.h), over bf16 activations: "off", "delayed" (Transformer
+    // Engine's per-tensor delayed scaling, e4m3 forward, e5m2 gradients) or "block" (DeepSeek-V3's
+    // current scaling of 1 x block activation tiles and block x block weight blocks, e4m3).
+    std::string fp8 = "off";
+    i64 fp8_block_size = 128;                // "block": the tile and block edge
+    i64 fp8_amax_history_len = 1024;         // amaxes of the last N steps a scale is made from
+    std::string fp8_amax_compute_algo = "max";  // "max" of the history, or its "most_recent"
+    i64 fp8_margin = 0;                      // scale = fp8_max / amax / 2^margin
+    bool fp8_keep_ends_bf16 = true;          // the first and last blocks' matmuls stay bf16
 
     bool operator==(const PrecisionConfig&) const = default;
 };

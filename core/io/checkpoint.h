@@ -36,10 +36,18 @@
 //                        split, step, sample), core/model/data.h), seed (uint64)
 //   /rng                 attributes: generator ("philox4x32-10"), seed (uint64, the Philox key),
 //                        counter_base (int64: the step counter the next draws use)
-//   /scaler              attributes: loss_scale (float64), growth_tracker (int64), dynamic (int64,
-//                        0). There is no dynamic loss scaling yet (fp32 training): these are its
-//                        fp32 defaults, 1.0 and 0, written so a future fp16 run's file has the
-//                        same layout.
+//   /scaler              attributes: loss_scale (float64: the fp32 scale of the next step),
+//                        growth_tracker (int64: good steps in a row), dynamic (int64: 1 when the
+//                        run scaled its loss, fp16 activations; 0 with the defaults 1.0 and 0
+//                        otherwise). A resume of an fp16 run goes on with the file's scale when
+//                        dynamic is 1 (core/train/loss_scaler.h).
+//   /fp8/scale           only when the run has fp8 matmuls (precision.fp8 = "delayed"): float32
+//                        (gemms, 3), the scale of the next step of each fp8 matmul (in the order
+//                        of its weight in the model: block by block, qkv, attn proj, fc, fc proj)
+//                        for its input, weight and output gradient (core/model/fp8.h)
+//   /fp8/amax_history    float32 (gemms * 3, history_len): their amax histories, newest first.
+//                        Files without /fp8 (written before fp8, or by runs without it) read as
+//                        having no fp8 state
 //   /history/step        int64 per finished step; /history/<field> float64 for loss, val_loss
 //                        (-1: none), grad_norm, lr, tokens_per_s, step_ms, comm_bytes
 // Every dataset has a uint64 attribute `checksum`.
@@ -128,8 +136,14 @@ struct CheckpointMeta {
     i64 data_next_step = 0;         // the step index of the next batch (= step here)
     i64 rng_counter_base = 0;       // the Philox counter (stream) of the next step's draws
     i64 adam_step = 0;              // AdamW t of the last update (= step here)
-    double loss_scale = 1.0;        // /scaler: no dynamic loss scaling yet, fp32 defaults
-    i64 growth_tracker = 0;
+    double loss_scale = 1.0;        // /scaler: fp16's loss scale of the next step (1 without)
+    i64 growth_tracker = 0;         // its good steps in a row
+    bool loss_scale_dynamic = false;  // /scaler dynamic: the run scaled its loss (fp16)
+    // /fp8 (precision.fp8 = "delayed"; empty without): per fp8 matmul, per role (input, weight,
+    // output gradient), the scale of the next step and the amax history, newest first.
+    i64 fp8_gemms = 0, fp8_history_len = 0;
+    std::vector<float> fp8_scale;    // (fp8_gemms, 3)
+    std::vector<float> fp8_history;  // (fp8_gemms * 3, fp8_history_len)
     std::vector<StepMetrics> history;  // one entry per finished step
     std::string parallax_version;   // filled by the writer / read back
     std::string created;            // ISO 8601 UTC, filled by the writer / read back

@@ -249,6 +249,9 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
              "/scaler loss_scale");
         need(get_number(g.get(), "growth_tracker", H5T_NATIVE_INT64, m.growth_tracker),
              "/scaler growth_tracker");
+        std::int64_t dynamic = 0;  // written by every version, 0 before fp16 existed
+        need(get_number(g.get(), "dynamic", H5T_NATIVE_INT64, dynamic), "/scaler dynamic");
+        m.loss_scale_dynamic = dynamic != 0;
     }
     const std::uint64_t computed_meta = meta_checksum(m, version);
     if (computed_meta != stored_meta)
@@ -306,6 +309,28 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
                    std::to_string(i + 1) +
                    ": the history must hold steps 1.." + std::to_string(n) +
                    " in order; the file is damaged: use an earlier checkpoint");
+    // fp8's scales and histories, when the run had fp8 matmuls (both datasets or neither).
+    const auto has_set = [&](const std::string& p) {
+        return std::any_of(r.infos.begin(), r.infos.end(),
+                           [&](const DatasetInfo& d) { return d.path == p; });
+    };
+    if (has_set("fp8/scale") || has_set("fp8/amax_history")) {
+        const DatasetInfo& sc = r.info("fp8/scale");
+        const DatasetInfo& hi = r.info("fp8/amax_history");
+        if (sc.dtype != "float32" || hi.dtype != "float32" || sc.shape.size() != 2 ||
+            hi.shape.size() != 2 || sc.shape[1] != 3 || sc.shape[0] < 1 ||
+            hi.shape[0] != sc.shape[0] * 3 || hi.shape[1] < 1)
+            r.fail("/fp8/scale " + shape_text(sc.shape) + " and /fp8/amax_history " +
+                   shape_text(hi.shape) +
+                   " are not float32 (gemms, 3) and (gemms * 3, history); the file is damaged: "
+                   "use an earlier checkpoint");
+        m.fp8_gemms = sc.shape[0];
+        m.fp8_history_len = hi.shape[1];
+        m.fp8_scale.resize(static_cast<size_t>(sc.numel()));
+        m.fp8_history.resize(static_cast<size_t>(hi.numel()));
+        read_column(sc, m.fp8_scale.data());
+        read_column(hi, m.fp8_history.data());
+    }
     m.history.assign(static_cast<size_t>(n), StepMetrics{});
     for (i64 i = 0; i < n; i++) m.history[i].step = steps[i];
     std::vector<double> col(static_cast<size_t>(n));

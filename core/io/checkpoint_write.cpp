@@ -47,14 +47,16 @@ void broadcast_string(std::string& s, MPI_Comm comm) {
 
 void broadcast_meta(CheckpointMeta& m, MPI_Comm comm) {
     static_assert(std::is_trivially_copyable_v<StepMetrics>);
-    long long nums[7] = {m.step,
+    long long nums[8] = {m.step,
                          static_cast<long long>(m.seed),
                          m.data_next_step,
                          m.rng_counter_base,
                          m.adam_step,
                          m.growth_tracker,
-                         static_cast<long long>(m.history.size())};
-    MPI_Bcast(nums, 7, MPI_LONG_LONG, 0, comm);
+                         static_cast<long long>(m.history.size()),
+                         m.loss_scale_dynamic ? 1 : 0};
+    MPI_Bcast(nums, 8, MPI_LONG_LONG, 0, comm);
+    m.loss_scale_dynamic = nums[7] != 0;
     m.step = nums[0];
     m.seed = static_cast<std::uint64_t>(nums[1]);
     m.data_next_step = nums[2];
@@ -245,7 +247,7 @@ CheckpointWriter::CheckpointWriter(const std::string& final_path, const Checkpoi
          put_string(rng, "generator", "philox4x32-10") && put_u64(rng, "seed", meta.seed) &&
          put_i64(rng, "counter_base", meta.rng_counter_base) &&
          put_f64(scaler, "loss_scale", meta.loss_scale) &&
-         put_i64(scaler, "growth_tracker", meta.growth_tracker) && put_i64(scaler, "dynamic", 0);
+         put_i64(scaler, "growth_tracker", meta.growth_tracker) && put_i64(scaler, "dynamic", meta.loss_scale_dynamic ? 1 : 0);
     if (!ok) w.write_failed("cannot write the checkpoint's attributes");
 
     // Tensors, in the whole model's table order.
@@ -269,6 +271,27 @@ CheckpointWriter::CheckpointWriter(const std::string& final_path, const Checkpoi
         d.sum = sum;
         d.written = n;
     };
+    // fp8's scales and histories: the same on every rank (core/model/fp8.h), written by rank 0.
+    if (meta.fp8_gemms > 0) {
+        PX_ASSERT(static_cast<i64>(meta.fp8_scale.size()) == meta.fp8_gemms * 3 &&
+                      static_cast<i64>(meta.fp8_history.size()) ==
+                          meta.fp8_gemms * 3 * meta.fp8_history_len,
+                  "fp8 state of the wrong size");
+        const hid_t fp8 = w.group(f, "fp8");
+        auto table = [&](const char* name, const std::vector<float>& v, i64 rows) {
+            const std::string path = std::string("fp8/") + name;
+            const i64 count = static_cast<i64>(v.size());
+            Impl::Dataset& d = w.create(fp8, path, name, H5T_IEEE_F32LE, {rows, count / rows}, false);
+            if (w.rank == 0 && H5Dwrite(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                        v.data()) < 0)
+                w.write_failed("cannot write /" + path);
+            d.sum = checksum_f32(v.data(), count);
+            d.written = count;
+        };
+        table("scale", meta.fp8_scale, meta.fp8_gemms);
+        table("amax_history", meta.fp8_history, meta.fp8_gemms * 3);
+    }
+
     std::vector<std::int64_t> steps(static_cast<size_t>(n));
     for (i64 i = 0; i < n; i++) steps[i] = meta.history[i].step;
     column("step", H5T_STD_I64LE, H5T_NATIVE_INT64, steps.data(), checksum_i64(steps.data(), n));

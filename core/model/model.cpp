@@ -249,7 +249,9 @@ GradSpan GPT::grad_span(int chunk) const {
 
 void GPT::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
                          const Tensor* bias) const {
-    if (layers_)
+    if (const int g = fp8_ ? fp8_->gemm_of(weight.id) : -1; g >= 0)
+        fp8_linear_forward(g, l, out, inp, weight, bias);
+    else if (layers_)
         layers_->linear_forward(l, out, inp, weight, bias);
     else
         ops::matmul_forward(nx_, out, inp, weight, bias);
@@ -258,6 +260,15 @@ void GPT::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const T
 void GPT::linear_backward(std::span<const TokenNode> nodes, Linear l, const Tensor& dinp,
                           const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
                           const Tensor& inp, const Tensor& weight) const {
+    if (const int g = fp8_ ? fp8_->gemm_of(weight.id) : -1; g >= 0)
+        fp8_linear_backward(g, nodes, l, dinp, dweight, dbias, dout, inp, weight);
+    else
+        linear_backward_rows(nodes, l, &dinp, dweight, dbias, dout, inp, weight);
+}
+
+void GPT::linear_backward_rows(std::span<const TokenNode> nodes, Linear l, const Tensor* dinp,
+                               const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
+                               const Tensor& inp, const Tensor& weight) const {
     auto backward = [&](const Tensor* di, const Tensor* dw, const Tensor* db, const Tensor& d,
                         const Tensor& i) {
         if (layers_)
@@ -266,10 +277,10 @@ void GPT::linear_backward(std::span<const TokenNode> nodes, Linear l, const Tens
             ops::matmul_backward(nx_, di, dw, db, d, i, weight);
     };
     if (nodes.size() == 1) {
-        backward(&dinp, &dweight, dbias, dout, inp);
+        backward(dinp, &dweight, dbias, dout, inp);
         return;
     }
-    backward(&dinp, nullptr, nullptr, dout, inp);
+    backward(dinp, nullptr, nullptr, dout, inp);
     const i64 BT = inp.numel() / inp.shape[inp.ndim - 1];
     for (size_t n = 0; n < nodes.size(); n++) {
         const Tensor dw = in_node(dweight, nodes, n);

@@ -18,6 +18,7 @@
 #include "core/base/arena.h"
 #include "core/base/config.h"
 #include "core/base/numerics.h"
+#include "core/model/fp8.h"
 #include "core/model/probe.h"
 #include "core/base/tensor.h"
 
@@ -241,6 +242,10 @@ public:
     // wte and wpe). Padding between tensors belongs to the tensor before it.
     std::vector<GradSpan> unit_params(Unit u) const;
     std::vector<GradSpan> unit_grads(Unit u) const;
+    // FP8 matmuls (core/model/fp8.h; null: none): the linears it covers cast their inputs with
+    // its scales and record its amaxes. Shared with the trainer, which reduces and updates them.
+    void set_fp8(std::shared_ptr<Fp8Scaling> fp8) { fp8_ = std::move(fp8); }
+    Fp8Scaling* fp8() const { return fp8_.get(); }
     // Hooks called around every unit (null: none). Not owned; must outlive their use.
     void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
     // Probes (core/model/probe.h): after every op of forward and backward the model offers its output
@@ -313,6 +318,18 @@ private:
     void linear_backward(std::span<const TokenNode> nodes, Linear l, const Tensor& dinp,
                          const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
                          const Tensor& inp, const Tensor& weight) const;
+    // The same on the fp8 casts of inp, weight (and dout) as fp32 tensors (core/model/fp8.cpp):
+    // each cast once over all rows, then linear_backward_rows on the casts.
+    void fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor& inp,
+                            const Tensor& weight, const Tensor* bias) const;
+    void fp8_linear_backward(int gemm, std::span<const TokenNode> nodes, Linear l,
+                             const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
+                             const Tensor& dout, const Tensor& inp, const Tensor& weight) const;
+    // After any casts: dinp (null: none) over all rows, the weight gradients once per node over
+    // the node's rows.
+    void linear_backward_rows(std::span<const TokenNode> nodes, Linear l, const Tensor* dinp,
+                              const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
+                              const Tensor& inp, const Tensor& weight) const;
     // Sequence parallelism (see ParallelLayers): the LayerNorm forward/backward and a residual
     // add on this rank's token rows; plain ops on whole tensors otherwise.
     void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
@@ -357,6 +374,7 @@ private:
     GradLayout glayout_;
     Arena params_;
     Activations acts_;
+    std::shared_ptr<Fp8Scaling> fp8_;  // null: no fp8 matmuls
     UnitHooks* hooks_ = nullptr;  // the single-device forward/backward's
     ProbeSink* probes_ = nullptr;               // null: nothing is probed
     const ProbeContext* probe_ctx_ = nullptr;   // step and batch rows of the probes; may be null

@@ -247,7 +247,19 @@ void RunCheckpoints::save(Job& job) {
     if (rank_ == 0) need_bytes_ = checkpoint_bytes(cfg_.checkpoint.dir, job.num_params());
     const std::string path = checkpoint_path(cfg_.checkpoint.dir, step);
     // Rank 0's meta is the one stored (the ranks' histories differ only in their timings).
-    const CheckpointMeta meta = make_checkpoint_meta(cfg_, step, job.history());
+    CheckpointMeta meta = make_checkpoint_meta(cfg_, step, job.history());
+    const LossScaler& scaler = job.loss_scaler();  // fp16: the scale of the next step
+    meta.loss_scale = scaler.scale();
+    meta.growth_tracker = scaler.state().growth_tracker;
+    meta.loss_scale_dynamic = scaler.dynamic();
+    if (const Fp8Scaling* fp8 = job.fp8(); fp8 && fp8->delayed() && fp8->gemms() > 0) {  // the same on every rank
+        const std::vector<float> st = fp8->state();
+        const size_t ns = static_cast<size_t>(fp8->gemms()) * Fp8Scaling::kRoles;
+        meta.fp8_gemms = fp8->gemms();
+        meta.fp8_history_len = fp8->history_len();
+        meta.fp8_scale.assign(st.begin(), st.begin() + static_cast<std::ptrdiff_t>(ns));
+        meta.fp8_history.assign(st.begin() + static_cast<std::ptrdiff_t>(ns), st.end());
+    }
     const RankState state = job.rank_state();
     const MPI_Comm mpi = world_ && world_->size() > 1 ? comm::native_comm(*world_) : MPI_COMM_NULL;
     last_save_ = SliceStats{};

@@ -88,7 +88,8 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
       nx_(make_numerics(cfg.numerics)),
       mesh_(layout, Mesh::Validated{}),
       schedule_(mesh_.schedule()),
-      groups_(groups) {
+      groups_(groups),
+      scaler_(cfg.precision) {
     const std::pair<const char*, comm::Communicator*> given[] = {
         {"pp", groups_.pp}, {"dp", groups_.dp}, {"tp", groups_.tp}};
     const int want[] = {layout_.pp, layout_.dp, layout_.tp};
@@ -203,6 +204,10 @@ void Job::build_model() {
         tpl = std::make_shared<const TpLayers>(*groups_.tp, nx_, cfg_.model,
                                                cfg_.layout.sequence_parallel);
     model_ = std::make_unique<GPT>(cfg_.model, nx_, part, tpl, activation_dtype(cfg_.precision));
+    if (cfg_.precision.fp8 != "off") {
+        fp8_ = std::make_shared<Fp8Scaling>(cfg_.model, cfg_.precision, layout_.tp);
+        model_->set_fp8(fp8_);
+    }
     if (cfg_.model.init_from.empty()) {
         model_->init_random(cfg_.train.seed, cfg_.model.init_std);
         return;
@@ -333,7 +338,7 @@ void Job::microbatch_grad(int m, float* grads, i64 lo, i64 hi) {
 }
 
 void Job::backward(Slot& slot, int c, int m) {
-    const float dloss = 1.0f / static_cast<float>(cfg_.train.batch_size * T_);
+    const float dloss = scaler_.dloss(cfg_.train.batch_size * T_);  // times the loss scale
     set_probe_rows(m);
     if (units_) {  // the hooks zero, reduce-scatter and accumulate unit by unit
         units_->begin_microbatch(
@@ -483,6 +488,38 @@ void Job::exchange_tied_grads(float* g) {
     m.combine_tied_grads(g);
 }
 
+// Where this rank holds g complete after reduce_grads: the whole table, or under ZeRO-2/3 its
+// shard (and the replica check's second shard); the rest of the buffer is not read again.
+void Job::unscale_grads(float* g) {
+    if (!scaler_.dynamic()) return;
+    if (zero_ < 2) {
+        scaler_.unscale(g, 0, model_->table().total);
+        return;
+    }
+    scaler_.unscale(g, shards_->lo(), shards_->hi());
+    if (checked_opt_) scaler_.unscale(g, checked_opt_->lo(), checked_opt_->hi());
+}
+
+void Job::update_fp8_scales() {
+    if (!fp8_ || !fp8_->delayed()) return;
+    std::vector<float>& amax = fp8_->step_amax();
+    for (comm::Communicator* c : {groups_.tp, groups_.dp, groups_.pp})
+        if (c && !amax.empty()) c->all_reduce_max(amax.data(), static_cast<i64>(amax.size()));
+    fp8_->update();
+}
+
+// 0/1 flags summed over each group in turn (exact in any order): every rank learns whether any
+// rank of the world holds a non-finite gradient element.
+bool Job::grads_finite_everywhere(const float* g) {
+    bool ok = zero_ < 2 ? LossScaler::all_finite(g, 0, model_->table().total)
+                        : LossScaler::all_finite(g, shards_->lo(), shards_->hi());
+    if (checked_opt_) ok = ok && LossScaler::all_finite(g, checked_opt_->lo(), checked_opt_->hi());
+    float bad = ok ? 0.0f : 1.0f;
+    for (comm::Communicator* c : {groups_.tp, groups_.dp, groups_.pp})
+        if (c) c->all_reduce(&bad, 1, layout_.algo);
+    return bad == 0.0f;
+}
+
 // ‖g‖₂: each tensor's canonical Σg² on the stage that owns it (from tp shards' exact block
 // partials, from ZeRO-2/3's gradient shards), gathered over the pp group, then the tree over
 // tensors in the whole model's order (global_grad_norm's).
@@ -585,12 +622,16 @@ StepMetrics Job::step() {
     }
     split_windows(inputs_.data(), targets_.data(), windows_.data(), local_B_, T_);
     for (TreeAccumulator& a : acc_) a.reset();
+    if (fp8_) fp8_->begin_step();
     run_actions();
+    update_fp8_scales();
 
     float* g = grads_.f32();
     reduce_grads(g);
+    unscale_grads(g);
     for (const StepHooks& h : hooks_)
         if (h.grads) h.grads(step_ + 1, g);
+    const bool finite = !scaler_.dynamic() || grads_finite_everywhere(g);
     const bool probing = probes_ != nullptr;
     const i64 total = model_->table().total;
     if (probing) {  // ZeRO-2/3: only this rank's shard of g is complete
@@ -604,11 +645,14 @@ StepMetrics Job::step() {
     m.grad_norm = grad_norm(g);
     m.loss = step_loss();
     m.lr = lr_at(tc, step_);
-    opt_->step(*model_, g, static_cast<float>(m.grad_norm), static_cast<float>(m.lr),
-               static_cast<int>(step_ + 1), tc);
-    if (checked_opt_)  // the replica check's second copy of the next rank's update
-        checked_opt_->step(*model_, checked_w_.data(), g, static_cast<float>(m.grad_norm),
-                           static_cast<float>(m.lr), static_cast<int>(step_ + 1), tc);
+    // fp16: a step with an inf or a NaN anywhere is skipped, on every rank alike.
+    if (scaler_.update(finite && std::isfinite(m.grad_norm))) {
+        opt_->step(*model_, g, static_cast<float>(m.grad_norm), static_cast<float>(m.lr),
+                   static_cast<int>(step_ + 1), tc);
+        if (checked_opt_)  // the replica check's second copy of the next rank's update
+            checked_opt_->step(*model_, checked_w_.data(), g, static_cast<float>(m.grad_norm),
+                               static_cast<float>(m.lr), static_cast<int>(step_ + 1), tc);
+    }
     // ZeRO-1/2: every replica updated its shard. ZeRO-3 holds only its shard between steps
     // (under ZeroUnits each unit's weights are gathered when it runs).
     if (zero_ == 1 || zero_ == 2) shards_->all_gather_params(*groups_.dp, model_->params());

@@ -29,6 +29,7 @@
 #include "core/model/optimizer.h"
 #include "core/parallel/mesh.h"
 #include "core/parallel/tree_exchange.h"
+#include "core/train/loss_scaler.h"
 #include "core/model/probe.h"
 
 #include <cstdint>
@@ -108,6 +109,8 @@ struct LocalSnapshot {
     std::vector<float> checked_w, checked_m, checked_v;
     i64 step = -1;  // steps done; -1: empty
     std::vector<StepMetrics> history;
+    LossScaleState scaler;  // fp16's loss scale (core/train/loss_scaler.h)
+    std::vector<float> fp8;  // fp8's scales and amax histories (core/model/fp8.h)
 };
 
 // A ZeRO shard as the replica check reads it: elements [lo, hi) of the rank's parameter table,
@@ -206,6 +209,11 @@ public:
     AdamW& optimizer() { return *opt_; }  // under ZeRO: the moments of [lo, hi)
     const AdamW& optimizer() const { return *opt_; }
     const TokenSource& source() const { return *source_; }
+    // fp16's dynamic loss scale; a scale of 1 that never moves otherwise. restore_local and
+    // rewind set its state; checkpoints keep it under /scaler.
+    const LossScaler& loss_scaler() const { return scaler_; }
+    // precision.fp8's scales and histories (null when off), the same on every rank.
+    const Fp8Scaling* fp8() const { return fp8_.get(); }
     // The last step's complete gradients (GradLayout; ZeRO-2/3: this rank's shard, the rest 0).
     float* grads() const;
     i64 steps_done() const override { return step_; }
@@ -238,6 +246,13 @@ private:
     void reduce_grads(float* g);
     void combine_nodes_across_replicas(float* g);
     void exchange_tied_grads(float* g);
+    // The loss scale's part of a step: g unscaled where this rank holds it complete, then whether
+    // every rank's gradient is finite (one flag reduced over tp, dp and pp: the same answer
+    // everywhere).
+    void unscale_grads(float* g);
+    bool grads_finite_everywhere(const float* g);
+    // fp8: the step's amaxes, max over the tp, dp and pp groups, make the next step's scales.
+    void update_fp8_scales();
     float grad_norm(float* g);
     double step_loss();
     void gather_losses(std::vector<float>& all, const std::vector<float>& local, i64 batches,
@@ -266,6 +281,8 @@ private:
     std::unique_ptr<GPT> model_;
     std::unique_ptr<AdamW> opt_;
     std::unique_ptr<TokenSource> source_;
+    LossScaler scaler_;
+    std::shared_ptr<Fp8Scaling> fp8_;  // precision.fp8 != "off"; shared with the model
     std::unique_ptr<ZeroShards> shards_;  // ZeRO >= 1 with dp > 1
     std::unique_ptr<ZeroUnits> units_;    // ZeRO-2/3 with dp > 1 on one stage (zero.h)
     std::unique_ptr<AdamW> checked_opt_;  // check_updates: the next rank's shard, a second copy

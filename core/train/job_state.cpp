@@ -4,6 +4,7 @@
 #include "core/train/job.h"
 
 #include "core/base/error.h"
+#include "core/io/checkpoint.h"
 #include "core/io/state.h"
 #include "core/parallel/pipeline.h"
 #include "core/parallel/state_slices.h"
@@ -33,6 +34,9 @@ void Job::snapshot(LocalSnapshot& s) const {
     }
     s.step = step_;
     s.history = history_;
+    s.scaler = scaler_.state();
+    s.fp8.clear();
+    if (fp8_) s.fp8 = fp8_->state();
 }
 
 void Job::rewind(const LocalSnapshot& s) {
@@ -52,6 +56,8 @@ void Job::rewind(const LocalSnapshot& s) {
     }
     step_ = s.step;
     history_ = s.history;
+    scaler_.restore(s.scaler);
+    if (fp8_) fp8_->restore(s.fp8);
 }
 
 void Job::check_updates() {
@@ -200,6 +206,27 @@ void Job::restore_local(const CheckpointReader& file, const std::vector<StepMetr
     if (zero_ == 3) shards_->release_params(model_->param_arena());
     history_ = history;
     step_ = static_cast<i64>(history.size());
+    // The loss scale goes on from the file's when it was a dynamic one (an fp16 run); a file
+    // of a run without loss scaling leaves this run's initial scale.
+    const CheckpointMeta& meta = file.meta();
+    if (scaler_.dynamic() && meta.loss_scale_dynamic)
+        scaler_.restore({static_cast<float>(meta.loss_scale), meta.growth_tracker});
+    // fp8's scales and histories go on from the file's; a file without them (a run without fp8)
+    // leaves the fresh ones (scale 1, empty histories).
+    if (fp8_ && fp8_->delayed() && fp8_->gemms() > 0 && meta.fp8_gemms > 0) {
+        if (meta.fp8_gemms != fp8_->gemms() || meta.fp8_history_len != fp8_->history_len())
+            throw CheckpointError(
+                "checkpoint " + file.path() + " holds fp8 state for " +
+                std::to_string(meta.fp8_gemms) + " matmuls with amax histories of " +
+                std::to_string(meta.fp8_history_len) + " steps, but this run has " +
+                std::to_string(fp8_->gemms()) + " fp8 matmuls and precision.fp8_amax_history_len = " +
+                std::to_string(fp8_->history_len()) +
+                ": resume with the writer's precision.fp8_amax_history_len and "
+                "precision.fp8_keep_ends_bf16");
+        std::vector<float> st = meta.fp8_scale;
+        st.insert(st.end(), meta.fp8_history.begin(), meta.fp8_history.end());
+        fp8_->restore(st);
+    }
 }
 
 // ---- memory ----------------------------------------------------------------------------------

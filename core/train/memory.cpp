@@ -29,6 +29,7 @@ struct Sizes {
     double act_bytes;  // bytes of an activation in the run's dtype
     double markov;     // bytes of one Markov source's tables (0 for token files)
     bool init_from, export_llmc;
+    double fp8_state;  // floats of fp8 delayed scaling's scales and histories (every rank's)
 };
 
 Sizes sizes_of(const Config& c) {
@@ -55,6 +56,8 @@ Sizes sizes_of(const Config& c) {
     }
     s.schedule = c.layout.schedule;
     s.act_bytes = double(dtype_size(activation_dtype(c.precision)));
+    if (c.precision.fp8 == "delayed")  // (scale + history) per role of the 4 linears per layer
+        s.fp8_state = 4 * s.L * 3 * (1 + double(c.precision.fp8_amax_history_len));
     if (c.data.source == "markov") {
         const double V = double(c.data.markov_vocab > 0 ? c.data.markov_vocab : m.vocab);
         const double states = std::pow(V, double(c.data.markov_order));
@@ -204,9 +207,10 @@ void add_group(std::vector<MemoryItem>& items, const Sizes& s, const Params& p, 
         add(kValidation, g.lasts * kFloat * s.VB * (s.local_B * s.T + (s.dp > 1 ? 2 * BT : 0)));
     // data tables
     add(kData, g.ranks * s.markov);
-    // bookkeeping: the schedule's actions, token ranges, the token tree, tensor tables
+    // bookkeeping: the schedule's actions, token ranges, the token tree, tensor tables, fp8 state
     add(kBookkeeping,
-        g.ranks * (6 * s.M * s.S * 32 + s.dp * s.M * 48 + 2 * s.M * 32 + 3 * (4 + 12 * s.L) * 96));
+        g.ranks * (6 * s.M * s.S * 32 + s.dp * s.M * 48 + 2 * s.M * 32 + 3 * (4 + 12 * s.L) * 96 +
+                   kFloat * s.fp8_state));
     // whole-model copies: weights read whole for a tp shard, the final weights for llm.c
     const double full = (p.wte + p.wpe + s.L * p.layer + p.lnf) * s.tp;
     add(kCopies,

@@ -243,7 +243,9 @@ LogicalState in_process(const Config& c) {
     return s;
 }
 
-void check_layout(const std::vector<std::string>& sets) {
+// precision: keys of the run and of its single-device reference alike (fp16, fp8).
+void check_layout(std::vector<std::string> sets, const std::vector<std::string>& precision = {}) {
+    sets.insert(sets.begin(), precision.begin(), precision.end());
     const Config c = small(sets);
     auto world = g_mpi->world(c.layout.timeout_s);
     LogicalState s;
@@ -257,7 +259,7 @@ void check_layout(const std::vector<std::string>& sets) {
         CHECK(agree);
         CHECK(s.complete());
         CHECK(s.history.size() == 3);
-        Config ref = small({});
+        Config ref = small(precision);
         test::check_same_bits(test::single_device(ref), s);  // the single-device reference
         test::check_same_bits(in_process(c), s);             // the in-process run, same layout
     }
@@ -278,6 +280,17 @@ TEST_CASE("training under MPI equals the single device and the in-process run, b
     }
     SECTION("pp2 x dp2, ZeRO-1") {
         check_layout({"layout.pp=2", "layout.dp=2", "layout.zero=1", "layout.microbatches=2"});
+    }
+    SECTION("fp16 (loss scaling): dp2 x tp2, ZeRO-3") {
+        check_layout({"layout.dp=2", "layout.tp=2", "layout.zero=3"},
+                     {"precision.activations=fp16"});
+    }
+    SECTION("fp8 delayed: tp2 x pp2, and dp4 ZeRO-2") {
+        const std::vector<std::string> fp8 = {"precision.activations=bf16", "precision.fp8=delayed",
+                                              "precision.fp8_keep_ends_bf16=false",
+                                              "precision.fp8_amax_history_len=4"};
+        check_layout({"layout.tp=2", "layout.pp=2", "layout.microbatches=2"}, fp8);
+        check_layout({"layout.dp=4", "layout.zero=2"}, fp8);
     }
 }
 

@@ -1,0 +1,45 @@
+// The checks the config's validation is made of (core/base/config.cpp), and the [precision]
+// section's rules (core/base/config_checks.cpp). Not for use outside core/base/config*.cpp.
+//
+// Index
+//   Problem                      a problem with one or more keys, before it gets its source
+//   quote, number                a string and a number as a message shows them
+//   out_of_range, at_least, at_most, finite, positive, non_negative, below_2_63, one_of
+//                                single-key range checks: each throws a Problem naming the key
+//   check_activations            precision.activations -> its dtype (a Problem when it has none)
+//   check_precision_keys         every [precision] key on its own
+//   check_precision_across       the rules between [precision] keys
+#pragma once
+#include "core/base/config.h"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace px::config_checks {
+
+// A problem with one or more keys, before it is given its source ("file:", "--set ...:").
+struct Problem {
+    std::vector<std::string> keys;
+    std::string text;
+};
+
+std::string quote(std::string_view s);  // a TOML basic string
+// A number in a message: the shortest text, without the ".0" TOML would need ("train.lr = -1").
+std::string number(double x);
+
+Problem out_of_range(const std::string& key, const std::string& value, const std::string& rule);
+void at_least(const char* key, i64 v, i64 min);
+void at_most(const char* key, i64 v, i64 max, const char* why);
+void finite(const char* key, double v);
+void positive(const char* key, double v);
+void non_negative(const char* key, double v);
+void below_2_63(const char* key, std::uint64_t v);
+void one_of(const char* key, const std::string& v, const std::vector<std::string>& allowed);
+
+DType check_activations(const std::string& v);
+void check_precision_keys(const PrecisionConfig& pr);
+void check_precision_across(const PrecisionConfig& pr);
+
+}  // namespace px::config_checks

@@ -1,0 +1,223 @@
+#include "core/model/fp8.h"
+
+#include "core/base/arena.h"
+#include "core/base/error.h"
+#include "core/base/widened.h"
+#include "core/model/model.h"
+#include "kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace px {
+
+Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp)
+    : delayed_(pc.fp8 != "block"),
+      block_(pc.fp8_block_size),
+      history_len_(pc.fp8_amax_history_len),
+      most_recent_(pc.fp8_amax_compute_algo == "most_recent"),
+      margin_(static_cast<int>(pc.fp8_margin)) {
+    const ParamTable table = ParamTable::build(mc);
+    gemm_of_id_.assign(table.entries.size(), -1);
+    const i64 L = mc.layers;
+    for (const TableEntry& e : table.entries) {
+        if (e.layer < 0) continue;
+        if (pc.fp8_keep_ends_bf16 && (e.layer == 0 || e.layer == L - 1)) continue;
+        int j = -1;
+        switch (e.spec - kFirstLayerSpec) {
+            case QKVW:
+                j = 0;
+                break;
+            case ATTPROJW:
+                j = 1;
+                break;
+            case FCW:
+                j = 2;
+                break;
+            case FCPROJW:
+                j = 3;
+                break;
+            default:
+                break;
+        }
+        if (j >= 0) gemm_of_id_[static_cast<size_t>(e.id)] = n_gemms_++;
+    }
+    if (!delayed_) {
+        if (tp > 1 && ((mc.hidden / tp) % block_ != 0 || (mc.ffn / tp) % block_ != 0))
+            throw ConfigError(
+                "precision.fp8 = \"block\" under layout.tp = " + std::to_string(tp) +
+                ": each rank's share of model.hidden = " + std::to_string(mc.hidden) +
+                " and model.ffn = " + std::to_string(mc.ffn) +
+                " must be whole tiles of precision.fp8_block_size = " + std::to_string(block_) +
+                " (a tile may not span two ranks); choose a block size that divides " +
+                std::to_string(mc.hidden / tp) + " and " + std::to_string(mc.ffn / tp) +
+                ", or another layout.tp");
+        return;  // current scaling keeps no state
+    }
+    const size_t slots = static_cast<size_t>(n_gemms_) * kRoles;
+    scale_.assign(slots, 1.0f);
+    amax_now_.assign(slots, 0.0f);
+    history_.assign(slots * static_cast<size_t>(history_len_), 0.0f);
+}
+
+int Fp8Scaling::gemm_of(int weight_id) const {
+    if (weight_id < 0 || weight_id >= static_cast<int>(gemm_of_id_.size())) return -1;
+    return gemm_of_id_[static_cast<size_t>(weight_id)];
+}
+
+void Fp8Scaling::cast_blocks(Role r, const Tensor& src, float* dst) const {
+    PX_ASSERT(src.contiguous(), std::string("fp8 cast of a strided tensor '") + src.name + "'");
+    const i64 n = src.numel();
+    convert(dst, DType::f32, src.data, src.dtype, static_cast<size_t>(n));  // exact
+    const i64 b = block_;
+    // (R, K): a weight's rows, cut into blocks of b rows; an activation's rows one by one.
+    const i64 K = src.shape[src.ndim - 1];
+    const i64 R = K > 0 ? n / K : 0;
+    const i64 band = r == w ? b : 1;
+    const i64 bands = (R + band - 1) / band, tiles = (K + b - 1) / b;
+#pragma omp parallel for schedule(static)
+    for (i64 t = 0; t < bands * tiles; t++) {
+        const i64 r0 = (t / tiles) * band, r1 = std::min(R, r0 + band);
+        const i64 c0 = (t % tiles) * b, c1 = std::min(K, c0 + b);
+        float amax = 0.0f;
+        bool finite = true;
+        for (i64 i = r0; i < r1; i++)
+            for (i64 j = c0; j < c1; j++) {
+                const float a = std::fabs(dst[i * K + j]);
+                finite = finite && std::isfinite(a);
+                amax = std::max(amax, a);
+            }
+        float s = kE4M3Max / amax;
+        if (!(amax > 0.0f) || !finite || !std::isfinite(s)) s = 1.0f;
+        const float inv = 1.0f / s;
+        for (i64 i = r0; i < r1; i++)
+            for (i64 j = c0; j < c1; j++)
+                dst[i * K + j] = e4m3_to_f32(f32_to_e4m3(dst[i * K + j] * s)) * inv;
+    }
+}
+
+void Fp8Scaling::cast(int gemm, Role r, const Tensor& src, float* dst, bool record) {
+    PX_ASSERT(gemm >= 0 && gemm < n_gemms_, "an fp8 cast of a matmul that runs in bf16");
+    if (!delayed_) {
+        cast_blocks(r, src, dst);
+        return;
+    }
+    PX_ASSERT(src.contiguous(), std::string("fp8 cast of a strided tensor '") + src.name + "'");
+    const i64 n = src.numel();
+    convert(dst, DType::f32, src.data, src.dtype, static_cast<size_t>(n));  // exact
+    const float s = scale_[slot(gemm, r)];
+    const float inv = 1.0f / s;
+    float amax = 0.0f;
+    bool nan = false;
+    if (r == dy) {
+#pragma omp parallel for schedule(static) reduction(max : amax) reduction(|| : nan)
+        for (i64 i = 0; i < n; i++) {
+            const float a = std::fabs(dst[i]);
+            nan = nan || std::isnan(a);
+            amax = std::max(amax, a);
+            dst[i] = e5m2_to_f32(f32_to_e5m2(dst[i] * s)) * inv;
+        }
+    } else {
+#pragma omp parallel for schedule(static) reduction(max : amax) reduction(|| : nan)
+        for (i64 i = 0; i < n; i++) {
+            const float a = std::fabs(dst[i]);
+            nan = nan || std::isnan(a);
+            amax = std::max(amax, a);
+            dst[i] = e4m3_to_f32(f32_to_e4m3(dst[i] * s)) * inv;
+        }
+    }
+    if (!record) return;
+    if (nan) amax = INFINITY;  // a NaN cast: the scale is kept (not finite)
+    float& a = amax_now_[slot(gemm, r)];
+    a = std::max(a, amax);
+}
+
+void Fp8Scaling::begin_step() {
+    std::fill(amax_now_.begin(), amax_now_.end(), 0.0f);
+}
+
+void Fp8Scaling::update() {
+    const size_t H = static_cast<size_t>(history_len_);
+    const float two_margin = std::ldexp(1.0f, margin_);
+    for (size_t k = 0; k < amax_now_.size(); k++) {
+        float* h = history_.data() + k * H;
+        std::copy_backward(h, h + H - 1, h + H);  // the oldest leaves
+        h[0] = amax_now_[k];
+        float amax = h[0];
+        if (!most_recent_)
+            for (size_t i = 1; i < H; i++) amax = std::max(amax, h[i]);
+        const float fp8_max = k % kRoles == dy ? kE5M2Max : kE4M3Max;
+        const float sf = fp8_max / amax / two_margin;
+        if (amax > 0.0f && std::isfinite(amax) && std::isfinite(sf) && sf > 0.0f) scale_[k] = sf;
+    }
+}
+
+i64 Fp8Scaling::state_size() const {
+    return static_cast<i64>(scale_.size() + history_.size());
+}
+
+std::vector<float> Fp8Scaling::state() const {
+    std::vector<float> s(scale_);
+    s.insert(s.end(), history_.begin(), history_.end());
+    return s;
+}
+
+void Fp8Scaling::restore(const std::vector<float>& s) {
+    PX_ASSERT(static_cast<i64>(s.size()) == state_size(), "an fp8 state of another shape");
+    std::copy(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(scale_.size()), scale_.begin());
+    std::copy(s.begin() + static_cast<std::ptrdiff_t>(scale_.size()), s.end(), history_.begin());
+}
+
+}  // namespace px
+
+// ---- the model's fp8 linears -----------------------------------------------------------------
+
+namespace px {
+
+namespace {
+
+// An fp32 tensor over `data` with t's shape, name and id.
+Tensor f32_like(const Tensor& t, float* data) {
+    Tensor v = t;
+    v.dtype = DType::f32;
+    v.data = data;
+    return v;
+}
+
+}  // namespace
+
+// out = cast(inp) · cast(weight)ᵀ + bias on the fp32 kernels (or the tensor-parallel layers),
+// out rounded once into its dtype (bf16): the bf16 backend's rule with fp8 cast points.
+void GPT::fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor& inp,
+                             const Tensor& weight, const Tensor* bias) const {
+    std::vector<float> xq(static_cast<size_t>(inp.numel())),
+        wq(static_cast<size_t>(weight.numel()));
+    fp8_->cast(gemm, Fp8Scaling::x, inp, xq.data(), true);
+    fp8_->cast(gemm, Fp8Scaling::w, weight, wq.data(), true);
+    const Tensor x = f32_like(inp, xq.data()), w = f32_like(weight, wq.data());
+    const Widened o(&out);
+    if (layers_)
+        layers_->linear_forward(l, *o, x, w, bias);
+    else
+        ops::matmul_forward(nx_, *o, x, w, bias);
+    o.store();
+}
+
+// Backward: dY cast to e5m2 (recorded), X and W cast again with the forward's scales (their
+// amaxes were recorded in forward); dinp accumulates in fp32 and is rounded once.
+void GPT::fp8_linear_backward(int gemm, std::span<const TokenNode> nodes, Linear l,
+                              const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
+                              const Tensor& dout, const Tensor& inp, const Tensor& weight) const {
+    std::vector<float> dq(static_cast<size_t>(dout.numel())), xq(static_cast<size_t>(inp.numel())),
+        wq(static_cast<size_t>(weight.numel()));
+    fp8_->cast(gemm, Fp8Scaling::dy, dout, dq.data(), true);
+    fp8_->cast(gemm, Fp8Scaling::x, inp, xq.data(), false);
+    fp8_->cast(gemm, Fp8Scaling::w, weight, wq.data(), false);
+    const Tensor d = f32_like(dout, dq.data()), x = f32_like(inp, xq.data()),
+                 w = f32_like(weight, wq.data());
+    const Widened di(&dinp);
+    linear_backward_rows(nodes, l, di.get(), dweight, dbias, d, x, w);
+    di.store();
+}
+
+}  // namespace px

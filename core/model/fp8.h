@@ -1,0 +1,95 @@
+// FP8 matmuls with per-tensor delayed scaling (precision.fp8 = "delayed"), as Transformer Engine
+// defines it (DelayedScaling, the HYBRID format): every matmul that runs in fp8 has three scaled
+// tensors, its input X and weight W (e4m3, max 448) and, in backward, its output gradient dY
+// (e5m2, max 57344). A tensor is cast as q = fp8(x · scale) (nearest even, saturating: OCP) and
+// read back as q · scale_inv, scale_inv = 1 / scale in fp32; the matmul then runs on those values
+// with fp32 products summed in the canonical order (the fp32 kernels). This "fake quantisation"
+// is an fp8 GEMM with fp32 accumulation bit for bit when the scales are powers of two (the
+// products of two read-back values are then exact); otherwise each read-back value carries one
+// fp32 rounding, the same on every layout. Hopper's narrower accumulator, promoted to fp32 every
+// N products, is not emulated: every sum is fp32 from its first product.
+// The activations between matmuls stay bf16 (precision.activations = "bf16").
+//
+// Delayed scaling: a step casts with the scales made before it. Each cast records max |x| of its
+// tensor (the step's amax: over every microbatch; X and W in forward, dY in backward); after the
+// step's backward the trainer takes the max over the tensor-, data- and pipeline-parallel groups
+// (exact in any order), so every rank holds the same amaxes and makes the same scales:
+//   history: the step's amax enters at the front, the oldest of amax_history_len leaves;
+//   amax    = max of the history ("max") or its front ("most_recent");
+//   scale   = fp8_max / amax / 2^margin, in fp32; the previous scale is kept when amax is 0 (a
+//             tensor of zeros), not finite (an inf or NaN was cast), or the quotient overflows.
+// The first step casts with scale 1 (an empty history), as Transformer Engine does.
+//
+// Block-wise current scaling (precision.fp8 = "block"), as DeepSeek-V3 does it: no state; each
+// cast scales every 1 x b tile of an activation or output gradient (b consecutive elements of a
+// row along its last dimension, b = fp8_block_size, 128 by default) and every b x b block of a
+// weight by its own scale 448 / amax(tile) (1 for a tile of zeros or one holding an inf or a
+// NaN), all in e4m3. The backward casts X and W with the forward's tiles (the same values give
+// the same casts). Tiles are cut on logical indices; under tensor parallelism each rank's share
+// of hidden and ffn must be whole tiles (checked when the job is made), so that no tile spans two
+// ranks and every rank casts what the single device casts.
+//
+// Which matmuls: the linears of every block, except (fp8_keep_ends_bf16, the default) the first
+// and last blocks'; the LM head and the embedding always stay bf16.
+//
+// Index
+//   Fp8Scaling      the scales, histories and step amaxes of every fp8 matmul of the whole model
+#pragma once
+#include "core/base/config.h"
+#include "core/base/tensor.h"
+
+#include <vector>
+
+namespace px {
+
+class Fp8Scaling {
+public:
+    enum Role : int { x = 0, w = 1, dy = 2 };  // input, weight (e4m3), output gradient (e5m2)
+    static constexpr int kRoles = 3;
+
+    // tp: the tensor-parallel degree, for the block recipe's check (a ConfigError naming the
+    // keys when a rank's share of hidden or ffn is not whole tiles).
+    Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp = 1);
+
+    bool delayed() const { return delayed_; }  // else block-wise current scaling
+    i64 block_size() const { return block_; }
+
+    int gemms() const { return n_gemms_; }
+    i64 history_len() const { return history_len_; }
+    // The fp8 matmul whose weight is tensor `weight_id` of the whole model's table; -1: that
+    // matmul runs in bf16.
+    int gemm_of(int weight_id) const;
+    float scale(int gemm, Role r) const { return scale_[slot(gemm, r)]; }
+
+    // dst (src.numel() floats) = src's values cast to role r's fp8 dtype with its scale and read
+    // back (see above). record: max |src| joins the step's amax of (gemm, r).
+    void cast(int gemm, Role r, const Tensor& src, float* dst, bool record);
+    // Block recipe: dst = src cast tile by tile (weights: b x b blocks of its (rows, cols)).
+    void cast_blocks(Role r, const Tensor& src, float* dst) const;
+
+    // The step's amaxes, (gemms, kRoles) row-major: zero at begin_step; the trainer reduces them
+    // (max over ranks) in place between the step's backward and update().
+    void begin_step();
+    std::vector<float>& step_amax() { return amax_now_; }
+    void update();
+
+    // What checkpoints and snapshots keep: scales (gemms, kRoles), then histories (gemms ·
+    // kRoles, history_len), newest first. Empty for the block recipe (it keeps nothing).
+    std::vector<float> state() const;
+    void restore(const std::vector<float>& s);  // a state() of the same shapes
+    i64 state_size() const;
+
+private:
+    size_t slot(int gemm, Role r) const { return static_cast<size_t>(gemm) * kRoles + r; }
+
+    bool delayed_ = true;
+    i64 block_ = 128;
+    int n_gemms_ = 0;
+    std::vector<int> gemm_of_id_;  // per whole-model tensor id
+    i64 history_len_ = 1;
+    bool most_recent_ = false;
+    int margin_ = 0;
+    std::vector<float> scale_, amax_now_, history_;  // history_: (slot, history_len)
+};
+
+}  // namespace px
