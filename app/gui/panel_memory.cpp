@@ -1,0 +1,97 @@
+// Memory and communication: each rank's bytes, stacked by what they hold (parameters,
+// gradients, optimizer state, activations, buffers), against the estimate the job was admitted
+// by (core/train/memory.h, which follows the ZeRO formulas); bytes and time per collective and
+// group, measured (CommTrace over the ranks' communication accounting).
+#include "app/gui/panels.h"
+
+#include "core/base/error.h"
+#include "core/train/memory.h"
+
+#include <imgui.h>
+
+#include <map>
+
+namespace px::gui {
+
+void draw_memory_panel(const RunData& d, MemoryPanelState&) {
+    const std::vector<MemoryStats>& mem = d.snap.memory;
+    MemoryEstimate est;
+    try {
+        est = estimate_memory(d.config, MemoryScope::one_rank);
+    } catch (const Error&) {
+    }
+    const float h = ImGui::GetContentRegionAvail().y;
+    if (mem.empty()) {
+        empty_state("no job yet: memory per rank shows once a step has run");
+    } else {
+        plot::StackedBars b;
+        b.title = "memory per rank after the last step (yellow: the estimate per rank the job was admitted by)";
+        b.parts = {"parameters", "gradients", "optimizer state", "activations", "comm buffers"};
+        b.colours = {plot::kBlue, plot::kOrange, plot::kGreen, plot::kPurple, plot::kGrey};
+        b.reference_label = "estimate (ZeRO formulas)";
+        b.y_label = "bytes";
+        b.format = [](double v) { return format_bytes(v); };
+        for (size_t r = 0; r < mem.size(); r++) {
+            const MemoryStats& m = mem[r];
+            b.categories.push_back("rank " + std::to_string(r));
+            b.values.push_back({static_cast<double>(m.params), static_cast<double>(m.grads),
+                                static_cast<double>(m.optimizer), static_cast<double>(m.activations),
+                                static_cast<double>(m.comm)});
+            b.reference.push_back(est.total);
+        }
+        plot::draw_stacked_bars("memory", b, ImVec2(-1, h * 0.5f));
+        if (d.rects) d.rects->mark("memory_plot");
+    }
+    if (!est.items.empty()) {
+        std::string line = "estimate per rank:";
+        for (const MemoryItem& it : est.items)
+            if (it.bytes > 0) line += "  " + it.what + " " + format_bytes(it.bytes);
+        ImGui::TextWrapped("%s", line.c_str());
+    }
+    ImGui::Separator();
+    if (!d.trace) {
+        empty_state("no communication measured: it shows while a job runs");
+        return;
+    }
+    // Per group and collective, summed over the ranks.
+    struct Sum {
+        i64 calls = 0, bytes = 0;
+        double seconds = 0;
+        int ranks = 0;
+    };
+    std::map<std::pair<std::string, std::string>, Sum> sums;
+    for (const comm::StatRow& r : d.trace->stat_rows()) {
+        Sum& s = sums[{r.group, r.op}];
+        s.calls += r.calls;
+        s.bytes += r.bytes_sent + r.bytes_recv;
+        s.seconds += r.seconds;
+        s.ranks++;
+    }
+    if (sums.empty()) {
+        empty_state("no collectives: a single device sends nothing");
+        return;
+    }
+    if (ImGui::BeginTable("comm", 6, ImGuiTableFlags_RowBg | ImGuiTableFlags_Borders | ImGuiTableFlags_ScrollY)) {
+        for (const char* c : {"group", "collective", "calls (all ranks)", "bytes sent + received", "seconds (all ranks)", "ranks"})
+            ImGui::TableSetupColumn(c);
+        ImGui::TableHeadersRow();
+        for (const auto& [key, s] : sums) {
+            ImGui::TableNextRow();
+            ImGui::TableNextColumn();
+            ImGui::TextUnformatted(key.first.c_str());
+            ImGui::TableNextColumn();
+            ImGui::TextUnformatted(key.second.c_str());
+            ImGui::TableNextColumn();
+            ImGui::Text("%lld", static_cast<long long>(s.calls));
+            ImGui::TableNextColumn();
+            ImGui::TextUnformatted(format_bytes(static_cast<double>(s.bytes)).c_str());
+            ImGui::TableNextColumn();
+            ImGui::Text("%.3f", s.seconds);
+            ImGui::TableNextColumn();
+            ImGui::Text("%d", s.ranks);
+        }
+        ImGui::EndTable();
+    }
+}
+
+}  // namespace px::gui

@@ -1,0 +1,19 @@
+// Finished runs opened in the workbench's panels: a run file (`run.h5`, core/io/runfile.h) as a
+// RunSnapshot, and a `validate.json` report (validators/README.md) as the layout check's view.
+//
+// Index
+//   snapshot_from_run_file   run.h5 -> RunSnapshot (state finished; config, metrics, events)
+//   check_from_report        validate.json -> CheckView (verdicts; the grid at the first
+//                            differing step and the last step, which the report holds)
+#pragma once
+#include "app/gui/layout_check.h"
+#include "core/train/job_view.h"
+
+#include <string>
+
+namespace px::gui {
+
+RunSnapshot snapshot_from_run_file(const std::string& path);  // px::Error naming the file
+CheckView check_from_report(const std::string& path);         // px::Error naming the file
+
+}  // namespace px::gui
