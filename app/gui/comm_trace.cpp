@@ -1,5 +1,6 @@
 #include "app/gui/comm_trace.h"
 
+#include <cstdio>
 #include <utility>
 
 namespace px::gui {
@@ -174,8 +175,10 @@ Timeline measured_timeline(const Mesh& mesh, const std::vector<RankStep>& steps)
                 b.t0 = cursor;
                 b.t1 = std::max(end, cursor);
                 b.kind = a.kind == Action::forward ? TimelineBar::forward : TimelineBar::backward;
-                b.label = std::string(a.kind == Action::forward ? "F" : "B") + std::to_string(a.microbatch) +
-                          (l.virtual_stages > 1 ? std::string(1, static_cast<char>('a' + a.chunk)) : "");
+                char label[32];
+                std::snprintf(label, sizeof label, "%c%d", a.kind == Action::forward ? 'F' : 'B', a.microbatch);
+                b.label = label;
+                if (l.virtual_stages > 1) b.label += static_cast<char>('a' + a.chunk % 26);
                 busy += b.t1 - b.t0;
                 tl.makespan = std::max(tl.makespan, b.t1);
                 cursor = b.t1;

@@ -53,7 +53,10 @@ void draw_holding(const TensorHolding& t, bool moments, ImVec2 size) {
             dl->AddRectFilled(ImVec2(p0.x, p0.y + i * sh), ImVec2(p1.x, p0.y + (i + 1) * sh), rank_colour(ranks[i]));
         dl->AddRect(p0, p1, IM_COL32(10, 10, 14, 255));
         std::string label = "r";
-        for (size_t i = 0; i < ranks.size(); i++) label += (i ? "," : "") + std::to_string(ranks[i]);
+        for (size_t i = 0; i < ranks.size(); i++) {
+            if (i) label += ',';
+            label += std::to_string(ranks[i]);
+        }
         const ImVec2 ts = ImGui::CalcTextSize(label.c_str());
         if (ts.x + 4 < p1.x - p0.x && ts.y < p1.y - p0.y)
             dl->AddText(ImVec2((p0.x + p1.x - ts.x) / 2, (p0.y + p1.y - ts.y) / 2), IM_COL32(10, 10, 14, 255), label.c_str());
@@ -157,7 +160,7 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
     b.format = [](double v) { return format_bytes(v); };
     for (size_t k = 0; k < r.memory.size(); k++) {
         const MemoryStats& m = r.memory[k];
-        b.categories.push_back("r" + std::to_string(k));
+        b.categories.push_back(std::string(1, 'r').append(std::to_string(k)));
         b.values.push_back({static_cast<double>(m.params), static_cast<double>(m.grads),
                             static_cast<double>(m.optimizer), static_cast<double>(m.activations),
                             static_cast<double>(m.comm)});

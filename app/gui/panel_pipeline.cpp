@@ -94,11 +94,10 @@ void draw_pipeline_panel(const RunData& d, PipelinePanelState&) {
             if (!a.is_compute() || s0 < 0) continue;
             const bool f = a.kind == Action::forward;
             bars.push_back({p, static_cast<double>(s0), s0 + 1.0, f ? plot::kBlue : plot::kOrange,
-                            std::string(f ? "F" : "B") + std::to_string(a.microbatch) +
-                                (plan.virtual_stages > 1 ? std::string(1, static_cast<char>('a' + a.chunk)) : "")});
+                            compute_label(a, plan.virtual_stages)});
         }
     }
-    plot::draw_gantt("plan", lanes, bars, 0, std::max(1, sim.makespan), "slot", ImVec2(-1, -1));
+    plot::draw_gantt("plan", lanes, bars, 0, std::max(1, sim.makespan), "slot", ImVec2(-1, -1), true);
 }
 
 }  // namespace px::gui

@@ -68,15 +68,14 @@ void draw_schedule_panel(const RunData&, SchedulePanelState& s) {
             const bool done = s0 < slot;
             ImU32 c = f ? plot::kBlue : plot::kOrange;
             if (!done) c = (c & 0x00FFFFFF) | 0x40000000;
-            const std::string label = std::string(f ? "F" : "B") + std::to_string(a.microbatch) +
-                                      (m.virtual_stages > 1 ? std::string(1, static_cast<char>('a' + a.chunk)) : "");
+            const std::string label = compute_label(a, m.virtual_stages);
             bars.push_back({p, static_cast<double>(s0), s0 + 1.0, c, label});
             if (s0 == slot - 1) now += "  rank " + std::to_string(p) + ": " + action_text(a);
         }
     }
     ImGui::Text("slot %d:%s", slot, now.empty() ? "  (idle everywhere)" : now.c_str());
     plot::draw_gantt("schedule", lanes, bars, 0, std::max(1, sim.makespan), "slot (one forward or backward each)",
-                     ImVec2(-1, -1));
+                     ImVec2(-1, -1), true);
 }
 
 }  // namespace px::gui

@@ -398,8 +398,11 @@ HeatmapHit draw_heatmap(const char* id, const Heatmap& h, ImVec2 size, int selec
 
 int draw_gantt(const char* id, const std::vector<std::string>& lanes,
                const std::vector<GanttBar>& bars, double t_min, double t_max,
-               const std::string& x_label, ImVec2 size) {
+               const std::string& x_label, ImVec2 size, bool integer_ticks) {
     size = region(size);
+    // Lanes at most 3.5 lines tall: a few ranks do not become slabs.
+    const float lh0 = ImGui::GetTextLineHeight();
+    size.y = std::min(size.y, lh0 * 3.5f * std::max<size_t>(lanes.size(), 1) + lh0 * 2.6f + 8);
     ImGui::PushID(id);
     ImDrawList* dl = ImGui::GetWindowDrawList();
     const ImVec2 o = ImGui::GetCursorScreenPos();
@@ -418,6 +421,7 @@ int draw_gantt(const char* id, const std::vector<std::string>& lanes,
     const std::vector<double> xt = nice_ticks(t_min, t_max, std::max(2, static_cast<int>((b.x - a.x) / 90)));
     const double step = xt.size() > 1 ? xt[1] - xt[0] : 1;
     for (double v : xt) {
+        if (integer_ticks && std::fabs(v - std::round(v)) > 1e-9) continue;
         const float x = X(v);
         dl->AddLine(ImVec2(x, a.y), ImVec2(x, b.y), kGridLine);
         const std::string s = tick_text(v, step);

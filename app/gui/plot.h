@@ -87,7 +87,7 @@ struct GanttBar {
 // Bars on lanes (labels top to bottom) against x from t_min to t_max; returns the hovered bar.
 int draw_gantt(const char* id, const std::vector<std::string>& lanes,
                const std::vector<GanttBar>& bars, double t_min, double t_max,
-               const std::string& x_label, ImVec2 size);
+               const std::string& x_label, ImVec2 size, bool integer_ticks = false);
 
 struct StackedBars {
     std::vector<std::string> categories;  // one bar each (ranks)

@@ -7,6 +7,7 @@
 #include "validators/compare.h"
 
 #include <cmath>
+#include <cstdio>
 #include <mutex>
 
 namespace px::gui {
@@ -26,6 +27,16 @@ void ScheduleModel::make() {
 
 double bubble_formula(int pp, int microbatches, int virtual_stages) {
     return (pp - 1.0) / (static_cast<double>(virtual_stages) * microbatches + pp - 1.0);
+}
+
+std::string compute_label(const Action& a, int virtual_stages) {
+    char buf[32];
+    if (virtual_stages > 1)
+        std::snprintf(buf, sizeof buf, "%c%d%c", a.kind == Action::forward ? 'F' : 'B', a.microbatch,
+                      static_cast<char>('a' + a.chunk % 26));
+    else
+        std::snprintf(buf, sizeof buf, "%c%d", a.kind == Action::forward ? 'F' : 'B', a.microbatch);
+    return buf;
 }
 
 namespace {

@@ -6,6 +6,7 @@
 // Index
 //   ScheduleModel     make(kind, pp, microbatches, v): the plan, its simulation, the bubble
 //   bubble_formula    (pp-1)/(v·m + pp-1)
+//   compute_label     "F3", "B0", and with v > 1 the chunk as a letter: "F3b"
 //   SumRow, NumericsModel   one reduction summed in several orders, against the canonical tree
 #pragma once
 #include "core/base/shapes.h"
@@ -30,6 +31,8 @@ struct ScheduleModel {
 // The idle fraction of GPipe and 1F1B with unit forward and backward, and of interleaved 1F1B
 // with v chunks: (pp - 1) / (v·m + pp - 1).
 double bubble_formula(int pp, int microbatches, int virtual_stages);
+
+std::string compute_label(const Action& a, int virtual_stages);
 
 struct SumRow {
     std::string how;   // "canonical tree, one device", "ring all_reduce over 3 ranks", ...

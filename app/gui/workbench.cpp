@@ -60,6 +60,7 @@ public:
     LayoutCheck& check() { return check_; }
     LayoutExplorer& explorer() { return explorer_; }
     const RunData& data() const { return data_; }
+    LayoutCheckPanelState& check_panel() { return check_s_; }
     void start_job(bool run);  // the editor's config; errors beside the keys
     std::vector<double> frame_ms;  // CPU time of each frame (events to the end of rendering)
 
@@ -88,7 +89,9 @@ private:
     SchedulePanelState sched_s_;
     NumericsPanelState num_s_;
     int frames_ = 0;
-    bool f12_down_ = false;
+
+public:
+    bool state_requested_ = false;  // F12 was pressed: print the state line after this frame
 };
 
 Workbench::Workbench(const WorkbenchOptions& opt) : opt_(opt) {
@@ -104,6 +107,13 @@ Workbench::Workbench(const WorkbenchOptions& opt) : opt_(opt) {
         throw Error("cannot open a window: no OpenGL 3.3 context on this display");
     }
     glfwMakeContextCurrent(window_);
+    // F12 by a callback, set before ImGui's (which chains to it): a press and its release within
+    // one frame are both seen, where polling the key would miss them.
+    glfwSetWindowUserPointer(window_, this);
+    glfwSetKeyCallback(window_, [](GLFWwindow* w, int key, int, int action, int) {
+        if (key == GLFW_KEY_F12 && action == GLFW_PRESS)
+            static_cast<Workbench*>(glfwGetWindowUserPointer(w))->state_requested_ = true;
+    });
     glfwSwapInterval(0);  // frames are paced below, not by the display
     IMGUI_CHECKVERSION();
     ImGui::CreateContext();
@@ -276,6 +286,7 @@ void Workbench::frame(int only, const std::string& capture) {
     } else {
         data_.trace = nullptr;
     }
+    rects_.rects.clear();  // what this frame draws, nothing older
     ImGui_ImplOpenGL3_NewFrame();
     ImGui_ImplGlfw_NewFrame();
     ImGui::NewFrame();
@@ -336,9 +347,8 @@ void Workbench::frame(int only, const std::string& capture) {
     glfwSwapBuffers(window_);
     frames_++;
     act();
-    const bool f12 = glfwGetKey(window_, GLFW_KEY_F12) == GLFW_PRESS;
-    if (f12 && !f12_down_) print_state();
-    f12_down_ = f12;
+    if (state_requested_) print_state();
+    state_requested_ = false;
 }
 
 // The job's median step time over steps [from, to] of a snapshot, in ms.
@@ -360,11 +370,14 @@ void pace(Clock::time_point start) {
 int screenshots(const WorkbenchOptions& opt) {
     std::filesystem::create_directories(opt.screenshot_dir);
     Workbench wb(opt);
+    ImGui::GetIO().ConfigFlags |= ImGuiConfigFlags_NoMouse;  // no hover where the pointer happens to be
+    wb.check_panel().layouts = opt.check_layouts;
     wb.start_job(false);
     if (wb.job().status() == JobStatus::none) throw ConfigError(opt.config.source_name + ": the job cannot start");
     const i64 steps = std::min(opt.steps, opt.config.train.steps);
     wb.job().run_to(steps);
-    wb.check().start(opt.config, opt.check_layouts, std::min<i64>(steps, 20));
+    wb.check_panel().steps = static_cast<int>(std::min<i64>(steps, 20));
+    wb.check().start(opt.config, opt.check_layouts, wb.check_panel().steps);
     const auto t0 = Clock::now();
     while (true) {
         const auto f0 = Clock::now();
