@@ -54,7 +54,7 @@ std::function<int()> add_gui_command(CLI::App& app) {
                     "PNG per panel into this folder, and exit");
     sub->add_option("--steps", opt->steps,
                     "Steps the job runs before the screenshots (default 20), or per measured run "
-                    "(default 60)");
+                    "(default 30)");
     sub->add_option("--layouts", opt->layouts, "The layout check's layouts for --screenshot")
         ->capture_default_str();
     sub->add_flag("--measure", opt->measure,

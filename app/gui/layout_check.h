@@ -2,7 +2,7 @@
 // `parallax validate` runs them (validators/validate.h validate_layouts: the same lockstep
 // comparison after every step, the same verdicts, the same first-op search), on a thread of its
 // own, while a grid of tensors × steps fills in from its ValidateWatch. A caller may pass
-// RunHooks that wrap the layouts' ranks (a tracer; a test's planted bug, tests/mutations.h).
+// RunHooks that wrap the layouts' ranks (a tracer, or a test's planted bug).
 //
 // Index
 //   CheckCell       one tensor at one step of one layout: worst ULP over ranks, first element

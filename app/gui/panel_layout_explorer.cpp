@@ -44,7 +44,8 @@ void draw_holding(const TensorHolding& t, bool moments, ImVec2 size) {
     for (const HeldPiece& p : pieces) by[{p.slab.row0, p.slab.rows, p.slab.col0, p.slab.cols}].push_back(p.rank);
     auto X = [&](i64 c) { return a.x + static_cast<float>(c) / static_cast<float>(t.cols) * (b.x - a.x); };
     auto Y = [&](i64 r) { return a.y + static_cast<float>(r) / static_cast<float>(t.rows) * (b.y - a.y); };
-    for (const auto& [k, ranks] : by) {
+    for (auto& [k, ranks] : by) {
+        std::sort(ranks.begin(), ranks.end());
         const auto [r0, rows, c0, cols] = k;
         const ImVec2 p0(X(c0), Y(r0)), p1(X(c0 + cols), Y(r0 + rows));
         // Replicas: the slab split into stripes, one per holder.

@@ -25,10 +25,10 @@ void draw_memory_panel(const RunData& d, MemoryPanelState&) {
         empty_state("no job yet: memory per rank shows once a step has run");
     } else {
         plot::StackedBars b;
-        b.title = "memory per rank after the last step (yellow: the estimate per rank the job was admitted by)";
+        b.title = "memory per rank after the last step; yellow: the estimate per rank the job was admitted by (core/train/memory.h, the ZeRO formulas)";
         b.parts = {"parameters", "gradients", "optimizer state", "activations", "comm buffers"};
         b.colours = {plot::kBlue, plot::kOrange, plot::kGreen, plot::kPurple, plot::kGrey};
-        b.reference_label = "estimate (ZeRO formulas)";
+        b.reference_label = "estimate";
         b.y_label = "bytes";
         b.format = [](double v) { return format_bytes(v); };
         for (size_t r = 0; r < mem.size(); r++) {

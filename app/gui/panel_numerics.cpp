@@ -39,7 +39,8 @@ void draw_numerics_panel(const RunData&, NumericsPanelState& s) {
                        "fixes the order on logical block indices, so every split of it gives the same bits.",
                        m.n);
     if (ImGui::BeginTable("sums", 5, ImGuiTableFlags_RowBg | ImGuiTableFlags_Borders)) {
-        for (const char* c : {"order", "sum (fp32)", "bits", "ulp vs canonical", "|error| vs fp64 sum"})
+        ImGui::TableSetupColumn("order", ImGuiTableColumnFlags_WidthFixed, ImGui::GetFontSize() * 30);
+        for (const char* c : {"sum (fp32)", "bits", "ulp vs canonical", "|error| vs fp64 sum"})
             ImGui::TableSetupColumn(c);
         ImGui::TableHeadersRow();
         for (const SumRow& r : m.rows) {

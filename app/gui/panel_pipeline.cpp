@@ -27,7 +27,7 @@ void legend() {
     const std::pair<TimelineBar::Kind, const char*> items[] = {
         {TimelineBar::forward, "forward"}, {TimelineBar::backward, "backward"},
         {TimelineBar::recv_wait, "waiting in a receive (idle)"}, {TimelineBar::send, "send posted"},
-        {TimelineBar::collective, "dp / tp collective"}};
+        {TimelineBar::collective, "dp / tp collective (thin band)"}};
     for (const auto& [k, name] : items) {
         const ImVec2 p = ImGui::GetCursorScreenPos();
         const float h = ImGui::GetTextLineHeight();
@@ -71,8 +71,10 @@ void draw_pipeline_panel(const RunData& d, PipelinePanelState&) {
         ImGui::Text("measured, step %lld: %.2f ms; bubble measured %.1f%%", static_cast<long long>(tl.step),
                     1e3 * tl.makespan, 100 * tl.bubble);
         std::vector<plot::GanttBar> bars;
-        for (const TimelineBar& b : tl.bars)
+        for (const TimelineBar& b : tl.bars) {
             bars.push_back({b.lane, 1e3 * b.t0, 1e3 * b.t1, bar_colour(b.kind), b.label});
+            if (b.kind == TimelineBar::collective) bars.back().height = 0.3f;  // under the compute
+        }
         plot::draw_gantt("measured", tl.lanes, bars, 0, 1e3 * tl.makespan, "milliseconds since the step began",
                          ImVec2(-1, h * 0.5f));
         if (d.rects) d.rects->mark("measured_timeline");

@@ -424,7 +424,7 @@ int draw_gantt(const char* id, const std::vector<std::string>& lanes,
         if (integer_ticks && std::fabs(v - std::round(v)) > 1e-9) continue;
         const float x = X(v);
         dl->AddLine(ImVec2(x, a.y), ImVec2(x, b.y), kGridLine);
-        const std::string s = tick_text(v, step);
+        const std::string s = tick_text(v, integer_ticks ? 1.0 : step);
         dl->AddText(ImVec2(x - ImGui::CalcTextSize(s.c_str()).x / 2, b.y + 5), kText, s.c_str());
     }
     for (size_t l = 0; l < lanes.size(); l++)
@@ -432,7 +432,8 @@ int draw_gantt(const char* id, const std::vector<std::string>& lanes,
     const ImVec2 m = ImGui::GetIO().MousePos;
     for (size_t k = 0; k < bars.size(); k++) {
         const GanttBar& g = bars[k];
-        const float y0 = a.y + g.lane * lane_h + lane_h * 0.12f, y1 = a.y + (g.lane + 1) * lane_h - lane_h * 0.12f;
+        const float y1 = a.y + (g.lane + 1) * lane_h - lane_h * 0.12f;
+        const float y0 = y1 - lane_h * 0.76f * std::clamp(g.height, 0.05f, 1.0f);
         const float x0 = X(g.t0), x1 = std::max(X(g.t1), X(g.t0) + 1.5f);
         dl->AddRectFilled(ImVec2(x0, y0), ImVec2(x1, y1), g.colour, 2);
         const ImVec2 ts = ImGui::CalcTextSize(g.label.c_str());

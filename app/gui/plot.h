@@ -83,6 +83,7 @@ struct GanttBar {
     double t0 = 0, t1 = 0;
     ImU32 colour = IM_COL32(90, 160, 255, 255);
     std::string label;  // drawn inside when it fits; always in the hover tooltip
+    float height = 1.0f;  // of the lane, bottom-aligned (a thin band under the full bars)
 };
 // Bars on lanes (labels top to bottom) against x from t_min to t_max; returns the hovered bar.
 int draw_gantt(const char* id, const std::vector<std::string>& lanes,

@@ -26,7 +26,7 @@ struct WorkbenchOptions {
     i64 steps = 20;             // screenshot mode: steps the job runs first
     std::string check_layouts = "dp2";  // screenshot mode: the layout check's layouts
     bool measure = false;       // measure mode
-    i64 measure_steps = 60;     // measure mode: steps per run
+    i64 measure_steps = 30;     // measure mode: steps per run
     int width = 1600, height = 1000;
 };
 
