@@ -100,6 +100,18 @@ TEST_CASE("Layout check: bad layouts are refused before anything runs", "[gui]")
     CHECK(!check.busy());
 }
 
+TEST_CASE("Layout check: a new check replaces a running one without waiting for it", "[gui]") {
+    LayoutCheck check;
+    check.start(check_job(), "dp2", 4);
+    check.start(check_job(), "dp4", 2);  // the first is told to stop; this returns at once
+    REQUIRE(check.wait(300));
+    const CheckView v = check.view();
+    REQUIRE(v.layouts.size() == 1);
+    CHECK(v.layouts[0].name == "dp4");
+    CHECK(v.layouts[0].result.verdict == "match");
+    CHECK(v.steps == 2);
+}
+
 TEST_CASE("Config editor: an error is the library's message, beside the key it names", "[gui]") {
     ConfigEditor e(small_job());
     REQUIRE(e.field("layout.tp"));

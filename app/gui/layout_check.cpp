@@ -36,9 +36,13 @@ std::string summary_of(const LayoutResult& r) {
 LayoutCheck::~LayoutCheck() { cancel(); }
 
 void LayoutCheck::cancel() {
-    cancel_ = true;
-    if (thread_.joinable()) thread_.join();
-    cancel_ = false;
+    std::vector<std::thread> threads;
+    {
+        std::lock_guard lk(mu_);
+        if (run_) run_->cancel = true;
+        threads.swap(threads_);
+    }
+    for (std::thread& t : threads) t.join();
 }
 
 bool LayoutCheck::busy() const { return busy_.load(); }
@@ -61,9 +65,12 @@ void LayoutCheck::start(const Config& cfg, const std::string& layouts, i64 steps
                         const RunHooks& decorate) {
     const std::vector<LayoutSpec> specs = parse_layouts(layouts);
     for (const LayoutSpec& s : specs) with_layout(cfg, s);  // each checked before anything runs
-    cancel();
+    auto run = std::make_shared<Run>();
     {
         std::lock_guard lk(mu_);
+        if (run_) run_->cancel = true;  // it ends at its next step, on its own thread
+        run->id = ++runs_;
+        run_ = run;
         v_ = CheckView{};
         v_.running = true;
         v_.mode = mode_name(cfg.numerics.mode);
@@ -74,44 +81,48 @@ void LayoutCheck::start(const Config& cfg, const std::string& layouts, i64 steps
             v_.layouts.push_back(std::move(g));
         }
         v_.version = ++version_;
+        busy_ = true;
     }
-    busy_ = true;
-    thread_ = std::thread([this, cfg, specs, steps, decorate] {
+    std::thread t([this, run, cfg, specs, steps, decorate] {
         ValidateWatch watch;
-        watch.reference_step = [this](i64 step) {
-            if (cancel_) throw Cancelled();
+        watch.reference_step = [this, run](i64 step) {
+            if (run->cancel) throw Cancelled();
             std::lock_guard lk(mu_);
+            if (run_ != run) return;
             v_.reference_steps = step;
             v_.version = ++version_;
         };
-        watch.layout_step = [this](const std::string& layout, i64 step, int rank,
-                                   const std::vector<Comparison>& cmp) {
-            if (cancel_) throw Cancelled();
-            on_step(layout, step, rank, cmp);
+        watch.layout_step = [this, run](const std::string& layout, i64 step, int rank,
+                                        const std::vector<Comparison>& cmp) {
+            if (run->cancel) throw Cancelled();
+            std::lock_guard lk(mu_);
+            if (run_ == run) on_step(layout, step, rank, cmp);
         };
+        ValidationReport rep;
+        std::string error;
         try {
-            const ValidationReport rep =
-                validate_layouts(cfg, specs, steps, nullptr, decorate, watch);
-            std::lock_guard lk(mu_);
-            for (size_t i = 0; i < rep.layouts.size() && i < v_.layouts.size(); i++) {
-                v_.layouts[i].result = rep.layouts[i];
-                v_.layouts[i].finished = true;
-                v_.layouts[i].summary = summary_of(rep.layouts[i]);
-            }
+            rep = validate_layouts(cfg, specs, steps, nullptr, decorate, watch);
         } catch (const std::exception& e) {
-            std::lock_guard lk(mu_);
-            v_.error = e.what();
+            error = e.what();
         }
         std::lock_guard lk(mu_);
+        if (run_ != run) return;  // a newer check replaced this one
+        for (size_t i = 0; i < rep.layouts.size() && i < v_.layouts.size(); i++) {
+            v_.layouts[i].result = rep.layouts[i];
+            v_.layouts[i].finished = true;
+            v_.layouts[i].summary = summary_of(rep.layouts[i]);
+        }
+        v_.error = error;
         v_.running = false;
         v_.version = ++version_;
         busy_ = false;
     });
+    std::lock_guard lk(mu_);
+    threads_.push_back(std::move(t));
 }
 
 void LayoutCheck::on_step(const std::string& layout, i64 step, int rank,
                           const std::vector<Comparison>& cmp) {
-    std::lock_guard lk(mu_);
     LayoutGrid* g = nullptr;
     for (LayoutGrid& l : v_.layouts)
         if (l.name == layout && !l.finished) g = &l;

@@ -15,6 +15,7 @@
 #include "validators/validate.h"
 
 #include <atomic>
+#include <memory>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -61,23 +62,30 @@ public:
 
     // Checks `layouts` ("dp2,tp2"; parse_layouts) of cfg for `steps` steps in cfg's numerics
     // mode. Bad layouts throw ConfigError here; the runs go on a thread. `decorate` wraps the
-    // layouts' ranks, never the reference's (validate_layouts).
+    // layouts' ranks, never the reference's (validate_layouts). A check still running is told
+    // to stop and left to end on its own thread: nothing here waits for it.
     void start(const Config& cfg, const std::string& layouts, i64 steps,
                const RunHooks& decorate = {});
-    void cancel();       // stops at the next step of whatever runs, and joins
+    void cancel();       // stops every check at its next step, and joins them
     bool busy() const;   // a check is running
     CheckView view() const;
     std::uint64_t version() const { return version_.load(); }
     bool wait(double timeout_s) const;  // until the check ends (tests, screenshots)
 
 private:
+    struct Run {
+        std::uint64_t id = 0;
+        std::atomic<bool> cancel{false};
+    };
+    // Under mu_, for the current run only (a cancelled one's results are dropped).
     void on_step(const std::string& layout, i64 step, int rank,
                  const std::vector<Comparison>& cmp);
 
     mutable std::mutex mu_;
     CheckView v_;
-    std::thread thread_;
-    std::atomic<bool> cancel_{false};
+    std::shared_ptr<Run> run_;          // the current run, under mu_
+    std::uint64_t runs_ = 0;            // under mu_
+    std::vector<std::thread> threads_;  // every run's, joined by cancel()
     std::atomic<bool> busy_{false};
     std::atomic<std::uint64_t> version_{0};
 };

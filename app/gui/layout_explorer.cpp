@@ -183,14 +183,28 @@ LayoutExplorer::~LayoutExplorer() {
 }
 
 void LayoutExplorer::explore(const Config& cfg) {
-    if (thread_.joinable()) thread_.join();
+    std::lock_guard lk(mu_);
+    pending_ = cfg;
+    if (busy_) return;  // the running thread takes it next
+    if (thread_.joinable()) thread_.join();  // finished: busy_ is false only once it has stored
     busy_ = true;
-    thread_ = std::thread([this, cfg] {
-        ExplorerResult r = explore_layout(cfg);
-        std::lock_guard lk(mu_);
-        r_ = std::move(r);
-        version_++;
-        busy_ = false;
+    thread_ = std::thread([this] {
+        while (true) {
+            Config c;
+            {
+                std::lock_guard lk(mu_);
+                if (!pending_) {
+                    busy_ = false;
+                    return;
+                }
+                c = *pending_;
+                pending_.reset();
+            }
+            ExplorerResult r = explore_layout(c);
+            std::lock_guard lk(mu_);
+            r_ = std::move(r);
+            version_++;
+        }
     });
 }
 

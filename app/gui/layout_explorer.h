@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,8 +77,9 @@ public:
     LayoutExplorer(const LayoutExplorer&) = delete;
     LayoutExplorer& operator=(const LayoutExplorer&) = delete;
 
-    // Explores cfg's layout on a thread (a previous exploration is finished first). The model,
-    // batch and numerics are cfg's; no run file, checkpoint, fault or evaluation.
+    // Explores cfg's layout on a thread. Returns at once: while an exploration runs, cfg waits
+    // for it (a later call replaces a waiting one). The model, batch and numerics are cfg's; no
+    // run file, checkpoint, fault or evaluation.
     void explore(const Config& cfg);
     bool busy() const { return busy_.load(); }
     std::uint64_t version() const { return version_.load(); }
@@ -87,6 +89,7 @@ public:
 private:
     mutable std::mutex mu_;
     ExplorerResult r_;
+    std::optional<Config> pending_;  // the next config to explore, under mu_
     std::thread thread_;
     std::atomic<bool> busy_{false};
     std::atomic<std::uint64_t> version_{0};

@@ -242,7 +242,7 @@ void Workbench::act() {
         c.layout.pp = expl_s_.pp;
         c.layout.zero = expl_s_.zero;
         c.layout.sequence_parallel = expl_s_.sp;
-        if (!explorer_.busy()) explorer_.explore(c);
+        explorer_.explore(c);  // waits behind a running exploration, never on it
     }
 }
 
