@@ -7,12 +7,17 @@
 #include "app/gui/job_controller.h"
 #include "app/gui/layout_check.h"
 #include "app/gui/layout_explorer.h"
+#include "app/gui/run_files.h"
 #include "app/gui/teaching.h"
 #include "test_util.h"
+#include "core/io/runfile.h"
 #include "tests/mutations.h"
+#include "validators/trace.h"
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 using namespace px;
@@ -243,4 +248,60 @@ TEST_CASE("Teaching models: the schedule's bubble and the canonical sums", "[gui
     }
     CHECK(some_order_differs);
     CHECK(n.nodes.size() == 3);
+}
+
+TEST_CASE("Finished runs open in the panels: a run file, a validate.json, a golden trace", "[gui]") {
+    const std::string dir = "build/test_gui_models_files";
+    std::filesystem::create_directories(dir);
+    const Config c = check_job();
+    {
+        RunFile f(dir + "/run.h5", config_to_toml(c));
+        for (i64 s = 1; s <= 3; s++) {
+            f.append("loss", s, 4.0 - s);
+            f.append("grad_norm", s, 1.0);
+        }
+        f.append("val_loss", 2, 2.5);
+        f.event(2, "rerun", "step 2 ran again");
+    }
+    const RunSnapshot snap = snapshot_from_run_file(dir + "/run.h5");
+    CHECK(snap.metrics.size() == 3);
+    CHECK(snap.metrics.loss[2] == 1.0);
+    CHECK(snap.metrics.val_loss[0] == -1);
+    CHECK(snap.metrics.val_loss[1] == 2.5);
+    REQUIRE(snap.events.size() == 1);
+    CHECK(snap.events[0].kind == EventKind::rerun);
+    CHECK(snap.config.model.hidden == c.model.hidden);
+
+    mutation::Mutation m;
+    m.kind = mutation::Kind::swap_partials;
+    m.step = 2;
+    m.rank = 1;
+    m.other = 2;
+    m.tensor = "h.0.mlp.c_fc.weight";
+    const ValidationReport rep = validate_layouts(c, parse_layouts("dp4"), 3, nullptr, mutation::plant(m));
+    {
+        std::ofstream out(dir + "/validate.json");
+        out << rep.to_json();
+    }
+    const CheckView v = check_from_report(dir + "/validate.json");
+    REQUIRE(v.layouts.size() == 1);
+    const LayoutGrid& g = v.layouts[0];
+    CHECK(g.result.verdict == "diverged");
+    CHECK(g.result.first_op.name == "2/grad/0/param/mlp.c_fc.weight");
+    const int row = row_of(g, "params/h.0.mlp.c_fc.weight");
+    REQUIRE(row >= 0);
+    CHECK(g.cells[static_cast<size_t>(row)][0].rank < 0);
+    CHECK(is_red(ulp_colour(g.cells[static_cast<size_t>(row)][1])));
+    CHECK_THROWS_AS(check_from_report(dir + "/run.h5"), DataError);
+
+    record_trace(c, {"**"}, 1, 2, dir + "/trace.h5");
+    LayoutCheck check;
+    check.start_golden(dir + "/trace.h5", "dp2");
+    REQUIRE(check.wait(300));
+    const CheckView gv = check.view();
+    INFO(gv.error);
+    REQUIRE(gv.layouts.size() == 1);
+    CHECK(gv.layouts[0].result.verdict == "match");
+    CHECK(gv.steps == 2);
+    CHECK_THROWS(check.start_golden(dir + "/run.h5", "dp2"));
 }

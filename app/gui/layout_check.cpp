@@ -1,6 +1,8 @@
 #include "app/gui/layout_check.h"
 
+#include "app/gui/run_files.h"
 #include "core/base/error.h"
+#include "validators/trace.h"
 
 #include <algorithm>
 #include <chrono>
@@ -115,6 +117,57 @@ void LayoutCheck::start(const Config& cfg, const std::string& layouts, i64 steps
         v_.error = error;
         v_.running = false;
         v_.version = ++version_;
+        busy_ = false;
+    });
+    std::lock_guard lk(mu_);
+    threads_.push_back(std::move(t));
+}
+
+void LayoutCheck::start_golden(const std::string& trace_path, const std::string& layouts) {
+    auto trace = std::make_shared<TraceReader>(trace_path);  // DataError: not a trace
+    Config cfg = parse_config(trace->info().config_toml, trace_path);
+    const std::vector<LayoutSpec> specs = parse_layouts(layouts);
+    for (const LayoutSpec& s : specs) with_layout(cfg, s);
+    check_trace_config(trace->info(), cfg, trace_path);
+    auto run = std::make_shared<Run>();
+    {
+        std::lock_guard lk(mu_);
+        if (run_) run_->cancel = true;
+        run->id = ++runs_;
+        run_ = run;
+        v_ = CheckView{};
+        v_.running = true;
+        v_.mode = "golden trace";
+        v_.steps = trace->info().steps;
+        for (const LayoutSpec& s : specs) {
+            LayoutGrid g;
+            g.name = s.name;
+            v_.layouts.push_back(std::move(g));
+        }
+        v_.version = ++version_;
+        busy_ = true;
+    }
+    std::thread t([this, run, cfg, specs, trace, trace_path] {
+        CheckView done;
+        std::string error;
+        try {
+            ValidationReport rep = validate_golden(cfg, specs, *trace);
+            rep.mode = "golden trace " + trace_path;
+            done = view_of_report(rep);
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+        std::lock_guard lk(mu_);
+        if (run_ != run) return;
+        if (error.empty()) {
+            const std::uint64_t version = ++version_;
+            v_ = std::move(done);
+            v_.version = version;
+        } else {
+            v_.error = error;
+            v_.version = ++version_;
+        }
+        v_.running = false;
         busy_ = false;
     });
     std::lock_guard lk(mu_);

@@ -66,6 +66,10 @@ public:
     // to stop and left to end on its own thread: nothing here waits for it.
     void start(const Config& cfg, const std::string& layouts, i64 steps,
                const RunHooks& decorate = {});
+    // The same layouts against a golden trace (parallax record; validate_golden) instead of a
+    // reference run, with the trace's job (its config): TraceReader's DataError, or a bad
+    // layout's ConfigError, here. The grid fills in when the trace's probes have been compared.
+    void start_golden(const std::string& trace_path, const std::string& layouts);
     void cancel();       // stops every check at its next step, and joins them
     bool busy() const;   // a check is running
     CheckView view() const;

@@ -80,7 +80,7 @@ void draw_job_panel(const RunData& d, JobPanelState& s) {
         ImGui::EndTable();
     }
     ImGui::Separator();
-    ImGui::TextUnformatted("Open a finished run (run.h5 or validate.json):");
+    ImGui::TextUnformatted("Open a run.h5, a validate.json or a golden trace (.h5):");
     ImGui::SetNextItemWidth(-ImGui::GetFontSize() * 4.5f);
     ImGui::InputText("##open", &s.open_path);
     ImGui::SameLine();

@@ -108,6 +108,49 @@ RunSnapshot snapshot_from_run_file(const std::string& path) {
     return s;
 }
 
+CheckView view_of_report(const ValidationReport& rep) {
+    CheckView v;
+    v.mode = rep.mode;
+    v.steps = rep.steps;
+    v.reference_steps = rep.steps;
+    for (const LayoutResult& r : rep.layouts) {
+        LayoutGrid g;
+        g.name = r.layout;
+        g.finished = true;
+        g.result = r;
+        g.steps_done = r.steps;
+        // The grid: every step before the first difference matched; at the first differing
+        // step the report lists the tensors that differ; the last step, every comparison.
+        for (const Comparison& c : r.final_step) g.tensors.push_back(c.name);
+        if (r.final_step.empty() && r.first_step >= 0) g.tensors.push_back(r.first.name);
+        g.cells.assign(g.tensors.size(), std::vector<CheckCell>(static_cast<size_t>(v.steps)));
+        const i64 known = r.first_step < 0 ? r.steps : r.first_step;
+        for (size_t t = 0; t < g.tensors.size(); t++) {
+            for (i64 s = 1; s <= known && s <= v.steps; s++) {
+                CheckCell& k = g.cells[t][static_cast<size_t>(s - 1)];
+                k.done = true;
+                if (s == r.first_step) {
+                    for (const Comparison& d : r.differing)
+                        if (d.name == g.tensors[t]) k = cell_of(d);
+                    if (r.first.name == g.tensors[t]) k = cell_of(r.first);
+                }
+            }
+            if (t < r.final_step.size() && r.steps >= 1 && r.steps <= v.steps)
+                g.cells[t][static_cast<size_t>(r.steps - 1)] = cell_of(r.final_step[t]);
+        }
+        ValidationReport one;
+        one.layouts.push_back(r);
+        const std::string text = one.table();
+        const size_t nl = text.find('\n');
+        g.summary = nl == std::string::npos ? text : text.substr(nl + 1);
+        while (!g.summary.empty() && (g.summary.back() == '\n' || g.summary.back() == ' '))
+            g.summary.pop_back();
+        v.layouts.push_back(std::move(g));
+    }
+    v.version = 1;
+    return v;
+}
+
 CheckView check_from_report(const std::string& path) {
     std::ifstream in(path);
     if (!in) throw DataError(path + ": cannot open the validation report");
@@ -119,16 +162,12 @@ CheckView check_from_report(const std::string& path) {
     }
     if (j.value("schema", "") != "parallax-validate")
         throw DataError(path + ": not a validation report (no schema \"parallax-validate\")");
-    CheckView v;
-    v.mode = j.value("mode", "bitwise");
-    v.steps = j.value("steps", i64{0});
-    v.reference_steps = v.steps;
+    ValidationReport rep;
+    rep.mode = j.value("mode", "bitwise");
+    rep.steps = j.value("steps", i64{0});
     for (const json& l : j["layouts"]) {
-        LayoutGrid g;
-        g.name = l.value("layout", "");
-        g.finished = true;
-        LayoutResult& r = g.result;
-        r.layout = g.name;
+        LayoutResult r;
+        r.layout = l.value("layout", "");
         r.verdict = l.value("verdict", "");
         r.steps = l.value("steps", i64{0});
         r.max_ulp = l.value("max_ulp", std::int64_t{0});
@@ -145,34 +184,9 @@ CheckView check_from_report(const std::string& path) {
         if (l["budget_ratio"].is_number()) r.budget_ratio = l["budget_ratio"].get<double>();
         r.budget_worst = l.value("budget_worst", "");
         r.error = l.value("error", "");
-        g.steps_done = r.steps;
-        // The grid: every step before the first difference matched; at the first differing
-        // step the report lists the tensors that differ; the last step, every comparison.
-        for (const Comparison& c : r.final_step) g.tensors.push_back(c.name);
-        g.cells.assign(g.tensors.size(), std::vector<CheckCell>(static_cast<size_t>(v.steps)));
-        const i64 known = r.first_step < 0 ? r.steps : r.first_step;
-        for (size_t t = 0; t < g.tensors.size(); t++) {
-            for (i64 s = 1; s <= known && s <= v.steps; s++) {
-                CheckCell& k = g.cells[t][static_cast<size_t>(s - 1)];
-                k.done = true;
-                if (s == r.first_step)
-                    for (const Comparison& d : r.differing)
-                        if (d.name == g.tensors[t]) k = cell_of(d);
-            }
-            if (r.steps >= 1 && r.steps <= v.steps)
-                g.cells[t][static_cast<size_t>(r.steps - 1)] = cell_of(r.final_step[t]);
-        }
-        ValidationReport one;
-        one.layouts.push_back(r);
-        const std::string t = one.table();
-        const size_t nl = t.find('\n');
-        g.summary = nl == std::string::npos ? t : t.substr(nl + 1);
-        while (!g.summary.empty() && (g.summary.back() == '\n' || g.summary.back() == ' '))
-            g.summary.pop_back();
-        v.layouts.push_back(std::move(g));
+        rep.layouts.push_back(std::move(r));
     }
-    v.version = 1;
-    return v;
+    return view_of_report(rep);
 }
 
 }  // namespace px::gui

@@ -209,11 +209,23 @@ void Workbench::act() {
                     check_s_.from_file = true;
                     job_s_.message = "opened " + path + " in the layout check panel";
                 } else {
-                    data_.snap = snapshot_from_run_file(path);
-                    data_.config = data_.snap.config;
-                    data_.source = path;
-                    opened_file_ = true;
-                    job_s_.message = "opened " + path + " (Start returns to the live job)";
+                    try {
+                        data_.snap = snapshot_from_run_file(path);
+                        data_.config = data_.snap.config;
+                        data_.source = path;
+                        opened_file_ = true;
+                        job_s_.message = "opened " + path + " (Start returns to the live job)";
+                    } catch (const std::exception& not_a_run) {
+                        // A golden trace: the layout check's layouts against it.
+                        try {
+                            check_.start_golden(path, check_s_.layouts);
+                        } catch (const std::exception& e) {
+                            throw Error(std::string(not_a_run.what()) + "; as a golden trace: " + e.what());
+                        }
+                        check_s_.from_file = false;
+                        job_s_.message = "checking " + check_s_.layouts + " against the golden trace " + path +
+                                         " in the layout check panel";
+                    }
                 }
             } catch (const std::exception& e) {
                 job_s_.message = e.what();
