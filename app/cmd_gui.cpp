@@ -36,7 +36,12 @@ int run_gui(const GuiOptions& opt) {
     w.check_layouts = opt.layouts;
     w.measure = opt.measure;
     if (opt.steps > 0) w.steps = w.measure_steps = opt.steps;
-    return gui::run_workbench(w);
+    try {
+        return gui::run_workbench(w);
+    } catch (const gui::NoWindow& e) {
+        std::fprintf(stderr, "parallax gui: %s\n", e.what());
+        return kBadInput;
+    }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 //
 // Index
 //   WorkbenchOptions   the config, and the headless modes: screenshots, measurement
+//   NoWindow           no window could be opened
 //   run_workbench      opens the window and runs until it is closed (or the mode is done)
 //
 // Modes.
@@ -15,6 +16,7 @@
 //                 attached against the same job headless (alternating runs), printed.
 #pragma once
 #include "core/base/config.h"
+#include "core/base/error.h"
 
 #include <string>
 
@@ -30,7 +32,12 @@ struct WorkbenchOptions {
     int width = 1600, height = 1000;
 };
 
-// Throws px::Error when no window can be opened (no display).
+// No window could be opened: no display, or no OpenGL 3.3 on it.
+struct NoWindow : Error {
+    using Error::Error;
+};
+
+// Throws NoWindow when no window can be opened; a screenshot run whose job fails throws its error.
 int run_workbench(const WorkbenchOptions& opt);
 
 }  // namespace px::gui
