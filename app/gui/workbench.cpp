@@ -296,6 +296,9 @@ void Workbench::print_state() {
     for (const EditorField& f : job_s_.editor.fields())
         if (!f.error.empty()) errors[f.key] = f.error;
     j["editor_errors"] = errors;
+    nlohmann::json fields = nlohmann::json::object();
+    for (const EditorField& f : job_s_.editor.fields()) fields[f.key] = f.text;
+    j["fields"] = fields;
     j["general_error"] = job_s_.editor.general_error();
     j["message"] = job_s_.message;
     nlohmann::json rects = nlohmann::json::object();
