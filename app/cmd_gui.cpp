@@ -6,6 +6,7 @@
 #include "app/gui/workbench.h"
 #include "core/base/config.h"
 #include "core/base/error.h"
+#include "core/train/runner.h"
 
 #include <cstdio>
 #include <memory>
@@ -30,6 +31,8 @@ int run_gui(const GuiOptions& opt) {
     if (opt.steps != -1 && (opt.steps < 1 || opt.steps > cfg.train.steps))
         throw ConfigError("--steps " + std::to_string(opt.steps) + " must be in 1..train.steps (" +
                           std::to_string(cfg.train.steps) + ")");
+    // Headless runs need a job that starts; the window shows a bad config's errors beside its keys.
+    if (!opt.screenshot_dir.empty() || opt.measure) make_in_process_layout(cfg);
     gui::WorkbenchOptions w;
     w.config = cfg;
     w.screenshot_dir = opt.screenshot_dir;

@@ -3,6 +3,7 @@
 #include "app/gui/panels.h"
 #include "app/gui/run_files.h"
 #include "core/base/error.h"
+#include "core/train/memory.h"
 #include "core/train/stepped_run.h"
 
 #define GL_SILENCE_DEPRECATION
@@ -25,12 +26,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A job larger than this is not explored again on every start (the exploration runs one step of
+// it beside the job): the Explore button still does.
+constexpr double kAutoExploreBytes = 2.0 * (1 << 30);
+
 double ms_since(Clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
 // The panels, in tab order: one entry per panel (the dispatch list).
-enum class Panel { loss, layout_check, pipeline, memory, fp8, events, layout_explorer, schedule, numerics };
+enum class Panel { loss, layout_check, pipeline, memory, fp8, events, layout_explorer, schedule, numerics, count };
 struct PanelInfo {
     Panel id;
     const char* name;   // the screenshot's file name
@@ -47,6 +52,7 @@ constexpr PanelInfo kPanels[] = {
     {Panel::schedule, "schedule", "Schedule explorer"},
     {Panel::numerics, "numerics", "Numerics explorer"},
 };
+static_assert(std::size(kPanels) == static_cast<size_t>(Panel::count), "kPanels and Panel are out of sync");
 
 class Workbench {
 public:
@@ -185,7 +191,8 @@ void Workbench::start_job(bool run) {
         data_.source = "live job";
         data_.config = *cfg;
         job_s_.message.clear();
-        explorer_.explore(*cfg);  // the explorer follows the job's layout
+        // The explorer follows the job's layout, when one more step of it is small to hold.
+        if (estimate_memory(*cfg, MemoryScope::process).total < kAutoExploreBytes) explorer_.explore(*cfg);
     } catch (const ConfigError& e) {
         job_s_.message = e.what();
         job_s_.editor.build();  // no field named: shown above the editor
@@ -203,6 +210,7 @@ void Workbench::draw_panel(Panel p) {
         case Panel::layout_explorer: draw_layout_explorer_panel(data_, expl_s_); break;
         case Panel::schedule: draw_schedule_panel(data_, sched_s_); break;
         case Panel::numerics: draw_numerics_panel(data_, num_s_); break;
+        case Panel::count: break;
     }
 }
 
