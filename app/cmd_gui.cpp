@@ -52,10 +52,12 @@ int run_gui(const GuiOptions& opt) {
 std::function<int()> add_gui_command(CLI::App& app) {
     auto opt = std::make_shared<GuiOptions>();
     CLI::App* sub = app.add_subcommand(
-        "gui", "The desktop workbench: edit and run a job under live panels (loss, layout check, "
-               "pipeline, memory and communication, events) and teaching views (layout, schedule "
-               "and numerics explorers). F12 prints the window's state as one JSON line.");
-    sub->add_option("config", opt->config_path, "TOML job config (the embedded default when omitted)")
+        "gui",
+        "The desktop workbench: edit and run a job under live panels (loss, layout check, "
+        "pipeline, memory and communication, events) and teaching views (layout, schedule "
+        "and numerics explorers). F12 prints the window's state as one JSON line.");
+    sub->add_option("config", opt->config_path,
+                    "TOML job config (the embedded default when omitted)")
         ->check(CLI::ExistingFile);
     sub->add_option("--screenshot", opt->screenshot_dir,
                     "Run the job --steps steps, a layout check and the layout explorer, write one "
@@ -68,7 +70,8 @@ std::function<int()> add_gui_command(CLI::App& app) {
     sub->add_flag("--measure", opt->measure,
                   "Print the frame time with the job running and the job's step time with the "
                   "workbench attached against headless");
-    sub->add_option("--set", opt->sets, "Override a config key: --set section.key=value (repeatable)")
+    sub->add_option("--set", opt->sets,
+                    "Override a config key: --set section.key=value (repeatable)")
         ->type_name("KEY=VALUE");
     return [opt] { return run_gui(*opt); };
 }

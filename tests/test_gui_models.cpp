@@ -9,8 +9,8 @@
 #include "app/gui/layout_explorer.h"
 #include "app/gui/run_files.h"
 #include "app/gui/teaching.h"
-#include "test_util.h"
 #include "core/io/runfile.h"
+#include "test_util.h"
 #include "tests/mutations.h"
 #include "validators/trace.h"
 
@@ -101,7 +101,8 @@ TEST_CASE("Layout check: a planted mutation turns its cell red at its step and n
 TEST_CASE("Layout check: bad layouts are refused before anything runs", "[gui]") {
     LayoutCheck check;
     CHECK_THROWS_AS(check.start(check_job(), "dp2,qq3", 2), ConfigError);
-    CHECK_THROWS_AS(check.start(check_job(), "dp3", 2), ConfigError);  // 3 does not divide the batch
+    CHECK_THROWS_AS(check.start(check_job(), "dp3", 2),
+                    ConfigError);  // 3 does not divide the batch
     CHECK(!check.busy());
 }
 
@@ -155,8 +156,9 @@ TEST_CASE("Layout explorer: tp2 holds each attention matrix in two row blocks an
     CHECK(r.layout.world_size() == 2);
     CHECK(r.coords.size() == 2);
     CHECK(r.memory.size() == 2);
-    const auto t = std::find_if(r.tensors.begin(), r.tensors.end(),
-                                [](const TensorHolding& h) { return h.name == "h.0.attn.c_attn.weight"; });
+    const auto t = std::find_if(r.tensors.begin(), r.tensors.end(), [](const TensorHolding& h) {
+        return h.name == "h.0.attn.c_attn.weight";
+    });
     REQUIRE(t != r.tensors.end());
     std::vector<int> holders;
     i64 rows = 0;
@@ -169,9 +171,10 @@ TEST_CASE("Layout explorer: tp2 holds each attention matrix in two row blocks an
     holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
     CHECK(holders == std::vector<int>{0, 1});
     CHECK(rows == t->rows);  // each row held once: a column-parallel split
-    const bool tp_all_reduce = std::any_of(r.collectives.begin(), r.collectives.end(), [](const CollectiveUse& u) {
-        return u.group == "tp" && u.collective == "all_reduce" && u.bytes > 0;
-    });
+    const bool tp_all_reduce =
+        std::any_of(r.collectives.begin(), r.collectives.end(), [](const CollectiveUse& u) {
+            return u.group == "tp" && u.collective == "all_reduce" && u.bytes > 0;
+        });
     CHECK(tp_all_reduce);
 
     c.layout.tp = 3;  // does not divide the heads
@@ -211,7 +214,8 @@ TEST_CASE("Job controller: a run steps, pauses, and its pipeline timeline is mea
     for (const TimelineBar& b : tl.bars) forwards += b.kind == TimelineBar::forward;
     CHECK(forwards == 4);  // 2 stages × 2 microbatches
     job.resume();
-    while (job.status() != JobStatus::finished && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120)) {
+    while (job.status() != JobStatus::finished &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120)) {
         job.poll();
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -250,7 +254,8 @@ TEST_CASE("Teaching models: the schedule's bubble and the canonical sums", "[gui
     CHECK(n.nodes.size() == 3);
 }
 
-TEST_CASE("Finished runs open in the panels: a run file, a validate.json, a golden trace", "[gui]") {
+TEST_CASE("Finished runs open in the panels: a run file, a validate.json, a golden trace",
+          "[gui]") {
     const std::string dir = "build/test_gui_models_files";
     std::filesystem::create_directories(dir);
     const Config c = check_job();
@@ -278,7 +283,8 @@ TEST_CASE("Finished runs open in the panels: a run file, a validate.json, a gold
     m.rank = 1;
     m.other = 2;
     m.tensor = "h.0.mlp.c_fc.weight";
-    const ValidationReport rep = validate_layouts(c, parse_layouts("dp4"), 3, nullptr, mutation::plant(m));
+    const ValidationReport rep =
+        validate_layouts(c, parse_layouts("dp4"), 3, nullptr, mutation::plant(m));
     {
         std::ofstream out(dir + "/validate.json");
         out << rep.to_json();

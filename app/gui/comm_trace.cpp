@@ -9,7 +9,9 @@ namespace px::gui {
 class TracingGroup : public comm::Decorator {
 public:
     TracingGroup(std::unique_ptr<comm::Communicator> inner, CommTrace& trace, MeshDim dim)
-        : Decorator(std::move(inner)), trace_(trace), dim_(dim),
+        : Decorator(std::move(inner)),
+          trace_(trace),
+          dim_(dim),
           world_rank_(this->inner().stats_book()->world_rank()) {}
 
 protected:
@@ -41,7 +43,8 @@ private:
     int world_rank_;
 };
 
-CommTrace::CommTrace(const Mesh& mesh) : mesh_(mesh), ranks_(static_cast<size_t>(mesh.world_size())) {}
+CommTrace::CommTrace(const Mesh& mesh)
+    : mesh_(mesh), ranks_(static_cast<size_t>(mesh.world_size())) {}
 
 RunHooks CommTrace::hooks() {
     RunHooks h;
@@ -65,8 +68,9 @@ RunHooks CommTrace::hooks() {
         };
         job.add_step_hooks(std::move(s));
     };
-    h.wrap_group = [this](MeshDim d, std::unique_ptr<comm::Communicator> g)
-        -> std::unique_ptr<comm::Communicator> {
+    h.wrap_group =
+        [this](MeshDim d,
+               std::unique_ptr<comm::Communicator> g) -> std::unique_ptr<comm::Communicator> {
         {
             std::lock_guard lk(mu_);
             const std::shared_ptr<comm::StatsBook>& book = g->stats_book();
@@ -151,7 +155,8 @@ Timeline measured_timeline(const Mesh& mesh, const std::vector<RankStep>& steps)
             b.microbatch = a.microbatch;
             if (a.is_send() || a.is_recv()) {
                 if (k >= msgs.size()) {
-                    tl.problem = "rank " + std::to_string(w) + " recorded fewer messages than its schedule has";
+                    tl.problem = "rank " + std::to_string(w) +
+                                 " recorded fewer messages than its schedule has";
                     tl.bars.clear();
                     return tl;
                 }
@@ -176,7 +181,8 @@ Timeline measured_timeline(const Mesh& mesh, const std::vector<RankStep>& steps)
                 b.t1 = std::max(end, cursor);
                 b.kind = a.kind == Action::forward ? TimelineBar::forward : TimelineBar::backward;
                 char label[32];
-                std::snprintf(label, sizeof label, "%c%d", a.kind == Action::forward ? 'F' : 'B', a.microbatch);
+                std::snprintf(label, sizeof label, "%c%d", a.kind == Action::forward ? 'F' : 'B',
+                              a.microbatch);
                 b.label = label;
                 if (l.virtual_stages > 1) b.label += static_cast<char>('a' + a.chunk % 26);
                 busy += b.t1 - b.t0;

@@ -26,14 +26,14 @@ namespace px::gui {
 struct CommEvent {
     MeshDim dim = MeshDim::dp;  // the group it ran in
     comm::Op op = comm::Op::barrier;
-    bool async = false;  // posted with start(): t1 is the post, not the completion
-    i64 bytes = 0;       // this rank's sent + received (comm::traffic)
+    bool async = false;     // posted with start(): t1 is the post, not the completion
+    i64 bytes = 0;          // this rank's sent + received (comm::traffic)
     double t0 = 0, t1 = 0;  // seconds since the rank's step began
 };
 
 struct RankStep {
-    i64 step = 0;  // 0: none complete yet
-    double seconds = 0;  // from the step's start to its update
+    i64 step = 0;                   // 0: none complete yet
+    double seconds = 0;             // from the step's start to its update
     std::vector<CommEvent> events;  // in issue order
 };
 

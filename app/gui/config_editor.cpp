@@ -13,13 +13,26 @@ namespace {
 
 // What the editor shows, in this order.
 const char* const kEditorKeys[] = {
-    "model.layers",        "model.hidden",       "model.heads",
-    "model.ffn",           "model.vocab",        "model.seq_len",
-    "layout.dp",           "layout.tp",          "layout.pp",
-    "layout.zero",         "layout.microbatches", "layout.schedule",
-    "layout.virtual_stages", "layout.sequence_parallel", "numerics.mode",
-    "numerics.block",      "precision.activations", "train.steps",
-    "train.batch_size",    "train.lr",
+    "model.layers",
+    "model.hidden",
+    "model.heads",
+    "model.ffn",
+    "model.vocab",
+    "model.seq_len",
+    "layout.dp",
+    "layout.tp",
+    "layout.pp",
+    "layout.zero",
+    "layout.microbatches",
+    "layout.schedule",
+    "layout.virtual_stages",
+    "layout.sequence_parallel",
+    "numerics.mode",
+    "numerics.block",
+    "precision.activations",
+    "train.steps",
+    "train.batch_size",
+    "train.lr",
 };
 
 }  // namespace
@@ -34,7 +47,9 @@ std::string value_text(const Config& cfg, const std::string& key) {
     return out.str();
 }
 
-ConfigEditor::ConfigEditor(Config base) { load_base(base); }
+ConfigEditor::ConfigEditor(Config base) {
+    load_base(base);
+}
 
 void ConfigEditor::load_base(const Config& base) {
     base_ = base;
@@ -89,8 +104,9 @@ std::optional<Config> ConfigEditor::build() {
             size_t p = msg.find(f.key);
             while (p != std::string::npos) {  // whole keys only: layout.pp is not layout.pp_x
                 const size_t end = p + f.key.size();
-                const bool whole = end >= msg.size() || !(std::isalnum(static_cast<unsigned char>(
-                                                              msg[end])) || msg[end] == '_');
+                const bool whole =
+                    end >= msg.size() ||
+                    !(std::isalnum(static_cast<unsigned char>(msg[end])) || msg[end] == '_');
                 if (whole) break;
                 p = msg.find(f.key, p + 1);
             }

@@ -6,13 +6,20 @@ namespace px::gui {
 
 const char* job_status_name(JobStatus s) {
     switch (s) {
-        case JobStatus::none: return "no job";
-        case JobStatus::starting: return "starting";
-        case JobStatus::running: return "running";
-        case JobStatus::paused: return "paused";
-        case JobStatus::finished: return "finished";
-        case JobStatus::failed: return "failed";
-        case JobStatus::stopped: return "stopped";
+        case JobStatus::none:
+            return "no job";
+        case JobStatus::starting:
+            return "starting";
+        case JobStatus::running:
+            return "running";
+        case JobStatus::paused:
+            return "paused";
+        case JobStatus::finished:
+            return "finished";
+        case JobStatus::failed:
+            return "failed";
+        case JobStatus::stopped:
+            return "stopped";
     }
     return "?";
 }
@@ -77,14 +84,19 @@ void JobController::single_step() {
 void JobController::stop() {
     if (!run_) return;
     retire();
-    if (status_ != JobStatus::finished && status_ != JobStatus::failed) status_ = JobStatus::stopped;
+    if (status_ != JobStatus::finished && status_ != JobStatus::failed)
+        status_ = JobStatus::stopped;
 }
 
 void JobController::poll() {
     if (!run_) return;
     switch (run_->status()) {
-        case SteppedRun::Status::starting: status_ = JobStatus::starting; break;
-        case SteppedRun::Status::running: status_ = JobStatus::running; break;
+        case SteppedRun::Status::starting:
+            status_ = JobStatus::starting;
+            break;
+        case SteppedRun::Status::running:
+            status_ = JobStatus::running;
+            break;
         case SteppedRun::Status::paused:
             if (run_->steps_done() >= run_->steps_total()) {
                 if (!finishing_) run_->finish();  // observers' on_end: the view says finished
@@ -94,7 +106,9 @@ void JobController::poll() {
                 status_ = JobStatus::paused;
             }
             break;
-        case SteppedRun::Status::finished: status_ = JobStatus::finished; break;
+        case SteppedRun::Status::finished:
+            status_ = JobStatus::finished;
+            break;
         case SteppedRun::Status::failed:
             status_ = JobStatus::failed;
             if (!failure_reported_) {

@@ -33,11 +33,11 @@ public:
     // bad config throws ConfigError naming the key before any thread starts. `run`: advance to
     // the last step at once; else wait before step 1 for resume() or single_step().
     void start(const Config& cfg, bool run, const RunHooks& hooks = {});
-    void pause();        // the ranks stop after the step in progress
-    void resume();       // on to the last step
-    void single_step();  // one more step, then pause
+    void pause();           // the ranks stop after the step in progress
+    void resume();          // on to the last step
+    void single_step();     // one more step, then pause
     void run_to(i64 step);  // on to `step`, then pause (screenshots, measurements)
-    void stop();         // ends the run after the step in progress; its snapshot stays readable
+    void stop();            // ends the run after the step in progress; its snapshot stays readable
     // Each frame: a run that did its last step is finished (observers' on_end), a failed one
     // marks its view failed. Cheap: a few short locks.
     void poll();

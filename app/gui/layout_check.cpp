@@ -35,7 +35,9 @@ std::string summary_of(const LayoutResult& r) {
 
 }  // namespace
 
-LayoutCheck::~LayoutCheck() { cancel(); }
+LayoutCheck::~LayoutCheck() {
+    cancel();
+}
 
 void LayoutCheck::cancel() {
     std::vector<std::thread> threads;
@@ -47,7 +49,9 @@ void LayoutCheck::cancel() {
     for (std::thread& t : threads) t.join();
 }
 
-bool LayoutCheck::busy() const { return busy_.load(); }
+bool LayoutCheck::busy() const {
+    return busy_.load();
+}
 
 CheckView LayoutCheck::view() const {
     std::lock_guard lk(mu_);
@@ -219,8 +223,8 @@ std::uint32_t ulp_colour(const CheckCell& c) {
     if (c.max_ulp == kNoUlp) return rgba(230, 40, 230);
     if (c.rank < 0) return rgba(30, 110, 60);
     // log2 of the distance over 0..20: orange to red.
-    const double t =
-        std::clamp(std::log2(static_cast<double>(std::max<std::int64_t>(c.max_ulp, 1))) / 20.0, 0.0, 1.0);
+    const double t = std::clamp(
+        std::log2(static_cast<double>(std::max<std::int64_t>(c.max_ulp, 1))) / 20.0, 0.0, 1.0);
     return rgba(255, static_cast<int>(110 * (1 - t)), static_cast<int>(40 * (1 - t)));
 }
 

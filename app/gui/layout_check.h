@@ -15,8 +15,8 @@
 #include "validators/validate.h"
 
 #include <atomic>
-#include <memory>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -25,17 +25,17 @@
 namespace px::gui {
 
 struct CheckCell {
-    bool done = false;         // compared at this step
-    std::int64_t max_ulp = 0;  // the worst over the ranks (kNoUlp: a NaN mismatch)
-    i64 differing = 0;         // elements whose bits differ, on the worst rank
-    int rank = -1;             // the lowest rank with a difference
-    i64 first = -1;            // its first differing element (flat)
+    bool done = false;                    // compared at this step
+    std::int64_t max_ulp = 0;             // the worst over the ranks (kNoUlp: a NaN mismatch)
+    i64 differing = 0;                    // elements whose bits differ, on the worst rank
+    int rank = -1;                        // the lowest rank with a difference
+    i64 first = -1;                       // its first differing element (flat)
     double reference = 0, candidate = 0;  // both values there
 };
 
 struct LayoutGrid {
-    std::string name;                       // "dp2"
-    std::vector<std::string> tensors;       // rows, in the harness's order
+    std::string name;                           // "dp2"
+    std::vector<std::string> tensors;           // rows, in the harness's order
     std::vector<std::vector<CheckCell>> cells;  // [tensor][step - 1]
     i64 steps_done = 0;
     bool finished = false;
@@ -70,8 +70,8 @@ public:
     // reference run, with the trace's job (its config): TraceReader's DataError, or a bad
     // layout's ConfigError, here. The grid fills in when the trace's probes have been compared.
     void start_golden(const std::string& trace_path, const std::string& layouts);
-    void cancel();       // stops every check at its next step, and joins them
-    bool busy() const;   // a check is running
+    void cancel();      // stops every check at its next step, and joins them
+    bool busy() const;  // a check is running
     CheckView view() const;
     std::uint64_t version() const { return version_.load(); }
     bool wait(double timeout_s) const;  // until the check ends (tests, screenshots)
@@ -82,8 +82,7 @@ private:
         std::atomic<bool> cancel{false};
     };
     // Under mu_, for the current run only (a cancelled one's results are dropped).
-    void on_step(const std::string& layout, i64 step, int rank,
-                 const std::vector<Comparison>& cmp);
+    void on_step(const std::string& layout, i64 step, int rank, const std::vector<Comparison>& cmp);
 
     mutable std::mutex mu_;
     CheckView v_;

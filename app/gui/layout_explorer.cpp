@@ -30,7 +30,8 @@ thread_local int t_rank = -1;
 struct Collector {
     std::mutex mu;
     // (order of first sight) -> use; keyed by phase, layer, op, group, collective, bytes
-    std::map<std::tuple<std::string, int, std::string, std::string, std::string, i64>, size_t> index;
+    std::map<std::tuple<std::string, int, std::string, std::string, std::string, i64>, size_t>
+        index;
     std::vector<CollectiveUse> uses;
     std::map<std::pair<int, size_t>, int> calls;  // (rank, use) -> calls
 
@@ -39,8 +40,8 @@ struct Collector {
         std::lock_guard lk(mu);
         for (const Pending& p : t_pending) {
             auto key = std::make_tuple(std::string(phase), layer, std::string(op),
-                                       std::string(dim_name(p.dim)), std::string(comm::op_name(p.op)),
-                                       p.bytes);
+                                       std::string(dim_name(p.dim)),
+                                       std::string(comm::op_name(p.op)), p.bytes);
             auto [it, fresh] = index.emplace(key, uses.size());
             if (fresh) {
                 CollectiveUse u;
@@ -163,8 +164,11 @@ ExplorerResult explore_layout(const Config& cfg) {
             r.tensors[static_cast<size_t>(p.id)].moments.push_back({rank, p.slab});
         job.set_probes(nullptr);
     };
-    hooks.wrap_group = [](MeshDim d, std::unique_ptr<comm::Communicator> g)
-        -> std::unique_ptr<comm::Communicator> { return std::make_unique<Recorder>(std::move(g), d); };
+    hooks.wrap_group =
+        [](MeshDim d,
+           std::unique_ptr<comm::Communicator> g) -> std::unique_ptr<comm::Communicator> {
+        return std::make_unique<Recorder>(std::move(g), d);
+    };
     const auto t0 = std::chrono::steady_clock::now();
     try {
         run_layout(c, {}, hooks);
@@ -185,7 +189,7 @@ LayoutExplorer::~LayoutExplorer() {
 void LayoutExplorer::explore(const Config& cfg) {
     std::lock_guard lk(mu_);
     pending_ = cfg;
-    if (busy_) return;  // the running thread takes it next
+    if (busy_) return;                       // the running thread takes it next
     if (thread_.joinable()) thread_.join();  // finished: busy_ is false only once it has stored
     busy_ = true;
     thread_ = std::thread([this] {

@@ -40,16 +40,16 @@ struct HeldPiece {
 struct TensorHolding {
     std::string name;  // GPT-2 name, "h.0.attn.c_attn.weight"
     int layer = -1;
-    i64 rows = 1, cols = 1;  // logical shape as (rows, cols); a vector is one row
+    i64 rows = 1, cols = 1;          // logical shape as (rows, cols); a vector is one row
     std::vector<HeldPiece> weights;  // the weights each rank holds between steps
     std::vector<HeldPiece> moments;  // the Adam moments each rank holds
 };
 
 struct CollectiveUse {
-    std::string phase;  // "fwd", "bwd", "mgrad", "grad", "optim", or "end" (after the update)
-    int layer = -1;     // -1: the embedding, the head, or the whole model
-    std::string op;     // the op whose probe follows it: "attn.c_proj", "param"
-    std::string group;  // "dp", "tp", "pp"
+    std::string phase;       // "fwd", "bwd", "mgrad", "grad", "optim", or "end" (after the update)
+    int layer = -1;          // -1: the embedding, the head, or the whole model
+    std::string op;          // the op whose probe follows it: "attn.c_proj", "param"
+    std::string group;       // "dp", "tp", "pp"
     std::string collective;  // "all_reduce", "send", ...
     i64 bytes = 0;           // per call, this rank's sent + received
     int calls = 0;           // in the step, on one rank (microbatches repeat it)
@@ -61,13 +61,13 @@ struct ExplorerResult {
     std::string error;  // the layout cannot run: the library's message
     Config config;
     Layout layout;
-    std::vector<Coord> coords;           // per world rank
-    std::vector<LayerRange> layers;      // per world rank: its stage's layers (chunk 0)
-    std::vector<TensorHolding> tensors;  // the whole model's table order
+    std::vector<Coord> coords;               // per world rank
+    std::vector<LayerRange> layers;          // per world rank: its stage's layers (chunk 0)
+    std::vector<TensorHolding> tensors;      // the whole model's table order
     std::vector<CollectiveUse> collectives;  // in the order the ops run
-    std::vector<MemoryStats> memory;     // per world rank, after the step
-    MemoryEstimate estimate;             // one rank's, as the job was admitted by
-    double seconds = 0;                  // the traced step, wall time
+    std::vector<MemoryStats> memory;         // per world rank, after the step
+    MemoryEstimate estimate;                 // one rank's, as the job was admitted by
+    double seconds = 0;                      // the traced step, wall time
 };
 
 class LayoutExplorer {

@@ -8,12 +8,15 @@ namespace px::gui {
 void draw_events_panel(const RunData& d, EventsPanelState&) {
     const std::vector<RunEvent>& ev = d.snap.events;
     ImGui::Text("%s: %s, %zu events", d.source.c_str(), run_state_name(d.snap.state), ev.size());
-    if (!d.snap.error.empty()) ImGui::TextColored(ImVec4(1, 0.45f, 0.4f, 1), "%s", d.snap.error.c_str());
+    if (!d.snap.error.empty())
+        ImGui::TextColored(ImVec4(1, 0.45f, 0.4f, 1), "%s", d.snap.error.c_str());
     if (ev.empty()) {
         empty_state("no events: nothing was resumed, re-run, checkpointed or faulted in this run");
         return;
     }
-    if (ImGui::BeginTable("events", 3, ImGuiTableFlags_RowBg | ImGuiTableFlags_Borders | ImGuiTableFlags_ScrollY)) {
+    if (ImGui::BeginTable(
+            "events", 3,
+            ImGuiTableFlags_RowBg | ImGuiTableFlags_Borders | ImGuiTableFlags_ScrollY)) {
         ImGui::TableSetupColumn("step", ImGuiTableColumnFlags_WidthFixed, ImGui::GetFontSize() * 5);
         ImGui::TableSetupColumn("kind", ImGuiTableColumnFlags_WidthFixed, ImGui::GetFontSize() * 7);
         ImGui::TableSetupColumn("what happened");

@@ -22,8 +22,8 @@ void draw_fp8_panel(const RunData& d, Fp8PanelState&) {
     int n = 0;
     for (const RunEvent& e : d.snap.events)
         if (e.kind == EventKind::fault || e.kind == EventKind::failure) {
-            ImGui::BulletText("step %lld, %s: %s", static_cast<long long>(e.step), event_kind_name(e.kind),
-                              e.message.c_str());
+            ImGui::BulletText("step %lld, %s: %s", static_cast<long long>(e.step),
+                              event_kind_name(e.kind), e.message.c_str());
             n++;
         }
     if (n == 0) empty_state("no alerts in this run");

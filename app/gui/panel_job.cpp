@@ -50,10 +50,13 @@ void draw_job_panel(const RunData& d, JobPanelState& s) {
         ImGui::PopStyleColor();
     }
     ImGui::Separator();
-    ImGui::TextDisabled("config (%s); edits apply on Start / Restart", s.editor.base().source_name.c_str());
+    ImGui::TextDisabled("config (%s); edits apply on Start / Restart",
+                        s.editor.base().source_name.c_str());
     if (ImGui::BeginTable("editor", 3, ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_RowBg)) {
-        ImGui::TableSetupColumn("key", ImGuiTableColumnFlags_WidthFixed, ImGui::GetFontSize() * 12.0f);
-        ImGui::TableSetupColumn("value", ImGuiTableColumnFlags_WidthFixed, ImGui::GetFontSize() * 6.0f);
+        ImGui::TableSetupColumn("key", ImGuiTableColumnFlags_WidthFixed,
+                                ImGui::GetFontSize() * 12.0f);
+        ImGui::TableSetupColumn("value", ImGuiTableColumnFlags_WidthFixed,
+                                ImGui::GetFontSize() * 6.0f);
         ImGui::TableSetupColumn("error", ImGuiTableColumnFlags_WidthStretch);
         for (EditorField& f : s.editor.fields()) {
             ImGui::TableNextRow();

@@ -45,8 +45,9 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
     }
     const CheckView& v = s.view;
     if (v.layouts.empty()) {
-        empty_state("no check yet: pick layouts and press Run check (the reference runs first, "
-                    "then each layout, compared after every step)");
+        empty_state(
+            "no check yet: pick layouts and press Run check (the reference runs first, "
+            "then each layout, compared after every step)");
         return;
     }
     ImGui::Text("%s mode, %lld steps; reference: %lld of %lld steps%s", v.mode.c_str(),
@@ -76,15 +77,16 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
         ImGui::TextColored(ImVec4(1, 0.5f, 0.45f, 1), "first divergence: step %lld, %s",
                            static_cast<long long>(r.first_step), r.first.name.c_str());
         if (r.first_op_rank >= 0)
-            ImGui::TextColored(ImVec4(1, 0.5f, 0.45f, 1), "first op: %s on rank %d (%s), %.9g vs %.9g",
+            ImGui::TextColored(ImVec4(1, 0.5f, 0.45f, 1),
+                               "first op: %s on rank %d (%s), %.9g vs %.9g",
                                r.first_op.name.c_str(), r.first_op_rank, r.first_op_where.c_str(),
                                r.first_op.first_reference, r.first_op.first_candidate);
         else if (!r.first_op_note.empty())
             ImGui::TextDisabled("first op: %s", r.first_op_note.c_str());
     }
     if (g.finished && g.result.budget_ratio >= 0)
-        ImGui::Text("error budget: worst tensor %s at %.3g of its budget", g.result.budget_worst.c_str(),
-                    g.result.budget_ratio);
+        ImGui::Text("error budget: worst tensor %s at %.3g of its budget",
+                    g.result.budget_worst.c_str(), g.result.budget_ratio);
     // Cell details.
     const float detail_h = ImGui::GetTextLineHeightWithSpacing() * 2.2f;
     plot::Heatmap h;
@@ -95,8 +97,9 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
     h.row_label = [&](int r) { return g.tensors[static_cast<size_t>(r)]; };
     h.colour = [&](int r, int c) {
         const std::vector<CheckCell>& line = g.cells[static_cast<size_t>(r)];
-        return static_cast<ImU32>(c < static_cast<int>(line.size()) ? ulp_colour(line[static_cast<size_t>(c)])
-                                                                  : ulp_colour(CheckCell{}));
+        return static_cast<ImU32>(c < static_cast<int>(line.size())
+                                      ? ulp_colour(line[static_cast<size_t>(c)])
+                                      : ulp_colour(CheckCell{}));
     };
     auto sample = [](std::int64_t ulp, bool differs, bool done) {
         CheckCell c;
@@ -105,18 +108,21 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
         c.rank = differs ? 0 : -1;
         return static_cast<ImU32>(ulp_colour(c));
     };
-    h.legend = {{sample(0, false, false), "not yet"}, {sample(0, false, true), "bit-identical"},
-                {sample(1, true, true), "1 ulp"},     {sample(1 << 10, true, true), "1024 ulp"},
-                {sample(1 << 20, true, true), ">= 2^20 ulp"}, {sample(kNoUlp, true, true), "NaN"}};
-    const plot::HeatmapHit hit =
-        plot::draw_heatmap("grid", h, ImVec2(-1, -detail_h), s.row, s.col);
+    h.legend = {{sample(0, false, false), "not yet"},
+                {sample(0, false, true), "bit-identical"},
+                {sample(1, true, true), "1 ulp"},
+                {sample(1 << 10, true, true), "1024 ulp"},
+                {sample(1 << 20, true, true), ">= 2^20 ulp"},
+                {sample(kNoUlp, true, true), "NaN"}};
+    const plot::HeatmapHit hit = plot::draw_heatmap("grid", h, ImVec2(-1, -detail_h), s.row, s.col);
     if (d.rects) d.rects->mark("check_grid");
     if (hit.clicked) {
         s.row = hit.row;
         s.col = hit.col;
     }
     const int r = s.row >= 0 ? s.row : hit.row, c = s.row >= 0 ? s.col : hit.col;
-    if (r >= 0 && c >= 0 && r < h.rows && c < static_cast<int>(g.cells[static_cast<size_t>(r)].size())) {
+    if (r >= 0 && c >= 0 && r < h.rows &&
+        c < static_cast<int>(g.cells[static_cast<size_t>(r)].size())) {
         const CheckCell& k = g.cells[static_cast<size_t>(r)][static_cast<size_t>(c)];
         const std::string& name = g.tensors[static_cast<size_t>(r)];
         if (!k.done)
@@ -124,11 +130,12 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
         else if (k.rank < 0)
             ImGui::Text("%s, step %d: bit-identical on every rank", name.c_str(), c + 1);
         else
-            ImGui::Text("%s, step %d: %lld elements differ on rank %d, max %lld ulp; first element %lld: "
-                        "reference %.9g, layout %.9g",
-                        name.c_str(), c + 1, static_cast<long long>(k.differing), k.rank,
-                        static_cast<long long>(k.max_ulp), static_cast<long long>(k.first), k.reference,
-                        k.candidate);
+            ImGui::Text(
+                "%s, step %d: %lld elements differ on rank %d, max %lld ulp; first element %lld: "
+                "reference %.9g, layout %.9g",
+                name.c_str(), c + 1, static_cast<long long>(k.differing), k.rank,
+                static_cast<long long>(k.max_ulp), static_cast<long long>(k.first), k.reference,
+                k.candidate);
     } else {
         ImGui::TextDisabled("hover a cell for its values; click to keep it");
     }

@@ -16,9 +16,9 @@ namespace px::gui {
 namespace {
 
 ImU32 rank_colour(int r) {
-    static const ImU32 k[] = {IM_COL32(86, 156, 255, 255), IM_COL32(255, 160, 60, 255),
-                              IM_COL32(90, 200, 120, 255), IM_COL32(200, 110, 255, 255),
-                              IM_COL32(240, 210, 80, 255), IM_COL32(80, 210, 220, 255),
+    static const ImU32 k[] = {IM_COL32(86, 156, 255, 255),  IM_COL32(255, 160, 60, 255),
+                              IM_COL32(90, 200, 120, 255),  IM_COL32(200, 110, 255, 255),
+                              IM_COL32(240, 210, 80, 255),  IM_COL32(80, 210, 220, 255),
                               IM_COL32(240, 100, 140, 255), IM_COL32(170, 170, 120, 255)};
     return k[r % 8];
 }
@@ -37,13 +37,19 @@ void draw_holding(const TensorHolding& t, bool moments, ImVec2 size) {
     const ImVec2 a(o.x + 4, o.y + lh * 1.4f), b(a.x + w, a.y + h);
     char title[160];
     std::snprintf(title, sizeof title, "%s%s: (%lld, %lld), logical; colour = rank", t.name.c_str(),
-                  moments ? " Adam moments" : "", static_cast<long long>(t.rows), static_cast<long long>(t.cols));
+                  moments ? " Adam moments" : "", static_cast<long long>(t.rows),
+                  static_cast<long long>(t.cols));
     dl->AddText(o, IM_COL32(215, 215, 222, 255), title);
     dl->AddRectFilled(a, b, IM_COL32(22, 24, 30, 255));
     std::map<std::tuple<i64, i64, i64, i64>, std::vector<int>> by;
-    for (const HeldPiece& p : pieces) by[{p.slab.row0, p.slab.rows, p.slab.col0, p.slab.cols}].push_back(p.rank);
-    auto X = [&](i64 c) { return a.x + static_cast<float>(c) / static_cast<float>(t.cols) * (b.x - a.x); };
-    auto Y = [&](i64 r) { return a.y + static_cast<float>(r) / static_cast<float>(t.rows) * (b.y - a.y); };
+    for (const HeldPiece& p : pieces)
+        by[{p.slab.row0, p.slab.rows, p.slab.col0, p.slab.cols}].push_back(p.rank);
+    auto X = [&](i64 c) {
+        return a.x + static_cast<float>(c) / static_cast<float>(t.cols) * (b.x - a.x);
+    };
+    auto Y = [&](i64 r) {
+        return a.y + static_cast<float>(r) / static_cast<float>(t.rows) * (b.y - a.y);
+    };
     for (auto& [k, ranks] : by) {
         std::sort(ranks.begin(), ranks.end());
         const auto [r0, rows, c0, cols] = k;
@@ -51,7 +57,8 @@ void draw_holding(const TensorHolding& t, bool moments, ImVec2 size) {
         // Replicas: the slab split into stripes, one per holder.
         const float sh = (p1.y - p0.y) / static_cast<float>(ranks.size());
         for (size_t i = 0; i < ranks.size(); i++)
-            dl->AddRectFilled(ImVec2(p0.x, p0.y + i * sh), ImVec2(p1.x, p0.y + (i + 1) * sh), rank_colour(ranks[i]));
+            dl->AddRectFilled(ImVec2(p0.x, p0.y + i * sh), ImVec2(p1.x, p0.y + (i + 1) * sh),
+                              rank_colour(ranks[i]));
         dl->AddRect(p0, p1, IM_COL32(10, 10, 14, 255));
         std::string label = "r";
         for (size_t i = 0; i < ranks.size(); i++) {
@@ -60,11 +67,13 @@ void draw_holding(const TensorHolding& t, bool moments, ImVec2 size) {
         }
         const ImVec2 ts = ImGui::CalcTextSize(label.c_str());
         if (ts.x + 4 < p1.x - p0.x && ts.y < p1.y - p0.y)
-            dl->AddText(ImVec2((p0.x + p1.x - ts.x) / 2, (p0.y + p1.y - ts.y) / 2), IM_COL32(10, 10, 14, 255), label.c_str());
+            dl->AddText(ImVec2((p0.x + p1.x - ts.x) / 2, (p0.y + p1.y - ts.y) / 2),
+                        IM_COL32(10, 10, 14, 255), label.c_str());
     }
     dl->AddRect(a, b, IM_COL32(170, 170, 180, 255));
     if (pieces.empty())
-        dl->AddText(ImVec2(a.x + 8, a.y + 8), IM_COL32(170, 170, 180, 255), "no rank holds it between steps");
+        dl->AddText(ImVec2(a.x + 8, a.y + 8), IM_COL32(170, 170, 180, 255),
+                    "no rank holds it between steps");
 }
 
 }  // namespace
@@ -95,11 +104,13 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
     ImGui::Checkbox("sp", &s.sp);
     ImGui::SameLine();
     const bool busy = s.explorer && s.explorer->busy();
-    if (ImGui::Button(busy ? "Running one step..." : "Explore") && !busy) s.explore_requested = true;
+    if (ImGui::Button(busy ? "Running one step..." : "Explore") && !busy)
+        s.explore_requested = true;
     if (d.rects) d.rects->mark("explore");
     const ExplorerResult& r = s.result;
     if (!r.ready) {
-        empty_state("pick a layout and press Explore: one step of the runtime shows who holds what");
+        empty_state(
+            "pick a layout and press Explore: one step of the runtime shows who holds what");
         return;
     }
     if (!r.error.empty()) {
@@ -109,9 +120,11 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
         return;
     }
     const Layout& l = r.layout;
-    ImGui::Text("world of %d ranks: dp %d x pp %d x tp %d, ZeRO-%d, %d microbatches%s (one step traced in %.2f s)",
-                l.world_size(), l.dp, l.pp, l.tp, l.zero, l.microbatches,
-                r.config.layout.sequence_parallel ? ", sequence parallel" : "", r.seconds);
+    ImGui::Text(
+        "world of %d ranks: dp %d x pp %d x tp %d, ZeRO-%d, %d microbatches%s (one step traced in "
+        "%.2f s)",
+        l.world_size(), l.dp, l.pp, l.tp, l.zero, l.microbatches,
+        r.config.layout.sequence_parallel ? ", sequence parallel" : "", r.seconds);
     // The ranks.
     for (int k = 0; k < l.world_size(); k++) {
         const Coord c = r.coords[static_cast<size_t>(k)];
@@ -121,7 +134,8 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
         ImGui::GetWindowDrawList()->AddRectFilled(p, ImVec2(p.x + h, p.y + h), rank_colour(k));
         ImGui::Dummy(ImVec2(h, h));
         ImGui::SameLine();
-        ImGui::Text("rank %d: pp%d dp%d tp%d, layers %d..%d", k, c.pp, c.dp, c.tp, lr.lo, lr.hi - 1);
+        ImGui::Text("rank %d: pp%d dp%d tp%d, layers %d..%d", k, c.pp, c.dp, c.tp, lr.lo,
+                    lr.hi - 1);
         if (k % 3 != 2 && k + 1 < l.world_size()) ImGui::SameLine(0, 24);
     }
     if (d.rects) d.rects->mark("explorer_ranks");
@@ -132,7 +146,8 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
     if (s.tensor < 0 || s.tensor >= static_cast<int>(r.tensors.size())) {
         s.tensor = matrices.empty() ? 0 : matrices.front();
         for (int i : matrices)
-            if (r.tensors[static_cast<size_t>(i)].name.find("attn.c_attn.weight") != std::string::npos) {
+            if (r.tensors[static_cast<size_t>(i)].name.find("attn.c_attn.weight") !=
+                std::string::npos) {
                 s.tensor = i;
                 break;
             }
@@ -140,7 +155,8 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
     ImGui::SetNextItemWidth(ImGui::GetFontSize() * 16);
     if (ImGui::BeginCombo("weight matrix", r.tensors[static_cast<size_t>(s.tensor)].name.c_str())) {
         for (int i : matrices)
-            if (ImGui::Selectable(r.tensors[static_cast<size_t>(i)].name.c_str(), i == s.tensor)) s.tensor = i;
+            if (ImGui::Selectable(r.tensors[static_cast<size_t>(i)].name.c_str(), i == s.tensor))
+                s.tensor = i;
         ImGui::EndCombo();
     }
     ImGui::SameLine();
@@ -148,7 +164,8 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
     const float avail_h = ImGui::GetContentRegionAvail().y;
     const float avail_w = ImGui::GetContentRegionAvail().x;
     ImGui::BeginGroup();
-    draw_holding(r.tensors[static_cast<size_t>(s.tensor)], s.show_moments, ImVec2(avail_w * 0.42f, avail_h * 0.52f));
+    draw_holding(r.tensors[static_cast<size_t>(s.tensor)], s.show_moments,
+                 ImVec2(avail_w * 0.42f, avail_h * 0.52f));
     if (d.rects) d.rects->mark("explorer_holding");
     ImGui::EndGroup();
     ImGui::SameLine();
@@ -169,14 +186,17 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
     }
     plot::draw_stacked_bars("explorer_memory", b, ImVec2(-1, avail_h * 0.52f));
     // Collectives, in the order the ops run.
-    ImGui::Text("collectives of one step (%zu kinds), each named by the op whose probe follows it", r.collectives.size());
+    ImGui::Text("collectives of one step (%zu kinds), each named by the op whose probe follows it",
+                r.collectives.size());
     if (r.collectives.empty()) {
         empty_state("none: a single device talks to no one");
         return;
     }
-    if (ImGui::BeginTable("coll", 7, ImGuiTableFlags_RowBg | ImGuiTableFlags_Borders | ImGuiTableFlags_ScrollY,
+    if (ImGui::BeginTable("coll", 7,
+                          ImGuiTableFlags_RowBg | ImGuiTableFlags_Borders | ImGuiTableFlags_ScrollY,
                           ImVec2(-1, -1))) {
-        for (const char* c : {"phase", "layer", "before op", "group", "collective", "bytes per call", "calls x ranks"})
+        for (const char* c : {"phase", "layer", "before op", "group", "collective",
+                              "bytes per call", "calls x ranks"})
             ImGui::TableSetupColumn(c);
         ImGui::TableSetupScrollFreeze(0, 1);
         ImGui::TableHeadersRow();

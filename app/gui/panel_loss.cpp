@@ -35,9 +35,10 @@ void draw_loss_panel(const RunData& d, LossPanelState& s) {
     p.series.push_back({"train loss", x.data(), m.loss.data(), n, plot::kBlue});
     p.series.push_back({"validation loss", x.data(), val.data(), n, plot::kOrange, true});
     if (d.snap.loss_floor > 0)
-        p.hlines.push_back({d.snap.loss_floor, "loss floor (source entropy) " +
-                                                   std::to_string(d.snap.loss_floor).substr(0, 6),
-                            plot::kGreen});
+        p.hlines.push_back(
+            {d.snap.loss_floor,
+             "loss floor (source entropy) " + std::to_string(d.snap.loss_floor).substr(0, 6),
+             plot::kGreen});
     for (const RunEvent& e : d.snap.events)
         p.markers.push_back({static_cast<double>(e.step), event_kind_name(e.kind), plot::kRed});
     const float h = ImGui::GetContentRegionAvail().y;
@@ -53,7 +54,8 @@ void draw_loss_panel(const RunData& d, LossPanelState& s) {
     plot::Series lr{"learning rate", x.data(), m.lr.data(), n, plot::kGreen};
     lr.right_axis = true;
     q.series.push_back(lr);
-    const float rest = ImGui::GetContentRegionAvail().y - (s.selected_event >= 0 ? ImGui::GetTextLineHeightWithSpacing() * 2 : 0);
+    const float rest = ImGui::GetContentRegionAvail().y -
+                       (s.selected_event >= 0 ? ImGui::GetTextLineHeightWithSpacing() * 2 : 0);
     plot::draw_lines("norm", q, s.norm_view, ImVec2(-1, rest));
     if (s.selected_event >= 0 && s.selected_event < static_cast<int>(d.snap.events.size())) {
         const RunEvent& e = d.snap.events[static_cast<size_t>(s.selected_event)];

@@ -25,7 +25,9 @@ void draw_memory_panel(const RunData& d, MemoryPanelState&) {
         empty_state("no job yet: memory per rank shows once a step has run");
     } else {
         plot::StackedBars b;
-        b.title = "memory per rank after the last step; yellow: the estimate per rank the job was admitted by (core/train/memory.h, the ZeRO formulas)";
+        b.title =
+            "memory per rank after the last step; yellow: the estimate per rank the job was "
+            "admitted by (core/train/memory.h, the ZeRO formulas)";
         b.parts = {"parameters", "gradients", "optimizer state", "activations", "comm buffers"};
         b.colours = {plot::kBlue, plot::kOrange, plot::kGreen, plot::kPurple, plot::kGrey};
         b.reference_label = "estimate";
@@ -35,8 +37,8 @@ void draw_memory_panel(const RunData& d, MemoryPanelState&) {
             const MemoryStats& m = mem[r];
             b.categories.push_back("rank " + std::to_string(r));
             b.values.push_back({static_cast<double>(m.params), static_cast<double>(m.grads),
-                                static_cast<double>(m.optimizer), static_cast<double>(m.activations),
-                                static_cast<double>(m.comm)});
+                                static_cast<double>(m.optimizer),
+                                static_cast<double>(m.activations), static_cast<double>(m.comm)});
             b.reference.push_back(est.total);
         }
         plot::draw_stacked_bars("memory", b, ImVec2(-1, h * 0.5f));
@@ -71,8 +73,10 @@ void draw_memory_panel(const RunData& d, MemoryPanelState&) {
         empty_state("no collectives: a single device sends nothing");
         return;
     }
-    if (ImGui::BeginTable("comm", 6, ImGuiTableFlags_RowBg | ImGuiTableFlags_Borders | ImGuiTableFlags_ScrollY)) {
-        for (const char* c : {"group", "collective", "calls (all ranks)", "bytes sent + received", "seconds (all ranks)", "ranks"})
+    if (ImGui::BeginTable(
+            "comm", 6, ImGuiTableFlags_RowBg | ImGuiTableFlags_Borders | ImGuiTableFlags_ScrollY)) {
+        for (const char* c : {"group", "collective", "calls (all ranks)", "bytes sent + received",
+                              "seconds (all ranks)", "ranks"})
             ImGui::TableSetupColumn(c);
         ImGui::TableHeadersRow();
         for (const auto& [key, s] : sums) {

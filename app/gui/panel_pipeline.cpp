@@ -14,24 +14,32 @@ namespace {
 
 ImU32 bar_colour(TimelineBar::Kind k) {
     switch (k) {
-        case TimelineBar::forward: return plot::kBlue;
-        case TimelineBar::backward: return plot::kOrange;
-        case TimelineBar::recv_wait: return IM_COL32(90, 90, 100, 255);
-        case TimelineBar::send: return plot::kYellow;
-        case TimelineBar::collective: return plot::kPurple;
+        case TimelineBar::forward:
+            return plot::kBlue;
+        case TimelineBar::backward:
+            return plot::kOrange;
+        case TimelineBar::recv_wait:
+            return IM_COL32(90, 90, 100, 255);
+        case TimelineBar::send:
+            return plot::kYellow;
+        case TimelineBar::collective:
+            return plot::kPurple;
     }
     return plot::kGrey;
 }
 
 void legend() {
     const std::pair<TimelineBar::Kind, const char*> items[] = {
-        {TimelineBar::forward, "forward"}, {TimelineBar::backward, "backward"},
-        {TimelineBar::recv_wait, "waiting in a receive (idle)"}, {TimelineBar::send, "send posted"},
+        {TimelineBar::forward, "forward"},
+        {TimelineBar::backward, "backward"},
+        {TimelineBar::recv_wait, "waiting in a receive (idle)"},
+        {TimelineBar::send, "send posted"},
         {TimelineBar::collective, "dp / tp collective (thin band)"}};
     for (const auto& [k, name] : items) {
         const ImVec2 p = ImGui::GetCursorScreenPos();
         const float h = ImGui::GetTextLineHeight();
-        ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + 2), ImVec2(p.x + h, p.y + h - 2), bar_colour(k));
+        ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + 2),
+                                                  ImVec2(p.x + h, p.y + h - 2), bar_colour(k));
         ImGui::Dummy(ImVec2(h + 2, h));
         ImGui::SameLine();
         ImGui::TextUnformatted(name);
@@ -55,9 +63,13 @@ void draw_pipeline_panel(const RunData& d, PipelinePanelState&) {
     const SimResult sim = check_schedule(plan);
     ImGui::Text("%s, pp = %d, %d microbatches%s", schedule_name(layout.schedule), layout.pp,
                 layout.microbatches,
-                layout.virtual_stages > 1 ? (", v = " + std::to_string(layout.virtual_stages)).c_str() : "");
-    ImGui::Text("bubble by formula (pp-1)/(v*m+pp-1): %.1f%%   planned (unit-time simulation): %.1f%%",
-                100 * bubble_formula(layout.pp, layout.microbatches, layout.virtual_stages), 100 * sim.bubble);
+                layout.virtual_stages > 1
+                    ? (", v = " + std::to_string(layout.virtual_stages)).c_str()
+                    : "");
+    ImGui::Text(
+        "bubble by formula (pp-1)/(v*m+pp-1): %.1f%%   planned (unit-time simulation): %.1f%%",
+        100 * bubble_formula(layout.pp, layout.microbatches, layout.virtual_stages),
+        100 * sim.bubble);
     legend();
     const float h = ImGui::GetContentRegionAvail().y;
     // Measured.
@@ -68,15 +80,15 @@ void draw_pipeline_panel(const RunData& d, PipelinePanelState&) {
     else
         tl = measured_timeline(d.trace->mesh(), d.trace->last_steps());
     if (tl.problem.empty()) {
-        ImGui::Text("measured, step %lld: %.2f ms; bubble measured %.1f%%", static_cast<long long>(tl.step),
-                    1e3 * tl.makespan, 100 * tl.bubble);
+        ImGui::Text("measured, step %lld: %.2f ms; bubble measured %.1f%%",
+                    static_cast<long long>(tl.step), 1e3 * tl.makespan, 100 * tl.bubble);
         std::vector<plot::GanttBar> bars;
         for (const TimelineBar& b : tl.bars) {
             bars.push_back({b.lane, 1e3 * b.t0, 1e3 * b.t1, bar_colour(b.kind), b.label});
             if (b.kind == TimelineBar::collective) bars.back().height = 0.3f;  // under the compute
         }
-        plot::draw_gantt("measured", tl.lanes, bars, 0, 1e3 * tl.makespan, "milliseconds since the step began",
-                         ImVec2(-1, h * 0.5f));
+        plot::draw_gantt("measured", tl.lanes, bars, 0, 1e3 * tl.makespan,
+                         "milliseconds since the step began", ImVec2(-1, h * 0.5f));
         if (d.rects) d.rects->mark("measured_timeline");
     } else {
         ImGui::TextUnformatted("measured:");
@@ -99,7 +111,8 @@ void draw_pipeline_panel(const RunData& d, PipelinePanelState&) {
                             compute_label(a, plan.virtual_stages)});
         }
     }
-    plot::draw_gantt("plan", lanes, bars, 0, std::max(1, sim.makespan), "slot", ImVec2(-1, -1), true);
+    plot::draw_gantt("plan", lanes, bars, 0, std::max(1, sim.makespan), "slot", ImVec2(-1, -1),
+                     true);
 }
 
 }  // namespace px::gui

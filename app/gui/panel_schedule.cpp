@@ -43,9 +43,12 @@ void draw_schedule_panel(const RunData&, SchedulePanelState& s) {
         return;
     }
     const SimResult& sim = m.sim;
-    ImGui::Text("%d slots; bubble %.1f%% simulated, %.1f%% by (pp-1)/(v*m+pp-1); peak forwards in flight on rank 0: %d",
-                sim.makespan, 100 * sim.bubble, 100 * bubble_formula(m.pp, m.microbatches, m.virtual_stages),
-                sim.peak_in_flight.empty() ? 0 : sim.peak_in_flight[0]);
+    ImGui::Text(
+        "%d slots; bubble %.1f%% simulated, %.1f%% by (pp-1)/(v*m+pp-1); peak forwards in flight "
+        "on rank 0: %d",
+        sim.makespan, 100 * sim.bubble,
+        100 * bubble_formula(m.pp, m.microbatches, m.virtual_stages),
+        sim.peak_in_flight.empty() ? 0 : sim.peak_in_flight[0]);
     if (!sim.ok()) ImGui::TextColored(ImVec4(1, 0.45f, 0.4f, 1), "%s", sim.problem.c_str());
     int slot = s.slot < 0 ? sim.makespan : s.slot;
     ImGui::SetNextItemWidth(ImGui::GetFontSize() * 20);
@@ -74,8 +77,8 @@ void draw_schedule_panel(const RunData&, SchedulePanelState& s) {
         }
     }
     ImGui::Text("slot %d:%s", slot, now.empty() ? "  (idle everywhere)" : now.c_str());
-    plot::draw_gantt("schedule", lanes, bars, 0, std::max(1, sim.makespan), "slot (one forward or backward each)",
-                     ImVec2(-1, -1), true);
+    plot::draw_gantt("schedule", lanes, bars, 0, std::max(1, sim.makespan),
+                     "slot (one forward or backward each)", ImVec2(-1, -1), true);
 }
 
 }  // namespace px::gui

@@ -32,10 +32,10 @@ struct UiRects {
 };
 
 struct RunData {
-    RunSnapshot snap;                // the live job's latest snapshot, or an opened run file's
+    RunSnapshot snap;                  // the live job's latest snapshot, or an opened run file's
     const CommTrace* trace = nullptr;  // the live job's measurements; null for a file
-    std::string source;              // "live job" or the opened file
-    Config config;                   // the job's config (the editor's when no job ran)
+    std::string source;                // "live job" or the opened file
+    Config config;                     // the job's config (the editor's when no job ran)
     UiRects* rects = nullptr;
 };
 
@@ -44,8 +44,8 @@ enum class JobAction { none, start, pause, resume, step, stop, restart, open };
 struct JobPanelState {
     ConfigEditor editor;
     JobController* job = nullptr;
-    std::string message;       // the last action's outcome or error
-    std::string open_path;     // a run.h5 or validate.json to open
+    std::string message;                    // the last action's outcome or error
+    std::string open_path;                  // a run.h5 or validate.json to open
     JobAction requested = JobAction::none;  // what the person asked for this frame
 };
 void draw_job_panel(const RunData& d, JobPanelState& s);
@@ -62,7 +62,7 @@ struct LayoutCheckPanelState {
     LayoutCheck* check = nullptr;
     std::string layouts = "dp2,tp2,pp2";
     int steps = 10;
-    int mode = 0;  // 0 the job's numerics mode, 1 bitwise, 2 fast
+    int mode = 0;    // 0 the job's numerics mode, 1 bitwise, 2 fast
     CheckView view;  // refreshed when the model's version changes (or opened from a report)
     bool from_file = false;
     int layout = 0, row = -1, col = -1;  // the selected layout and cell
@@ -90,7 +90,7 @@ struct LayoutExplorerPanelState {
     bool sp = false;
     ExplorerResult result;  // refreshed when the model's version changes
     std::uint64_t seen = 0;
-    int tensor = -1;        // the weight matrix shown; -1: the first attention matrix
+    int tensor = -1;  // the weight matrix shown; -1: the first attention matrix
     bool show_moments = false;
     bool explore_requested = false;
 };

@@ -21,10 +21,16 @@ ImVec2 region(ImVec2 size) {
     return size;
 }
 
-bool usable(double v, bool log) { return std::isfinite(v) && (!log || v > 0); }
+bool usable(double v, bool log) {
+    return std::isfinite(v) && (!log || v > 0);
+}
 
-double fwd(double v, bool log) { return log ? std::log10(v) : v; }
-double inv(double v, bool log) { return log ? std::pow(10.0, v) : v; }
+double fwd(double v, bool log) {
+    return log ? std::log10(v) : v;
+}
+double inv(double v, bool log) {
+    return log ? std::pow(10.0, v) : v;
+}
 
 // Ticks of a log axis over [lo, hi] (data units): decades, and 2 and 5 when few decades show.
 std::vector<double> log_ticks(double lo, double hi) {
@@ -63,7 +69,8 @@ std::string tick_text(double v, double step) {
     if (a != 0 && (a >= 1e6 || a < 1e-3)) {
         std::snprintf(buf, sizeof buf, "%.3g", v);
     } else {
-        const int decimals = step >= 1 ? 0 : std::min(6, static_cast<int>(std::ceil(-std::log10(step))));
+        const int decimals =
+            step >= 1 ? 0 : std::min(6, static_cast<int>(std::ceil(-std::log10(step))));
         std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
     }
     return buf;
@@ -170,7 +177,8 @@ int draw_lines(const char* id, const LinePlot& p, PlotView& view, ImVec2 size) {
     dl->AddRectFilled(a, b, kFrame);
     if (!p.title.empty()) dl->AddText(ImVec2(a.x, o.y + lh * 0.2f), kText, p.title.c_str());
     // Ticks and grid.
-    const std::vector<double> xt = nice_ticks(view.x0, view.x1, std::max(2, static_cast<int>((b.x - a.x) / 90)));
+    const std::vector<double> xt =
+        nice_ticks(view.x0, view.x1, std::max(2, static_cast<int>((b.x - a.x) / 90)));
     const double xstep = xt.size() > 1 ? xt[1] - xt[0] : 1;
     for (double v : xt) {
         const float x = X(v);
@@ -227,7 +235,8 @@ int draw_lines(const char* id, const LinePlot& p, PlotView& view, ImVec2 size) {
     for (const HLine& h : p.hlines) {
         if (!usable(h.y, log)) continue;
         const float y = Y(h.y);
-        for (float x = a.x; x < b.x; x += 10) dl->AddLine(ImVec2(x, y), ImVec2(std::min(x + 6, b.x), y), h.colour, 1.5f);
+        for (float x = a.x; x < b.x; x += 10)
+            dl->AddLine(ImVec2(x, y), ImVec2(std::min(x + 6, b.x), y), h.colour, 1.5f);
         const float w = ImGui::CalcTextSize(h.label.c_str()).x;
         dl->AddText(ImVec2(b.x - w - 6, y - lh - 2), h.colour, h.label.c_str());
     }
@@ -281,7 +290,8 @@ int draw_lines(const char* id, const LinePlot& p, PlotView& view, ImVec2 size) {
                 std::snprintf(line, sizeof line, "%s%s at %g: %.6g", tip.empty() ? "" : "\n",
                               s.label.c_str(), s.x[best], s.y[best]);
                 tip += line;
-                dl->AddCircle(ImVec2(X(s.x[best]), s.right_axis ? Y2(s.y[best]) : Y(s.y[best])), 5, s.colour);
+                dl->AddCircle(ImVec2(X(s.x[best]), s.right_axis ? Y2(s.y[best]) : Y(s.y[best])), 5,
+                              s.colour);
             }
             if (!tip.empty()) ImGui::SetTooltip("%s", tip.c_str());
         }
@@ -294,7 +304,8 @@ int draw_lines(const char* id, const LinePlot& p, PlotView& view, ImVec2 size) {
     if (!p.series.empty()) {
         const float lx = b.x - lw - 34;
         dl->AddRectFilled(ImVec2(lx - 6, ly - 3),
-                          ImVec2(b.x - 4, ly + p.series.size() * (lh + 2) + 2), IM_COL32(0, 0, 0, 150));
+                          ImVec2(b.x - 4, ly + p.series.size() * (lh + 2) + 2),
+                          IM_COL32(0, 0, 0, 150));
         for (const Series& s : p.series) {
             dl->AddLine(ImVec2(lx, ly + lh / 2), ImVec2(lx + 18, ly + lh / 2), s.colour, 3);
             dl->AddText(ImVec2(lx + 24, ly), kText, s.label.c_str());
@@ -357,7 +368,8 @@ HeatmapHit draw_heatmap(const char* id, const Heatmap& h, ImVec2 size, int selec
             const float x = a.x + (static_cast<float>(v) - h.first_col + 0.5f) * cw;
             dl->AddLine(ImVec2(x, b.y), ImVec2(x, b.y + 4), kAxis);
             const std::string s = tick_text(v, 1);
-            dl->AddText(ImVec2(x - ImGui::CalcTextSize(s.c_str()).x / 2, b.y + 5), kText, s.c_str());
+            dl->AddText(ImVec2(x - ImGui::CalcTextSize(s.c_str()).x / 2, b.y + 5), kText,
+                        s.c_str());
         }
         if (!h.x_label.empty()) {
             const float w = ImGui::CalcTextSize(h.x_label.c_str()).x;
@@ -367,7 +379,8 @@ HeatmapHit draw_heatmap(const char* id, const Heatmap& h, ImVec2 size, int selec
             const ImVec2 p0(a.x + c * cw, a.y + r * ch);
             dl->AddRect(p0, ImVec2(p0.x + cw, p0.y + ch), col, 0, 0, th);
         };
-        if (selected_row >= 0 && selected_col >= 0 && selected_row < h.rows && selected_col < h.cols)
+        if (selected_row >= 0 && selected_col >= 0 && selected_row < h.rows &&
+            selected_col < h.cols)
             outline(selected_row, selected_col, IM_COL32(255, 255, 255, 255), 2);
         if (hovered) {
             const ImVec2 m = ImGui::GetIO().MousePos;
@@ -387,8 +400,10 @@ HeatmapHit draw_heatmap(const char* id, const Heatmap& h, ImVec2 size, int selec
         const float sh = std::min((b.y - a.y) / n, lh * 1.6f);
         for (int k = 0; k < n; k++) {
             const float y = b.y - (k + 1) * sh;
-            dl->AddRectFilled(ImVec2(bx, y), ImVec2(bx + 16, y + sh), h.legend[static_cast<size_t>(k)].first);
-            dl->AddText(ImVec2(bx + 22, y + sh / 2 - lh / 2), kText, h.legend[static_cast<size_t>(k)].second.c_str());
+            dl->AddRectFilled(ImVec2(bx, y), ImVec2(bx + 16, y + sh),
+                              h.legend[static_cast<size_t>(k)].first);
+            dl->AddText(ImVec2(bx + 22, y + sh / 2 - lh / 2), kText,
+                        h.legend[static_cast<size_t>(k)].second.c_str());
         }
         dl->AddRect(ImVec2(bx, b.y - n * sh), ImVec2(bx + 16, b.y), kAxis);
     }
@@ -408,7 +423,8 @@ int draw_gantt(const char* id, const std::vector<std::string>& lanes,
     const ImVec2 o = ImGui::GetCursorScreenPos();
     const float lh = ImGui::GetTextLineHeight();
     float label_w = 0;
-    for (const std::string& l : lanes) label_w = std::max(label_w, ImGui::CalcTextSize(l.c_str()).x);
+    for (const std::string& l : lanes)
+        label_w = std::max(label_w, ImGui::CalcTextSize(l.c_str()).x);
     const ImVec2 a(o.x + label_w + 10, o.y + 4), b(o.x + size.x - 8, o.y + size.y - lh * 2.6f);
     ImGui::InvisibleButton("gantt", size);
     const bool hovered = ImGui::IsItemHovered();
@@ -417,8 +433,11 @@ int draw_gantt(const char* id, const std::vector<std::string>& lanes,
     if (!(t_max > t_min)) t_max = t_min + 1;
     const int n = std::max<int>(1, static_cast<int>(lanes.size()));
     const float lane_h = (b.y - a.y) / n;
-    auto X = [&](double t) { return static_cast<float>(a.x + (t - t_min) / (t_max - t_min) * (b.x - a.x)); };
-    const std::vector<double> xt = nice_ticks(t_min, t_max, std::max(2, static_cast<int>((b.x - a.x) / 90)));
+    auto X = [&](double t) {
+        return static_cast<float>(a.x + (t - t_min) / (t_max - t_min) * (b.x - a.x));
+    };
+    const std::vector<double> xt =
+        nice_ticks(t_min, t_max, std::max(2, static_cast<int>((b.x - a.x) / 90)));
     const double step = xt.size() > 1 ? xt[1] - xt[0] : 1;
     for (double v : xt) {
         if (integer_ticks && std::fabs(v - std::round(v)) > 1e-9) continue;
@@ -428,7 +447,8 @@ int draw_gantt(const char* id, const std::vector<std::string>& lanes,
         dl->AddText(ImVec2(x - ImGui::CalcTextSize(s.c_str()).x / 2, b.y + 5), kText, s.c_str());
     }
     for (size_t l = 0; l < lanes.size(); l++)
-        dl->AddText(ImVec2(o.x + 2, a.y + l * lane_h + lane_h / 2 - lh / 2), kText, lanes[l].c_str());
+        dl->AddText(ImVec2(o.x + 2, a.y + l * lane_h + lane_h / 2 - lh / 2), kText,
+                    lanes[l].c_str());
     const ImVec2 m = ImGui::GetIO().MousePos;
     for (size_t k = 0; k < bars.size(); k++) {
         const GanttBar& g = bars[k];
@@ -438,7 +458,8 @@ int draw_gantt(const char* id, const std::vector<std::string>& lanes,
         dl->AddRectFilled(ImVec2(x0, y0), ImVec2(x1, y1), g.colour, 2);
         const ImVec2 ts = ImGui::CalcTextSize(g.label.c_str());
         if (ts.x + 4 < x1 - x0 && ts.y < y1 - y0)
-            dl->AddText(ImVec2((x0 + x1 - ts.x) / 2, (y0 + y1 - ts.y) / 2), IM_COL32(10, 10, 14, 255), g.label.c_str());
+            dl->AddText(ImVec2((x0 + x1 - ts.x) / 2, (y0 + y1 - ts.y) / 2),
+                        IM_COL32(10, 10, 14, 255), g.label.c_str());
         if (hovered && m.x >= x0 && m.x <= x1 && m.y >= y0 && m.y <= y1) hit = static_cast<int>(k);
     }
     if (hit >= 0) {
@@ -462,7 +483,8 @@ void draw_stacked_bars(const char* id, const StackedBars& s, ImVec2 size) {
     const float lh = ImGui::GetTextLineHeight();
     const float legend_w = 190;
     const float top = s.title.empty() ? 6 : lh * 1.6f;
-    const ImVec2 a(o.x + lh * 5.5f, o.y + top), b(o.x + size.x - legend_w, o.y + size.y - lh * 2.6f);
+    const ImVec2 a(o.x + lh * 5.5f, o.y + top),
+        b(o.x + size.x - legend_w, o.y + size.y - lh * 2.6f);
     ImGui::InvisibleButton("bars", size);
     const bool hovered = ImGui::IsItemHovered();
     if (!s.title.empty()) dl->AddText(o, kText, s.title.c_str());
@@ -487,7 +509,8 @@ void draw_stacked_bars(const char* id, const StackedBars& s, ImVec2 size) {
         const float y = Y(v);
         dl->AddLine(ImVec2(a.x, y), ImVec2(b.x, y), kGridLine);
         const std::string t = fmt(v);
-        dl->AddText(ImVec2(a.x - 6 - ImGui::CalcTextSize(t.c_str()).x, y - lh / 2), kText, t.c_str());
+        dl->AddText(ImVec2(a.x - 6 - ImGui::CalcTextSize(t.c_str()).x, y - lh / 2), kText,
+                    t.c_str());
     }
     const int n = std::max<int>(1, static_cast<int>(s.categories.size()));
     const float slot = (b.x - a.x) / n, w = std::min(slot * 0.6f, 90.0f);
@@ -495,12 +518,14 @@ void draw_stacked_bars(const char* id, const StackedBars& s, ImVec2 size) {
     for (size_t c = 0; c < s.categories.size(); c++) {
         const float cx = a.x + (c + 0.5f) * slot;
         double base = 0;
-        for (size_t k = 0; k < s.parts.size() && c < s.values.size() && k < s.values[c].size(); k++) {
+        for (size_t k = 0; k < s.parts.size() && c < s.values.size() && k < s.values[c].size();
+             k++) {
             const double v = s.values[c][k];
             const ImVec2 p0(cx - w / 2, Y(base + v)), p1(cx + w / 2, Y(base));
             if (v > 0) dl->AddRectFilled(p0, p1, s.colours[k % s.colours.size()]);
             if (hovered && v > 0 && m.x >= p0.x && m.x <= p1.x && m.y >= p0.y && m.y <= p1.y)
-                ImGui::SetTooltip("%s, %s: %s", s.categories[c].c_str(), s.parts[k].c_str(), fmt(v).c_str());
+                ImGui::SetTooltip("%s, %s: %s", s.categories[c].c_str(), s.parts[k].c_str(),
+                                  fmt(v).c_str());
             base += v;
         }
         if (c < s.reference.size() && s.reference[c] >= 0) {
@@ -516,7 +541,8 @@ void draw_stacked_bars(const char* id, const StackedBars& s, ImVec2 size) {
     float ly = a.y + 4;
     const float lx = b.x + 14;
     for (size_t k = s.parts.size(); k-- > 0;) {
-        dl->AddRectFilled(ImVec2(lx, ly + 2), ImVec2(lx + 14, ly + lh - 2), s.colours[k % s.colours.size()]);
+        dl->AddRectFilled(ImVec2(lx, ly + 2), ImVec2(lx + 14, ly + lh - 2),
+                          s.colours[k % s.colours.size()]);
         dl->AddText(ImVec2(lx + 20, ly), kText, s.parts[k].c_str());
         ly += lh + 4;
     }

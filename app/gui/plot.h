@@ -34,7 +34,7 @@ struct Series {
     const double* y = nullptr;  // points with non-finite y (or y <= 0 on a log scale) are gaps
     int n = 0;
     ImU32 colour = IM_COL32(90, 160, 255, 255);
-    bool markers = false;  // a dot at each point (sparse series: validation loss)
+    bool markers = false;     // a dot at each point (sparse series: validation loss)
     bool right_axis = false;  // scaled to its own range, drawn against a right-hand axis
 };
 
@@ -82,7 +82,7 @@ struct GanttBar {
     int lane = 0;
     double t0 = 0, t1 = 0;
     ImU32 colour = IM_COL32(90, 160, 255, 255);
-    std::string label;  // drawn inside when it fits; always in the hover tooltip
+    std::string label;    // drawn inside when it fits; always in the hover tooltip
     float height = 1.0f;  // of the lane, bottom-aligned (a thin band under the full bars)
 };
 // Bars on lanes (labels top to bottom) against x from t_min to t_max; returns the hovered bar.
@@ -91,18 +91,18 @@ int draw_gantt(const char* id, const std::vector<std::string>& lanes,
                const std::string& x_label, ImVec2 size, bool integer_ticks = false);
 
 struct StackedBars {
-    std::vector<std::string> categories;  // one bar each (ranks)
-    std::vector<std::string> parts;       // stack order, bottom up
-    std::vector<ImU32> colours;           // per part
+    std::vector<std::string> categories;      // one bar each (ranks)
+    std::vector<std::string> parts;           // stack order, bottom up
+    std::vector<ImU32> colours;               // per part
     std::vector<std::vector<double>> values;  // [category][part]
-    std::vector<double> reference;        // per category, a tick across the bar (-1: none)
+    std::vector<double> reference;            // per category, a tick across the bar (-1: none)
     std::string reference_label, y_label, title;
     std::function<std::string(double)> format;  // axis and tooltip values ("3.2 MiB")
 };
 void draw_stacked_bars(const char* id, const StackedBars& b, ImVec2 size);
 
 std::vector<double> nice_ticks(double lo, double hi, int target);  // 1-2-5 steps inside [lo, hi]
-std::string tick_text(double v, double step);                     // as many decimals as step needs
+std::string tick_text(double v, double step);                      // as many decimals as step needs
 
 // Colours shared by the panels.
 inline constexpr ImU32 kBlue = IM_COL32(86, 156, 255, 255);

@@ -102,8 +102,11 @@ RunSnapshot snapshot_from_run_file(const std::string& path) {
     }
     s.steps_total = s.config.train.steps;
     s.steps_done = s.metrics.size() ? s.metrics.step.back() : 0;
-    s.layout = LayoutSummary{s.config.layout.dp, s.config.layout.tp, s.config.layout.pp,
-                             s.config.layout.zero, 1,
+    s.layout = LayoutSummary{s.config.layout.dp,
+                             s.config.layout.tp,
+                             s.config.layout.pp,
+                             s.config.layout.zero,
+                             1,
                              s.config.layout.dp * s.config.layout.tp * s.config.layout.pp};
     return s;
 }
@@ -178,7 +181,8 @@ CheckView check_from_report(const std::string& path) {
         for (const json& c : l["final_step"]) r.final_step.push_back(comparison(c));
         r.first_op = comparison(l["first_op"]);
         r.first_op_rank = l.value("first_op_rank", -1);
-        if (l.contains("first_op_ranks")) r.first_op_ranks = l["first_op_ranks"].get<std::vector<int>>();
+        if (l.contains("first_op_ranks"))
+            r.first_op_ranks = l["first_op_ranks"].get<std::vector<int>>();
         r.first_op_where = l.value("first_op_where", "");
         r.first_op_note = l.value("first_op_note", "");
         if (l["budget_ratio"].is_number()) r.budget_ratio = l["budget_ratio"].get<double>();

@@ -16,6 +16,6 @@ namespace px::gui {
 
 RunSnapshot snapshot_from_run_file(const std::string& path);  // px::Error naming the file
 CheckView view_of_report(const ValidationReport& rep);
-CheckView check_from_report(const std::string& path);         // px::Error naming the file
+CheckView check_from_report(const std::string& path);  // px::Error naming the file
 
 }  // namespace px::gui

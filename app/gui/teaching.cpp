@@ -32,8 +32,8 @@ double bubble_formula(int pp, int microbatches, int virtual_stages) {
 std::string compute_label(const Action& a, int virtual_stages) {
     char buf[32];
     if (virtual_stages > 1)
-        std::snprintf(buf, sizeof buf, "%c%d%c", a.kind == Action::forward ? 'F' : 'B', a.microbatch,
-                      static_cast<char>('a' + a.chunk % 26));
+        std::snprintf(buf, sizeof buf, "%c%d%c", a.kind == Action::forward ? 'F' : 'B',
+                      a.microbatch, static_cast<char>('a' + a.chunk % 26));
     else
         std::snprintf(buf, sizeof buf, "%c%d", a.kind == Action::forward ? 'F' : 'B', a.microbatch);
     return buf;
@@ -42,7 +42,9 @@ std::string compute_label(const Action& a, int virtual_stages) {
 namespace {
 
 // Block b of p ranks' even split of nb blocks: [r·nb/p, (r+1)·nb/p).
-Range rank_blocks(i64 nb, int p, int r) { return {nb * r / p, nb * (r + 1) / p}; }
+Range rank_blocks(i64 nb, int p, int r) {
+    return {nb * r / p, nb * (r + 1) / p};
+}
 
 // The canonical sum with the blocks spread over p ranks, as tp or dp ranks form it: each rank
 // computes its maximal nodes alone, then the nodes combine in the tree (tree_exchange.h).
@@ -106,7 +108,8 @@ void NumericsModel::make() {
     // Values of mixed sign and magnitudes spanning six decades, so that orders differ in fp32.
     x.assign(static_cast<size_t>(n), 0.0f);
     for (int i = 0; i < n; i++) {
-        const double mag = std::pow(10.0, 6.0 * uniform_at(static_cast<u64>(seed), 902, static_cast<u64>(i)) - 3.0);
+        const double mag = std::pow(
+            10.0, 6.0 * uniform_at(static_cast<u64>(seed), 902, static_cast<u64>(i)) - 3.0);
         x[static_cast<size_t>(i)] =
             static_cast<float>(normal_at(static_cast<u64>(seed), 901, static_cast<u64>(i)) * mag);
     }

@@ -35,21 +35,21 @@ double bubble_formula(int pp, int microbatches, int virtual_stages);
 std::string compute_label(const Action& a, int virtual_stages);
 
 struct SumRow {
-    std::string how;   // "canonical tree, one device", "ring all_reduce over 3 ranks", ...
+    std::string how;  // "canonical tree, one device", "ring all_reduce over 3 ranks", ...
     float value = 0;
-    bool canonical = false;  // an order of the canonical contract
-    std::int64_t ulp_vs_tree = 0;   // ULPs from the one-device canonical sum
-    double error_vs_exact = 0;      // |value - the fp64 sum|
+    bool canonical = false;        // an order of the canonical contract
+    std::int64_t ulp_vs_tree = 0;  // ULPs from the one-device canonical sum
+    double error_vs_exact = 0;     // |value - the fp64 sum|
 };
 
 struct NumericsModel {
     int n = 768, block = 64, seed = 1;
     std::vector<float> x;
     std::vector<SumRow> rows;
-    double exact = 0;  // the sum in fp64, sequential (the error reference)
-    int split = 3;     // ranks whose nodes the tree view shows
+    double exact = 0;                       // the sum in fp64, sequential (the error reference)
+    int split = 3;                          // ranks whose nodes the tree view shows
     std::vector<std::vector<Range>> nodes;  // per rank: its maximal nodes at `split` ranks
-    void make();  // draws x and fills the rows
+    void make();                            // draws x and fills the rows
 };
 
 }  // namespace px::gui

@@ -11,8 +11,8 @@
 #include <backends/imgui_impl_glfw.h>
 #include <backends/imgui_impl_opengl3.h>
 #include <imgui.h>
-#include <nlohmann/json.hpp>
 #include <stb_image_write.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -35,7 +35,18 @@ double ms_since(Clock::time_point t0) {
 }
 
 // The panels, in tab order: one entry per panel (the dispatch list).
-enum class Panel { loss, layout_check, pipeline, memory, fp8, events, layout_explorer, schedule, numerics, count };
+enum class Panel {
+    loss,
+    layout_check,
+    pipeline,
+    memory,
+    fp8,
+    events,
+    layout_explorer,
+    schedule,
+    numerics,
+    count
+};
 struct PanelInfo {
     Panel id;
     const char* name;   // the screenshot's file name
@@ -52,7 +63,8 @@ constexpr PanelInfo kPanels[] = {
     {Panel::schedule, "schedule", "Schedule explorer"},
     {Panel::numerics, "numerics", "Numerics explorer"},
 };
-static_assert(std::size(kPanels) == static_cast<size_t>(Panel::count), "kPanels and Panel are out of sync");
+static_assert(std::size(kPanels) == static_cast<size_t>(Panel::count),
+              "kPanels and Panel are out of sync");
 
 class Workbench {
 public:
@@ -67,7 +79,7 @@ public:
     LayoutExplorer& explorer() { return explorer_; }
     const RunData& data() const { return data_; }
     LayoutCheckPanelState& check_panel() { return check_s_; }
-    void start_job(bool run);  // the editor's config; errors beside the keys
+    void start_job(bool run);      // the editor's config; errors beside the keys
     std::vector<double> frame_ms;  // wall time of each frame, from its events to its swap
     std::vector<double> build_ms;  // of which: the models and panels (ImGui), before GL
 
@@ -104,8 +116,9 @@ public:
 
 Workbench::Workbench(const WorkbenchOptions& opt) : opt_(opt) {
     if (!glfwInit())
-        throw NoWindow("cannot open a window: GLFW found no display (set DISPLAY, or run under "
-                    "xvfb-run -a -s \"-screen 0 1600x1000x24\")");
+        throw NoWindow(
+            "cannot open a window: GLFW found no display (set DISPLAY, or run under "
+            "xvfb-run -a -s \"-screen 0 1600x1000x24\")");
     glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
     glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);
     glfwWindowHint(GLFW_OPENGL_PROFILE, GLFW_OPENGL_CORE_PROFILE);
@@ -192,7 +205,8 @@ void Workbench::start_job(bool run) {
         data_.config = *cfg;
         job_s_.message.clear();
         // The explorer follows the job's layout, when one more step of it is small to hold.
-        if (estimate_memory(*cfg, MemoryScope::process).total < kAutoExploreBytes) explorer_.explore(*cfg);
+        if (estimate_memory(*cfg, MemoryScope::process).total < kAutoExploreBytes)
+            explorer_.explore(*cfg);
     } catch (const ConfigError& e) {
         job_s_.message = e.what();
         job_s_.editor.build();  // no field named: shown above the editor
@@ -201,16 +215,35 @@ void Workbench::start_job(bool run) {
 
 void Workbench::draw_panel(Panel p) {
     switch (p) {
-        case Panel::loss: draw_loss_panel(data_, loss_s_); break;
-        case Panel::layout_check: draw_layout_check_panel(data_, check_s_); break;
-        case Panel::pipeline: draw_pipeline_panel(data_, pipe_s_); break;
-        case Panel::memory: draw_memory_panel(data_, mem_s_); break;
-        case Panel::fp8: draw_fp8_panel(data_, fp8_s_); break;
-        case Panel::events: draw_events_panel(data_, events_s_); break;
-        case Panel::layout_explorer: draw_layout_explorer_panel(data_, expl_s_); break;
-        case Panel::schedule: draw_schedule_panel(data_, sched_s_); break;
-        case Panel::numerics: draw_numerics_panel(data_, num_s_); break;
-        case Panel::count: break;
+        case Panel::loss:
+            draw_loss_panel(data_, loss_s_);
+            break;
+        case Panel::layout_check:
+            draw_layout_check_panel(data_, check_s_);
+            break;
+        case Panel::pipeline:
+            draw_pipeline_panel(data_, pipe_s_);
+            break;
+        case Panel::memory:
+            draw_memory_panel(data_, mem_s_);
+            break;
+        case Panel::fp8:
+            draw_fp8_panel(data_, fp8_s_);
+            break;
+        case Panel::events:
+            draw_events_panel(data_, events_s_);
+            break;
+        case Panel::layout_explorer:
+            draw_layout_explorer_panel(data_, expl_s_);
+            break;
+        case Panel::schedule:
+            draw_schedule_panel(data_, sched_s_);
+            break;
+        case Panel::numerics:
+            draw_numerics_panel(data_, num_s_);
+            break;
+        case Panel::count:
+            break;
     }
 }
 
@@ -218,18 +251,27 @@ void Workbench::act() {
     const JobAction a = job_s_.requested;
     job_s_.requested = JobAction::none;
     switch (a) {
-        case JobAction::none: break;
+        case JobAction::none:
+            break;
         case JobAction::start:
-        case JobAction::restart: start_job(true); break;
-        case JobAction::pause: job_.pause(); break;
-        case JobAction::resume: job_.resume(); break;
+        case JobAction::restart:
+            start_job(true);
+            break;
+        case JobAction::pause:
+            job_.pause();
+            break;
+        case JobAction::resume:
+            job_.resume();
+            break;
         case JobAction::step:
             if (job_.status() == JobStatus::none || job_.status() == JobStatus::stopped ||
                 job_.status() == JobStatus::finished || job_.status() == JobStatus::failed)
                 start_job(false);
             job_.single_step();
             break;
-        case JobAction::stop: job_.stop(); break;
+        case JobAction::stop:
+            job_.stop();
+            break;
         case JobAction::open: {
             const std::string& path = job_s_.open_path;
             try {
@@ -249,10 +291,12 @@ void Workbench::act() {
                         try {
                             check_.start_golden(path, check_s_.layouts);
                         } catch (const std::exception& e) {
-                            throw Error(std::string(not_a_run.what()) + "; as a golden trace: " + e.what());
+                            throw Error(std::string(not_a_run.what()) +
+                                        "; as a golden trace: " + e.what());
                         }
                         check_s_.from_file = false;
-                        job_s_.message = "checking " + check_s_.layouts + " against the golden trace " + path +
+                        job_s_.message = "checking " + check_s_.layouts +
+                                         " against the golden trace " + path +
                                          " in the layout check panel";
                     }
                 }
@@ -338,8 +382,9 @@ void Workbench::frame(int only, const std::string& capture) {
     ImGui::SetNextWindowPos(vp->WorkPos);
     ImGui::SetNextWindowSize(vp->WorkSize);
     ImGui::Begin("workbench", nullptr,
-                 ImGuiWindowFlags_NoDecoration | ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoSavedSettings |
-                     ImGuiWindowFlags_NoBringToFrontOnFocus | ImGuiWindowFlags_NoBackground);
+                 ImGuiWindowFlags_NoDecoration | ImGuiWindowFlags_NoMove |
+                     ImGuiWindowFlags_NoSavedSettings | ImGuiWindowFlags_NoBringToFrontOnFocus |
+                     ImGuiWindowFlags_NoBackground);
     if (only >= 0) {
         ImGui::Text("Parallax workbench: %s", kPanels[only].title);
         ImGui::Separator();
@@ -385,7 +430,8 @@ void Workbench::frame(int only, const std::string& capture) {
         glReadPixels(0, 0, w, h, GL_RGB, GL_UNSIGNED_BYTE, px.data());
         const size_t row = static_cast<size_t>(w) * 3;
         for (int y = 0; y < h; y++)
-            std::copy_n(px.data() + static_cast<size_t>(h - 1 - y) * row, row, flipped.data() + static_cast<size_t>(y) * row);
+            std::copy_n(px.data() + static_cast<size_t>(h - 1 - y) * row, row,
+                        flipped.data() + static_cast<size_t>(y) * row);
         if (!stbi_write_png(capture.c_str(), w, h, 3, flipped.data(), static_cast<int>(row)))
             throw StorageError("cannot write " + capture);
     }
@@ -414,8 +460,9 @@ public:
     void wait_and_frame(Workbench& wb) {
         const double since = ms_since(last_);
         if (wb.input_) settle_ = 3;
-        const bool busy = wb.job().status() == JobStatus::running || wb.job().status() == JobStatus::starting ||
-                          wb.check().busy() || wb.explorer().busy();
+        const bool busy = wb.job().status() == JobStatus::running ||
+                          wb.job().status() == JobStatus::starting || wb.check().busy() ||
+                          wb.explorer().busy();
         const double period = settle_ > 0 ? 16.6 : busy ? 100.0 : 500.0;
         if (since < period) {
             glfwWaitEventsTimeout((period - since) / 1000.0);
@@ -443,10 +490,12 @@ void pace(Clock::time_point start) {
 int screenshots(const WorkbenchOptions& opt) {
     std::filesystem::create_directories(opt.screenshot_dir);
     Workbench wb(opt);
-    ImGui::GetIO().ConfigFlags |= ImGuiConfigFlags_NoMouse;  // no hover where the pointer happens to be
+    ImGui::GetIO().ConfigFlags |=
+        ImGuiConfigFlags_NoMouse;  // no hover where the pointer happens to be
     wb.check_panel().layouts = opt.check_layouts;
     wb.start_job(false);
-    if (wb.job().status() == JobStatus::none) throw ConfigError(opt.config.source_name + ": the job cannot start");
+    if (wb.job().status() == JobStatus::none)
+        throw ConfigError(opt.config.source_name + ": the job cannot start");
     const i64 steps = std::min(opt.steps, opt.config.train.steps);
     wb.job().run_to(steps);
     wb.check_panel().steps = static_cast<int>(std::min<i64>(steps, 20));
@@ -458,7 +507,8 @@ int screenshots(const WorkbenchOptions& opt) {
         const RunSnapshot& s = wb.data().snap;
         const bool job_done = s.steps_done >= steps || wb.job().status() == JobStatus::failed;
         if (job_done && !wb.check().busy() && !wb.explorer().busy()) break;
-        if (ms_since(t0) > 600e3) throw Error("the screenshot run did not finish within 10 minutes");
+        if (ms_since(t0) > 600e3)
+            throw Error("the screenshot run did not finish within 10 minutes");
         pace(f0);
     }
     if (wb.job().status() == JobStatus::failed) {
@@ -472,7 +522,8 @@ int screenshots(const WorkbenchOptions& opt) {
         wb.frame(i, path);
         std::printf("wrote %s\n", path.c_str());
     }
-    const std::string whole = opt.screenshot_dir + "/workbench.png";  // the window as a person sees it
+    const std::string whole =
+        opt.screenshot_dir + "/workbench.png";  // the window as a person sees it
     wb.frame();
     wb.frame(-1, whole);
     std::printf("wrote %s\n", whole.c_str());
@@ -511,18 +562,25 @@ int measure(const WorkbenchOptions& opt) {
     }
     std::sort(frames.begin(), frames.end());
     std::sort(builds.begin(), builds.end());
-    auto pct = [&](double q) { return frames.empty() ? 0.0 : frames[static_cast<size_t>(q * (frames.size() - 1))]; };
-    auto bpct = [&](double q) { return builds.empty() ? 0.0 : builds[static_cast<size_t>(q * (builds.size() - 1))]; };
+    auto pct = [&](double q) {
+        return frames.empty() ? 0.0 : frames[static_cast<size_t>(q * (frames.size() - 1))];
+    };
+    auto bpct = [&](double q) {
+        return builds.empty() ? 0.0 : builds[static_cast<size_t>(q * (builds.size() - 1))];
+    };
     double h = 0, a = 0;
     for (double v : headless) h += v / headless.size();
     for (double v : attached) a += v / attached.size();
-    std::printf("job: %s, %lld steps per run, 3 runs each way, alternating (medians of steps %lld..)\n",
-                cfg.source_name.c_str(), static_cast<long long>(steps), static_cast<long long>(from));
-    std::printf("frame time with the job running (events to swap): median %.2f ms, p95 %.2f ms, max %.2f ms "
-                "(%zu frames, drawn every 100 ms while the job runs)\n",
-                pct(0.5), pct(0.95), pct(1.0), frames.size());
-    std::printf("  of which the models and panels (before GL): median %.2f ms, p95 %.2f ms\n", bpct(0.5),
-                bpct(0.95));
+    std::printf(
+        "job: %s, %lld steps per run, 3 runs each way, alternating (medians of steps %lld..)\n",
+        cfg.source_name.c_str(), static_cast<long long>(steps), static_cast<long long>(from));
+    std::printf(
+        "frame time with the job running (events to swap): median %.2f ms, p95 %.2f ms, max %.2f "
+        "ms "
+        "(%zu frames, drawn every 100 ms while the job runs)\n",
+        pct(0.5), pct(0.95), pct(1.0), frames.size());
+    std::printf("  of which the models and panels (before GL): median %.2f ms, p95 %.2f ms\n",
+                bpct(0.5), bpct(0.95));
     std::printf("step time: headless %.2f ms, with the workbench %.2f ms: slowdown %+.1f%%\n", h, a,
                 100 * (a / h - 1));
     return 0;

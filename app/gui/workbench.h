@@ -23,12 +23,12 @@
 namespace px::gui {
 
 struct WorkbenchOptions {
-    Config config;              // the base config (a file, or the embedded default)
-    std::string screenshot_dir;  // screenshot mode when not empty
-    i64 steps = 20;             // screenshot mode: steps the job runs first
+    Config config;                      // the base config (a file, or the embedded default)
+    std::string screenshot_dir;         // screenshot mode when not empty
+    i64 steps = 20;                     // screenshot mode: steps the job runs first
     std::string check_layouts = "dp2";  // screenshot mode: the layout check's layouts
-    bool measure = false;       // measure mode
-    i64 measure_steps = 30;     // measure mode: steps per run
+    bool measure = false;               // measure mode
+    i64 measure_steps = 30;             // measure mode: steps per run
     int width = 1600, height = 1000;
 };
 
