@@ -449,8 +449,7 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
         rep.layouts.push_back(run_one(spec, progress, [&](LayoutResult& r) {
             Config c = with_layout(cfg, spec);
             if (fast) c.numerics.mode = Mode::fast;
-            const LogicalState last =
-                lockstep(c, reference, ref_grads, r, steps, decorate, &watch);
+            const LogicalState last = lockstep(c, reference, ref_grads, r, steps, decorate, &watch);
             if (fast) {
                 std::vector<const LogicalState*> alts;
                 for (const LogicalState& a : alternates) alts.push_back(&a);
