@@ -170,20 +170,8 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
     ImGui::EndGroup();
     ImGui::SameLine();
     // Memory per rank, measured after the step, against the estimate.
-    plot::StackedBars b;
-    b.title = "memory per rank after the step";
-    b.parts = {"parameters", "gradients", "optimizer state", "activations", "comm buffers"};
-    b.colours = {plot::kBlue, plot::kOrange, plot::kGreen, plot::kPurple, plot::kGrey};
-    b.reference_label = "estimate";
-    b.format = [](double v) { return format_bytes(v); };
-    for (size_t k = 0; k < r.memory.size(); k++) {
-        const MemoryStats& m = r.memory[k];
-        b.categories.push_back(std::string(1, 'r').append(std::to_string(k)));
-        b.values.push_back({static_cast<double>(m.params), static_cast<double>(m.grads),
-                            static_cast<double>(m.optimizer), static_cast<double>(m.activations),
-                            static_cast<double>(m.comm)});
-        b.reference.push_back(r.estimate.total);
-    }
+    plot::StackedBars b = memory_bars(r.memory, r.estimate, "r");
+    b.title = "memory per rank after the step, beside the estimate";
     plot::draw_stacked_bars("explorer_memory", b, ImVec2(-1, avail_h * 0.52f));
     // Collectives, in the order the ops run.
     ImGui::Text("collectives of one step (%zu kinds), each named by the op whose probe follows it",

@@ -13,6 +13,38 @@
 
 namespace px::gui {
 
+plot::StackedBars memory_bars(const std::vector<MemoryStats>& ranks, const MemoryEstimate& est,
+                              const std::string& rank_prefix) {
+    plot::StackedBars b;
+    b.parts = {"parameters", "gradients", "optimizer state", "activations", "buffers, tables"};
+    b.colours = {plot::kBlue, plot::kOrange, plot::kGreen, plot::kPurple, plot::kGrey};
+    b.reference_label = "estimate (total)";
+    b.format = [](double v) { return format_bytes(v); };
+    if (!est.items.empty()) {
+        std::vector<double> parts(5, 0.0);
+        for (const MemoryItem& it : est.items) {
+            size_t k = 4;
+            if (it.what == "weights") k = 0;
+            if (it.what == "gradients") k = 1;
+            if (it.what == "AdamW moments") k = 2;
+            if (it.what == "activations") k = 3;
+            parts[k] += it.bytes;
+        }
+        b.categories.push_back("estimate");
+        b.values.push_back(parts);
+        b.reference.push_back(-1);
+    }
+    for (size_t r = 0; r < ranks.size(); r++) {
+        const MemoryStats& m = ranks[r];
+        b.categories.push_back(rank_prefix + std::to_string(r));
+        b.values.push_back({static_cast<double>(m.params), static_cast<double>(m.grads),
+                            static_cast<double>(m.optimizer), static_cast<double>(m.activations),
+                            static_cast<double>(m.comm)});
+        b.reference.push_back(est.items.empty() ? -1 : est.total);
+    }
+    return b;
+}
+
 void draw_memory_panel(const RunData& d, MemoryPanelState&) {
     const std::vector<MemoryStats>& mem = d.snap.memory;
     MemoryEstimate est;
@@ -24,23 +56,11 @@ void draw_memory_panel(const RunData& d, MemoryPanelState&) {
     if (mem.empty()) {
         empty_state("no job yet: memory per rank shows once a step has run");
     } else {
-        plot::StackedBars b;
+        plot::StackedBars b = memory_bars(mem, est, "rank ");
         b.title =
-            "memory per rank after the last step; yellow: the estimate per rank the job was "
-            "admitted by (core/train/memory.h, the ZeRO formulas)";
-        b.parts = {"parameters", "gradients", "optimizer state", "activations", "comm buffers"};
-        b.colours = {plot::kBlue, plot::kOrange, plot::kGreen, plot::kPurple, plot::kGrey};
-        b.reference_label = "estimate";
+            "memory per rank after the last step, beside the estimate per rank the job was "
+            "admitted by (core/train/memory.h: the ZeRO formulas)";
         b.y_label = "bytes";
-        b.format = [](double v) { return format_bytes(v); };
-        for (size_t r = 0; r < mem.size(); r++) {
-            const MemoryStats& m = mem[r];
-            b.categories.push_back("rank " + std::to_string(r));
-            b.values.push_back({static_cast<double>(m.params), static_cast<double>(m.grads),
-                                static_cast<double>(m.optimizer),
-                                static_cast<double>(m.activations), static_cast<double>(m.comm)});
-            b.reference.push_back(est.total);
-        }
         plot::draw_stacked_bars("memory", b, ImVec2(-1, h * 0.5f));
         if (d.rects) d.rects->mark("memory_plot");
     }

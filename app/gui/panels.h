@@ -19,6 +19,7 @@
 #include "app/gui/plot.h"
 #include "app/gui/teaching.h"
 #include "core/train/job_view.h"
+#include "core/train/memory.h"
 
 #include <map>
 #include <string>
@@ -111,5 +112,11 @@ void draw_numerics_panel(const RunData& d, NumericsPanelState& s);
 
 // A panel's one-line empty state, greyed.
 void empty_state(const char* sentence);
+
+// Memory per rank as stacked bars (parameters, gradients, optimizer state, activations,
+// buffers), after a first bar of the estimate the job was admitted by, cut into the same parts
+// (core/train/memory.h: the ZeRO formulas per rank); its total is also a tick on every bar.
+plot::StackedBars memory_bars(const std::vector<MemoryStats>& ranks, const MemoryEstimate& est,
+                              const std::string& rank_prefix);
 
 }  // namespace px::gui
