@@ -24,7 +24,8 @@ pytestmark = [
 ]
 
 # A tiny job whose tp2 shards are whole blocks (hidden 64, ffn 128, blocks of 16): a step takes
-# milliseconds, and validation every 5 steps puts points on the validation curve.
+# milliseconds, and validation every 5 steps puts points on the validation curve. Its 5000
+# steps outlast the interactive test, so the loss is still moving whenever it looks.
 TINY = """
 [model]
 vocab = 32
@@ -34,7 +35,7 @@ heads = 4
 hidden = 64
 ffn = 128
 [train]
-steps = 400
+steps = 5000
 batch_size = 8
 warmup_steps = 5
 eval_every = 5
