@@ -40,5 +40,6 @@ std::function<int()> add_gradcheck_command(CLI::App& app);  // parallax gradchec
 std::function<int()> add_check_command(CLI::App& app);  // parallax check determinism|resume [CONFIG]
 std::function<int()> add_validate_command(CLI::App& app, const comm::MpiEnvironment* mpi = nullptr);
 std::function<int()> add_record_command(CLI::App& app);  // parallax record [CONFIG] --out TRACE.h5
+std::function<int()> add_gui_command(CLI::App& app);     // parallax gui [CONFIG] [--screenshot DIR]
 
 }  // namespace px::app

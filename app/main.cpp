@@ -32,6 +32,8 @@ int run_main(int argc, char** argv, const px::comm::MpiEnvironment* mpi) {
     commands.emplace_back(app.get_subcommand("validate"), run_validate);
     auto run_record = px::app::add_record_command(app);
     commands.emplace_back(app.get_subcommand("record"), run_record);
+    auto run_gui = px::app::add_gui_command(app);
+    commands.emplace_back(app.get_subcommand("gui"), run_gui);
 
     try {
         app.parse(argc, argv);

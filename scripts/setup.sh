@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 DEB_PACKAGES=(meson ninja-build g++ pkg-config libomp-dev libtomlplusplus-dev catch2 libcli11-dev
               libfmt-dev nlohmann-json3-dev libhdf5-dev libhdf5-openmpi-dev libopenmpi-dev
-              openmpi-bin libdnnl-dev)
+              openmpi-bin libdnnl-dev libimgui-dev libglfw3-dev libgl-dev xvfb xdotool)
 # Python packages as "import name:pip name" (they differ for some). meson-python is installed
 # without its dependency on PyPI's meson, which would shadow Debian's meson on PATH (and
 # reconfigure every build tree with another meson version); its other dependencies are listed.

@@ -112,6 +112,7 @@ std::string first_text(const LayoutResult& r) {
 struct Checker {
     const std::vector<LogicalState>& reference;  // after step s at [s-1]
     LayoutResult& result;
+    const ValidateWatch* watch;  // null: nobody watches
     std::mutex mu;
     LogicalState last;  // world rank 0's state after the last step compared
 
@@ -122,6 +123,7 @@ struct Checker {
         const LogicalState& ref = reference.at(static_cast<size_t>(step - 1));
         std::vector<Comparison> cmp = std::move(grads);
         for (Comparison& c : compare_states(ref, got)) cmp.push_back(std::move(c));
+        if (watch && watch->layout_step) watch->layout_step(result.layout, step, rank, cmp);
         std::vector<Comparison> differing;
         for (const Comparison& c : cmp)
             if (!c.equal()) differing.push_back(c);
@@ -247,11 +249,12 @@ void search_first_op(const Config& ref_cfg, const Config& c, LayoutResult& r,
 }
 
 LogicalState single_device(const Config& cfg, std::vector<LogicalState>* each_step,
-                           ProbeRecorder* probes = nullptr) {
+                           ProbeRecorder* probes = nullptr, const ValidateWatch* watch = nullptr) {
     Job job(cfg);
     job.set_probes(probes);
     while (job.steps_done() < cfg.train.steps) {
         job.step();
+        if (watch && watch->reference_step) watch->reference_step(job.steps_done());
         if (each_step) {
             LogicalState s;
             absorb(s, job);
@@ -284,9 +287,9 @@ std::vector<Comparison> compare_grads(const ProbeRecorder& ref_grads, ProbeRecor
 // with the reference (Checker) into r. Returns world rank 0's last state.
 LogicalState lockstep(const Config& c, const std::vector<LogicalState>& reference,
                       const ProbeRecorder& ref_grads, LayoutResult& r, i64 steps,
-                      const RunHooks& decorate) {
+                      const RunHooks& decorate, const ValidateWatch* watch = nullptr) {
     const Mesh mesh(make_layout(c));
-    Checker check{reference, r, {}, {}};
+    Checker check{reference, r, watch, {}, {}};
     const int n = c.layout.dp * c.layout.tp * c.layout.pp;
     std::vector<std::unique_ptr<ProbeRecorder>> grads;
     for (int k = 0; k < n; k++)
@@ -407,7 +410,7 @@ Config with_layout(Config cfg, const LayoutSpec& l) {
 
 ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSpec>& layouts,
                                   i64 steps, void (*progress)(const LayoutResult&),
-                                  const RunHooks& decorate) {
+                                  const RunHooks& decorate, const ValidateWatch& watch) {
     Config cfg = base;
     cfg.train.steps = steps;
     cfg.output.run_file = false;
@@ -429,7 +432,7 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
     std::vector<LogicalState> reference;
     const auto t0 = Clock::now();
     ProbeRecorder ref_grads({"*/grad/**"});  // the reduced gradients of every step
-    single_device(ref_cfg, &reference, &ref_grads);
+    single_device(ref_cfg, &reference, &ref_grads, &watch);
     rep.reference_seconds = seconds_since(t0);
     // Fast mode: the alternates that size the reference's own rounding error (budget.h).
     std::vector<LogicalState> alternates;
@@ -446,7 +449,7 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
         rep.layouts.push_back(run_one(spec, progress, [&](LayoutResult& r) {
             Config c = with_layout(cfg, spec);
             if (fast) c.numerics.mode = Mode::fast;
-            const LogicalState last = lockstep(c, reference, ref_grads, r, steps, decorate);
+            const LogicalState last = lockstep(c, reference, ref_grads, r, steps, decorate, &watch);
             if (fast) {
                 std::vector<const LogicalState*> alts;
                 for (const LogicalState& a : alternates) alts.push_back(&a);

@@ -8,6 +8,7 @@
 //   with_layout       a config run under a layout
 //   LayoutResult      one layout's outcome: verdict, steps, max ULP, first divergence
 //   ValidationReport  every layout's; table(), to_json(), to_markdown()
+//   ValidateWatch     what a watcher is told as validation goes (the workbench's live heatmap)
 //   validate_layouts  runs the reference, then each layout, comparing after every step
 //   kReportSchema     the JSON report's schema version (validators/README.md documents it)
 //
@@ -57,6 +58,7 @@
 #include "core/train/runner.h"
 #include "validators/compare.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -148,12 +150,25 @@ ValidationReport validate_golden(const Config& cfg, const std::vector<LayoutSpec
 struct GoldenResult;
 void set_golden_result(LayoutResult& r, const GoldenResult& g, i64 steps);
 
+// Told as validation goes, so that a watcher (the workbench's layout-check panel) fills in while
+// the layouts run. layout_step is called on the layout's rank threads, several at once: after
+// step `step` of `layout`, world rank `rank`'s comparisons of that step (its reduced gradients
+// "grad/<layer>/param/<tensor>", then compare_states' order), the same ones the verdict is made
+// from. An exception from either stops the run it came from (a watcher that closes): from
+// reference_step it leaves validate_layouts, from layout_step that layout ends as "error".
+struct ValidateWatch {
+    std::function<void(i64 step)> reference_step;  // the reference finished `step`
+    std::function<void(const std::string& layout, i64 step, int rank,
+                       const std::vector<Comparison>& comparisons)>
+        layout_step;
+};
+
 // Runs cfg on the single device for `steps` steps (cfg.train.steps is set to it), then each
 // layout in turn on in-process ranks, comparing after every step. `progress`, when given, is
 // told each layout's result as it finishes. `decorate` wraps every run of a layout's ranks
 // (never the reference's): a test's planted bug, a tracer.
 ValidationReport validate_layouts(const Config& cfg, const std::vector<LayoutSpec>& layouts,
                                   i64 steps, void (*progress)(const LayoutResult&) = nullptr,
-                                  const RunHooks& decorate = {});
+                                  const RunHooks& decorate = {}, const ValidateWatch& watch = {});
 
 }  // namespace px

@@ -1,0 +1,79 @@
+// parallax gui [CONFIG] [--set ...]                          the desktop workbench
+// parallax gui --screenshot DIR [--steps N] [CONFIG]         every panel to DIR/<panel>.png
+// parallax gui --measure [--steps N] [CONFIG]                frame time and step-time slowdown
+// The window, its panels and its models are in app/gui/ (workbench.h).
+#include "app/commands.h"
+#include "app/gui/workbench.h"
+#include "core/base/config.h"
+#include "core/base/error.h"
+#include "core/train/runner.h"
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace px::app {
+
+namespace {
+
+struct GuiOptions {
+    std::string config_path, screenshot_dir, layouts = "dp2";
+    i64 steps = -1;
+    bool measure = false;
+    std::vector<std::string> sets;
+};
+
+int run_gui(const GuiOptions& opt) {
+    Config cfg = opt.config_path.empty() ? parse_config(default_config_toml(), "<embedded default>")
+                                         : load_config(opt.config_path);
+    apply_overrides(cfg, opt.sets);
+    if (opt.steps != -1 && (opt.steps < 1 || opt.steps > cfg.train.steps))
+        throw ConfigError("--steps " + std::to_string(opt.steps) + " must be in 1..train.steps (" +
+                          std::to_string(cfg.train.steps) + ")");
+    // Headless runs need a job that starts; the window shows a bad config's errors beside its keys.
+    if (!opt.screenshot_dir.empty() || opt.measure) make_in_process_layout(cfg);
+    gui::WorkbenchOptions w;
+    w.config = cfg;
+    w.screenshot_dir = opt.screenshot_dir;
+    w.check_layouts = opt.layouts;
+    w.measure = opt.measure;
+    if (opt.steps > 0) w.steps = w.measure_steps = opt.steps;
+    try {
+        return gui::run_workbench(w);
+    } catch (const gui::NoWindow& e) {
+        std::fprintf(stderr, "parallax gui: %s\n", e.what());
+        return kBadInput;
+    }
+}
+
+}  // namespace
+
+std::function<int()> add_gui_command(CLI::App& app) {
+    auto opt = std::make_shared<GuiOptions>();
+    CLI::App* sub = app.add_subcommand(
+        "gui",
+        "The desktop workbench: edit and run a job under live panels (loss, layout check, "
+        "pipeline, memory and communication, events) and teaching views (layout, schedule "
+        "and numerics explorers). F12 prints the window's state as one JSON line.");
+    sub->add_option("config", opt->config_path,
+                    "TOML job config (the embedded default when omitted)")
+        ->check(CLI::ExistingFile);
+    sub->add_option("--screenshot", opt->screenshot_dir,
+                    "Run the job --steps steps, a layout check and the layout explorer, write one "
+                    "PNG per panel into this folder, and exit");
+    sub->add_option("--steps", opt->steps,
+                    "Steps the job runs before the screenshots (default 20), or per measured run "
+                    "(default 30)");
+    sub->add_option("--layouts", opt->layouts, "The layout check's layouts for --screenshot")
+        ->capture_default_str();
+    sub->add_flag("--measure", opt->measure,
+                  "Print the frame time with the job running and the job's step time with the "
+                  "workbench attached against headless");
+    sub->add_option("--set", opt->sets,
+                    "Override a config key: --set section.key=value (repeatable)")
+        ->type_name("KEY=VALUE");
+    return [opt] { return run_gui(*opt); };
+}
+
+}  // namespace px::app

@@ -1,0 +1,133 @@
+#include "app/gui/job_controller.h"
+
+#include <utility>
+
+namespace px::gui {
+
+const char* job_status_name(JobStatus s) {
+    switch (s) {
+        case JobStatus::none:
+            return "no job";
+        case JobStatus::starting:
+            return "starting";
+        case JobStatus::running:
+            return "running";
+        case JobStatus::paused:
+            return "paused";
+        case JobStatus::finished:
+            return "finished";
+        case JobStatus::failed:
+            return "failed";
+        case JobStatus::stopped:
+            return "stopped";
+    }
+    return "?";
+}
+
+JobController::~JobController() {
+    retire();
+    for (std::thread& t : reapers_) t.join();
+}
+
+void JobController::retire() {
+    if (!run_) return;
+    run_->hold();
+    // The destructor ends the ranks after the step in progress and joins them: not on the UI's
+    // thread. The view and the trace outlive the ranks that write to them.
+    reapers_.emplace_back([run = std::shared_ptr<SteppedRun>(std::move(run_)), view = view_,
+                           trace = trace_]() mutable { run.reset(); });
+}
+
+void JobController::start(const Config& cfg, bool run, const RunHooks& hooks) {
+    Config c = cfg;
+    validate_config(c);
+    const Layout layout = make_in_process_layout(c);  // threads and memory: before any thread
+    retire();
+    auto view = std::make_shared<JobView>();
+    auto trace = std::make_shared<CommTrace>(Mesh(layout, Mesh::Validated{}));
+    RunHooks mine = trace->hooks();
+    const Mesh mesh(layout, Mesh::Validated{});
+    JobView* v = view.get();
+    mine.each_step = [v, mesh](Job& job) {  // other ranks' memory; rank 0's comes with on_step
+        const int r = mesh.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank()});
+        if (r != 0) v->set_memory(r, job.memory());
+    };
+    run_ = std::make_unique<SteppedRun>(c, std::vector<Observer*>{v}, chain(hooks, mine));
+    view_ = std::move(view);
+    trace_ = std::move(trace);
+    cfg_ = c;
+    run_id_++;
+    failure_reported_ = false;
+    finishing_ = false;
+    status_ = JobStatus::starting;
+    if (run) run_->advance_to(c.train.steps);
+}
+
+void JobController::pause() {
+    if (run_) run_->hold();
+}
+
+void JobController::resume() {
+    if (run_) run_->advance_to(run_->steps_total());
+}
+
+void JobController::run_to(i64 step) {
+    if (run_) run_->advance_to(step);
+}
+
+void JobController::single_step() {
+    if (!run_) return;
+    run_->hold();
+    run_->advance_to(run_->steps_done() + 1);
+}
+
+void JobController::stop() {
+    if (!run_) return;
+    retire();
+    if (status_ != JobStatus::finished && status_ != JobStatus::failed)
+        status_ = JobStatus::stopped;
+}
+
+void JobController::poll() {
+    if (!run_) return;
+    switch (run_->status()) {
+        case SteppedRun::Status::starting:
+            status_ = JobStatus::starting;
+            break;
+        case SteppedRun::Status::running:
+            status_ = JobStatus::running;
+            break;
+        case SteppedRun::Status::paused:
+            if (run_->steps_done() >= run_->steps_total()) {
+                if (!finishing_) run_->finish();  // observers' on_end: the view says finished
+                finishing_ = true;
+                status_ = JobStatus::running;
+            } else {
+                status_ = JobStatus::paused;
+            }
+            break;
+        case SteppedRun::Status::finished:
+            status_ = JobStatus::finished;
+            break;
+        case SteppedRun::Status::failed:
+            status_ = JobStatus::failed;
+            if (!failure_reported_) {
+                view_->fail(run_->error());
+                failure_reported_ = true;
+            }
+            break;
+    }
+}
+
+bool JobController::update(RunSnapshot& s) {
+    if (!view_) return false;
+    if (seen_run_ != run_id_) {
+        s = RunSnapshot{};
+        seen_run_ = run_id_;
+        view_->update(s);
+        return true;
+    }
+    return view_->update(s);
+}
+
+}  // namespace px::gui

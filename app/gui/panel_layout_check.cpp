@@ -1,0 +1,144 @@
+// Layout check: the reference and the chosen layouts in lockstep, as `parallax validate` runs
+// them (LayoutCheck over validate_layouts). The heatmap of tensors × steps fills in live, each
+// cell coloured by the worst ULP distance over the ranks; the verdict, the first divergence and
+// the first-op search are shown as the harness names them; clicking a cell shows both values.
+#include "app/gui/panels.h"
+
+#include <imgui.h>
+#include <imgui_stdlib.h>
+
+#include <cstdio>
+
+namespace px::gui {
+
+namespace {
+
+const char* const kModes[] = {"the job's mode", "bitwise", "fast"};
+
+ImU32 verdict_colour(const LayoutGrid& g) {
+    if (!g.finished) return IM_COL32(200, 200, 200, 255);
+    return g.result.ok() ? IM_COL32(110, 220, 140, 255) : IM_COL32(255, 100, 90, 255);
+}
+
+}  // namespace
+
+void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
+    (void)d;
+    if (s.check && !s.from_file && s.check->version() != s.view.version) s.view = s.check->view();
+    ImGui::SetNextItemWidth(ImGui::GetFontSize() * 14);
+    ImGui::InputText("layouts", &s.layouts);
+    ImGui::SameLine();
+    ImGui::SetNextItemWidth(ImGui::GetFontSize() * 6);
+    ImGui::InputInt("steps", &s.steps);
+    if (s.steps < 1) s.steps = 1;
+    ImGui::SameLine();
+    ImGui::SetNextItemWidth(ImGui::GetFontSize() * 9);
+    ImGui::Combo("mode", &s.mode, kModes, 3);
+    ImGui::SameLine();
+    const bool busy = s.check && s.check->busy();
+    if (ImGui::Button(busy ? "Checking..." : "Run check") && !busy) s.start_requested = true;
+    if (d.rects) d.rects->mark("run_check");
+    if (!s.message.empty()) {
+        ImGui::PushStyleColor(ImGuiCol_Text, IM_COL32(255, 110, 100, 255));
+        ImGui::TextWrapped("%s", s.message.c_str());
+        ImGui::PopStyleColor();
+    }
+    const CheckView& v = s.view;
+    if (v.layouts.empty()) {
+        empty_state(
+            "no check yet: pick layouts and press Run check (the reference runs first, "
+            "then each layout, compared after every step)");
+        return;
+    }
+    ImGui::Text("%s mode, %lld steps; reference: %lld of %lld steps%s", v.mode.c_str(),
+                static_cast<long long>(v.steps), static_cast<long long>(v.reference_steps),
+                static_cast<long long>(v.steps), v.running ? "  (running)" : "");
+    if (!v.error.empty()) ImGui::TextColored(ImVec4(1, 0.45f, 0.4f, 1), "%s", v.error.c_str());
+    // One line per layout: its verdict as parallax validate prints it.
+    for (size_t i = 0; i < v.layouts.size(); i++) {
+        const LayoutGrid& g = v.layouts[i];
+        ImGui::PushID(static_cast<int>(i));
+        ImGui::PushStyleColor(ImGuiCol_Text, verdict_colour(g));
+        std::string line = g.finished ? g.summary
+                                      : g.name + "  " + std::to_string(g.steps_done) + " / " +
+                                            std::to_string(v.steps) + " steps compared";
+        if (ImGui::Selectable(line.c_str(), s.layout == static_cast<int>(i))) {
+            s.layout = static_cast<int>(i);
+            s.row = s.col = -1;
+        }
+        ImGui::PopStyleColor();
+        if (d.rects) d.rects->mark("check_layout:" + g.name);
+        ImGui::PopID();
+    }
+    if (s.layout >= static_cast<int>(v.layouts.size())) s.layout = 0;
+    const LayoutGrid& g = v.layouts[static_cast<size_t>(s.layout)];
+    if (g.finished && g.result.first_step >= 0) {
+        const LayoutResult& r = g.result;
+        ImGui::TextColored(ImVec4(1, 0.5f, 0.45f, 1), "first divergence: step %lld, %s",
+                           static_cast<long long>(r.first_step), r.first.name.c_str());
+        if (r.first_op_rank >= 0)
+            ImGui::TextColored(ImVec4(1, 0.5f, 0.45f, 1),
+                               "first op: %s on rank %d (%s), %.9g vs %.9g",
+                               r.first_op.name.c_str(), r.first_op_rank, r.first_op_where.c_str(),
+                               r.first_op.first_reference, r.first_op.first_candidate);
+        else if (!r.first_op_note.empty())
+            ImGui::TextDisabled("first op: %s", r.first_op_note.c_str());
+    }
+    if (g.finished && g.result.budget_ratio >= 0)
+        ImGui::Text("error budget: worst tensor %s at %.3g of its budget",
+                    g.result.budget_worst.c_str(), g.result.budget_ratio);
+    // Cell details.
+    const float detail_h = ImGui::GetTextLineHeightWithSpacing() * 2.2f;
+    plot::Heatmap h;
+    h.rows = static_cast<int>(g.tensors.size());
+    h.cols = static_cast<int>(v.steps);
+    h.title = g.name + ": tensors x steps, coloured by the worst ULP distance over ranks";
+    h.x_label = "step";
+    h.row_label = [&](int r) { return g.tensors[static_cast<size_t>(r)]; };
+    h.colour = [&](int r, int c) {
+        const std::vector<CheckCell>& line = g.cells[static_cast<size_t>(r)];
+        return static_cast<ImU32>(c < static_cast<int>(line.size())
+                                      ? ulp_colour(line[static_cast<size_t>(c)])
+                                      : ulp_colour(CheckCell{}));
+    };
+    auto sample = [](std::int64_t ulp, bool differs, bool done) {
+        CheckCell c;
+        c.done = done;
+        c.max_ulp = ulp;
+        c.rank = differs ? 0 : -1;
+        return static_cast<ImU32>(ulp_colour(c));
+    };
+    h.legend = {{sample(0, false, false), "not yet"},
+                {sample(0, false, true), "bit-identical"},
+                {sample(1, true, true), "1 ulp"},
+                {sample(1 << 10, true, true), "1024 ulp"},
+                {sample(1 << 20, true, true), ">= 2^20 ulp"},
+                {sample(kNoUlp, true, true), "NaN"}};
+    const plot::HeatmapHit hit = plot::draw_heatmap("grid", h, ImVec2(-1, -detail_h), s.row, s.col);
+    if (d.rects) d.rects->mark("check_grid");
+    if (hit.clicked) {
+        s.row = hit.row;
+        s.col = hit.col;
+    }
+    const int r = s.row >= 0 ? s.row : hit.row, c = s.row >= 0 ? s.col : hit.col;
+    if (r >= 0 && c >= 0 && r < h.rows &&
+        c < static_cast<int>(g.cells[static_cast<size_t>(r)].size())) {
+        const CheckCell& k = g.cells[static_cast<size_t>(r)][static_cast<size_t>(c)];
+        const std::string& name = g.tensors[static_cast<size_t>(r)];
+        if (!k.done)
+            ImGui::Text("%s, step %d: not compared yet", name.c_str(), c + 1);
+        else if (k.rank < 0)
+            ImGui::Text("%s, step %d: bit-identical on every rank", name.c_str(), c + 1);
+        else
+            ImGui::Text(
+                "%s, step %d: %lld elements differ on rank %d, max %lld ulp; first element %lld: "
+                "reference %.9g, layout %.9g",
+                name.c_str(), c + 1, static_cast<long long>(k.differing), k.rank,
+                static_cast<long long>(k.max_ulp), static_cast<long long>(k.first), k.reference,
+                k.candidate);
+    } else {
+        ImGui::TextDisabled("hover a cell for its values; click to keep it");
+    }
+}
+
+}  // namespace px::gui

@@ -1,0 +1,215 @@
+// Layout explorer (teaching view): pick dp / tp / pp / ZeRO / sp and see, from one step the
+// runtime itself runs (LayoutExplorer), which rank holds which block of a weight matrix, which
+// collectives each layer issues with their bytes, and the memory per rank.
+#include "app/gui/panels.h"
+
+#include "core/train/memory.h"
+
+#include <imgui.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+namespace px::gui {
+
+namespace {
+
+ImU32 rank_colour(int r) {
+    static const ImU32 k[] = {IM_COL32(86, 156, 255, 255),  IM_COL32(255, 160, 60, 255),
+                              IM_COL32(90, 200, 120, 255),  IM_COL32(200, 110, 255, 255),
+                              IM_COL32(240, 210, 80, 255),  IM_COL32(80, 210, 220, 255),
+                              IM_COL32(240, 100, 140, 255), IM_COL32(170, 170, 120, 255)};
+    return k[r % 8];
+}
+
+// The tensor's logical (rows, cols) as a rectangle, each slab in the colour of the ranks that
+// hold it (replicas share a slab: their ranks are listed on it).
+void draw_holding(const TensorHolding& t, bool moments, ImVec2 size) {
+    const std::vector<HeldPiece>& pieces = moments ? t.moments : t.weights;
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    const ImVec2 o = ImGui::GetCursorScreenPos();
+    const float lh = ImGui::GetTextLineHeight();
+    ImGui::Dummy(size);
+    const float aspect = static_cast<float>(t.cols) / static_cast<float>(std::max<i64>(t.rows, 1));
+    float w = size.x - 10, h = size.y - lh * 1.6f;
+    if (w / h > aspect * 6) w = std::max(h * aspect * 6, 120.0f);
+    const ImVec2 a(o.x + 4, o.y + lh * 1.4f), b(a.x + w, a.y + h);
+    char title[160];
+    std::snprintf(title, sizeof title, "%s%s: (%lld, %lld), logical; colour = rank", t.name.c_str(),
+                  moments ? " Adam moments" : "", static_cast<long long>(t.rows),
+                  static_cast<long long>(t.cols));
+    dl->AddText(o, IM_COL32(215, 215, 222, 255), title);
+    dl->AddRectFilled(a, b, IM_COL32(22, 24, 30, 255));
+    std::map<std::tuple<i64, i64, i64, i64>, std::vector<int>> by;
+    for (const HeldPiece& p : pieces)
+        by[{p.slab.row0, p.slab.rows, p.slab.col0, p.slab.cols}].push_back(p.rank);
+    auto X = [&](i64 c) {
+        return a.x + static_cast<float>(c) / static_cast<float>(t.cols) * (b.x - a.x);
+    };
+    auto Y = [&](i64 r) {
+        return a.y + static_cast<float>(r) / static_cast<float>(t.rows) * (b.y - a.y);
+    };
+    for (auto& [k, ranks] : by) {
+        std::sort(ranks.begin(), ranks.end());
+        const auto [r0, rows, c0, cols] = k;
+        const ImVec2 p0(X(c0), Y(r0)), p1(X(c0 + cols), Y(r0 + rows));
+        // Replicas: the slab split into stripes, one per holder.
+        const float sh = (p1.y - p0.y) / static_cast<float>(ranks.size());
+        for (size_t i = 0; i < ranks.size(); i++)
+            dl->AddRectFilled(ImVec2(p0.x, p0.y + i * sh), ImVec2(p1.x, p0.y + (i + 1) * sh),
+                              rank_colour(ranks[i]));
+        dl->AddRect(p0, p1, IM_COL32(10, 10, 14, 255));
+        std::string label = "r";
+        for (size_t i = 0; i < ranks.size(); i++) {
+            if (i) label += ',';
+            label += std::to_string(ranks[i]);
+        }
+        const ImVec2 ts = ImGui::CalcTextSize(label.c_str());
+        if (ts.x + 4 < p1.x - p0.x && ts.y < p1.y - p0.y)
+            dl->AddText(ImVec2((p0.x + p1.x - ts.x) / 2, (p0.y + p1.y - ts.y) / 2),
+                        IM_COL32(10, 10, 14, 255), label.c_str());
+    }
+    dl->AddRect(a, b, IM_COL32(170, 170, 180, 255));
+    if (pieces.empty())
+        dl->AddText(ImVec2(a.x + 8, a.y + 8), IM_COL32(170, 170, 180, 255),
+                    "no rank holds it between steps");
+}
+
+}  // namespace
+
+void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
+    if (s.explorer && s.explorer->version() != s.seen) {
+        s.result = s.explorer->result();
+        s.seen = s.explorer->version();
+        if (s.result.ready && s.result.error.empty()) {
+            s.dp = s.result.layout.dp;
+            s.tp = s.result.layout.tp;
+            s.pp = s.result.layout.pp;
+            s.zero = s.result.layout.zero;
+            s.sp = s.result.config.layout.sequence_parallel;
+        }
+    }
+    const float fw = ImGui::GetFontSize() * 5.5f;
+    auto pick = [&](const char* label, int* v, int lo, int hi) {
+        ImGui::SetNextItemWidth(fw);
+        ImGui::InputInt(label, v);
+        *v = std::clamp(*v, lo, hi);
+        ImGui::SameLine();
+    };
+    pick("dp", &s.dp, 1, 64);
+    pick("tp", &s.tp, 1, 64);
+    pick("pp", &s.pp, 1, 64);
+    pick("ZeRO", &s.zero, 0, 3);
+    ImGui::Checkbox("sp", &s.sp);
+    ImGui::SameLine();
+    const bool busy = s.explorer && s.explorer->busy();
+    if (ImGui::Button(busy ? "Running one step..." : "Explore") && !busy)
+        s.explore_requested = true;
+    if (d.rects) d.rects->mark("explore");
+    const ExplorerResult& r = s.result;
+    if (!r.ready) {
+        empty_state(
+            "pick a layout and press Explore: one step of the runtime shows who holds what");
+        return;
+    }
+    if (!r.error.empty()) {
+        ImGui::PushStyleColor(ImGuiCol_Text, IM_COL32(255, 110, 100, 255));
+        ImGui::TextWrapped("%s", r.error.c_str());
+        ImGui::PopStyleColor();
+        return;
+    }
+    const Layout& l = r.layout;
+    ImGui::Text(
+        "world of %d ranks: dp %d x pp %d x tp %d, ZeRO-%d, %d microbatches%s (one step traced in "
+        "%.2f s)",
+        l.world_size(), l.dp, l.pp, l.tp, l.zero, l.microbatches,
+        r.config.layout.sequence_parallel ? ", sequence parallel" : "", r.seconds);
+    // The ranks.
+    for (int k = 0; k < l.world_size(); k++) {
+        const Coord c = r.coords[static_cast<size_t>(k)];
+        const LayerRange lr = r.layers[static_cast<size_t>(k)];
+        const ImVec2 p = ImGui::GetCursorScreenPos();
+        const float h = ImGui::GetTextLineHeight();
+        ImGui::GetWindowDrawList()->AddRectFilled(p, ImVec2(p.x + h, p.y + h), rank_colour(k));
+        ImGui::Dummy(ImVec2(h, h));
+        ImGui::SameLine();
+        ImGui::Text("rank %d: pp%d dp%d tp%d, layers %d..%d", k, c.pp, c.dp, c.tp, lr.lo,
+                    lr.hi - 1);
+        if (k % 3 != 2 && k + 1 < l.world_size()) ImGui::SameLine(0, 24);
+    }
+    if (d.rects) d.rects->mark("explorer_ranks");
+    // Which matrix.
+    std::vector<int> matrices;
+    for (size_t i = 0; i < r.tensors.size(); i++)
+        if (r.tensors[i].rows > 1) matrices.push_back(static_cast<int>(i));
+    if (s.tensor < 0 || s.tensor >= static_cast<int>(r.tensors.size())) {
+        s.tensor = matrices.empty() ? 0 : matrices.front();
+        for (int i : matrices)
+            if (r.tensors[static_cast<size_t>(i)].name.find("attn.c_attn.weight") !=
+                std::string::npos) {
+                s.tensor = i;
+                break;
+            }
+    }
+    ImGui::SetNextItemWidth(ImGui::GetFontSize() * 16);
+    if (ImGui::BeginCombo("weight matrix", r.tensors[static_cast<size_t>(s.tensor)].name.c_str())) {
+        for (int i : matrices)
+            if (ImGui::Selectable(r.tensors[static_cast<size_t>(i)].name.c_str(), i == s.tensor))
+                s.tensor = i;
+        ImGui::EndCombo();
+    }
+    ImGui::SameLine();
+    ImGui::Checkbox("Adam moments instead of weights", &s.show_moments);
+    const float avail_h = ImGui::GetContentRegionAvail().y;
+    const float avail_w = ImGui::GetContentRegionAvail().x;
+    ImGui::BeginGroup();
+    draw_holding(r.tensors[static_cast<size_t>(s.tensor)], s.show_moments,
+                 ImVec2(avail_w * 0.42f, avail_h * 0.52f));
+    if (d.rects) d.rects->mark("explorer_holding");
+    ImGui::EndGroup();
+    ImGui::SameLine();
+    // Memory per rank, measured after the step, against the estimate.
+    plot::StackedBars b = memory_bars(r.memory, r.estimate, "r");
+    b.title = "memory per rank after the step, beside the estimate";
+    plot::draw_stacked_bars("explorer_memory", b, ImVec2(-1, avail_h * 0.52f));
+    // Collectives, in the order the ops run.
+    ImGui::Text("collectives of one step (%zu kinds), each named by the op whose probe follows it",
+                r.collectives.size());
+    if (r.collectives.empty()) {
+        empty_state("none: a single device talks to no one");
+        return;
+    }
+    if (ImGui::BeginTable("coll", 7,
+                          ImGuiTableFlags_RowBg | ImGuiTableFlags_Borders | ImGuiTableFlags_ScrollY,
+                          ImVec2(-1, -1))) {
+        for (const char* c : {"phase", "layer", "before op", "group", "collective",
+                              "bytes per call", "calls x ranks"})
+            ImGui::TableSetupColumn(c);
+        ImGui::TableSetupScrollFreeze(0, 1);
+        ImGui::TableHeadersRow();
+        for (const CollectiveUse& u : r.collectives) {
+            ImGui::TableNextRow();
+            ImGui::TableNextColumn();
+            ImGui::TextUnformatted(u.phase.c_str());
+            ImGui::TableNextColumn();
+            if (u.layer >= 0)
+                ImGui::Text("%d", u.layer);
+            else
+                ImGui::TextUnformatted("-");
+            ImGui::TableNextColumn();
+            ImGui::TextUnformatted(u.op.c_str());
+            ImGui::TableNextColumn();
+            ImGui::TextUnformatted(u.group.c_str());
+            ImGui::TableNextColumn();
+            ImGui::TextUnformatted(u.collective.c_str());
+            ImGui::TableNextColumn();
+            ImGui::TextUnformatted(format_bytes(static_cast<double>(u.bytes)).c_str());
+            ImGui::TableNextColumn();
+            ImGui::Text("%d x %zu", u.calls, u.ranks.size());
+        }
+        ImGui::EndTable();
+    }
+}
+
+}  // namespace px::gui

@@ -1,0 +1,118 @@
+// Pipeline timeline: the measured step of every stage (CommTrace: forward and backward between
+// its messages, the waits in its receives, its collectives) beside the schedule's plan in unit
+// time (check_schedule), with the bubble measured and by formula.
+#include "app/gui/panels.h"
+
+#include "core/base/error.h"
+#include "core/parallel/mesh.h"
+
+#include <imgui.h>
+
+namespace px::gui {
+
+namespace {
+
+ImU32 bar_colour(TimelineBar::Kind k) {
+    switch (k) {
+        case TimelineBar::forward:
+            return plot::kBlue;
+        case TimelineBar::backward:
+            return plot::kOrange;
+        case TimelineBar::recv_wait:
+            return IM_COL32(90, 90, 100, 255);
+        case TimelineBar::send:
+            return plot::kYellow;
+        case TimelineBar::collective:
+            return plot::kPurple;
+    }
+    return plot::kGrey;
+}
+
+void legend() {
+    const std::pair<TimelineBar::Kind, const char*> items[] = {
+        {TimelineBar::forward, "forward"},
+        {TimelineBar::backward, "backward"},
+        {TimelineBar::recv_wait, "waiting in a receive (idle)"},
+        {TimelineBar::send, "send posted"},
+        {TimelineBar::collective, "dp / tp collective (thin band)"}};
+    for (const auto& [k, name] : items) {
+        const ImVec2 p = ImGui::GetCursorScreenPos();
+        const float h = ImGui::GetTextLineHeight();
+        ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + 2),
+                                                  ImVec2(p.x + h, p.y + h - 2), bar_colour(k));
+        ImGui::Dummy(ImVec2(h + 2, h));
+        ImGui::SameLine();
+        ImGui::TextUnformatted(name);
+        ImGui::SameLine(0, 18);
+    }
+    ImGui::NewLine();
+}
+
+}  // namespace
+
+void draw_pipeline_panel(const RunData& d, PipelinePanelState&) {
+    Layout layout;
+    try {
+        layout = make_layout(d.config);
+    } catch (const Error& e) {
+        empty_state(e.what());
+        return;
+    }
+    const Mesh mesh(layout, Mesh::Validated{});
+    const Schedule plan = mesh.schedule();
+    const SimResult sim = check_schedule(plan);
+    ImGui::Text("%s, pp = %d, %d microbatches%s", schedule_name(layout.schedule), layout.pp,
+                layout.microbatches,
+                layout.virtual_stages > 1
+                    ? (", v = " + std::to_string(layout.virtual_stages)).c_str()
+                    : "");
+    ImGui::Text(
+        "bubble by formula (pp-1)/(v*m+pp-1): %.1f%%   planned (unit-time simulation): %.1f%%",
+        100 * bubble_formula(layout.pp, layout.microbatches, layout.virtual_stages),
+        100 * sim.bubble);
+    legend();
+    const float h = ImGui::GetContentRegionAvail().y;
+    // Measured.
+    Timeline tl;
+    if (!d.trace)
+        tl.problem = d.source == "live job" ? "no job running: press Start to measure a step"
+                                            : "an opened run file holds no timeline";
+    else
+        tl = measured_timeline(d.trace->mesh(), d.trace->last_steps());
+    if (tl.problem.empty()) {
+        ImGui::Text("measured, step %lld: %.2f ms; bubble measured %.1f%%",
+                    static_cast<long long>(tl.step), 1e3 * tl.makespan, 100 * tl.bubble);
+        std::vector<plot::GanttBar> bars;
+        for (const TimelineBar& b : tl.bars) {
+            bars.push_back({b.lane, 1e3 * b.t0, 1e3 * b.t1, bar_colour(b.kind), b.label});
+            if (b.kind == TimelineBar::collective) bars.back().height = 0.3f;  // under the compute
+        }
+        plot::draw_gantt("measured", tl.lanes, bars, 0, 1e3 * tl.makespan,
+                         "milliseconds since the step began", ImVec2(-1, h * 0.5f));
+        if (d.rects) d.rects->mark("measured_timeline");
+    } else {
+        ImGui::TextUnformatted("measured:");
+        ImGui::SameLine();
+        empty_state(tl.problem.c_str());
+    }
+    // The plan, in unit slots.
+    ImGui::Text("plan (forward and backward one slot each): %d slots", sim.makespan);
+    std::vector<std::string> lanes;
+    std::vector<plot::GanttBar> bars;
+    for (int p = 0; p < plan.pp; p++) {
+        lanes.push_back("pp" + std::to_string(p));
+        const std::vector<Action>& acts = plan.ranks[static_cast<size_t>(p)];
+        for (size_t i = 0; i < acts.size(); i++) {
+            const Action& a = acts[i];
+            const int s0 = sim.start.empty() ? -1 : sim.start[static_cast<size_t>(p)][i];
+            if (!a.is_compute() || s0 < 0) continue;
+            const bool f = a.kind == Action::forward;
+            bars.push_back({p, static_cast<double>(s0), s0 + 1.0, f ? plot::kBlue : plot::kOrange,
+                            compute_label(a, plan.virtual_stages)});
+        }
+    }
+    plot::draw_gantt("plan", lanes, bars, 0, std::max(1, sim.makespan), "slot", ImVec2(-1, -1),
+                     true);
+}
+
+}  // namespace px::gui

@@ -1,0 +1,122 @@
+// The workbench's panels: one file each (panel_<name>.cpp), one dispatch list (kPanels in
+// workbench.cpp). A panel is draw_<name>_panel(const RunData&, <Name>PanelState&): it reads the
+// run's data (a snapshot of the live job or of an opened file) and its own state (its model,
+// its plot views), draws into the current ImGui window, shows a one-line empty state when it
+// has no data, and never touches the running job.
+//
+// Index
+//   UiRects                where named widgets were drawn (the state line reports them)
+//   RunData                what every panel reads this frame
+//   JobPanelState .. NumericsPanelState   each panel's own state
+//   draw_*_panel           the panels
+//   empty_state            the one-line sentence of a panel without data
+#pragma once
+#include "app/gui/comm_trace.h"
+#include "app/gui/config_editor.h"
+#include "app/gui/job_controller.h"
+#include "app/gui/layout_check.h"
+#include "app/gui/layout_explorer.h"
+#include "app/gui/plot.h"
+#include "app/gui/teaching.h"
+#include "core/train/job_view.h"
+#include "core/train/memory.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace px::gui {
+
+struct UiRects {
+    std::map<std::string, ImVec4> rects;  // name -> x, y, w, h in window pixels
+    void mark(const std::string& name);   // the last item's rectangle
+};
+
+struct RunData {
+    RunSnapshot snap;                  // the live job's latest snapshot, or an opened run file's
+    const CommTrace* trace = nullptr;  // the live job's measurements; null for a file
+    std::string source;                // "live job" or the opened file
+    Config config;                     // the job's config (the editor's when no job ran)
+    UiRects* rects = nullptr;
+};
+
+// ---- the job bar -----------------------------------------------------------------------------
+enum class JobAction { none, start, pause, resume, step, stop, restart, open };
+struct JobPanelState {
+    ConfigEditor editor;
+    JobController* job = nullptr;
+    std::string message;                    // the last action's outcome or error
+    std::string open_path;                  // a run.h5 or validate.json to open
+    JobAction requested = JobAction::none;  // what the person asked for this frame
+};
+void draw_job_panel(const RunData& d, JobPanelState& s);
+
+// ---- live panels -----------------------------------------------------------------------------
+struct LossPanelState {
+    plot::PlotView loss_view, norm_view;
+    bool log_y = false;
+    int selected_event = -1;  // a marker clicked: its evidence shows below
+};
+void draw_loss_panel(const RunData& d, LossPanelState& s);
+
+struct LayoutCheckPanelState {
+    LayoutCheck* check = nullptr;
+    std::string layouts = "dp2,tp2,pp2";
+    int steps = 10;
+    int mode = 0;    // 0 the job's numerics mode, 1 bitwise, 2 fast
+    CheckView view;  // refreshed when the model's version changes (or opened from a report)
+    bool from_file = false;
+    int layout = 0, row = -1, col = -1;  // the selected layout and cell
+    std::string message;
+    bool start_requested = false;
+};
+void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s);
+
+struct PipelinePanelState {};
+void draw_pipeline_panel(const RunData& d, PipelinePanelState& s);
+
+struct MemoryPanelState {};
+void draw_memory_panel(const RunData& d, MemoryPanelState& s);
+
+struct Fp8PanelState {};
+void draw_fp8_panel(const RunData& d, Fp8PanelState& s);
+
+struct EventsPanelState {};
+void draw_events_panel(const RunData& d, EventsPanelState& s);
+
+// ---- teaching views --------------------------------------------------------------------------
+struct LayoutExplorerPanelState {
+    LayoutExplorer* explorer = nullptr;
+    int dp = 1, tp = 1, pp = 1, zero = 0;
+    bool sp = false;
+    ExplorerResult result;  // refreshed when the model's version changes
+    std::uint64_t seen = 0;
+    int tensor = -1;  // the weight matrix shown; -1: the first attention matrix
+    bool show_moments = false;
+    bool explore_requested = false;
+};
+void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s);
+
+struct SchedulePanelState {
+    ScheduleModel model;
+    int slot = -1;  // the plan stepped to this slot; -1: all of it
+    bool made = false;
+};
+void draw_schedule_panel(const RunData& d, SchedulePanelState& s);
+
+struct NumericsPanelState {
+    NumericsModel model;
+    bool made = false;
+};
+void draw_numerics_panel(const RunData& d, NumericsPanelState& s);
+
+// A panel's one-line empty state, greyed.
+void empty_state(const char* sentence);
+
+// Memory per rank as stacked bars (parameters, gradients, optimizer state, activations,
+// buffers), after a first bar of the estimate the job was admitted by, cut into the same parts
+// (core/train/memory.h: the ZeRO formulas per rank); its total is also a tick on every bar.
+plot::StackedBars memory_bars(const std::vector<MemoryStats>& ranks, const MemoryEstimate& est,
+                              const std::string& rank_prefix);
+
+}  // namespace px::gui

@@ -1,0 +1,196 @@
+#include "app/gui/run_files.h"
+
+#include "core/base/error.h"
+#include "core/io/runfile.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+
+namespace px::gui {
+
+namespace {
+
+using json = nlohmann::json;
+
+double number(const json& j) {
+    if (j.is_number()) return j.get<double>();
+    if (j.is_string()) {
+        const std::string s = j.get<std::string>();
+        if (s.find("nan") != std::string::npos) return NAN;
+        if (s.find("inf") != std::string::npos) return s[0] == '-' ? -INFINITY : INFINITY;
+    }
+    return 0;
+}
+
+Comparison comparison(const json& j) {
+    Comparison c;
+    if (!j.is_object()) return c;
+    c.name = j.value("name", "");
+    c.count = j.value("count", i64{0});
+    c.differing = j.value("differing", i64{0});
+    c.max_ulp = j.value("max_ulp", std::int64_t{0});
+    c.first = j.value("first", i64{-1});
+    if (j.contains("first_index")) c.first_index = j["first_index"].get<std::vector<i64>>();
+    if (j.contains("shape")) c.shape = j["shape"].get<std::vector<i64>>();
+    if (j.contains("first_reference")) c.first_reference = number(j["first_reference"]);
+    if (j.contains("first_candidate")) c.first_candidate = number(j["first_candidate"]);
+    return c;
+}
+
+CheckCell cell_of(const Comparison& c) {
+    CheckCell k;
+    k.done = true;
+    k.max_ulp = c.max_ulp;
+    if (!c.equal()) {
+        k.rank = 0;
+        k.differing = c.differing;
+        k.first = c.first;
+        k.reference = c.first_reference;
+        k.candidate = c.first_candidate;
+    }
+    return k;
+}
+
+}  // namespace
+
+RunSnapshot snapshot_from_run_file(const std::string& path) {
+    const RunRecords rec = read_run_records(path);
+    RunSnapshot s;
+    s.version = 1;
+    s.state = RunState::finished;
+    s.config_toml = rec.config_toml;
+    try {
+        s.config = parse_config(rec.config_toml, path);
+    } catch (const ConfigError&) {
+        // an older file's config: the metrics still show
+    }
+    std::map<std::string, const RunRecords::Rows*> by;
+    for (const auto& [name, rows] : rec.metrics) by[name] = &rows;
+    if (by.count("loss")) {
+        const RunRecords::Rows& loss = *by["loss"];
+        auto at = [&](const char* name, i64 step, double none) {
+            if (!by.count(name)) return none;
+            const RunRecords::Rows& r = *by[name];
+            for (size_t i = 0; i < r.steps.size(); i++)
+                if (r.steps[i] == step) return r.values[i];
+            return none;
+        };
+        for (size_t i = 0; i < loss.steps.size(); i++) {
+            StepMetrics m;
+            m.step = loss.steps[i];
+            m.loss = loss.values[i];
+            m.val_loss = at("val_loss", m.step, -1);
+            m.grad_norm = at("grad_norm", m.step, 0);
+            m.lr = at("lr", m.step, 0);
+            m.tokens_per_s = at("tokens_per_s", m.step, 0);
+            m.step_ms = at("step_ms", m.step, 0);
+            m.comm_bytes = at("comm_bytes", m.step, 0);
+            s.metrics.push_back(m);
+        }
+    }
+    for (const RunRecords::Event& e : rec.events) {
+        RunEvent ev;
+        ev.step = e.step;
+        ev.message = e.message;
+        for (EventKind k : {EventKind::resume, EventKind::rerun, EventKind::checkpoint,
+                            EventKind::fault, EventKind::failure})
+            if (e.kind == event_kind_name(k)) ev.kind = k;
+        s.events.push_back(std::move(ev));
+    }
+    s.steps_total = s.config.train.steps;
+    s.steps_done = s.metrics.size() ? s.metrics.step.back() : 0;
+    s.layout = LayoutSummary{s.config.layout.dp,
+                             s.config.layout.tp,
+                             s.config.layout.pp,
+                             s.config.layout.zero,
+                             1,
+                             s.config.layout.dp * s.config.layout.tp * s.config.layout.pp};
+    return s;
+}
+
+CheckView view_of_report(const ValidationReport& rep) {
+    CheckView v;
+    v.mode = rep.mode;
+    v.steps = rep.steps;
+    v.reference_steps = rep.steps;
+    for (const LayoutResult& r : rep.layouts) {
+        LayoutGrid g;
+        g.name = r.layout;
+        g.finished = true;
+        g.result = r;
+        g.steps_done = r.steps;
+        // The grid: every step before the first difference matched; at the first differing
+        // step the report lists the tensors that differ; the last step, every comparison.
+        for (const Comparison& c : r.final_step) g.tensors.push_back(c.name);
+        if (r.final_step.empty() && r.first_step >= 0) g.tensors.push_back(r.first.name);
+        g.cells.assign(g.tensors.size(), std::vector<CheckCell>(static_cast<size_t>(v.steps)));
+        const i64 known = r.first_step < 0 ? r.steps : r.first_step;
+        for (size_t t = 0; t < g.tensors.size(); t++) {
+            for (i64 s = 1; s <= known && s <= v.steps; s++) {
+                CheckCell& k = g.cells[t][static_cast<size_t>(s - 1)];
+                k.done = true;
+                if (s == r.first_step) {
+                    for (const Comparison& d : r.differing)
+                        if (d.name == g.tensors[t]) k = cell_of(d);
+                    if (r.first.name == g.tensors[t]) k = cell_of(r.first);
+                }
+            }
+            if (t < r.final_step.size() && r.steps >= 1 && r.steps <= v.steps)
+                g.cells[t][static_cast<size_t>(r.steps - 1)] = cell_of(r.final_step[t]);
+        }
+        ValidationReport one;
+        one.layouts.push_back(r);
+        const std::string text = one.table();
+        const size_t nl = text.find('\n');
+        g.summary = nl == std::string::npos ? text : text.substr(nl + 1);
+        while (!g.summary.empty() && (g.summary.back() == '\n' || g.summary.back() == ' '))
+            g.summary.pop_back();
+        v.layouts.push_back(std::move(g));
+    }
+    v.version = 1;
+    return v;
+}
+
+CheckView check_from_report(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) throw DataError(path + ": cannot open the validation report");
+    json j;
+    try {
+        in >> j;
+    } catch (const std::exception& e) {
+        throw DataError(path + ": not a validation report (" + e.what() + ")");
+    }
+    if (j.value("schema", "") != "parallax-validate")
+        throw DataError(path + ": not a validation report (no schema \"parallax-validate\")");
+    ValidationReport rep;
+    rep.mode = j.value("mode", "bitwise");
+    rep.steps = j.value("steps", i64{0});
+    for (const json& l : j["layouts"]) {
+        LayoutResult r;
+        r.layout = l.value("layout", "");
+        r.verdict = l.value("verdict", "");
+        r.steps = l.value("steps", i64{0});
+        r.max_ulp = l.value("max_ulp", std::int64_t{0});
+        r.first_step = l.value("first_step", i64{-1});
+        r.first_rank = l.value("first_rank", -1);
+        r.first = comparison(l["first"]);
+        for (const json& c : l["differing"]) r.differing.push_back(comparison(c));
+        for (const json& c : l["final_step"]) r.final_step.push_back(comparison(c));
+        r.first_op = comparison(l["first_op"]);
+        r.first_op_rank = l.value("first_op_rank", -1);
+        if (l.contains("first_op_ranks"))
+            r.first_op_ranks = l["first_op_ranks"].get<std::vector<int>>();
+        r.first_op_where = l.value("first_op_where", "");
+        r.first_op_note = l.value("first_op_note", "");
+        if (l["budget_ratio"].is_number()) r.budget_ratio = l["budget_ratio"].get<double>();
+        r.budget_worst = l.value("budget_worst", "");
+        r.error = l.value("error", "");
+        rep.layouts.push_back(std::move(r));
+    }
+    return view_of_report(rep);
+}
+
+}  // namespace px::gui

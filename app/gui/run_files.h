@@ -1,0 +1,21 @@
+// Finished runs opened in the workbench's panels: a run file (`run.h5`, core/io/runfile.h) as a
+// RunSnapshot, and a `validate.json` report (validators/README.md) as the layout check's view.
+//
+// Index
+//   snapshot_from_run_file   run.h5 -> RunSnapshot (state finished; config, metrics, events)
+//   view_of_report           a ValidationReport -> CheckView (verdicts; the grid at the first
+//                            differing step and the last step, which a report holds)
+//   check_from_report        validate.json -> CheckView, as view_of_report
+#pragma once
+#include "app/gui/layout_check.h"
+#include "core/train/job_view.h"
+
+#include <string>
+
+namespace px::gui {
+
+RunSnapshot snapshot_from_run_file(const std::string& path);  // px::Error naming the file
+CheckView view_of_report(const ValidationReport& rep);
+CheckView check_from_report(const std::string& path);  // px::Error naming the file
+
+}  // namespace px::gui

@@ -1,0 +1,600 @@
+#include "app/gui/workbench.h"
+
+#include "app/gui/panels.h"
+#include "app/gui/run_files.h"
+#include "core/base/error.h"
+#include "core/train/memory.h"
+#include "core/train/stepped_run.h"
+
+#define GL_SILENCE_DEPRECATION
+#include <GLFW/glfw3.h>
+#include <backends/imgui_impl_glfw.h>
+#include <backends/imgui_impl_opengl3.h>
+#include <imgui.h>
+#include <stb_image_write.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+namespace px::gui {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A job larger than this is not explored again on every start (the exploration runs one step of
+// it beside the job): the Explore button still does.
+constexpr double kAutoExploreBytes = 2.0 * (1 << 30);
+
+double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// The panels, in tab order: one entry per panel (the dispatch list).
+enum class Panel {
+    loss,
+    layout_check,
+    pipeline,
+    memory,
+    fp8,
+    events,
+    layout_explorer,
+    schedule,
+    numerics,
+    count
+};
+struct PanelInfo {
+    Panel id;
+    const char* name;   // the screenshot's file name
+    const char* title;  // the tab
+};
+constexpr PanelInfo kPanels[] = {
+    {Panel::loss, "loss", "Loss"},
+    {Panel::layout_check, "layout_check", "Layout check"},
+    {Panel::pipeline, "pipeline", "Pipeline"},
+    {Panel::memory, "memory", "Memory & comm"},
+    {Panel::fp8, "fp8", "FP8 & spikes"},
+    {Panel::events, "events", "Events"},
+    {Panel::layout_explorer, "layout_explorer", "Layout explorer"},
+    {Panel::schedule, "schedule", "Schedule explorer"},
+    {Panel::numerics, "numerics", "Numerics explorer"},
+};
+static_assert(std::size(kPanels) == static_cast<size_t>(Panel::count),
+              "kPanels and Panel are out of sync");
+
+class Workbench {
+public:
+    Workbench(const WorkbenchOptions& opt);
+    ~Workbench();
+    bool open() const { return !glfwWindowShouldClose(window_); }
+    // One frame: events, the models' new state, the panels, the actions asked for. `only`:
+    // draw that panel alone over the whole window (screenshots); `capture`: read it back.
+    void frame(int only = -1, const std::string& capture = "");
+    JobController& job() { return job_; }
+    LayoutCheck& check() { return check_; }
+    LayoutExplorer& explorer() { return explorer_; }
+    const RunData& data() const { return data_; }
+    LayoutCheckPanelState& check_panel() { return check_s_; }
+    void start_job(bool run);      // the editor's config; errors beside the keys
+    std::vector<double> frame_ms;  // wall time of each frame, from its events to its swap
+    std::vector<double> build_ms;  // of which: the models and panels (ImGui), before GL
+
+private:
+    void draw_panel(Panel p);
+    void act();
+    void print_state();
+    Config current_config();
+
+    WorkbenchOptions opt_;
+    GLFWwindow* window_ = nullptr;
+    JobController job_;
+    LayoutCheck check_;
+    LayoutExplorer explorer_;
+    RunData data_;
+    UiRects rects_;
+    bool opened_file_ = false;  // the panels show an opened run file, not the job
+    JobPanelState job_s_;
+    LossPanelState loss_s_;
+    LayoutCheckPanelState check_s_;
+    PipelinePanelState pipe_s_;
+    MemoryPanelState mem_s_;
+    Fp8PanelState fp8_s_;
+    EventsPanelState events_s_;
+    LayoutExplorerPanelState expl_s_;
+    SchedulePanelState sched_s_;
+    NumericsPanelState num_s_;
+    int frames_ = 0;
+
+public:
+    bool state_requested_ = false;  // F12 was pressed: print the state line after this frame
+    bool input_ = false;            // an input event came since the last frame
+};
+
+Workbench::Workbench(const WorkbenchOptions& opt) : opt_(opt) {
+    if (!glfwInit())
+        throw NoWindow(
+            "cannot open a window: GLFW found no display (set DISPLAY, or run under "
+            "xvfb-run -a -s \"-screen 0 1600x1000x24\")");
+    glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
+    glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);
+    glfwWindowHint(GLFW_OPENGL_PROFILE, GLFW_OPENGL_CORE_PROFILE);
+    window_ = glfwCreateWindow(opt.width, opt.height, "Parallax workbench", nullptr, nullptr);
+    if (!window_) {
+        glfwTerminate();
+        throw NoWindow("cannot open a window: no OpenGL 3.3 context on this display");
+    }
+    glfwMakeContextCurrent(window_);
+    // F12 by a callback, set before ImGui's (which chains to it): a press and its release within
+    // one frame are both seen, where polling the key would miss them.
+    glfwSetWindowUserPointer(window_, this);
+    glfwSetKeyCallback(window_, [](GLFWwindow* w, int key, int, int action, int) {
+        Workbench* wb = static_cast<Workbench*>(glfwGetWindowUserPointer(w));
+        wb->input_ = true;
+        if (key == GLFW_KEY_F12 && action == GLFW_PRESS) wb->state_requested_ = true;
+    });
+    // Any input makes the next frames be drawn (run_workbench draws on input, else a few times
+    // a second for the job's new steps: software GL under Xvfb costs the job's cores).
+    glfwSetCursorPosCallback(window_, [](GLFWwindow* w, double, double) {
+        static_cast<Workbench*>(glfwGetWindowUserPointer(w))->input_ = true;
+    });
+    glfwSetMouseButtonCallback(window_, [](GLFWwindow* w, int, int, int) {
+        static_cast<Workbench*>(glfwGetWindowUserPointer(w))->input_ = true;
+    });
+    glfwSetScrollCallback(window_, [](GLFWwindow* w, double, double) {
+        static_cast<Workbench*>(glfwGetWindowUserPointer(w))->input_ = true;
+    });
+    glfwSetCharCallback(window_, [](GLFWwindow* w, unsigned int) {
+        static_cast<Workbench*>(glfwGetWindowUserPointer(w))->input_ = true;
+    });
+    glfwSetWindowSizeCallback(window_, [](GLFWwindow* w, int, int) {
+        static_cast<Workbench*>(glfwGetWindowUserPointer(w))->input_ = true;
+    });
+
+    glfwSwapInterval(0);  // frames are paced below, not by the display
+    IMGUI_CHECKVERSION();
+    ImGui::CreateContext();
+    ImGuiIO& io = ImGui::GetIO();
+    io.IniFilename = nullptr;  // no imgui.ini beside the user's files
+    const char* font = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+    if (std::filesystem::exists(font)) io.Fonts->AddFontFromFileTTF(font, 15.0f);
+    ImGui::StyleColorsDark();
+    ImGuiStyle& st = ImGui::GetStyle();
+    st.FrameRounding = 3;
+    st.WindowRounding = 0;
+    ImGui_ImplGlfw_InitForOpenGL(window_, true);
+    ImGui_ImplOpenGL3_Init("#version 330 core");
+
+    job_s_.editor.load_base(opt.config);
+    job_s_.job = &job_;
+    check_s_.check = &check_;
+    expl_s_.explorer = &explorer_;
+    data_.config = opt.config;
+    data_.source = "live job";
+    data_.rects = &rects_;
+}
+
+Workbench::~Workbench() {
+    check_.cancel();
+    ImGui_ImplOpenGL3_Shutdown();
+    ImGui_ImplGlfw_Shutdown();
+    ImGui::DestroyContext();
+    glfwDestroyWindow(window_);
+    glfwTerminate();
+}
+
+Config Workbench::current_config() {
+    if (job_.status() != JobStatus::none) return job_.config();
+    if (auto c = job_s_.editor.build()) return *c;
+    return job_s_.editor.base();
+}
+
+void Workbench::start_job(bool run) {
+    std::optional<Config> cfg = job_s_.editor.build();
+    if (!cfg) {
+        job_s_.message = "not started: the config has an error (beside its key)";
+        return;
+    }
+    try {
+        job_.start(*cfg, run);
+        opened_file_ = false;
+        data_.source = "live job";
+        data_.config = *cfg;
+        job_s_.message.clear();
+        // The explorer follows the job's layout, when one more step of it is small to hold.
+        if (estimate_memory(*cfg, MemoryScope::process).total < kAutoExploreBytes)
+            explorer_.explore(*cfg);
+    } catch (const ConfigError& e) {
+        job_s_.message = e.what();
+        job_s_.editor.build();  // no field named: shown above the editor
+    }
+}
+
+void Workbench::draw_panel(Panel p) {
+    switch (p) {
+        case Panel::loss:
+            draw_loss_panel(data_, loss_s_);
+            break;
+        case Panel::layout_check:
+            draw_layout_check_panel(data_, check_s_);
+            break;
+        case Panel::pipeline:
+            draw_pipeline_panel(data_, pipe_s_);
+            break;
+        case Panel::memory:
+            draw_memory_panel(data_, mem_s_);
+            break;
+        case Panel::fp8:
+            draw_fp8_panel(data_, fp8_s_);
+            break;
+        case Panel::events:
+            draw_events_panel(data_, events_s_);
+            break;
+        case Panel::layout_explorer:
+            draw_layout_explorer_panel(data_, expl_s_);
+            break;
+        case Panel::schedule:
+            draw_schedule_panel(data_, sched_s_);
+            break;
+        case Panel::numerics:
+            draw_numerics_panel(data_, num_s_);
+            break;
+        case Panel::count:
+            break;
+    }
+}
+
+void Workbench::act() {
+    const JobAction a = job_s_.requested;
+    job_s_.requested = JobAction::none;
+    switch (a) {
+        case JobAction::none:
+            break;
+        case JobAction::start:
+        case JobAction::restart:
+            start_job(true);
+            break;
+        case JobAction::pause:
+            job_.pause();
+            break;
+        case JobAction::resume:
+            job_.resume();
+            break;
+        case JobAction::step:
+            if (job_.status() == JobStatus::none || job_.status() == JobStatus::stopped ||
+                job_.status() == JobStatus::finished || job_.status() == JobStatus::failed)
+                start_job(false);
+            job_.single_step();
+            break;
+        case JobAction::stop:
+            job_.stop();
+            break;
+        case JobAction::open: {
+            const std::string& path = job_s_.open_path;
+            try {
+                if (path.size() > 5 && path.substr(path.size() - 5) == ".json") {
+                    check_s_.view = check_from_report(path);
+                    check_s_.from_file = true;
+                    job_s_.message = "opened " + path + " in the layout check panel";
+                } else {
+                    try {
+                        data_.snap = snapshot_from_run_file(path);
+                        data_.config = data_.snap.config;
+                        data_.source = path;
+                        opened_file_ = true;
+                        job_s_.message = "opened " + path + " (Start returns to the live job)";
+                    } catch (const std::exception& not_a_run) {
+                        // A golden trace: the layout check's layouts against it.
+                        try {
+                            check_.start_golden(path, check_s_.layouts);
+                        } catch (const std::exception& e) {
+                            throw Error(std::string(not_a_run.what()) +
+                                        "; as a golden trace: " + e.what());
+                        }
+                        check_s_.from_file = false;
+                        job_s_.message = "checking " + check_s_.layouts +
+                                         " against the golden trace " + path +
+                                         " in the layout check panel";
+                    }
+                }
+            } catch (const std::exception& e) {
+                job_s_.message = e.what();
+            }
+            break;
+        }
+    }
+    if (check_s_.start_requested) {
+        check_s_.start_requested = false;
+        Config c = current_config();
+        if (check_s_.mode == 1) c.numerics.mode = Mode::bitwise;
+        if (check_s_.mode == 2) c.numerics.mode = Mode::fast;
+        try {
+            check_.start(c, check_s_.layouts, check_s_.steps);
+            check_s_.from_file = false;
+            check_s_.message.clear();
+        } catch (const std::exception& e) {
+            check_s_.message = e.what();
+        }
+    }
+    if (expl_s_.explore_requested) {
+        expl_s_.explore_requested = false;
+        Config c = current_config();
+        c.layout.dp = expl_s_.dp;
+        c.layout.tp = expl_s_.tp;
+        c.layout.pp = expl_s_.pp;
+        c.layout.zero = expl_s_.zero;
+        c.layout.sequence_parallel = expl_s_.sp;
+        explorer_.explore(c);  // waits behind a running exploration, never on it
+    }
+}
+
+void Workbench::print_state() {
+    nlohmann::json j;
+    j["frame"] = frames_;
+    j["status"] = job_status_name(job_.status());
+    j["source"] = data_.source;
+    j["steps_done"] = data_.snap.steps_done;
+    j["loss_points"] = data_.snap.metrics.size();
+    j["loss_last"] = data_.snap.metrics.size() ? data_.snap.metrics.loss.back() : -1.0;
+    const ExplorerResult& r = expl_s_.result;
+    j["explorer_busy"] = explorer_.busy();
+    j["explorer_ranks"] = r.ready && r.error.empty() ? r.layout.world_size() : 0;
+    j["explorer_error"] = r.error;
+    j["job_tp"] = job_.status() != JobStatus::none ? job_.config().layout.tp : 0;
+    nlohmann::json errors = nlohmann::json::object();
+    for (const EditorField& f : job_s_.editor.fields())
+        if (!f.error.empty()) errors[f.key] = f.error;
+    j["editor_errors"] = errors;
+    nlohmann::json fields = nlohmann::json::object();
+    for (const EditorField& f : job_s_.editor.fields()) fields[f.key] = f.text;
+    j["fields"] = fields;
+    j["general_error"] = job_s_.editor.general_error();
+    j["message"] = job_s_.message;
+    nlohmann::json rects = nlohmann::json::object();
+    for (const auto& [name, v] : rects_.rects) rects[name] = {v.x, v.y, v.z, v.w};
+    j["rects"] = rects;
+    std::vector<double> f(frame_ms.end() - std::min<size_t>(frame_ms.size(), 240), frame_ms.end());
+    std::sort(f.begin(), f.end());
+    j["frame_ms_median"] = f.empty() ? 0.0 : f[f.size() / 2];
+    std::printf("STATE %s\n", j.dump().c_str());
+    std::fflush(stdout);
+}
+
+void Workbench::frame(int only, const std::string& capture) {
+    const auto t0 = Clock::now();
+    glfwPollEvents();
+    job_.poll();
+    if (!opened_file_) {
+        job_.update(data_.snap);
+        data_.trace = job_.trace();
+        if (job_.status() != JobStatus::none) data_.config = job_.config();
+    } else {
+        data_.trace = nullptr;
+    }
+    rects_.rects.clear();  // what this frame draws, nothing older
+    ImGui_ImplOpenGL3_NewFrame();
+    ImGui_ImplGlfw_NewFrame();
+    ImGui::NewFrame();
+    const ImGuiViewport* vp = ImGui::GetMainViewport();
+    ImGui::SetNextWindowPos(vp->WorkPos);
+    ImGui::SetNextWindowSize(vp->WorkSize);
+    ImGui::Begin("workbench", nullptr,
+                 ImGuiWindowFlags_NoDecoration | ImGuiWindowFlags_NoMove |
+                     ImGuiWindowFlags_NoSavedSettings | ImGuiWindowFlags_NoBringToFrontOnFocus |
+                     ImGuiWindowFlags_NoBackground);
+    if (only >= 0) {
+        ImGui::Text("Parallax workbench: %s", kPanels[only].title);
+        ImGui::Separator();
+        ImGui::BeginChild("panel");
+        draw_panel(kPanels[only].id);
+        ImGui::EndChild();
+    } else {
+        ImGui::BeginChild("jobbar", ImVec2(ImGui::GetFontSize() * 32, 0), true);
+        draw_job_panel(data_, job_s_);
+        ImGui::EndChild();
+        ImGui::SameLine();
+        ImGui::BeginChild("panels");
+        if (ImGui::BeginTabBar("tabs")) {
+            for (const PanelInfo& p : kPanels) {
+                const bool open_tab = ImGui::BeginTabItem(p.title);
+                rects_.mark(std::string("tab:") + p.name);
+                if (open_tab) {
+                    ImGui::BeginChild(p.name);
+                    draw_panel(p.id);
+                    ImGui::EndChild();
+                    ImGui::EndTabItem();
+                }
+            }
+            ImGui::EndTabBar();
+        }
+        ImGui::EndChild();
+    }
+    ImGui::End();
+    ImGui::Render();
+    build_ms.push_back(ms_since(t0));
+    int w, h;
+    glfwGetFramebufferSize(window_, &w, &h);
+    glViewport(0, 0, w, h);
+    // The window's background is this clear (no full-window quad: under Xvfb's software GL a
+    // frame costs what it fills).
+    glClearColor(0.06f, 0.06f, 0.06f, 1);
+    glClear(GL_COLOR_BUFFER_BIT);
+    ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
+    if (!capture.empty()) {
+        std::vector<unsigned char> px(static_cast<size_t>(w) * h * 3), flipped(px.size());
+        glPixelStorei(GL_PACK_ALIGNMENT, 1);
+        glReadBuffer(GL_BACK);
+        glReadPixels(0, 0, w, h, GL_RGB, GL_UNSIGNED_BYTE, px.data());
+        const size_t row = static_cast<size_t>(w) * 3;
+        for (int y = 0; y < h; y++)
+            std::copy_n(px.data() + static_cast<size_t>(h - 1 - y) * row, row,
+                        flipped.data() + static_cast<size_t>(y) * row);
+        if (!stbi_write_png(capture.c_str(), w, h, 3, flipped.data(), static_cast<int>(row)))
+            throw StorageError("cannot write " + capture);
+    }
+    glfwSwapBuffers(window_);
+    frame_ms.push_back(ms_since(t0));  // the whole frame: events, models, panels, GL, swap
+    frames_++;
+    act();
+    if (state_requested_) print_state();
+    state_requested_ = false;
+}
+
+// The job's median step time over steps [from, to] of a snapshot, in ms.
+double median_step_ms(const RunSnapshot& s, i64 from) {
+    std::vector<double> v;
+    for (size_t i = 0; i < s.metrics.size(); i++)
+        if (s.metrics.step[i] >= from) v.push_back(s.metrics.step_ms[i]);
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+// Draws when needed: within 1/60 s of an input event (and two frames after it, so hover and
+// release settle), else every 100 ms while something may change, else every 500 ms.
+class Pacer {
+public:
+    void wait_and_frame(Workbench& wb) {
+        const double since = ms_since(last_);
+        if (wb.input_) settle_ = 3;
+        const bool busy = wb.job().status() == JobStatus::running ||
+                          wb.job().status() == JobStatus::starting || wb.check().busy() ||
+                          wb.explorer().busy();
+        const double period = settle_ > 0 ? 16.6 : busy ? 100.0 : 500.0;
+        if (since < period) {
+            glfwWaitEventsTimeout((period - since) / 1000.0);
+            if (!wb.input_ && settle_ == 0 && ms_since(last_) < period) return;
+            if (wb.input_) settle_ = 3;
+            if (settle_ > 0 && ms_since(last_) < 16.6) return;
+        }
+        wb.input_ = false;
+        if (settle_ > 0) settle_--;
+        last_ = Clock::now();
+        wb.frame();
+    }
+
+private:
+    Clock::time_point last_{};
+    int settle_ = 0;
+};
+
+// Screenshots: frames as fast as 60 per second, the models' work is what is waited for.
+void pace(Clock::time_point start) {
+    const double left = 16.6 - ms_since(start);
+    if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(left));
+}
+
+int screenshots(const WorkbenchOptions& opt) {
+    std::filesystem::create_directories(opt.screenshot_dir);
+    Workbench wb(opt);
+    ImGui::GetIO().ConfigFlags |=
+        ImGuiConfigFlags_NoMouse;  // no hover where the pointer happens to be
+    wb.check_panel().layouts = opt.check_layouts;
+    wb.start_job(false);
+    if (wb.job().status() == JobStatus::none)
+        throw ConfigError(opt.config.source_name + ": the job cannot start");
+    const i64 steps = std::min(opt.steps, opt.config.train.steps);
+    wb.job().run_to(steps);
+    wb.check_panel().steps = static_cast<int>(std::min<i64>(steps, 20));
+    wb.check().start(opt.config, opt.check_layouts, wb.check_panel().steps);
+    const auto t0 = Clock::now();
+    while (true) {
+        const auto f0 = Clock::now();
+        wb.frame();
+        const RunSnapshot& s = wb.data().snap;
+        const bool job_done = s.steps_done >= steps || wb.job().status() == JobStatus::failed;
+        if (job_done && !wb.check().busy() && !wb.explorer().busy()) break;
+        if (ms_since(t0) > 600e3)
+            throw Error("the screenshot run did not finish within 10 minutes");
+        pace(f0);
+    }
+    if (wb.job().status() == JobStatus::failed) {
+        std::fprintf(stderr, "parallax gui: the job failed: %s\n", wb.data().snap.error.c_str());
+        return 3;  // the run itself failed (app/commands.h kRunFailed)
+    }
+    for (int i = 0; i < static_cast<int>(std::size(kPanels)); i++) {
+        wb.frame(i);  // one frame to lay the panel out, one to capture it
+        wb.frame(i);
+        const std::string path = opt.screenshot_dir + "/" + kPanels[i].name + ".png";
+        wb.frame(i, path);
+        std::printf("wrote %s\n", path.c_str());
+    }
+    const std::string whole =
+        opt.screenshot_dir + "/workbench.png";  // the window as a person sees it
+    wb.frame();
+    wb.frame(-1, whole);
+    std::printf("wrote %s\n", whole.c_str());
+    std::fflush(stdout);
+    return 0;
+}
+
+// The job's step time headless (no window, no reader) against with the workbench drawing every
+// frame, alternating, and the frame time with the job running.
+int measure(const WorkbenchOptions& opt) {
+    Config cfg = opt.config;
+    const i64 steps = std::min(opt.measure_steps, cfg.train.steps);
+    const i64 from = std::min<i64>(4, steps);  // steps before this warm up
+    std::vector<double> headless, attached, frames, builds;
+    Workbench wb(opt);
+    for (int round = 0; round < 3; round++) {
+        {
+            JobView view;
+            SteppedRun run(cfg, {&view});
+            run.advance_to(steps);
+            while (!run.wait(1.0)) {
+            }
+            headless.push_back(median_step_ms(view.snapshot(), from));
+        }
+        wb.frame_ms.clear();
+        wb.build_ms.clear();
+        wb.start_job(false);
+        wb.job().run_to(steps);
+        Pacer pacer;
+        while (wb.data().snap.steps_done < steps && wb.job().status() != JobStatus::failed)
+            pacer.wait_and_frame(wb);
+        attached.push_back(median_step_ms(wb.data().snap, from));
+        frames.insert(frames.end(), wb.frame_ms.begin(), wb.frame_ms.end());
+        builds.insert(builds.end(), wb.build_ms.begin(), wb.build_ms.end());
+        wb.job().stop();
+    }
+    std::sort(frames.begin(), frames.end());
+    std::sort(builds.begin(), builds.end());
+    auto pct = [&](double q) {
+        return frames.empty() ? 0.0 : frames[static_cast<size_t>(q * (frames.size() - 1))];
+    };
+    auto bpct = [&](double q) {
+        return builds.empty() ? 0.0 : builds[static_cast<size_t>(q * (builds.size() - 1))];
+    };
+    double h = 0, a = 0;
+    for (double v : headless) h += v / headless.size();
+    for (double v : attached) a += v / attached.size();
+    std::printf(
+        "job: %s, %lld steps per run, 3 runs each way, alternating (medians of steps %lld..)\n",
+        cfg.source_name.c_str(), static_cast<long long>(steps), static_cast<long long>(from));
+    std::printf(
+        "frame time with the job running (events to swap): median %.2f ms, p95 %.2f ms, max %.2f "
+        "ms "
+        "(%zu frames, drawn every 100 ms while the job runs)\n",
+        pct(0.5), pct(0.95), pct(1.0), frames.size());
+    std::printf("  of which the models and panels (before GL): median %.2f ms, p95 %.2f ms\n",
+                bpct(0.5), bpct(0.95));
+    std::printf("step time: headless %.2f ms, with the workbench %.2f ms: slowdown %+.1f%%\n", h, a,
+                100 * (a / h - 1));
+    return 0;
+}
+
+}  // namespace
+
+int run_workbench(const WorkbenchOptions& opt) {
+    if (!opt.screenshot_dir.empty()) return screenshots(opt);
+    if (opt.measure) return measure(opt);
+    Workbench wb(opt);
+    Pacer pacer;
+    while (wb.open()) pacer.wait_and_frame(wb);
+    return 0;
+}
+
+}  // namespace px::gui

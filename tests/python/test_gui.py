@@ -1,0 +1,257 @@
+"""The desktop workbench (`parallax gui`) under Xvfb: every panel rendered headless to a PNG and
+checked for its content, and the real window driven with real X input events (xdotool): press
+Start and the loss moves; set tp to 2 and restart and the layout explorer shows two ranks; type a
+bad value and the editor shows the library's error beside the key, without crashing. The window
+is observed through the state line it prints on F12 (a real key event too). Then Stop, Step, Step
+and Resume: one step at a time, paused between."""
+import json
+import os
+import queue
+import shutil
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+EXE = os.environ.get("PARALLAX_EXE")
+pytestmark = [
+    pytest.mark.skipif(not EXE, reason="PARALLAX_EXE is not set (run through scripts/test.sh)"),
+    pytest.mark.skipif(not shutil.which("Xvfb") or not shutil.which("xdotool"),
+                       reason="Xvfb and xdotool are needed (scripts/setup.sh installs them)"),
+]
+
+# A tiny job whose tp2 shards are whole blocks (hidden 64, ffn 128, blocks of 16): a step takes
+# milliseconds, and validation every 5 steps puts points on the validation curve. Its 5000
+# steps outlast the interactive test, so the loss is still moving whenever it looks.
+TINY = """
+[model]
+vocab = 32
+seq_len = 32
+layers = 2
+heads = 4
+hidden = 64
+ffn = 128
+[train]
+steps = 5000
+batch_size = 8
+warmup_steps = 5
+eval_every = 5
+val_batches = 2
+threads = 1
+[numerics]
+block = 16
+[output]
+run_file = false
+"""
+
+PANELS = ["loss", "layout_check", "pipeline", "memory", "fp8", "events", "layout_explorer",
+          "schedule", "numerics"]
+# Panels that draw a plot: (its region as fractions of the image: x0, y0, x1, y1), the least
+# number of strongly coloured pixels in it, and the least number of distinct colours overall.
+PLOTS = {
+    "loss": ((0.05, 0.08, 0.98, 0.60), 800, 40),
+    "layout_check": ((0.15, 0.12, 0.90, 0.90), 20000, 10),
+    "pipeline": ((0.03, 0.10, 0.98, 0.95), 2000, 10),
+    "memory": ((0.03, 0.05, 0.98, 0.55), 2000, 10),
+    "layout_explorer": ((0.0, 0.10, 0.98, 0.60), 5000, 10),
+    "schedule": ((0.03, 0.10, 0.98, 0.95), 5000, 10),
+    "numerics": ((0.0, 0.30, 0.98, 0.98), 5000, 10),
+}
+
+
+@pytest.fixture(scope="module")
+def display():
+    """Xvfb on a free display number, for this module's tests."""
+    for n in range(90, 140):
+        if not os.path.exists(f"/tmp/.X{n}-lock") and not os.path.exists(f"/tmp/.X11-unix/X{n}"):
+            break
+    proc = subprocess.Popen(["Xvfb", f":{n}", "-screen", "0", "1600x1000x24", "-nolisten", "tcp"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        if os.path.exists(f"/tmp/.X11-unix/X{n}"):
+            break
+        time.sleep(0.05)
+    env = dict(os.environ, DISPLAY=f":{n}")
+    yield env
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gui") / "tiny.toml"
+    path.write_text(TINY)
+    return str(path)
+
+
+def screenshots(env, config, folder, steps):
+    r = subprocess.run([EXE, "gui", "--screenshot", str(folder), "--steps", str(steps), config],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return {p: np.asarray(Image.open(folder / f"{p}.png").convert("RGB")).astype(np.int32)
+            for p in PANELS}
+
+
+def region(img, frac):
+    h, w, _ = img.shape
+    x0, y0, x1, y1 = frac
+    return img[int(y0 * h):int(y1 * h), int(x0 * w):int(x1 * w)]
+
+
+def coloured(pixels):
+    """Pixels of a strong colour (not the greys of text, frames and backgrounds)."""
+    return int(((pixels.max(axis=2) - pixels.min(axis=2)) > 60).sum())
+
+
+def distinct(img):
+    return len(np.unique(img.reshape(-1, 3), axis=0))
+
+
+def test_every_panel_renders_its_content(display, config, tmp_path):
+    at5 = screenshots(display, config, tmp_path / "s5", 5)
+    at20 = screenshots(display, config, tmp_path / "s20", 20)
+    for name, img in at20.items():
+        assert img.shape[0] >= 600 and img.shape[1] >= 800, name
+        assert img.std() > 5, f"{name}.png is blank"
+        light = int((img.min(axis=2) > 150).sum())
+        assert light > 400, f"{name}.png has no text ({light} light pixels)"
+        if name in PLOTS:
+            frac, least, colours = PLOTS[name]
+            n = coloured(region(img, frac))
+            assert n >= least, f"{name}.png: {n} coloured pixels in its plot area, want >= {least}"
+            assert distinct(img) >= colours, f"{name}.png: {distinct(img)} colours"
+    # The loss panel moved on between step 5 and step 20.
+    a, b = region(at5["loss"], PLOTS["loss"][0]), region(at20["loss"], PLOTS["loss"][0])
+    changed = int((np.abs(a - b).sum(axis=2) > 30).sum())
+    assert changed > 2000, f"the loss panel barely changed between step 5 and 20 ({changed} pixels)"
+
+
+class Window:
+    """The workbench as a person uses it: real X events in (xdotool), the F12 state line out."""
+
+    def __init__(self, env, config):
+        self.env = env
+        self.proc = subprocess.Popen([EXE, "gui", config], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        r = self.xdo("search", "--sync", "--onlyvisible", "--name", "Parallax workbench", timeout=60)
+        self.wid = r.stdout.split()[0]
+        self.xdo("windowfocus", "--sync", self.wid)
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def xdo(self, *args, timeout=20):
+        r = subprocess.run(["xdotool", *args], env=self.env, capture_output=True, text=True,
+                           timeout=timeout)
+        assert r.returncode == 0, f"xdotool {args}: {r.stderr}"
+        return r
+
+    def state(self):
+        assert self.proc.poll() is None, f"the workbench exited: {self.proc.stderr.read()}"
+        self.xdo("key", "F12")
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if line.startswith("STATE "):
+                return json.loads(line[6:])
+        raise AssertionError("no state line after F12")
+
+    def click(self, name, state=None):
+        x, y, w, h = (state or self.state())["rects"][name]
+        self.xdo("mousemove", "--window", self.wid, str(int(x + w / 2)), str(int(y + h / 2)))
+        time.sleep(0.1)  # a frame sees the pointer over the widget before the press
+        self.xdo("mousedown", "1")
+        time.sleep(0.1)  # and one the button held (Dear ImGui 1.86 reads held states per frame)
+        self.xdo("mouseup", "1")
+        time.sleep(0.15)
+
+    def type_into(self, key, text):
+        """Replaces the field's text, as a person does: click, ctrl+a, type. Checked through the
+        state line, and done again when a loaded machine let a key slip between two frames."""
+        for _ in range(3):
+            self.click("field:" + key)
+            # ctrl+a held for a few frames: Dear ImGui 1.86 reads keys as held states once per
+            # frame, so a press and release within one frame would be missed.
+            self.xdo("keydown", "ctrl")
+            self.xdo("keydown", "a")
+            time.sleep(0.3)
+            self.xdo("keyup", "a")
+            self.xdo("keyup", "ctrl")
+            self.xdo("type", "--delay", "30", text)
+            time.sleep(0.2)
+            if self.state()["fields"][key] == text:
+                return
+        raise AssertionError(f"could not type {text!r} into {key}")
+
+    def wait_for(self, what, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            s = self.state()
+            if what(s):
+                return s
+            time.sleep(0.2)
+        raise AssertionError(f"timed out; last state: {s}")
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def test_the_window_driven_by_real_input(display, config):
+    w = Window(display, config)
+    try:
+        s = w.state()
+        assert s["status"] == "no job" and s["loss_points"] == 0
+        # Press Start: the job runs and the loss panel moves.
+        w.click("start", s)
+        first = w.wait_for(lambda s: s["loss_points"] >= 3)
+        time.sleep(1.0)
+        later = w.state()
+        assert later["loss_points"] > first["loss_points"], (first, later)
+        assert later["status"] in ("running", "finished")
+
+        # tp = 2 in the editor, Restart: the layout explorer shows two ranks.
+        w.type_into("layout.tp", "2")
+        w.click("restart")
+        w.click("tab:layout_explorer")
+        s = w.wait_for(lambda s: s["job_tp"] == 2 and not s["explorer_busy"] and s["explorer_ranks"] == 2)
+        assert "explorer_ranks" in s["rects"]
+        assert s["editor_errors"] == {}
+
+        # A bad value: the library's message beside the key, and the window lives on.
+        w.type_into("model.hidden", "abc")
+        w.click("restart")
+        s = w.wait_for(lambda s: "model.hidden" in s["editor_errors"])
+        msg = s["editor_errors"]["model.hidden"]
+        assert "model.hidden" in msg and "abc" in msg, msg
+        fx, fy, fw, fh = s["rects"]["field:model.hidden"]
+        ex, ey, ew, eh = s["rects"]["error:model.hidden"]
+        assert ex >= fx + fw and ey < fy + fh and ey + eh > fy, "the error is not beside its key"
+        assert s["job_tp"] == 2  # the running job was left alone
+        time.sleep(0.5)
+        assert w.state()["status"] in ("running", "finished")
+
+        # Fixed, then Stop and Step: a new run that does one step at a time and pauses.
+        w.type_into("model.hidden", "64")
+        w.click("stop")
+        w.click("step")
+        s = w.wait_for(lambda s: s["status"] == "paused" and s["steps_done"] == 1)
+        assert s["editor_errors"] == {} and s["loss_points"] == 1
+        w.click("step", s)
+        s = w.wait_for(lambda s: s["status"] == "paused" and s["steps_done"] == 2)
+        w.click("resume", s)
+        w.wait_for(lambda s: s["steps_done"] > 2)
+    finally:
+        w.close()

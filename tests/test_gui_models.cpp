@@ -1,0 +1,313 @@
+// The workbench's models, without a window (app/gui: the data model apart from the drawing):
+// the layout-check panel's lockstep grid (a fast-mode check within budget; a planted mutation,
+// tests/mutations.h, turns its cell red at the right step and the first op is named), the config
+// editor's errors beside their keys, the layout explorer on the runtime's own ranks, the job
+// controller, the measured pipeline timeline, and the teaching models.
+#include "app/gui/config_editor.h"
+#include "app/gui/job_controller.h"
+#include "app/gui/layout_check.h"
+#include "app/gui/layout_explorer.h"
+#include "app/gui/run_files.h"
+#include "app/gui/teaching.h"
+#include "core/io/runfile.h"
+#include "test_util.h"
+#include "tests/mutations.h"
+#include "validators/trace.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+using namespace px;
+using namespace px::gui;
+using namespace px::test;
+
+namespace {
+
+Config check_job() {
+    Config c = with_tp_shapes(small_job());
+    c.train.steps = 4;
+    return c;
+}
+
+int row_of(const LayoutGrid& g, const std::string& name) {
+    const auto it = std::find(g.tensors.begin(), g.tensors.end(), name);
+    return it == g.tensors.end() ? -1 : static_cast<int>(it - g.tensors.begin());
+}
+
+bool is_red(std::uint32_t rgba) {  // 0xAABBGGRR: red full, green and blue low
+    return (rgba & 0xFF) == 0xFF && ((rgba >> 8) & 0xFF) <= 120 && ((rgba >> 16) & 0xFF) <= 60;
+}
+
+}  // namespace
+
+TEST_CASE("Layout check: a fast-mode check reports within budget", "[gui]") {
+    Config c = check_job();
+    c.numerics.mode = Mode::fast;
+    LayoutCheck check;
+    check.start(c, "dp2", 4);
+    REQUIRE(check.wait(300));
+    const CheckView v = check.view();
+    INFO(v.error);
+    REQUIRE(v.layouts.size() == 1);
+    const LayoutGrid& g = v.layouts[0];
+    CHECK(v.mode == "fast");
+    CHECK(g.finished);
+    CHECK(g.result.verdict == "within budget");
+    CHECK(g.summary.find("within budget") != std::string::npos);
+    CHECK(g.steps_done == 4);
+    CHECK(v.reference_steps == 4);
+}
+
+TEST_CASE("Layout check: a planted mutation turns its cell red at its step and names the first op",
+          "[gui]") {
+    const Config c = check_job();
+    mutation::Mutation m;
+    m.kind = mutation::Kind::swap_partials;
+    m.step = 2;
+    m.rank = 1;
+    m.other = 2;
+    m.tensor = "h.0.mlp.c_fc.weight";
+    LayoutCheck check;
+    check.start(c, "dp4", 3, mutation::plant(m));
+    REQUIRE(check.wait(300));
+    const CheckView v = check.view();
+    REQUIRE(v.layouts.size() == 1);
+    const LayoutGrid& g = v.layouts[0];
+    INFO(g.summary);
+    CHECK(g.result.verdict == "diverged");
+    CHECK(g.result.first_step == 2);
+    CHECK(g.result.first_op.name == "2/grad/0/param/mlp.c_fc.weight");
+    CHECK(g.summary.find("first op: 2/grad/0/param/mlp.c_fc.weight") != std::string::npos);
+    // The grid: every cell of step 1 bit-identical; the swapped reduction's cell red at step 2.
+    const int row = row_of(g, "grad/0/param/mlp.c_fc.weight");
+    REQUIRE(row >= 0);
+    for (const std::vector<CheckCell>& line : g.cells) {
+        REQUIRE(line.size() == 3);
+        CHECK(line[0].done);
+        CHECK(line[0].rank < 0);
+        CHECK(!is_red(ulp_colour(line[0])));
+    }
+    const CheckCell& cell = g.cells[static_cast<size_t>(row)][1];
+    CHECK(cell.done);
+    CHECK(cell.rank >= 0);
+    CHECK(cell.differing > 0);
+    CHECK(cell.reference != cell.candidate);
+    CHECK(is_red(ulp_colour(cell)));
+}
+
+TEST_CASE("Layout check: bad layouts are refused before anything runs", "[gui]") {
+    LayoutCheck check;
+    CHECK_THROWS_AS(check.start(check_job(), "dp2,qq3", 2), ConfigError);
+    CHECK_THROWS_AS(check.start(check_job(), "dp3", 2),
+                    ConfigError);  // 3 does not divide the batch
+    CHECK(!check.busy());
+}
+
+TEST_CASE("Layout check: a new check replaces a running one without waiting for it", "[gui]") {
+    LayoutCheck check;
+    check.start(check_job(), "dp2", 4);
+    check.start(check_job(), "dp4", 2);  // the first is told to stop; this returns at once
+    REQUIRE(check.wait(300));
+    const CheckView v = check.view();
+    REQUIRE(v.layouts.size() == 1);
+    CHECK(v.layouts[0].name == "dp4");
+    CHECK(v.layouts[0].result.verdict == "match");
+    CHECK(v.steps == 2);
+}
+
+TEST_CASE("Config editor: an error is the library's message, beside the key it names", "[gui]") {
+    ConfigEditor e(small_job());
+    REQUIRE(e.field("layout.tp"));
+    CHECK(e.field("layout.tp")->text == "1");
+    CHECK(e.build().has_value());
+
+    e.set("layout.tp", "3");
+    CHECK(!e.build().has_value());
+    CHECK(e.field("layout.tp")->error.find("layout.tp") != std::string::npos);
+    CHECK(e.field("model.heads")->error.empty());
+
+    e.set("layout.tp", "1");
+    e.set("model.hidden", "abc");
+    CHECK(!e.build().has_value());
+    CHECK(e.field("model.hidden")->error.find("model.hidden") != std::string::npos);
+    CHECK(e.field("layout.tp")->error.empty());
+
+    e.set("model.hidden", "64");
+    e.set("model.ffn", "128");
+    e.set("layout.tp", "2");
+    e.set("numerics.block", "16");
+    const std::optional<Config> c = e.build();
+    INFO(e.general_error());
+    REQUIRE(c.has_value());
+    CHECK(c->layout.tp == 2);
+    CHECK(!e.has_error());
+}
+
+TEST_CASE("Layout explorer: tp2 holds each attention matrix in two row blocks and all-reduces",
+          "[gui]") {
+    Config c = with_tp_shapes(small_job());
+    c.layout.tp = 2;
+    const ExplorerResult r = explore_layout(c);
+    INFO(r.error);
+    REQUIRE(r.error.empty());
+    CHECK(r.layout.world_size() == 2);
+    CHECK(r.coords.size() == 2);
+    CHECK(r.memory.size() == 2);
+    const auto t = std::find_if(r.tensors.begin(), r.tensors.end(), [](const TensorHolding& h) {
+        return h.name == "h.0.attn.c_attn.weight";
+    });
+    REQUIRE(t != r.tensors.end());
+    std::vector<int> holders;
+    i64 rows = 0;
+    for (const HeldPiece& p : t->weights) {
+        holders.push_back(p.rank);
+        rows += p.slab.rows;
+        CHECK(p.slab.cols == t->cols);
+    }
+    std::sort(holders.begin(), holders.end());
+    holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
+    CHECK(holders == std::vector<int>{0, 1});
+    CHECK(rows == t->rows);  // each row held once: a column-parallel split
+    const bool tp_all_reduce =
+        std::any_of(r.collectives.begin(), r.collectives.end(), [](const CollectiveUse& u) {
+            return u.group == "tp" && u.collective == "all_reduce" && u.bytes > 0;
+        });
+    CHECK(tp_all_reduce);
+
+    c.layout.tp = 3;  // does not divide the heads
+    const ExplorerResult bad = explore_layout(c);
+    CHECK(bad.error.find("layout.tp") != std::string::npos);
+}
+
+TEST_CASE("Job controller: a run steps, pauses, and its pipeline timeline is measured", "[gui]") {
+    Config c = small_job();
+    c.train.steps = 6;
+    c.layout.pp = 2;
+    c.layout.microbatches = 2;
+    JobController job;
+    job.start(c, false);
+    job.run_to(3);
+    RunSnapshot s;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (s.steps_done < 3 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120)) {
+        job.poll();
+        job.update(s);
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    CHECK(s.steps_done == 3);
+    CHECK(s.metrics.size() == 3);
+    CHECK(s.layout.pp == 2);
+    job.poll();
+    CHECK(job.status() == JobStatus::paused);
+    REQUIRE(job.trace());
+    const Timeline tl = measured_timeline(job.trace()->mesh(), job.trace()->last_steps());
+    INFO(tl.problem);
+    CHECK(tl.problem.empty());
+    CHECK(tl.lanes.size() == 2);
+    CHECK(tl.makespan > 0);
+    CHECK(tl.bubble > 0);
+    CHECK(tl.bubble < 1);
+    int forwards = 0;
+    for (const TimelineBar& b : tl.bars) forwards += b.kind == TimelineBar::forward;
+    CHECK(forwards == 4);  // 2 stages × 2 microbatches
+    job.resume();
+    while (job.status() != JobStatus::finished &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120)) {
+        job.poll();
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    job.update(s);
+    CHECK(s.state == RunState::finished);
+    CHECK(s.steps_done == 6);
+
+    Config bad = c;
+    bad.layout.tp = 3;
+    CHECK_THROWS_AS(job.start(bad, true), ConfigError);
+}
+
+TEST_CASE("Teaching models: the schedule's bubble and the canonical sums", "[gui]") {
+    ScheduleModel s;
+    s.kind = "1f1b";
+    s.pp = 4;
+    s.microbatches = 8;
+    s.make();
+    CHECK(s.error.empty());
+    CHECK(s.sim.ok());
+    CHECK(s.sim.bubble == Approx(bubble_formula(4, 8, 1)));
+    s.kind = "interleaved";
+    s.virtual_stages = 2;
+    s.microbatches = 6;  // not a multiple of pp
+    s.make();
+    CHECK(!s.error.empty());
+
+    NumericsModel n;
+    n.make();
+    bool some_order_differs = false;
+    for (const SumRow& r : n.rows) {
+        if (r.canonical) CHECK(r.ulp_vs_tree == 0);
+        some_order_differs = some_order_differs || r.ulp_vs_tree != 0;
+    }
+    CHECK(some_order_differs);
+    CHECK(n.nodes.size() == 3);
+}
+
+TEST_CASE("Finished runs open in the panels: a run file, a validate.json, a golden trace",
+          "[gui]") {
+    const std::string dir = "build/test_gui_models_files";
+    std::filesystem::create_directories(dir);
+    const Config c = check_job();
+    {
+        RunFile f(dir + "/run.h5", config_to_toml(c));
+        for (i64 s = 1; s <= 3; s++) {
+            f.append("loss", s, 4.0 - s);
+            f.append("grad_norm", s, 1.0);
+        }
+        f.append("val_loss", 2, 2.5);
+        f.event(2, "rerun", "step 2 ran again");
+    }
+    const RunSnapshot snap = snapshot_from_run_file(dir + "/run.h5");
+    CHECK(snap.metrics.size() == 3);
+    CHECK(snap.metrics.loss[2] == 1.0);
+    CHECK(snap.metrics.val_loss[0] == -1);
+    CHECK(snap.metrics.val_loss[1] == 2.5);
+    REQUIRE(snap.events.size() == 1);
+    CHECK(snap.events[0].kind == EventKind::rerun);
+    CHECK(snap.config.model.hidden == c.model.hidden);
+
+    mutation::Mutation m;
+    m.kind = mutation::Kind::swap_partials;
+    m.step = 2;
+    m.rank = 1;
+    m.other = 2;
+    m.tensor = "h.0.mlp.c_fc.weight";
+    const ValidationReport rep =
+        validate_layouts(c, parse_layouts("dp4"), 3, nullptr, mutation::plant(m));
+    {
+        std::ofstream out(dir + "/validate.json");
+        out << rep.to_json();
+    }
+    const CheckView v = check_from_report(dir + "/validate.json");
+    REQUIRE(v.layouts.size() == 1);
+    const LayoutGrid& g = v.layouts[0];
+    CHECK(g.result.verdict == "diverged");
+    CHECK(g.result.first_op.name == "2/grad/0/param/mlp.c_fc.weight");
+    const int row = row_of(g, "params/h.0.mlp.c_fc.weight");
+    REQUIRE(row >= 0);
+    CHECK(g.cells[static_cast<size_t>(row)][0].rank < 0);
+    CHECK(is_red(ulp_colour(g.cells[static_cast<size_t>(row)][1])));
+    CHECK_THROWS_AS(check_from_report(dir + "/run.h5"), DataError);
+
+    record_trace(c, {"**"}, 1, 2, dir + "/trace.h5");
+    LayoutCheck check;
+    check.start_golden(dir + "/trace.h5", "dp2");
+    REQUIRE(check.wait(300));
+    const CheckView gv = check.view();
+    INFO(gv.error);
+    REQUIRE(gv.layouts.size() == 1);
+    CHECK(gv.layouts[0].result.verdict == "match");
+    CHECK(gv.steps == 2);
+    CHECK_THROWS(check.start_golden(dir + "/run.h5", "dp2"));
+}
