@@ -383,6 +383,12 @@ TEST_CASE("constraints across keys are sentences naming both keys", "[config]") 
     CHECK_THAT(parse_error("[model]\nvocab = 32\n[data]\nmarkov_vocab = 33\n"),
                Contains("data.markov_vocab=33 exceeds model.vocab=32"));
     CHECK_THAT(parse_error("[model]\nvocab = 50000\n[data]\nmarkov_order = 1000000\n"), Contains("data.markov_order=1000000"));
+    // One symbol has one state at any order: refused at once (counting V^k never grows; a fuzz
+    // case with markov_order = 2^62 and markov_vocab = 1 used to loop for ever).
+    CHECK_THAT(parse_error("[data]\nmarkov_vocab = 1\nmarkov_order = 4611686018427387904\n"),
+               Contains("data.markov_vocab=1") && Contains("at least 2 symbols"));
+    CHECK_THAT(parse_error("[model]\nvocab = 1\n[data]\nmarkov_order = 4611686018427387904\n"),
+               Contains("vocab"));
     // Layout keys among themselves; rules that involve the model or the batch belong to px::Layout.
     CHECK_THAT(parse_error("[layout]\nvirtual_stages = 2\n"),
                Contains("layout.virtual_stages=2 needs layout.schedule = \"interleaved\", got \"1f1b\"") && Contains("(line 2)"));

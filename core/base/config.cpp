@@ -531,9 +531,14 @@ void check(const Config& c) {
             throw Problem{{"data.markov_vocab", "model.vocab"},
                           "data.markov_vocab=" + std::to_string(d.markov_vocab) + " exceeds model.vocab=" +
                               std::to_string(m.vocab) + ": the model must be able to emit every symbol"};
+        if (d.markov_vocab == 1)
+            throw Problem{{"data.markov_vocab"},
+                          "data.markov_vocab=1: a Markov chain needs at least 2 symbols (0 means "
+                          "model.vocab)"};
         const i64 V = d.markov_vocab > 0 ? d.markov_vocab : m.vocab;
-        i64 states = 1;
-        for (i64 k = 0; k < d.markov_order && states <= kMaxMarkovStates; k++) states *= V;
+        i64 states = 1;  // V^k, counted only until it passes the limit (V = 1 stays 1: no loop)
+        for (i64 k = 0; V >= 2 && k < d.markov_order && states <= kMaxMarkovStates; k++)
+            states *= V;
         if (states > kMaxMarkovStates)
             throw Problem{{"data.markov_order", "data.markov_vocab"},
                           "data.markov_order=" + std::to_string(d.markov_order) + " with " +
