@@ -69,48 +69,64 @@ void RunFileObserver::resume() {
         note += from;
     }
     std::string moved;  // where a damaged file went
-    try {
-        file_ = RunFile::reopen(path_);
-    } catch (const RunFileDamaged& e) {
-        // A log, not the run's state: keep it for whoever wants to look, and write a new one
-        // from the checkpoint's history, so that a restart after a crash is not stopped by it.
+    // A log, not the run's state: a damaged one is kept for whoever wants to look, and a new one
+    // is written from the checkpoint's history, so that a restart after a crash is not stopped.
+    auto set_aside = [&](const char* why) {
+        file_.reset();
         moved = move_aside(path_);
         std::fprintf(stderr,
                      "parallax: %s; moved to %s, and a new run file starts with the "
                      "checkpoint's steps\n",
-                     e.what(), moved.c_str());
-        file_.reset();
+                     why, moved.c_str());
+    };
+    try {
+        file_ = RunFile::reopen(path_);
+    } catch (const RunFileDamaged& e) {
+        set_aside(e.what());
     }
     i64 have = 0;  // rows the file holds that agree with the checkpoint's history
+    const std::string note_before = note;
     if (file_) {
-        file_->truncate(k);
-        have = k;
-        for (const char* name : kPerStep) have = std::min(have, file_->last_step(name));
-        // The file must be this run's: its losses are the history's, bit for bit.
-        std::vector<i64> steps;
-        std::vector<double> loss;
-        file_->read("loss", &steps, &loss);
-        for (size_t i = 0; i < steps.size() && have > 0; i++) {
-            const i64 s = steps[i];
-            if (s < 1 || s > static_cast<i64>(restored_.size())) continue;  // nothing to compare
-            const StepMetrics& h = restored_[static_cast<size_t>(s - 1)];
-            const bool same = h.step == s && std::bit_cast<std::uint64_t>(h.loss) ==
-                                                 std::bit_cast<std::uint64_t>(loss[i]);
-            if (!same) {
-                have = 0;
-                note +=
-                    "; the run file's rows disagreed with the checkpoint's history and were "
-                    "rewritten from it";
+        // Reading and rewriting a reopened file can meet damage that opening it did not (an
+        // attribute or a series HDF5 cannot write back): the file is set aside all the same. A
+        // full or failing file system is not damage, and stops the run.
+        try {
+            file_->truncate(k);
+            have = k;
+            for (const char* name : kPerStep) have = std::min(have, file_->last_step(name));
+            // The file must be this run's: its losses are the history's, bit for bit.
+            std::vector<i64> steps;
+            std::vector<double> loss;
+            file_->read("loss", &steps, &loss);
+            for (size_t i = 0; i < steps.size() && have > 0; i++) {
+                const i64 s = steps[i];
+                if (s < 1 || s > static_cast<i64>(restored_.size())) continue;  // nothing to compare
+                const StepMetrics& h = restored_[static_cast<size_t>(s - 1)];
+                const bool same = h.step == s && std::bit_cast<std::uint64_t>(h.loss) ==
+                                                     std::bit_cast<std::uint64_t>(loss[i]);
+                if (!same) {
+                    have = 0;
+                    note +=
+                        "; the run file's rows disagreed with the checkpoint's history and were "
+                        "rewritten from it";
+                }
             }
+            if (have > 0 && have < k) {
+                note += "; steps after ";
+                note += std::to_string(have);
+                note += " were missing from the run file and were written from the checkpoint";
+            }
+            file_->truncate(have);
+            file_->set_attr("config", config_toml_);  // the config that finishes the run
+        } catch (const StorageError&) {
+            throw;
+        } catch (const Error& e) {
+            note = note_before;
+            have = 0;
+            set_aside(e.what());
         }
-        if (have > 0 && have < k) {
-            note += "; steps after ";
-            note += std::to_string(have);
-            note += " were missing from the run file and were written from the checkpoint";
-        }
-        file_->truncate(have);
-        file_->set_attr("config", config_toml_);  // the config that finishes the run
-    } else {
+    }
+    if (!file_) {
         file_ = std::make_unique<RunFile>(path_, config_toml_);
         if (moved.empty()) {
             note +=
