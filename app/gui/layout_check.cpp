@@ -67,6 +67,24 @@ bool LayoutCheck::wait(double timeout_s) const {
     return true;
 }
 
+void LayoutCheck::begin_run(const std::shared_ptr<Run>& run, const std::string& mode, i64 steps,
+                            const std::vector<LayoutSpec>& specs) {
+    if (run_) run_->cancel = true;  // it ends at its next step, on its own thread
+    run->id = ++runs_;
+    run_ = run;
+    v_ = CheckView{};
+    v_.running = true;
+    v_.mode = mode;
+    v_.steps = steps;
+    for (const LayoutSpec& s : specs) {
+        LayoutGrid g;
+        g.name = s.name;
+        v_.layouts.push_back(std::move(g));
+    }
+    v_.version = ++version_;
+    busy_ = true;
+}
+
 void LayoutCheck::start(const Config& cfg, const std::string& layouts, i64 steps,
                         const RunHooks& decorate) {
     const std::vector<LayoutSpec> specs = parse_layouts(layouts);
@@ -74,20 +92,7 @@ void LayoutCheck::start(const Config& cfg, const std::string& layouts, i64 steps
     auto run = std::make_shared<Run>();
     {
         std::lock_guard lk(mu_);
-        if (run_) run_->cancel = true;  // it ends at its next step, on its own thread
-        run->id = ++runs_;
-        run_ = run;
-        v_ = CheckView{};
-        v_.running = true;
-        v_.mode = mode_name(cfg.numerics.mode);
-        v_.steps = steps;
-        for (const LayoutSpec& s : specs) {
-            LayoutGrid g;
-            g.name = s.name;
-            v_.layouts.push_back(std::move(g));
-        }
-        v_.version = ++version_;
-        busy_ = true;
+        begin_run(run, mode_name(cfg.numerics.mode), steps, specs);
     }
     std::thread t([this, run, cfg, specs, steps, decorate] {
         ValidateWatch watch;
@@ -136,20 +141,7 @@ void LayoutCheck::start_golden(const std::string& trace_path, const std::string&
     auto run = std::make_shared<Run>();
     {
         std::lock_guard lk(mu_);
-        if (run_) run_->cancel = true;
-        run->id = ++runs_;
-        run_ = run;
-        v_ = CheckView{};
-        v_.running = true;
-        v_.mode = "golden trace";
-        v_.steps = trace->info().steps;
-        for (const LayoutSpec& s : specs) {
-            LayoutGrid g;
-            g.name = s.name;
-            v_.layouts.push_back(std::move(g));
-        }
-        v_.version = ++version_;
-        busy_ = true;
+        begin_run(run, "golden trace", trace->info().steps, specs);
     }
     std::thread t([this, run, cfg, specs, trace, trace_path] {
         CheckView done;

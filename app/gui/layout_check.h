@@ -81,6 +81,10 @@ private:
         std::uint64_t id = 0;
         std::atomic<bool> cancel{false};
     };
+    // Under mu_: stops the current run (it ends at its next step, on its own thread) and makes
+    // `run` current, with an empty grid of `specs` for `steps` steps in `mode`.
+    void begin_run(const std::shared_ptr<Run>& run, const std::string& mode, i64 steps,
+                   const std::vector<LayoutSpec>& specs);
     // Under mu_, for the current run only (a cancelled one's results are dropped).
     void on_step(const std::string& layout, i64 step, int rank, const std::vector<Comparison>& cmp);
 
