@@ -445,27 +445,27 @@ void Job::reduce_grads(float* g) {
 void Job::combine_nodes_across_replicas(float* g) {
     const i64 w = model_->grad_layout().total;
     const size_t k = acc_.front().targets().size();
-    if (nx_.mode == Mode::fast) {
-        for (const TreeAccumulator& a : acc_) {
-            const GradSpan s = model_->grad_span(static_cast<int>(&a - acc_.data()));
-            for (size_t j = 1; j < k; j++) {
-                const float* t = a.target_buffer(j);
-                for (i64 i = s.lo; i < s.hi; i++) g[i] += t[i];
-            }
-        }
-        groups_.dp->all_reduce(g, w, layout_.algo);
-        return;
+    const bool fast = nx_.mode == Mode::fast;
+    // Bitwise: the k targets as rows (k, w), kept between steps (the step's hot path).
+    if (!fast) {
+        node_values_.resize(k * static_cast<size_t>(w));
+        std::memcpy(node_values_.data(), g, static_cast<size_t>(w) * sizeof(float));
     }
-    std::vector<float> values(k * static_cast<size_t>(w));
-    std::memcpy(values.data(), g, static_cast<size_t>(w) * sizeof(float));
     for (size_t c = 0; c < acc_.size(); c++) {
         const GradSpan s = model_->grad_span(static_cast<int>(c));
-        for (size_t j = 1; j < k; j++)
-            std::memcpy(values.data() + j * static_cast<size_t>(w) + s.lo,
-                        acc_[c].target_buffer(j) + s.lo,
-                        static_cast<size_t>(s.hi - s.lo) * sizeof(float));
+        for (size_t j = 1; j < k; j++) {
+            const float* t = acc_[c].target_buffer(j);
+            if (fast)
+                for (i64 i = s.lo; i < s.hi; i++) g[i] += t[i];
+            else
+                std::memcpy(node_values_.data() + j * static_cast<size_t>(w) + s.lo, t + s.lo,
+                            static_cast<size_t>(s.hi - s.lo) * sizeof(float));
+        }
     }
-    exchange_and_combine(*groups_.dp, plan_, values.data(), w, g);
+    if (fast)
+        groups_.dp->all_reduce(g, w, layout_.algo);
+    else
+        exchange_and_combine(*groups_.dp, plan_, node_values_.data(), w, g);
 }
 
 // dwte = dwte(embedding) + dwte(LM head). On one stage, GPT::combine_tied_grads. Across stages

@@ -293,6 +293,7 @@ private:
     // when its range is a node), in TreeAccumulator::leaves order.
     std::vector<std::vector<Range>> leaf_rows_;
     NodePlan plan_;  // every replica's nodes of the batch's token tree (not under ZeroUnits)
+    std::vector<float> node_values_;  // combine_nodes_across_replicas' rows, reused every step
     std::vector<std::vector<std::unique_ptr<Slot>>> slots_;  // per chunk: every set made
     std::vector<std::vector<Slot*>> free_;                   // per chunk: sets not in use
     std::vector<std::vector<Slot*>> live_;                   // per chunk, per microbatch
