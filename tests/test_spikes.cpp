@@ -53,8 +53,8 @@ struct Recorder : Observer {
         std::lock_guard<std::mutex> lock(mu);
         values[step] = v;
     }
-    void on_event(const RunView&, i64 step, const std::string& kind,
-                  const std::string& message) override {
+    void on_event(const RunView&, i64 step, const std::string& kind, const std::string& message,
+                  const std::vector<NamedValue>&) override {
         std::lock_guard<std::mutex> lock(mu);
         if (kind == "spike") spikes.emplace_back(step, message);
     }

@@ -601,8 +601,9 @@ void Job::emit_values(i64 step, const std::vector<NamedValue>& values) {
     for (Observer* o : observers_) o->on_values(*this, step, values);
 }
 
-void Job::emit_event(i64 step, const std::string& kind, const std::string& message) {
-    for (Observer* o : observers_) o->on_event(*this, step, kind, message);
+void Job::emit_event(i64 step, const std::string& kind, const std::string& message,
+                     const std::vector<NamedValue>& evidence) {
+    for (Observer* o : observers_) o->on_event(*this, step, kind, message, evidence);
 }
 
 // Every replica's per-token losses of `batches` batches (each replica's `local` holds its

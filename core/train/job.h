@@ -149,9 +149,11 @@ public:
     virtual void on_values(const RunView&, i64 /*step*/, const std::vector<NamedValue>&) {}
     virtual void on_step(const RunView&, const StepMetrics&) {}
     // Something happened at `step` (Job::emit_event): kind is a word ("spike", "alert"), the
-    // message a sentence for people that carries the evidence.
+    // message a sentence for people; evidence: named values that go with it (a spike's
+    // per-layer values as its first run saw them), maybe none.
     virtual void on_event(const RunView&, i64 /*step*/, const std::string& /*kind*/,
-                          const std::string& /*message*/) {}
+                          const std::string& /*message*/,
+                          const std::vector<NamedValue>& /*evidence*/) {}
     virtual void on_end(const RunView&) {}
 };
 
@@ -171,7 +173,8 @@ public:
     void add_observer(Observer* obs) { observers_.push_back(obs); }
     // To every observer (those of world rank 0; a rank without observers sends nothing).
     void emit_values(i64 step, const std::vector<NamedValue>& values);
-    void emit_event(i64 step, const std::string& kind, const std::string& message);
+    void emit_event(i64 step, const std::string& kind, const std::string& message,
+                    const std::vector<NamedValue>& evidence = {});
     bool observed() const { return !observers_.empty(); }
     // Called on every rank after each step, after the observers (checkpoints: a collective).
     void set_after_step(std::function<void(Job&)> f) { after_step_ = std::move(f); }

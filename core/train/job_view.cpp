@@ -171,25 +171,28 @@ void JobView::on_start(const RunView& run) {
     w.memory.resize(std::max(w.memory.size(), static_cast<size_t>(w.head->layout.world_size)));
     w.memory[0] = mem;
     if (done > 0)
-        w.events.push_back({done, EventKind::resume, resume_note(w.head->config.checkpoint, done)});
+        w.events.push_back({done, EventKind::resume, resume_note(w.head->config.checkpoint, done), {}});
     publish();
 }
 
 // A step at or before the last one reported (the replica check or a spike replay rewound the
-// job): the rows and values from it on are dropped, with a rerun event. Holding job_mutex_.
-void JobView::begin_step(i64 step) {
+// job): the rows from it on are dropped, with a rerun event, and the values after it (from it
+// on when values_too: its new values are coming). Holding job_mutex_.
+void JobView::begin_step(i64 step, bool values_too) {
     State& w = *work_;
     size_t keep = w.rows.size;
     while (keep > 0 && w.rows[keep - 1].step >= step) keep--;
-    size_t keep_values = w.values.size;
-    while (keep_values > 0 && w.values[keep_values - 1].step >= step) keep_values--;
+    size_t keep_values = w.values.size;  // a step's values come before its row
+    const i64 first_dropped = values_too ? step : step + 1;
+    while (keep_values > 0 && w.values[keep_values - 1].step >= first_dropped) keep_values--;
     const bool cut = keep < w.rows.size || keep_values < w.values.size;
     if (keep < w.rows.size) {
         const i64 last = w.rows[w.rows.size - 1].step;
         w.rows.truncate(keep);
         w.events.push_back({step, EventKind::rerun,
                             "step " + std::to_string(step) + " was run again after step " +
-                                std::to_string(last) + "; the rows from it on were replaced"});
+                                std::to_string(last) + "; the rows from it on were replaced",
+                            {}});
     }
     if (cut) w.epoch++;
     w.values.truncate(keep_values);
@@ -198,17 +201,19 @@ void JobView::begin_step(i64 step) {
 void JobView::on_values(const RunView&, i64 step, const std::vector<NamedValue>& values) {
     auto shared = std::make_shared<const std::vector<NamedValue>>(values);
     std::lock_guard<std::mutex> lock(job_mutex_);
-    begin_step(step);
+    begin_step(step, true);
     work_->values.push_back({step, std::move(shared)});
     publish();
 }
 
 void JobView::on_event(const RunView&, i64 step, const std::string& kind,
-                       const std::string& message) {
+                       const std::string& message, const std::vector<NamedValue>& evidence) {
     EventKind k = EventKind::fault;
     if (kind == "spike") k = EventKind::spike;
     if (kind == "alert") k = EventKind::alert;
-    add_event(step, k, message);
+    std::lock_guard<std::mutex> lock(job_mutex_);
+    work_->events.push_back({step, k, message, evidence});
+    publish();
 }
 
 void JobView::on_step(const RunView& run, const StepMetrics& m) {
@@ -217,7 +222,7 @@ void JobView::on_step(const RunView& run, const StepMetrics& m) {
 
     std::lock_guard<std::mutex> lock(job_mutex_);
     State& w = *work_;
-    begin_step(m.step);
+    begin_step(m.step, false);
     w.rows.push_back(m);
     w.steps_done = done;
     if (w.memory.empty()) w.memory.resize(1);
@@ -240,7 +245,7 @@ void JobView::on_end(const RunView& run) {
 
 void JobView::add_event(i64 step, EventKind kind, const std::string& message) {
     std::lock_guard<std::mutex> lock(job_mutex_);
-    work_->events.push_back({step, kind, message});
+    work_->events.push_back({step, kind, message, {}});
     publish();
 }
 
@@ -249,7 +254,7 @@ void JobView::fail(const std::string& error) {
     State& w = *work_;
     w.state = RunState::failed;
     w.error = error;
-    w.events.push_back({w.steps_done, EventKind::failure, error});
+    w.events.push_back({w.steps_done, EventKind::failure, error, {}});
     publish();
 }
 

@@ -56,6 +56,7 @@ struct RunEvent {
     i64 step = 0;  // the step it happened at (after that step's update; 0: before any)
     EventKind kind = EventKind::fault;
     std::string message;  // a sentence for people
+    std::vector<NamedValue> evidence;  // values that go with it (a spike's), maybe none
 };
 
 // One row per step, in step order; a re-run step's rows replace the later ones.
@@ -118,7 +119,7 @@ public:
     void on_step(const RunView& run, const StepMetrics& m) override;  // one row, rank 0's memory
     // kind "spike" or "alert" (others are faults)
     void on_event(const RunView& run, i64 step, const std::string& kind,
-                  const std::string& message) override;
+                  const std::string& message, const std::vector<NamedValue>& evidence) override;
     void on_end(const RunView& run) override;                         // finished
     void add_event(i64 step, EventKind kind, const std::string& message);  // checkpoint, fault
     void fail(const std::string& error);  // failed, with a failure event; final
@@ -136,7 +137,7 @@ public:
 private:
     struct State;    // the run's state as published: immutable once shared
     void publish();  // holding job_mutex_
-    void begin_step(i64 step);  // holding job_mutex_
+    void begin_step(i64 step, bool values_too);  // holding job_mutex_
 
     std::mutex job_mutex_;           // orders the job's threads among themselves
     std::unique_ptr<State> work_;    // the job side's state, under job_mutex_

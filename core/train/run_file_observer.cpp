@@ -5,6 +5,7 @@
 #include "core/base/error.h"
 #include "core/io/checkpoint.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -175,9 +176,15 @@ void RunFileObserver::on_values(const RunView&, i64 step, const std::vector<Name
 }
 
 void RunFileObserver::on_event(const RunView&, i64 step, const std::string& kind,
-                               const std::string& message) {
+                               const std::string& message, const std::vector<NamedValue>& evidence) {
     if (!file_) resume();
-    file_->event(step, kind, message);
+    std::string text;
+    for (const NamedValue& v : evidence) {
+        char buf[48];
+        std::snprintf(buf, sizeof buf, "%.17g", v.value);
+        text += (text.empty() ? "" : ";") + v.name + "=" + buf;
+    }
+    file_->event(step, kind, message, text);
     file_->flush();
 }
 

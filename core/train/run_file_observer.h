@@ -28,7 +28,7 @@ public:
     void on_values(const RunView& run, i64 step, const std::vector<NamedValue>& values) override;
     void on_step(const RunView& run, const StepMetrics& m) override;
     void on_event(const RunView& run, i64 step, const std::string& kind,
-                  const std::string& message) override;
+                  const std::string& message, const std::vector<NamedValue>& evidence) override;
     void on_end(const RunView& run) override;
 
 private:

@@ -207,8 +207,11 @@ void SpikeGuard::after_update(Job& job, i64 step) {
     values.push_back({"spike.grad_norm_z", std::isfinite(grad_z_) ? grad_z_ : 1e300});
     if (sc_.action == "clip") values.push_back({"spike.clip_norm", clip_norm_});
     evidence_[step] = std::move(e);
+    values_[step] = values;
     while (!evidence_.empty() && evidence_.begin()->first < step - 4 * sc_.window)
         evidence_.erase(evidence_.begin());
+    while (!values_.empty() && values_.begin()->first < step - 4 * sc_.window)
+        values_.erase(values_.begin());
     job.emit_values(step, values);
 }
 
@@ -257,7 +260,7 @@ bool SpikeGuard::after_step(Job& job) {
             if (step == attributed_) {  // the spike step again, after its replay: as decided
                 attributed_ = -1;
                 spiked_ = false;
-                job.emit_event(target_, "spike", pending_);
+                job.emit_event(target_, "spike", pending_, first_values_);
                 return snapshot_if_due();
             }
             if (!spiked_) return snapshot_if_due();
@@ -265,6 +268,8 @@ bool SpikeGuard::after_step(Job& job) {
             first_ = job.history().back();
             const auto ev = evidence_.find(step);
             first_evidence_ = ev != evidence_.end() ? ev->second : Evidence{};
+            const auto vs = values_.find(step);
+            first_values_ = vs != values_.end() ? vs->second : std::vector<NamedValue>{};
             first_hash_ = grad_hash_;
             first_raised_on_ = raised_on_;
             first_loss_bits_ = bits_of(first_.loss);
@@ -425,7 +430,7 @@ bool SpikeGuard::act(Job& job, bool replayed) {
         if (!again) done = roll_back(job);
         if (!done.empty()) {
             spiked_ = false;
-            job.emit_event(target_, "spike", report(done));
+            job.emit_event(target_, "spike", report(done), first_values_);
             return false;
         }
         done = again ? "it spiked again after " + std::to_string(rollback_count_) +
@@ -446,7 +451,7 @@ bool SpikeGuard::act(Job& job, bool replayed) {
         return false;
     }
     spiked_ = false;
-    job.emit_event(target_, "spike", report(done));
+    job.emit_event(target_, "spike", report(done), first_values_);
     return true;
 }
 

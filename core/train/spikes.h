@@ -119,6 +119,7 @@ private:
     bool spiked_ = false;
     int raised_on_ = -1;  // the world rank whose z-scores were the worst, when not this one's
     std::map<i64, Evidence> evidence_;  // by step (a re-run step replaces its entry)
+    std::map<i64, std::vector<NamedValue>> values_;  // what each step emitted
     std::vector<float> w_before_, scratch_;
     std::vector<float> w_sq_;  // ‖W‖² per tensor before the update
 
@@ -132,6 +133,7 @@ private:
     std::string pending_;  // the event of a spike whose step runs once more (attributed_)
     StepMetrics first_;  // the spike step's metrics in the first run
     Evidence first_evidence_;
+    std::vector<NamedValue> first_values_;  // the spike step's values, sent with its event
     int first_raised_on_ = -1;
     LocalSnapshot snap_, prev_;  // the newest snapshot; the state before the spike (replay)
     i64 rollbacks_to_ = -1;      // the snapshot step rolled back to, and how often
