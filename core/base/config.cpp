@@ -120,7 +120,9 @@ const std::array kKeys = {
     PX_KEY(precision, fp8_amax_history_len, "fp8 delayed: steps of amax history per tensor (>= 1)"),
     PX_KEY(precision, fp8_amax_compute_algo, "fp8 delayed: the amax a scale is made from: \"max\" of the history or \"most_recent\""),
     PX_KEY(precision, fp8_margin, "fp8 delayed: scale = fp8_max / amax / 2^margin (>= 0)"),
-    PX_KEY(precision, fp8_keep_ends_bf16, "fp8: the first and last blocks' matmuls stay in bf16 (the embedding and the LM head always do)"),
+    PX_KEY(precision, fp8_keep_ends_bf16, "fp8: the first and last blocks' matmuls stay in bf16 (when fp8_layers is \"\")"),
+    PX_KEY(precision, fp8_layers, "fp8: the blocks whose linears run in fp8: \"\" (as fp8_keep_ends_bf16 says), \"all\", \"none\", or 0-based block indices and inclusive ranges, e.g. \"1-4,6\""),
+    PX_KEY(precision, fp8_lm_head, "fp8: the LM head's matmul (ln_f output times wte) in fp8 too; the embedding (a lookup) never is"),
     PX_KEY(output, dir, "where run.h5 and exports go (--out overrides)"),
     PX_KEY(output, run_file, "write <dir>/run.h5"),
     PX_KEY(output, export_llmc, "if set, write the final weights as an llm.c checkpoint here"),
@@ -499,6 +501,7 @@ void check(const Config& c) {
                       "order, not the canonical tree; use layout.comm = \"auto\" or \"canonical\", or "
                       "numerics.mode = \"fast\""};
     check_precision_across(c.precision);
+    check_fp8_layers(c.precision, m.layers);
     if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
         throw Problem{{"checkpoint.resume", "checkpoint.dir"},
                       "checkpoint.resume = \"auto\" needs checkpoint.dir: set it to the folder the "
@@ -761,6 +764,14 @@ std::string config_to_toml(const Config& cfg) { return to_toml(cfg, false); }
 DType activation_dtype(const PrecisionConfig& pc) {
     try {
         return check_activations(pc.activations);
+    } catch (const Problem& p) {
+        throw ConfigError(p.text);
+    }
+}
+
+std::vector<bool> fp8_block_mask(const PrecisionConfig& pc, i64 layers) {
+    try {
+        return fp8_blocks(pc, layers);
     } catch (const Problem& p) {
         throw ConfigError(p.text);
     }

@@ -1,5 +1,5 @@
 // The job config: TOML with sections [model] [layout] [train] [data] [numerics] [precision]
-// [output] [checkpoint].
+// [output] [checkpoint] [validate] [fault].
 // Every key is documented in README.md ("Config keys"); the defaults below are the embedded
 // default job (a tiny GPT on the built-in Markov source, which needs no files).
 //
@@ -123,6 +123,10 @@ struct PrecisionConfig {
     std::string fp8_amax_compute_algo = "max";  // "max" of the history, or its "most_recent"
     i64 fp8_margin = 0;                      // scale = fp8_max / amax / 2^margin
     bool fp8_keep_ends_bf16 = true;          // the first and last blocks' matmuls stay bf16
+    // Which blocks' linears run in fp8: "" (as fp8_keep_ends_bf16 says), "all", "none", or block
+    // indices and inclusive ranges, 0-based: "1-4,6" (fp8_block_mask).
+    std::string fp8_layers;
+    bool fp8_lm_head = false;  // the LM head's matmul (ln_f output · wteᵀ) in fp8 too
 
     bool operator==(const PrecisionConfig&) const = default;
 };
@@ -201,5 +205,8 @@ const char* default_config_toml();         // the struct defaults, one comment l
 std::string config_to_toml(const Config& cfg);  // complete and exact: parse_config gives cfg back
 Numerics make_numerics(const NumericsConfig& nc);  // resolves isa "auto"; errors if unsupported here
 DType activation_dtype(const PrecisionConfig& pc);  // ConfigError if it has no kernels
+// Per block of a model of `layers` blocks: whether its linears run in fp8 (precision.fp8_layers,
+// else fp8_keep_ends_bf16). ConfigError naming the key and the bad value.
+std::vector<bool> fp8_block_mask(const PrecisionConfig& pc, i64 layers);
 
 }  // namespace px

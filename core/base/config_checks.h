@@ -9,6 +9,7 @@
 //   check_activations            precision.activations -> its dtype (a Problem when it has none)
 //   check_precision_keys         every [precision] key on its own
 //   check_precision_across       the rules between [precision] keys
+//   fp8_blocks, check_fp8_layers precision.fp8_layers read against model.layers
 #pragma once
 #include "core/base/config.h"
 
@@ -41,5 +42,7 @@ void one_of(const char* key, const std::string& v, const std::vector<std::string
 DType check_activations(const std::string& v);
 void check_precision_keys(const PrecisionConfig& pr);
 void check_precision_across(const PrecisionConfig& pr);
+std::vector<bool> fp8_blocks(const PrecisionConfig& pr, i64 layers);  // per block: in fp8
+void check_fp8_layers(const PrecisionConfig& pr, i64 layers);
 
 }  // namespace px::config_checks
