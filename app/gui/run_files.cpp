@@ -96,10 +96,11 @@ RunSnapshot snapshot_from_run_file(const std::string& path) {
         ev.step = e.step;
         ev.message = e.message;
         for (EventKind k : {EventKind::resume, EventKind::rerun, EventKind::checkpoint,
-                            EventKind::fault, EventKind::failure})
+                            EventKind::fault, EventKind::failure, EventKind::alert})
             if (e.kind == event_kind_name(k)) ev.kind = k;
         s.events.push_back(std::move(ev));
     }
+    s.fp8 = rec.fp8;
     s.steps_total = s.config.train.steps;
     s.steps_done = s.metrics.size() ? s.metrics.step.back() : 0;
     s.layout = LayoutSummary{s.config.layout.dp,

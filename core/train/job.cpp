@@ -692,6 +692,14 @@ StepMetrics Job::step() {
     return m;
 }
 
+void Job::report_event(const RunEvent& e) {
+    for (Observer* o : observers_) o->on_event(*this, e);
+}
+
+void Job::report_fp8(const std::vector<Fp8Stat>& rows) {
+    for (Observer* o : observers_) o->on_fp8(*this, rows);
+}
+
 // Forward only, microbatch after microbatch, each through the virtual stages in order; the
 // last stage keeps the losses in token order (batch j, then sequence). A message's tag names
 // its receiving stage, so each channel carries one stage's messages in (batch, microbatch)

@@ -13,8 +13,9 @@ namespace {
 constexpr const char* kRunStateNames[] = {"not started", "running", "finished", "failed"};
 static_assert(std::size(kRunStateNames) == static_cast<size_t>(RunState::failed) + 1);
 
-constexpr const char* kEventKindNames[] = {"resume", "rerun", "checkpoint", "fault", "failure"};
-static_assert(std::size(kEventKindNames) == static_cast<size_t>(EventKind::failure) + 1);
+constexpr const char* kEventKindNames[] = {"resume",  "rerun",   "checkpoint",
+                                           "fault",   "failure", "alert"};
+static_assert(std::size(kEventKindNames) == static_cast<size_t>(EventKind::alert) + 1);
 
 // The double columns and the StepMetrics fields they hold; `step` is the one i64 column.
 struct Column {
@@ -118,6 +119,7 @@ struct JobView::State {
     i64 steps_done = 0;
     BlockLog<StepMetrics, 256> rows;
     BlockLog<RunEvent, 32> events;
+    BlockLog<Fp8Stat, 256> fp8;
     std::vector<MemoryStats> memory;
 };
 
@@ -207,6 +209,24 @@ void JobView::add_event(i64 step, EventKind kind, const std::string& message) {
     publish();
 }
 
+void JobView::on_event(const RunView&, const RunEvent& e) {
+    add_event(e.step, e.kind, e.message);
+}
+
+void JobView::on_fp8(const RunView&, const std::vector<Fp8Stat>& rows) {
+    if (rows.empty()) return;
+    std::lock_guard<std::mutex> lock(job_mutex_);
+    State& w = *work_;
+    size_t keep = w.fp8.size;  // a step run again: its rows and the later ones are replaced
+    while (keep > 0 && w.fp8[keep - 1].step >= rows.front().step) keep--;
+    if (keep < w.fp8.size) {
+        w.fp8.truncate(keep);
+        w.epoch++;
+    }
+    for (const Fp8Stat& r : rows) w.fp8.push_back(r);
+    publish();
+}
+
 void JobView::fail(const std::string& error) {
     std::lock_guard<std::mutex> lock(job_mutex_);
     State& w = *work_;
@@ -248,6 +268,7 @@ bool JobView::update(RunSnapshot& s) const {
         const Head& h = st.head ? *st.head : kNotStarted;
         s.metrics.resize(0);
         s.events.clear();
+        s.fp8.clear();
         s.config = h.config;
         s.config_toml = h.config_toml;
         s.layout = h.layout;
@@ -259,6 +280,7 @@ bool JobView::update(RunSnapshot& s) const {
     }
     for (size_t i = s.metrics.size(); i < st.rows.size; i++) s.metrics.push_back(st.rows[i]);
     for (size_t i = s.events.size(); i < st.events.size; i++) s.events.push_back(st.events[i]);
+    for (size_t i = s.fp8.size(); i < st.fp8.size; i++) s.fp8.push_back(st.fp8[i]);
     s.version = st.version;
     s.state = st.state;
     s.error = st.error;

@@ -167,8 +167,20 @@ void RunFileObserver::on_step(const RunView&, const StepMetrics& m) {
         file_->event(m.step, "rerun", note);
     }
     write(m);
+    if (!fp8_.empty() && fp8_.front().step == m.step) file_->append_fp8(fp8_);
+    fp8_.clear();
     last_step_ = m.step;
     file_->flush();  // a run killed later keeps a readable file up to here
+}
+
+void RunFileObserver::on_event(const RunView&, const RunEvent& e) {
+    if (!file_) resume();
+    file_->event(e.step, event_kind_name(e.kind), e.message);
+}
+
+// Written with the step's metrics, after a re-run's rows were dropped (on_step).
+void RunFileObserver::on_fp8(const RunView&, const std::vector<Fp8Stat>& rows) {
+    fp8_ = rows;
 }
 
 void RunFileObserver::on_end(const RunView& job) {

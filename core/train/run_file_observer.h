@@ -18,7 +18,9 @@ namespace px {
 // a new one starts with the k restored steps of history(). A run file that is there but cannot be
 // opened read-write is an error, never replaced. A step reported again (a re-run) replaces its
 // rows and drops the later ones. Either way the file holds each step once, in order, with its
-// latest values; it is flushed after every step.
+// latest values; it is flushed after every step. Events reported through the job (alerts) go to
+// /events as they come; the FP8 drift monitor's rows of a step go to /fp8 with that step's
+// metrics (replaced alike when the step is run again).
 class RunFileObserver : public Observer {
 public:
     RunFileObserver(const std::string& path, const Config& cfg);  // opens nothing yet
@@ -26,6 +28,8 @@ public:
     void on_start(const RunView& run) override;
     void on_step(const RunView& run, const StepMetrics& m) override;
     void on_end(const RunView& run) override;
+    void on_event(const RunView& run, const RunEvent& e) override;
+    void on_fp8(const RunView& run, const std::vector<Fp8Stat>& rows) override;
 
 private:
     void resume();                     // opens the file of a resumed run (at its first step)
@@ -36,6 +40,7 @@ private:
     std::unique_ptr<RunFile> file_;
     std::vector<StepMetrics> restored_;  // a resumed run's history until the file is open
     i64 last_step_ = 0;                  // the last step written (or restored)
+    std::vector<Fp8Stat> fp8_;           // the monitor's rows of the step being reported
 };
 
 }  // namespace px
