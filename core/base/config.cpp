@@ -48,7 +48,7 @@ struct SectionDef {
     const char* doc;
 };
 
-constexpr std::array<SectionDef, 10> kSections = {{
+constexpr std::array<SectionDef, 11> kSections = {{
     {"model", "The GPT: sizes and initialisation."},
     {"layout", "The parallel layout: dp x pp x tp ranks, ZeRO, microbatches, pipeline schedule (DESIGN.md section 3)."},
     {"train", "Optimisation: steps, batch, AdamW and the learning-rate schedule."},
@@ -59,6 +59,7 @@ constexpr std::array<SectionDef, 10> kSections = {{
     {"checkpoint", "Checkpoints: logical, layout-free HDF5 files to resume from under any layout."},
     {"validate", "Checks beside training: silent data corruption across data-parallel replicas."},
     {"fault", "Fault injection, to prove that failures are caught and named (off unless kind is set)."},
+    {"fp8_monitor", "The FP8 drift monitor: per fp8-scaled tensor statistics every N steps, and alerts (off unless every is set)."},
 }};
 
 #define PX_KEY(sec, key, doc) \
@@ -100,6 +101,9 @@ const std::array kKeys = {
     PX_KEY(train, val_batches, "validation batches of batch_size sequences"),
     PX_KEY(train, threads, "OpenMP threads per rank, at most 1024; 0 means all cores"),
     PX_KEY(train, max_memory_gib, "memory (GiB) this process may use, checked against an estimate before anything is allocated; 0: what the machine has available (MemAvailable, the cgroup's limit)"),
+    PX_KEY(train, lr_jump_step, "provoke drift: from this step (1-based) the learning rate is multiplied by lr_jump_factor for lr_jump_steps steps; 0: off"),
+    PX_KEY(train, lr_jump_factor, "the learning-rate jump's factor (> 0)"),
+    PX_KEY(train, lr_jump_steps, "steps the learning-rate jump lasts (>= 1)"),
     PX_KEY(data, source, "\"markov\" (built-in, needs no files) or \"bin\" (llm.c token files)"),
     PX_KEY(data, markov_order, "k, the order of the Markov chain (vocab^k states, at most 2^22)"),
     PX_KEY(data, markov_alpha, "concentration of the random transition rows (smaller: lower entropy)"),
@@ -140,6 +144,11 @@ const std::array kKeys = {
     PX_KEY(fault, bit, "flip_*: the bit that flips, 0 (lowest mantissa bit) .. 31 (sign)"),
     PX_KEY(fault, stall_s, "stall: seconds the rank stops for; 0: until the other ranks give up on it (layout.timeout_s)"),
     PX_KEY(fault, persistent, "flip_*: strike again whenever the step is re-run (a faulty unit); false: once (a transient upset)"),
+    PX_KEY(fp8_monitor, every, "statistics of every fp8-scaled tensor (amax, scale and its change, saturated and underflowed fractions, dynamic range, MSE, SQNR) every N steps, to the run file's /fp8 and the job view; 0: off"),
+    PX_KEY(fp8_monitor, compare, "other recipes measured on the same tensors: \"\", \"current\" (per-tensor current scaling from the step's amax), \"block\" (1 x fp8_block_size tiles, fp8_block_size^2 weight blocks) or \"current,block\"; the run's own recipe is always measured"),
+    PX_KEY(fp8_monitor, scale_jump, "alert when a tensor's scale changed by more than this factor from the step before (> 1; 0: off)"),
+    PX_KEY(fp8_monitor, saturation_max, "alert when a tensor's fraction of saturated values is above this (0 .. 1)"),
+    PX_KEY(fp8_monitor, sqnr_min_db, "alert when a tensor's quantisation SQNR is below this many dB"),
 };
 
 #undef PX_KEY
@@ -453,6 +462,9 @@ void check(const Config& c) {
     at_least("train.val_batches", t.val_batches, 1);
     at_least("train.threads", t.threads, 0);
     non_negative("train.max_memory_gib", t.max_memory_gib);
+    at_least("train.lr_jump_step", t.lr_jump_step, 0);
+    positive("train.lr_jump_factor", t.lr_jump_factor);
+    at_least("train.lr_jump_steps", t.lr_jump_steps, 1);
 
     one_of("data.source", d.source, {"markov", "bin"});
     at_least("data.markov_order", d.markov_order, 1);
@@ -474,6 +486,7 @@ void check(const Config& c) {
     if (c.fault.bit < 0 || c.fault.bit > 31)
         throw out_of_range("fault.bit", std::to_string(c.fault.bit), "in 0..31");
     non_negative("fault.stall_s", c.fault.stall_s);
+    check_fp8_monitor_keys(c.fp8_monitor);
 
     check_limits(c);
 
@@ -502,6 +515,7 @@ void check(const Config& c) {
                       "numerics.mode = \"fast\""};
     check_precision_across(c.precision);
     check_fp8_layers(c.precision, m.layers);
+    check_fp8_monitor_across(c.fp8_monitor, c.precision);
     if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
         throw Problem{{"checkpoint.resume", "checkpoint.dir"},
                       "checkpoint.resume = \"auto\" needs checkpoint.dir: set it to the folder the "
@@ -521,6 +535,12 @@ void check(const Config& c) {
                       "fault.step=" + std::to_string(c.fault.step) + " comes after the last step (train.steps=" +
                           std::to_string(t.steps) + "), so the fault would never strike: choose a step in 1.." +
                           std::to_string(t.steps)};
+    if (t.lr_jump_step > t.steps)
+        throw Problem{{"train.lr_jump_step", "train.steps"},
+                      "train.lr_jump_step=" + std::to_string(t.lr_jump_step) +
+                          " comes after the last step (train.steps=" + std::to_string(t.steps) +
+                          "), so the learning rate would never jump: choose a step in 1.." +
+                          std::to_string(t.steps) + ", or 0 for none"};
     if (t.min_lr > t.lr)
         throw Problem{{"train.min_lr", "train.lr"},
                       "train.min_lr=" + number(t.min_lr) + " is larger than train.lr=" + number(t.lr) +

@@ -244,4 +244,46 @@ void check_fp8_layers(const PrecisionConfig& pr, i64 layers) {
     fp8_blocks(pr, layers);  // throws on a bad spec
 }
 
+std::vector<std::string> fp8_compare_recipes(const std::string& compare) {
+    std::vector<std::string> out;
+    if (compare.empty()) return out;
+    for (const std::string& item : items_of(compare)) {
+        one_of("fp8_monitor.compare", item, {"current", "block"});
+        if (std::find(out.begin(), out.end(), item) != out.end())
+            throw Problem{{"fp8_monitor.compare"},
+                          "fp8_monitor.compare = " + quote(compare) + " names " + quote(item) +
+                              " twice; write \"current\", \"block\" or \"current,block\""};
+        out.push_back(item);
+    }
+    return out;
+}
+
+void check_fp8_monitor_keys(const Fp8MonitorConfig& m) {
+    at_least("fp8_monitor.every", m.every, 0);
+    fp8_compare_recipes(m.compare);
+    non_negative("fp8_monitor.scale_jump", m.scale_jump);
+    if (m.scale_jump != 0 && !(m.scale_jump > 1))
+        throw out_of_range("fp8_monitor.scale_jump", number(m.scale_jump),
+                           "> 1 (a factor), or 0 for no scale-jump alerts");
+    finite("fp8_monitor.saturation_max", m.saturation_max);
+    if (!(m.saturation_max >= 0 && m.saturation_max <= 1))
+        throw out_of_range("fp8_monitor.saturation_max", number(m.saturation_max),
+                           "in [0, 1] (a fraction; 1: no saturation alerts)");
+    finite("fp8_monitor.sqnr_min_db", m.sqnr_min_db);
+}
+
+void check_fp8_monitor_across(const Fp8MonitorConfig& m, const PrecisionConfig& pr) {
+    if (m.every > 0 && pr.fp8 == "off")
+        throw Problem{{"fp8_monitor.every", "precision.fp8"},
+                      "fp8_monitor.every = " + std::to_string(m.every) +
+                          " monitors fp8 casts, but precision.fp8 = \"off\": set precision.fp8 "
+                          "= \"delayed\" or \"block\", or fp8_monitor.every = 0"};
+    for (const std::string& c : fp8_compare_recipes(m.compare))
+        if (c == pr.fp8)
+            throw Problem{{"fp8_monitor.compare", "precision.fp8"},
+                          "fp8_monitor.compare = " + quote(m.compare) + " names " + quote(c) +
+                              ", the run's own recipe (precision.fp8), which the monitor "
+                              "measures anyway; compare with another recipe"};
+}
+
 }  // namespace px::config_checks
