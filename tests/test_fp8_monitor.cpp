@@ -184,6 +184,20 @@ TEST_CASE("fp8 monitor: a delayed cast's counts, MSE and SQNR against a plain co
         for (size_t i = 0; i < x.size(); i++) p.add(x[i], q[i], std::fabs(x[i] * 4.0f) > fmax);
         INFO((role == Fp8Scaling::x ? "e4m3" : "e5m2"));
         p.check(fp8_row(a));
+        // The fast sums (binned by exponent, split among threads) are ExactSum's, digit for digit.
+        ExactSum sig, err;
+        for (size_t i = 0; i < x.size(); i++)
+            if (std::isfinite(x[i])) {
+                sig.add(static_cast<double>(x[i]) * x[i]);
+                const double d = static_cast<double>(x[i]) - q[i];
+                err.add(d * d);
+            }
+        sig.normalize();
+        err.normalize();
+        a.signal.normalize();
+        a.error.normalize();
+        CHECK(a.signal.digits == sig.digits);
+        CHECK(a.error.digits == err.digits);
         if (role == Fp8Scaling::x) {  // 200, -150 and 112.5 times 4 are past 448; 112 is 448
             CHECK(p.saturated >= 3);
             CHECK(a.saturated == p.saturated);

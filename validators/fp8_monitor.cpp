@@ -17,30 +17,30 @@ namespace px {
 
 // ---- ExactSum --------------------------------------------------------------------------------
 
-// A finite double is m · 2^(p - 1074) with m < 2^53 and p >= 0 (p = 0 for subnormals), read
-// from its bits; m goes into digits p/32 .. p/32 + 2 (each < 2^32), so 2^31 adds cannot
-// overflow a digit between normalisations.
-void ExactSum::add(double x) {
-    const std::uint64_t bits = std::bit_cast<std::uint64_t>(x);
-    const int e = static_cast<int>((bits >> 52) & 0x7ff);
-    std::uint64_t m = bits & ((std::uint64_t{1} << 52) - 1);
-    if (e == 0 && m == 0) return;
-    PX_ASSERT(e != 0x7ff, "ExactSum::add of an inf or a NaN");
-    int p = 0;
-    if (e != 0) {
-        m |= std::uint64_t{1} << 52;
-        p = e - 1;
-    }
-    const unsigned __int128 v = static_cast<unsigned __int128>(m) << (p % 32);
-    const i64 d[3] = {static_cast<i64>(v & 0xffffffffu), static_cast<i64>((v >> 32) & 0xffffffffu),
-                      static_cast<i64>(v >> 64)};
+// v · 2^(p - 1074) added (or taken away) into digits p/32 .. p/32 + 2, each part < 2^32, so 2^31
+// adds cannot overflow a digit between normalisations.
+void ExactSum::add_at(std::uint64_t v, int p, bool negative) {
+    const unsigned __int128 w = static_cast<unsigned __int128>(v) << (p % 32);
+    const i64 d[3] = {static_cast<i64>(w & 0xffffffffu), static_cast<i64>((w >> 32) & 0xffffffffu),
+                      static_cast<i64>(w >> 64)};
     const size_t at = static_cast<size_t>(p / 32);
-    if (bits >> 63) {
+    if (negative) {
         for (size_t k = 0; k < 3; k++) digits[at + k] -= d[k];
     } else {
         for (size_t k = 0; k < 3; k++) digits[at + k] += d[k];
     }
     if (++pending_ >= (1 << 30)) normalize();
+}
+
+// A finite double is m · 2^(p - 1074) with m < 2^53 and p >= 0 (p = 0 for subnormals), read from
+// its bits.
+void ExactSum::add(double x) {
+    const std::uint64_t bits = std::bit_cast<std::uint64_t>(x);
+    const int e = static_cast<int>((bits >> 52) & 0x7ff);
+    std::uint64_t m = bits & ((std::uint64_t{1} << 52) - 1);
+    PX_ASSERT(e != 0x7ff, "ExactSum::add of an inf or a NaN");
+    if (e != 0) m |= std::uint64_t{1} << 52;
+    if (m != 0) add_at(m, e != 0 ? e - 1 : 0, (bits >> 63) != 0);
 }
 
 void ExactSum::normalize() {
@@ -50,6 +50,13 @@ void ExactSum::normalize() {
         digits[i + 1] += carry;
     }
     pending_ = 0;
+}
+
+void ExactSum::merge(ExactSum& other) {
+    normalize();
+    other.normalize();
+    for (size_t i = 0; i < digits.size(); i++) digits[i] += other.digits[i];
+    normalize();
 }
 
 double ExactSum::value() const {
@@ -65,6 +72,34 @@ double ExactSum::value() const {
 
 namespace {
 
+// Nonnegative finite doubles summed exactly and quickly: each term's significand goes into the
+// 128-bit bin of its binary exponent (2^75 terms before a bin could overflow); fold() then adds
+// every bin into an ExactSum at its exponent's place. The sum is the same as ExactSum::add's.
+struct ExactBins {
+    std::vector<unsigned __int128> bin = std::vector<unsigned __int128>(2048);
+    int lo = 2048, hi = -1;  // the bins in use
+
+    void add(double t) {
+        const std::uint64_t bits = std::bit_cast<std::uint64_t>(t);
+        const int e = static_cast<int>(bits >> 52);  // t >= 0: no sign bit
+        std::uint64_t m = bits & ((std::uint64_t{1} << 52) - 1);
+        if (e != 0) m |= std::uint64_t{1} << 52;
+        bin[static_cast<size_t>(e)] += m;
+        lo = std::min(lo, e);
+        hi = std::max(hi, e);
+    }
+    void fold(ExactSum& into) const {
+        for (int e = lo; e <= hi; e++) {
+            const unsigned __int128 v = bin[static_cast<size_t>(e)];
+            if (v == 0) continue;
+            const int p = e != 0 ? e - 1 : 0;
+            into.add_at(static_cast<std::uint64_t>(v), p, false);
+            if (const std::uint64_t high = static_cast<std::uint64_t>(v >> 64); high != 0)
+                into.add_at(high, p + 64, false);
+        }
+    }
+};
+
 void merge(Fp8Accum& into, Fp8Accum& a) {
     into.count += a.count;
     into.nonfinite += a.nonfinite;
@@ -73,66 +108,70 @@ void merge(Fp8Accum& into, Fp8Accum& a) {
     into.underflow += a.underflow;
     into.amax = std::max(into.amax, a.amax);
     into.min_nonzero = std::min(into.min_nonzero, a.min_nonzero);
-    a.signal.normalize();
-    a.error.normalize();
-    into.signal.normalize();
-    into.error.normalize();
-    for (size_t i = 0; i < ExactSum::kDigits; i++) {
-        into.signal.digits[i] += a.signal.digits[i];
-        into.error.digits[i] += a.error.digits[i];
-    }
-    into.signal.normalize();
-    into.error.normalize();
+    into.signal.merge(a.signal);
+    into.error.merge(a.error);
 }
 
-// One element x read back as q after a cast with scale s (fp32, as the cast computes x · s).
-inline void accumulate_one(Fp8Accum& a, float x, float q, float s, float fp8_max) {
-    if (!std::isfinite(x)) {
-        a.nonfinite++;
-        return;
-    }
-    a.count++;
-    const float m = std::fabs(x);
-    a.amax = std::max(a.amax, m);
-    if (m != 0.0f) {
-        a.nonzero++;
-        a.min_nonzero = std::min(a.min_nonzero, m);
-        if (q == 0.0f) a.underflow++;
-    }
-    if (std::fabs(x * s) > fp8_max) a.saturated++;
-    const double d = static_cast<double>(x) - static_cast<double>(q);
-    a.signal.add(static_cast<double>(x) * static_cast<double>(x));
-    a.error.add(d * d);
-}
+// One part's accumulation: counts in acc, the two sums in bins until done.
+struct Part {
+    Fp8Accum acc;
+    ExactBins signal, error;
 
-// Runs body(acc, lo, hi) over [0, n) split among the threads, each into its own accumulator,
-// merged after: every sum is exact, so the result does not depend on the split.
+    // One element x read back as q after a cast with scale s (fp32, as the cast computes x · s).
+    void add(float x, float q, float s, float fp8_max) {
+        if (!std::isfinite(x)) {
+            acc.nonfinite++;
+            return;
+        }
+        acc.count++;
+        const float m = std::fabs(x);
+        acc.amax = std::max(acc.amax, m);
+        if (m != 0.0f) {
+            acc.nonzero++;
+            acc.min_nonzero = std::min(acc.min_nonzero, m);
+            if (q == 0.0f) acc.underflow++;
+        }
+        if (std::fabs(x * s) > fp8_max) acc.saturated++;
+        const double d = static_cast<double>(x) - static_cast<double>(q);
+        signal.add(static_cast<double>(x) * static_cast<double>(x));
+        error.add(d * d);
+    }
+    void done_into(Fp8Accum& a) {
+        signal.fold(acc.signal);
+        error.fold(acc.error);
+        merge(a, acc);
+    }
+};
+
+// Runs body(part, lo, hi) over [0, n) split among the threads, each into its own part, merged
+// after: every sum is exact, so the result does not depend on the split.
 template <class Body>
 void in_parallel(Fp8Accum& a, i64 n, Body body) {
-    const int threads = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(n / 4096)));
+    const int threads =
+        std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(n / 4096)));
+    std::vector<Part> part(static_cast<size_t>(threads));
     if (threads == 1) {
-        body(a, 0, n);
-        return;
-    }
-    std::vector<Fp8Accum> part(static_cast<size_t>(threads));
+        body(part[0], 0, n);
+    } else {
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < threads; t++)
-        body(part[static_cast<size_t>(t)], n * t / threads, n * (t + 1) / threads);
-    for (Fp8Accum& p : part) merge(a, p);
+        for (int t = 0; t < threads; t++)
+            body(part[static_cast<size_t>(t)], n * t / threads, n * (t + 1) / threads);
+    }
+    for (Part& p : part) p.done_into(a);
 }
 
 }  // namespace
 
 void fp8_accumulate(Fp8Accum& a, const float* x, const float* q, i64 n, float s, float fp8_max) {
-    in_parallel(a, n, [&](Fp8Accum& acc, i64 lo, i64 hi) {
-        for (i64 i = lo; i < hi; i++) accumulate_one(acc, x[i], q[i], s, fp8_max);
+    in_parallel(a, n, [&](Part& part, i64 lo, i64 hi) {
+        for (i64 i = lo; i < hi; i++) part.add(x[i], q[i], s, fp8_max);
     });
 }
 
 void fp8_accumulate_blocks(Fp8Accum& a, const float* x, const float* q, i64 rows, i64 K,
                            i64 band, i64 b) {
     const i64 bands = (rows + band - 1) / band, tiles = (K + b - 1) / b;
-    in_parallel(a, bands * tiles, [&](Fp8Accum& acc, i64 lo, i64 hi) {
+    in_parallel(a, bands * tiles, [&](Part& part, i64 lo, i64 hi) {
         for (i64 t = lo; t < hi; t++) {
             const i64 r0 = (t / tiles) * band, r1 = std::min(rows, r0 + band);
             const i64 c0 = (t % tiles) * b, c1 = std::min(K, c0 + b);
@@ -146,8 +185,7 @@ void fp8_accumulate_blocks(Fp8Accum& a, const float* x, const float* q, i64 rows
                 }
             const float s = Fp8Scaling::block_scale(amax, finite);
             for (i64 i = r0; i < r1; i++)
-                for (i64 j = c0; j < c1; j++)
-                    accumulate_one(acc, x[i * K + j], q[i * K + j], s, kE4M3Max);
+                for (i64 j = c0; j < c1; j++) part.add(x[i * K + j], q[i * K + j], s, kE4M3Max);
         }
     });
 }

@@ -51,6 +51,7 @@
 #include "core/train/runner.h"
 
 #include <array>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -66,6 +67,8 @@ class ExactSum {
 public:
     static constexpr int kDigits = 72;  // 2304 bits: 2^-1074 .. 2^1024 and carries
     void add(double x);                 // a finite x (others are the caller's to exclude)
+    void add_at(std::uint64_t v, int p, bool negative);  // ± v · 2^(p - 1074)
+    void merge(ExactSum& other);                          // this += other (both normalised)
     double value() const;
     void normalize();  // digits 0 .. kDigits-2 into [0, 2^32), the top one signed
     std::array<i64, kDigits> digits{};  // normalised before being summed over ranks
