@@ -192,6 +192,8 @@ struct SpikesConfig {
     bool replay = true;          // attribute each spike by replaying its step from the snapshot
 
     bool operator==(const SpikesConfig&) const = default;
+};
+
 // The FP8 drift monitor (validators/fp8_monitor.h): statistics of every fp8-scaled tensor every
 // N steps, and alerts when a scale jumps, saturation climbs or the cast's SQNR falls.
 struct Fp8MonitorConfig {
