@@ -155,13 +155,15 @@ DataError naming the file on bad input.)doc");
             d["config"] = rec.config_toml;
             d["metrics"] = metrics;
             d["events"] = events;
+            d["fp8"] = fp8_dict(rec.fp8);
             return d;
         },
         py::arg("path"), R"doc(
 A run file's records (<out>/run.h5 of parallax train or Job(out=...)): config (TOML text),
 metrics ({name: (steps int64 array, values float64 array)}: loss, val_loss, grad_norm, lr,
-tokens_per_s, step_ms, comm_bytes, ...) and events (step, kind, message), read without opening
-the file for writing.)doc");
+tokens_per_s, step_ms, comm_bytes, ...), events (step, kind, message) and fp8 (the FP8 drift
+monitor's /fp8 table as Job.fp8() gives it; empty arrays without one), read without opening the
+file for writing.)doc");
 }
 
 }  // namespace px::py_bind

@@ -329,7 +329,15 @@ the state stays readable, but the job takes no more steps.)doc")
                 }
                 return out;
             },
-            "Events of the run (resume, rerun, checkpoint, fault, failure) as dicts.")
+            "Events of the run (resume, rerun, checkpoint, fault, failure, alert) as dicts.")
+        .def(
+            "fp8", [](PyJob& j) { return fp8_dict(j.view.snapshot().fp8); },
+            R"doc(
+The FP8 drift monitor's rows (fp8_monitor.every > 0; empty arrays otherwise), one per fp8-scaled
+tensor, recipe and monitored step, as numpy columns: step, count, nonfinite, alerts (int64),
+tensor ("h.1.attn.c_attn/x"), recipe ("delayed", "block", or a comparison: "current") (str),
+amax, scale, scale_ratio, saturated, underflow, dynamic_range, mse, sqnr_db (float64). The same
+on every layout, bit for bit; README [fp8_monitor] says what each column measures.)doc")
         .def(
             "memory",
             [](PyJob& j) {
