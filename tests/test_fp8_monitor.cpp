@@ -11,6 +11,7 @@
 #include "core/io/runfile.h"
 #include "core/io/state.h"
 #include "core/model/fp8.h"
+#include "core/model/optimizer.h"
 #include "core/train/job.h"
 #include "core/train/job_view.h"
 #include "core/train/run_file_observer.h"
@@ -520,6 +521,13 @@ TEST_CASE("fp8 monitor: keys and refusals name the key", "[fp8_monitor]") {
     CHECK_THAT(test::error_of<ConfigError>([&] { validate_config(keys); }),
                Contains("fp8_monitor.saturation_max = 2 is out of range: must be in [0, 1]"));
     keys.fp8_monitor.saturation_max = 0;
+    // The learning-rate jump: steps 30 and 31 (1-based; lr_at counts from 0) at 100x.
+    const Config drift = load_config("examples/fp8_drift.toml");
+    const TrainConfig& tc = drift.train;
+    for (i64 step = 0; step < tc.steps; step++) {
+        const bool jump = step + 1 == 30 || step + 1 == 31;
+        CHECK(lr_at(tc, step) == (jump ? 100.0 * scheduled_lr(tc, step) : scheduled_lr(tc, step)));
+    }
     keys.train.lr_jump_step = 99;
     CHECK_THAT(test::error_of<ConfigError>([&] { validate_config(keys); }),
                Contains("train.lr_jump_step=99 comes after the last step"));

@@ -240,12 +240,16 @@ i64 judge_fp8(const Fp8Stat& row, const Fp8Thresholds& t, std::string* evidence)
         add("SQNR " + fmt("%.3g", row.sqnr_db) + " dB (fp8_monitor.sqnr_min_db = " +
             fmt("%g", t.sqnr_min_db) + " dB)");
     }
-    if (bits != 0 && evidence)
+    if (bits != 0 && evidence) {  // the fired rules, then the row's other fields
+        std::string rest = "amax " + fmt("%.4g", row.amax) + ", scale " + fmt("%.4g", row.scale);
+        if (!(bits & kFp8ScaleJump) && std::isfinite(r))
+            rest += " (" + fmt("%.3g", r) + "x the step before's)";
+        if (!(bits & kFp8Saturation)) rest += ", saturated " + fmt("%.3g", 100 * row.saturated) + "%";
+        rest += ", underflow " + fmt("%.3g", 100 * row.underflow) + "%";
+        if (!(bits & kFp8Sqnr)) rest += ", SQNR " + fmt("%.3g", row.sqnr_db) + " dB";
         *evidence = "fp8 " + row.tensor + " (" + row.recipe + ") at step " +
-                    std::to_string(row.step) + ": " + why + "; amax " + fmt("%.4g", row.amax) +
-                    ", scale " + fmt("%.4g", row.scale) + ", underflow " +
-                    fmt("%.3g", 100 * row.underflow) + "%, SQNR " + fmt("%.3g", row.sqnr_db) +
-                    " dB";
+                    std::to_string(row.step) + ": " + why + "; " + rest;
+    }
     return bits;
 }
 
