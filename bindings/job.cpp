@@ -240,8 +240,8 @@ error (CommError, CheckpointError, ...) from the call that waits for it.
                      hooks.setup = [rec = j->probes.get()](Job& job) { job.set_probes(rec); };
                  }
                  // The FP8 drift monitor on every rank when the config asks for it.
-                 j->run = std::make_unique<SteppedRun>(
-                     j->cfg, observers, chain(fp8_monitor_hooks(j->cfg), hooks));
+                 j->run = std::make_unique<SteppedRun>(j->cfg, observers,
+                                                       chain(fp8_monitor_hooks(j->cfg), hooks));
                  wait(*j);  // every rank built (and resumed) and paused before its next step
                  return j;
              }),

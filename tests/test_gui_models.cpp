@@ -313,8 +313,9 @@ TEST_CASE("Finished runs open in the panels: a run file, a validate.json, a gold
     CHECK_THROWS(check.start_golden(dir + "/run.h5", "dp2"));
 }
 
-TEST_CASE("FP8 view: the monitor's rows as tensors, grids, histories and alerts with their evidence",
-          "[gui]") {
+TEST_CASE(
+    "FP8 view: the monitor's rows as tensors, grids, histories and alerts with their evidence",
+    "[gui]") {
     // A live job with the drift provoked (examples/fp8_drift.toml, every 2nd step, comparing
     // current scaling), stopped after step 34 (the jump is at step 30).
     Config c = load_config("examples/fp8_drift.toml");
@@ -326,7 +327,8 @@ TEST_CASE("FP8 view: the monitor's rows as tensors, grids, histories and alerts 
     job.start(c, false);
     job.run_to(34);
     RunSnapshot snap;
-    for (int i = 0; i < 6000 && !(snap.steps_done == 34 && job.status() == JobStatus::paused); i++) {
+    for (int i = 0; i < 6000 && !(snap.steps_done == 34 && job.status() == JobStatus::paused);
+         i++) {
         job.poll();
         job.update(snap);
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -358,9 +360,9 @@ TEST_CASE("FP8 view: the monitor's rows as tensors, grids, histories and alerts 
     for (const Fp8AlertRow& a : v.alerts) {
         CHECK(a.row.step > 30);
         CHECK(v.tensors[static_cast<size_t>(a.tensor)] == a.row.tensor);
-        CHECK(a.message.rfind("fp8 " + a.row.tensor + " (delayed) at step " +
-                                  std::to_string(a.row.step) + ": ",
-                              0) == 0);
+        CHECK(a.message.rfind(
+                  "fp8 " + a.row.tensor + " (delayed) at step " + std::to_string(a.row.step) + ": ",
+                  0) == 0);
     }
     const int t = v.default_tensor();
     CHECK(v.alerts_of[static_cast<size_t>(t)] ==

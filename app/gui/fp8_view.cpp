@@ -47,7 +47,8 @@ Fp8View make_fp8_view(const RunSnapshot& s) {
         Fp8AlertRow a;
         a.row = r;
         a.tensor = t;
-        if (const auto it = said.find({r.step, r.tensor}); it != said.end()) a.message = *it->second;
+        if (const auto it = said.find({r.step, r.tensor}); it != said.end())
+            a.message = *it->second;
         v.alerts.push_back(std::move(a));
         v.alerts_of[static_cast<size_t>(t)]++;
     }

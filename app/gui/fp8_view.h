@@ -36,9 +36,9 @@ struct Fp8View {
     i64 step_stride = 1;               // between consecutive monitored steps (fp8_monitor.every)
     // [tensor][step index], the run's recipe; NaN where a tensor has no row at that step.
     std::vector<std::vector<double>> saturated, underflow;
-    std::vector<int> alerts_of;        // per tensor: how many alert rows it has
-    std::vector<Fp8AlertRow> alerts;   // in step order, then tensor order
-    std::size_t rows = 0;              // rows the view was made from
+    std::vector<int> alerts_of;       // per tensor: how many alert rows it has
+    std::vector<Fp8AlertRow> alerts;  // in step order, then tensor order
+    std::size_t rows = 0;             // rows the view was made from
 
     // Tensor t's history in the run's recipe and in each comparison (the run's first), from the
     // rows the view was made of; delayed scaling's initial scale at step 1 is NaN (a gap).

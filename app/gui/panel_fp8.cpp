@@ -79,8 +79,9 @@ void draw_fp8_half(const RunData& d, Fp8PanelState& s) {
                          "); set precision.fp8 and fp8_monitor.every to watch them")
                             .c_str());
         else if (cfg.fp8_monitor.every <= 0)
-            empty_state("the FP8 drift monitor is off in this run: set fp8_monitor.every (1: every "
-                        "step) to record each fp8 tensor's amax, scale, saturation and underflow");
+            empty_state(
+                "the FP8 drift monitor is off in this run: set fp8_monitor.every (1: every "
+                "step) to record each fp8 tensor's amax, scale, saturation and underflow");
         else
             empty_state(("no monitored step yet (fp8_monitor.every = " +
                          std::to_string(cfg.fp8_monitor.every) + ")")
@@ -102,11 +103,11 @@ void draw_fp8_half(const RunData& d, Fp8PanelState& s) {
     }
     std::string compared;
     for (const std::string& c : v.compare) compared += (compared.empty() ? "" : ", ") + c;
-    ImGui::Text("%s scaling, %zu tensors, %zu monitored steps (every %lld), %zu alerts%s%s",
-                v.recipe.c_str(), v.tensors.size(), v.steps.size(),
-                static_cast<long long>(cfg.fp8_monitor.every > 0 ? cfg.fp8_monitor.every
-                                                                 : v.step_stride),
-                v.alerts.size(), compared.empty() ? "" : "; compared with ", compared.c_str());
+    ImGui::Text(
+        "%s scaling, %zu tensors, %zu monitored steps (every %lld), %zu alerts%s%s",
+        v.recipe.c_str(), v.tensors.size(), v.steps.size(),
+        static_cast<long long>(cfg.fp8_monitor.every > 0 ? cfg.fp8_monitor.every : v.step_stride),
+        v.alerts.size(), compared.empty() ? "" : "; compared with ", compared.c_str());
 
     // The tensor chooser: alerted tensors say how many.
     auto label = [&](int t) {
@@ -132,7 +133,8 @@ void draw_fp8_half(const RunData& d, Fp8PanelState& s) {
     std::vector<plot::VMarker> marks;
     for (const Fp8AlertRow& a : v.alerts)
         if (a.tensor == s.tensor)
-            marks.push_back({static_cast<double>(a.row.step), alert_kinds(a.row.alerts), plot::kRed});
+            marks.push_back(
+                {static_cast<double>(a.row.step), alert_kinds(a.row.alerts), plot::kRed});
     const ImU32 colours[] = {plot::kBlue, plot::kOrange, plot::kGreen, plot::kPurple};
     plot::LinePlot amax;
     amax.title = "amax (max |x|) of " + v.tensors[static_cast<size_t>(s.tensor)];
@@ -140,15 +142,16 @@ void draw_fp8_half(const RunData& d, Fp8PanelState& s) {
     amax.y_label = "amax";
     amax.markers = marks;
     plot::LinePlot scale;
-    scale.title = v.recipe == "delayed" ? "scale (x is cast as fp8(x * scale); step 1's initial 1 not drawn)"
-                                        : "scale (x is cast as fp8(x * scale))";
+    scale.title = v.recipe == "delayed"
+                      ? "scale (x is cast as fp8(x * scale); step 1's initial 1 not drawn)"
+                      : "scale (x is cast as fp8(x * scale))";
     scale.x_label = "step";
     scale.y_label = "scale";
     scale.markers = marks;
     if (!s.histories.empty()) {
         const Fp8History& h = s.histories.front();
-        amax.series.push_back(
-            {"amax", h.step.data(), h.amax.data(), static_cast<int>(h.step.size()), plot::kBlue, true});
+        amax.series.push_back({"amax", h.step.data(), h.amax.data(),
+                               static_cast<int>(h.step.size()), plot::kBlue, true});
         for (size_t k = 0; k < s.histories.size(); k++) {
             const Fp8History& r = s.histories[k];
             if (r.recipe == "block" && k > 0) continue;  // tiles have their own scales
@@ -256,8 +259,8 @@ void draw_fp8_half(const RunData& d, Fp8PanelState& s) {
     if (d.rects) d.rects->mark("fp8_alerts");
     if (s.alert >= 0 && s.alert < static_cast<int>(v.alerts.size())) {
         const Fp8AlertRow& a = v.alerts[static_cast<size_t>(s.alert)];
-        ImGui::TextWrapped("%s", a.message.empty() ? "(no event text in this snapshot)"
-                                                   : a.message.c_str());
+        ImGui::TextWrapped(
+            "%s", a.message.empty() ? "(no event text in this snapshot)" : a.message.c_str());
     } else {
         ImGui::TextDisabled("click an alert for its evidence");
     }
