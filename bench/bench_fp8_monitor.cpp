@@ -6,11 +6,12 @@
 //
 //   build/bench/bench_fp8_monitor [--steps N] [--layers L] [--vocab V] [--threads N]
 //
-// Prints ms/step (best and median of N, the modes alternating step by step so that a noisy host
-// hits all alike), the ratio to the monitor off, and the monitor's own time per step (its
-// accumulated seconds: the casts' statistics, the reduction, the rows). Checks its results:
-// the jobs' losses and fp8 scales are the same bits at every step (the monitor never changes the
-// computation), and the monitored jobs' rows of the run's recipe agree bit for bit.
+// Prints ms/step (best, median and mean of N, the modes alternating step by step so that a noisy
+// host hits all alike), the median's ratio to the monitor off, and the monitor's own time per
+// step (its accumulated seconds over the N steps, divided by N: the casts' statistics, the
+// reduction, the rows; every 10th step needs N >= 9 to include one, the bench's step 10). Checks
+// its results: the jobs' losses and fp8 scales are the same bits at every step (the monitor never
+// changes the computation), and the monitored jobs' rows of the run's recipe agree bit for bit.
 #include "core/base/config.h"
 #include "core/train/job.h"
 #include "validators/fp8_monitor.h"
@@ -86,10 +87,10 @@ int main(int argc, char** argv) {
         monitors.push_back(m.every > 0 ? Fp8Monitor::attach(*jobs.back(), mc) : nullptr);
     }
     const int gemms = jobs[0]->fp8()->gemms();
-    std::printf("bench_fp8_monitor: %d layers (%d fp8 matmuls, %d scaled tensors), C=768, T=64, "
-                "B=4, V=%lld, %d threads, %d steps\n",
-                layers, gemms, gemms * 3, static_cast<long long>(vocab), omp_get_max_threads(),
-                steps);
+    std::printf(
+        "bench_fp8_monitor: %d layers (%d fp8 matmuls, %d scaled tensors), C=768, T=64, "
+        "B=4, V=%lld, %d threads, %d steps\n",
+        layers, gemms, gemms * 3, static_cast<long long>(vocab), omp_get_max_threads(), steps);
 
     std::vector<double> ms[kModes];
     double before[kModes] = {};
@@ -126,14 +127,17 @@ int main(int argc, char** argv) {
         std::vector<double> v = ms[m];
         std::sort(v.begin(), v.end());
         const double best = v.front(), median = v[v.size() / 2];
+        double mean = 0;
+        for (double t : v) mean += t / static_cast<double>(v.size());
         if (m == 0) base = median;
         const double own = monitors[static_cast<size_t>(m)]
                                ? (monitors[static_cast<size_t>(m)]->seconds() - before[m]) * 1e3 /
                                      static_cast<double>(steps)
                                : 0.0;
-        std::printf("  monitor %-34s best %8.1f ms  median %8.1f ms  ratio %.3f  monitor's own "
-                    "%6.1f ms/step\n",
-                    modes[m].name, best, median, median / base, own);
+        std::printf(
+            "  monitor %-34s best %8.1f ms  median %8.1f ms  mean %8.1f ms  ratio %.3f  "
+            "monitor's own %6.1f ms/step\n",
+            modes[m].name, best, median, mean, median / base, own);
     }
     std::printf("check: losses and fp8 scales equal with the monitor off/on, rows agree: %s\n",
                 ok ? "ok" : "FAILED");

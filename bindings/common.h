@@ -6,6 +6,7 @@
 //   make_config                 a Config from a TOML path, a dict, a parallax.Config and
 //                               keyword sections, the way the CLI's --set builds one
 //   metrics_dict, metrics_row   per-step metrics as numpy columns, one step as a dict
+//   fp8_dict                    the FP8 drift monitor's rows as numpy columns
 //   adopt                       a vector's floats as a numpy array that owns them (no copy)
 //   wait_interruptibly          waits for a SteppedRun with the GIL released, Ctrl-C honoured
 //
@@ -50,6 +51,9 @@ Config make_config(const py::object& source, const py::dict& sections);
 // A TOML path for messages and the source of a Config: "<dict>" etc.
 py::dict metrics_dict(const MetricColumns& c);  // {"step": int64 array, "loss": float64 array, ...}
 py::dict metrics_row(const StepMetrics& m);     // {"step": 3, "loss": 3.41, ...}
+// The FP8 drift monitor's rows as columns: step, count, nonfinite, alerts (int64 arrays), tensor
+// and recipe (str arrays), amax ... sqnr_db (float64 arrays), one element per row.
+py::dict fp8_dict(const std::vector<Fp8Stat>& rows);
 
 // The array takes the vector over (a capsule owns it): the floats are not copied. An empty shape
 // is flat.

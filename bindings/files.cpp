@@ -168,14 +168,16 @@ DataError naming the file on bad input.)doc");
             d["config"] = rec.config_toml;
             d["metrics"] = metrics;
             d["events"] = events;
+            d["fp8"] = fp8_dict(rec.fp8);
             return d;
         },
         py::arg("path"), R"doc(
 A run file's records (<out>/run.h5 of parallax train or Job(out=...)): config (TOML text),
 metrics ({name: (steps int64 array, values float64 array)}: loss, val_loss, grad_norm, lr,
 tokens_per_s, step_ms, comm_bytes, and with [spikes] the per-layer evidence layer.<group>.<what>
-and spike.*) and events (step, kind, message, evidence: a spike's per-layer values as its first
-run saw them, {} for other events), read without opening the file for writing.)doc");
+and spike.*), events (step, kind, message, evidence: a spike's per-layer values as its first
+run saw them, {} for other events) and fp8 (the FP8 drift monitor's /fp8 table as Job.fp8()
+gives it; empty arrays without one), read without opening the file for writing.)doc");
 }
 
 }  // namespace px::py_bind

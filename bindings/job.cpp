@@ -241,8 +241,8 @@ error (CommError, CheckpointError, ...) from the call that waits for it.
                      hooks.setup = [rec = j->probes.get()](Job& job) { job.set_probes(rec); };
                  }
                  // The FP8 drift monitor on every rank when the config asks for it.
-                 j->run = std::make_unique<SteppedRun>(
-                     j->cfg, observers, chain(fp8_monitor_hooks(j->cfg), hooks));
+                 j->run = std::make_unique<SteppedRun>(j->cfg, observers,
+                                                       chain(fp8_monitor_hooks(j->cfg), hooks));
                  wait(*j);  // every rank built (and resumed) and paused before its next step
                  return j;
              }),
@@ -359,6 +359,14 @@ the state stays readable, but the job takes no more steps.)doc")
             "Named per-step values (with [spikes]: layer.<group>.grad_norm, .update_ratio, "
             ".adam_eps_ratio, layer.h.<l>.attn_logit_max, spike.loss_z, spike.grad_norm_z, "
             "spike.clip_norm) as {name: (steps int64 array, values float64 array)}.")
+        .def(
+            "fp8", [](PyJob& j) { return fp8_dict(j.view.snapshot().fp8); },
+            R"doc(
+The FP8 drift monitor's rows (fp8_monitor.every > 0; empty arrays otherwise), one per fp8-scaled
+tensor, recipe and monitored step, as numpy columns: step, count, nonfinite, alerts (int64),
+tensor ("h.1.attn.c_attn/x"), recipe ("delayed", "block", or a comparison: "current") (str),
+amax, scale, scale_ratio, saturated, underflow, dynamic_range, mse, sqnr_db (float64). The same
+on every layout, bit for bit; README [fp8_monitor] says what each column measures.)doc")
         .def(
             "memory",
             [](PyJob& j) {

@@ -44,6 +44,29 @@ py::dict metrics_dict(const MetricColumns& c) {
     return d;
 }
 
+py::dict fp8_dict(const std::vector<Fp8Stat>& rows) {
+    py::dict d;
+    for (const Fp8IntField& f : kFp8Ints) {
+        py::array_t<std::int64_t> a(static_cast<py::ssize_t>(rows.size()));
+        for (size_t i = 0; i < rows.size(); i++) a.mutable_data()[i] = rows[i].*f.field;
+        d[f.name] = a;
+    }
+    py::list tensor, recipe;
+    for (const Fp8Stat& r : rows) {
+        tensor.append(r.tensor);
+        recipe.append(r.recipe);
+    }
+    const py::object array = py::module_::import("numpy").attr("array");
+    d["tensor"] = array(tensor, py::arg("dtype") = "str");
+    d["recipe"] = array(recipe, py::arg("dtype") = "str");
+    for (const Fp8RealField& f : kFp8Reals) {
+        py::array_t<double> a(static_cast<py::ssize_t>(rows.size()));
+        for (size_t i = 0; i < rows.size(); i++) a.mutable_data()[i] = rows[i].*f.field;
+        d[f.name] = a;
+    }
+    return d;
+}
+
 }  // namespace px::py_bind
 
 PYBIND11_MODULE(parallax, m) {
@@ -57,7 +80,7 @@ computes the single device's bits.
   schedule     a pipeline schedule as data (actions per rank) and its simulation
   canonical_sum, tree_nodes   the canonical reduction order itself
   checkpoints  save (Job.save_checkpoint), read_checkpoint, inspect_checkpoint, convert (llm.c)
-  read_run_file the metrics and events of a run file
+  read_run_file the metrics, events and FP8 drift monitor rows of a run file
 Errors are parallax.ParallaxError subclasses (ConfigError is also a ValueError) carrying the
 library's own messages.)doc";
     m.attr("__version__") = PARALLAX_VERSION;

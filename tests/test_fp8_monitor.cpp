@@ -11,6 +11,7 @@
 #include "core/io/runfile.h"
 #include "core/io/state.h"
 #include "core/model/fp8.h"
+#include "core/model/optimizer.h"
 #include "core/train/job.h"
 #include "core/train/job_view.h"
 #include "core/train/run_file_observer.h"
@@ -121,8 +122,8 @@ struct Plain {
         CHECK(row.amax == amax);
         CHECK(row.saturated == static_cast<double>(saturated) / static_cast<double>(count));
         CHECK(row.underflow == static_cast<double>(underflow) / static_cast<double>(nonzero));
-        CHECK(row.dynamic_range == std::log2(static_cast<double>(amax)) -
-                                       std::log2(static_cast<double>(min_nonzero)));
+        CHECK(row.dynamic_range ==
+              std::log2(static_cast<double>(amax)) - std::log2(static_cast<double>(min_nonzero)));
         // The monitor's sums are exact and rounded once; these long double sums are within
         // n·2^-64 of exact, so both agree far inside 1e-14.
         const double mse = static_cast<double>(error / count);
@@ -161,7 +162,8 @@ TEST_CASE("ExactSum: exact in any order, cancellation included", "[fp8_monitor]"
     CHECK(d.value() == 0.30000000000000004);  // the exact sum of the two doubles, rounded once
 }
 
-TEST_CASE("fp8 monitor: a delayed cast's counts, MSE and SQNR against a plain computation", "[fp8_monitor]") {
+TEST_CASE("fp8 monitor: a delayed cast's counts, MSE and SQNR against a plain computation",
+          "[fp8_monitor]") {
     const Config cfg = monitor_job();
     Fp8Scaling f(cfg.model, cfg.precision);
     // Gemm 0's X scaled by 4 (a power of two: x · 4 is the same in fp32 and in the plain loop).
@@ -171,8 +173,8 @@ TEST_CASE("fp8 monitor: a delayed cast's counts, MSE and SQNR against a plain co
     f.restore(st);
     std::vector<float> x(6000);
     fill_normal(x.data(), static_cast<i64>(x.size()), 0.0f, 3.0f, 11, 0, 0);
-    const std::vector<float> planted = {200.0f,  -150.0f, 112.5f, 1e-6f, -1e-6f, 0.0f,
-                                        -0.0f,   INFINITY, NAN,   112.0f, 2e-3f};
+    const std::vector<float> planted = {200.0f, -150.0f,  112.5f, 1e-6f,  -1e-6f, 0.0f,
+                                        -0.0f,  INFINITY, NAN,    112.0f, 2e-3f};
     std::copy(planted.begin(), planted.end(), x.begin());
     for (const Fp8Scaling::Role role : {Fp8Scaling::x, Fp8Scaling::dy}) {
         const float fmax = role == Fp8Scaling::x ? 448.0f : 57344.0f;
@@ -210,7 +212,8 @@ TEST_CASE("fp8 monitor: a delayed cast's counts, MSE and SQNR against a plain co
     }
 }
 
-TEST_CASE("fp8 monitor: a block cast's tiles, each with its own scale, against a plain computation", "[fp8_monitor]") {
+TEST_CASE("fp8 monitor: a block cast's tiles, each with its own scale, against a plain computation",
+          "[fp8_monitor]") {
     Config cfg = monitor_job();
     cfg.precision.fp8 = "block";
     cfg.precision.fp8_block_size = 4;
@@ -232,7 +235,8 @@ TEST_CASE("fp8 monitor: a block cast's tiles, each with its own scale, against a
             for (i64 c0 = 0; c0 < K; c0 += b) {
                 float amax = 0;
                 for (i64 i = r0; i < r0 + band; i++)
-                    for (i64 j = c0; j < c0 + b; j++) amax = std::max(amax, std::fabs(x[i * K + j]));
+                    for (i64 j = c0; j < c0 + b; j++)
+                        amax = std::max(amax, std::fabs(x[i * K + j]));
                 const float s = 448.0f / amax;
                 for (i64 i = r0; i < r0 + band; i++)
                     for (i64 j = c0; j < c0 + b; j++)
@@ -277,7 +281,8 @@ TEST_CASE("fp8 monitor: alert rules, each on its threshold", "[fp8_monitor]") {
     CHECK(judge_fp8(r, Fp8Thresholds(mc), &why) == 0);  // every alert off
 }
 
-TEST_CASE("fp8 monitor: the rows are the single device's on every layout, bit for bit", "[fp8_monitor]") {
+TEST_CASE("fp8 monitor: the rows are the single device's on every layout, bit for bit",
+          "[fp8_monitor]") {
     struct L {
         int dp, tp, pp, zero, microbatches;
         bool sp;
@@ -296,10 +301,16 @@ TEST_CASE("fp8 monitor: the rows are the single device's on every layout, bit fo
         std::vector<L> layouts;
     };
     const std::vector<Case> cases = {
-        {&with_head, {{2, 1, 1, 1, 0, false, "none"}, {1, 1, 1, 0, 2, false, "none"},
-                      {1, 1, 2, 0, 2, false, "none"}, {2, 1, 2, 0, 0, false, "full"}}},
-        {&no_head, {{1, 2, 1, 0, 0, false, "none"}, {1, 2, 1, 0, 2, true, "none"},
-                    {2, 2, 1, 3, 0, false, "none"}, {1, 2, 2, 0, 2, false, "full"}}},
+        {&with_head,
+         {{2, 1, 1, 1, 0, false, "none"},
+          {1, 1, 1, 0, 2, false, "none"},
+          {1, 1, 2, 0, 2, false, "none"},
+          {2, 1, 2, 0, 0, false, "full"}}},
+        {&no_head,
+         {{1, 2, 1, 0, 0, false, "none"},
+          {1, 2, 1, 0, 2, true, "none"},
+          {2, 2, 1, 3, 0, false, "none"},
+          {1, 2, 2, 0, 2, false, "full"}}},
         {&block, {{2, 1, 1, 0, 2, false, "none"}, {1, 2, 2, 0, 0, true, "none"}}},
     };
     for (const Case& k : cases) {
@@ -335,7 +346,8 @@ TEST_CASE("fp8 monitor: the rows are the single device's on every layout, bit fo
     }
 }
 
-TEST_CASE("fp8 monitor: a run with the monitor on ends in the bits of the run with it off", "[fp8_monitor]") {
+TEST_CASE("fp8 monitor: a run with the monitor on ends in the bits of the run with it off",
+          "[fp8_monitor]") {
     Config on = monitor_job();
     on.precision.fp8_lm_head = false;
     on.fp8_monitor.every = 1;
@@ -360,7 +372,8 @@ TEST_CASE("fp8 monitor: a run with the monitor on ends in the bits of the run wi
     CHECK(test::same_bits(fp8_with, fp8_without));
 }
 
-TEST_CASE("fp8 monitor: a monitored job's rows reach the run file's /fp8 and the job view", "[fp8_monitor]") {
+TEST_CASE("fp8 monitor: a monitored job's rows reach the run file's /fp8 and the job view",
+          "[fp8_monitor]") {
     Config c = monitor_job();
     c.layout.dp = 2;
     c.train.steps = 6;
@@ -403,7 +416,8 @@ TEST_CASE("fp8 monitor: a monitored job's rows reach the run file's /fp8 and the
     CHECK(got.events.size() == static_cast<size_t>(alerts));
 }
 
-TEST_CASE("fp8 monitor: a re-run step's rows replace the first run's in the view and the file", "[fp8_monitor]") {
+TEST_CASE("fp8 monitor: a re-run step's rows replace the first run's in the view and the file",
+          "[fp8_monitor]") {
     Config c = monitor_job();
     c.layout.dp = 2;
     c.train.steps = 5;
@@ -435,7 +449,8 @@ TEST_CASE("fp8 monitor: a re-run step's rows replace the first run's in the view
     check_same_rows(last, read_run_records(path).fp8);
 }
 
-TEST_CASE("fp8 monitor: alerts fire on a provoked drift and stay silent on a clean run", "[fp8_monitor]") {
+TEST_CASE("fp8 monitor: alerts fire on a provoked drift and stay silent on a clean run",
+          "[fp8_monitor]") {
     // examples/fp8_drift.toml: an amax history of one step and a 100x learning-rate jump at
     // steps 30 and 31 (stopped after step 36, no comparisons, to run quickly).
     Config drift = load_config("examples/fp8_drift.toml");
@@ -520,6 +535,13 @@ TEST_CASE("fp8 monitor: keys and refusals name the key", "[fp8_monitor]") {
     CHECK_THAT(test::error_of<ConfigError>([&] { validate_config(keys); }),
                Contains("fp8_monitor.saturation_max = 2 is out of range: must be in [0, 1]"));
     keys.fp8_monitor.saturation_max = 0;
+    // The learning-rate jump: steps 30 and 31 (1-based; lr_at counts from 0) at 100x.
+    const Config drift = load_config("examples/fp8_drift.toml");
+    const TrainConfig& tc = drift.train;
+    for (i64 step = 0; step < tc.steps; step++) {
+        const bool jump = step + 1 == 30 || step + 1 == 31;
+        CHECK(lr_at(tc, step) == (jump ? 100.0 * scheduled_lr(tc, step) : scheduled_lr(tc, step)));
+    }
     keys.train.lr_jump_step = 99;
     CHECK_THAT(test::error_of<ConfigError>([&] { validate_config(keys); }),
                Contains("train.lr_jump_step=99 comes after the last step"));

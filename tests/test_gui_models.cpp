@@ -4,6 +4,7 @@
 // editor's errors beside their keys, the layout explorer on the runtime's own ranks, the job
 // controller, the measured pipeline timeline, and the teaching models.
 #include "app/gui/config_editor.h"
+#include "app/gui/fp8_view.h"
 #include "app/gui/job_controller.h"
 #include "app/gui/layout_check.h"
 #include "app/gui/layout_explorer.h"
@@ -352,4 +353,109 @@ TEST_CASE("Spikes: a rolled-back spike opens from its run file with its first ru
     }
     CHECK(std::isfinite(rows[1].attn_logit_max));
     CHECK(std::isnan(rows[0].attn_logit_max));  // the embedding has no attention
+}
+
+TEST_CASE(
+    "FP8 view: the monitor's rows as tensors, grids, histories and alerts with their evidence",
+    "[gui]") {
+    // A live job with the drift provoked (examples/fp8_drift.toml, every 2nd step, comparing
+    // current scaling), stopped after step 34 (the jump is at step 30).
+    Config c = load_config("examples/fp8_drift.toml");
+    c.output.run_file = false;
+    c.train.eval_every = 0;
+    c.fp8_monitor.every = 2;
+    c.fp8_monitor.compare = "current";
+    JobController job;
+    job.start(c, false);
+    job.run_to(34);
+    RunSnapshot snap;
+    for (int i = 0; i < 6000 && !(snap.steps_done == 34 && job.status() == JobStatus::paused);
+         i++) {
+        job.poll();
+        job.update(snap);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    REQUIRE(snap.steps_done == 34);
+    const Fp8View v = make_fp8_view(snap);
+    CHECK(v.recipe == "delayed");
+    CHECK(v.compare == std::vector<std::string>{"current"});
+    REQUIRE(v.tensors.size() == 24);  // blocks 1 and 2: 4 linears x (x, w, dy)
+    CHECK(v.tensors[0] == "h.1.attn.c_attn/x");
+    CHECK(v.tensors[23] == "h.2.mlp.c_proj/dy");
+    REQUIRE(v.steps.size() == 17);  // 2, 4, ..., 34
+    CHECK(v.steps.front() == 2);
+    CHECK(v.step_stride == 2);
+    // The grids hold each tensor's row of each step, and nothing of the comparison's rows.
+    for (const Fp8Stat& r : snap.fp8) {
+        if (r.recipe != "delayed") continue;
+        const int t = v.tensor_index(r.tensor);
+        REQUIRE(t >= 0);
+        const size_t k = static_cast<size_t>((r.step - 2) / 2);
+        CHECK(v.saturated[static_cast<size_t>(t)][k] == r.saturated);
+        CHECK(v.underflow[static_cast<size_t>(t)][k] == r.underflow);
+    }
+    // Alerts: exactly the rows with alert bits, each with its event's sentence, after the jump.
+    i64 alerted = 0;
+    for (const Fp8Stat& r : snap.fp8) alerted += r.alerts != 0 ? 1 : 0;
+    REQUIRE(alerted > 0);
+    REQUIRE(static_cast<i64>(v.alerts.size()) == alerted);
+    for (const Fp8AlertRow& a : v.alerts) {
+        CHECK(a.row.step > 30);
+        CHECK(v.tensors[static_cast<size_t>(a.tensor)] == a.row.tensor);
+        CHECK(a.message.rfind(
+                  "fp8 " + a.row.tensor + " (delayed) at step " + std::to_string(a.row.step) + ": ",
+                  0) == 0);
+    }
+    const int t = v.default_tensor();
+    CHECK(v.alerts_of[static_cast<size_t>(t)] ==
+          *std::max_element(v.alerts_of.begin(), v.alerts_of.end()));
+    // The chosen tensor's histories: the run's scale and current scaling's, step by step.
+    const std::vector<Fp8History> h = v.histories(snap.fp8, t);
+    REQUIRE(h.size() == 2);
+    CHECK(h[0].recipe == "delayed");
+    CHECK(h[1].recipe == "current");
+    REQUIRE(h[0].step.size() == 17);
+    for (const Fp8Stat& r : snap.fp8)
+        if (r.tensor == v.tensors[static_cast<size_t>(t)]) {
+            const Fp8History& hh = r.recipe == "delayed" ? h[0] : h[1];
+            const size_t k = static_cast<size_t>((r.step - 2) / 2);
+            CHECK(hh.step[k] == static_cast<double>(r.step));
+            CHECK(hh.scale[k] == r.scale);
+            CHECK(hh.amax[k] == r.amax);
+        }
+    job.stop();
+
+    // The same rows from a run file: what `parallax gui` shows when one is opened.
+    const std::string dir = "build/test_gui_models_files";
+    std::filesystem::create_directories(dir);
+    {
+        RunFile f(dir + "/fp8.h5", config_to_toml(c));
+        f.append("loss", 34, 1.0);
+        f.append_fp8(snap.fp8);
+        for (const RunEvent& e : snap.events) f.event(e.step, event_kind_name(e.kind), e.message);
+    }
+    const RunSnapshot opened = snapshot_from_run_file(dir + "/fp8.h5");
+    const Fp8View w = make_fp8_view(opened);
+    CHECK(w.tensors == v.tensors);
+    CHECK(w.steps == v.steps);
+    REQUIRE(w.alerts.size() == v.alerts.size());
+    for (size_t i = 0; i < w.alerts.size(); i++) CHECK(w.alerts[i].message == v.alerts[i].message);
+    // Delayed scaling's initial scale (step 1) is a gap in the history, the others drawn.
+    RunSnapshot first;
+    for (const i64 step : {1, 2}) {
+        Fp8Stat r;
+        r.step = step;
+        r.tensor = "h.1.mlp.c_fc/x";
+        r.recipe = "delayed";
+        r.scale = step == 1 ? 1.0 : 300.0;
+        first.fp8.push_back(r);
+    }
+    const std::vector<Fp8History> fh = make_fp8_view(first).histories(first.fp8, 0);
+    REQUIRE(fh.size() == 1);
+    CHECK(std::isnan(fh[0].scale[0]));
+    CHECK(fh[0].scale[1] == 300.0);
+    // No rows: an empty view (the panel then shows its empty state).
+    const Fp8View none = make_fp8_view(RunSnapshot{});
+    CHECK(none.tensors.empty());
+    CHECK(none.default_tensor() == -1);
 }

@@ -168,8 +168,8 @@ void fp8_accumulate(Fp8Accum& a, const float* x, const float* q, i64 n, float s,
     });
 }
 
-void fp8_accumulate_blocks(Fp8Accum& a, const float* x, const float* q, i64 rows, i64 K,
-                           i64 band, i64 b) {
+void fp8_accumulate_blocks(Fp8Accum& a, const float* x, const float* q, i64 rows, i64 K, i64 band,
+                           i64 b) {
     const i64 bands = (rows + band - 1) / band, tiles = (K + b - 1) / b;
     in_parallel(a, bands * tiles, [&](Part& part, i64 lo, i64 hi) {
         for (i64 t = lo; t < hi; t++) {
@@ -224,7 +224,8 @@ i64 judge_fp8(const Fp8Stat& row, const Fp8Thresholds& t, std::string* evidence)
     std::string why;
     auto add = [&](const std::string& s) { why += (why.empty() ? "" : "; ") + s; };
     const double r = row.scale_ratio;
-    if (t.scale_jump > 0 && std::isfinite(r) && r > 0 && (r > t.scale_jump || r < 1 / t.scale_jump)) {
+    if (t.scale_jump > 0 && std::isfinite(r) && r > 0 &&
+        (r > t.scale_jump || r < 1 / t.scale_jump)) {
         bits |= kFp8ScaleJump;
         add(std::string("the scale ") + (r > 1 ? "rose " : "fell to ") + fmt("%.3g", r) +
             "x the step before's (fp8_monitor.scale_jump = " + fmt("%g", t.scale_jump) + ")");
@@ -232,20 +233,25 @@ i64 judge_fp8(const Fp8Stat& row, const Fp8Thresholds& t, std::string* evidence)
     if (row.count > 0 && row.saturated > t.saturation_max) {
         bits |= kFp8Saturation;
         add(fmt("%.3g", 100 * row.saturated) + "% of its " + std::to_string(row.count) +
-            " values saturated (fp8_monitor.saturation_max = " +
-            fmt("%g", 100 * t.saturation_max) + "%)");
+            " values saturated (fp8_monitor.saturation_max = " + fmt("%g", 100 * t.saturation_max) +
+            "%)");
     }
     if (row.count > 0 && row.sqnr_db < t.sqnr_min_db) {
         bits |= kFp8Sqnr;
-        add("SQNR " + fmt("%.3g", row.sqnr_db) + " dB (fp8_monitor.sqnr_min_db = " +
-            fmt("%g", t.sqnr_min_db) + " dB)");
+        add("SQNR " + fmt("%.3g", row.sqnr_db) +
+            " dB (fp8_monitor.sqnr_min_db = " + fmt("%g", t.sqnr_min_db) + " dB)");
     }
-    if (bits != 0 && evidence)
+    if (bits != 0 && evidence) {  // the fired rules, then the row's other fields
+        std::string rest = "amax " + fmt("%.4g", row.amax) + ", scale " + fmt("%.4g", row.scale);
+        if (!(bits & kFp8ScaleJump) && std::isfinite(r))
+            rest += " (" + fmt("%.3g", r) + "x the step before's)";
+        if (!(bits & kFp8Saturation))
+            rest += ", saturated " + fmt("%.3g", 100 * row.saturated) + "%";
+        rest += ", underflow " + fmt("%.3g", 100 * row.underflow) + "%";
+        if (!(bits & kFp8Sqnr)) rest += ", SQNR " + fmt("%.3g", row.sqnr_db) + " dB";
         *evidence = "fp8 " + row.tensor + " (" + row.recipe + ") at step " +
-                    std::to_string(row.step) + ": " + why + "; amax " + fmt("%.4g", row.amax) +
-                    ", scale " + fmt("%.4g", row.scale) + ", underflow " +
-                    fmt("%.3g", 100 * row.underflow) + "%, SQNR " + fmt("%.3g", row.sqnr_db) +
-                    " dB";
+                    std::to_string(row.step) + ": " + why + "; " + rest;
+    }
     return bits;
 }
 
@@ -321,9 +327,9 @@ Fp8Monitor::Fp8Monitor(Job& job, const Fp8MonitorConfig& cfg)
     if (block_ >= 0 && tp > 1 &&
         ((mc.hidden / tp) % b != 0 || (mc.ffn / tp) % b != 0 || fp8_.head_gemm() >= 0))
         throw ConfigError(
-            "fp8_monitor.compare = \"" + cfg.compare + "\" under layout.tp = " +
-            std::to_string(tp) + ": the block comparison's tiles of precision.fp8_block_size = " +
-            std::to_string(b) +
+            "fp8_monitor.compare = \"" + cfg.compare +
+            "\" under layout.tp = " + std::to_string(tp) +
+            ": the block comparison's tiles of precision.fp8_block_size = " + std::to_string(b) +
             " must not span tp ranks (each rank's share of model.hidden and model.ffn whole "
             "tiles, and no fp8 LM head, whose vocabulary pieces tiles may span); choose "
             "another block size, drop \"block\" from fp8_monitor.compare, or layout.tp = 1");

@@ -68,9 +68,9 @@ public:
     static constexpr int kDigits = 72;  // 2304 bits: 2^-1074 .. 2^1024 and carries
     void add(double x);                 // a finite x (others are the caller's to exclude)
     void add_at(std::uint64_t v, int p, bool negative);  // ± v · 2^(p - 1074)
-    void merge(ExactSum& other);                          // this += other (both normalised)
+    void merge(ExactSum& other);                         // this += other (both normalised)
     double value() const;
-    void normalize();  // digits 0 .. kDigits-2 into [0, 2^32), the top one signed
+    void normalize();                   // digits 0 .. kDigits-2 into [0, 2^32), the top one signed
     std::array<i64, kDigits> digits{};  // normalised before being summed over ranks
 
 private:
@@ -89,8 +89,8 @@ struct Fp8Accum {
 void fp8_accumulate(Fp8Accum& a, const float* x, const float* q, i64 n, float s, float fp8_max);
 // The same for a block cast: x is (rows, K) row-major, cut into tiles of `band` rows (1 for
 // activations, b for weights) and b columns, each with Fp8Scaling::block_scale of its own amax.
-void fp8_accumulate_blocks(Fp8Accum& a, const float* x, const float* q, i64 rows, i64 K,
-                           i64 band, i64 b);
+void fp8_accumulate_blocks(Fp8Accum& a, const float* x, const float* q, i64 rows, i64 K, i64 band,
+                           i64 b);
 
 // The row an accumulator makes (step, tensor and recipe, and scale and scale_ratio are the
 // caller's).
@@ -144,9 +144,9 @@ private:
     int current_ = -1, block_ = -1;     // their indices in recipes_, -1: not compared
     bool active_ = false;
     i64 step_ = 0;
-    std::vector<Fp8Accum> acc_;    // (gemm, role, recipe)
-    std::vector<char> w_seen_;     // per gemm: W cast this step
-    std::vector<Kept> kept_;       // "current": the casts of this step
+    std::vector<Fp8Accum> acc_;  // (gemm, role, recipe)
+    std::vector<char> w_seen_;   // per gemm: W cast this step
+    std::vector<Kept> kept_;     // "current": the casts of this step
     // Delayed: per step, the scales it cast with and whether each was made from an amax.
     std::map<i64, std::vector<float>> scales_at_;
     std::map<i64, std::vector<char>> from_amax_at_;

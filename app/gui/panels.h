@@ -13,6 +13,7 @@
 #pragma once
 #include "app/gui/comm_trace.h"
 #include "app/gui/config_editor.h"
+#include "app/gui/fp8_view.h"
 #include "app/gui/job_controller.h"
 #include "app/gui/layout_check.h"
 #include "app/gui/layout_explorer.h"
@@ -89,6 +90,16 @@ void draw_spike_section(const RunData& d, SpikeSectionState& s);
 
 struct Fp8PanelState {
     SpikeSectionState spikes;
+    Fp8View view;  // remade when the snapshot's rows change
+    std::uint64_t epoch = ~std::uint64_t{0};
+    std::size_t rows = 0;
+    int tensor = -1;  // the tensor whose histories show; -1: the view's default
+    std::vector<Fp8History> histories;  // of `tensor`, for `hist_rows` rows
+    int hist_tensor = -1;
+    std::size_t hist_rows = 0;
+    plot::PlotView amax_view, scale_view;
+    int step_col = -1;  // a heatmap column clicked (with `tensor` its row)
+    int alert = -1;     // the alert selected in the list
 };
 void draw_fp8_panel(const RunData& d, Fp8PanelState& s);
 

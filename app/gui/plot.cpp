@@ -361,11 +361,15 @@ HeatmapHit draw_heatmap(const char* id, const Heatmap& h, ImVec2 size, int selec
             dl->PopClipRect();
         }
         // Column ticks: steps.
-        const std::vector<double> ct = nice_ticks(h.first_col, h.first_col + h.cols - 1,
-                                                  std::max(2, static_cast<int>((b.x - a.x) / 70)));
+        const int cs = std::max(1, h.col_step);
+        const std::vector<double> ct =
+            nice_ticks(h.first_col, h.first_col + static_cast<double>(h.cols - 1) * cs,
+                       std::max(2, static_cast<int>((b.x - a.x) / 70)));
         for (double v : ct) {
             if (std::fabs(v - std::round(v)) > 1e-9) continue;
-            const float x = a.x + (static_cast<float>(v) - h.first_col + 0.5f) * cw;
+            if ((std::llround(v) - h.first_col) % cs != 0) continue;
+            const float x =
+                a.x + ((static_cast<float>(v) - h.first_col) / static_cast<float>(cs) + 0.5f) * cw;
             dl->AddLine(ImVec2(x, b.y), ImVec2(x, b.y + 4), kAxis);
             const std::string s = tick_text(v, 1);
             dl->AddText(ImVec2(x - ImGui::CalcTextSize(s.c_str()).x / 2, b.y + 5), kText,

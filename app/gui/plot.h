@@ -67,6 +67,7 @@ struct Heatmap {
     std::function<std::string(int row)> row_label;  // shown at most every few rows when crowded
     std::string x_label, title;
     int first_col = 1;  // the number shown under column 0 (steps start at 1)
+    int col_step = 1;   // the numbers of consecutive columns differ by this (every N steps)
     // The colour bar: stops from bottom to top, each a colour and a label.
     std::vector<std::pair<ImU32, std::string>> legend;
 };

@@ -219,10 +219,11 @@ std::vector<bool> fp8_blocks(const PrecisionConfig& pr, i64 layers) {
     if (spec == "none") return mask;
     const std::string key = "precision.fp8_layers";
     auto bad = [&](const std::string& why) {
-        return Problem{{key}, key + " = " + quote(spec) + ": " + why +
-                                  "; write \"all\", \"none\", or 0-based block indices and "
-                                  "inclusive ranges such as \"1-4,6\" (model.layers = " +
-                                  std::to_string(layers) + ")"};
+        return Problem{{key},
+                       key + " = " + quote(spec) + ": " + why +
+                           "; write \"all\", \"none\", or 0-based block indices and "
+                           "inclusive ranges such as \"1-4,6\" (model.layers = " +
+                           std::to_string(layers) + ")"};
     };
     auto index = [&](const std::string& s) -> i64 {
         i64 v = -1;

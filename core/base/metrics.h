@@ -70,10 +70,14 @@ inline constexpr Fp8IntField kFp8Ints[] = {
     {"alerts", &Fp8Stat::alerts},
 };
 inline constexpr Fp8RealField kFp8Reals[] = {
-    {"amax", &Fp8Stat::amax},           {"scale", &Fp8Stat::scale},
-    {"scale_ratio", &Fp8Stat::scale_ratio}, {"saturated", &Fp8Stat::saturated},
-    {"underflow", &Fp8Stat::underflow}, {"dynamic_range", &Fp8Stat::dynamic_range},
-    {"mse", &Fp8Stat::mse},             {"sqnr_db", &Fp8Stat::sqnr_db},
+    {"amax", &Fp8Stat::amax},
+    {"scale", &Fp8Stat::scale},
+    {"scale_ratio", &Fp8Stat::scale_ratio},
+    {"saturated", &Fp8Stat::saturated},
+    {"underflow", &Fp8Stat::underflow},
+    {"dynamic_range", &Fp8Stat::dynamic_range},
+    {"mse", &Fp8Stat::mse},
+    {"sqnr_db", &Fp8Stat::sqnr_db},
 };
 static_assert(std::size(kFp8Ints) == 4 && std::size(kFp8Reals) == 8,
               "a field added to Fp8Stat needs its entry here");

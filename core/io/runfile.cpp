@@ -51,8 +51,8 @@ struct RunFile::Impl {
     hid_t events = -1, ev_step = -1, ev_kind = -1, ev_message = -1;  // /events, once used
     hid_t ev_evidence = -1;  // /events/evidence: once an event has some (older files: none)
     hsize_t ev_rows = 0;
-    hid_t fp8 = -1;                // /fp8, once used
-    std::vector<hid_t> fp8_cols;   // in fp8_columns() order
+    hid_t fp8 = -1;               // /fp8, once used
+    std::vector<hid_t> fp8_cols;  // in fp8_columns() order
     hsize_t fp8_rows = 0;
     i64 fp8_last = 0;  // the step of the last row (0: none)
 
@@ -306,8 +306,9 @@ struct RunFile::Impl {
         if (fp8 < 0) fail("cannot create group /fp8");
         Handle str = string_type();
         for (const Fp8Column& c : fp8_columns()) {
-            const hid_t type = c.kind == 'i' ? H5T_STD_I64LE : c.kind == 'f' ? H5T_IEEE_F64LE
-                                                                              : str.get();
+            const hid_t type = c.kind == 'i'   ? H5T_STD_I64LE
+                               : c.kind == 'f' ? H5T_IEEE_F64LE
+                                               : str.get();
             fp8_cols.push_back(create_series(fp8, c.name, type, std::string("/fp8/") + c.name));
         }
     }
@@ -340,8 +341,8 @@ struct RunFile::Impl {
 
     std::vector<std::int64_t> read_fp8_steps() const {
         std::vector<std::int64_t> steps(fp8_rows);
-        if (fp8_rows > 0 && H5Dread(fp8_cols[0], H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                                    steps.data()) < 0)
+        if (fp8_rows > 0 &&
+            H5Dread(fp8_cols[0], H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps.data()) < 0)
             fail("cannot read /fp8/step");
         return steps;
     }

@@ -148,7 +148,8 @@ const std::vector<Fp8Column>& fp8_columns() {
         for (const Fp8IntField& f : kFp8Ints) v.push_back({f.name, 'i', f.field, nullptr, nullptr});
         v.push_back({"tensor", 's', nullptr, nullptr, &Fp8Stat::tensor});
         v.push_back({"recipe", 's', nullptr, nullptr, &Fp8Stat::recipe});
-        for (const Fp8RealField& f : kFp8Reals) v.push_back({f.name, 'f', nullptr, f.field, nullptr});
+        for (const Fp8RealField& f : kFp8Reals)
+            v.push_back({f.name, 'f', nullptr, f.field, nullptr});
         return v;
     }();
     return cols;

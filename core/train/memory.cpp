@@ -56,8 +56,10 @@ Sizes sizes_of(const Config& c) {
     }
     s.schedule = c.layout.schedule;
     s.act_bytes = double(dtype_size(activation_dtype(c.precision)));
-    if (c.precision.fp8 == "delayed")  // (scale + history) per role of the 4 linears per layer
-        s.fp8_state = 4 * s.L * 3 * (1 + double(c.precision.fp8_amax_history_len));
+    if (c.precision.fp8 == "delayed")  // (scale + history) per role of at most 4 linears per
+                                       // layer (precision.fp8_layers) and the LM head
+        s.fp8_state = (4 * s.L + (c.precision.fp8_lm_head ? 1 : 0)) * 3 *
+                      (1 + double(c.precision.fp8_amax_history_len));
     if (c.data.source == "markov") {
         const double V = double(c.data.markov_vocab > 0 ? c.data.markov_vocab : m.vocab);
         const double states = std::pow(V, double(c.data.markov_order));
