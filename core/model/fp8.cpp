@@ -11,8 +11,10 @@
 
 namespace px {
 
-Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp)
-    : delayed_(pc.fp8 != "block"),
+Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp,
+                       const Numerics& nx)
+    : nx_(nx),
+      delayed_(pc.fp8 != "block"),
       block_(pc.fp8_block_size),
       history_len_(pc.fp8_amax_history_len),
       most_recent_(pc.fp8_amax_compute_algo == "most_recent"),
@@ -66,34 +68,7 @@ int Fp8Scaling::gemm_of(int weight_id) const {
 }
 
 void Fp8Scaling::cast_blocks(Role r, const Tensor& src, float* dst) const {
-    PX_ASSERT(src.contiguous(), std::string("fp8 cast of a strided tensor '") + src.name + "'");
-    const i64 n = src.numel();
-    convert(dst, DType::f32, src.data, src.dtype, static_cast<size_t>(n));  // exact
-    const i64 b = block_;
-    // (R, K): a weight's rows, cut into blocks of b rows; an activation's rows one by one.
-    const i64 K = src.shape[src.ndim - 1];
-    const i64 R = K > 0 ? n / K : 0;
-    const i64 band = r == w ? b : 1;
-    const i64 bands = (R + band - 1) / band, tiles = (K + b - 1) / b;
-#pragma omp parallel for schedule(static)
-    for (i64 t = 0; t < bands * tiles; t++) {
-        const i64 r0 = (t / tiles) * band, r1 = std::min(R, r0 + band);
-        const i64 c0 = (t % tiles) * b, c1 = std::min(K, c0 + b);
-        float amax = 0.0f;
-        bool finite = true;
-        for (i64 i = r0; i < r1; i++)
-            for (i64 j = c0; j < c1; j++) {
-                const float a = std::fabs(dst[i * K + j]);
-                finite = finite && std::isfinite(a);
-                amax = std::max(amax, a);
-            }
-        float s = kE4M3Max / amax;
-        if (!(amax > 0.0f) || !finite || !std::isfinite(s)) s = 1.0f;
-        const float inv = 1.0f / s;
-        for (i64 i = r0; i < r1; i++)
-            for (i64 j = c0; j < c1; j++)
-                dst[i * K + j] = e4m3_to_f32(f32_to_e4m3(dst[i * K + j] * s)) * inv;
-    }
+    ops::fake_quant_tiles(nx_, dst, src, r == w ? block_ : 1, block_);
 }
 
 void Fp8Scaling::cast(int gemm, Role r, const Tensor& src, float* dst, bool record) {
@@ -102,30 +77,10 @@ void Fp8Scaling::cast(int gemm, Role r, const Tensor& src, float* dst, bool reco
         cast_blocks(r, src, dst);
         return;
     }
-    PX_ASSERT(src.contiguous(), std::string("fp8 cast of a strided tensor '") + src.name + "'");
-    const i64 n = src.numel();
-    convert(dst, DType::f32, src.data, src.dtype, static_cast<size_t>(n));  // exact
     const float s = scale_[slot(gemm, r)];
-    const float inv = 1.0f / s;
-    float amax = 0.0f;
     bool nan = false;
-    if (r == dy) {
-#pragma omp parallel for schedule(static) reduction(max : amax) reduction(|| : nan)
-        for (i64 i = 0; i < n; i++) {
-            const float a = std::fabs(dst[i]);
-            nan = nan || std::isnan(a);
-            amax = std::max(amax, a);
-            dst[i] = e5m2_to_f32(f32_to_e5m2(dst[i] * s)) * inv;
-        }
-    } else {
-#pragma omp parallel for schedule(static) reduction(max : amax) reduction(|| : nan)
-        for (i64 i = 0; i < n; i++) {
-            const float a = std::fabs(dst[i]);
-            nan = nan || std::isnan(a);
-            amax = std::max(amax, a);
-            dst[i] = e4m3_to_f32(f32_to_e4m3(dst[i] * s)) * inv;
-        }
-    }
+    float amax =
+        ops::fake_quant(nx_, dst, src, r == dy ? DType::e5m2 : DType::e4m3, s, 1.0f / s, &nan);
     if (!record) return;
     if (nan) amax = INFINITY;  // a NaN cast: the scale is kept (not finite)
     float& a = amax_now_[slot(gemm, r)];

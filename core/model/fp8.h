@@ -36,6 +36,7 @@
 //   Fp8Scaling      the scales, histories and step amaxes of every fp8 matmul of the whole model
 #pragma once
 #include "core/base/config.h"
+#include "core/base/numerics.h"
 #include "core/base/tensor.h"
 
 #include <vector>
@@ -48,8 +49,9 @@ public:
     static constexpr int kRoles = 3;
 
     // tp: the tensor-parallel degree, for the block recipe's check (a ConfigError naming the
-    // keys when a rank's share of hidden or ffn is not whole tiles).
-    Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp = 1);
+    // keys when a rank's share of hidden or ffn is not whole tiles). nx: the casts' vector path.
+    Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp = 1,
+               const Numerics& nx = Numerics{});
 
     bool delayed() const { return delayed_; }  // else block-wise current scaling
     i64 block_size() const { return block_; }
@@ -82,6 +84,7 @@ public:
 private:
     size_t slot(int gemm, Role r) const { return static_cast<size_t>(gemm) * kRoles + r; }
 
+    Numerics nx_;
     bool delayed_ = true;
     i64 block_ = 128;
     int n_gemms_ = 0;

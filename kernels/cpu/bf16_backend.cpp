@@ -7,11 +7,15 @@
 // statistics, losses, softmax row statistics, weight gradients and the optimizer stay fp32
 // (Operands below). Both numerics modes: the fp32 kernels choose their order from nx.mode.
 //
-// This is the reference 16-bit path, exact by construction and the same on every CPU; a backend
-// that runs native bf16 dot products (AVX512_BF16, AMX) registers for fast mode beside it.
+// This is the reference 16-bit path, exact by construction and the same on every CPU. In fast
+// mode bf16 runs bf16_fast_backend instead: the same entries but for the matmuls, which take
+// oneDNN's bf16 primitive or sgemm (kernels/cpu/matmul_bf16.h).
 #include "core/base/dtype.h"
 #include "core/base/widened.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/matmul_bf16.h"
+
+#include <string>
 
 namespace px::cpu {
 
@@ -175,6 +179,39 @@ void row_sum_of(const Numerics& nx, const Tensor& out, const Tensor& x) {
     f32().row_sum(nx, out, *w);
 }
 
+// Fast bf16 matmuls (kernels/cpu/matmul_bf16.h) on the path this CPU takes.
+const std::uint16_t* bf16_of(const Tensor& t) {
+    return static_cast<const std::uint16_t*>(t.data);
+}
+std::uint16_t* bf16_out(const Tensor* t) {
+    return t != nullptr ? static_cast<std::uint16_t*>(t->data) : nullptr;
+}
+
+void matmul_fwd_fast(const Numerics& nx, const Tensor& out, const Tensor& inp, const Tensor& w,
+                     const Tensor* bias) {
+    matmul_forward_bf16(nx, bf16_matmul_info().path, bf16_out(&out), bf16_of(inp), w.f32(),
+                        bias != nullptr ? bias->f32() : nullptr, ops::rows(inp), ops::last_dim(inp),
+                        w.shape[0]);
+}
+
+void matmul_bwd_fast(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
+                     const Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& w) {
+    matmul_backward_bf16(nx, bf16_matmul_info().path, bf16_out(dinp),
+                         dweight != nullptr ? dweight->f32() : nullptr,
+                         dbias != nullptr ? dbias->f32() : nullptr, bf16_of(dout), bf16_of(inp),
+                         w.f32(), ops::rows(inp), ops::last_dim(inp), w.shape[0]);
+}
+
+std::string reference_path(const Numerics& nx) {
+    return nx.mode == Mode::fast ? "fp32 sgemm on 16-bit values"
+                                 : std::string("canonical GEMM on 16-bit values, ") +
+                                       isa_name(nx.isa);
+}
+
+std::string fast_bf16_path(const Numerics&) {
+    return bf16_matmul_info().text;
+}
+
 template <DType D>
 constexpr Backend narrow_backend(const char* name) {
     return Backend{
@@ -201,12 +238,22 @@ constexpr Backend narrow_backend(const char* name) {
         .adamw_update = nullptr,  // the optimizer runs on fp32 master weights (the fp32 backend)
         .sum_squares = nullptr,
         .sum_squares_blocks = nullptr,
+        .matmul_path = reference_path,
     };
+}
+
+constexpr Backend fast_bf16_backend() {
+    Backend b = narrow_backend<DType::bf16>("cpu bf16 fast (oneDNN bf16 or sgemm)");
+    b.matmul_forward = matmul_fwd_fast;
+    b.matmul_backward = matmul_bwd_fast;
+    b.matmul_path = fast_bf16_path;
+    return b;
 }
 
 }  // namespace
 
 constinit const ops::Backend bf16_backend = narrow_backend<DType::bf16>("cpu bf16 (fp32 compute)");
 constinit const ops::Backend f16_backend = narrow_backend<DType::f16>("cpu fp16 (fp32 compute)");
+constinit const ops::Backend bf16_fast_backend = fast_bf16_backend();
 
 }  // namespace px::cpu
