@@ -68,9 +68,16 @@ public:
             path = ops::matmul_path(nx, Device::cpu, DType::f32) +
                    " on widened values (tensor-parallel linears)";
         std::printf("%s matmul: %s\n", act == DType::f32 ? "fp32" : dtype_name(act), path.c_str());
-        if (c.precision.fp8 != "off")
+        if (c.precision.fp8 != "off") {
+            const std::string sums =
+                c.precision.fp8_accumulator_promote > 0
+                    ? "canonical GEMM, narrow accumulator (13 mantissa bits, truncated) promoted "
+                      "to fp32 every " + std::to_string(c.precision.fp8_accumulator_promote) +
+                          " products"
+                    : ops::matmul_path(nx, Device::cpu, DType::f32);
             std::printf("fp8 matmul: %s casts to e4m3/e5m2 (%s), then %s\n", c.precision.fp8.c_str(),
-                        isa_name(nx.isa), ops::matmul_path(nx, Device::cpu, DType::f32).c_str());
+                        isa_name(nx.isa), sums.c_str());
+        }
     }
 
     Console(bool quiet, std::string run_path)

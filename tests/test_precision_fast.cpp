@@ -355,3 +355,91 @@ TEST_CASE("fast bf16 through ops equals bitwise bf16 when every sum is exact; th
     CHECK(ops::matmul_path(fast_nx(), Device::cpu, DType::f32) == "oneDNN sgemm");
     std::printf("bf16 matmul: %s\n", path.c_str());
 }
+
+// ---- precision.fp8_accumulator_promote ---------------------------------------------------------
+
+namespace {
+
+// fp8 in every block's linears, shaped so that tp = 2 shares (hidden 256, ffn 512, vocabulary 256)
+// are whole blocks and tiles of 128 and a batch of 8 x 64 tokens is four token blocks: the narrow
+// accumulator promotes every 128 products, as DeepSeek-V3 does, inside blocks of 128.
+Config promote_job(const char* recipe) {
+    Config c = test::small_job();
+    c.model.vocab = 256;
+    c.model.hidden = 256;
+    c.model.heads = 4;
+    c.model.ffn = 512;
+    c.model.seq_len = 64;
+    c.train.steps = 3;
+    c.numerics.block = 128;
+    c.precision.activations = "bf16";
+    c.precision.fp8 = recipe;
+    c.precision.fp8_keep_ends_bf16 = false;
+    c.precision.fp8_amax_history_len = 4;
+    c.precision.fp8_accumulator_promote = 128;
+    return c;
+}
+
+LogicalState run_any(const Config& c) {
+    LogicalState s;
+    bool agree = true;
+    run_layout(c, {}, test::inspecting([&](Job& j) { agree = absorb(s, j) && agree; }));
+    CHECK(agree);
+    CHECK(s.complete());
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("fp8_accumulator_promote: layouts are bit-identical to the single device", "[precision]") {
+    struct L {
+        int dp, tp, pp, zero, microbatches;
+        bool sp;
+    };
+    for (const char* recipe : {"delayed", "block"}) {
+        const Config base = promote_job(recipe);
+        const LogicalState ref = test::single_device(base);
+        // The emulation changes the sums: not the fp32-accumulated run's bits.
+        Config off = base;
+        off.precision.fp8_accumulator_promote = 0;
+        const LogicalState fp32_sums = test::single_device(off);
+        CHECK_FALSE(test::same_bits(ref.params, fp32_sums.params));
+        for (const L l : {L{2, 1, 1, 0, 0, false}, L{1, 2, 1, 0, 0, false}, L{1, 2, 1, 0, 0, true},
+                          L{1, 1, 2, 0, 2, false}, L{2, 1, 1, 3, 2, false}, L{2, 2, 1, 1, 0, false},
+                          L{1, 2, 2, 0, 2, true}}) {
+            if (std::string(recipe) == "block" && l.dp * l.tp * l.pp > 2) continue;  // time
+            Config c = base;
+            c.layout.dp = l.dp;
+            c.layout.tp = l.tp;
+            c.layout.pp = l.pp;
+            c.layout.zero = l.zero;
+            c.layout.microbatches = l.microbatches;
+            c.layout.sequence_parallel = l.sp;
+            INFO(recipe << " dp" << l.dp << " tp" << l.tp << " pp" << l.pp << " zero" << l.zero
+                        << " mb" << l.microbatches << (l.sp ? " +SP" : ""));
+            test::check_same_bits(ref, run_any(c));
+        }
+    }
+}
+
+TEST_CASE("fp8_accumulator_promote: config checks name the key", "[precision]") {
+    Config c = promote_job("delayed");
+    CHECK_NOTHROW(validate_config(c));
+    c.precision.fp8_accumulator_promote = -1;
+    CHECK_THAT(test::error_of<ConfigError>([&] { validate_config(c); }),
+               Catch::Contains("precision.fp8_accumulator_promote"));
+    c.precision.fp8_accumulator_promote = 128;
+    c.numerics.block = 64;
+    const std::string e = test::error_of<ConfigError>([&] { validate_config(c); });
+    CHECK_THAT(e, Catch::Contains("precision.fp8_accumulator_promote = 128 is larger than "
+                                  "numerics.block = 64"));
+    c.precision.fp8 = "off";  // no fp8 matmuls: nothing to promote, nothing to refuse
+    CHECK_NOTHROW(validate_config(c));
+    const std::string toml = "[precision]\nactivations = \"bf16\"\nfp8 = \"delayed\"\n"
+                             "fp8_accumulator_promote = 64\n";
+    CHECK(parse_config(toml, "t").precision.fp8_accumulator_promote == 64);
+    CHECK_THAT(test::error_of<ConfigError>([&] {
+                   parse_config("[precision]\nfp8_accumulator_promote = 1.5\n", "t");
+               }),
+               Catch::Contains("precision.fp8_accumulator_promote"));
+}

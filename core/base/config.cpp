@@ -121,6 +121,7 @@ const std::array kKeys = {
     PX_KEY(precision, fp8_amax_compute_algo, "fp8 delayed: the amax a scale is made from: \"max\" of the history or \"most_recent\""),
     PX_KEY(precision, fp8_margin, "fp8 delayed: scale = fp8_max / amax / 2^margin (>= 0)"),
     PX_KEY(precision, fp8_keep_ends_bf16, "fp8: the first and last blocks' matmuls stay in bf16 (the embedding and the LM head always do)"),
+    PX_KEY(precision, fp8_accumulator_promote, "fp8: N > 0 emulates Hopper's FP8 accumulator: products summed in 13 mantissa bits (truncated) and promoted to fp32 every N products (DeepSeek-V3: 128; at most numerics.block); 0: fp32 sums"),
     PX_KEY(output, dir, "where run.h5 and exports go (--out overrides)"),
     PX_KEY(output, run_file, "write <dir>/run.h5"),
     PX_KEY(output, export_llmc, "if set, write the final weights as an llm.c checkpoint here"),
@@ -498,7 +499,7 @@ void check(const Config& c) {
                       "layout.comm = \"ring\" breaks numerics.mode = \"bitwise\": a ring all-reduce sums in ring "
                       "order, not the canonical tree; use layout.comm = \"auto\" or \"canonical\", or "
                       "numerics.mode = \"fast\""};
-    check_precision_across(c.precision);
+    check_precision_across(c.precision, n);
     if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
         throw Problem{{"checkpoint.resume", "checkpoint.dir"},
                       "checkpoint.resume = \"auto\" needs checkpoint.dir: set it to the folder the "

@@ -123,6 +123,9 @@ struct PrecisionConfig {
     std::string fp8_amax_compute_algo = "max";  // "max" of the history, or its "most_recent"
     i64 fp8_margin = 0;                      // scale = fp8_max / amax / 2^margin
     bool fp8_keep_ends_bf16 = true;          // the first and last blocks' matmuls stay bf16
+    // N > 0: the fp8 matmuls sum products in Hopper's narrow accumulator (13 mantissa bits,
+    // truncated), promoted to fp32 every N products (DeepSeek-V3: 128); 0: fp32 throughout
+    i64 fp8_accumulator_promote = 0;
 
     bool operator==(const PrecisionConfig&) const = default;
 };

@@ -40,6 +40,6 @@ void one_of(const char* key, const std::string& v, const std::vector<std::string
 
 DType check_activations(const std::string& v);
 void check_precision_keys(const PrecisionConfig& pr);
-void check_precision_across(const PrecisionConfig& pr);
+void check_precision_across(const PrecisionConfig& pr, const NumericsConfig& n);
 
 }  // namespace px::config_checks

@@ -16,6 +16,7 @@ Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp,
     : nx_(nx),
       delayed_(pc.fp8 != "block"),
       block_(pc.fp8_block_size),
+      promote_(static_cast<int>(pc.fp8_accumulator_promote)),
       history_len_(pc.fp8_amax_history_len),
       most_recent_(pc.fp8_amax_compute_algo == "most_recent"),
       margin_(static_cast<int>(pc.fp8_margin)) {
@@ -139,6 +140,13 @@ Tensor f32_like(const Tensor& t, float* data) {
     return v;
 }
 
+// The fp8 linears' numerics: the model's, with the narrow accumulator when asked for.
+Numerics fp8_numerics(const Numerics& nx, const Fp8Scaling& fp8) {
+    Numerics fx = nx;
+    fx.fp8_promote = fp8.accumulator_promote();
+    return fx;
+}
+
 }  // namespace
 
 // out = cast(inp) · cast(weight)ᵀ + bias on the fp32 kernels (or the tensor-parallel layers),
@@ -150,11 +158,12 @@ void GPT::fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor
     fp8_->cast(gemm, Fp8Scaling::x, inp, xq.data(), true);
     fp8_->cast(gemm, Fp8Scaling::w, weight, wq.data(), true);
     const Tensor x = f32_like(inp, xq.data()), w = f32_like(weight, wq.data());
+    const Numerics fx = fp8_numerics(nx_, *fp8_);
     const Widened o(&out);
     if (layers_)
-        layers_->linear_forward(l, *o, x, w, bias);
+        layers_->linear_forward(fx, l, *o, x, w, bias);
     else
-        ops::matmul_forward(nx_, *o, x, w, bias);
+        ops::matmul_forward(fx, *o, x, w, bias);
     o.store();
 }
 
@@ -171,7 +180,7 @@ void GPT::fp8_linear_backward(int gemm, std::span<const TokenNode> nodes, Linear
     const Tensor d = f32_like(dout, dq.data()), x = f32_like(inp, xq.data()),
                  w = f32_like(weight, wq.data());
     const Widened di(&dinp);
-    linear_backward_rows(nodes, l, di.get(), dweight, dbias, d, x, w);
+    linear_backward_rows(fp8_numerics(nx_, *fp8_), nodes, l, di.get(), dweight, dbias, d, x, w);
     di.store();
 }
 

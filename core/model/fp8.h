@@ -7,7 +7,10 @@
 // is an fp8 GEMM with fp32 accumulation bit for bit when the scales are powers of two (the
 // products of two read-back values are then exact); otherwise each read-back value carries one
 // fp32 rounding, the same on every layout. Hopper's narrower accumulator, promoted to fp32 every
-// N products, is not emulated: every sum is fp32 from its first product.
+// N products, is emulated when precision.fp8_accumulator_promote = N > 0: the fp8 matmuls (forward,
+// dinp, dweight; not dbias) then run with Numerics::fp8_promote = N, whose narrow sums are
+// defined inside the canonical blocks (core/base/numerics.h), so every layout stays exact;
+// otherwise every sum is fp32 from its first product.
 // The activations between matmuls stay bf16 (precision.activations = "bf16").
 //
 // Delayed scaling: a step casts with the scales made before it. Each cast records max |x| of its
@@ -57,6 +60,9 @@ public:
     i64 block_size() const { return block_; }
 
     int gemms() const { return n_gemms_; }
+    // precision.fp8_accumulator_promote: N > 0 sums the fp8 matmuls' products in the narrow
+    // accumulator promoted to fp32 every N products (Numerics::fp8_promote); 0: fp32 throughout.
+    int accumulator_promote() const { return promote_; }
     i64 history_len() const { return history_len_; }
     // The fp8 matmul whose weight is tensor `weight_id` of the whole model's table; -1: that
     // matmul runs in bf16.
@@ -87,6 +93,7 @@ private:
     Numerics nx_;
     bool delayed_ = true;
     i64 block_ = 128;
+    int promote_ = 0;
     int n_gemms_ = 0;
     std::vector<int> gemm_of_id_;  // per whole-model tensor id
     i64 history_len_ = 1;
