@@ -13,9 +13,12 @@
 #include "core/base/dtype.h"
 #include "core/base/widened.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/casts.h"
 #include "kernels/cpu/matmul_bf16.h"
 
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace px::cpu {
 
@@ -23,11 +26,88 @@ namespace {
 
 using ops::Backend;
 
-// Wide<D>(t): t's values in fp32; Wide<D>(t, true): a matmul's fp32 weights rounded to D.
+// Per-thread fp32 buffers kept between calls: the LM head's logits are tens of MB, and fresh pages
+// (zeroed and faulted in) on every call cost more than the conversion itself. A buffer is leased
+// for the life of one Wide and handed back (the pool holds a few: the Wides of one entry).
+thread_local std::vector<std::vector<float>> tl_pool;
+
+class Lease {
+public:
+    explicit Lease(i64 n) {
+        const size_t want = static_cast<size_t>(n);
+        size_t pick = tl_pool.size();
+        for (size_t i = 0; i < tl_pool.size(); i++)  // the smallest that fits, else the largest
+            if (pick == tl_pool.size() ||
+                (tl_pool[i].size() >= want
+                     ? tl_pool[pick].size() < want || tl_pool[i].size() < tl_pool[pick].size()
+                     : tl_pool[pick].size() < want && tl_pool[i].size() > tl_pool[pick].size()))
+                pick = i;
+        if (pick < tl_pool.size()) {
+            v_ = std::move(tl_pool[pick]);
+            tl_pool.erase(tl_pool.begin() + static_cast<std::ptrdiff_t>(pick));
+        }
+        if (v_.size() < want) v_.resize(want);
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { tl_pool.push_back(std::move(v_)); }
+    float* data() { return v_.data(); }
+
+private:
+    std::vector<float> v_;
+};
+
+// Wide<D>(t): t's values in fp32; Wide<D>(t, true): a matmul's fp32 weights rounded to D; store()
+// rounds the fp32 copy back into t once (core/base/widened.h). Contiguous bf16 goes through the
+// vectorised casts of casts.h (the same bits as dtype.h's, which Widened uses for the rest: fp16,
+// strided views); they are exact or nearest even on every path, so the best one runs.
 template <DType D>
-struct Wide : Widened {
-    explicit Wide(const Tensor* t, bool matmul_weight = false)
-        : Widened(t, matmul_weight ? D : DType::f32) {}
+class Wide {
+public:
+    explicit Wide(const Tensor* t, bool matmul_weight = false) : from_(t) {
+        if (t == nullptr) return;
+        const bool vec = D == DType::bf16 && t->device == Device::cpu && t->contiguous() &&
+                         (t->dtype == DType::bf16 || (t->dtype == DType::f32 && matmul_weight));
+        if (!vec) {
+            slow_.emplace(t, matmul_weight ? D : DType::f32);
+            return;
+        }
+        n_ = t->numel();
+        buf_.emplace(n_);
+        if (t->dtype == DType::bf16)
+            widen_bf16(isa(), buf_->data(), static_cast<const std::uint16_t*>(t->data), n_);
+        else
+            round_bf16(isa(), buf_->data(), t->f32(), n_);
+        view_ = *t;
+        view_.dtype = DType::f32;
+        view_.data = buf_->data();
+        i64 stride = 1;
+        for (int d = view_.ndim - 1; d >= 0; d--) {
+            view_.strides[d] = stride;
+            stride *= view_.shape[d];
+        }
+    }
+    const Tensor& operator*() const { return slow_ ? **slow_ : view_; }
+    const Tensor* get() const { return from_ != nullptr ? &**this : nullptr; }
+    void store() const {
+        if (slow_) {
+            slow_->store();
+            return;
+        }
+        if (from_ != nullptr && from_->dtype == DType::bf16)  // weights are only read
+            narrow_bf16(isa(), static_cast<std::uint16_t*>(from_->data), buf_->data(), n_);
+    }
+
+private:
+    static Isa isa() {
+        static const Isa best = detect_isa();
+        return best;
+    }
+    const Tensor* from_;
+    std::optional<Widened> slow_;
+    mutable std::optional<Lease> buf_;  // store() writes from it
+    i64 n_ = 0;
+    Tensor view_;
 };
 
 const Backend& f32() {
