@@ -191,7 +191,8 @@ struct Bf16Problem {
     std::vector<float> weight, bias;
 
     explicit Bf16Problem(const Case& c) : cs(c) {
-        std::vector<float> u(static_cast<size_t>(std::max(BT * c.C, std::max(BT * c.OC, c.OC * c.C))));
+        std::vector<float> u(
+            static_cast<size_t>(std::max(BT * c.C, std::max(BT * c.OC, c.OC * c.C))));
         fill_uniform(u, 11);
         for (i64 i = 0; i < BT * c.C; i++)
             inp.push_back(f32_to_bf16(std::round(7.0f * u[static_cast<size_t>(i)])));
@@ -366,7 +367,8 @@ int main(int argc, char** argv) {
         }
         bp.run(bit, cpu::Bf16Path::sgemm, ref16, ref32);  // the canonical GEMM on bf16 values
         if (o16 != ref16 || std::memcmp(o32.data(), ref32.data(), o32.size() * sizeof(float)) != 0)
-            fail("bf16", cs.name, "oneDNN's bf16 primitive differs from the bitwise bf16 reference");
+            fail("bf16", cs.name,
+                 "oneDNN's bf16 primitive differs from the bitwise bf16 reference");
         if (s16 != ref16 || std::memcmp(s32.data(), ref32.data(), s32.size() * sizeof(float)) != 0)
             fail("bf16", cs.name, "sgemm on bf16 values differs from the bitwise bf16 reference");
         t_dnn += td;
@@ -379,10 +381,11 @@ int main(int argc, char** argv) {
                     taken / gf);
         std::fflush(stdout);
     }
-    std::printf("all shapes, time-weighted: oneDNN bf16 %.2fx, sgemm bf16 %.2fx the speed of fp32 "
-                "sgemm; the path taken (%s) %.2fx\n",
-                t_32 / t_dnn, t_32 / t_sg, cpu::bf16_path_name(info.path),
-                t_32 / (info.path == cpu::Bf16Path::onednn ? t_dnn : t_sg));
+    std::printf(
+        "all shapes, time-weighted: oneDNN bf16 %.2fx, sgemm bf16 %.2fx the speed of fp32 "
+        "sgemm; the path taken (%s) %.2fx\n",
+        t_32 / t_dnn, t_32 / t_sg, cpu::bf16_path_name(info.path),
+        t_32 / (info.path == cpu::Bf16Path::onednn ? t_dnn : t_sg));
     if (failures > 0) {
         std::printf("%d check(s) FAILED\n", failures);
         return 1;

@@ -141,13 +141,15 @@ int main(int argc, char** argv) {
     std::string only;  // time only the variants whose name contains it (e.g. "bf16 fast")
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
-        if (a == "--steps" && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
+        if (a == "--steps" && i + 1 < argc)
+            steps = std::max(1, std::atoi(argv[++i]));
         else if (a == "--layers" && i + 1 < argc) mc.layers = std::atoi(argv[++i]);
         else if (a == "--threads" && i + 1 < argc) omp_set_num_threads(std::atoi(argv[++i]));
-        else if (a == "--only" && i + 1 < argc) only = argv[++i];
+        else if (a == "--only" && i + 1 < argc)
+            only = argv[++i];
         else {
-            std::fprintf(stderr,
-                         "usage: bench_step [--steps N] [--layers L] [--threads N] [--only NAME]\n");
+            std::fprintf(
+                stderr, "usage: bench_step [--steps N] [--layers L] [--threads N] [--only NAME]\n");
             return 2;
         }
     }
@@ -161,16 +163,19 @@ int main(int argc, char** argv) {
     const double params = static_cast<double>(f32.model.num_params());
     const double flops = 6.0 * params * static_cast<double>(B * T) +
                          12.0 * static_cast<double>(mc.layers * B * T * T * mc.hidden);
-    std::printf("bench_step: GPT-2 shape L=%lld C=%lld V=%lld, %.1fM params, B=%lld T=%lld, "
-                "%d threads, isa %s\n",
-                static_cast<long long>(mc.layers), static_cast<long long>(mc.hidden),
-                static_cast<long long>(mc.vocab), params / 1e6, static_cast<long long>(B),
-                static_cast<long long>(T), threads, isa_name(nx.isa));
+    std::printf(
+        "bench_step: GPT-2 shape L=%lld C=%lld V=%lld, %.1fM params, B=%lld T=%lld, "
+        "%d threads, isa %s\n",
+        static_cast<long long>(mc.layers), static_cast<long long>(mc.hidden),
+        static_cast<long long>(mc.vocab), params / 1e6, static_cast<long long>(B),
+        static_cast<long long>(T), threads, isa_name(nx.isa));
     std::printf("step FLOPs: %.1f GFLOP (6*params*tokens + attention)\n", flops / 1e9);
-    std::printf("bf16 matmul (fast): %s\n", ops::matmul_path(fast, Device::cpu, DType::bf16).c_str());
-    std::printf("fp32 matmul (fast): %s; fp8 linears: vectorised casts, then the fp32 matmul of "
-                "the mode (first and last blocks in bf16)\n",
-                ops::matmul_path(fast, Device::cpu, DType::f32).c_str());
+    std::printf("bf16 matmul (fast): %s\n",
+                ops::matmul_path(fast, Device::cpu, DType::bf16).c_str());
+    std::printf(
+        "fp32 matmul (fast): %s; fp8 linears: vectorised casts, then the fp32 matmul of "
+        "the mode (first and last blocks in bf16)\n",
+        ops::matmul_path(fast, Device::cpu, DType::f32).c_str());
 
     // Results first, from the initial weights: determinism, and fast against bitwise.
     int failures = 0;
@@ -191,15 +196,17 @@ int main(int argc, char** argv) {
     auto within_precision = [&](const char* name, double bit, double fst) {
         const double own = std::abs(bit - l32), budget = precision_multiplier() * own;
         const bool ok = std::abs(fst - bit) <= budget;
-        std::printf("check: %s loss bitwise %.6f fast %.6f, |diff| %.2e; budget %.2f x |%s - fp32| "
-                    "= %.2e: %s\n",
-                    name, bit, fst, std::abs(fst - bit), precision_multiplier(), name, budget,
-                    ok ? "within" : "FAIL, over budget");
+        std::printf(
+            "check: %s loss bitwise %.6f fast %.6f, |diff| %.2e; budget %.2f x |%s - fp32| "
+            "= %.2e: %s\n",
+            name, bit, fst, std::abs(fst - bit), precision_multiplier(), name, budget,
+            ok ? "within" : "FAIL, over budget");
         failures += ok ? 0 : 1;
     };
-    std::printf("check: bitwise repeats identical (fp32, bf16); fp32 loss bitwise %.6f fast %.6f "
-                "(|diff| %.2e)\n",
-                l32, l32f, std::abs(l32 - l32f));
+    std::printf(
+        "check: bitwise repeats identical (fp32, bf16); fp32 loss bitwise %.6f fast %.6f "
+        "(|diff| %.2e)\n",
+        l32, l32f, std::abs(l32 - l32f));
     within_precision("bf16", l16, l16f);
     within_precision("fp8-delayed", l8, l8f);
     std::printf("check: fp8-block bitwise loss %.6f (fp32 %.6f)\n", l8b, l32);
@@ -212,7 +219,9 @@ int main(int argc, char** argv) {
                                {"fp8-delayed bitwise", &fp8d, Mode::bitwise, {}},
                                {"fp8-block bitwise", &fp8b, Mode::bitwise, {}}};
     if (!only.empty()) {
-        std::erase_if(vs, [&](const Variant& v) { return std::string(v.name).find(only) == std::string::npos; });
+        std::erase_if(vs, [&](const Variant& v) {
+            return std::string(v.name).find(only) == std::string::npos;
+        });
         if (vs.empty()) {
             std::fprintf(stderr, "bench_step: no variant matches --only %s\n", only.c_str());
             return 2;
@@ -250,8 +259,9 @@ int main(int argc, char** argv) {
                 med(0) / med(2));
     std::printf("bitwise / fast throughput: fp32 %.2f, bf16 %.2f, fp8-delayed %.2f (median)\n",
                 med(0) / med(3), med(1) / med(4), med(2) / med(5));
-    std::printf("bitwise step vs fp32 bitwise (median): bf16 %.2fx, fp8-delayed %.2fx, fp8-block "
-                "%.2fx the time\n",
-                med(4) / med(3), med(5) / med(3), med(6) / med(3));
+    std::printf(
+        "bitwise step vs fp32 bitwise (median): bf16 %.2fx, fp8-delayed %.2fx, fp8-block "
+        "%.2fx the time\n",
+        med(4) / med(3), med(5) / med(3), med(6) / med(3));
     return failures == 0 ? 0 : 1;
 }

@@ -254,8 +254,8 @@ void widen_into(const Numerics& nx, float* dst, const Tensor& src) {
 
 }  // namespace
 
-float fake_quant(const Numerics& nx, float* dst, const Tensor& src, DType t, float scale,
-                 float inv, bool* nan) {
+float fake_quant(const Numerics& nx, float* dst, const Tensor& src, DType t, float scale, float inv,
+                 bool* nan) {
     widen_into(nx, dst, src);
     return cpu::fake_quant(nx.isa, dst, src.numel(), t, scale, inv, nan);
 }

@@ -140,8 +140,8 @@ std::string matmul_path(const Numerics& nx, Device device, DType dtype);
 // dst (src.numel() floats) = decode(t(x·scale))·inv for each value x of src (contiguous, fp32 or
 // bf16), t = e4m3 or e5m2, saturating. Returns max |x| over the values that are not NaN; *nan:
 // whether src holds a NaN.
-float fake_quant(const Numerics& nx, float* dst, const Tensor& src, DType t, float scale,
-                 float inv, bool* nan);
+float fake_quant(const Numerics& nx, float* dst, const Tensor& src, DType t, float scale, float inv,
+                 bool* nan);
 // Block-wise current scaling: src viewed as (R,K) (K its last dimension) is cut into tiles of
 // `band` rows by b columns, and each tile is cast to e4m3 with its own scale 448 / amax(tile) (1
 // for a tile whose amax is 0 or that holds an inf or a NaN) and read back into dst.

@@ -13,11 +13,11 @@
 // error_budget and through parallax validate.
 #include "core/base/config.h"
 #include "core/base/error.h"
-#include "core/train/job.h"
-#include "core/parallel/pipeline.h"
-#include "core/train/runner.h"
 #include "core/io/state.h"
+#include "core/parallel/pipeline.h"
 #include "core/parallel/tp_model.h"
+#include "core/train/job.h"
+#include "core/train/runner.h"
 #include "tests/mutations.h"
 #include "tests/test_util.h"
 #include "validators/budget.h"
@@ -245,8 +245,9 @@ public:
         TpLayers::linear_forward(nx, l, of, inp, weight, bias);
         auto* p = static_cast<std::uint16_t*>(out.data);
         for (size_t i = 0; i < o.size(); i++)
-            p[i] = bug_ == e4m3 ? f32_to_bf16(round_to(DType::e4m3, o[i]))
-                                : static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(o[i]) >> 16);
+            p[i] = bug_ == e4m3
+                       ? f32_to_bf16(round_to(DType::e4m3, o[i]))
+                       : static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(o[i]) >> 16);
     }
 
 private:
@@ -287,8 +288,11 @@ TEST_CASE("fast bf16, fp16 and fp8 layouts are within the budget of their precis
         const char* name;
         int dp, tp, pp, zero;
     };
-    const Case cases[] = {{"single", 1, 1, 1, 0}, {"dp2", 2, 1, 1, 0}, {"tp2", 1, 2, 1, 0},
-                          {"pp2", 1, 1, 2, 0},    {"dp2 zero2", 2, 1, 1, 2}};
+    const Case cases[] = {{"single", 1, 1, 1, 0},
+                          {"dp2", 2, 1, 1, 0},
+                          {"tp2", 1, 2, 1, 0},
+                          {"pp2", 1, 1, 2, 0},
+                          {"dp2 zero2", 2, 1, 1, 2}};
     for (const char* p : {"bf16", "fp16", "fp8 delayed", "fp8 block"}) {
         const PrecisionRefs x = precision_refs(p);
         for (const Case& k : cases) {
@@ -310,16 +314,20 @@ TEST_CASE("fast bf16, fp16 and fp8 layouts are within the budget of their precis
 TEST_CASE("planted errors exceed the budget of their precision", "[budget]") {
     const PrecisionRefs x = precision_refs("bf16");
     SECTION("a layer that casts its output to e4m3 (tp2)") {
-        const LogicalState got = run_with(fast_layout(job_in("bf16"), 1, 2, 1, 0), wrong_cast(WrongCast::e4m3));
+        const LogicalState got =
+            run_with(fast_layout(job_in("bf16"), 1, 2, 1, 0), wrong_cast(WrongCast::e4m3));
         const BudgetReport rep = error_budget(x.r, x.alternates(), got, &x.fp32);
-        std::printf("budget bf16 planted e4m3 cast: max ratio %.3f (%s)\n", rep.max_ratio, rep.worst.c_str());
+        std::printf("budget bf16 planted e4m3 cast: max ratio %.3f (%s)\n", rep.max_ratio,
+                    rep.worst.c_str());
         INFO(rep.text());
         CHECK_FALSE(rep.within);
     }
     SECTION("a layer that rounds its bf16 output by truncation (tp2)") {
-        const LogicalState got = run_with(fast_layout(job_in("bf16"), 1, 2, 1, 0), wrong_cast(WrongCast::truncate));
+        const LogicalState got =
+            run_with(fast_layout(job_in("bf16"), 1, 2, 1, 0), wrong_cast(WrongCast::truncate));
         const BudgetReport rep = error_budget(x.r, x.alternates(), got, &x.fp32);
-        std::printf("budget bf16 planted truncation: max ratio %.3f (%s)\n", rep.max_ratio, rep.worst.c_str());
+        std::printf("budget bf16 planted truncation: max ratio %.3f (%s)\n", rep.max_ratio,
+                    rep.worst.c_str());
         INFO(rep.text());
         // Half a bf16 ulp of bias in one layer's outputs for 5 steps: further from r than a
         // correct fast run (measured 0.49 against 0.19), yet within k = 2 times bf16's own error.
@@ -332,9 +340,11 @@ TEST_CASE("planted errors exceed the budget of their precision", "[budget]") {
         m.step = 3;
         m.rank = 1;
         m.layer = 1;
-        const LogicalState got = run_with(fast_layout(job_in("bf16"), 1, 2, 1, 0), test::mutation::plant(m));
+        const LogicalState got =
+            run_with(fast_layout(job_in("bf16"), 1, 2, 1, 0), test::mutation::plant(m));
         const BudgetReport rep = error_budget(x.r, x.alternates(), got, &x.fp32);
-        std::printf("budget bf16 planted tp_offset: max ratio %.3f (%s)\n", rep.max_ratio, rep.worst.c_str());
+        std::printf("budget bf16 planted tp_offset: max ratio %.3f (%s)\n", rep.max_ratio,
+                    rep.worst.c_str());
         INFO(rep.text());
         CHECK_FALSE(rep.within);
     }
@@ -343,15 +353,18 @@ TEST_CASE("planted errors exceed the budget of their precision", "[budget]") {
         m.kind = test::mutation::Kind::drop_microbatch;
         m.step = 3;
         m.rank = 1;
-        const LogicalState got = run_with(fast_layout(job_in("bf16"), 2, 1, 1, 0), test::mutation::plant(m));
+        const LogicalState got =
+            run_with(fast_layout(job_in("bf16"), 2, 1, 1, 0), test::mutation::plant(m));
         const BudgetReport rep = error_budget(x.r, x.alternates(), got, &x.fp32);
-        std::printf("budget bf16 planted drop_microbatch: max ratio %.3f (%s)\n", rep.max_ratio, rep.worst.c_str());
+        std::printf("budget bf16 planted drop_microbatch: max ratio %.3f (%s)\n", rep.max_ratio,
+                    rep.worst.c_str());
         INFO(rep.text());
         CHECK_FALSE(rep.within);
     }
 }
 
-TEST_CASE("parallax validate in fast mode judges bf16 and fp8 layouts by their precision's budget", "[budget]") {
+TEST_CASE("parallax validate in fast mode judges bf16 and fp8 layouts by their precision's budget",
+          "[budget]") {
     for (const char* p : {"bf16", "fp8 delayed"}) {
         Config c = job_in(p);
         c.numerics.mode = Mode::fast;
@@ -369,7 +382,8 @@ TEST_CASE("parallax validate in fast mode judges bf16 and fp8 layouts by their p
     Config c = job_in("bf16");
     c.numerics.mode = Mode::fast;
     c.train.steps = 3;
-    const ValidationReport bad = validate_layouts(c, parse_layouts("tp2"), 3, nullptr, wrong_cast(WrongCast::e4m3));
+    const ValidationReport bad =
+        validate_layouts(c, parse_layouts("tp2"), 3, nullptr, wrong_cast(WrongCast::e4m3));
     REQUIRE(bad.layouts.size() == 1);
     CHECK(bad.layouts[0].verdict == "over budget");
 }

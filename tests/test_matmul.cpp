@@ -578,7 +578,8 @@ Numerics narrow(Isa isa, int block, int seg, Mode mode = Mode::bitwise) {
 
 }  // namespace
 
-TEST_CASE("narrow accumulator: a truncated 13-bit sum, promoted to fp32 every N products", "[matmul]") {
+TEST_CASE("narrow accumulator: a truncated 13-bit sum, promoted to fp32 every N products",
+          "[matmul]") {
     // One row of 64 products: 1, then 63 times 2^-14. In a 13-bit sum every 2^-14 is lost
     // (1 + 2^-14 truncates to 1); promoted after each product (N = 1) each counts in fp32.
     std::vector<float> a(64, 1.0f), b(64, std::ldexp(1.0f, -14));
@@ -606,7 +607,8 @@ TEST_CASE("narrow accumulator: every path equals the plain model, bit for bit", 
     for (const Shape& s : kShapes) {
         const Linear L(s.BT, s.C, s.OC, static_cast<std::uint64_t>(s.BT * 131 + s.C));
         for (const P p : {P{64, 64}, P{64, 16}, P{64, 5}, P{16, 1}, P{128, 128}, P{128, 48}}) {
-            std::vector<float> out = narrow_gemm(L.fwd_a(), L.fwd_b(), s.BT, s.OC, s.C, p.block, p.seg);
+            std::vector<float> out =
+                narrow_gemm(L.fwd_a(), L.fwd_b(), s.BT, s.OC, s.C, p.block, p.seg);
             for (i64 m = 0; m < s.BT; m++)
                 for (i64 j = 0; j < s.OC; j++)
                     out[static_cast<size_t>(m * s.OC + j)] += L.bias[static_cast<size_t>(j)];
@@ -616,8 +618,9 @@ TEST_CASE("narrow accumulator: every path equals the plain model, bit for bit", 
                 narrow_gemm(L.dw_a(), L.dw_b(), s.OC, s.C, s.BT, p.block, p.seg, &L.dweight0);
             for (Isa isa : supported_isas())
                 for (Mode mode : {Mode::bitwise, Mode::fast}) {  // no fast form: the same bits
-                    INFO(isa_name(isa) << " " << mode_name(mode) << " block " << p.block << " N "
-                                       << p.seg << " BT=" << s.BT << " C=" << s.C << " OC=" << s.OC);
+                    INFO(isa_name(isa)
+                         << " " << mode_name(mode) << " block " << p.block << " N " << p.seg
+                         << " BT=" << s.BT << " C=" << s.C << " OC=" << s.OC);
                     const auto o = L.run(narrow(isa, p.block, p.seg, mode));
                     CHECK(same_bits(o.out, out));
                     CHECK(same_bits(o.dinp, dinp));
@@ -635,15 +638,16 @@ TEST_CASE("narrow accumulator: long K in chunks, strided operands, threads", "[m
     const std::vector<float> c0 = random_vec(M * N, 84);
     const int saved = omp_get_max_threads();
     for (const int block : {64, 256}) {
-        const std::vector<float> want = narrow_gemm(at, bv, M, N, K, block, 128 < block ? 128 : block, &c0);
+        const std::vector<float> want =
+            narrow_gemm(at, bv, M, N, K, block, 128 < block ? 128 : block, &c0);
         CHECK_FALSE(same_bits(want, canonical_gemm(at, bv, M, N, K, block, &c0)));
         for (Isa isa : supported_isas())
             for (int threads : {1, 2, 3}) {
                 INFO(isa_name(isa) << " block " << block << " threads " << threads);
                 omp_set_num_threads(threads);
                 std::vector<float> c = c0;
-                cpu::gemm(narrow(isa, block, 128 < block ? 128 : block), c.data(), N, a.data(), 1, M,
-                          b.data(), N, 1, M, N, K, true);
+                cpu::gemm(narrow(isa, block, 128 < block ? 128 : block), c.data(), N, a.data(), 1,
+                          M, b.data(), N, 1, M, N, K, true);
                 CHECK(same_bits(c, want));
             }
     }

@@ -12,8 +12,8 @@
 #include "core/base/dtype.h"
 #include "core/base/error.h"
 #include "core/base/rng.h"
-#include "core/model/fp8.h"
 #include "core/io/state.h"
+#include "core/model/fp8.h"
 #include "core/train/job.h"
 #include "core/train/runner.h"
 #include "kernels/cpu/casts.h"
@@ -37,14 +37,19 @@ using namespace px;
 
 namespace {
 
-std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
-float from_bits(std::uint32_t b) { return std::bit_cast<float>(b); }
+std::uint32_t bits(float x) {
+    return std::bit_cast<std::uint32_t>(x);
+}
+float from_bits(std::uint32_t b) {
+    return std::bit_cast<float>(b);
+}
 
 // Floats that cover every exponent and sign with varied mantissas (every 251st bit pattern), the
 // specials, and values at and next to the rounding boundaries of bf16, e4m3 and e5m2.
 std::vector<float> cast_inputs() {
     std::vector<float> v;
-    for (std::uint64_t b = 0; b < (1ull << 32); b += 251) v.push_back(from_bits(static_cast<std::uint32_t>(b)));
+    for (std::uint64_t b = 0; b < (1ull << 32); b += 251)
+        v.push_back(from_bits(static_cast<std::uint32_t>(b)));
     for (std::uint32_t hi = 0; hi < 0x10000u; hi++)  // bf16: just below, at and above each midpoint
         for (std::uint32_t lo : {0x7FFFu, 0x8000u, 0x8001u}) v.push_back(from_bits(hi << 16 | lo));
     auto around = [&](float x) {
@@ -121,8 +126,10 @@ TEST_CASE("vectorised casts give the scalar casts' bits (bf16, e4m3, e5m2)", "[p
             for (int e5 = 0; e5 < 2; e5++) {
                 std::vector<float> a = in, b = in;
                 int nan_a = 0, nan_b = 0;
-                const float ma = (e5 ? sc.quant_e5m2 : sc.quant_e4m3)(a.data(), n, scale, inv, &nan_a);
-                const float mb = (e5 ? vx.quant_e5m2 : vx.quant_e4m3)(b.data(), n, scale, inv, &nan_b);
+                const float ma =
+                    (e5 ? sc.quant_e5m2 : sc.quant_e4m3)(a.data(), n, scale, inv, &nan_a);
+                const float mb =
+                    (e5 ? vx.quant_e5m2 : vx.quant_e4m3)(b.data(), n, scale, inv, &nan_b);
                 INFO((e5 ? "e5m2" : "e4m3") << " scale " << scale << ", first difference at input "
                                             << bad << " = 0x" << std::hex << bits(in[bad]));
                 CHECK(same_bits_f(a, b, &bad));
@@ -133,7 +140,8 @@ TEST_CASE("vectorised casts give the scalar casts' bits (bf16, e4m3, e5m2)", "[p
                 size_t wrong = 0;
                 for (size_t i = 0; i < in.size(); i++) {
                     const float y = in[i] * scale;
-                    const float r = (e5 ? e5m2_to_f32(f32_to_e5m2(y)) : e4m3_to_f32(f32_to_e4m3(y))) * inv;
+                    const float r =
+                        (e5 ? e5m2_to_f32(f32_to_e5m2(y)) : e4m3_to_f32(f32_to_e4m3(y))) * inv;
                     wrong += bits(a[i]) != bits(r);
                 }
                 CHECK(wrong == 0);
@@ -167,8 +175,9 @@ TEST_CASE("ops::fake_quant and fake_quant_tiles are the scalar casts on every IS
         // Delayed scaling, on a bf16 activation (50, 100).
         std::vector<float> got(x.size());
         bool nan = false;
-        const float amax = ops::fake_quant(nx, got.data(), view_of(DType::bf16, xb.data(), {50, 100}),
-                                           DType::e5m2, 0.37f, 1.0f / 0.37f, &nan);
+        const float amax =
+            ops::fake_quant(nx, got.data(), view_of(DType::bf16, xb.data(), {50, 100}), DType::e5m2,
+                            0.37f, 1.0f / 0.37f, &nan);
         float want_amax = 0.0f;
         for (size_t i = 0; i < x.size(); i++) {
             const float v = bf16_to_f32(xb[i]);
@@ -194,7 +203,8 @@ TEST_CASE("ops::fake_quant and fake_quant_tiles are the scalar casts on every IS
                     for (i64 r = r0; r < std::min<i64>(50, r0 + band); r++)
                         for (i64 c = c0; c < std::min<i64>(100, c0 + 32); c++) {
                             const size_t i = static_cast<size_t>(r * 100 + c);
-                            CHECK(bits(got[i]) == bits(e4m3_to_f32(f32_to_e4m3(x[i] * s)) * (1.0f / s)));
+                            CHECK(bits(got[i]) ==
+                                  bits(e4m3_to_f32(f32_to_e4m3(x[i] * s)) * (1.0f / s)));
                         }
                 }
         }
@@ -235,7 +245,8 @@ ExactCase exact_case(i64 BT, i64 C, i64 OC, std::uint64_t seed) {
         const float off = std::abs(m) >= 128 ? offsets[next() % 6] : 0.0f;
         e.w.push_back(static_cast<float>(m) / 16.0f + (m < 0 ? -off : off));
     }
-    for (i64 i = 0; i < OC; i++) e.bias.push_back(static_cast<float>(static_cast<int>(next() % 255) - 127) / 16.0f);
+    for (i64 i = 0; i < OC; i++)
+        e.bias.push_back(static_cast<float>(static_cast<int>(next() % 255) - 127) / 16.0f);
     for (i64 i = 0; i < OC * C; i++) e.dweight0.push_back(small());
     for (i64 i = 0; i < OC; i++) e.dbias0.push_back(small());
     return e;
@@ -249,9 +260,15 @@ struct Expected {
 
 Expected expected(const ExactCase& e) {
     Expected x;
-    auto wr = [&](i64 o, i64 c) { return static_cast<double>(bf16_to_f32(f32_to_bf16(e.w[static_cast<size_t>(o * e.C + c)]))); };
-    auto in = [&](i64 t, i64 c) { return static_cast<double>(bf16_to_f32(e.inp[static_cast<size_t>(t * e.C + c)])); };
-    auto d = [&](i64 t, i64 o) { return static_cast<double>(bf16_to_f32(e.dout[static_cast<size_t>(t * e.OC + o)])); };
+    auto wr = [&](i64 o, i64 c) {
+        return static_cast<double>(bf16_to_f32(f32_to_bf16(e.w[static_cast<size_t>(o * e.C + c)])));
+    };
+    auto in = [&](i64 t, i64 c) {
+        return static_cast<double>(bf16_to_f32(e.inp[static_cast<size_t>(t * e.C + c)]));
+    };
+    auto d = [&](i64 t, i64 o) {
+        return static_cast<double>(bf16_to_f32(e.dout[static_cast<size_t>(t * e.OC + o)]));
+    };
     for (i64 t = 0; t < e.BT; t++)
         for (i64 o = 0; o < e.OC; o++) {
             double acc = 0;
@@ -286,12 +303,15 @@ Numerics fast_nx() {
 
 }  // namespace
 
-TEST_CASE("fast bf16 matmuls equal the plain reference bit for bit when every sum is exact", "[precision]") {
+TEST_CASE("fast bf16 matmuls equal the plain reference bit for bit when every sum is exact",
+          "[precision]") {
     struct Shape {
         i64 BT, C, OC;
     };
-    for (const Shape sh : {Shape{5, 7, 3}, Shape{64, 96, 80}, Shape{33, 130, 17}, Shape{256, 768, 512}}) {
-        const ExactCase e = exact_case(sh.BT, sh.C, sh.OC, static_cast<std::uint64_t>(sh.BT * 7 + sh.C));
+    for (const Shape sh :
+         {Shape{5, 7, 3}, Shape{64, 96, 80}, Shape{33, 130, 17}, Shape{256, 768, 512}}) {
+        const ExactCase e =
+            exact_case(sh.BT, sh.C, sh.OC, static_cast<std::uint64_t>(sh.BT * 7 + sh.C));
         const Expected want = expected(e);
         for (const cpu::Bf16Path path : {cpu::Bf16Path::onednn, cpu::Bf16Path::sgemm}) {
             INFO(cpu::bf16_path_name(path) << " BT=" << sh.BT << " C=" << sh.C << " OC=" << sh.OC);
@@ -318,7 +338,8 @@ TEST_CASE("fast bf16 matmuls equal the plain reference bit for bit when every su
     }
 }
 
-TEST_CASE("fast bf16 through ops equals bitwise bf16 when every sum is exact; the path is reported", "[precision]") {
+TEST_CASE("fast bf16 through ops equals bitwise bf16 when every sum is exact; the path is reported",
+          "[precision]") {
     const ExactCase e = exact_case(48, 64, 40, 5);
     ExactCase f = e;  // the bitwise run's copies of the outputs
     std::vector<std::uint16_t> out_fast(48 * 40), out_bit(48 * 40);
@@ -332,7 +353,8 @@ TEST_CASE("fast bf16 through ops equals bitwise bf16 when every sum is exact; th
         ops::matmul_forward(nx, o, x, wt, &b);
         const Tensor di = view_of(DType::bf16, c.dinp0.data(), {48, 64});
         const Tensor d = view_of(DType::bf16, c.dout.data(), {48, 40});
-        const Tensor dw = view_f32(c.dweight0.data(), {40, 64}), db = view_f32(c.dbias0.data(), {40});
+        const Tensor dw = view_f32(c.dweight0.data(), {40, 64}),
+                     db = view_f32(c.dbias0.data(), {40});
         ops::matmul_backward(nx, &di, &dw, &db, d, x, wt);
     };
     ExactCase a = e;
@@ -348,7 +370,8 @@ TEST_CASE("fast bf16 through ops equals bitwise bf16 when every sum is exact; th
     const std::string path = ops::matmul_path(fast_nx(), Device::cpu, DType::bf16);
     INFO(path);
     CHECK(path == info.text);
-    const bool native = info.onednn_isa == "avx512_core_bf16" || info.onednn_isa == "avx512_core_amx";
+    const bool native =
+        info.onednn_isa == "avx512_core_bf16" || info.onednn_isa == "avx512_core_amx";
     CHECK((info.path == cpu::Bf16Path::onednn) == native);
     CHECK(path.find(native ? "oneDNN " + info.onednn_isa : "fp32 sgemm") == 0);
     if (!info.amx_bf16 && !info.avx512_bf16) CHECK(info.path == cpu::Bf16Path::sgemm);
@@ -391,7 +414,8 @@ LogicalState run_any(const Config& c) {
 
 }  // namespace
 
-TEST_CASE("fp8_accumulator_promote: layouts are bit-identical to the single device", "[precision]") {
+TEST_CASE("fp8_accumulator_promote: layouts are bit-identical to the single device",
+          "[precision]") {
     struct L {
         int dp, tp, pp, zero, microbatches;
         bool sp;
@@ -435,11 +459,11 @@ TEST_CASE("fp8_accumulator_promote: config checks name the key", "[precision]") 
                                   "numerics.block = 64"));
     c.precision.fp8 = "off";  // no fp8 matmuls: nothing to promote, nothing to refuse
     CHECK_NOTHROW(validate_config(c));
-    const std::string toml = "[precision]\nactivations = \"bf16\"\nfp8 = \"delayed\"\n"
-                             "fp8_accumulator_promote = 64\n";
+    const std::string toml =
+        "[precision]\nactivations = \"bf16\"\nfp8 = \"delayed\"\n"
+        "fp8_accumulator_promote = 64\n";
     CHECK(parse_config(toml, "t").precision.fp8_accumulator_promote == 64);
-    CHECK_THAT(test::error_of<ConfigError>([&] {
-                   parse_config("[precision]\nfp8_accumulator_promote = 1.5\n", "t");
-               }),
+    CHECK_THAT(test::error_of<ConfigError>(
+                   [&] { parse_config("[precision]\nfp8_accumulator_promote = 1.5\n", "t"); }),
                Catch::Contains("precision.fp8_accumulator_promote"));
 }

@@ -11,7 +11,9 @@ namespace px {
 
 double budget_multiplier() { return kBudgetQ * std::sqrt(kBudgetK * kBudgetK + 1.0); }
 
-double precision_multiplier() { return kBudgetQ * (kBudgetK - 1.0); }
+double precision_multiplier() {
+    return kBudgetQ * (kBudgetK - 1.0);
+}
 
 double unit_roundoff(DType t) {
     switch (t) {
@@ -155,10 +157,11 @@ std::string BudgetReport::text() const {
                            t->error, t->sigma, t->sigma_precision, t->budget, t->ratio,
                            t->within() ? "" : "  OVER");
     if (per_precision)
-        out += fmt::format("verdict: {} (max ratio {:.3f} at {}; budget = max({:.2f} sigma, {:.2f} "
-                           "sigma_prec), sigma_prec against the fp32 run)\n",
-                           within ? "within budget" : "OUT OF BUDGET", max_ratio, worst,
-                           budget_multiplier(), precision_multiplier());
+        out += fmt::format(
+            "verdict: {} (max ratio {:.3f} at {}; budget = max({:.2f} sigma, {:.2f} "
+            "sigma_prec), sigma_prec against the fp32 run)\n",
+            within ? "within budget" : "OUT OF BUDGET", max_ratio, worst, budget_multiplier(),
+            precision_multiplier());
     else
         out += fmt::format("verdict: {} (max ratio {:.3f} at {}; budget = {:.2f} sigma)\n",
                            within ? "within budget" : "OUT OF BUDGET", max_ratio, worst,

@@ -81,7 +81,7 @@ inline constexpr double kBudgetQ = 3.24;   // √F₀.₉₉₉(5, 10): confiden
 inline constexpr double kFp32Unit = 5.9604644775390625e-08;  // u = 2⁻²⁴, one fp32 rounding
 double budget_multiplier();                // q · √(k² + 1), applied to σ̂
 double precision_multiplier();             // q · (k − 1), applied to σ̂_p
-// u = 2^-p of a type with p significand bits: f32 2^-24, bf16 2^-8, f16 2^-11, e4m3 2^-4, e5m2 2^-3.
+// u = 2^-p for p significand bits: f32 2^-24, bf16 2^-8, f16 2^-11, e4m3 2^-4, e5m2 2^-3.
 double unit_roundoff(DType t);
 // The coarsest unit roundoff among a job's casts: fp32 2^-24; bf16 2^-8; fp16 2^-11; fp8
 // "delayed" e5m2's 2^-3 (its output gradients), "block" e4m3's 2^-4. A job coarser than fp32
@@ -93,7 +93,7 @@ struct TensorBudget {
     double error = 0;            // ‖candidate − reference‖₂
     double sigma = 0;            // σ̂: the reference's own rounding error (estimated, floored)
     double sigma_precision = 0;  // σ̂_p = ‖reference − fp32 run‖₂; 0 without a finer run
-    double budget = 0;           // max(budget_multiplier() · σ̂, precision_multiplier() · σ̂_p)
+    double budget = 0;           // the larger of budget_multiplier()·σ̂, precision_multiplier()·σ̂_p
     double ratio = 0;            // error / budget; ≤ 1 is within budget
     bool within() const { return error <= budget; }
 };

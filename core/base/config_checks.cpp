@@ -167,15 +167,15 @@ void check_precision_across(const PrecisionConfig& pr, const NumericsConfig& n) 
                           quote(pr.activations) +
                           ": set precision.activations = \"bf16\", or precision.fp8 = \"off\""};
     if (pr.fp8 != "off" && pr.fp8_accumulator_promote > n.block)
-        throw Problem{{"precision.fp8_accumulator_promote", "numerics.block"},
-                      "precision.fp8_accumulator_promote = " +
-                          std::to_string(pr.fp8_accumulator_promote) +
-                          " is larger than numerics.block = " + std::to_string(n.block) +
-                          ": a narrow sum is promoted at the latest at the end of its block (blocks "
-                          "combine in fp32, in the canonical tree); set numerics.block to at least " +
-                          std::to_string(pr.fp8_accumulator_promote) +
-                          " (128 promotes every 128 products, as DeepSeek-V3 does), or promote at most " +
-                          std::to_string(n.block)};
+        throw Problem{
+            {"precision.fp8_accumulator_promote", "numerics.block"},
+            "precision.fp8_accumulator_promote = " + std::to_string(pr.fp8_accumulator_promote) +
+                " is larger than numerics.block = " + std::to_string(n.block) +
+                ": a narrow sum is promoted at the latest at the end of its block (blocks "
+                "combine in fp32, in the canonical tree); set numerics.block to at least " +
+                std::to_string(pr.fp8_accumulator_promote) +
+                " (128 promotes every 128 products, as DeepSeek-V3 does), or promote at most " +
+                std::to_string(n.block)};
 }
 
 }  // namespace px::config_checks

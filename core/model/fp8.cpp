@@ -11,8 +11,7 @@
 
 namespace px {
 
-Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp,
-                       const Numerics& nx)
+Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp, const Numerics& nx)
     : nx_(nx),
       delayed_(pc.fp8 != "block"),
       block_(pc.fp8_block_size),

@@ -267,9 +267,8 @@ void GPT::linear_backward(std::span<const TokenNode> nodes, Linear l, const Tens
 }
 
 void GPT::linear_backward_rows(const Numerics& nx, std::span<const TokenNode> nodes, Linear l,
-                               const Tensor* dinp,
-                               const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
-                               const Tensor& inp, const Tensor& weight) const {
+                               const Tensor* dinp, const Tensor& dweight, const Tensor* dbias,
+                               const Tensor& dout, const Tensor& inp, const Tensor& weight) const {
     auto backward = [&](const Tensor* di, const Tensor* dw, const Tensor* db, const Tensor& d,
                         const Tensor& i) {
         if (layers_)

@@ -144,9 +144,8 @@ public:
     // numerics, or an fp8 linear's: Numerics::fp8_promote) (a null output is not computed: the
     // weight gradients of a microbatch's token nodes are taken one node at a time, over its
     // rows, after dinp over all of them).
-    virtual void linear_forward(const Numerics& nx, Linear l, const Tensor& out,
-                                const Tensor& inp, const Tensor& weight,
-                                const Tensor* bias) const = 0;
+    virtual void linear_forward(const Numerics& nx, Linear l, const Tensor& out, const Tensor& inp,
+                                const Tensor& weight, const Tensor* bias) const = 0;
     virtual void linear_backward(const Numerics& nx, Linear l, const Tensor* dinp,
                                  const Tensor* dweight, const Tensor* dbias, const Tensor& dout,
                                  const Tensor& inp, const Tensor& weight) const = 0;

@@ -208,15 +208,15 @@ void TpLayers::linear_backward(const Numerics& nx, Linear l, const Tensor* dinp,
                                                 i.f32(), w.f32(), oc, tokens, BT, C);
                 break;
             }
-            tp::column_parallel_backward(comm_, nx, di.f32(), dw, db, d.f32(), i.f32(), w.f32(),
-                                         oc, BT, C);
+            tp::column_parallel_backward(comm_, nx, di.f32(), dw, db, d.f32(), i.f32(), w.f32(), oc,
+                                         BT, C);
             break;
         }
         case Linear::attn_proj:
         case Linear::fc_proj:
-            tp::row_parallel_backward(comm_, nx, di.f32(), dw, db, d.f32(), i.f32(),
-                                      w.f32(), l == Linear::attn_proj ? shards_.channels : shards_.ffn,
-                                      BT, weight.shape[0]);
+            tp::row_parallel_backward(comm_, nx, di.f32(), dw, db, d.f32(), i.f32(), w.f32(),
+                                      l == Linear::attn_proj ? shards_.channels : shards_.ffn, BT,
+                                      weight.shape[0]);
             break;
     }
     di.store();

@@ -283,9 +283,9 @@ void matmul_bwd_fast(const Numerics& nx, const Tensor* dinp, const Tensor* dweig
 }
 
 std::string reference_path(const Numerics& nx) {
-    return nx.mode == Mode::fast ? "fp32 sgemm on 16-bit values"
-                                 : std::string("canonical GEMM on 16-bit values, ") +
-                                       isa_name(nx.isa);
+    return nx.mode == Mode::fast
+               ? "fp32 sgemm on 16-bit values"
+               : std::string("canonical GEMM on 16-bit values, ") + isa_name(nx.isa);
 }
 
 std::string fast_bf16_path(const Numerics&) {

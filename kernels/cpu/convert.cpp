@@ -99,8 +99,10 @@ float fake_quant(Isa isa, float* x, i64 n, DType t, float scale, float inv, bool
     int any_nan = 0;
     constexpr i64 kChunk = 1 << 14;
     const i64 nc = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) reduction(max : amax) reduction(| : any_nan) \
-    if (n >= (i64{1} << 16))
+#pragma omp parallel for schedule(static) reduction(max     \
+                                                    : amax) \
+    reduction(|                                             \
+              : any_nan) if (n >= (i64{1} << 16))
     for (i64 c = 0; c < nc; c++) {
         const i64 lo = c * kChunk, hi = std::min(n, lo + kChunk);
         amax = std::max(amax, quant(x + lo, hi - lo, scale, inv, &any_nan));

@@ -30,9 +30,15 @@ inline __mmask16 first(i64 k) {
     return static_cast<__mmask16>(k >= W ? 0xFFFFu : (1u << k) - 1u);
 }
 
-inline __m512i ibits(__m512 v) { return _mm512_castps_si512(v); }
-inline __m512 fbits(__m512i v) { return _mm512_castsi512_ps(v); }
-inline __m512i iset(unsigned v) { return _mm512_set1_epi32(static_cast<int>(v)); }
+inline __m512i ibits(__m512 v) {
+    return _mm512_castps_si512(v);
+}
+inline __m512 fbits(__m512i v) {
+    return _mm512_castsi512_ps(v);
+}
+inline __m512i iset(unsigned v) {
+    return _mm512_set1_epi32(static_cast<int>(v));
+}
 
 constexpr float pow2(int e) {
     float p = 1.0f;
@@ -45,7 +51,8 @@ constexpr float pow2(int e) {
 inline __m512i bf16_code(__m512 x) {
     const __m512i b = ibits(x);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), iset(1));
-    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, iset(0x7FFF)), lsb), 16);
+    const __m512i r =
+        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, iset(0x7FFF)), lsb), 16);
     // NaN: the top half with the quiet bit set (sign and payload kept).
     const __m512i q = _mm512_or_si512(_mm512_srli_epi32(b, 16), iset(0x40));
     return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r, q);
@@ -117,9 +124,9 @@ inline __m512 fp8_value(__m512 y, float max) {
     const __m512 ay = fbits(ab);
     // Normal range: round the mantissa to M bits.
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(ab, d), iset(1));
-    const __m512i rn = _mm512_and_si512(
-        _mm512_add_epi32(_mm512_add_epi32(ab, iset((1u << (d - 1)) - 1u)), lsb),
-        iset(~((1u << d) - 1u)));
+    const __m512i rn =
+        _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(ab, iset((1u << (d - 1)) - 1u)), lsb),
+                         iset(~((1u << d) - 1u)));
     // Subnormal range: multiples of 2^(EMIN - M).
     const __m512 big = _mm512_set1_ps(pow2(23 + EMIN - M));
     const __m512 rs = _mm512_sub_ps(_mm512_add_ps(ay, big), big);
@@ -140,7 +147,8 @@ float quant(float* x, i64 n, float scale, float inv, float max, int* nan) {
         const __mmask16 m = first(n - i);
         const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
         acc = absmax_step(acc, v, m, nan);
-        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(fp8_value<M, EMIN>(_mm512_mul_ps(v, s), max), iv));
+        _mm512_mask_storeu_ps(x + i, m,
+                              _mm512_mul_ps(fp8_value<M, EMIN>(_mm512_mul_ps(v, s), max), iv));
     }
     return hmax(acc);
 }

@@ -450,8 +450,8 @@ void gemm(const Numerics& nx, float* c, i64 ldc, const float* a, i64 rsa, i64 cs
     if (nx.mode == Mode::fast && nx.fp8_promote == 0 &&
         gemm_fast(c, ldc, a, rsa, csa, b, rsb, csb, M, N, K, accumulate))
         return;
-    gemm_canonical(kernel_for(nx), nx.block, nx.fp8_promote, c, ldc, a, rsa, csa, b, rsb, csb, M,
-                   N, K, accumulate, nullptr);
+    gemm_canonical(kernel_for(nx), nx.block, nx.fp8_promote, c, ldc, a, rsa, csa, b, rsb, csb, M, N,
+                   K, accumulate, nullptr);
 }
 
 // out (BT,OC), inp (BT,C), weight (OC,C), bias (OC) or null

@@ -70,8 +70,9 @@ void tile(const float* ap, const float* bp, i64 klen, i64 kb, i64 /*seg*/,
     }
 }
 
-// The narrow-accumulator tile (matmul_kernels.h, TileFn's seg): 3×16, 6 ymm narrow sums, 6 fp32 block sums, 2 for the B row, 1 broadcast, 1 mask = 16 of 16
-// registers. Each lane runs the scalar path's sequence: fma, then the low mantissa bits cleared.
+// The narrow-accumulator tile (matmul_kernels.h, TileFn's seg): 3×16, 6 ymm narrow sums, 6 fp32
+// block sums, 2 for the B row, 1 broadcast, 1 mask = 16 of 16 registers. Each lane runs the scalar
+// path's sequence: fma, then the low mantissa bits cleared.
 constexpr int NMR = 3;
 
 void tile_narrow(const float* ap, const float* bp, i64 klen, i64 kb, i64 seg,

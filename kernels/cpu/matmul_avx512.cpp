@@ -72,8 +72,9 @@ void tile(const float* ap, const float* bp, i64 klen, i64 kb, i64 /*seg*/,
     }
 }
 
-// The narrow-accumulator tile (matmul_kernels.h, TileFn's seg): 6×32, 12 zmm narrow sums, 12 fp32 block sums, 2 for the B row, 1 broadcast, 1 mask = 28 of 32
-// registers. Each lane runs the scalar path's sequence: fma, then the low mantissa bits cleared.
+// The narrow-accumulator tile (matmul_kernels.h, TileFn's seg): 6×32, 12 zmm narrow sums, 12 fp32
+// block sums, 2 for the B row, 1 broadcast, 1 mask = 28 of 32 registers. Each lane runs the scalar
+// path's sequence: fma, then the low mantissa bits cleared.
 constexpr int NMR = 6;
 
 void tile_narrow(const float* ap, const float* bp, i64 klen, i64 kb, i64 seg,

@@ -192,8 +192,8 @@ const Bf16MatmulInfo& bf16_matmul_info() {
         const bool native = (static_cast<unsigned>(isa) & dnnl_cpu_isa_avx512_core_bf16) ==
                             static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
         // What oneDNN would run for GPT-2's qkv forward (made, not executed).
-        const std::shared_ptr<const Prim> p = prim_for({256, 2304, 768, 768, 1, 1, 768, dt::bf16,
-                                                        true, false});
+        const std::shared_ptr<const Prim> p =
+            prim_for({256, 2304, 768, 768, 1, 1, 768, dt::bf16, true, false});
         i.onednn_impl = p ? p->impl : "none";
         i.path = native && p ? Bf16Path::onednn : Bf16Path::sgemm;
         std::string cpu = i.amx_bf16 ? "amx_bf16" : "";
@@ -213,8 +213,7 @@ void matmul_forward_bf16(const Numerics& nx, Bf16Path path, std::uint16_t* out,
                          const std::uint16_t* inp, const float* weight, const float* bias, i64 BT,
                          i64 C, i64 OC) {
     if (BT <= 0 || OC <= 0) return;
-    if (path == Bf16Path::onednn && C > 0 &&
-        forward_onednn(nx, out, inp, weight, bias, BT, C, OC))
+    if (path == Bf16Path::onednn && C > 0 && forward_onednn(nx, out, inp, weight, bias, BT, C, OC))
         return;
     forward_sgemm(nx, out, inp, weight, bias, BT, C, OC);
 }
@@ -223,7 +222,7 @@ void matmul_backward_bf16(const Numerics& nx, Bf16Path path, std::uint16_t* dinp
                           float* dbias, const std::uint16_t* dout, const std::uint16_t* inp,
                           const float* weight, i64 BT, i64 C, i64 OC) {
     if (BT <= 0 || OC <= 0) return;  // every sum is empty: the gradients stay as they are
-    float* d = nullptr;  // dout in fp32, for dbias and the sgemm path
+    float* d = nullptr;              // dout in fp32, for dbias and the sgemm path
     auto widened_dout = [&] {
         if (d == nullptr) {
             d = grow(tl_b, BT * OC);
@@ -239,7 +238,8 @@ void matmul_backward_bf16(const Numerics& nx, Bf16Path path, std::uint16_t* dinp
             // dinp (BT,C) += dout (BT,OC) · w (OC,C)
             std::uint16_t* w = grow(tl_wbf16, OC * C);
             narrow_bf16(nx.isa, w, weight, OC * C);
-            dinp_done = run({BT, C, OC, OC, 1, C, 1, dt::bf16, false, true}, dout, w, dinp, nullptr);
+            dinp_done =
+                run({BT, C, OC, OC, 1, C, 1, dt::bf16, false, true}, dout, w, dinp, nullptr);
         }
         if (!dweight_done)  // dweight (OC,C) += doutᵀ (OC,BT) · inp (BT,C)
             dweight_done =
