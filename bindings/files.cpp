@@ -7,6 +7,9 @@
 #include "core/io/checkpoint_convert.h"
 #include "core/io/runfile.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 namespace px::py_bind {
 
 namespace {
@@ -149,6 +152,16 @@ DataError naming the file on bad input.)doc");
                 d["step"] = e.step;
                 d["kind"] = e.kind;
                 d["message"] = e.message;
+                py::dict ev;  // "name=value;..." as a dict
+                for (size_t at = 0; at < e.evidence.size();) {
+                    const size_t end = std::min(e.evidence.find(';', at), e.evidence.size());
+                    const std::string item = e.evidence.substr(at, end - at);
+                    const size_t eq = item.find('=');
+                    if (eq != std::string::npos)
+                        ev[py::str(item.substr(0, eq))] = std::strtod(item.c_str() + eq + 1, nullptr);
+                    at = end + 1;
+                }
+                d["evidence"] = ev;
                 events.append(d);
             }
             py::dict d;
@@ -160,8 +173,9 @@ DataError naming the file on bad input.)doc");
         py::arg("path"), R"doc(
 A run file's records (<out>/run.h5 of parallax train or Job(out=...)): config (TOML text),
 metrics ({name: (steps int64 array, values float64 array)}: loss, val_loss, grad_norm, lr,
-tokens_per_s, step_ms, comm_bytes, ...) and events (step, kind, message), read without opening
-the file for writing.)doc");
+tokens_per_s, step_ms, comm_bytes, and with [spikes] the per-layer evidence layer.<group>.<what>
+and spike.*) and events (step, kind, message, evidence: a spike's per-layer values as its first
+run saw them, {} for other events), read without opening the file for writing.)doc");
 }
 
 }  // namespace px::py_bind

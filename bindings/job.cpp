@@ -13,6 +13,7 @@
 #include "validators/probes.h"
 
 #include <algorithm>
+#include <map>
 #include <filesystem>
 #include <memory>
 
@@ -322,11 +323,39 @@ the state stays readable, but the job takes no more steps.)doc")
                     d["step"] = e.step;
                     d["kind"] = event_kind_name(e.kind);
                     d["message"] = e.message;
+                    py::dict ev;
+                    for (const NamedValue& v : e.evidence) ev[py::str(v.name)] = v.value;
+                    d["evidence"] = ev;
                     out.append(d);
                 }
                 return out;
             },
-            "Events of the run (resume, rerun, checkpoint, fault, failure) as dicts.")
+            "Events of the run (resume, rerun, checkpoint, fault, failure, spike, alert) as dicts: "
+            "step, kind, message, evidence (a spike's per-layer values as its first run saw them).")
+        .def(
+            "values",
+            [](PyJob& j) {
+                // name -> (steps, values), each step once (a re-run step's latest values)
+                std::map<std::string, std::pair<std::vector<std::int64_t>, std::vector<double>>> by;
+                for (const StepValues& sv : j.view.snapshot().values)
+                    for (const NamedValue& v : *sv.values) {
+                        auto& [steps, vals] = by[v.name];
+                        steps.push_back(sv.step);
+                        vals.push_back(v.value);
+                    }
+                py::dict out;
+                for (const auto& [name, rows] : by) {
+                    py::array_t<std::int64_t> s(static_cast<py::ssize_t>(rows.first.size()));
+                    py::array_t<double> x(static_cast<py::ssize_t>(rows.second.size()));
+                    std::copy(rows.first.begin(), rows.first.end(), s.mutable_data());
+                    std::copy(rows.second.begin(), rows.second.end(), x.mutable_data());
+                    out[py::str(name)] = py::make_tuple(s, x);
+                }
+                return out;
+            },
+            "Named per-step values (with [spikes]: layer.<group>.grad_norm, .update_ratio, "
+            ".adam_eps_ratio, layer.h.<l>.attn_logit_max, spike.loss_z, spike.grad_norm_z, "
+            "spike.clip_norm) as {name: (steps int64 array, values float64 array)}.")
         .def(
             "memory",
             [](PyJob& j) {

@@ -4,6 +4,7 @@
 // (core/parallel/schedule.h), which is what the runtime executes and what notebooks draw.
 #include "bindings/common.h"
 
+#include "app/gui/layout_explorer.h"
 #include "core/parallel/mesh.h"
 #include "core/parallel/schedule.h"
 
@@ -69,6 +70,74 @@ py::dict action_dict(const Action& a) {
     return d;
 }
 
+std::string range_text(i64 lo, i64 n, i64 whole) {
+    if (lo == 0 && n == whole) return ":";
+    return std::to_string(lo) + ":" + std::to_string(lo + n);
+}
+
+py::dict explored(const gui::ExplorerResult& r) {
+    py::dict holds, moments, memory_d;
+    py::list text, collectives, memory;
+    auto pieces = [](const std::vector<gui::HeldPiece>& ps) {
+        py::list l;
+        for (const gui::HeldPiece& p : ps) {
+            py::dict d;
+            d["rank"] = p.rank;
+            d["rows"] = py::make_tuple(p.slab.row0, p.slab.row0 + p.slab.rows);
+            d["cols"] = py::make_tuple(p.slab.col0, p.slab.col0 + p.slab.cols);
+            l.append(d);
+        }
+        return l;
+    };
+    for (const gui::TensorHolding& t : r.tensors) {
+        holds[py::str(t.name)] = pieces(t.weights);
+        moments[py::str(t.name)] = pieces(t.moments);
+        for (const gui::HeldPiece& p : t.weights) {
+            const Coord c = r.coords[static_cast<size_t>(p.rank)];
+            std::string slice = range_text(p.slab.row0, p.slab.rows, t.rows);
+            if (t.rows > 1 || t.cols > 1) slice += ", " + range_text(p.slab.col0, p.slab.cols, t.cols);
+            if (t.rows == 1) slice = range_text(p.slab.col0, p.slab.cols, t.cols);
+            text.append("rank " + std::to_string(p.rank) + " = dp" + std::to_string(c.dp) +
+                        " \u00b7 pp" + std::to_string(c.pp) + " \u00b7 tp" + std::to_string(c.tp) +
+                        " holds " + t.name + "[" + slice + "]");
+        }
+    }
+    for (const gui::CollectiveUse& u : r.collectives) {
+        py::dict d;
+        d["phase"] = u.phase;
+        d["layer"] = u.layer;
+        d["op"] = u.op;
+        d["group"] = u.group;
+        d["collective"] = u.collective;
+        d["bytes"] = u.bytes;
+        d["calls"] = u.calls;
+        d["ranks"] = u.ranks;
+        collectives.append(d);
+    }
+    for (const MemoryStats& s : r.memory) {
+        py::dict d;
+        d["params"] = s.params;
+        d["grads"] = s.grads;
+        d["optimizer"] = s.optimizer;
+        d["activations"] = s.activations;
+        d["comm"] = s.comm;
+        d["total"] = s.total();
+        memory.append(d);
+    }
+    py::dict est;
+    for (const MemoryItem& it : r.estimate.items) est[py::str(it.what)] = it.bytes;
+    est["total"] = r.estimate.total;
+    py::dict out;
+    out["holds"] = holds;
+    out["moments"] = moments;
+    out["text"] = text;
+    out["collectives"] = collectives;
+    out["memory"] = memory;
+    out["estimate"] = est;
+    out["seconds"] = r.seconds;
+    return out;
+}
+
 }  // namespace
 
 void bind_layout(py::module_& m) {
@@ -86,6 +155,36 @@ pp groups) and token_ranges (per dp rank and microbatch: its sequences and token
 batch's canonical tree). Ranks are numbered tp innermost: rank = (pp·dp + dp_rank)·tp + tp_rank.
 >>> parallax.layout(layout={"dp": 2, "tp": 2}, numerics={"block": 32})["world_size"]
 4)doc");
+
+    m.def(
+        "explore_layout",
+        [](const py::object& config, const py::kwargs& sections) {
+            const Config cfg = make_config(config, sections);
+            gui::ExplorerResult r;
+            {
+                py::gil_scoped_release nogil;
+                r = gui::explore_layout(cfg);
+            }
+            if (!r.error.empty()) throw ConfigError(r.error);
+            return explored(r);
+        },
+        py::arg("config") = py::none(), R"doc(
+Who holds what and who says what to whom under a config's layout, read off the runtime itself:
+one step of the layout runs on in-process ranks (no run file, checkpoint or evaluation) with a
+recorder around every group (the workbench's layout explorer). A dict with
+  holds        {tensor: [{rank, rows: (lo, hi), cols: (lo, hi)}]}: the block of each weight
+               matrix (as (rows, cols); a vector is one row) each rank holds between steps
+  moments      the same for the Adam moments (ZeRO shards them)
+  text         one line per rank and tensor: "rank 5 = dp1 · pp0 · tp1 holds
+               h.3.mlp.c_fc.weight[1536:3072, :]"
+  collectives  in the order the ops run: {phase ("fwd", "bwd", "grad", ...), layer (-1: the
+               embedding, head or whole model), op, group ("dp", "tp", "pp"), collective, bytes
+               (per call, one rank's sent + received), calls (per step on one rank), ranks}
+  memory       per world rank: params, grads, optimizer, activations, comm bytes after the step
+  estimate     one rank's bytes as the job was admitted by (the ZeRO formulas)
+>>> e = parallax.explore_layout(layout={"tp": 2}, model={"seq_len": 32}, numerics={"block": 16})
+>>> e["holds"]["h.0.mlp.c_fc.weight"][1]["rows"]
+(128, 256))doc");
 
     py::class_<Schedule>(m, "Schedule", R"doc(
 A pipeline schedule as data: for every pipeline rank the actions it executes in order (forward,

@@ -8,6 +8,8 @@
 #include "app/gui/layout_check.h"
 #include "app/gui/layout_explorer.h"
 #include "app/gui/run_files.h"
+#include "app/gui/spike_model.h"
+#include "core/train/run_file_observer.h"
 #include "app/gui/teaching.h"
 #include "core/io/runfile.h"
 #include "test_util.h"
@@ -310,4 +312,44 @@ TEST_CASE("Finished runs open in the panels: a run file, a validate.json, a gold
     CHECK(gv.layouts[0].result.verdict == "match");
     CHECK(gv.steps == 2);
     CHECK_THROWS(check.start_golden(dir + "/run.h5", "dp2"));
+}
+
+TEST_CASE("Spikes: a rolled-back spike opens from its run file with its first run's evidence",
+          "[gui]") {
+    const std::string dir = "build/test_gui_models_spikes";
+    std::filesystem::remove_all(dir);
+    Config c = small_job();
+    c.train.steps = 30;
+    c.train.threads = 1;
+    c.data.corrupt_step = 25;
+    c.spikes.action = "rollback";
+    c.spikes.window = 20;
+    c.output.run_file = true;
+    c.output.dir = dir;
+    c.output.progress = false;
+    std::filesystem::create_directories(dir);
+    {
+        RunFileObserver file(dir + "/run.h5", c);
+        run_layout(c, {&file});
+    }
+    const RunSnapshot snap = snapshot_from_run_file(dir + "/run.h5");
+    const SpikeModel m = spike_model(snap);
+    REQUIRE(m.spikes.size() == 1);
+    CHECK(m.spikes[0].step == 25);
+    CHECK(m.groups == std::vector<std::string>{"embed", "h.0", "h.1", "ln_f"});
+    REQUIRE(m.steps.size() == 30);  // every step once: the re-run rows replaced the first ones
+    // The series hold the re-run (batch 24 skipped), the event the first run's spike: every
+    // layer's gradient norm there is well above the re-run's value at the same step and above
+    // its own median before it.
+    const std::vector<EvidenceRow> rows = evidence_at(m, m.spikes[0], 20);
+    REQUIRE(rows.size() == 4);
+    const size_t at = 24;
+    for (size_t g = 0; g < rows.size(); g++) {
+        INFO(rows[g].group);
+        CHECK(rows[g].grad_norm > 2 * m.series.at("grad_norm")[g][at]);
+        CHECK(rows[g].grad_norm_ratio > 2);
+        CHECK(rows[g].update_ratio == 0);  // its update was never applied
+    }
+    CHECK(std::isfinite(rows[1].attn_logit_max));
+    CHECK(std::isnan(rows[0].attn_logit_max));  // the embedding has no attention
 }

@@ -427,3 +427,46 @@ TEST_CASE("a job that throws is marked failed with its error, after the states i
     CHECK(std::string(run_state_name(s.state)) == "failed");
     CHECK(std::string(event_kind_name(s.events.back().kind)) == "failure");
 }
+
+TEST_CASE("spike evidence and a rollback: one value row per step, the spike event, rows replaced") {
+    Config c = base();
+    c.train.steps = 30;
+    c.train.eval_every = 0;
+    c.data.corrupt_step = 25;
+    c.spikes.action = "rollback";
+    c.spikes.window = 20;
+    c.spikes.snapshot_every = 10;
+    JobView view;
+    std::vector<StepMetrics> history;
+    {
+        Reader reader(view);
+        run_layout(c, {&view}, test::inspecting([&](Job& job) { history = job.history(); }));
+        reader.stop();
+    }
+    const RunSnapshot s = view.snapshot();
+    CHECK(rows_are(s, history));
+    // Every step once, in order, with its evidence; the re-run steps' values replaced theirs.
+    REQUIRE(s.values.size() == 30);
+    for (size_t i = 0; i < s.values.size(); i++) {
+        CHECK(s.values[i].step == static_cast<i64>(i) + 1);
+        bool norm = false;
+        for (const NamedValue& v : *s.values[i].values) norm = norm || v.name == "layer.h.0.grad_norm";
+        CHECK(norm);
+    }
+    int spikes = 0, reruns = 0;
+    for (const RunEvent& e : s.events) {
+        spikes += e.kind == EventKind::spike;
+        reruns += e.kind == EventKind::rerun;
+        if (e.kind == EventKind::spike) {
+            CHECK(e.step == 25);
+            CHECK_THAT(e.message, Contains("rolled back to step 20"));
+        }
+    }
+    CHECK(spikes == 1);
+    CHECK(reruns >= 2);  // the replay from step 20 and the rollback
+    // An incremental reader ends with the same values as a full snapshot.
+    RunSnapshot inc;
+    view.update(inc);
+    REQUIRE(inc.values.size() == s.values.size());
+    for (size_t i = 0; i < s.values.size(); i++) CHECK(inc.values[i].values == s.values[i].values);
+}

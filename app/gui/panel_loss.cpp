@@ -1,6 +1,6 @@
 // Loss: training and validation loss against step, the source's entropy floor as a line, the
 // gradient norm and learning rate below it; log scale, zoom, pan and hover from the plot module.
-// Spike markers come from the loss-spike detector once it lands; until then the panel says so.
+// Events are markers (spikes red, the rest grey); a click shows the event, a spike's evidence.
 #include "app/gui/panels.h"
 
 #include <imgui.h>
@@ -24,8 +24,13 @@ void draw_loss_panel(const RunData& d, LossPanelState& s) {
     ImGui::Checkbox("log scale", &s.log_y);
     ImGui::SameLine();
     ImGui::TextDisabled("wheel: zoom x (shift: y), drag: pan, double-click: fit");
+    int spikes = 0;
+    for (const RunEvent& e : d.snap.events) spikes += e.kind == EventKind::spike;
     ImGui::SameLine();
-    ImGui::TextDisabled("| spikes: no loss-spike detector in this build (none marked)");
+    if (d.config.spikes.action == "off")
+        ImGui::TextDisabled("| spikes: not watched (spikes.action = \"off\")");
+    else
+        ImGui::TextDisabled("| spikes: %d marked red, click one for its evidence", spikes);
     s.loss_view.log_y = s.log_y;
     plot::LinePlot p;
     p.title = "loss (nats/token)";
@@ -40,7 +45,8 @@ void draw_loss_panel(const RunData& d, LossPanelState& s) {
              "loss floor (source entropy) " + std::to_string(d.snap.loss_floor).substr(0, 6),
              plot::kGreen});
     for (const RunEvent& e : d.snap.events)
-        p.markers.push_back({static_cast<double>(e.step), event_kind_name(e.kind), plot::kRed});
+        p.markers.push_back({static_cast<double>(e.step), event_kind_name(e.kind),
+                             e.kind == EventKind::spike ? plot::kRed : plot::kGrey});
     const float h = ImGui::GetContentRegionAvail().y;
     const int clicked = plot::draw_lines("loss", p, s.loss_view, ImVec2(-1, h * 0.62f));
     if (d.rects) d.rects->mark("loss_plot");

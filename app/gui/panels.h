@@ -17,6 +17,7 @@
 #include "app/gui/layout_check.h"
 #include "app/gui/layout_explorer.h"
 #include "app/gui/plot.h"
+#include "app/gui/spike_model.h"
 #include "app/gui/teaching.h"
 #include "core/train/job_view.h"
 #include "core/train/memory.h"
@@ -78,7 +79,17 @@ void draw_pipeline_panel(const RunData& d, PipelinePanelState& s);
 struct MemoryPanelState {};
 void draw_memory_panel(const RunData& d, MemoryPanelState& s);
 
-struct Fp8PanelState {};
+// The spike half of the FP8-and-spikes panel (panel_spikes.cpp).
+struct SpikeSectionState {
+    plot::PlotView view;
+    int kind = 0;       // the evidence plotted: gradient norm, update ratio, eps ratio, logit
+    int selected = -1;  // the spike whose evidence shows
+};
+void draw_spike_section(const RunData& d, SpikeSectionState& s);
+
+struct Fp8PanelState {
+    SpikeSectionState spikes;
+};
 void draw_fp8_panel(const RunData& d, Fp8PanelState& s);
 
 struct EventsPanelState {};

@@ -5,7 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 
@@ -95,11 +97,26 @@ RunSnapshot snapshot_from_run_file(const std::string& path) {
         RunEvent ev;
         ev.step = e.step;
         ev.message = e.message;
-        for (EventKind k : {EventKind::resume, EventKind::rerun, EventKind::checkpoint,
-                            EventKind::fault, EventKind::failure})
-            if (e.kind == event_kind_name(k)) ev.kind = k;
+        if (!event_kind_from_name(e.kind, &ev.kind)) ev.kind = EventKind::fault;
+        for (size_t at = 0; at < e.evidence.size();) {  // "name=value;name=value"
+            const size_t end = std::min(e.evidence.find(';', at), e.evidence.size());
+            const std::string item = e.evidence.substr(at, end - at);
+            const size_t eq = item.find('=');
+            if (eq != std::string::npos)
+                ev.evidence.push_back({item.substr(0, eq), std::strtod(item.c_str() + eq + 1, nullptr)});
+            at = end + 1;
+        }
         s.events.push_back(std::move(ev));
     }
+    // The spike evidence (layer.* and spike.* metrics) as the job view's per-step values.
+    std::map<i64, std::vector<NamedValue>> values;
+    for (const auto& [name, rows] : rec.metrics) {
+        if (name.rfind("layer.", 0) != 0 && name.rfind("spike.", 0) != 0) continue;
+        for (size_t i = 0; i < rows.steps.size() && i < rows.values.size(); i++)
+            values[rows.steps[i]].push_back({name, rows.values[i]});
+    }
+    for (auto& [step, v] : values)
+        s.values.push_back({step, std::make_shared<const std::vector<NamedValue>>(std::move(v))});
     s.steps_total = s.config.train.steps;
     s.steps_done = s.metrics.size() ? s.metrics.step.back() : 0;
     s.layout = LayoutSummary{s.config.layout.dp,

@@ -48,7 +48,7 @@ struct SectionDef {
     const char* doc;
 };
 
-constexpr std::array<SectionDef, 10> kSections = {{
+constexpr std::array<SectionDef, 11> kSections = {{
     {"model", "The GPT: sizes and initialisation."},
     {"layout", "The parallel layout: dp x pp x tp ranks, ZeRO, microbatches, pipeline schedule (DESIGN.md section 3)."},
     {"train", "Optimisation: steps, batch, AdamW and the learning-rate schedule."},
@@ -59,6 +59,7 @@ constexpr std::array<SectionDef, 10> kSections = {{
     {"checkpoint", "Checkpoints: logical, layout-free HDF5 files to resume from under any layout."},
     {"validate", "Checks beside training: silent data corruption across data-parallel replicas."},
     {"fault", "Fault injection, to prove that failures are caught and named (off unless kind is set)."},
+    {"spikes", "Loss spikes: detected by a robust z-score, recorded with per-layer evidence, attributed by replay, and logged, skipped, clipped or rolled back (off unless action is set)."},
 }};
 
 #define PX_KEY(sec, key, doc) \
@@ -107,6 +108,8 @@ const std::array kKeys = {
     PX_KEY(data, markov_vocab, "symbols of the chain (<= model.vocab); 0 means model.vocab"),
     PX_KEY(data, train_path, "llm.c .bin token file for training (source = \"bin\")"),
     PX_KEY(data, val_path, "llm.c .bin token file for validation (source = \"bin\"); \"\": none"),
+    PX_KEY(data, corrupt_step, "provoke a loss spike: the training batch first drawn at this step (1-based) is corrupted; 0: none"),
+    PX_KEY(data, corrupt_kind, "how the batch of data.corrupt_step is corrupted: \"repeat\" (each sequence one token repeated) or \"shuffle\" (its tokens through a random permutation of the vocabulary)"),
     PX_KEY(numerics, mode, "\"bitwise\" (equal to the single-device reference, bit for bit) or \"fast\""),
     PX_KEY(numerics, block, "canonical reduction block size"),
     PX_KEY(numerics, isa, "vector path: \"auto\", \"avx512\", \"avx2\" or \"scalar\""),
@@ -139,6 +142,15 @@ const std::array kKeys = {
     PX_KEY(fault, bit, "flip_*: the bit that flips, 0 (lowest mantissa bit) .. 31 (sign)"),
     PX_KEY(fault, stall_s, "stall: seconds the rank stops for; 0: until the other ranks give up on it (layout.timeout_s)"),
     PX_KEY(fault, persistent, "flip_*: strike again whenever the step is re-run (a faulty unit); false: once (a transient upset)"),
+    PX_KEY(spikes, action, "\"off\"; \"log\": record spikes; \"skip\": and skip their update; \"clip\": clip every gradient to an adaptive norm (ZClip); \"rollback\": go back to a snapshot and skip the batch"),
+    PX_KEY(spikes, window, "trailing steps whose median and MAD of the loss and grad norm a step is judged against (>= 4)"),
+    PX_KEY(spikes, min_history, "steps in the window before anything is judged (3 .. window)"),
+    PX_KEY(spikes, z_threshold, "robust z-score, (x - median) / (1.4826 MAD), above which the loss or the grad norm is a spike (> 0)"),
+    PX_KEY(spikes, clip_z, "clip: the gradient is clipped to the norm median + clip_z * 1.4826 MAD of the window (> 0)"),
+    PX_KEY(spikes, snapshot_every, "in-memory snapshot of every rank's state every N steps: where a rollback and a replay start (>= 1)"),
+    PX_KEY(spikes, rollback_to, "rollback: \"memory\" (the newest snapshot before the spike) or \"checkpoint\" (the newest checkpoint before it; needs checkpoint.dir)"),
+    PX_KEY(spikes, skip, "rollback: the batches not drawn again: \"spike\" (the spike step's) or \"since_snapshot\" (every batch after the state rolled back to, as PaLM did)"),
+    PX_KEY(spikes, replay, "attribute a spike by re-running its step from the snapshot (same bits: data or state, else a named rank) and with a neighbour's batch (data or state)"),
 };
 
 #undef PX_KEY
@@ -473,6 +485,9 @@ void check(const Config& c) {
     if (c.fault.bit < 0 || c.fault.bit > 31)
         throw out_of_range("fault.bit", std::to_string(c.fault.bit), "in 0..31");
     non_negative("fault.stall_s", c.fault.stall_s);
+    at_least("data.corrupt_step", d.corrupt_step, 0);
+    one_of("data.corrupt_kind", d.corrupt_kind, {"repeat", "shuffle"});
+    check_spikes_keys(c.spikes);
 
     check_limits(c);
 
@@ -519,6 +534,23 @@ void check(const Config& c) {
                       "fault.step=" + std::to_string(c.fault.step) + " comes after the last step (train.steps=" +
                           std::to_string(t.steps) + "), so the fault would never strike: choose a step in 1.." +
                           std::to_string(t.steps)};
+    if (d.corrupt_step > t.steps)
+        throw Problem{{"data.corrupt_step", "train.steps"},
+                      "data.corrupt_step=" + std::to_string(d.corrupt_step) + " comes after the last step (train.steps=" +
+                          std::to_string(t.steps) + "), so no batch would be corrupted: choose a step in 1.." +
+                          std::to_string(t.steps) + ", or 0 for none"};
+    if (c.spikes.action == "rollback" && c.spikes.rollback_to == "checkpoint" && c.checkpoint.dir.empty())
+        throw Problem{{"spikes.rollback_to", "checkpoint.dir"},
+                      "spikes.rollback_to = \"checkpoint\" needs checkpoint.dir (and checkpoint.every) "
+                      "so that there is a checkpoint to go back to: set them, or spikes.rollback_to = \"memory\""};
+    if (c.spikes.action != "off" && (c.spikes.action != "log" || c.spikes.replay) &&
+        c.validate.replica_check_every > 0)
+        throw Problem{{"spikes.action", "validate.replica_check_every"},
+                      "spikes.action = " + quote(c.spikes.action) + (c.spikes.replay ? " with spikes.replay" : "") +
+                          " changes or re-runs steps, and so does the replica check "
+                          "(validate.replica_check_every=" + std::to_string(c.validate.replica_check_every) +
+                          "): run one of them at a time (spikes.action = \"log\" with spikes.replay = false "
+                          "works beside it)"};
     if (t.min_lr > t.lr)
         throw Problem{{"train.min_lr", "train.lr"},
                       "train.min_lr=" + number(t.min_lr) + " is larger than train.lr=" + number(t.lr) +

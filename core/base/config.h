@@ -90,6 +90,12 @@ struct DataConfig {
     i64 markov_vocab = 0;           // symbols of the chain; 0 means model.vocab
     std::string train_path;         // llm.c .bin token file for training (source = "bin")
     std::string val_path;           // llm.c .bin token file for validation (source = "bin")
+    // A corrupted training batch, to provoke a loss spike (core/model/data.h CorruptedSource):
+    // the batch first drawn at step corrupt_step (1-based; 0: none) is replaced, every sequence
+    // of it, by "repeat" (its first token repeated) or "shuffle" (its tokens sent through a
+    // random permutation of the vocabulary).
+    i64 corrupt_step = 0;
+    std::string corrupt_kind = "repeat";
 
     bool operator==(const DataConfig&) const = default;
 };
@@ -164,6 +170,23 @@ struct FaultConfig {
     bool operator==(const FaultConfig&) const = default;
 };
 
+// Loss spikes (core/train/spikes.h): detection by a robust z-score of the loss and of the global
+// gradient norm over a trailing window, per-layer evidence every step, and what to do about one.
+struct SpikesConfig {
+    std::string action = "off";  // "off", "log", "skip", "clip" or "rollback"
+    i64 window = 50;             // trailing steps the median and MAD are taken over
+    i64 min_history = 10;        // steps in the window before anything is judged
+    double z_threshold = 6.0;    // robust z above which the loss or the grad norm is a spike
+    double clip_z = 2.5;         // "clip": the grad norm is clipped to median + clip_z * 1.4826 MAD
+    i64 snapshot_every = 10;     // in-memory snapshot every N steps (rollback and replay start)
+    std::string rollback_to = "memory";  // "memory" (the newest snapshot) or "checkpoint"
+    std::string skip = "spike";  // after a rollback: skip the "spike" step's batch, or every batch
+                                 // "since_snapshot"
+    bool replay = true;          // attribute each spike by replaying its step from the snapshot
+
+    bool operator==(const SpikesConfig&) const = default;
+};
+
 // Checks that run beside training.
 struct ValidateConfig {
     i64 replica_check_every = 0;  // every N steps dp replicas compare weight checksums; 0: off
@@ -182,6 +205,7 @@ struct Config {
     CheckpointConfig checkpoint;
     ValidateConfig validate;
     FaultConfig fault;
+    SpikesConfig spikes;
     std::string source_name = "<default>";  // where it came from, for error messages
 
     bool operator==(const Config&) const = default;  // every field, source_name included

@@ -178,4 +178,23 @@ void check_precision_across(const PrecisionConfig& pr, const NumericsConfig& n) 
                 std::to_string(n.block)};
 }
 
+void check_spikes_keys(const SpikesConfig& sp) {
+    one_of("spikes.action", sp.action, {"off", "log", "skip", "clip", "rollback"});
+    at_least("spikes.window", sp.window, 4);
+    at_most("spikes.window", sp.window, i64{1} << 20, "the window is sorted every step");
+    at_least("spikes.min_history", sp.min_history, 3);
+    if (sp.min_history > sp.window)
+        throw Problem{{"spikes.min_history", "spikes.window"},
+                      "spikes.min_history=" + std::to_string(sp.min_history) + " is more than spikes.window=" +
+                          std::to_string(sp.window) + ": the window never holds that many steps; choose "
+                          "min_history <= window"};
+    finite("spikes.z_threshold", sp.z_threshold);
+    positive("spikes.z_threshold", sp.z_threshold);
+    finite("spikes.clip_z", sp.clip_z);
+    positive("spikes.clip_z", sp.clip_z);
+    at_least("spikes.snapshot_every", sp.snapshot_every, 1);
+    one_of("spikes.rollback_to", sp.rollback_to, {"memory", "checkpoint"});
+    one_of("spikes.skip", sp.skip, {"spike", "since_snapshot"});
+}
+
 }  // namespace px::config_checks

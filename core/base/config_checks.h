@@ -9,6 +9,7 @@
 //   check_activations            precision.activations -> its dtype (a Problem when it has none)
 //   check_precision_keys         every [precision] key on its own
 //   check_precision_across       the rules between [precision] keys
+//   check_spikes_keys            every [spikes] key, and window against min_history
 #pragma once
 #include "core/base/config.h"
 
@@ -41,5 +42,6 @@ void one_of(const char* key, const std::string& v, const std::vector<std::string
 DType check_activations(const std::string& v);
 void check_precision_keys(const PrecisionConfig& pr);
 void check_precision_across(const PrecisionConfig& pr, const NumericsConfig& n);
+void check_spikes_keys(const SpikesConfig& sp);
 
 }  // namespace px::config_checks

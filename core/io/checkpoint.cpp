@@ -93,6 +93,7 @@ std::string meta_text(const CheckpointMeta& m, std::int64_t version) {
     line("optim.adam_step", std::to_string(m.adam_step));
     line("data.source", m.data_source);
     line("data.next_step", std::to_string(m.data_next_step));
+    if (!m.skipped_batches.empty()) line("data.skipped_batches", ckpt::join_batches(m.skipped_batches));
     line("rng.counter_base", std::to_string(m.rng_counter_base));
     line("scaler.loss_scale", bits_hex(m.loss_scale));
     line("scaler.growth_tracker", std::to_string(m.growth_tracker));
@@ -100,6 +101,12 @@ std::string meta_text(const CheckpointMeta& m, std::int64_t version) {
 }
 
 }  // namespace
+
+std::string ckpt::join_batches(const std::vector<i64>& b) {
+    std::string s;
+    for (size_t i = 0; i < b.size(); i++) s += (i ? "," : "") + std::to_string(b[i]);
+    return s;
+}
 
 std::uint64_t ckpt::meta_checksum(const CheckpointMeta& m, std::int64_t version) {
     const std::string t = meta_text(m, version);

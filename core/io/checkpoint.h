@@ -33,7 +33,9 @@
 //   /optim/m/<name>, /optim/v/<name>   float32 Adam moments, the same shapes
 //   /data                attributes: source (data_source_description), next_step (int64, the step
 //                        index the next batch is drawn with; windows are a function of (seed,
-//                        split, step, sample), core/model/data.h), seed (uint64)
+//                        split, step, sample), core/model/data.h), seed (uint64), and only
+//                        when a spike rollback skipped batches, skipped_batches (string:
+//                        ascending 0-based batch indices, comma-separated; Job::batch_index)
 //   /rng                 attributes: generator ("philox4x32-10"), seed (uint64, the Philox key),
 //                        counter_base (int64: the step counter the next draws use)
 //   /scaler              attributes: loss_scale (float64: the fp32 scale of the next step),
@@ -144,6 +146,8 @@ struct CheckpointMeta {
     i64 fp8_gemms = 0, fp8_history_len = 0;
     std::vector<float> fp8_scale;    // (fp8_gemms, 3)
     std::vector<float> fp8_history;  // (fp8_gemms * 3, fp8_history_len)
+    // /data skipped_batches: batches the run will never draw (core/train/spikes.h rollbacks).
+    std::vector<i64> skipped_batches;
     std::vector<StepMetrics> history;  // one entry per finished step
     std::string parallax_version;   // filled by the writer / read back
     std::string created;            // ISO 8601 UTC, filled by the writer / read back

@@ -19,6 +19,8 @@
 namespace px::ckpt {
 
 std::uint64_t meta_checksum(const CheckpointMeta& m, std::int64_t version);
+// "3,7,12": the skipped batches as /data skipped_batches holds them.
+std::string join_batches(const std::vector<i64>& b);
 
 // The history as columns: /history/step (int64) and one float64 dataset per field.
 struct HistoryField {

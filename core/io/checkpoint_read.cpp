@@ -237,6 +237,26 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
         need(get_string(g.get(), "source", m.data_source), "/data source");
         need(get_number(g.get(), "next_step", H5T_NATIVE_INT64, m.data_next_step),
              "/data next_step");
+        // Written only when batches were skipped; a missing one the writer had fails the meta
+        // checksum below.
+        std::string skipped;
+        if (H5Aexists(g.get(), "skipped_batches") > 0) {
+            need(get_string(g.get(), "skipped_batches", skipped), "/data skipped_batches");
+            size_t at = 0;
+            while (at < skipped.size()) {
+                const size_t end = std::min(skipped.find(',', at), skipped.size());
+                const std::string word = skipped.substr(at, end - at);
+                char* stop = nullptr;
+                const long long v = std::strtoll(word.c_str(), &stop, 10);
+                if (word.empty() || *stop != '\0' || v < 0 ||
+                    (!m.skipped_batches.empty() && v <= m.skipped_batches.back()))
+                    r.fail("has a /data skipped_batches attribute that is not ascending batch "
+                           "indices (\"" + skipped.substr(0, 80) +
+                           "\"); the file is damaged: use an earlier checkpoint");
+                m.skipped_batches.push_back(static_cast<i64>(v));
+                at = end + 1;
+            }
+        }
     }
     {
         H g = grp("rng");

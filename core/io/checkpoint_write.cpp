@@ -248,6 +248,8 @@ CheckpointWriter::CheckpointWriter(const std::string& final_path, const Checkpoi
          put_i64(rng, "counter_base", meta.rng_counter_base) &&
          put_f64(scaler, "loss_scale", meta.loss_scale) &&
          put_i64(scaler, "growth_tracker", meta.growth_tracker) && put_i64(scaler, "dynamic", meta.loss_scale_dynamic ? 1 : 0);
+    if (!meta.skipped_batches.empty())
+        ok = ok && put_string(data, "skipped_batches", join_batches(meta.skipped_batches));
     if (!ok) w.write_failed("cannot write the checkpoint's attributes");
 
     // Tensors, in the whole model's table order.

@@ -49,6 +49,7 @@ struct RunFile::Impl {
     hid_t metrics = -1;
     std::unordered_map<std::string, Metric> series;
     hid_t events = -1, ev_step = -1, ev_kind = -1, ev_message = -1;  // /events, once used
+    hid_t ev_evidence = -1;  // /events/evidence: once an event has some (older files: none)
     hsize_t ev_rows = 0;
 
     ~Impl() {
@@ -61,7 +62,7 @@ struct RunFile::Impl {
             if (m.value >= 0) H5Dclose(m.value);
             if (m.group >= 0) H5Gclose(m.group);
         }
-        for (hid_t d : {ev_step, ev_kind, ev_message})
+        for (hid_t d : {ev_step, ev_kind, ev_message, ev_evidence})
             if (d >= 0) H5Dclose(d);
         if (events >= 0) H5Gclose(events);
         if (metrics >= 0) H5Gclose(metrics);
@@ -266,6 +267,21 @@ struct RunFile::Impl {
         ev_rows = std::min({extent(ev_step, "/events/step", H5T_INTEGER),
                             extent(ev_kind, "/events/kind", H5T_STRING),
                             extent(ev_message, "/events/message", H5T_STRING)});
+        if (H5Lexists(events, "evidence", H5P_DEFAULT) > 0) {
+            ev_evidence = H5Dopen2(events, "evidence", H5P_DEFAULT);
+            if (ev_evidence < 0) damaged("cannot open /events/evidence");
+            if (extent(ev_evidence, "/events/evidence", H5T_STRING) < ev_rows)
+                damaged("/events/evidence has fewer rows than /events/step");
+        }
+    }
+
+    // /events/evidence, its rows so far empty (an older file, or no event had evidence yet).
+    void create_evidence() {
+        Handle str = string_type();
+        ev_evidence = create_series(events, "evidence", str.get(), "/events/evidence");
+        const char* none = "";
+        for (hsize_t r = 0; r < ev_rows; r++)
+            write_row(ev_evidence, r, str.get(), &none, "/events/evidence");
     }
 
     void create_events() {
@@ -449,7 +465,8 @@ void RunFile::read(const std::string& metric, std::vector<i64>* steps,
     }
 }
 
-void RunFile::event(i64 step, const std::string& kind, const std::string& message) {
+void RunFile::event(i64 step, const std::string& kind, const std::string& message,
+                    const std::string& evidence) {
     PX_ASSERT(impl_ != nullptr, "use of a moved-from RunFile");
     QuietHdf5 quiet;
     Impl& im = *impl_;
@@ -461,6 +478,11 @@ void RunFile::event(i64 step, const std::string& kind, const std::string& messag
     im.write_row(im.ev_step, im.ev_rows, H5T_NATIVE_INT64, &s, "/events/step");
     im.write_row(im.ev_kind, im.ev_rows, str.get(), &k, "/events/kind");
     im.write_row(im.ev_message, im.ev_rows, str.get(), &msg, "/events/message");
+    if (im.ev_evidence < 0 && !evidence.empty()) im.create_evidence();
+    if (im.ev_evidence >= 0) {
+        const char* ev = evidence.c_str();
+        im.write_row(im.ev_evidence, im.ev_rows, str.get(), &ev, "/events/evidence");
+    }
     im.ev_rows++;
 }
 

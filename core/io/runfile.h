@@ -9,6 +9,9 @@
 //   /events/step           int64, one row per event, in the order they happened (extendible)
 //   /events/kind           string, what happened: "resume", "rerun"
 //   /events/message        string, a sentence for people ("resumed at step 4 from ck/ckpt-...")
+//   /events/evidence       string, "name=value;..." (a spike's per-layer values as the first run
+//                          saw them: the rows of a rolled-back step are replaced); only once an
+//                          event had evidence, "" for the others
 //   /<any>/<path>          fixed-size arrays from write_array (dumps: weights, Adam moments)
 // Strings are variable-length UTF-8: h5py returns attributes as str, dataset rows as bytes
 // (`f["events/kind"].asstr()[()]` gives str).
@@ -75,7 +78,10 @@ public:
     void read(const std::string& metric, std::vector<i64>* steps,
               std::vector<double>* values) const;  // every row; empty when absent
     // One row of /events (created on first use): what happened at `step`.
-    void event(i64 step, const std::string& kind, const std::string& message);
+    // evidence: "name=value;name=value" (a spike's per-layer values), in /events/evidence,
+    // which is made when the first event with evidence comes ("" for the rows before it).
+    void event(i64 step, const std::string& kind, const std::string& message,
+               const std::string& evidence = "");
     void set_attr(const std::string& key, const std::string& value);  // root attribute, replaced
     void set_attr(const std::string& key, double value);
     // A fixed-size array at `where` ("weights/h.0.ln_1.weight"); missing groups are created.
@@ -102,6 +108,7 @@ struct RunRecords {
     struct Event {
         i64 step = 0;
         std::string kind, message;
+        std::string evidence;  // /events/evidence ("" when the file has none)
     };
     std::string config_toml;
     std::vector<std::pair<std::string, Rows>> metrics;  // by name, sorted

@@ -111,7 +111,12 @@ RunRecords read_run_records(const std::string& path) {
         const std::vector<std::string> kinds = r.strings("events/kind");
         const std::vector<std::string> messages = r.strings("events/message");
         const size_t n = std::min({steps.size(), kinds.size(), messages.size()});
-        for (size_t i = 0; i < n; i++) rec.events.push_back({steps[i], kinds[i], messages[i]});
+        std::vector<std::string> evidence;
+        if (H5Lexists(r.file, "events/evidence", H5P_DEFAULT) > 0)
+            evidence = r.strings("events/evidence");
+        for (size_t i = 0; i < n; i++)
+            rec.events.push_back({steps[i], kinds[i], messages[i],
+                                  i < evidence.size() ? evidence[i] : std::string()});
     }
     return rec;
 }

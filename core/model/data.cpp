@@ -380,7 +380,45 @@ void BinTokenSource::sample(int* tokens, i64 T, Split split, i64 step, i64 first
 
 // ---------------------------------------------------------------------------------------------
 
+CorruptedSource::CorruptedSource(std::unique_ptr<TokenSource> inner, i64 batch,
+                                 const std::string& kind, u64 seed)
+    : inner_(std::move(inner)), batch_(batch), repeat_(kind == "repeat") {
+    if (repeat_) return;
+    const i64 V = inner_->vocab();
+    perm_.resize(static_cast<size_t>(V));
+    for (i64 i = 0; i < V; i++) perm_[static_cast<size_t>(i)] = static_cast<int>(i);
+    for (i64 i = V - 1; i > 0; i--) {  // Fisher-Yates, one Philox uniform per swap
+        const i64 j = std::min<i64>(i, static_cast<i64>(uniform_at(seed, kCorruptPermId, u64(i)) *
+                                                        static_cast<double>(i + 1)));
+        std::swap(perm_[static_cast<size_t>(i)], perm_[static_cast<size_t>(j)]);
+    }
+}
+
+void CorruptedSource::sample(int* tokens, i64 T, Split split, i64 step, i64 first_sample,
+                             i64 count) const {
+    inner_->sample(tokens, T, split, step, first_sample, count);
+    if (split != Split::train || step != batch_) return;
+    for (i64 i = 0; i < count; i++) {
+        int* row = tokens + i * (T + 1);
+        for (i64 j = 0; j <= T; j++)
+            row[j] = repeat_ ? row[0] : perm_[static_cast<size_t>(row[j])];
+    }
+}
+
+namespace {
+std::unique_ptr<TokenSource> make_plain_source(const Config& cfg);
+}
+
 std::unique_ptr<TokenSource> make_source(const Config& cfg) {
+    std::unique_ptr<TokenSource> s = make_plain_source(cfg);
+    if (cfg.data.corrupt_step > 0)
+        return std::make_unique<CorruptedSource>(std::move(s), cfg.data.corrupt_step - 1,
+                                                 cfg.data.corrupt_kind, cfg.train.seed);
+    return s;
+}
+
+namespace {
+std::unique_ptr<TokenSource> make_plain_source(const Config& cfg) {
     const DataConfig& d = cfg.data;
     if (d.source == "markov")
         return std::make_unique<MarkovSource>(d.markov_vocab > 0 ? d.markov_vocab : cfg.model.vocab,
@@ -399,6 +437,7 @@ std::unique_ptr<TokenSource> make_source(const Config& cfg) {
         "data.source = \"" + d.source +
         "\" is not a data source; use \"markov\" (built-in) or \"bin\" (llm.c token files)");
 }
+}  // namespace
 
 void write_llmc_tokens(const std::string& path, const std::vector<std::uint16_t>& tokens) {
     if (tokens.size() > size_t(std::numeric_limits<std::int32_t>::max()))

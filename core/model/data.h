@@ -5,6 +5,7 @@
 //   TokenSource         the interface the trainer sees: sample(...) writes windows of T+1 tokens
 //   MarkovSource        built-in order-k Markov chain with a closed-form entropy rate and loss
 //   floor BinTokenSource      llm.c .bin token files (uint16 tokens after a 256-int32 header)
+//   CorruptedSource     another source with one training batch corrupted (data.corrupt_step)
 //   make_source         the source a Config asks for
 //   write_llmc_tokens   writes an llm.c token file (tests and tools)
 //
@@ -35,6 +36,7 @@ const char* split_name(Split split);  // "train", "val"
 inline constexpr u32 kMarkovWindowId = 0x4D4B0000u;  // + split
 inline constexpr u32 kMarkovTableId = 0x4D4B0100u;
 inline constexpr u32 kBinWindowId = 0x42490000u;  // + split
+inline constexpr u32 kCorruptPermId = 0x43520000u;  // CorruptedSource's vocabulary permutation
 
 inline constexpr std::int32_t kLlmcTokenMagic = 20240520;       // header[0] of a token file
 inline constexpr std::int32_t kLlmcCheckpointMagic = 20240326;  // header[0] of a GPT-2 checkpoint
@@ -48,6 +50,8 @@ public:
     // inputs are row[0..T), targets row[1..T].
     virtual void sample(int* tokens, i64 T, Split split, i64 step, i64 first_sample,
                         i64 count) const = 0;
+    // The source under any decorators (CorruptedSource): where the entropy rate comes from.
+    virtual const TokenSource& base() const { return *this; }
 };
 
 // An order-k Markov chain over V symbols. The state is the last k symbols, encoded base V with
@@ -116,6 +120,31 @@ private:
     i64 V_;
     u64 seed_;
     std::unique_ptr<Mapped> train_, val_;
+};
+
+// A provoked loss spike (data.corrupt_step, data.corrupt_kind): the windows of `inner` except the
+// training batch of step index `batch` (0-based: the batch first drawn at step batch + 1),
+// every sequence of which is corrupted:
+//   "repeat"   the window's first token, repeated T+1 times (a degenerate run, as a broken
+//              document or a de-duplication bug makes);
+//   "shuffle"  each token x becomes perm[x], perm a permutation of the source's vocabulary drawn
+//              from Philox keyed by (seed, kCorruptPermId) (a tokenizer mix-up: the symbols'
+//              statistics stay, their meaning goes).
+// The corruption belongs to the batch, not the step: a run that skips that batch never sees it.
+class CorruptedSource : public TokenSource {
+public:
+    CorruptedSource(std::unique_ptr<TokenSource> inner, i64 batch, const std::string& kind,
+                    u64 seed);
+    i64 vocab() const override { return inner_->vocab(); }
+    const TokenSource& base() const override { return inner_->base(); }
+    void sample(int* tokens, i64 T, Split split, i64 step, i64 first_sample,
+                i64 count) const override;
+
+private:
+    std::unique_ptr<TokenSource> inner_;
+    i64 batch_;
+    bool repeat_;
+    std::vector<int> perm_;  // "shuffle"
 };
 
 // Builds the source cfg.data.source names ("markov": V = model.vocab; "bin": the token files).

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace px {
 
@@ -343,6 +344,21 @@ void GPT::residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) 
     ops::residual_forward(nx_, token_view(out, r, BT), token_view(a, r, BT), token_view(b, r, BT));
 }
 
+// The largest unmasked entry of preatt (B,NH,T,T): row t of a head holds keys 0..t (the rest
+// are masked zeros), so each row's max is taken over its first t+1 entries.
+float GPT::causal_logit_max(const Tensor& preatt) const {
+    const i64 T = preatt.shape[preatt.ndim - 1];
+    const i64 rows = preatt.numel() / T;
+    float best = -std::numeric_limits<float>::infinity(), row = 0;
+    const Tensor out = view_f32(&row, {1}, "logit_max");
+    for (i64 r = 0; r < rows; r++) {
+        const i64 t = r % T;
+        ops::row_max(nx_, out, subview(preatt, r * T, {1, t + 1}));
+        best = std::max(best, row);
+    }
+    return best;
+}
+
 // Block l: residual2 = x + attn(ln1(x)), residual3 = residual2 + mlp(ln2(residual2)).
 void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
     const Numerics& nx = nx_;
@@ -369,6 +385,7 @@ void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
     linear_forward(Linear::qkv, qkv, ln1, P(l, QKVW), &qkvb);
     out("attn.qkv", qkv, ProbeSplit::qkv);
     ops::attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, resolve_dim(Dim::NH, mc_, dims_));
+    if (logit_max_) logit_max_[l] = std::max(logit_max_[l], causal_logit_max(a.tensor(DPREATT)));
     out("attn.core", atty, ProbeSplit::channels);
     linear_forward(Linear::attn_proj, proj, atty, P(l, ATTPROJW), &attprojb);
     out("attn.proj", proj, ProbeSplit::tokens);

@@ -246,6 +246,10 @@ public:
     // FP8 matmuls (core/model/fp8.h; null: none): the linears it covers cast their inputs with
     // its scales and record its amaxes. Shared with the trainer, which reduces and updates them.
     void set_fp8(std::shared_ptr<Fp8Scaling> fp8) { fp8_ = std::move(fp8); }
+    // While set (not null): every block's forward raises per_layer[l] (one float per layer of
+    // the whole model) to the largest attention logit q·k/sqrt(HS) of the causal positions it
+    // computed (its heads, under tensor parallelism). Spike evidence (core/train/spikes.h).
+    void set_logit_max(float* per_layer) { logit_max_ = per_layer; }
     Fp8Scaling* fp8() const { return fp8_.get(); }
     // Hooks called around every unit (null: none). Not owned; must outlive their use.
     void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
@@ -312,6 +316,7 @@ private:
     // Block l of the model, local layer i of the chunk's activations.
     // (probed: false when backward recomputes the block, whose forward was probed already)
     void block_forward(Activations& a, int l, int i, bool probed = true) const;
+    float causal_logit_max(const Tensor& preatt) const;
     void block_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i) const;
     // ParallelLayers' linear, or ops::matmul_* when there is none.
     void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
@@ -376,6 +381,7 @@ private:
     Arena params_;
     Activations acts_;
     std::shared_ptr<Fp8Scaling> fp8_;  // null: no fp8 matmuls
+    float* logit_max_ = nullptr;       // set_logit_max
     UnitHooks* hooks_ = nullptr;  // the single-device forward/backward's
     ProbeSink* probes_ = nullptr;               // null: nothing is probed
     const ProbeContext* probe_ctx_ = nullptr;   // step and batch rows of the probes; may be null

@@ -252,6 +252,7 @@ void RunCheckpoints::save(Job& job) {
     meta.loss_scale = scaler.scale();
     meta.growth_tracker = scaler.state().growth_tracker;
     meta.loss_scale_dynamic = scaler.dynamic();
+    meta.skipped_batches = job.skipped_batches();
     if (const Fp8Scaling* fp8 = job.fp8(); fp8 && fp8->delayed() && fp8->gemms() > 0) {  // the same on every rank
         const std::vector<float> st = fp8->state();
         const size_t ns = static_cast<size_t>(fp8->gemms()) * Fp8Scaling::kRoles;

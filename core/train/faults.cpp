@@ -163,8 +163,6 @@ void FaultInjector::flip(i64 step, float* base, const char* what) {
 
 // ---- the replica check -----------------------------------------------------------------------
 
-namespace {
-
 // Floats hashed as 64-bit words (two floats each), each word mixed with its position (splitmix64's
 // finaliser, a bijection) and the results summed, so any flipped bit changes the hash, and the
 // sum splits over threads exactly (mod 2^64). Two mixes a word: half the checkpoint checksum's
@@ -184,6 +182,8 @@ std::uint64_t hash_floats(const float* w, i64 n) {
     }
     return h;
 }
+
+namespace {
 
 // A shard's weights and Adam moments (the Adam moments of a replica are not hashed: a fault in
 // them reaches its weights at the next update; a shard's owner has no replica to show it).

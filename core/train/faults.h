@@ -71,6 +71,10 @@
 
 namespace px {
 
+// Floats hashed so that any flipped bit changes the hash (position-keyed 64-bit words summed
+// mod 2^64, so it splits over threads exactly); the replica check's and the spike replay's.
+std::uint64_t hash_floats(const float* w, i64 n);
+
 class FaultInjector {
 public:
     // `world`: this rank's world communicator (a stalled or silent rank polls it for the job's

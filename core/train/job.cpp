@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace px {
 
@@ -239,12 +240,12 @@ i64 Job::num_params() const {
 }
 
 double Job::loss_floor() const {
-    const auto* markov = dynamic_cast<const MarkovSource*>(source_.get());
+    const auto* markov = dynamic_cast<const MarkovSource*>(&source_->base());
     return markov ? markov->window_floor(cfg_.model.seq_len) : -1.0;
 }
 
 double Job::entropy_rate() const {
-    const auto* markov = dynamic_cast<const MarkovSource*>(source_.get());
+    const auto* markov = dynamic_cast<const MarkovSource*>(&source_->base());
     return markov ? markov->entropy_rate() : -1.0;
 }
 
@@ -524,12 +525,24 @@ bool Job::grads_finite_everywhere(const float* g) {
 // partials, from ZeRO-2/3's gradient shards), gathered over the pp group, then the tree over
 // tensors in the whole model's order (global_grad_norm's).
 float Job::grad_norm(float* g) {
+    grad_sq_ = tensor_sums_of_squares(g, zero_ >= 2);
+    const i64 n = static_cast<i64>(grad_sq_.size());
+    float total = 0.0f;
+    if (nx_.mode == Mode::bitwise) {
+        total = tree_sum(grad_sq_.data(), n);
+    } else {
+        for (float x : grad_sq_) total += x;
+    }
+    return std::sqrt(total);
+}
+
+std::vector<float> Job::tensor_sums_of_squares(const float* g, bool sharded) {
     const GPT& m = *model_;
+    sharded = sharded && shards_ != nullptr;
     const i64 n = static_cast<i64>(owner_.size());
     std::vector<char> owned(m.table().entries.size());
     for (size_t i = 0; i < owned.size(); i++)
         owned[i] = owner_[static_cast<size_t>(m.table().entries[i].id)] == pp_rank_;
-    const bool sharded = zero_ >= 2;
     std::vector<float> sums;
     if (const auto* tpl = dynamic_cast<const TpLayers*>(m.parallel_layers()))
         sums = tp_sum_squares(*tpl, m, g, sharded ? groups_.dp : nullptr,
@@ -539,7 +552,8 @@ float Job::grad_norm(float* g) {
     else {
         sums.assign(owned.size(), 0.0f);
         for (size_t i = 0; i < owned.size(); i++)
-            if (owned[i]) sums[i] = ops::sum_squares(nx_, m.grad(g, static_cast<int>(i)));
+            if (owned[i])
+                sums[i] = ops::sum_squares(nx_, m.grad(const_cast<float*>(g), static_cast<int>(i)));
     }
     std::vector<float> mine(static_cast<size_t>(n), 0.0f);
     for (size_t i = 0; i < owned.size(); i++)
@@ -554,13 +568,42 @@ float Job::grad_norm(float* g) {
     } else {
         per_tensor = std::move(mine);
     }
-    float total = 0.0f;
-    if (nx_.mode == Mode::bitwise) {
-        total = tree_sum(per_tensor.data(), n);
-    } else {
-        for (float x : per_tensor) total += x;
-    }
-    return std::sqrt(total);
+    return per_tensor;
+}
+
+Range Job::update_range() const { return {opt_->lo(), opt_->hi()}; }
+
+void Job::all_reduce_max(float* v, i64 n) {
+    for (comm::Communicator* c : {groups_.tp, groups_.dp, groups_.pp})
+        if (c && n > 0) c->all_reduce_max(v, n);
+}
+
+void Job::watch_logits(bool on) {
+    watch_logits_ = on;
+    logit_max_.assign(on ? static_cast<size_t>(cfg_.model.layers) : 0,
+                      -std::numeric_limits<float>::infinity());
+}
+
+i64 Job::batch_index(i64 step) const {
+    i64 b = step;
+    for (i64 s : skipped_)  // sorted: each skipped batch at or before b moves b one further
+        if (s <= b) b++;
+    return b;
+}
+
+void Job::skip_batches(const std::vector<i64>& batches) {
+    skipped_.insert(skipped_.end(), batches.begin(), batches.end());
+    std::sort(skipped_.begin(), skipped_.end());
+    skipped_.erase(std::unique(skipped_.begin(), skipped_.end()), skipped_.end());
+}
+
+void Job::emit_values(i64 step, const std::vector<NamedValue>& values) {
+    for (Observer* o : observers_) o->on_values(*this, step, values);
+}
+
+void Job::emit_event(i64 step, const std::string& kind, const std::string& message,
+                     const std::vector<NamedValue>& evidence) {
+    for (Observer* o : observers_) o->on_event(*this, step, kind, message, evidence);
 }
 
 // Every replica's per-token losses of `batches` batches (each replica's `local` holds its
@@ -613,17 +656,28 @@ StepMetrics Job::step() {
     if (zero_ == 3 && !units_) shards_->all_gather_params(*groups_.dp, model_->params());
     // Every rank of a replica samples the replica's sequences of the step's batch
     // (counter-based, so identically): the first stage needs the tokens, the last the targets.
+    i64 batch = batch_index(step_);
+    if (swap_step_ == step_ + 1) batch = swap_batch_;
+    swap_step_ = swap_batch_ = -1;
     if (layout_.microbatch_major()) {
         for (int k = 0; k < layout_.microbatches; k++)
-            source_->sample(windows_.data() + k * micro_B_ * (T_ + 1), T_, Split::train, step_,
+            source_->sample(windows_.data() + k * micro_B_ * (T_ + 1), T_, Split::train, batch,
                             first_row(k), micro_B_);
     } else {
-        source_->sample(windows_.data(), T_, Split::train, step_, first_row(0), local_B_);
+        source_->sample(windows_.data(), T_, Split::train, batch, first_row(0), local_B_);
     }
     split_windows(inputs_.data(), targets_.data(), windows_.data(), local_B_, T_);
     for (TreeAccumulator& a : acc_) a.reset();
     if (fp8_) fp8_->begin_step();
+    if (watch_logits_) {
+        std::fill(logit_max_.begin(), logit_max_.end(), -std::numeric_limits<float>::infinity());
+        model_->set_logit_max(logit_max_.data());
+    }
     run_actions();
+    if (watch_logits_) {
+        model_->set_logit_max(nullptr);
+        all_reduce_max(logit_max_.data(), static_cast<i64>(logit_max_.size()));
+    }
     update_fp8_scales();
 
     float* g = grads_.f32();
@@ -645,13 +699,26 @@ StepMetrics Job::step() {
     m.grad_norm = grad_norm(g);
     m.loss = step_loss();
     m.lr = lr_at(tc, step_);
-    // fp16: a step with an inf or a NaN anywhere is skipped, on every rank alike.
-    if (scaler_.update(finite && std::isfinite(m.grad_norm))) {
+    // The judges (spike detection) see the step's metrics and may skip or clip its update.
+    UpdateChoice choice;
+    for (const StepHooks& h : hooks_) {
+        if (!h.judge) continue;
+        const UpdateChoice c = h.judge(step_ + 1, m);
+        choice.apply = choice.apply && c.apply;
+        if (c.clip_norm > 0 && (choice.clip_norm <= 0 || c.clip_norm < choice.clip_norm))
+            choice.clip_norm = c.clip_norm;
+    }
+    TrainConfig clipped = tc;
+    if (choice.clip_norm > 0 && (tc.grad_clip <= 0 || choice.clip_norm < tc.grad_clip))
+        clipped.grad_clip = choice.clip_norm;
+    // fp16: a step with an inf or a NaN anywhere is skipped, on every rank alike (a step the
+    // judges skip leaves the loss scale as it is).
+    if (choice.apply && scaler_.update(finite && std::isfinite(m.grad_norm))) {
         opt_->step(*model_, g, static_cast<float>(m.grad_norm), static_cast<float>(m.lr),
-                   static_cast<int>(step_ + 1), tc);
+                   static_cast<int>(step_ + 1), clipped);
         if (checked_opt_)  // the replica check's second copy of the next rank's update
             checked_opt_->step(*model_, checked_w_.data(), g, static_cast<float>(m.grad_norm),
-                               static_cast<float>(m.lr), static_cast<int>(step_ + 1), tc);
+                               static_cast<float>(m.lr), static_cast<int>(step_ + 1), clipped);
     }
     // ZeRO-1/2: every replica updated its shard. ZeRO-3 holds only its shard between steps
     // (under ZeroUnits each unit's weights are gathered when it runs).

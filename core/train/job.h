@@ -84,6 +84,12 @@ public:
     virtual MemoryStats memory() const = 0;   // this rank's
 };
 
+// What a StepHooks::judge decides about a step's update.
+struct UpdateChoice {
+    bool apply = true;     // false: the step's update is skipped (its batch is not drawn again)
+    double clip_norm = 0;  // > 0: clip the gradient to this global norm (with train.grad_clip)
+};
+
 // Hooks around each optimizer step, on every rank: the fault injector (core/train/faults.h),
 // and tests and tools that wrap a job from outside (a planted bug, a tracer). Empty members do
 // nothing. `step` is the 1-based step being run. A job runs every StepHooks added, in order.
@@ -96,6 +102,11 @@ struct StepHooks {
     // The step's reduced gradient (a GradLayout buffer; ZeRO-2/3: this rank's shard of it, the
     // rest reads 0), before the norm and the update read it.
     std::function<void(i64 step, float* grads)> grads;
+    // Once the step's loss and gradient norm are known (the same on every rank), before the
+    // update: whether to apply it, and a clipping norm of its own (core/train/spikes.h). Every
+    // rank must answer alike. The update runs when every judge says apply; the smallest clip
+    // norm given (> 0) joins train.grad_clip.
+    std::function<UpdateChoice(i64 step, const StepMetrics& m)> judge;
     std::function<void(i64 step)> updated;  // after the update: the weights of the step are final
 };
 
@@ -123,11 +134,26 @@ struct ShardState {
     const float* v = nullptr;
 };
 
+// A named per-step value beyond StepMetrics (a layer's gradient norm, core/train/spikes.h).
+struct NamedValue {
+    std::string name;  // the run file's metric, e.g. "layer.h.3.grad_norm" (no '/')
+    double value = 0;
+};
+
 class Observer {
 public:
     virtual ~Observer() = default;
     virtual void on_start(const RunView&) {}
+    // Named values of a step, before that step's on_step (Job::emit_values). A step that is run
+    // again sends them again.
+    virtual void on_values(const RunView&, i64 /*step*/, const std::vector<NamedValue>&) {}
     virtual void on_step(const RunView&, const StepMetrics&) {}
+    // Something happened at `step` (Job::emit_event): kind is a word ("spike", "alert"), the
+    // message a sentence for people; evidence: named values that go with it (a spike's
+    // per-layer values as its first run saw them), maybe none.
+    virtual void on_event(const RunView&, i64 /*step*/, const std::string& /*kind*/,
+                          const std::string& /*message*/,
+                          const std::vector<NamedValue>& /*evidence*/) {}
     virtual void on_end(const RunView&) {}
 };
 
@@ -145,6 +171,11 @@ public:
     Job& operator=(const Job&) = delete;
 
     void add_observer(Observer* obs) { observers_.push_back(obs); }
+    // To every observer (those of world rank 0; a rank without observers sends nothing).
+    void emit_values(i64 step, const std::vector<NamedValue>& values);
+    void emit_event(i64 step, const std::string& kind, const std::string& message,
+                    const std::vector<NamedValue>& evidence = {});
+    bool observed() const { return !observers_.empty(); }
     // Called on every rank after each step, after the observers (checkpoints: a collective).
     void set_after_step(std::function<void(Job&)> f) { after_step_ = std::move(f); }
     void add_step_hooks(StepHooks hooks) { hooks_.push_back(std::move(hooks)); }
@@ -216,6 +247,35 @@ public:
     const Fp8Scaling* fp8() const { return fp8_.get(); }
     // The last step's complete gradients (GradLayout; ZeRO-2/3: this rank's shard, the rest 0).
     float* grads() const;
+
+    // ---- data order (core/train/spikes.h) ---------------------------------------------------
+    // Step s (0-based index) draws batch batch_index(s): s itself, moved past every skipped batch
+    // (the batches in order, minus the skipped ones). A batch swapped for one step (swap_batch)
+    // goes before that. The skipped batches are kept in checkpoints (/data skipped_batches).
+    i64 batch_index(i64 step) const;
+    void skip_batches(const std::vector<i64>& batches);  // 0-based batch indices
+    const std::vector<i64>& skipped_batches() const { return skipped_; }
+    // The next run of step `step` (1-based) draws `batch` instead; once.
+    void swap_batch(i64 step, i64 batch) { swap_step_ = step, swap_batch_ = batch; }
+
+    // ---- per-tensor statistics (collectives over the tp, dp and pp groups) ------------------
+    // Per tensor of the whole model (by id), Σx² of a buffer laid out as this rank's parameter
+    // table, the same on every rank: the canonical per-tensor sums the gradient norm is made of
+    // (grad_norm's). zero_shard: only floats [lo, hi) of this rank's ZeRO shard are valid (the
+    // elements it updates: update_range), summed over the dp group.
+    std::vector<float> tensor_sums_of_squares(const float* buf, bool zero_shard);
+    // The same sums of the last step's reduced gradient, as the gradient norm used them.
+    const std::vector<float>& grad_sums_of_squares() const { return grad_sq_; }
+    // Floats [lo, hi) of the parameter table whose update this rank computes (its ZeRO shard, or
+    // all), and whether that is a shard.
+    Range update_range() const;
+    bool zero_sharded() const { return shards_ != nullptr; }
+    // Max over the tp, dp and pp groups, in place (exact in any order).
+    void all_reduce_max(float* v, i64 n);
+    // Max attention logit per layer of the whole model (-inf: none) over the step's forwards,
+    // recorded while watch_logits(true), reduced over the groups at the step's end.
+    void watch_logits(bool on);
+    const std::vector<float>& logit_max() const { return logit_max_; }
     i64 steps_done() const override { return step_; }
     const std::vector<StepMetrics>& history() const override { return history_; }
     MemoryStats memory() const override;
@@ -311,6 +371,11 @@ private:
     std::vector<float> losses_;          // (local_B·T), last stage: this replica's
     std::vector<float> all_losses_;      // (batch_size·T), last stage: every replica's
     std::vector<StepMetrics> history_;
+    std::vector<i64> skipped_;  // batches never drawn (sorted)
+    i64 swap_step_ = -1, swap_batch_ = -1;
+    std::vector<float> grad_sq_;    // per tensor id: Σg² of the last step
+    bool watch_logits_ = false;
+    std::vector<float> logit_max_;  // per model layer
 };
 
 // The rank's part of the logical state, after Job::unshard (or its ZeRO slice of the moments):

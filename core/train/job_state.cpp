@@ -209,6 +209,7 @@ void Job::restore_local(const CheckpointReader& file, const std::vector<StepMetr
     // The loss scale goes on from the file's when it was a dynamic one (an fp16 run); a file
     // of a run without loss scaling leaves this run's initial scale.
     const CheckpointMeta& meta = file.meta();
+    skipped_ = meta.skipped_batches;  // the batches the writer never drew again
     if (scaler_.dynamic() && meta.loss_scale_dynamic)
         scaler_.restore({static_cast<float>(meta.loss_scale), meta.growth_tracker});
     // fp8's scales and histories go on from the file's; a file without them (a run without fp8)

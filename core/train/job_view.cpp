@@ -13,8 +13,9 @@ namespace {
 constexpr const char* kRunStateNames[] = {"not started", "running", "finished", "failed"};
 static_assert(std::size(kRunStateNames) == static_cast<size_t>(RunState::failed) + 1);
 
-constexpr const char* kEventKindNames[] = {"resume", "rerun", "checkpoint", "fault", "failure"};
-static_assert(std::size(kEventKindNames) == static_cast<size_t>(EventKind::failure) + 1);
+constexpr const char* kEventKindNames[] = {"resume", "rerun", "checkpoint", "fault",
+                                           "failure", "spike", "alert"};
+static_assert(std::size(kEventKindNames) == static_cast<size_t>(EventKind::alert) + 1);
 
 // The double columns and the StepMetrics fields they hold; `step` is the one i64 column.
 struct Column {
@@ -92,6 +93,14 @@ const char* run_state_name(RunState s) {
 const char* event_kind_name(EventKind k) {
     return kEventKindNames[static_cast<size_t>(k)];
 }
+bool event_kind_from_name(const std::string& name, EventKind* k) {
+    for (size_t i = 0; i < std::size(kEventKindNames); i++)
+        if (name == kEventKindNames[i]) {
+            *k = static_cast<EventKind>(i);
+            return true;
+        }
+    return false;
+}
 
 StepMetrics MetricColumns::row(size_t i) const {
     StepMetrics m;
@@ -118,6 +127,7 @@ struct JobView::State {
     i64 steps_done = 0;
     BlockLog<StepMetrics, 256> rows;
     BlockLog<RunEvent, 32> events;
+    BlockLog<StepValues, 64> values;
     std::vector<MemoryStats> memory;
 };
 
@@ -161,7 +171,48 @@ void JobView::on_start(const RunView& run) {
     w.memory.resize(std::max(w.memory.size(), static_cast<size_t>(w.head->layout.world_size)));
     w.memory[0] = mem;
     if (done > 0)
-        w.events.push_back({done, EventKind::resume, resume_note(w.head->config.checkpoint, done)});
+        w.events.push_back({done, EventKind::resume, resume_note(w.head->config.checkpoint, done), {}});
+    publish();
+}
+
+// A step at or before the last one reported (the replica check or a spike replay rewound the
+// job): the rows from it on are dropped, with a rerun event, and the values after it (from it
+// on when values_too: its new values are coming). Holding job_mutex_.
+void JobView::begin_step(i64 step, bool values_too) {
+    State& w = *work_;
+    size_t keep = w.rows.size;
+    while (keep > 0 && w.rows[keep - 1].step >= step) keep--;
+    size_t keep_values = w.values.size;  // a step's values come before its row
+    const i64 first_dropped = values_too ? step : step + 1;
+    while (keep_values > 0 && w.values[keep_values - 1].step >= first_dropped) keep_values--;
+    const bool cut = keep < w.rows.size || keep_values < w.values.size;
+    if (keep < w.rows.size) {
+        const i64 last = w.rows[w.rows.size - 1].step;
+        w.rows.truncate(keep);
+        w.events.push_back({step, EventKind::rerun,
+                            "step " + std::to_string(step) + " was run again after step " +
+                                std::to_string(last) + "; the rows from it on were replaced",
+                            {}});
+    }
+    if (cut) w.epoch++;
+    w.values.truncate(keep_values);
+}
+
+void JobView::on_values(const RunView&, i64 step, const std::vector<NamedValue>& values) {
+    auto shared = std::make_shared<const std::vector<NamedValue>>(values);
+    std::lock_guard<std::mutex> lock(job_mutex_);
+    begin_step(step, true);
+    work_->values.push_back({step, std::move(shared)});
+    publish();
+}
+
+void JobView::on_event(const RunView&, i64 step, const std::string& kind,
+                       const std::string& message, const std::vector<NamedValue>& evidence) {
+    EventKind k = EventKind::fault;
+    if (kind == "spike") k = EventKind::spike;
+    if (kind == "alert") k = EventKind::alert;
+    std::lock_guard<std::mutex> lock(job_mutex_);
+    work_->events.push_back({step, k, message, evidence});
     publish();
 }
 
@@ -171,16 +222,7 @@ void JobView::on_step(const RunView& run, const StepMetrics& m) {
 
     std::lock_guard<std::mutex> lock(job_mutex_);
     State& w = *work_;
-    size_t keep = w.rows.size;
-    while (keep > 0 && w.rows[keep - 1].step >= m.step) keep--;
-    if (keep < w.rows.size) {  // a re-run (the replica check rewound the job)
-        const i64 last = w.rows[w.rows.size - 1].step;
-        w.rows.truncate(keep);
-        w.epoch++;
-        w.events.push_back({m.step, EventKind::rerun,
-                            "step " + std::to_string(m.step) + " was run again after step " +
-                                std::to_string(last) + "; the rows from it on were replaced"});
-    }
+    begin_step(m.step, false);
     w.rows.push_back(m);
     w.steps_done = done;
     if (w.memory.empty()) w.memory.resize(1);
@@ -203,7 +245,7 @@ void JobView::on_end(const RunView& run) {
 
 void JobView::add_event(i64 step, EventKind kind, const std::string& message) {
     std::lock_guard<std::mutex> lock(job_mutex_);
-    work_->events.push_back({step, kind, message});
+    work_->events.push_back({step, kind, message, {}});
     publish();
 }
 
@@ -212,7 +254,7 @@ void JobView::fail(const std::string& error) {
     State& w = *work_;
     w.state = RunState::failed;
     w.error = error;
-    w.events.push_back({w.steps_done, EventKind::failure, error});
+    w.events.push_back({w.steps_done, EventKind::failure, error, {}});
     publish();
 }
 
@@ -248,6 +290,7 @@ bool JobView::update(RunSnapshot& s) const {
         const Head& h = st.head ? *st.head : kNotStarted;
         s.metrics.resize(0);
         s.events.clear();
+        s.values.clear();
         s.config = h.config;
         s.config_toml = h.config_toml;
         s.layout = h.layout;
@@ -259,6 +302,7 @@ bool JobView::update(RunSnapshot& s) const {
     }
     for (size_t i = s.metrics.size(); i < st.rows.size; i++) s.metrics.push_back(st.rows[i]);
     for (size_t i = s.events.size(); i < st.events.size; i++) s.events.push_back(st.events[i]);
+    for (size_t i = s.values.size(); i < st.values.size; i++) s.values.push_back(st.values[i]);
     s.version = st.version;
     s.state = st.state;
     s.error = st.error;

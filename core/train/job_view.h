@@ -45,13 +45,18 @@ enum class EventKind {
     checkpoint,  // a checkpoint was saved (the job's side: add_event)
     fault,       // a fault was detected or injected (the job's side: add_event)
     failure,     // the run stopped with an error (fail)
+    spike,       // a loss spike, with its evidence, verdict and action (core/train/spikes.h)
+    alert,       // a monitor's alert (an FP8 scale drifting)
 };
 const char* event_kind_name(EventKind k);  // "resume", ..., as the run file's /events/kind
+// The kind a run file's /events/kind names; false for a word that is none of them.
+bool event_kind_from_name(const std::string& name, EventKind* k);
 
 struct RunEvent {
     i64 step = 0;  // the step it happened at (after that step's update; 0: before any)
     EventKind kind = EventKind::fault;
     std::string message;  // a sentence for people
+    std::vector<NamedValue> evidence;  // values that go with it (a spike's), maybe none
 };
 
 // One row per step, in step order; a re-run step's rows replace the later ones.
@@ -63,6 +68,12 @@ struct MetricColumns {
     StepMetrics row(size_t i) const;       // row i back as the job reported it
     void push_back(const StepMetrics& m);  // appends one row to every column
     void resize(size_t n);                 // keeps the first n rows (n <= size())
+};
+
+// The named values of one step (Observer::on_values: spike evidence), shared, never changed.
+struct StepValues {
+    i64 step = 0;
+    std::shared_ptr<const std::vector<NamedValue>> values;
 };
 
 struct LayoutSummary {
@@ -90,6 +101,7 @@ struct RunSnapshot {
     // earlier ones are in the checkpoint and the run file).
     MetricColumns metrics;
     std::vector<RunEvent> events;     // in the order they happened, never dropped
+    std::vector<StepValues> values;   // steps with named values, in step order (as metrics)
     std::vector<MemoryStats> memory;  // per world rank; zeros until that rank reports
 };
 
@@ -103,7 +115,11 @@ public:
     // ---- the job's side: any of the job's threads; never waits for a reader's copy ---------
     // A view follows one run: a second on_start is an Error (attach a new view to the next run).
     void on_start(const RunView& run) override;                       // running; config, layout
+    void on_values(const RunView& run, i64 step, const std::vector<NamedValue>& values) override;
     void on_step(const RunView& run, const StepMetrics& m) override;  // one row, rank 0's memory
+    // kind "spike" or "alert" (others are faults)
+    void on_event(const RunView& run, i64 step, const std::string& kind,
+                  const std::string& message, const std::vector<NamedValue>& evidence) override;
     void on_end(const RunView& run) override;                         // finished
     void add_event(i64 step, EventKind kind, const std::string& message);  // checkpoint, fault
     void fail(const std::string& error);  // failed, with a failure event; final
@@ -121,6 +137,7 @@ public:
 private:
     struct State;    // the run's state as published: immutable once shared
     void publish();  // holding job_mutex_
+    void begin_step(i64 step, bool values_too);  // holding job_mutex_
 
     std::mutex job_mutex_;           // orders the job's threads among themselves
     std::unique_ptr<State> work_;    // the job side's state, under job_mutex_

@@ -1,11 +1,12 @@
 // Steps 5 and 6 of running a rank (runner.h): its checkpoints (resume, then save every N steps,
-// checkpointing.h) and its faults (the injector and the replica check, faults.h), set up around
-// the rank's Job.
+// checkpointing.h), its faults (the injector and the replica check, faults.h) and its loss
+// spikes (spikes.h), set up around the rank's Job.
 #pragma once
 #include "core/comm/comm.h"
 #include "core/base/config.h"
 #include "core/train/checkpointing.h"
 #include "core/train/faults.h"
+#include "core/train/spikes.h"
 
 namespace px {
 
@@ -15,18 +16,21 @@ public:
     // and starts the replica check, which runs before a checkpoint so that checkpoints hold
     // checked weights. Must outlive the job's run.
     RankGuards(const Config& cfg, comm::Communicator& world, Job& job)
-        : checkpoints_(cfg, &world), faults_(cfg, &world), check_(cfg, world) {
+        : checkpoints_(cfg, &world), faults_(cfg, &world), check_(cfg, world), spikes_(cfg, world) {
         checkpoints_.resume(job);
         faults_.attach(job);
         check_.start(job);
+        spikes_.attach(job);  // after the injector: its hooks see a flipped gradient
     }
     RankGuards(const RankGuards&) = delete;
     RankGuards& operator=(const RankGuards&) = delete;
 
-    // After each step: the replica check, then a checkpoint when one is due. False when the
-    // check rewound the job: the step is re-run, and the caller skips its own per-step work.
+    // After each step: the replica check, the spike guard, then a checkpoint when one is due.
+    // False when either rewound the job: steps are re-run, and the caller skips its own per-step
+    // work.
     bool after_step(Job& job) {
         if (check_.after_step(job)) return false;
+        if (!spikes_.after_step(job)) return false;
         checkpoints_.after_step(job);
         return true;
     }
@@ -35,6 +39,7 @@ private:
     RunCheckpoints checkpoints_;
     FaultInjector faults_;
     ReplicaCheck check_;
+    SpikeGuard spikes_;
 };
 
 }  // namespace px

@@ -5,6 +5,7 @@
 #include "core/base/error.h"
 #include "core/io/checkpoint.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -155,17 +156,41 @@ void RunFileObserver::write(const StepMetrics& m) {
     file_->append("comm_bytes", m.step, m.comm_bytes);
 }
 
-void RunFileObserver::on_step(const RunView&, const StepMetrics& m) {
-    if (!file_) resume();
-    if (m.step <= last_step_) {  // a re-run: this step's rows and all after it are replaced
-        file_->truncate(m.step - 1);
+void RunFileObserver::begin_step(i64 step) {
+    if (step <= last_step_) {  // a re-run: this step's rows and all after it are replaced
+        file_->truncate(step - 1);
         std::string note = "step ";
-        note += std::to_string(m.step);
+        note += std::to_string(step);
         note += " was run again after step ";
         note += std::to_string(last_step_);
         note += "; the rows from it on were replaced";
-        file_->event(m.step, "rerun", note);
+        file_->event(step, "rerun", note);
+        last_step_ = step - 1;
     }
+}
+
+void RunFileObserver::on_values(const RunView&, i64 step, const std::vector<NamedValue>& values) {
+    if (!file_) resume();
+    begin_step(step);
+    for (const NamedValue& v : values) file_->append(v.name, step, v.value);
+}
+
+void RunFileObserver::on_event(const RunView&, i64 step, const std::string& kind,
+                               const std::string& message, const std::vector<NamedValue>& evidence) {
+    if (!file_) resume();
+    std::string text;
+    for (const NamedValue& v : evidence) {
+        char buf[48];
+        std::snprintf(buf, sizeof buf, "%.17g", v.value);
+        text += (text.empty() ? "" : ";") + v.name + "=" + buf;
+    }
+    file_->event(step, kind, message, text);
+    file_->flush();
+}
+
+void RunFileObserver::on_step(const RunView&, const StepMetrics& m) {
+    if (!file_) resume();
+    begin_step(m.step);
     write(m);
     last_step_ = m.step;
     file_->flush();  // a run killed later keeps a readable file up to here

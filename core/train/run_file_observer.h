@@ -18,16 +18,21 @@ namespace px {
 // a new one starts with the k restored steps of history(). A run file that is there but cannot be
 // opened read-write is an error, never replaced. A step reported again (a re-run) replaces its
 // rows and drops the later ones. Either way the file holds each step once, in order, with its
-// latest values; it is flushed after every step.
+// latest values; it is flushed after every step. Named values (on_values) are metrics of their
+// own; events (on_event) go to /events with their kind.
 class RunFileObserver : public Observer {
 public:
     RunFileObserver(const std::string& path, const Config& cfg);  // opens nothing yet
     ~RunFileObserver() override;
     void on_start(const RunView& run) override;
+    void on_values(const RunView& run, i64 step, const std::vector<NamedValue>& values) override;
     void on_step(const RunView& run, const StepMetrics& m) override;
+    void on_event(const RunView& run, i64 step, const std::string& kind,
+                  const std::string& message, const std::vector<NamedValue>& evidence) override;
     void on_end(const RunView& run) override;
 
 private:
+    void begin_step(i64 step);         // a re-run step drops the rows from it on, once
     void resume();                     // opens the file of a resumed run (at its first step)
     void write(const StepMetrics& m);  // one step's rows
 

@@ -483,3 +483,16 @@ def test_the_stub_names_exactly_what_the_module_has():
         real = {n for n in dir(getattr(parallax, cls)) if not n.startswith("_")}
         assert methods - {"__init__", "__enter__", "__exit__", "__getitem__", "__eq__"} == real, cls
         assert getattr(parallax, cls).__doc__
+
+
+def test_explore_layout_says_who_holds_what_and_who_sends_what():
+    e = parallax.explore_layout(layout={"tp": 2, "dp": 2}, model={"seq_len": 32}, numerics={"block": 16})
+    assert "rank 1 = dp0 \u00b7 pp0 \u00b7 tp1 holds h.0.mlp.c_fc.weight[128:256, :]" in e["text"]
+    ranks = {p["rank"]: p["rows"] for p in e["holds"]["h.0.mlp.c_fc.weight"]}
+    assert ranks == {0: (0, 128), 2: (0, 128), 1: (128, 256), 3: (128, 256)}
+    fwd_tp = [c for c in e["collectives"] if c["phase"] == "fwd" and c["group"] == "tp"]
+    assert any(c["op"] == "attn.proj" and c["collective"] == "all_reduce" and c["bytes"] > 0 for c in fwd_tp)
+    assert any(c["group"] == "dp" for c in e["collectives"])  # the gradients' all-reduce
+    assert len(e["memory"]) == 4 and all(m["total"] > 0 for m in e["memory"])
+    with pytest.raises(parallax.ConfigError, match="layout.tp"):
+        parallax.explore_layout(layout={"tp": 3}, model={"seq_len": 32})
