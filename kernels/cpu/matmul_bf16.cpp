@@ -103,8 +103,10 @@ std::shared_ptr<const Prim> make_prim(const Shape& s) {
     return p;
 }
 
-// The primitive of shape s, made on first use; null when oneDNN cannot make one (the caller then
-// takes the sgemm path). Ranks may run as threads: the cache is shared, under a mutex.
+// The primitive of shape s, made on first use; null when oneDNN cannot make one, or only its
+// reference implementation ("ref:...", orders of magnitude slower than sgemm): the caller then
+// takes another layout or the sgemm path. Ranks may run as threads: the cache is shared, under a
+// mutex.
 std::shared_ptr<const Prim> prim_for(const Shape& s) {
     static std::mutex mu;
     static std::map<Shape, std::shared_ptr<const Prim>> cache;
@@ -114,6 +116,7 @@ std::shared_ptr<const Prim> prim_for(const Shape& s) {
     std::shared_ptr<const Prim> p;
     try {
         p = make_prim(s);
+        if (p->impl.rfind("ref", 0) == 0) p = nullptr;
     } catch (const dnnl::error&) {
         p = nullptr;  // remembered: no second attempt per shape
     }
@@ -128,7 +131,7 @@ T* grow(std::vector<T>& v, i64 n) {
     return v.data();
 }
 thread_local std::vector<std::uint8_t> tl_scratchpad;
-thread_local std::vector<std::uint16_t> tl_wbf16;
+thread_local std::vector<std::uint16_t> tl_wbf16, tl_doutT;
 thread_local std::vector<float> tl_a, tl_b, tl_c, tl_w;
 
 bool run(const Shape& s, const void* src, const void* wei, void* dst, const float* bias) {
@@ -244,6 +247,14 @@ void matmul_backward_bf16(const Numerics& nx, Bf16Path path, std::uint16_t* dinp
         if (!dweight_done)  // dweight (OC,C) += doutᵀ (OC,BT) · inp (BT,C)
             dweight_done =
                 run({OC, C, BT, 1, OC, C, 1, dt::f32, false, true}, dout, inp, dweight, nullptr);
+        if (!dweight_done) {  // no kernel for a transposed src here: transpose dout first
+            std::uint16_t* dt_ = grow(tl_doutT, OC * BT);
+#pragma omp parallel for schedule(static) if (BT * OC >= (i64{1} << 16))
+            for (i64 o = 0; o < OC; o++)
+                for (i64 t = 0; t < BT; t++) dt_[o * BT + t] = dout[t * OC + o];
+            dweight_done =
+                run({OC, C, BT, BT, 1, C, 1, dt::f32, false, true}, dt_, inp, dweight, nullptr);
+        }
     }
     if (dinp_done && dweight_done) return;
     // sgemm: the fp32 kernels on the widened operands.
