@@ -161,6 +161,22 @@ TEST_CASE("vectorised casts give the scalar casts' bits (bf16, e4m3, e5m2)", "[p
     }
 }
 
+TEST_CASE("core's bulk bf16 conversions give the scalar casts' bits, NaN payloads included", "[precision]") {
+    const std::vector<float> in = cast_inputs();
+    std::vector<std::uint16_t> h(in.size());
+    convert(h.data(), DType::bf16, in.data(), DType::f32, in.size());
+    size_t wrong = 0;
+    for (size_t i = 0; i < in.size(); i++) wrong += h[i] != f32_to_bf16(in[i]);
+    CHECK(wrong == 0);
+    std::vector<std::uint16_t> codes(0x10000);
+    for (std::uint32_t c = 0; c < 0x10000u; c++) codes[c] = static_cast<std::uint16_t>(c);
+    std::vector<float> w(codes.size());
+    convert(w.data(), DType::f32, codes.data(), DType::bf16, codes.size());
+    for (std::uint32_t c = 0; c < 0x10000u; c++)
+        wrong += bits(w[c]) != bits(bf16_to_f32(static_cast<std::uint16_t>(c)));
+    CHECK(wrong == 0);
+}
+
 TEST_CASE("ops::fake_quant and fake_quant_tiles are the scalar casts on every ISA", "[precision]") {
     std::vector<float> x(5000);
     fill_normal(x.data(), static_cast<i64>(x.size()), 0.0f, 3.0f, 11, 0, 0);

@@ -139,6 +139,15 @@ Tensor f32_like(const Tensor& t, float* data) {
     return v;
 }
 
+// Per-thread buffers for the casts (k: which of a linear's operands), kept between calls: a fresh
+// zeroed allocation for every cast, and its unmapping, cost about as much as the cast.
+float* cast_buffer(int k, i64 n) {
+    thread_local std::vector<float> buf[3];
+    std::vector<float>& b = buf[k];
+    if (static_cast<i64>(b.size()) < n) b.resize(static_cast<size_t>(n));
+    return b.data();
+}
+
 // The fp8 linears' numerics: the model's, with the narrow accumulator when asked for.
 Numerics fp8_numerics(const Numerics& nx, const Fp8Scaling& fp8) {
     Numerics fx = nx;
@@ -152,11 +161,11 @@ Numerics fp8_numerics(const Numerics& nx, const Fp8Scaling& fp8) {
 // out rounded once into its dtype (bf16): the bf16 backend's rule with fp8 cast points.
 void GPT::fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor& inp,
                              const Tensor& weight, const Tensor* bias) const {
-    std::vector<float> xq(static_cast<size_t>(inp.numel())),
-        wq(static_cast<size_t>(weight.numel()));
-    fp8_->cast(gemm, Fp8Scaling::x, inp, xq.data(), true);
-    fp8_->cast(gemm, Fp8Scaling::w, weight, wq.data(), true);
-    const Tensor x = f32_like(inp, xq.data()), w = f32_like(weight, wq.data());
+    float* const xq = cast_buffer(0, inp.numel());
+    float* const wq = cast_buffer(1, weight.numel());
+    fp8_->cast(gemm, Fp8Scaling::x, inp, xq, true);
+    fp8_->cast(gemm, Fp8Scaling::w, weight, wq, true);
+    const Tensor x = f32_like(inp, xq), w = f32_like(weight, wq);
     const Numerics fx = fp8_numerics(nx_, *fp8_);
     const Widened o(&out);
     if (layers_)
@@ -171,13 +180,13 @@ void GPT::fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor
 void GPT::fp8_linear_backward(int gemm, std::span<const TokenNode> nodes, Linear l,
                               const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
                               const Tensor& dout, const Tensor& inp, const Tensor& weight) const {
-    std::vector<float> dq(static_cast<size_t>(dout.numel())), xq(static_cast<size_t>(inp.numel())),
-        wq(static_cast<size_t>(weight.numel()));
-    fp8_->cast(gemm, Fp8Scaling::dy, dout, dq.data(), true);
-    fp8_->cast(gemm, Fp8Scaling::x, inp, xq.data(), false);
-    fp8_->cast(gemm, Fp8Scaling::w, weight, wq.data(), false);
-    const Tensor d = f32_like(dout, dq.data()), x = f32_like(inp, xq.data()),
-                 w = f32_like(weight, wq.data());
+    float* const dq = cast_buffer(2, dout.numel());
+    float* const xq = cast_buffer(0, inp.numel());
+    float* const wq = cast_buffer(1, weight.numel());
+    fp8_->cast(gemm, Fp8Scaling::dy, dout, dq, true);
+    fp8_->cast(gemm, Fp8Scaling::x, inp, xq, false);
+    fp8_->cast(gemm, Fp8Scaling::w, weight, wq, false);
+    const Tensor d = f32_like(dout, dq), x = f32_like(inp, xq), w = f32_like(weight, wq);
     const Widened di(&dinp);
     linear_backward_rows(fp8_numerics(nx_, *fp8_), nodes, l, di.get(), dweight, dbias, d, x, w);
     di.store();
