@@ -13,6 +13,7 @@
 #include "core/io/state.h"
 #include "core/base/error.h"
 #include "kernels/ops.h"
+#include "validators/fp8_monitor.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -136,6 +137,14 @@ public:
         std::fflush(stderr);
     }
 
+    // Alerts (the FP8 drift monitor's) as they come, one line each.
+    void on_event(const RunView&, const RunEvent& e) override {
+        if (quiet_ || e.kind != EventKind::alert) return;
+        if (tty_) std::fprintf(stderr, "\n");
+        std::fprintf(stderr, "alert: %s\n", e.message.c_str());
+        std::fflush(stderr);
+    }
+
     void on_end(const RunView& job) override {
         const Config& c = job.config();
         const double secs = seconds();
@@ -194,7 +203,7 @@ int run_train_mpi(const Config& cfg, const TrainOptions& opt, const comm::MpiEnv
             last_loss = job.history().empty() ? 0 : job.history().back().loss;
             if (!opt.dump.empty()) agree = absorb(state, job) && agree;
         };
-        run_rank(rank_cfg, *world, observers, hooks);
+        run_rank(rank_cfg, *world, observers, chain(fp8_monitor_hooks(cfg), hooks));
         // 2. The dump: every rank's logical part, merged on rank 0 (collective).
         if (!opt.dump.empty()) agree = gather_state(state, *world, cfg.model) && agree;
     } catch (const CorruptionError&) {
@@ -294,7 +303,7 @@ int run_train(const TrainOptions& opt, const comm::MpiEnvironment* mpi) {
                                       std::to_string(job.dp_rank()) + ", tp rank " +
                                       std::to_string(job.tp_rank()) + ")");
         };
-    run_layout(cfg, observers, hooks);
+    run_layout(cfg, observers, chain(fp8_monitor_hooks(cfg), hooks));
     if (!opt.dump.empty()) {
         write_dump(opt.dump, state, cfg);
         std::printf("  dump           %s\n", opt.dump.c_str());

@@ -10,6 +10,7 @@
 #include "core/io/output_paths.h"
 #include "core/train/checkpointing.h"
 #include "core/train/run_file_observer.h"
+#include "validators/fp8_monitor.h"
 #include "validators/probes.h"
 
 #include <algorithm>
@@ -239,7 +240,9 @@ error (CommError, CheckpointError, ...) from the call that waits for it.
                      j->probes = std::make_unique<ProbeRecorder>(patterns, probe_stride);
                      hooks.setup = [rec = j->probes.get()](Job& job) { job.set_probes(rec); };
                  }
-                 j->run = std::make_unique<SteppedRun>(j->cfg, observers, hooks);
+                 // The FP8 drift monitor on every rank when the config asks for it.
+                 j->run = std::make_unique<SteppedRun>(
+                     j->cfg, observers, chain(fp8_monitor_hooks(j->cfg), hooks));
                  wait(*j);  // every rank built (and resumed) and paused before its next step
                  return j;
              }),

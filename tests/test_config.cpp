@@ -96,7 +96,7 @@ TEST_CASE("the embedded default job documents every key with a comment line", "[
     std::vector<std::string> lines;
     for (std::string l; std::getline(in, l);) lines.push_back(l);
     const auto keys = config_keys();
-    CHECK(keys.size() == 85);
+    CHECK(keys.size() == 95);
     for (const auto& k : keys) {
         const std::string name = k.substr(k.find('.') + 1);
         std::string section = "[";  // built by appending: "[" + std::string&& trips GCC 12's -Wrestrict
@@ -643,4 +643,51 @@ TEST_CASE("precision: the fp8 keys, their defaults and their errors", "[config]"
                Contains("precision.fp8_margin = 200 is out of range: must be <= 126"));
     CHECK_THAT(parse_error("[precision]\nfp8_keep_ends_bf16 = 1\n"),
                Contains("precision.fp8_keep_ends_bf16 must be true or false"));
+}
+
+TEST_CASE("precision: fp8_layers and fp8_lm_head choose the fp8 matmuls; bad specs name the key", "[config]") {
+    PrecisionConfig p;
+    CHECK(p.fp8_layers.empty());
+    CHECK_FALSE(p.fp8_lm_head);
+    // The default: every block but the first and the last (as fp8_keep_ends_bf16 always did).
+    CHECK(fp8_block_mask(p, 4) == std::vector<bool>{false, true, true, false});
+    p.fp8_keep_ends_bf16 = false;
+    CHECK(fp8_block_mask(p, 4) == std::vector<bool>{true, true, true, true});
+    p.fp8_keep_ends_bf16 = true;
+    p.fp8_layers = "all";
+    CHECK(fp8_block_mask(p, 3) == std::vector<bool>{true, true, true});
+    p.fp8_layers = "none";
+    CHECK(fp8_block_mask(p, 3) == std::vector<bool>{false, false, false});
+    p.fp8_layers = " 0, 2-3 ,5";
+    CHECK(fp8_block_mask(p, 6) == std::vector<bool>{true, false, true, true, false, true});
+    p.fp8_layers = "1-1";
+    CHECK(fp8_block_mask(p, 2) == std::vector<bool>{false, true});
+
+    const Config c = parse_config("[model]\nlayers = 4\n[precision]\nactivations = \"bf16\"\n"
+                                  "fp8 = \"delayed\"\nfp8_layers = \"0,3\"\nfp8_lm_head = true\n",
+                                  "ok");
+    CHECK(c.precision.fp8_layers == "0,3");
+    CHECK(c.precision.fp8_lm_head);
+    CHECK(parse_config(config_to_toml(c), "ok") == c);
+    CHECK_THAT(parse_error("[model]\nlayers = 4\n[precision]\nfp8_layers = \"1-x\"\n"),
+               Contains("precision.fp8_layers = \"1-x\": \"x\" is not a block index") &&
+                   Contains("model.layers = 4"));
+    CHECK_THAT(parse_error("[model]\nlayers = 4\n[precision]\nfp8_layers = \"2,4\"\n"),
+               Contains("precision.fp8_layers = \"2,4\": block 4 is beyond the last block, 3"));
+    CHECK_THAT(parse_error("[model]\nlayers = 4\n[precision]\nfp8_layers = \"3-1\"\n"),
+               Contains("precision.fp8_layers = \"3-1\": the range \"3-1\" runs backwards"));
+    CHECK_THAT(parse_error("[model]\nlayers = 4\n[precision]\nfp8_layers = \"1,,2\"\n"),
+               Contains("precision.fp8_layers = \"1,,2\": an empty item between commas"));
+    CHECK_THAT(parse_error("[model]\nlayers = 4\n[precision]\nfp8_layers = \"-1\"\n"),
+               Contains("precision.fp8_layers = \"-1\": \"-1\" is not a block index"));
+    CHECK_THAT(parse_error("[precision]\nfp8_layers = \"all\"\nfp8_keep_ends_bf16 = false\n"),
+               Contains("precision.fp8_keep_ends_bf16 = false and precision.fp8_layers = \"all\" "
+                        "both choose the fp8 blocks"));
+    CHECK_THAT(parse_error("[precision]\nfp8_lm_head = \"yes\"\n"),
+               Contains("precision.fp8_lm_head must be true or false"));
+    // A --set that breaks the spec against model.layers is refused by name.
+    Config s = parse_config("[model]\nlayers = 4\n", "ok");
+    CHECK_THAT(error_of([&] { apply_override(s, "precision.fp8_layers=0-9"); }),
+               Contains("--set precision.fp8_layers=0-9: precision.fp8_layers = \"0-9\": block 9 "
+                        "is beyond the last block, 3"));
 }

@@ -440,6 +440,78 @@ TEST_CASE("fp8 delayed and block: layouts are bit-identical to the fp8 single de
     }
 }
 
+TEST_CASE("fp8_layers and fp8_lm_head: the chosen matmuls run in fp8, bit-identical under tp2 and pp2", "[precision]") {
+    Config base = test::with_tp_shapes(fp8_job());
+    base.model.layers = 4;
+    base.precision.fp8_keep_ends_bf16 = true;
+    base.precision.fp8_layers = "0,2";  // not the default's middle blocks 1-2
+    base.precision.fp8_lm_head = true;
+    base.precision.fp8_block_size = 16;
+    const Fp8Scaling f(base.model, base.precision);
+    REQUIRE(f.gemms() == 9);  // 4 linears of blocks 0 and 2, and the LM head
+    CHECK(f.gemm(0).name == "h.0.attn.c_attn");
+    CHECK(f.gemm(1).name == "h.0.attn.c_proj");
+    CHECK(f.gemm(2).name == "h.0.mlp.c_fc");
+    CHECK(f.gemm(3).name == "h.0.mlp.c_proj");
+    CHECK(f.gemm(4).layer == 2);
+    CHECK(f.gemm(8).name == "lm_head");
+    CHECK(f.gemm(8).kind == Fp8Gemm::lm_head);
+    CHECK(f.head_gemm() == 8);
+    const ParamTable t = ParamTable::build(base.model);
+    CHECK(f.gemm_of(t.entries[static_cast<size_t>(t.layer_index(1, QKVW))].id) == -1);
+    CHECK(f.gemm_of(t.entries[static_cast<size_t>(t.layer_index(2, FCW))].id) == 6);
+    CHECK(f.gemm_of(t.entries[static_cast<size_t>(t.wte)].id) == -1);  // the embedding: a lookup
+
+    for (const char* recipe : {"delayed", "block"}) {
+        Config c = base;
+        c.precision.fp8 = recipe;
+        LogicalState ref;
+        std::vector<float> ref_fp8;
+        run_layout(c, {}, test::inspecting([&](Job& job) {
+                       absorb(ref, job);
+                       ref_fp8 = job.fp8()->state();
+                   }));
+        if (c.precision.fp8 == "delayed") {  // every matmul's scales moved, the head's included
+            REQUIRE(ref_fp8.size() > 9 * 3);
+            for (int k = 0; k < 9 * 3; k++) CHECK(ref_fp8[static_cast<size_t>(k)] != 1.0f);
+        }
+        // The LM head in fp8 changes the run (it is not the bf16 head under another name).
+        Config bf_head = c;
+        bf_head.precision.fp8_lm_head = false;
+        const LogicalState other = single_device(bf_head);
+        CHECK_FALSE(test::same_bits(series(ref, &StepMetrics::loss), series(other, &StepMetrics::loss)));
+        struct L {
+            int tp, pp, microbatches;
+            bool sp;
+        };
+        for (const L l : {L{2, 1, 0, false}, L{2, 1, 2, true}, L{1, 2, 2, false}, L{2, 2, 0, false}}) {
+            Config lc = c;
+            lc.layout.tp = l.tp;
+            lc.layout.pp = l.pp;
+            lc.layout.microbatches = l.microbatches;
+            lc.layout.sequence_parallel = l.sp;
+            INFO(recipe << " tp" << l.tp << " pp" << l.pp << " mb" << l.microbatches << (l.sp ? " +SP" : ""));
+            if (c.precision.fp8 == "block" && l.tp > 1) {  // the vocabulary's pieces may cut tiles
+                CHECK_THAT(test::error_of<ConfigError>([&] { run_layout(lc); }),
+                           Catch::Contains("precision.fp8_lm_head = true with precision.fp8 = \"block\" "
+                                           "under layout.tp = 2"));
+                continue;
+            }
+            LogicalState got;
+            bool agree = true;
+            std::vector<std::vector<float>> states;
+            run_layout(lc, {}, test::inspecting([&](Job& job) {
+                           agree = absorb(got, job) && agree;
+                           states.push_back(job.fp8()->state());
+                       }));
+            CHECK(agree);
+            CHECK(got.complete());
+            check_same_bits(ref, got);
+            for (const auto& st : states) CHECK(test::same_bits(st, ref_fp8));
+        }
+    }
+}
+
 TEST_CASE("fp8 delayed: casts and the scale update follow Transformer Engine's definition", "[precision]") {
     Config c = fp8_job();
     c.model.layers = 3;

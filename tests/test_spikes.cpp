@@ -53,10 +53,9 @@ struct Recorder : Observer {
         std::lock_guard<std::mutex> lock(mu);
         values[step] = v;
     }
-    void on_event(const RunView&, i64 step, const std::string& kind, const std::string& message,
-                  const std::vector<NamedValue>&) override {
+    void on_event(const RunView&, const RunEvent& e) override {
         std::lock_guard<std::mutex> lock(mu);
-        if (kind == "spike") spikes.emplace_back(step, message);
+        if (e.kind == EventKind::spike) spikes.emplace_back(e.step, e.message);
     }
     void on_step(const RunView&, const StepMetrics& m) override {
         std::lock_guard<std::mutex> lock(mu);

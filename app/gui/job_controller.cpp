@@ -1,5 +1,7 @@
 #include "app/gui/job_controller.h"
 
+#include "validators/fp8_monitor.h"
+
 #include <utility>
 
 namespace px::gui {
@@ -52,7 +54,9 @@ void JobController::start(const Config& cfg, bool run, const RunHooks& hooks) {
         const int r = mesh.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank()});
         if (r != 0) v->set_memory(r, job.memory());
     };
-    run_ = std::make_unique<SteppedRun>(c, std::vector<Observer*>{v}, chain(hooks, mine));
+    // The FP8 drift monitor on every rank when the config asks for it (fp8_monitor.every).
+    run_ = std::make_unique<SteppedRun>(c, std::vector<Observer*>{v},
+                                        chain(chain(fp8_monitor_hooks(c), hooks), mine));
     view_ = std::move(view);
     trace_ = std::move(trace);
     cfg_ = c;

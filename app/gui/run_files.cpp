@@ -117,6 +117,7 @@ RunSnapshot snapshot_from_run_file(const std::string& path) {
     }
     for (auto& [step, v] : values)
         s.values.push_back({step, std::make_shared<const std::vector<NamedValue>>(std::move(v))});
+    s.fp8 = rec.fp8;
     s.steps_total = s.config.train.steps;
     s.steps_done = s.metrics.size() ? s.metrics.step.back() : 0;
     s.layout = LayoutSummary{s.config.layout.dp,

@@ -48,7 +48,7 @@ struct SectionDef {
     const char* doc;
 };
 
-constexpr std::array<SectionDef, 11> kSections = {{
+constexpr std::array<SectionDef, 12> kSections = {{
     {"model", "The GPT: sizes and initialisation."},
     {"layout", "The parallel layout: dp x pp x tp ranks, ZeRO, microbatches, pipeline schedule (DESIGN.md section 3)."},
     {"train", "Optimisation: steps, batch, AdamW and the learning-rate schedule."},
@@ -60,6 +60,7 @@ constexpr std::array<SectionDef, 11> kSections = {{
     {"validate", "Checks beside training: silent data corruption across data-parallel replicas."},
     {"fault", "Fault injection, to prove that failures are caught and named (off unless kind is set)."},
     {"spikes", "Loss spikes: detected by a robust z-score, recorded with per-layer evidence, attributed by replay, and logged, skipped, clipped or rolled back (off unless action is set)."},
+    {"fp8_monitor", "The FP8 drift monitor: per fp8-scaled tensor statistics every N steps, and alerts (off unless every is set)."},
 }};
 
 #define PX_KEY(sec, key, doc) \
@@ -101,6 +102,9 @@ const std::array kKeys = {
     PX_KEY(train, val_batches, "validation batches of batch_size sequences"),
     PX_KEY(train, threads, "OpenMP threads per rank, at most 1024; 0 means all cores"),
     PX_KEY(train, max_memory_gib, "memory (GiB) this process may use, checked against an estimate before anything is allocated; 0: what the machine has available (MemAvailable, the cgroup's limit)"),
+    PX_KEY(train, lr_jump_step, "provoke drift: from this step (1-based) the learning rate is multiplied by lr_jump_factor for lr_jump_steps steps; 0: off"),
+    PX_KEY(train, lr_jump_factor, "the learning-rate jump's factor (> 0)"),
+    PX_KEY(train, lr_jump_steps, "steps the learning-rate jump lasts (>= 1)"),
     PX_KEY(data, source, "\"markov\" (built-in, needs no files) or \"bin\" (llm.c token files)"),
     PX_KEY(data, markov_order, "k, the order of the Markov chain (vocab^k states, at most 2^22)"),
     PX_KEY(data, markov_alpha, "concentration of the random transition rows (smaller: lower entropy)"),
@@ -123,7 +127,9 @@ const std::array kKeys = {
     PX_KEY(precision, fp8_amax_history_len, "fp8 delayed: steps of amax history per tensor (>= 1)"),
     PX_KEY(precision, fp8_amax_compute_algo, "fp8 delayed: the amax a scale is made from: \"max\" of the history or \"most_recent\""),
     PX_KEY(precision, fp8_margin, "fp8 delayed: scale = fp8_max / amax / 2^margin (>= 0)"),
-    PX_KEY(precision, fp8_keep_ends_bf16, "fp8: the first and last blocks' matmuls stay in bf16 (the embedding and the LM head always do)"),
+    PX_KEY(precision, fp8_keep_ends_bf16, "fp8: the first and last blocks' matmuls stay in bf16 (when fp8_layers is \"\")"),
+    PX_KEY(precision, fp8_layers, "fp8: the blocks whose linears run in fp8: \"\" (as fp8_keep_ends_bf16 says), \"all\", \"none\", or 0-based block indices and inclusive ranges, e.g. \"1-4,6\""),
+    PX_KEY(precision, fp8_lm_head, "fp8: the LM head's matmul (ln_f output times wte) in fp8 too; the embedding (a lookup) never is"),
     PX_KEY(precision, fp8_accumulator_promote, "fp8: N > 0 emulates Hopper's FP8 accumulator: products summed in 13 mantissa bits (truncated) and promoted to fp32 every N products (DeepSeek-V3: 128; at most numerics.block); 0: fp32 sums"),
     PX_KEY(output, dir, "where run.h5 and exports go (--out overrides)"),
     PX_KEY(output, run_file, "write <dir>/run.h5"),
@@ -151,6 +157,11 @@ const std::array kKeys = {
     PX_KEY(spikes, rollback_to, "rollback: \"memory\" (the newest snapshot before the spike) or \"checkpoint\" (the newest checkpoint before it; needs checkpoint.dir)"),
     PX_KEY(spikes, skip, "rollback: the batches not drawn again: \"spike\" (the spike step's) or \"since_snapshot\" (every batch after the state rolled back to, as PaLM did)"),
     PX_KEY(spikes, replay, "attribute a spike by re-running its step from the snapshot (same bits: data or state, else a named rank) and with a neighbour's batch (data or state)"),
+    PX_KEY(fp8_monitor, every, "statistics of every fp8-scaled tensor (amax, scale and its change, saturated and underflowed fractions, dynamic range, MSE, SQNR) every N steps, to the run file's /fp8 and the job view; 0: off"),
+    PX_KEY(fp8_monitor, compare, "other recipes measured on the same tensors: \"\", \"current\" (per-tensor current scaling from the step's amax), \"block\" (1 x fp8_block_size tiles, fp8_block_size^2 weight blocks) or \"current,block\"; the run's own recipe is always measured"),
+    PX_KEY(fp8_monitor, scale_jump, "alert when a tensor's scale changed by more than this factor from the step before (> 1; 0: off)"),
+    PX_KEY(fp8_monitor, saturation_max, "alert when a tensor's fraction of saturated values is above this (0 .. 1)"),
+    PX_KEY(fp8_monitor, sqnr_min_db, "alert when a tensor's quantisation SQNR is below this many dB"),
 };
 
 #undef PX_KEY
@@ -464,6 +475,9 @@ void check(const Config& c) {
     at_least("train.val_batches", t.val_batches, 1);
     at_least("train.threads", t.threads, 0);
     non_negative("train.max_memory_gib", t.max_memory_gib);
+    at_least("train.lr_jump_step", t.lr_jump_step, 0);
+    positive("train.lr_jump_factor", t.lr_jump_factor);
+    at_least("train.lr_jump_steps", t.lr_jump_steps, 1);
 
     one_of("data.source", d.source, {"markov", "bin"});
     at_least("data.markov_order", d.markov_order, 1);
@@ -488,6 +502,7 @@ void check(const Config& c) {
     at_least("data.corrupt_step", d.corrupt_step, 0);
     one_of("data.corrupt_kind", d.corrupt_kind, {"repeat", "shuffle"});
     check_spikes_keys(c.spikes);
+    check_fp8_monitor_keys(c.fp8_monitor);
 
     check_limits(c);
 
@@ -515,6 +530,8 @@ void check(const Config& c) {
                       "order, not the canonical tree; use layout.comm = \"auto\" or \"canonical\", or "
                       "numerics.mode = \"fast\""};
     check_precision_across(c.precision, n);
+    check_fp8_layers(c.precision, m.layers);
+    check_fp8_monitor_across(c.fp8_monitor, c.precision);
     if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
         throw Problem{{"checkpoint.resume", "checkpoint.dir"},
                       "checkpoint.resume = \"auto\" needs checkpoint.dir: set it to the folder the "
@@ -551,6 +568,12 @@ void check(const Config& c) {
                           "(validate.replica_check_every=" + std::to_string(c.validate.replica_check_every) +
                           "): run one of them at a time (spikes.action = \"log\" with spikes.replay = false "
                           "works beside it)"};
+    if (t.lr_jump_step > t.steps)
+        throw Problem{{"train.lr_jump_step", "train.steps"},
+                      "train.lr_jump_step=" + std::to_string(t.lr_jump_step) +
+                          " comes after the last step (train.steps=" + std::to_string(t.steps) +
+                          "), so the learning rate would never jump: choose a step in 1.." +
+                          std::to_string(t.steps) + ", or 0 for none"};
     if (t.min_lr > t.lr)
         throw Problem{{"train.min_lr", "train.lr"},
                       "train.min_lr=" + number(t.min_lr) + " is larger than train.lr=" + number(t.lr) +
@@ -794,6 +817,14 @@ std::string config_to_toml(const Config& cfg) { return to_toml(cfg, false); }
 DType activation_dtype(const PrecisionConfig& pc) {
     try {
         return check_activations(pc.activations);
+    } catch (const Problem& p) {
+        throw ConfigError(p.text);
+    }
+}
+
+std::vector<bool> fp8_block_mask(const PrecisionConfig& pc, i64 layers) {
+    try {
+        return fp8_blocks(pc, layers);
     } catch (const Problem& p) {
         throw ConfigError(p.text);
     }

@@ -1,5 +1,5 @@
 // The job config: TOML with sections [model] [layout] [train] [data] [numerics] [precision]
-// [output] [checkpoint].
+// [output] [checkpoint] [validate] [fault] [fp8_monitor].
 // Every key is documented in README.md ("Config keys"); the defaults below are the embedded
 // default job (a tiny GPT on the built-in Markov source, which needs no files).
 //
@@ -78,6 +78,12 @@ struct TrainConfig {
     i64 val_batches = 8;      // validation batches of batch_size sequences
     i64 threads = 0;          // OpenMP threads per rank (at most 1024); 0 means all cores
     double max_memory_gib = 0;  // memory (GiB) this process may use; 0: what the machine has
+    // A learning-rate jump, to provoke FP8 scale drift (and loss spikes) on purpose: steps
+    // lr_jump_step .. lr_jump_step + lr_jump_steps - 1 (1-based) run at lr_jump_factor times the
+    // schedule's rate. 0: off.
+    i64 lr_jump_step = 0;
+    double lr_jump_factor = 10.0;
+    i64 lr_jump_steps = 1;
 
     bool operator==(const TrainConfig&) const = default;
 };
@@ -129,6 +135,10 @@ struct PrecisionConfig {
     std::string fp8_amax_compute_algo = "max";  // "max" of the history, or its "most_recent"
     i64 fp8_margin = 0;                      // scale = fp8_max / amax / 2^margin
     bool fp8_keep_ends_bf16 = true;          // the first and last blocks' matmuls stay bf16
+    // Which blocks' linears run in fp8: "" (as fp8_keep_ends_bf16 says), "all", "none", or block
+    // indices and inclusive ranges, 0-based: "1-4,6" (fp8_block_mask).
+    std::string fp8_layers;
+    bool fp8_lm_head = false;  // the LM head's matmul (ln_f output · wteᵀ) in fp8 too
     // N > 0: the fp8 matmuls sum products in Hopper's narrow accumulator (13 mantissa bits,
     // truncated), promoted to fp32 every N products (DeepSeek-V3: 128); 0: fp32 throughout
     i64 fp8_accumulator_promote = 0;
@@ -187,6 +197,19 @@ struct SpikesConfig {
     bool operator==(const SpikesConfig&) const = default;
 };
 
+// The FP8 drift monitor (validators/fp8_monitor.h): statistics of every fp8-scaled tensor every
+// N steps, and alerts when a scale jumps, saturation climbs or the cast's SQNR falls.
+struct Fp8MonitorConfig {
+    i64 every = 0;            // monitor every N steps (steps N, 2N, ...); 0: off
+    std::string compare;      // other recipes measured on the same tensors: "", "current", "block"
+                              // or both, comma-separated
+    double scale_jump = 4.0;  // alert: a scale changed by more than this factor in a step; 0: off
+    double saturation_max = 0.01;  // alert: a fraction of saturated values above this
+    double sqnr_min_db = 10.0;     // alert: a cast's SQNR below this (dB)
+
+    bool operator==(const Fp8MonitorConfig&) const = default;
+};
+
 // Checks that run beside training.
 struct ValidateConfig {
     i64 replica_check_every = 0;  // every N steps dp replicas compare weight checksums; 0: off
@@ -206,6 +229,7 @@ struct Config {
     ValidateConfig validate;
     FaultConfig fault;
     SpikesConfig spikes;
+    Fp8MonitorConfig fp8_monitor;
     std::string source_name = "<default>";  // where it came from, for error messages
 
     bool operator==(const Config&) const = default;  // every field, source_name included
@@ -228,5 +252,8 @@ const char* default_config_toml();         // the struct defaults, one comment l
 std::string config_to_toml(const Config& cfg);  // complete and exact: parse_config gives cfg back
 Numerics make_numerics(const NumericsConfig& nc);  // resolves isa "auto"; errors if unsupported here
 DType activation_dtype(const PrecisionConfig& pc);  // ConfigError if it has no kernels
+// Per block of a model of `layers` blocks: whether its linears run in fp8 (precision.fp8_layers,
+// else fp8_keep_ends_bf16). ConfigError naming the key and the bad value.
+std::vector<bool> fp8_block_mask(const PrecisionConfig& pc, i64 layers);
 
 }  // namespace px

@@ -166,6 +166,14 @@ void check_precision_across(const PrecisionConfig& pr, const NumericsConfig& n) 
                           "fp8 matmuls), got " +
                           quote(pr.activations) +
                           ": set precision.activations = \"bf16\", or precision.fp8 = \"off\""};
+    if (pr.fp8 != "off" && pr.fp8_accumulator_promote > 0 && pr.fp8_lm_head)
+        throw Problem{{"precision.fp8_accumulator_promote", "precision.fp8_lm_head"},
+                      "precision.fp8_accumulator_promote = " +
+                          std::to_string(pr.fp8_accumulator_promote) +
+                          " with precision.fp8_lm_head = true: the narrow accumulator is emulated "
+                          "for the blocks' fp8 linears, not for the LM head's (vocabulary-parallel) "
+                          "matmul; set precision.fp8_lm_head = false, or "
+                          "precision.fp8_accumulator_promote = 0"};
     if (pr.fp8 != "off" && pr.fp8_accumulator_promote > n.block)
         throw Problem{
             {"precision.fp8_accumulator_promote", "numerics.block"},
@@ -195,6 +203,127 @@ void check_spikes_keys(const SpikesConfig& sp) {
     at_least("spikes.snapshot_every", sp.snapshot_every, 1);
     one_of("spikes.rollback_to", sp.rollback_to, {"memory", "checkpoint"});
     one_of("spikes.skip", sp.skip, {"spike", "since_snapshot"});
+}
+
+}  // namespace px::config_checks
+
+namespace px::config_checks {
+
+namespace {
+
+// "1-4,6": the items between commas, each trimmed.
+std::vector<std::string> items_of(const std::string& spec) {
+    std::vector<std::string> out;
+    size_t at = 0;
+    for (;;) {
+        const size_t comma = std::min(spec.find(',', at), spec.size());
+        std::string item = spec.substr(at, comma - at);
+        const size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+        out.push_back(b == std::string::npos ? std::string() : item.substr(b, e - b + 1));
+        if (comma == spec.size()) return out;
+        at = comma + 1;
+    }
+}
+
+}  // namespace
+
+std::vector<bool> fp8_blocks(const PrecisionConfig& pr, i64 layers) {
+    const size_t L = static_cast<size_t>(std::max<i64>(layers, 0));
+    std::vector<bool> mask(L, true);
+    const std::string& spec = pr.fp8_layers;
+    if (spec.empty()) {
+        if (pr.fp8_keep_ends_bf16 && L > 0) mask.front() = mask.back() = false;
+        return mask;
+    }
+    if (spec == "all") return mask;
+    mask.assign(L, false);
+    if (spec == "none") return mask;
+    const std::string key = "precision.fp8_layers";
+    auto bad = [&](const std::string& why) {
+        return Problem{{key}, key + " = " + quote(spec) + ": " + why +
+                                  "; write \"all\", \"none\", or 0-based block indices and "
+                                  "inclusive ranges such as \"1-4,6\" (model.layers = " +
+                                  std::to_string(layers) + ")"};
+    };
+    auto index = [&](const std::string& s) -> i64 {
+        i64 v = -1;
+        const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size() || v < 0)
+            throw bad(quote(s) + " is not a block index");
+        if (v >= layers)
+            throw bad("block " + s + " is beyond the last block, " + std::to_string(layers - 1));
+        return v;
+    };
+    for (const std::string& item : items_of(spec)) {
+        if (item.empty()) throw bad("an empty item between commas");
+        const size_t dash = item.find('-', 1);
+        i64 lo = 0, hi = 0;
+        if (dash == std::string::npos) {
+            lo = hi = index(item);
+        } else {
+            auto trim = [](std::string s) {
+                const size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+                return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+            };
+            lo = index(trim(item.substr(0, dash)));
+            hi = index(trim(item.substr(dash + 1)));
+            if (hi < lo) throw bad("the range " + quote(item) + " runs backwards");
+        }
+        for (i64 i = lo; i <= hi; i++) mask[static_cast<size_t>(i)] = true;
+    }
+    return mask;
+}
+
+void check_fp8_layers(const PrecisionConfig& pr, i64 layers) {
+    if (!pr.fp8_layers.empty() && !pr.fp8_keep_ends_bf16)
+        throw Problem{{"precision.fp8_layers", "precision.fp8_keep_ends_bf16"},
+                      "precision.fp8_keep_ends_bf16 = false and precision.fp8_layers = " +
+                          quote(pr.fp8_layers) +
+                          " both choose the fp8 blocks: keep one (fp8_keep_ends_bf16 = false is "
+                          "fp8_layers = \"all\")"};
+    fp8_blocks(pr, layers);  // throws on a bad spec
+}
+
+std::vector<std::string> fp8_compare_recipes(const std::string& compare) {
+    std::vector<std::string> out;
+    if (compare.empty()) return out;
+    for (const std::string& item : items_of(compare)) {
+        one_of("fp8_monitor.compare", item, {"current", "block"});
+        if (std::find(out.begin(), out.end(), item) != out.end())
+            throw Problem{{"fp8_monitor.compare"},
+                          "fp8_monitor.compare = " + quote(compare) + " names " + quote(item) +
+                              " twice; write \"current\", \"block\" or \"current,block\""};
+        out.push_back(item);
+    }
+    return out;
+}
+
+void check_fp8_monitor_keys(const Fp8MonitorConfig& m) {
+    at_least("fp8_monitor.every", m.every, 0);
+    fp8_compare_recipes(m.compare);
+    non_negative("fp8_monitor.scale_jump", m.scale_jump);
+    if (m.scale_jump != 0 && !(m.scale_jump > 1))
+        throw out_of_range("fp8_monitor.scale_jump", number(m.scale_jump),
+                           "> 1 (a factor), or 0 for no scale-jump alerts");
+    finite("fp8_monitor.saturation_max", m.saturation_max);
+    if (!(m.saturation_max >= 0 && m.saturation_max <= 1))
+        throw out_of_range("fp8_monitor.saturation_max", number(m.saturation_max),
+                           "in [0, 1] (a fraction; 1: no saturation alerts)");
+    finite("fp8_monitor.sqnr_min_db", m.sqnr_min_db);
+}
+
+void check_fp8_monitor_across(const Fp8MonitorConfig& m, const PrecisionConfig& pr) {
+    if (m.every > 0 && pr.fp8 == "off")
+        throw Problem{{"fp8_monitor.every", "precision.fp8"},
+                      "fp8_monitor.every = " + std::to_string(m.every) +
+                          " monitors fp8 casts, but precision.fp8 = \"off\": set precision.fp8 "
+                          "= \"delayed\" or \"block\", or fp8_monitor.every = 0"};
+    for (const std::string& c : fp8_compare_recipes(m.compare))
+        if (c == pr.fp8)
+            throw Problem{{"fp8_monitor.compare", "precision.fp8"},
+                          "fp8_monitor.compare = " + quote(m.compare) + " names " + quote(c) +
+                              ", the run's own recipe (precision.fp8), which the monitor "
+                              "measures anyway; compare with another recipe"};
 }
 
 }  // namespace px::config_checks

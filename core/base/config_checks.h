@@ -10,6 +10,8 @@
 //   check_precision_keys         every [precision] key on its own
 //   check_precision_across       the rules between [precision] keys
 //   check_spikes_keys            every [spikes] key, and window against min_history
+//   fp8_blocks, check_fp8_layers precision.fp8_layers read against model.layers
+//   fp8_compare_recipes, check_fp8_monitor_keys, check_fp8_monitor_across   [fp8_monitor]
 #pragma once
 #include "core/base/config.h"
 
@@ -43,5 +45,10 @@ DType check_activations(const std::string& v);
 void check_precision_keys(const PrecisionConfig& pr);
 void check_precision_across(const PrecisionConfig& pr, const NumericsConfig& n);
 void check_spikes_keys(const SpikesConfig& sp);
+std::vector<bool> fp8_blocks(const PrecisionConfig& pr, i64 layers);  // per block: in fp8
+void check_fp8_layers(const PrecisionConfig& pr, i64 layers);
+std::vector<std::string> fp8_compare_recipes(const std::string& compare);  // "current", "block"
+void check_fp8_monitor_keys(const Fp8MonitorConfig& m);
+void check_fp8_monitor_across(const Fp8MonitorConfig& m, const PrecisionConfig& pr);
 
 }  // namespace px::config_checks

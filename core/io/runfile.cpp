@@ -51,6 +51,10 @@ struct RunFile::Impl {
     hid_t events = -1, ev_step = -1, ev_kind = -1, ev_message = -1;  // /events, once used
     hid_t ev_evidence = -1;  // /events/evidence: once an event has some (older files: none)
     hsize_t ev_rows = 0;
+    hid_t fp8 = -1;                // /fp8, once used
+    std::vector<hid_t> fp8_cols;   // in fp8_columns() order
+    hsize_t fp8_rows = 0;
+    i64 fp8_last = 0;  // the step of the last row (0: none)
 
     ~Impl() {
         QuietHdf5 quiet;
@@ -65,6 +69,9 @@ struct RunFile::Impl {
         for (hid_t d : {ev_step, ev_kind, ev_message, ev_evidence})
             if (d >= 0) H5Dclose(d);
         if (events >= 0) H5Gclose(events);
+        for (hid_t d : fp8_cols)
+            if (d >= 0) H5Dclose(d);
+        if (fp8 >= 0) H5Gclose(fp8);
         if (metrics >= 0) H5Gclose(metrics);
         if (file >= 0) {
             H5Fflush(file, H5F_SCOPE_LOCAL);
@@ -293,6 +300,77 @@ struct RunFile::Impl {
         ev_message = create_series(events, "message", str.get(), "/events/message");
     }
 
+    // ---- /fp8: one dataset per column of Fp8Stat, a row per tensor and step ---------------
+    void create_fp8() {
+        fp8 = H5Gcreate2(file, "fp8", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        if (fp8 < 0) fail("cannot create group /fp8");
+        Handle str = string_type();
+        for (const Fp8Column& c : fp8_columns()) {
+            const hid_t type = c.kind == 'i' ? H5T_STD_I64LE : c.kind == 'f' ? H5T_IEEE_F64LE
+                                                                              : str.get();
+            fp8_cols.push_back(create_series(fp8, c.name, type, std::string("/fp8/") + c.name));
+        }
+    }
+
+    // A reopened /fp8: its columns cut to the rows they all hold (a crash between two columns'
+    // writes leaves some longer).
+    void load_fp8() {
+        const htri_t has = H5Lexists(file, "fp8", H5P_DEFAULT);
+        if (has < 0) damaged("cannot look up /fp8");
+        if (has == 0) return;
+        fp8 = H5Gopen2(file, "fp8", H5P_DEFAULT);
+        if (fp8 < 0) damaged("/fp8 is not a group");
+        hsize_t rows = ~hsize_t{0};
+        for (const Fp8Column& c : fp8_columns()) {
+            const std::string where = std::string("/fp8/") + c.name;
+            const hid_t d = H5Dopen2(fp8, c.name, H5P_DEFAULT);
+            if (d < 0) damaged("/fp8 lacks its " + std::string(c.name) + " dataset");
+            fp8_cols.push_back(d);
+            rows = std::min(rows, extent(d, where,
+                                         c.kind == 'i'   ? H5T_INTEGER
+                                         : c.kind == 'f' ? H5T_FLOAT
+                                                         : H5T_STRING));
+        }
+        for (size_t k = 0; k < fp8_cols.size(); k++)
+            set_extent(fp8_cols[k], rows, std::string("/fp8/") + fp8_columns()[k].name);
+        fp8_rows = rows;
+        const std::vector<std::int64_t> steps = read_fp8_steps();
+        fp8_last = steps.empty() ? 0 : steps.back();
+    }
+
+    std::vector<std::int64_t> read_fp8_steps() const {
+        std::vector<std::int64_t> steps(fp8_rows);
+        if (fp8_rows > 0 && H5Dread(fp8_cols[0], H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                    steps.data()) < 0)
+            fail("cannot read /fp8/step");
+        return steps;
+    }
+
+    // Drops the /fp8 rows after `last_step` (steps increase row by row).
+    void cut_fp8(i64 last_step) {
+        if (fp8 < 0 || fp8_last <= last_step) return;
+        const std::vector<std::int64_t> steps = read_fp8_steps();
+        const hsize_t keep = static_cast<hsize_t>(
+            std::upper_bound(steps.begin(), steps.end(), last_step) - steps.begin());
+        for (size_t k = 0; k < fp8_cols.size(); k++)
+            set_extent(fp8_cols[k], keep, std::string("/fp8/") + fp8_columns()[k].name);
+        fp8_rows = keep;
+        fp8_last = keep > 0 ? steps[keep - 1] : 0;
+    }
+
+    // Writes rows [at, at + k) of a 1-D dataset, growing it to at + k.
+    void write_rows(hid_t dset, hsize_t at, hsize_t k, hid_t mem_type, const void* v,
+                    const std::string& what) {
+        const hsize_t n = at + k;
+        if (H5Dset_extent(dset, &n) < 0) fail("cannot extend " + what);
+        Handle fspace(H5Dget_space(dset), H5Sclose);
+        Handle mspace(H5Screate_simple(1, &k, nullptr), H5Sclose);
+        if (!fspace.ok() || !mspace.ok() ||
+            H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &at, nullptr, &k, nullptr) < 0 ||
+            H5Dwrite(dset, mem_type, mspace.get(), fspace.get(), H5P_DEFAULT, v) < 0)
+            fail("cannot append to " + what);
+    }
+
     // The group at `path` ("a/b"), created with its parents when missing; the caller closes it.
     hid_t group_at(const std::string& gpath) {
         hid_t g = H5Gopen2(file, "/", H5P_DEFAULT);
@@ -412,6 +490,7 @@ std::unique_ptr<RunFile> RunFile::reopen(const std::string& path) {
     if (im.metrics < 0) return nullptr;  // "metrics" is not a group: not a run file
     im.load_metrics();
     im.load_events();
+    im.load_fp8();
     im.keep_reserve();
     return rf;
 }
@@ -436,6 +515,7 @@ void RunFile::truncate(i64 last_step) {
     PX_ASSERT(impl_ != nullptr, "use of a moved-from RunFile");
     QuietHdf5 quiet;
     for (auto& [name, m] : impl_->series) impl_->cut(m, name, last_step);
+    impl_->cut_fp8(last_step);
 }
 
 i64 RunFile::last_step(const std::string& metric) const {
@@ -484,6 +564,37 @@ void RunFile::event(i64 step, const std::string& kind, const std::string& messag
         im.write_row(im.ev_evidence, im.ev_rows, str.get(), &ev, "/events/evidence");
     }
     im.ev_rows++;
+}
+
+void RunFile::append_fp8(const std::vector<Fp8Stat>& rows) {
+    PX_ASSERT(impl_ != nullptr, "use of a moved-from RunFile");
+    if (rows.empty()) return;
+    QuietHdf5 quiet;
+    Impl& im = *impl_;
+    if (im.fp8 < 0) im.create_fp8();
+    if (im.fp8_rows > 0 && rows.front().step <= im.fp8_last)
+        im.cut_fp8(rows.front().step - 1);  // a step run again
+    const hsize_t at = im.fp8_rows, k = rows.size();
+    H5Handle str = im.string_type();
+    const std::vector<Fp8Column>& cols = fp8_columns();
+    for (size_t c = 0; c < cols.size(); c++) {
+        const std::string what = std::string("/fp8/") + cols[c].name;
+        if (cols[c].kind == 'i') {
+            std::vector<std::int64_t> v;
+            for (const Fp8Stat& r : rows) v.push_back(r.*cols[c].i);
+            im.write_rows(im.fp8_cols[c], at, k, H5T_NATIVE_INT64, v.data(), what);
+        } else if (cols[c].kind == 'f') {
+            std::vector<double> v;
+            for (const Fp8Stat& r : rows) v.push_back(r.*cols[c].f);
+            im.write_rows(im.fp8_cols[c], at, k, H5T_NATIVE_DOUBLE, v.data(), what);
+        } else {
+            std::vector<const char*> v;
+            for (const Fp8Stat& r : rows) v.push_back((r.*cols[c].s).c_str());
+            im.write_rows(im.fp8_cols[c], at, k, str.get(), v.data(), what);
+        }
+    }
+    im.fp8_rows += k;
+    im.fp8_last = rows.back().step;
 }
 
 void RunFile::set_attr(const std::string& key, const std::string& value) {

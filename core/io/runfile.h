@@ -7,25 +7,32 @@
 //                          order, extendible (chunks of 256 rows)
 //   /metrics/<name>/value  float64, the same rows
 //   /events/step           int64, one row per event, in the order they happened (extendible)
-//   /events/kind           string, what happened: "resume", "rerun"
+//   /events/kind           string, what happened: "resume", "rerun", "alert"
 //   /events/message        string, a sentence for people ("resumed at step 4 from ck/ckpt-...")
 //   /events/evidence       string, "name=value;..." (a spike's per-layer values as the first run
 //                          saw them: the rows of a rolled-back step are replaced); only once an
 //                          event had evidence, "" for the others
+//   /fp8/<column>          the FP8 drift monitor's table (validators/fp8_monitor.h), one row
+//                          per fp8-scaled tensor and monitored step, extendible, in step order:
+//                          step, count, nonfinite, alerts (int64); tensor, recipe (string);
+//                          amax, scale, scale_ratio, saturated, underflow, dynamic_range, mse,
+//                          sqnr_db (float64): the fields of Fp8Stat (core/base/metrics.h)
 //   /<any>/<path>          fixed-size arrays from write_array (dumps: weights, Adam moments)
 // Strings are variable-length UTF-8: h5py returns attributes as str, dataset rows as bytes
 // (`f["events/kind"].asstr()[()]` gives str).
 //
 // Each step appears once per metric. Appending a step at or before a metric's last one (a step
 // that was run again) replaces that row and drops the rows after it; truncate() drops the rows
-// after a step in every metric. Events are a log and are never dropped: a resumed or re-run
+// after a step in every metric and in /fp8 (whose rows of a step run again are replaced alike). Events are a log and are never dropped: a resumed or re-run
 // step is recorded there.
 //
 // Index
 //   RunFile            creates the file (truncating) or reopens one to continue it; appends and
 //                      truncates metric rows, logs events, sets attributes
 //   RunFileDamaged     a file at the path that is not a readable run file
-//   RunRecords, read_run_records   a run file's config, metrics and events, opened read-only
+//   Fp8Column, fp8_columns         the /fp8 datasets and the Fp8Stat fields they hold
+//   RunRecords, read_run_records   a run file's config, metrics, events and /fp8 rows, opened
+//                                  read-only
 //   (RunFileObserver, core/train/run_file_observer.h, writes a training run's file, continued
 //   across a resume; a damaged one is moved aside to <path>.damaged (or .damaged-2, ...) and
 //   written anew from the checkpoint.)
@@ -49,6 +56,16 @@ namespace px {
 struct RunFileDamaged : Error {
     using Error::Error;
 };
+
+// One dataset of /fp8: its name, 'i' (int64), 'f' (float64) or 's' (string), and the field.
+struct Fp8Column {
+    const char* name;
+    char kind;
+    i64 Fp8Stat::*i = nullptr;
+    double Fp8Stat::*f = nullptr;
+    std::string Fp8Stat::*s = nullptr;
+};
+const std::vector<Fp8Column>& fp8_columns();  // step first
 
 class RunFile {
 public:
@@ -82,6 +99,9 @@ public:
     // which is made when the first event with evidence comes ("" for the rows before it).
     void event(i64 step, const std::string& kind, const std::string& message,
                const std::string& evidence = "");
+    // The rows of one monitored step (all of the same step) appended to /fp8 (created on first
+    // use); a step at or before the last one written replaces its rows and drops the later ones.
+    void append_fp8(const std::vector<Fp8Stat>& rows);
     void set_attr(const std::string& key, const std::string& value);  // root attribute, replaced
     void set_attr(const std::string& key, double value);
     // A fixed-size array at `where` ("weights/h.0.ln_1.weight"); missing groups are created.
@@ -113,6 +133,7 @@ struct RunRecords {
     std::string config_toml;
     std::vector<std::pair<std::string, Rows>> metrics;  // by name, sorted
     std::vector<Event> events;                          // in the order they happened
+    std::vector<Fp8Stat> fp8;                           // /fp8's rows; empty without it
 };
 // Throws px::Error naming the file when it is missing or not a run file.
 RunRecords read_run_records(const std::string& path);

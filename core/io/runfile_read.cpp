@@ -118,7 +118,40 @@ RunRecords read_run_records(const std::string& path) {
             rec.events.push_back({steps[i], kinds[i], messages[i],
                                   i < evidence.size() ? evidence[i] : std::string()});
     }
+    if (H5Lexists(r.file, "fp8", H5P_DEFAULT) > 0) {
+        const std::vector<Fp8Column>& cols = fp8_columns();
+        size_t n = SIZE_MAX;
+        std::vector<std::vector<std::int64_t>> ints(cols.size());
+        std::vector<std::vector<double>> reals(cols.size());
+        std::vector<std::vector<std::string>> texts(cols.size());
+        for (size_t c = 0; c < cols.size(); c++) {
+            const std::string name = std::string("fp8/") + cols[c].name;
+            if (cols[c].kind == 'i') n = std::min(n, (ints[c] = r.int64s(name)).size());
+            if (cols[c].kind == 'f') n = std::min(n, (reals[c] = r.doubles(name)).size());
+            if (cols[c].kind == 's') n = std::min(n, (texts[c] = r.strings(name)).size());
+        }
+        rec.fp8.resize(n);
+        for (size_t c = 0; c < cols.size(); c++)
+            for (size_t k = 0; k < n; k++) {
+                Fp8Stat& row = rec.fp8[k];
+                if (cols[c].kind == 'i') row.*cols[c].i = ints[c][k];
+                if (cols[c].kind == 'f') row.*cols[c].f = reals[c][k];
+                if (cols[c].kind == 's') row.*cols[c].s = texts[c][k];
+            }
+    }
     return rec;
+}
+
+const std::vector<Fp8Column>& fp8_columns() {
+    static const std::vector<Fp8Column> cols = [] {
+        std::vector<Fp8Column> v;
+        for (const Fp8IntField& f : kFp8Ints) v.push_back({f.name, 'i', f.field, nullptr, nullptr});
+        v.push_back({"tensor", 's', nullptr, nullptr, &Fp8Stat::tensor});
+        v.push_back({"recipe", 's', nullptr, nullptr, &Fp8Stat::recipe});
+        for (const Fp8RealField& f : kFp8Reals) v.push_back({f.name, 'f', nullptr, f.field, nullptr});
+        return v;
+    }();
+    return cols;
 }
 
 }  // namespace px

@@ -20,29 +20,40 @@ Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp,
       most_recent_(pc.fp8_amax_compute_algo == "most_recent"),
       margin_(static_cast<int>(pc.fp8_margin)) {
     const ParamTable table = ParamTable::build(mc);
+    const std::vector<bool> in_fp8 = fp8_block_mask(pc, mc.layers);
     gemm_of_id_.assign(table.entries.size(), -1);
-    const i64 L = mc.layers;
     for (const TableEntry& e : table.entries) {
-        if (e.layer < 0) continue;
-        if (pc.fp8_keep_ends_bf16 && (e.layer == 0 || e.layer == L - 1)) continue;
-        int j = -1;
+        if (e.layer < 0 || !in_fp8[static_cast<size_t>(e.layer)]) continue;
+        Fp8Gemm g;
         switch (e.spec - kFirstLayerSpec) {
             case QKVW:
-                j = 0;
+                g.kind = Fp8Gemm::qkv;
                 break;
             case ATTPROJW:
-                j = 1;
+                g.kind = Fp8Gemm::attn_proj;
                 break;
             case FCW:
-                j = 2;
+                g.kind = Fp8Gemm::fc;
                 break;
             case FCPROJW:
-                j = 3;
+                g.kind = Fp8Gemm::fc_proj;
                 break;
             default:
-                break;
+                continue;
         }
-        if (j >= 0) gemm_of_id_[static_cast<size_t>(e.id)] = n_gemms_++;
+        g.weight_id = e.id;
+        g.layer = e.layer;
+        g.name = e.name.substr(0, e.name.size() - std::string(".weight").size());
+        gemm_of_id_[static_cast<size_t>(e.id)] = n_gemms_++;
+        gemm_.push_back(std::move(g));
+    }
+    if (pc.fp8_lm_head) {
+        Fp8Gemm g;
+        g.kind = Fp8Gemm::lm_head;
+        g.weight_id = table.wte;
+        g.name = "lm_head";
+        head_gemm_ = n_gemms_++;
+        gemm_.push_back(std::move(g));
     }
     if (!delayed_) {
         if (tp > 1 && ((mc.hidden / tp) % block_ != 0 || (mc.ffn / tp) % block_ != 0))
@@ -54,12 +65,28 @@ Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp,
                 " (a tile may not span two ranks); choose a block size that divides " +
                 std::to_string(mc.hidden / tp) + " and " + std::to_string(mc.ffn / tp) +
                 ", or another layout.tp");
+        if (tp > 1 && head_gemm_ >= 0)
+            throw ConfigError(
+                "precision.fp8_lm_head = true with precision.fp8 = \"block\" under layout.tp = " +
+                std::to_string(tp) +
+                ": the tp ranks share the vocabulary in pieces of numerics.block, which fp8 "
+                "tiles may span; use precision.fp8 = \"delayed\", precision.fp8_lm_head = false, "
+                "or layout.tp = 1");
         return;  // current scaling keeps no state
     }
     const size_t slots = static_cast<size_t>(n_gemms_) * kRoles;
     scale_.assign(slots, 1.0f);
     amax_now_.assign(slots, 0.0f);
     history_.assign(slots * static_cast<size_t>(history_len_), 0.0f);
+}
+
+float Fp8Scaling::fp8_max(Role r) const {
+    return delayed_ && r == dy ? kE5M2Max : kE4M3Max;
+}
+
+float Fp8Scaling::block_scale(float amax, bool finite) {
+    const float s = kE4M3Max / amax;
+    return !(amax > 0.0f) || !finite || !std::isfinite(s) ? 1.0f : s;
 }
 
 int Fp8Scaling::gemm_of(int weight_id) const {
@@ -75,6 +102,7 @@ void Fp8Scaling::cast(int gemm, Role r, const Tensor& src, float* dst, bool reco
     PX_ASSERT(gemm >= 0 && gemm < n_gemms_, "an fp8 cast of a matmul that runs in bf16");
     if (!delayed_) {
         cast_blocks(r, src, dst);
+        if (record && observer_) observer_->on_cast(*this, gemm, r, src, dst);
         return;
     }
     const float s = scale_[slot(gemm, r)];
@@ -85,6 +113,7 @@ void Fp8Scaling::cast(int gemm, Role r, const Tensor& src, float* dst, bool reco
     if (nan) amax = INFINITY;  // a NaN cast: the scale is kept (not finite)
     float& a = amax_now_[slot(gemm, r)];
     a = std::max(a, amax);
+    if (observer_) observer_->on_cast(*this, gemm, r, src, dst);
 }
 
 void Fp8Scaling::begin_step() {
@@ -160,11 +189,11 @@ Numerics fp8_numerics(const Numerics& nx, const Fp8Scaling& fp8) {
 // out = cast(inp) · cast(weight)ᵀ + bias on the fp32 kernels (or the tensor-parallel layers),
 // out rounded once into its dtype (bf16): the bf16 backend's rule with fp8 cast points.
 void GPT::fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor& inp,
-                             const Tensor& weight, const Tensor* bias) const {
+                             const Tensor& weight, const Tensor* bias, bool record) const {
     float* const xq = cast_buffer(0, inp.numel());
     float* const wq = cast_buffer(1, weight.numel());
-    fp8_->cast(gemm, Fp8Scaling::x, inp, xq, true);
-    fp8_->cast(gemm, Fp8Scaling::w, weight, wq, true);
+    fp8_->cast(gemm, Fp8Scaling::x, inp, xq, record);
+    fp8_->cast(gemm, Fp8Scaling::w, weight, wq, record);
     const Tensor x = f32_like(inp, xq), w = f32_like(weight, wq);
     const Numerics fx = fp8_numerics(nx_, *fp8_);
     const Widened o(&out);
@@ -190,6 +219,34 @@ void GPT::fp8_linear_backward(int gemm, std::span<const TokenNode> nodes, Linear
     const Widened di(&dinp);
     linear_backward_rows(fp8_numerics(nx_, *fp8_), nodes, l, di.get(), dweight, dbias, d, x, w);
     di.store();
+}
+
+// The LM head: logits = cast(lnf) · cast(wte)ᵀ on the fp32 kernels (or the vocabulary-parallel
+// layers), rounded once into probs.
+void GPT::fp8_head_logits(const Tensor& probs, const Tensor& lnf, const Tensor& wte) const {
+    const int g = fp8_->head_gemm();
+    std::vector<float> xq(static_cast<size_t>(lnf.numel())), wq(static_cast<size_t>(wte.numel()));
+    fp8_->cast(g, Fp8Scaling::x, lnf, xq.data(), true);
+    fp8_->cast(g, Fp8Scaling::w, wte, wq.data(), true);
+    const Tensor x = f32_like(lnf, xq.data()), w = f32_like(wte, wq.data());
+    const Widened o(&probs);
+    if (layers_)
+        layers_->head_logits(*o, x, w);
+    else
+        ops::matmul_forward(nx_, *o, x, w, nullptr);
+    o.store();
+}
+
+void GPT::fp8_head_casts(std::vector<float> (&buf)[3], Tensor& dlogits, Tensor& lnf,
+                         Tensor& wte) const {
+    const int g = fp8_->head_gemm();
+    Tensor* t[3] = {&dlogits, &lnf, &wte};
+    const Fp8Scaling::Role role[3] = {Fp8Scaling::dy, Fp8Scaling::x, Fp8Scaling::w};
+    for (int k = 0; k < 3; k++) {
+        buf[k].resize(static_cast<size_t>(t[k]->numel()));
+        fp8_->cast(g, role[k], *t[k], buf[k].data(), k == 0);
+        *t[k] = f32_like(*t[k], buf[k].data());
+    }
 }
 
 }  // namespace px

@@ -32,24 +32,47 @@
 // of hidden and ffn must be whole tiles (checked when the job is made), so that no tile spans two
 // ranks and every rank casts what the single device casts.
 //
-// Which matmuls: the linears of every block, except (fp8_keep_ends_bf16, the default) the first
-// and last blocks'; the LM head and the embedding always stay bf16.
+// Which matmuls: the linears of the blocks precision.fp8_layers names (by default, with
+// fp8_keep_ends_bf16, every block but the first and the last), and with fp8_lm_head the LM head
+// (x = ln_f's output, w = wte, dy = the logits' gradient; tied to wte, which the embedding, a
+// lookup, reads unquantised). The fp8 matmuls are numbered in the whole model's table order, the
+// LM head last.
 //
 // Index
+//   Fp8Gemm         one fp8 matmul: its weight, block, kind and name ("h.3.attn.c_attn")
+//   Fp8CastObserver told of every first cast of a step's tensor (the drift monitor)
 //   Fp8Scaling      the scales, histories and step amaxes of every fp8 matmul of the whole model
 #pragma once
 #include "core/base/config.h"
 #include "core/base/numerics.h"
 #include "core/base/tensor.h"
 
+#include <string>
 #include <vector>
 
 namespace px {
+
+// One fp8 matmul of the whole model.
+struct Fp8Gemm {
+    enum Kind : int { qkv, attn_proj, fc, fc_proj, lm_head };
+    int weight_id = -1;  // its weight's id in the whole model's table (wte for the LM head)
+    int layer = -1;      // its block; -1: the LM head
+    Kind kind = qkv;
+    std::string name;  // GPT-2's name of the layer: "h.3.attn.c_attn", "h.3.mlp.c_proj", "lm_head"
+    // Megatron's split of the layer under tensor parallelism: a column-parallel layer (qkv, fc,
+    // the LM head over the vocabulary) has its input whole on every tp rank and its weight and
+    // output gradient cut; a row-parallel one (attn_proj, fc_proj) its input and weight cut and
+    // its output gradient whole.
+    bool column_parallel() const { return kind == qkv || kind == fc || kind == lm_head; }
+};
+
+class Fp8CastObserver;
 
 class Fp8Scaling {
 public:
     enum Role : int { x = 0, w = 1, dy = 2 };  // input, weight (e4m3), output gradient (e5m2)
     static constexpr int kRoles = 3;
+    static constexpr const char* kRoleNames[kRoles] = {"x", "w", "dy"};
 
     // tp: the tensor-parallel degree, for the block recipe's check (a ConfigError naming the
     // keys when a rank's share of hidden or ffn is not whole tiles). nx: the casts' vector path.
@@ -63,14 +86,30 @@ public:
     // precision.fp8_accumulator_promote: N > 0 sums the fp8 matmuls' products in the narrow
     // accumulator promoted to fp32 every N products (Numerics::fp8_promote); 0: fp32 throughout.
     int accumulator_promote() const { return promote_; }
+    const Fp8Gemm& gemm(int g) const { return gemm_[static_cast<size_t>(g)]; }
     i64 history_len() const { return history_len_; }
     // The fp8 matmul whose weight is tensor `weight_id` of the whole model's table; -1: that
-    // matmul runs in bf16.
+    // matmul runs in bf16. The LM head is not found here (its weight, wte, is the embedding's).
     int gemm_of(int weight_id) const;
-    float scale(int gemm, Role r) const { return scale_[slot(gemm, r)]; }
+    int head_gemm() const { return head_gemm_; }  // the LM head's fp8 matmul; -1: bf16
+    float scale(int gemm, Role r) const { return scale_[slot(gemm, r)]; }  // delayed only
+    // Delayed: the newest amax of (gemm, r)'s history; 0 before the first update (the scale is
+    // then the initial 1, made from no amax).
+    float newest_amax(int gemm, Role r) const { return history_[slot(gemm, r) * history_len_]; }
+    // The fp8 dtype's largest finite value for role r: 448 (e4m3) or, delayed dy, 57344 (e5m2).
+    float fp8_max(Role r) const;
+    // The block recipe's scale of a tile of largest magnitude amax (finite: no inf or NaN in
+    // it): 448 / amax, or 1 for a tile of zeros or one holding an inf or a NaN.
+    static float block_scale(float amax, bool finite);
+
+    // Told of every cast made with record = true (null: none; not owned).
+    void set_cast_observer(Fp8CastObserver* o) { observer_ = o; }
 
     // dst (src.numel() floats) = src's values cast to role r's fp8 dtype with its scale and read
-    // back (see above). record: max |src| joins the step's amax of (gemm, r).
+    // back (see above). record: max |src| joins the step's amax of (gemm, r), and the cast
+    // observer is told. The model records the first cast of each tensor of a step (X and W in
+    // forward, dY in backward), not the backward's casts of X and W again nor a recomputed
+    // forward's (the same values).
     void cast(int gemm, Role r, const Tensor& src, float* dst, bool record);
     // Block recipe: dst = src cast tile by tile (weights: b x b blocks of its (rows, cols)).
     void cast_blocks(Role r, const Tensor& src, float* dst) const;
@@ -95,11 +134,24 @@ private:
     i64 block_ = 128;
     int promote_ = 0;
     int n_gemms_ = 0;
+    std::vector<Fp8Gemm> gemm_;
     std::vector<int> gemm_of_id_;  // per whole-model tensor id
+    int head_gemm_ = -1;
+    Fp8CastObserver* observer_ = nullptr;
     i64 history_len_ = 1;
     bool most_recent_ = false;
     int margin_ = 0;
     std::vector<float> scale_, amax_now_, history_;  // history_: (slot, history_len)
+};
+
+// Told of each recorded cast as it happens, on the thread that casts: src the tensor cast (its
+// dtype, this rank's piece of it), dst its read-back values. A delayed cast used scale(gemm, r);
+// a block cast, block_scale of each tile. An observer must not change either.
+class Fp8CastObserver {
+public:
+    virtual ~Fp8CastObserver() = default;
+    virtual void on_cast(const Fp8Scaling& fp8, int gemm, Fp8Scaling::Role r, const Tensor& src,
+                         const float* dst) = 0;
 };
 
 }  // namespace px

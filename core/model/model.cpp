@@ -2,6 +2,7 @@
 
 #include "core/base/error.h"
 #include "core/base/rng.h"
+#include "core/base/widened.h"
 #include "kernels/ops.h"
 
 #include <algorithm>
@@ -249,9 +250,9 @@ GradSpan GPT::grad_span(int chunk) const {
 }
 
 void GPT::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
-                         const Tensor* bias) const {
+                         const Tensor* bias, bool record) const {
     if (const int g = fp8_ ? fp8_->gemm_of(weight.id) : -1; g >= 0)
-        fp8_linear_forward(g, l, out, inp, weight, bias);
+        fp8_linear_forward(g, l, out, inp, weight, bias, record);
     else if (layers_)
         layers_->linear_forward(nx_, l, out, inp, weight, bias);
     else
@@ -382,12 +383,12 @@ void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
                       P(l, LN1B));
     sp_gather(ln1);
     out("ln_1", ln1, ProbeSplit::whole);
-    linear_forward(Linear::qkv, qkv, ln1, P(l, QKVW), &qkvb);
+    linear_forward(Linear::qkv, qkv, ln1, P(l, QKVW), &qkvb, probed);
     out("attn.qkv", qkv, ProbeSplit::qkv);
     ops::attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, resolve_dim(Dim::NH, mc_, dims_));
     if (logit_max_) logit_max_[l] = std::max(logit_max_[l], causal_logit_max(a.tensor(DPREATT)));
     out("attn.core", atty, ProbeSplit::channels);
-    linear_forward(Linear::attn_proj, proj, atty, P(l, ATTPROJW), &attprojb);
+    linear_forward(Linear::attn_proj, proj, atty, P(l, ATTPROJW), &attprojb, probed);
     out("attn.proj", proj, ProbeSplit::tokens);
     residual_forward(residual2, residual, proj);
     out("residual_1", residual2, ProbeSplit::tokens);
@@ -395,11 +396,11 @@ void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
                       P(l, LN2B));
     sp_gather(ln2);
     out("ln_2", ln2, ProbeSplit::whole);
-    linear_forward(Linear::fc, fch, ln2, P(l, FCW), &fcb);
+    linear_forward(Linear::fc, fch, ln2, P(l, FCW), &fcb, probed);
     out("mlp.fc", fch, ProbeSplit::ffn);
     ops::gelu_forward(nx, fch_gelu, fch);
     out("mlp.gelu", fch_gelu, ProbeSplit::ffn);
-    linear_forward(Linear::fc_proj, proj, fch_gelu, P(l, FCPROJW), &fcprojb);
+    linear_forward(Linear::fc_proj, proj, fch_gelu, P(l, FCPROJW), &fcprojb, probed);
     out("mlp.proj", proj, ProbeSplit::tokens);
     residual_forward(residual3, residual2, proj);
     out("residual_2", residual3, ProbeSplit::tokens);
@@ -486,7 +487,9 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
     probe("fwd", -1, "ln_f", "out", a.tensor(LNF));
     // LM head tied to wte: logits (B,T,V) = lnf · wteᵀ, written into probs, then softmax in place.
     const Tensor probs = a.tensor(PROBS);
-    if (layers_)
+    if (fp8_ && fp8_->head_gemm() >= 0)
+        fp8_head_logits(probs, a.tensor(LNF), param(table_.wte));
+    else if (layers_)
         layers_->head_logits(probs, a.tensor(LNF), param(table_.wte));
     else
         ops::matmul_forward(nx, probs, a.tensor(LNF), param(table_.wte), nullptr);
@@ -533,24 +536,33 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
         else
             ops::crossentropy_backward(nx, probs, probs, targets, dloss);  // probs: dlogits
         probe("bwd", -1, "loss", "dinp", probs, ProbeSplit::vocabulary);
+        // An fp8 LM head: the same on the casts of dlogits, lnf and wte, dlnf summed in fp32 and
+        // rounded once (as an fp8 linear's dinp).
+        const bool head8 = fp8_ && fp8_->head_gemm() >= 0;
+        std::vector<float> casts[3];
+        Tensor dlogits = probs, lnf = a.tensor(LNF), wte = param(table_.wte);
+        if (head8) fp8_head_casts(casts, dlogits, lnf, wte);
+        const Widened dl(head8 ? &dbuf_c : nullptr);
+        const Tensor dlnf = head8 ? *dl : dbuf_c;
         // dlnf over all rows; the head's dwte over each node's rows (all rows when one node).
-        auto head_backward = [&](const Tensor* dlnf, const Tensor* dwte_head, const Tensor& p,
-                                 const Tensor& lnf) {
+        auto head_backward = [&](const Tensor* di, const Tensor* dwte_head, const Tensor& p,
+                                 const Tensor& x) {
             if (layers_)
-                layers_->head_dinp(dlnf, dwte_head, p, lnf, param(table_.wte));
+                layers_->head_dinp(di, dwte_head, p, x, wte);
             else
-                ops::matmul_backward(nx, dlnf, dwte_head, nullptr, p, lnf, param(table_.wte));
+                ops::matmul_backward(nx, di, dwte_head, nullptr, p, x, wte);
         };
         if (nodes.size() == 1) {
-            head_backward(&dbuf_c, &head, probs, a.tensor(LNF));
+            head_backward(&dlnf, &head, dlogits, lnf);
         } else {
-            head_backward(&dbuf_c, nullptr, probs, a.tensor(LNF));
+            head_backward(&dlnf, nullptr, dlogits, lnf);
             for (size_t n = 0; n < nodes.size(); n++) {
                 const Tensor h = in_node(head, nodes, n);
-                head_backward(nullptr, &h, node_rows(probs, nodes[n].lo, nodes[n].hi, BT),
-                              node_rows(a.tensor(LNF), nodes[n].lo, nodes[n].hi, BT));
+                head_backward(nullptr, &h, node_rows(dlogits, nodes[n].lo, nodes[n].hi, BT),
+                              node_rows(lnf, nodes[n].lo, nodes[n].hi, BT));
             }
         }
+        if (head8) dl.store();
         probe("bwd", -1, "head", "dinp", dbuf_c, ProbeSplit::tokens);
         zero(dresidual);
         const Tensor last = a.output();

@@ -314,20 +314,28 @@ private:
     bool has_embedding(int chunk) const { return chunk == 0 && part_.embedding; }
     bool has_head(int chunk) const { return chunk == num_chunks() - 1 && part_.head; }
     // Block l of the model, local layer i of the chunk's activations.
-    // (probed: false when backward recomputes the block, whose forward was probed already)
+    // (probed: false when backward recomputes the block, whose forward was probed already and
+    // its fp8 casts recorded)
     void block_forward(Activations& a, int l, int i, bool probed = true) const;
     float causal_logit_max(const Tensor& preatt) const;
     void block_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i) const;
-    // ParallelLayers' linear, or ops::matmul_* when there is none.
+    // ParallelLayers' linear, or ops::matmul_* when there is none. record: an fp8 linear records
+    // its casts' amaxes (false when backward recomputes a block: the same values again).
     void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
-                        const Tensor* bias) const;
+                        const Tensor* bias, bool record = true) const;
     void linear_backward(std::span<const TokenNode> nodes, Linear l, const Tensor& dinp,
                          const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
                          const Tensor& inp, const Tensor& weight) const;
     // The same on the fp8 casts of inp, weight (and dout) as fp32 tensors (core/model/fp8.cpp):
     // each cast once over all rows, then linear_backward_rows on the casts.
     void fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor& inp,
-                            const Tensor& weight, const Tensor* bias) const;
+                            const Tensor& weight, const Tensor* bias, bool record) const;
+    // The LM head (tied to wte) on fp8 casts, when precision.fp8_lm_head: the logits into probs;
+    // in backward, dlogits, lnf and wte become fp32 views of their casts (held in buf), on which
+    // the head's backward then runs as on any operands.
+    void fp8_head_logits(const Tensor& probs, const Tensor& lnf, const Tensor& wte) const;
+    void fp8_head_casts(std::vector<float> (&buf)[3], Tensor& dlogits, Tensor& lnf,
+                        Tensor& wte) const;
     void fp8_linear_backward(int gemm, std::span<const TokenNode> nodes, Linear l,
                              const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
                              const Tensor& dout, const Tensor& inp, const Tensor& weight) const;

@@ -11,6 +11,14 @@
 namespace px {
 
 double lr_at(const TrainConfig& tc, i64 step) {
+    const double base = scheduled_lr(tc, step);
+    const i64 s = step + 1;  // 1-based, as train.lr_jump_step counts
+    if (tc.lr_jump_step > 0 && s >= tc.lr_jump_step && s < tc.lr_jump_step + tc.lr_jump_steps)
+        return base * tc.lr_jump_factor;
+    return base;
+}
+
+double scheduled_lr(const TrainConfig& tc, i64 step) {
     if (step < tc.warmup_steps)
         return tc.lr * static_cast<double>(step + 1) / static_cast<double>(tc.warmup_steps);
     const i64 decay_steps = tc.steps - tc.warmup_steps;

@@ -2,7 +2,7 @@
 // clipping and a cosine learning-rate schedule with linear warm-up.
 //
 // Index
-//   lr_at              the schedule
+//   lr_at              the schedule (scheduled_lr), with a learning-rate jump if asked
 //   global_grad_norm   sqrt of a canonical sum of squares over every gradient
 //   AdamW              first and second moments, one update per step
 #pragma once
@@ -13,8 +13,10 @@
 namespace px {
 
 // Learning rate for step (0-based): linear warm-up to train.lr over warmup_steps, then a cosine
-// decay to train.min_lr at the last step.
+// decay to train.min_lr at the last step (scheduled_lr); times train.lr_jump_factor at the steps
+// of a learning-rate jump (train.lr_jump_step, 1-based, for lr_jump_steps steps).
 double lr_at(const TrainConfig& tc, i64 step);
+double scheduled_lr(const TrainConfig& tc, i64 step);
 
 // ‖g‖₂ over all parameters: each tensor's Σg² is a canonical reduction over its elements; the
 // per-tensor sums then combine in the canonical tree over tensors in table order.

@@ -601,11 +601,6 @@ void Job::emit_values(i64 step, const std::vector<NamedValue>& values) {
     for (Observer* o : observers_) o->on_values(*this, step, values);
 }
 
-void Job::emit_event(i64 step, const std::string& kind, const std::string& message,
-                     const std::vector<NamedValue>& evidence) {
-    for (Observer* o : observers_) o->on_event(*this, step, kind, message, evidence);
-}
-
 // Every replica's per-token losses of `batches` batches (each replica's `local` holds its
 // local_B·T per batch), in token order: batch j, then replica (dp-rank-major), then sequence;
 // by_microbatch (ZeroUnits' training batch): replica r's microbatch k is piece r of range k.
@@ -757,6 +752,14 @@ StepMetrics Job::step() {
     for (Observer* o : observers_) o->on_step(*this, m);
     if (after_step_) after_step_(*this);
     return m;
+}
+
+void Job::report_event(const RunEvent& e) {
+    for (Observer* o : observers_) o->on_event(*this, e);
+}
+
+void Job::report_fp8(const std::vector<Fp8Stat>& rows) {
+    for (Observer* o : observers_) o->on_fp8(*this, rows);
 }
 
 // Forward only, microbatch after microbatch, each through the virtual stages in order; the

@@ -16,6 +16,7 @@
 //   MemoryStats   a rank's bytes by what they are for
 //   RunView       what observers read of a running job, on the job's thread
 //   StepHooks     hooks around each step and each microbatch gradient (faults, tests, tools)
+//   EventKind, RunEvent  what an event says happened
 //   LocalSnapshot one rank's state between steps, for re-running steps (the replica check)
 //   Observer      receives metrics as they happen
 //   Job           construction makes the rank's model; step(), evaluate(), run()
@@ -35,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace px {
@@ -140,6 +142,27 @@ struct NamedValue {
     double value = 0;
 };
 
+enum class EventKind {
+    resume,      // the run started from a checkpoint (logged by the view at on_start)
+    rerun,       // a step ran again and replaced the rows from it on (logged by the view)
+    checkpoint,  // a checkpoint was saved (the job's side: add_event)
+    fault,       // a fault was detected or injected (the job's side: add_event)
+    failure,     // the run stopped with an error (fail)
+    alert,       // a monitor's alert (the FP8 drift monitor: Job::report_event)
+    spike,       // a loss spike, its evidence, verdict and action (core/train/spikes.h)
+};
+const char* event_kind_name(EventKind k);  // "resume", ..., as the run file's /events/kind
+// The kind a run file's /events/kind names; false for a word that is none of them.
+bool event_kind_from_name(const std::string& name, EventKind* k);
+
+struct RunEvent {
+    i64 step = 0;  // the step it happened at (after that step's update; 0: before any)
+    EventKind kind = EventKind::fault;
+    std::string message;  // a sentence for people
+    // Values that go with it (a spike's per-layer values as its first run saw them), maybe none.
+    std::vector<NamedValue> evidence = {};
+};
+
 class Observer {
 public:
     virtual ~Observer() = default;
@@ -148,13 +171,12 @@ public:
     // again sends them again.
     virtual void on_values(const RunView&, i64 /*step*/, const std::vector<NamedValue>&) {}
     virtual void on_step(const RunView&, const StepMetrics&) {}
-    // Something happened at `step` (Job::emit_event): kind is a word ("spike", "alert"), the
-    // message a sentence for people; evidence: named values that go with it (a spike's
-    // per-layer values as its first run saw them), maybe none.
-    virtual void on_event(const RunView&, i64 /*step*/, const std::string& /*kind*/,
-                          const std::string& /*message*/,
-                          const std::vector<NamedValue>& /*evidence*/) {}
     virtual void on_end(const RunView&) {}
+    // What a tool beside the job reports through it (Job::report_event, report_fp8): an event as
+    // it happens (an alert, a spike), and the FP8 drift monitor's rows of one step (before that
+    // step's on_step; a step run again reports its rows again).
+    virtual void on_event(const RunView&, const RunEvent&) {}
+    virtual void on_fp8(const RunView&, const std::vector<Fp8Stat>&) {}
 };
 
 struct LogicalState;  // core/io/state.h
@@ -171,11 +193,12 @@ public:
     Job& operator=(const Job&) = delete;
 
     void add_observer(Observer* obs) { observers_.push_back(obs); }
-    // To every observer (those of world rank 0; a rank without observers sends nothing).
-    void emit_values(i64 step, const std::vector<NamedValue>& values);
-    void emit_event(i64 step, const std::string& kind, const std::string& message,
-                    const std::vector<NamedValue>& evidence = {});
-    bool observed() const { return !observers_.empty(); }
+    // A tool beside the job (validators/fp8_monitor.h, core/train/spikes.h) reports to the job's
+    // observers: world rank 0's (other ranks have none). On the job's thread, between a step's
+    // update and its on_step (a StepHooks `updated`), or after the step (RankGuards).
+    void report_event(const RunEvent& e);
+    void report_fp8(const std::vector<Fp8Stat>& rows);
+    void emit_values(i64 step, const std::vector<NamedValue>& values);  // on_values
     // Called on every rank after each step, after the observers (checkpoints: a collective).
     void set_after_step(std::function<void(Job&)> f) { after_step_ = std::move(f); }
     void add_step_hooks(StepHooks hooks) { hooks_.push_back(std::move(hooks)); }
@@ -285,6 +308,7 @@ public:
     int dp_size() const override { return layout_.dp; }
     int tp_rank() const { return tp_rank_; }
     int tp_size() const { return layout_.tp; }
+    const RankGroups& groups() const { return groups_; }
     double loss_floor() const override;
     double entropy_rate() const override;
     // Activation sets made for chunk c: the most (microbatch, chunk) forwards held at once (plus

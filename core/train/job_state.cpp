@@ -223,7 +223,7 @@ void Job::restore_local(const CheckpointReader& file, const std::vector<StepMetr
                 std::to_string(fp8_->gemms()) + " fp8 matmuls and precision.fp8_amax_history_len = " +
                 std::to_string(fp8_->history_len()) +
                 ": resume with the writer's precision.fp8_amax_history_len and "
-                "precision.fp8_keep_ends_bf16");
+                "precision.fp8_layers, fp8_keep_ends_bf16 and fp8_lm_head");
         std::vector<float> st = meta.fp8_scale;
         st.insert(st.end(), meta.fp8_history.begin(), meta.fp8_history.end());
         fp8_->restore(st);

@@ -14,8 +14,8 @@ constexpr const char* kRunStateNames[] = {"not started", "running", "finished", 
 static_assert(std::size(kRunStateNames) == static_cast<size_t>(RunState::failed) + 1);
 
 constexpr const char* kEventKindNames[] = {"resume", "rerun", "checkpoint", "fault",
-                                           "failure", "spike", "alert"};
-static_assert(std::size(kEventKindNames) == static_cast<size_t>(EventKind::alert) + 1);
+                                           "failure", "alert", "spike"};
+static_assert(std::size(kEventKindNames) == static_cast<size_t>(EventKind::spike) + 1);
 
 // The double columns and the StepMetrics fields they hold; `step` is the one i64 column.
 struct Column {
@@ -128,6 +128,7 @@ struct JobView::State {
     BlockLog<StepMetrics, 256> rows;
     BlockLog<RunEvent, 32> events;
     BlockLog<StepValues, 64> values;
+    BlockLog<Fp8Stat, 256> fp8;
     std::vector<MemoryStats> memory;
 };
 
@@ -194,8 +195,11 @@ void JobView::begin_step(i64 step, bool values_too) {
                                 std::to_string(last) + "; the rows from it on were replaced",
                             {}});
     }
-    if (cut) w.epoch++;
+    size_t keep_fp8 = w.fp8.size;  // a step's FP8 rows come before its row too (on_fp8 drops
+    while (keep_fp8 > 0 && w.fp8[keep_fp8 - 1].step > step) keep_fp8--;  // its own step's)
+    if (cut || keep_fp8 < w.fp8.size) w.epoch++;
     w.values.truncate(keep_values);
+    w.fp8.truncate(keep_fp8);
 }
 
 void JobView::on_values(const RunView&, i64 step, const std::vector<NamedValue>& values) {
@@ -203,16 +207,6 @@ void JobView::on_values(const RunView&, i64 step, const std::vector<NamedValue>&
     std::lock_guard<std::mutex> lock(job_mutex_);
     begin_step(step, true);
     work_->values.push_back({step, std::move(shared)});
-    publish();
-}
-
-void JobView::on_event(const RunView&, i64 step, const std::string& kind,
-                       const std::string& message, const std::vector<NamedValue>& evidence) {
-    EventKind k = EventKind::fault;
-    if (kind == "spike") k = EventKind::spike;
-    if (kind == "alert") k = EventKind::alert;
-    std::lock_guard<std::mutex> lock(job_mutex_);
-    work_->events.push_back({step, k, message, evidence});
     publish();
 }
 
@@ -246,6 +240,26 @@ void JobView::on_end(const RunView& run) {
 void JobView::add_event(i64 step, EventKind kind, const std::string& message) {
     std::lock_guard<std::mutex> lock(job_mutex_);
     work_->events.push_back({step, kind, message, {}});
+    publish();
+}
+
+void JobView::on_event(const RunView&, const RunEvent& e) {
+    std::lock_guard<std::mutex> lock(job_mutex_);
+    work_->events.push_back(e);
+    publish();
+}
+
+void JobView::on_fp8(const RunView&, const std::vector<Fp8Stat>& rows) {
+    if (rows.empty()) return;
+    std::lock_guard<std::mutex> lock(job_mutex_);
+    State& w = *work_;
+    size_t keep = w.fp8.size;  // a step run again: its rows and the later ones are replaced
+    while (keep > 0 && w.fp8[keep - 1].step >= rows.front().step) keep--;
+    if (keep < w.fp8.size) {
+        w.fp8.truncate(keep);
+        w.epoch++;
+    }
+    for (const Fp8Stat& r : rows) w.fp8.push_back(r);
     publish();
 }
 
@@ -291,6 +305,7 @@ bool JobView::update(RunSnapshot& s) const {
         s.metrics.resize(0);
         s.events.clear();
         s.values.clear();
+        s.fp8.clear();
         s.config = h.config;
         s.config_toml = h.config_toml;
         s.layout = h.layout;
@@ -303,6 +318,7 @@ bool JobView::update(RunSnapshot& s) const {
     for (size_t i = s.metrics.size(); i < st.rows.size; i++) s.metrics.push_back(st.rows[i]);
     for (size_t i = s.events.size(); i < st.events.size; i++) s.events.push_back(st.events[i]);
     for (size_t i = s.values.size(); i < st.values.size; i++) s.values.push_back(st.values[i]);
+    for (size_t i = s.fp8.size(); i < st.fp8.size; i++) s.fp8.push_back(st.fp8[i]);
     s.version = st.version;
     s.state = st.state;
     s.error = st.error;

@@ -10,8 +10,7 @@
 //
 // Index
 //   RunState       not started, running, finished, failed
-//   EventKind      what an event says happened (resume, rerun, checkpoint, fault, failure)
-//   RunEvent       one event: step, kind, a sentence
+//   (EventKind and RunEvent, what an event says happened, are in core/train/job.h)
 //   MetricColumns  the per-step metrics (core/job.h StepMetrics) as columns
 //   LayoutSummary  dp, tp, pp, ZeRO stage, microbatches, world size
 //   RunSnapshot    everything a panel or a notebook reads of a run, copied out
@@ -38,26 +37,6 @@ namespace px {
 // States only move forward, in this order (a failure may also come before the start).
 enum class RunState { not_started, running, finished, failed };
 const char* run_state_name(RunState s);  // "not started", "running", "finished", "failed"
-
-enum class EventKind {
-    resume,      // the run started from a checkpoint (logged by the view at on_start)
-    rerun,       // a step ran again and replaced the rows from it on (logged by the view)
-    checkpoint,  // a checkpoint was saved (the job's side: add_event)
-    fault,       // a fault was detected or injected (the job's side: add_event)
-    failure,     // the run stopped with an error (fail)
-    spike,       // a loss spike, with its evidence, verdict and action (core/train/spikes.h)
-    alert,       // a monitor's alert (an FP8 scale drifting)
-};
-const char* event_kind_name(EventKind k);  // "resume", ..., as the run file's /events/kind
-// The kind a run file's /events/kind names; false for a word that is none of them.
-bool event_kind_from_name(const std::string& name, EventKind* k);
-
-struct RunEvent {
-    i64 step = 0;  // the step it happened at (after that step's update; 0: before any)
-    EventKind kind = EventKind::fault;
-    std::string message;  // a sentence for people
-    std::vector<NamedValue> evidence;  // values that go with it (a spike's), maybe none
-};
 
 // One row per step, in step order; a re-run step's rows replace the later ones.
 struct MetricColumns {
@@ -102,6 +81,8 @@ struct RunSnapshot {
     MetricColumns metrics;
     std::vector<RunEvent> events;     // in the order they happened, never dropped
     std::vector<StepValues> values;   // steps with named values, in step order (as metrics)
+    // The FP8 drift monitor's rows (validators/fp8_monitor.h), step by step; empty when off.
+    std::vector<Fp8Stat> fp8;
     std::vector<MemoryStats> memory;  // per world rank; zeros until that rank reports
 };
 
@@ -117,11 +98,11 @@ public:
     void on_start(const RunView& run) override;                       // running; config, layout
     void on_values(const RunView& run, i64 step, const std::vector<NamedValue>& values) override;
     void on_step(const RunView& run, const StepMetrics& m) override;  // one row, rank 0's memory
-    // kind "spike" or "alert" (others are faults)
-    void on_event(const RunView& run, i64 step, const std::string& kind,
-                  const std::string& message, const std::vector<NamedValue>& evidence) override;
     void on_end(const RunView& run) override;                         // finished
     void add_event(i64 step, EventKind kind, const std::string& message);  // checkpoint, fault
+    void on_event(const RunView& run, const RunEvent& e) override;  // an alert, a spike
+    // The monitor's rows of a step; a step run again replaces its rows and the later ones.
+    void on_fp8(const RunView& run, const std::vector<Fp8Stat>& rows) override;
     void fail(const std::string& error);  // failed, with a failure event; final
     // A world rank's memory (rank 0's comes from on_step; others report from a per-step hook).
     void set_memory(int rank, const MemoryStats& m);

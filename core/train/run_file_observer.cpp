@@ -175,25 +175,31 @@ void RunFileObserver::on_values(const RunView&, i64 step, const std::vector<Name
     for (const NamedValue& v : values) file_->append(v.name, step, v.value);
 }
 
-void RunFileObserver::on_event(const RunView&, i64 step, const std::string& kind,
-                               const std::string& message, const std::vector<NamedValue>& evidence) {
-    if (!file_) resume();
-    std::string text;
-    for (const NamedValue& v : evidence) {
-        char buf[48];
-        std::snprintf(buf, sizeof buf, "%.17g", v.value);
-        text += (text.empty() ? "" : ";") + v.name + "=" + buf;
-    }
-    file_->event(step, kind, message, text);
-    file_->flush();
-}
-
 void RunFileObserver::on_step(const RunView&, const StepMetrics& m) {
     if (!file_) resume();
     begin_step(m.step);
     write(m);
+    if (!fp8_.empty() && fp8_.front().step == m.step) file_->append_fp8(fp8_);
+    fp8_.clear();
     last_step_ = m.step;
     file_->flush();  // a run killed later keeps a readable file up to here
+}
+
+void RunFileObserver::on_event(const RunView&, const RunEvent& e) {
+    if (!file_) resume();
+    std::string evidence;  // "name=value;..."
+    for (const NamedValue& v : e.evidence) {
+        char buf[48];
+        std::snprintf(buf, sizeof buf, "%.17g", v.value);
+        evidence += (evidence.empty() ? "" : ";") + v.name + "=" + buf;
+    }
+    file_->event(e.step, event_kind_name(e.kind), e.message, evidence);
+    file_->flush();
+}
+
+// Written with the step's metrics, after a re-run's rows were dropped (on_step).
+void RunFileObserver::on_fp8(const RunView&, const std::vector<Fp8Stat>& rows) {
+    fp8_ = rows;
 }
 
 void RunFileObserver::on_end(const RunView& job) {

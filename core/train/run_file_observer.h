@@ -19,7 +19,9 @@ namespace px {
 // opened read-write is an error, never replaced. A step reported again (a re-run) replaces its
 // rows and drops the later ones. Either way the file holds each step once, in order, with its
 // latest values; it is flushed after every step. Named values (on_values) are metrics of their
-// own; events (on_event) go to /events with their kind.
+// own. Events reported through the job (alerts, spikes) go to /events as they come, with their
+// evidence; the FP8 drift monitor's rows of a step go to /fp8 with that step's metrics
+// (replaced alike when the step is run again).
 class RunFileObserver : public Observer {
 public:
     RunFileObserver(const std::string& path, const Config& cfg);  // opens nothing yet
@@ -27,9 +29,9 @@ public:
     void on_start(const RunView& run) override;
     void on_values(const RunView& run, i64 step, const std::vector<NamedValue>& values) override;
     void on_step(const RunView& run, const StepMetrics& m) override;
-    void on_event(const RunView& run, i64 step, const std::string& kind,
-                  const std::string& message, const std::vector<NamedValue>& evidence) override;
     void on_end(const RunView& run) override;
+    void on_event(const RunView& run, const RunEvent& e) override;
+    void on_fp8(const RunView& run, const std::vector<Fp8Stat>& rows) override;
 
 private:
     void begin_step(i64 step);         // a re-run step drops the rows from it on, once
@@ -41,6 +43,7 @@ private:
     std::unique_ptr<RunFile> file_;
     std::vector<StepMetrics> restored_;  // a resumed run's history until the file is open
     i64 last_step_ = 0;                  // the last step written (or restored)
+    std::vector<Fp8Stat> fp8_;           // the monitor's rows of the step being reported
 };
 
 }  // namespace px

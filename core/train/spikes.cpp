@@ -260,7 +260,7 @@ bool SpikeGuard::after_step(Job& job) {
             if (step == attributed_) {  // the spike step again, after its replay: as decided
                 attributed_ = -1;
                 spiked_ = false;
-                job.emit_event(target_, "spike", pending_, first_values_);
+                job.report_event({target_, EventKind::spike, pending_, first_values_});
                 return snapshot_if_due();
             }
             if (!spiked_) return snapshot_if_due();
@@ -430,7 +430,7 @@ bool SpikeGuard::act(Job& job, bool replayed) {
         if (!again) done = roll_back(job);
         if (!done.empty()) {
             spiked_ = false;
-            job.emit_event(target_, "spike", report(done), first_values_);
+            job.report_event({target_, EventKind::spike, report(done), first_values_});
             return false;
         }
         done = again ? "it spiked again after " + std::to_string(rollback_count_) +
@@ -451,7 +451,7 @@ bool SpikeGuard::act(Job& job, bool replayed) {
         return false;
     }
     spiked_ = false;
-    job.emit_event(target_, "spike", report(done), first_values_);
+    job.report_event({target_, EventKind::spike, report(done), first_values_});
     return true;
 }
 
