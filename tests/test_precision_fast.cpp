@@ -473,6 +473,13 @@ TEST_CASE("fp8_accumulator_promote: config checks name the key", "[precision]") 
     const std::string e = test::error_of<ConfigError>([&] { validate_config(c); });
     CHECK_THAT(e, Catch::Contains("precision.fp8_accumulator_promote = 128 is larger than "
                                   "numerics.block = 64"));
+    c.numerics.block = 128;
+    c.precision.fp8_lm_head = true;  // the head's matmul does not take the fp8 numerics
+    CHECK_THAT(test::error_of<ConfigError>([&] { validate_config(c); }),
+               Catch::Contains("precision.fp8_accumulator_promote = 128 with "
+                               "precision.fp8_lm_head = true"));
+    c.precision.fp8_lm_head = false;
+    c.numerics.block = 64;
     c.precision.fp8 = "off";  // no fp8 matmuls: nothing to promote, nothing to refuse
     CHECK_NOTHROW(validate_config(c));
     const std::string toml =
