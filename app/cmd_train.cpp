@@ -12,6 +12,7 @@
 #include "core/train/run_file_observer.h"
 #include "core/io/state.h"
 #include "core/base/error.h"
+#include "kernels/ops.h"
 #include "validators/fp8_monitor.h"
 
 #include <omp.h>
@@ -58,6 +59,28 @@ struct TrainOptions {
 // run, otherwise) and the summary. Under a parallel layout it observes rank 0.
 class Console : public Observer {
 public:
+    // Which kernels and hardware path the matmuls take (ops::matmul_path): one line for the
+    // activations' dtype, one for fp8's linears.
+    static void print_matmul_paths(const Config& c) {
+        const Numerics nx = make_numerics(c.numerics);
+        const DType act = activation_dtype(c.precision);
+        std::string path = ops::matmul_path(nx, Device::cpu, act);
+        if (c.layout.tp > 1 && act != DType::f32)  // the tp layers widen to fp32 (tp_model.cpp)
+            path = ops::matmul_path(nx, Device::cpu, DType::f32) +
+                   " on widened values (tensor-parallel linears)";
+        std::printf("%s matmul: %s\n", act == DType::f32 ? "fp32" : dtype_name(act), path.c_str());
+        if (c.precision.fp8 != "off") {
+            const std::string sums =
+                c.precision.fp8_accumulator_promote > 0
+                    ? "canonical GEMM, narrow accumulator (13 mantissa bits, truncated) promoted "
+                      "to fp32 every " + std::to_string(c.precision.fp8_accumulator_promote) +
+                          " products"
+                    : ops::matmul_path(nx, Device::cpu, DType::f32);
+            std::printf("fp8 matmul: %s casts to e4m3/e5m2 (%s), then %s\n", c.precision.fp8.c_str(),
+                        isa_name(nx.isa), sums.c_str());
+        }
+    }
+
     Console(bool quiet, std::string run_path)
         : quiet_(quiet), tty_(isatty(fileno(stderr)) != 0), run_path_(std::move(run_path)) {}
 
@@ -77,6 +100,7 @@ public:
                                               : static_cast<int>(c.train.microbatches),
                     mode_name(c.numerics.mode == Mode::fast ? Mode::fast : Mode::bitwise),
                     isa_name(make_numerics(c.numerics).isa), omp_get_max_threads());
+        print_matmul_paths(c);
         if (job.entropy_rate() >= 0)
             std::printf("data: order-%lld Markov source, entropy rate %.4f nats/token, loss floor "
                         "for %lld-token windows %.4f\n",

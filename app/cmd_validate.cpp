@@ -184,7 +184,9 @@ std::function<int()> add_validate_command(CLI::App& app, const comm::MpiEnvironm
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     sub->add_option("--mode", opt->mode,
                     "bitwise: every layout must match bit for bit; fast: the layouts run fast "
-                    "kernels and ring collectives and are judged by the error budget")
+                    "kernels and ring collectives and are judged by the error budget (in bf16, "
+                    "fp16 and fp8 it also allows the precision's own error, measured against the "
+                    "same job in fp32)")
         ->check(CLI::IsMember({"bitwise", "fast"}));
     sub->add_option("--set", opt->sets,
                     "Override a config key: --set section.key=value (repeatable)")

@@ -1,5 +1,6 @@
 // bench_matmul: the CPU matmuls of GPT-2 124M at B=4, T=64 (BT=256), bitwise against fast
-// (oneDNN), beside the machine's fp32 FMA peak measured in the same run.
+// (oneDNN), beside the machine's fp32 FMA peak measured in the same run; then fast mode's bf16
+// matmuls (kernels/cpu/matmul_bf16.h) on both paths beside fp32 sgemm.
 //
 //   build/bench/bench_matmul [--quick] [--reps N] [--threads N]
 //
@@ -13,9 +14,15 @@
 //   * bitwise and fast agree within the fp32 rounding bound |Δ| <= 2·γ(K+1)·(Σ|a||b| + |bias|),
 //     γ(n) = n·u/(1 - n·u), the worst-case bound for a sum of K products plus the bias in any
 //     order (Higham, Accuracy and Stability of Numerical Algorithms, §3.1), once for each side.
+//   * bf16: oneDNN's bf16 primitive, sgemm on bf16 values, and the bitwise bf16 reference (the
+//     canonical GEMM on them) give the same bits, on operands whose sums are exact in fp32 (small
+//     integer activations, weights that round in bf16 onto a 2^-7 grid below 2), so every cast
+//     point (weights rounded to bf16 nearest even, each output rounded once) is checked exactly.
 // Failures are printed and make the exit status 1.
 #include "bench/peak.h"
+#include "core/base/dtype.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/matmul_bf16.h"
 
 #include <omp.h>
 
@@ -173,6 +180,58 @@ void fail(const char* what, const char* name, const std::string& detail) {
     failures++;
 }
 
+// A case in bf16: activations and output gradients bf16, weights and bias fp32. Values whose
+// sums are exact in fp32 in any order: inp in [-7, 7] and dout in {-1, 0, 1} (integers), weights
+// m/128 (|m| < 256: bf16's grid below 2) plus, where |w| >= 1, an offset that rounding to bf16
+// must remove (ties included), bias on the same grid. Σ|a·b| < 2^17 on a 2^-7 grid for every K
+// here (50257 at most), within fp32's 24 bits.
+struct Bf16Problem {
+    const Case& cs;
+    std::vector<std::uint16_t> inp, dout;
+    std::vector<float> weight, bias;
+
+    explicit Bf16Problem(const Case& c) : cs(c) {
+        std::vector<float> u(
+            static_cast<size_t>(std::max(BT * c.C, std::max(BT * c.OC, c.OC * c.C))));
+        fill_uniform(u, 11);
+        for (i64 i = 0; i < BT * c.C; i++)
+            inp.push_back(f32_to_bf16(std::round(7.0f * u[static_cast<size_t>(i)])));
+        for (i64 i = 0; i < BT * c.OC; i++)
+            dout.push_back(f32_to_bf16(std::round(u[static_cast<size_t>(i)])));
+        fill_uniform(u, 12);
+        const float offsets[] = {0.0f, 0.003f, -0.003f, 1.0f / 256, -1.0f / 256};
+        for (i64 i = 0; i < c.OC * c.C; i++) {
+            const float m = std::round(255.0f * u[static_cast<size_t>(i)]);
+            const float off = std::fabs(m) >= 128 ? offsets[static_cast<size_t>(i) % 5] : 0.0f;
+            weight.push_back(m / 128.0f + (m < 0 ? -off : off));
+        }
+        for (i64 i = 0; i < c.OC; i++)
+            bias.push_back(std::round(255.0f * u[static_cast<size_t>(i)]) / 128.0f);
+    }
+    // Runs the op on `path` into o16 (forward, dinp: bf16) or o32 (dweight), cleared first.
+    double run(const Numerics& nx, cpu::Bf16Path path, std::vector<std::uint16_t>& o16,
+               std::vector<float>& o32) const {
+        std::fill(o16.begin(), o16.end(), std::uint16_t{0});
+        std::fill(o32.begin(), o32.end(), 0.0f);
+        return seconds_of([&] {
+            switch (cs.op) {
+                case Op::forward:
+                    cpu::matmul_forward_bf16(nx, path, o16.data(), inp.data(), weight.data(),
+                                             cs.bias ? bias.data() : nullptr, BT, cs.C, cs.OC);
+                    break;
+                case Op::dinp:
+                    cpu::matmul_backward_bf16(nx, path, o16.data(), nullptr, nullptr, dout.data(),
+                                              inp.data(), weight.data(), BT, cs.C, cs.OC);
+                    break;
+                case Op::dweight:
+                    cpu::matmul_backward_bf16(nx, path, nullptr, o32.data(), nullptr, dout.data(),
+                                              inp.data(), weight.data(), BT, cs.C, cs.OC);
+                    break;
+            }
+        });
+    }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -284,5 +343,53 @@ int main(int argc, char** argv) {
     std::printf(
         "checks passed: repeat runs bit-identical%s, bitwise vs fast within the fp32 bound\n",
         with_avx2 ? ", avx2 == avx512" : "");
+
+    // bf16 in fast mode: both paths beside fp32 sgemm, alternating.
+    const cpu::Bf16MatmulInfo& info = cpu::bf16_matmul_info();
+    std::printf("\nbf16 fast mode (kernels/cpu/matmul_bf16.h): this CPU takes %s\n  %s\n",
+                cpu::bf16_path_name(info.path), info.text.c_str());
+    std::printf("%-17s %-15s %11s %11s %11s %9s\n", "op", "MxNxK", "oneDNN bf16", "sgemm bf16",
+                "sgemm fp32", "bf16/fp32");
+    double t_dnn = 0, t_sg = 0, t_32 = 0;
+    for (const Case& cs : kCases) {
+        if (quick && cs.OC == 50257 && cs.op != Op::forward) continue;
+        const Problem pb(cs);
+        const Bf16Problem bp(cs);
+        std::vector<float> o32(static_cast<size_t>(pb.out_size)), f32out(o32.size()),
+            ref32(o32.size()), s32(o32.size());
+        std::vector<std::uint16_t> o16(cs.op == Op::dweight ? 0 : o32.size()), s16(o16.size()),
+            ref16(o16.size());
+        double td = 1e30, ts = 1e30, tf = 1e30;
+        for (int r = 0; r < reps; r++) {
+            td = std::min(td, bp.run(fast, cpu::Bf16Path::onednn, o16, o32));
+            ts = std::min(ts, bp.run(fast, cpu::Bf16Path::sgemm, s16, s32));
+            tf = std::min(tf, pb.run(fast, f32out));
+        }
+        bp.run(bit, cpu::Bf16Path::sgemm, ref16, ref32);  // the canonical GEMM on bf16 values
+        if (o16 != ref16 || std::memcmp(o32.data(), ref32.data(), o32.size() * sizeof(float)) != 0)
+            fail("bf16", cs.name,
+                 "oneDNN's bf16 primitive differs from the bitwise bf16 reference");
+        if (s16 != ref16 || std::memcmp(s32.data(), ref32.data(), s32.size() * sizeof(float)) != 0)
+            fail("bf16", cs.name, "sgemm on bf16 values differs from the bitwise bf16 reference");
+        t_dnn += td;
+        t_sg += ts;
+        t_32 += tf;
+        const double gd = pb.flops() / td / 1e9, gs = pb.flops() / ts / 1e9,
+                     gf = pb.flops() / tf / 1e9;
+        const double taken = info.path == cpu::Bf16Path::onednn ? gd : gs;
+        std::printf("%-17s %-15s %11.1f %11.1f %11.1f %8.2fx\n", cs.name, pb.shape(), gd, gs, gf,
+                    taken / gf);
+        std::fflush(stdout);
+    }
+    std::printf(
+        "all shapes, time-weighted: oneDNN bf16 %.2fx, sgemm bf16 %.2fx the speed of fp32 "
+        "sgemm; the path taken (%s) %.2fx\n",
+        t_32 / t_dnn, t_32 / t_sg, cpu::bf16_path_name(info.path),
+        t_32 / (info.path == cpu::Bf16Path::onednn ? t_dnn : t_sg));
+    if (failures > 0) {
+        std::printf("%d check(s) FAILED\n", failures);
+        return 1;
+    }
+    std::printf("checks passed: both bf16 paths equal the bitwise bf16 reference bit for bit\n");
     return 0;
 }

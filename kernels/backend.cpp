@@ -22,7 +22,7 @@ constexpr Registration kRegistry[] = {
     {Device::cpu, DType::f32, Mode::bitwise, &cpu::f32_backend},
     {Device::cpu, DType::f32, Mode::fast, &cpu::f32_backend},
     {Device::cpu, DType::bf16, Mode::bitwise, &cpu::bf16_backend},
-    {Device::cpu, DType::bf16, Mode::fast, &cpu::bf16_backend},
+    {Device::cpu, DType::bf16, Mode::fast, &cpu::bf16_fast_backend},
     {Device::cpu, DType::f16, Mode::bitwise, &cpu::f16_backend},
     {Device::cpu, DType::f16, Mode::fast, &cpu::f16_backend},
 };

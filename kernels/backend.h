@@ -8,6 +8,7 @@
 //   cpu::f32_backend  the CPU fp32 backend (kernels/cpu/backend.cpp)
 //   cpu::bf16_backend bf16 activations computed by the fp32 kernels (kernels/cpu/bf16_backend.cpp)
 //   cpu::f16_backend  fp16 activations, the same template (kernels/cpu/bf16_backend.cpp)
+//   cpu::bf16_fast_backend  bf16 in fast mode: oneDNN's bf16 matmuls or sgemm (matmul_bf16.h)
 //
 // ops.cpp checks every operand (shapes, device, dtype, layout) before it calls an entry, so an
 // entry only reads its sizes from the tensors and runs. A backend is keyed by the dtype of its
@@ -18,6 +19,8 @@
 // kRegistry (backend.cpp).
 #pragma once
 #include "kernels/ops.h"
+
+#include <string>
 
 namespace px::ops {
 
@@ -78,6 +81,8 @@ struct Backend {
                          const Tensor& grad, const AdamWStep& s);
     float (*sum_squares)(const Numerics&, const Tensor& x);
     void (*sum_squares_blocks)(const Numerics&, const Tensor& part, const Tensor& x);
+    // Which kernel runs the matmuls in nx's mode, on which hardware path (ops::matmul_path).
+    std::string (*matmul_path)(const Numerics&) = nullptr;
 
     bool has(Op op) const;  // every direction of op is there
 };
@@ -100,4 +105,5 @@ namespace px::cpu {
 extern const ops::Backend f32_backend;
 extern const ops::Backend bf16_backend;  // bf16 activations on the fp32 kernels
 extern const ops::Backend f16_backend;   // fp16 activations on the fp32 kernels
+extern const ops::Backend bf16_fast_backend;  // bf16, fast mode: oneDNN bf16 or sgemm matmuls
 }  // namespace px::cpu

@@ -2,6 +2,7 @@
 
 #include "core/base/error.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/casts.h"
 
 #include <initializer_list>
 #include <string>
@@ -231,6 +232,38 @@ void sum_squares_blocks(const Numerics& nx, const Tensor& part, const Tensor& x)
     const Backend& b = dispatch(nx, Op::sum_squares, {{S, &part}, {G, &x}});
     PX_ASSERT(part.numel() == num_blocks(x.numel(), nx.block), "sum_squares_blocks shapes");
     b.sum_squares_blocks(nx, part, x);
+}
+
+std::string matmul_path(const Numerics& nx, Device device, DType dtype) {
+    const Backend* b = find_backend(device, dtype, nx.mode);
+    return b != nullptr && b->matmul_path != nullptr ? b->matmul_path(nx) : std::string();
+}
+
+namespace {
+
+// src's values as fp32 in dst (exact).
+void widen_into(const Numerics& nx, float* dst, const Tensor& src) {
+    PX_ASSERT(src.contiguous(), std::string("fp8 cast of a strided tensor '") + src.name + "'");
+    PX_ASSERT(src.device == Device::cpu, std::string("fp8 cast of '") + src.name + "' off the CPU");
+    const i64 n = src.numel();
+    if (src.dtype == DType::bf16)
+        cpu::widen_bf16(nx.isa, dst, static_cast<const std::uint16_t*>(src.data), n);
+    else
+        convert(dst, DType::f32, src.data, src.dtype, static_cast<size_t>(n));
+}
+
+}  // namespace
+
+float fake_quant(const Numerics& nx, float* dst, const Tensor& src, DType t, float scale, float inv,
+                 bool* nan) {
+    widen_into(nx, dst, src);
+    return cpu::fake_quant(nx.isa, dst, src.numel(), t, scale, inv, nan);
+}
+
+void fake_quant_tiles(const Numerics& nx, float* dst, const Tensor& src, i64 band, i64 b) {
+    widen_into(nx, dst, src);
+    const i64 n = src.numel(), K = src.ndim > 0 ? last_dim(src) : 0;
+    cpu::fake_quant_tiles(nx.isa, dst, K > 0 ? n / K : 0, K, band, b);
 }
 
 }  // namespace px::ops

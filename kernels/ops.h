@@ -11,6 +11,8 @@
 //   layernorm_*, gelu_*, attention_*, residual_*, embedding_*, crossentropy_*
 //   row_max, exp_sub, row_sum   the pieces of a softmax whose rows are split between ranks
 //   adamw_update, sum_squares, sum_squares_blocks
+//   matmul_path             which kernel and hardware path a dtype's matmuls take (reports)
+//   fake_quant, fake_quant_tiles   fp8 casts read back to fp32 (vectorised, bit-exact)
 //
 // Shapes use the letters of core/base/shapes.h; leading dimensions are flattened into BT. Operands
 // are contiguous unless an op says otherwise and share a device. Each plays a role (activation,
@@ -22,6 +24,8 @@
 #pragma once
 #include "core/base/numerics.h"
 #include "core/base/tensor.h"
+
+#include <string>
 
 namespace px::ops {
 
@@ -124,5 +128,23 @@ float sum_squares(const Numerics& nx, const Tensor& x);
 // part (num_blocks(N, nx.block)), x (N): the in-block half of sum_squares, one sum per block. A
 // sharded tensor's owners exchange these and form the same tree (tree_sum).
 void sum_squares_blocks(const Numerics& nx, const Tensor& part, const Tensor& x);
+
+// Which kernel runs the matmuls of activations of this dtype in nx's mode, and on which hardware
+// path, for start-up output and benchmarks: "oneDNN sgemm", "canonical GEMM, avx512 microkernel",
+// "oneDNN avx512_core_amx (brg:avx512_core_amx_bf16; cpuid: amx_bf16 avx512_bf16)", "fp32 sgemm
+// on bf16 values (...)". Empty when no backend is registered for them.
+std::string matmul_path(const Numerics& nx, Device device, DType dtype);
+
+// FP8 casts read back to fp32 (core/model/fp8.h), on the CPU (nx.isa picks the vector path; every
+// path gives the bits of core/base/dtype.h's scalar casts).
+// dst (src.numel() floats) = decode(t(x·scale))·inv for each value x of src (contiguous, fp32 or
+// bf16), t = e4m3 or e5m2, saturating. Returns max |x| over the values that are not NaN; *nan:
+// whether src holds a NaN.
+float fake_quant(const Numerics& nx, float* dst, const Tensor& src, DType t, float scale, float inv,
+                 bool* nan);
+// Block-wise current scaling: src viewed as (R,K) (K its last dimension) is cut into tiles of
+// `band` rows by b columns, and each tile is cast to e4m3 with its own scale 448 / amax(tile) (1
+// for a tile whose amax is 0 or that holds an inf or a NaN) and read back into dst.
+void fake_quant_tiles(const Numerics& nx, float* dst, const Tensor& src, i64 band, i64 b);
 
 }  // namespace px::ops

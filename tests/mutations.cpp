@@ -46,16 +46,16 @@ public:
           name_("h." + std::to_string(layer) + ".mlp.c_fc.weight"),
           active_(std::move(active)) {}
 
-    void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
-                        const Tensor* bias) const override {
+    void linear_forward(const Numerics& nx, Linear l, const Tensor& out, const Tensor& inp,
+                        const Tensor& weight, const Tensor* bias) const override {
         if (l != Linear::fc || !*active_ || name_ != weight.name) {
-            TpLayers::linear_forward(l, out, inp, weight, bias);
+            TpLayers::linear_forward(nx, l, out, inp, weight, bias);
             return;
         }
         const i64 rows = weight.shape[0], cols = weight.shape[1];
         std::vector<float> off(weight.f32() + cols, weight.f32() + rows * cols);  // rows 1..
         off.insert(off.end(), weight.f32(), weight.f32() + cols);                 // then row 0
-        TpLayers::linear_forward(l, out, inp, view_f32(off.data(), {rows, cols}), bias);
+        TpLayers::linear_forward(nx, l, out, inp, view_f32(off.data(), {rows, cols}), bias);
     }
 
 private:

@@ -7,6 +7,7 @@
 //   (e) accumulate (c += result) and transposed / general strides
 //   (f) fp64 finite-difference check of the backward
 //   (g) fast mode (oneDNN) against the fp64 reference
+//   (h) the narrow accumulator (Numerics::fp8_promote) against a plain model of it, on every path
 //
 // Error bounds (Higham, Accuracy and Stability of Numerical Algorithms, §3.1). With unit roundoff
 // u = 2^-24 and γ(n) = n·u / (1 - n·u), a sum of products computed with n roundings in any order
@@ -522,4 +523,133 @@ TEST_CASE("matmul: zero inputs keep the canonical sign of zero", "[matmul]") {
                             canonical_gemm(L.dw_a(), L.dw_b(), OC, C, BT, block, &L.dweight0)));
             CHECK(!std::signbit(o.out[0]));  // row 0 is zeros: +0 + (-0) = +0
         }
+}
+
+// ---- the narrow accumulator (Numerics::fp8_promote, core/base/numerics.h) ----------------------
+
+namespace {
+
+// The narrow accumulator written plainly: in each block, segments of `seg` products from the
+// block's first element; a segment's sum starts at +0 and keeps, after every fma, 13 explicit
+// mantissa bits (the low 10 bits of the fp32 result cleared); it is then added into the block's
+// fp32 sum, which starts at +0; the blocks combine in core's tree_sum.
+float keep13(float x) {
+    std::uint32_t b;
+    std::memcpy(&b, &x, 4);
+    b &= ~std::uint32_t{0x3FF};
+    std::memcpy(&x, &b, 4);
+    return x;
+}
+
+float narrow_element(View a, View b, i64 i, i64 j, i64 K, int block, i64 seg) {
+    const i64 nb = num_blocks(K, block);
+    std::vector<float> part(static_cast<size_t>(nb));
+    for (i64 blk = 0; blk < nb; blk++) {
+        const i64 end = std::min(K, (blk + 1) * block);
+        float acc = 0.0f;
+        for (i64 s0 = blk * block; s0 < end; s0 += seg) {
+            float s = 0.0f;
+            for (i64 k = s0; k < std::min(end, s0 + seg); k++)
+                s = keep13(std::fma(a.at(i, k), b.at(k, j), s));
+            acc = acc + s;
+        }
+        part[static_cast<size_t>(blk)] = acc;
+    }
+    return tree_sum(part.data(), nb);
+}
+
+std::vector<float> narrow_gemm(View a, View b, i64 M, i64 N, i64 K, int block, i64 seg,
+                               const std::vector<float>* c0 = nullptr) {
+    std::vector<float> c(static_cast<size_t>(M * N));
+    for (i64 i = 0; i < M; i++)
+        for (i64 j = 0; j < N; j++) {
+            const float s = narrow_element(a, b, i, j, K, block, seg);
+            c[static_cast<size_t>(i * N + j)] = c0 ? (*c0)[static_cast<size_t>(i * N + j)] + s : s;
+        }
+    return c;
+}
+
+Numerics narrow(Isa isa, int block, int seg, Mode mode = Mode::bitwise) {
+    Numerics nx = bitwise(isa, block);
+    nx.mode = mode;
+    nx.fp8_promote = seg;
+    return nx;
+}
+
+}  // namespace
+
+TEST_CASE("narrow accumulator: a truncated 13-bit sum, promoted to fp32 every N products",
+          "[matmul]") {
+    // One row of 64 products: 1, then 63 times 2^-14. In a 13-bit sum every 2^-14 is lost
+    // (1 + 2^-14 truncates to 1); promoted after each product (N = 1) each counts in fp32.
+    std::vector<float> a(64, 1.0f), b(64, std::ldexp(1.0f, -14));
+    b[0] = 1.0f;
+    for (Isa isa : supported_isas()) {
+        INFO(isa_name(isa));
+        float c = -1.0f;
+        cpu::gemm(narrow(isa, 64, 64), &c, 1, a.data(), 64, 1, b.data(), 1, 1, 1, 1, 64, false);
+        CHECK(c == 1.0f);
+        cpu::gemm(narrow(isa, 64, 1), &c, 1, a.data(), 64, 1, b.data(), 1, 1, 1, 1, 64, false);
+        CHECK(c == 1.0f + 63 * std::ldexp(1.0f, -14));
+        // N = 8: segment 0 holds the 1 and loses its seven small products; seven segments of
+        // eight small products sum exactly (8·2^-14 fits) and are promoted.
+        cpu::gemm(narrow(isa, 64, 8), &c, 1, a.data(), 64, 1, b.data(), 1, 1, 1, 1, 64, false);
+        CHECK(c == 1.0f + 56 * std::ldexp(1.0f, -14));
+        cpu::gemm(bitwise(isa, 64), &c, 1, a.data(), 64, 1, b.data(), 1, 1, 1, 1, 64, false);
+        CHECK(c == 1.0f + 63 * std::ldexp(1.0f, -14));  // fp32 throughout
+    }
+}
+
+TEST_CASE("narrow accumulator: every path equals the plain model, bit for bit", "[matmul]") {
+    struct P {
+        int block, seg;
+    };
+    for (const Shape& s : kShapes) {
+        const Linear L(s.BT, s.C, s.OC, static_cast<std::uint64_t>(s.BT * 131 + s.C));
+        for (const P p : {P{64, 64}, P{64, 16}, P{64, 5}, P{16, 1}, P{128, 128}, P{128, 48}}) {
+            std::vector<float> out =
+                narrow_gemm(L.fwd_a(), L.fwd_b(), s.BT, s.OC, s.C, p.block, p.seg);
+            for (i64 m = 0; m < s.BT; m++)
+                for (i64 j = 0; j < s.OC; j++)
+                    out[static_cast<size_t>(m * s.OC + j)] += L.bias[static_cast<size_t>(j)];
+            const std::vector<float> dinp =
+                narrow_gemm(L.dinp_a(), L.dinp_b(), s.BT, s.C, s.OC, p.block, p.seg, &L.dinp0);
+            const std::vector<float> dw =
+                narrow_gemm(L.dw_a(), L.dw_b(), s.OC, s.C, s.BT, p.block, p.seg, &L.dweight0);
+            for (Isa isa : supported_isas())
+                for (Mode mode : {Mode::bitwise, Mode::fast}) {  // no fast form: the same bits
+                    INFO(isa_name(isa)
+                         << " " << mode_name(mode) << " block " << p.block << " N " << p.seg
+                         << " BT=" << s.BT << " C=" << s.C << " OC=" << s.OC);
+                    const auto o = L.run(narrow(isa, p.block, p.seg, mode));
+                    CHECK(same_bits(o.out, out));
+                    CHECK(same_bits(o.dinp, dinp));
+                    CHECK(same_bits(o.dweight, dw));
+                }
+        }
+    }
+}
+
+TEST_CASE("narrow accumulator: long K in chunks, strided operands, threads", "[matmul]") {
+    const i64 M = 9, N = 35, K = 3000;  // K chunks of the driver (kKC) hold several segments
+    const std::vector<float> a = random_vec(M * K, 82), b = random_vec(K * N, 83);
+    const View at{a.data(), 1, M};  // a transposed in memory: element (i,k) at a[k·M + i]
+    const View bv{b.data(), N, 1};
+    const std::vector<float> c0 = random_vec(M * N, 84);
+    const int saved = omp_get_max_threads();
+    for (const int block : {64, 256}) {
+        const std::vector<float> want =
+            narrow_gemm(at, bv, M, N, K, block, 128 < block ? 128 : block, &c0);
+        CHECK_FALSE(same_bits(want, canonical_gemm(at, bv, M, N, K, block, &c0)));
+        for (Isa isa : supported_isas())
+            for (int threads : {1, 2, 3}) {
+                INFO(isa_name(isa) << " block " << block << " threads " << threads);
+                omp_set_num_threads(threads);
+                std::vector<float> c = c0;
+                cpu::gemm(narrow(isa, block, 128 < block ? 128 : block), c.data(), N, a.data(), 1,
+                          M, b.data(), N, 1, M, N, K, true);
+                CHECK(same_bits(c, want));
+            }
+    }
+    omp_set_num_threads(saved);
 }

@@ -11,6 +11,34 @@ namespace px {
 
 double budget_multiplier() { return kBudgetQ * std::sqrt(kBudgetK * kBudgetK + 1.0); }
 
+double precision_multiplier() {
+    return kBudgetQ * (kBudgetK - 1.0);
+}
+
+double unit_roundoff(DType t) {
+    switch (t) {
+        case DType::f32:
+            return std::ldexp(1.0, -24);
+        case DType::bf16:
+            return std::ldexp(1.0, -8);
+        case DType::f16:
+            return std::ldexp(1.0, -11);
+        case DType::e4m3:
+            return std::ldexp(1.0, -4);
+        case DType::e5m2:
+            return std::ldexp(1.0, -3);
+    }
+    return std::ldexp(1.0, -24);
+}
+
+double precision_unit(const PrecisionConfig& pc) {
+    if (pc.fp8 == "delayed") return unit_roundoff(DType::e5m2);
+    if (pc.fp8 == "block") return unit_roundoff(DType::e4m3);
+    if (pc.activations == "bf16") return unit_roundoff(DType::bf16);
+    if (pc.activations == "fp16") return unit_roundoff(DType::f16);
+    return unit_roundoff(DType::f32);
+}
+
 namespace {
 
 // ‖a − b‖₂ over n elements (fp64 accumulation: a measurement, not training).
@@ -46,17 +74,21 @@ void check_same_shape(const LogicalState& ref, const LogicalState& other, const 
 
 BudgetReport error_budget(const LogicalState& reference,
                           const std::vector<const LogicalState*>& alternates,
-                          const LogicalState& candidate) {
+                          const LogicalState& candidate, const LogicalState* finer) {
     if (alternates.empty())
         throw InternalError("error_budget needs at least one alternate ordering of the reference");
     check_same_shape(reference, candidate, "candidate");
     for (const LogicalState* a : alternates) check_same_shape(reference, *a, "alternate");
+    if (finer != nullptr) check_same_shape(reference, *finer, "finer run");
 
     BudgetReport rep;
-    const double mult = budget_multiplier();
-    // One row: r, c and the alternates as fp64 vectors of the same length.
+    rep.per_precision = finer != nullptr;
+    const double mult = budget_multiplier(), pmult = precision_multiplier();
+    // One row: r, c, the alternates and the finer run (empty: none) as fp64 vectors of the same
+    // length.
     auto row = [&](const std::string& name, const std::vector<double>& r,
-                   const std::vector<double>& c, const std::vector<std::vector<double>>& alts) {
+                   const std::vector<double>& c, const std::vector<std::vector<double>>& alts,
+                   const std::vector<double>& fine) {
         TensorBudget t;
         t.name = name;
         t.error = dist(c.data(), r.data(), r.size());
@@ -68,7 +100,8 @@ BudgetReport error_budget(const LogicalState& reference,
         const std::vector<double> zero(r.size(), 0.0);
         const double floor = kFp32Unit * dist(r.data(), zero.data(), r.size());
         t.sigma = std::max(std::sqrt(s2 / (2.0 * static_cast<double>(alts.size()))), floor);
-        t.budget = mult * t.sigma;
+        if (!fine.empty()) t.sigma_precision = dist(fine.data(), r.data(), r.size());
+        t.budget = std::max(mult * t.sigma, pmult * t.sigma_precision);
         t.ratio = t.budget > 0 ? t.error / t.budget : (t.error > 0 ? INFINITY : 0.0);
         rep.rows.push_back(std::move(t));
     };
@@ -85,7 +118,8 @@ BudgetReport error_budget(const LogicalState& reference,
             auto take = [&](const LogicalState& s) { return as_double((s.*arr.field).data() + off, n); };
             std::vector<std::vector<double>> alts;
             for (const LogicalState* a : alternates) alts.push_back(take(*a));
-            row(arr.prefix + e.name, take(reference), take(candidate), alts);
+            row(arr.prefix + e.name, take(reference), take(candidate), alts,
+                finer != nullptr ? take(*finer) : std::vector<double>());
         }
     }
     const struct {
@@ -96,7 +130,8 @@ BudgetReport error_budget(const LogicalState& reference,
         std::vector<std::vector<double>> alts;
         for (const LogicalState* a : alternates) alts.push_back(series(*a, mt.field));
         // The series are fp32 values carried in doubles; their floor is fp32's unit too.
-        row(mt.name, series(reference, mt.field), series(candidate, mt.field), alts);
+        row(mt.name, series(reference, mt.field), series(candidate, mt.field), alts,
+            finer != nullptr ? series(*finer, mt.field) : std::vector<double>());
     }
 
     rep.within = true;
@@ -115,14 +150,22 @@ std::string BudgetReport::text() const {
     for (const TensorBudget& t : rows) order.push_back(&t);
     std::stable_sort(order.begin(), order.end(),
                      [](const TensorBudget* a, const TensorBudget* b) { return a->ratio > b->ratio; });
-    std::string out = fmt::format("{:<28} {:>12} {:>12} {:>12} {:>8}\n", "tensor", "error", "sigma",
-                                  "budget", "ratio");
+    std::string out = fmt::format("{:<28} {:>12} {:>12} {:>12} {:>12} {:>8}\n", "tensor", "error",
+                                  "sigma", "sigma_prec", "budget", "ratio");
     for (const TensorBudget* t : order)
-        out += fmt::format("{:<28} {:>12.4e} {:>12.4e} {:>12.4e} {:>8.3f}{}\n", t->name, t->error,
-                           t->sigma, t->budget, t->ratio, t->within() ? "" : "  OVER");
-    out += fmt::format("verdict: {} (max ratio {:.3f} at {}; budget = {:.2f} sigma)\n",
-                       within ? "within budget" : "OUT OF BUDGET", max_ratio, worst,
-                       budget_multiplier());
+        out += fmt::format("{:<28} {:>12.4e} {:>12.4e} {:>12.4e} {:>12.4e} {:>8.3f}{}\n", t->name,
+                           t->error, t->sigma, t->sigma_precision, t->budget, t->ratio,
+                           t->within() ? "" : "  OVER");
+    if (per_precision)
+        out += fmt::format(
+            "verdict: {} (max ratio {:.3f} at {}; budget = max({:.2f} sigma, {:.2f} "
+            "sigma_prec), sigma_prec against the fp32 run)\n",
+            within ? "within budget" : "OUT OF BUDGET", max_ratio, worst, budget_multiplier(),
+            precision_multiplier());
+    else
+        out += fmt::format("verdict: {} (max ratio {:.3f} at {}; budget = {:.2f} sigma)\n",
+                           within ? "within budget" : "OUT OF BUDGET", max_ratio, worst,
+                           budget_multiplier());
     return out;
 }
 

@@ -4,6 +4,8 @@
 //
 // Index
 //   kBudgetK, kBudgetQ, budget_multiplier   the constants below and where they come from
+//   unit_roundoff, precision_unit            each precision's unit roundoff, and a job's coarsest
+//   precision_multiplier                     q · (k − 1), applied to a precision's own error
 //   TensorBudget, BudgetReport               per tensor: error, budget, ratio; the verdict
 //   error_budget                             compares a candidate with the references
 //
@@ -42,7 +44,31 @@
 // Together: budget = q · √(k² + 1) · σ̂ = 3.24 · √5 · σ̂ ≈ 7.2 σ̂ per tensor (≈ 5.1 times the
 // measured distance between two valid references). A genuinely wrong run (another learning rate,
 // a weight perturbed by 1e-3 relative) is off by orders of magnitude more than rounding, and fails.
+//
+// Per precision. A reference in a precision coarser than fp32 (precision.activations bf16 or
+// fp16, precision.fp8) rounds at its cast points to a unit roundoff u_p = 2^-8 (bf16), 2^-11
+// (fp16), 2^-4 (e4m3) or 2^-3 (e5m2), against fp32's 2^-24. Its error against the exact run is
+// then mostly the casts' error, and every valid ordering of the same job shares it: the
+// alternates and a fast candidate cast at the same points and, but for a rare rounding that an
+// fp32 reordering tips over, to the same values. So the alternates' spread (σ̂ above, the
+// reorderings' rounding, amplified where it tips a cast) does not see it. It is measured instead
+// against the same job in fp32 (bitwise, single device): to first order an error scales with the
+// unit roundoff of the operations that make it, so the fp32 run is off by about u_32/u_p of
+// r's error (2^-16 for bf16, 2^-13 for fp16, 2^-20 and 2^-21 for fp8) and is the exact run for
+// this purpose:
+//     σ̂_p = ‖r − r_fp32‖   (relative bias at most u_32/u_p).
+// The candidate's cast error is not independent of r's (mostly the same casts), so the
+// measurable condition comes from the triangle inequality, with no independence assumed:
+//     ‖c − x‖ ≤ ‖c − r‖ + ‖r − x‖ ≤ k·σ_p   whenever   ‖c − r‖ ≤ (k − 1)·σ_p,
+// and with the same confidence factor, budget_p = q · (k − 1) · σ̂_p = 3.24 σ̂_p. Both budgets are
+// sufficient conditions for DESIGN's requirement, each from an estimate of σ that can only miss
+// part of it (the alternates miss the casts), so a tensor's budget is the larger of the two. A
+// fast candidate of the same precision sits far inside it (its casts are r's); a wrong one (a
+// layer that reads the wrong weights, a dropped microbatch, a cast to the wrong format) does not
+// (tests/test_budget.cpp).
 #pragma once
+#include "core/base/config.h"
+#include "core/base/dtype.h"
 #include "core/io/state.h"
 
 #include <string>
@@ -54,13 +80,21 @@ inline constexpr double kBudgetK = 2.0;    // candidate's error ≤ k · referen
 inline constexpr double kBudgetQ = 3.24;   // √F₀.₉₉₉(5, 10): confidence in the estimates
 inline constexpr double kFp32Unit = 5.9604644775390625e-08;  // u = 2⁻²⁴, one fp32 rounding
 double budget_multiplier();                // q · √(k² + 1), applied to σ̂
+double precision_multiplier();             // q · (k − 1), applied to σ̂_p
+// u = 2^-p for p significand bits: f32 2^-24, bf16 2^-8, f16 2^-11, e4m3 2^-4, e5m2 2^-3.
+double unit_roundoff(DType t);
+// The coarsest unit roundoff among a job's casts: fp32 2^-24; bf16 2^-8; fp16 2^-11; fp8
+// "delayed" e5m2's 2^-3 (its output gradients), "block" e4m3's 2^-4. A job coarser than fp32
+// needs the fp32 run for its budget (error_budget's `finer`).
+double precision_unit(const PrecisionConfig& pc);
 
 struct TensorBudget {
-    std::string name;     // "weights/wte", "adam/m/h0.attn_w", "steps/loss", ...
-    double error = 0;     // ‖candidate − reference‖₂
-    double sigma = 0;     // σ̂: the reference's own rounding error (estimated, floored)
-    double budget = 0;    // budget_multiplier() · σ̂
-    double ratio = 0;     // error / budget; ≤ 1 is within budget
+    std::string name;            // "weights/wte", "adam/m/h0.attn_w", "steps/loss", ...
+    double error = 0;            // ‖candidate − reference‖₂
+    double sigma = 0;            // σ̂: the reference's own rounding error (estimated, floored)
+    double sigma_precision = 0;  // σ̂_p = ‖reference − fp32 run‖₂; 0 without a finer run
+    double budget = 0;           // the larger of budget_multiplier()·σ̂, precision_multiplier()·σ̂_p
+    double ratio = 0;            // error / budget; ≤ 1 is within budget
     bool within() const { return error <= budget; }
 };
 
@@ -69,14 +103,17 @@ struct BudgetReport {
     double max_ratio = 0;
     std::string worst;               // the row with max_ratio
     bool within = false;             // every row within its budget
+    bool per_precision = false;      // budgets include the precision's own error (a finer run)
     std::string text() const;        // a table, worst first, and the verdict
 };
 
 // `reference`: the bitwise single device; `alternates`: other valid orderings of the same job
 // on the single device (at least one; e.g. fast mode, another numerics.block); `candidate`: the
-// run under test. All must be of the same model and number of steps (InternalError otherwise).
+// run under test; `finer`: when the job's precision is coarser than fp32, the same job in fp32
+// (bitwise, single device), else null. All must be of the same model and number of steps
+// (InternalError otherwise).
 BudgetReport error_budget(const LogicalState& reference,
                           const std::vector<const LogicalState*>& alternates,
-                          const LogicalState& candidate);
+                          const LogicalState& candidate, const LogicalState* finer = nullptr);
 
 }  // namespace px

@@ -436,6 +436,8 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
     rep.reference_seconds = seconds_since(t0);
     // Fast mode: the alternates that size the reference's own rounding error (budget.h).
     std::vector<LogicalState> alternates;
+    LogicalState finer;  // a precision coarser than fp32: the same job in fp32 (budget.h)
+    const bool per_precision = fast && precision_unit(ref_cfg.precision) > kFp32Unit;
     if (fast) {
         Config a = ref_cfg;
         a.numerics.mode = Mode::fast;
@@ -443,6 +445,11 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
         Config b = ref_cfg;
         b.numerics.block = ref_cfg.numerics.block * 2;
         alternates.push_back(single_device(b, nullptr));
+        if (per_precision) {
+            Config f = ref_cfg;
+            f.precision = PrecisionConfig{};  // fp32 activations, no fp8, no loss scaling
+            finer = single_device(f, nullptr);
+        }
     }
 
     for (const LayoutSpec& spec : layouts)
@@ -453,7 +460,8 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
             if (fast) {
                 std::vector<const LogicalState*> alts;
                 for (const LogicalState& a : alternates) alts.push_back(&a);
-                const BudgetReport b = error_budget(reference.back(), alts, last);
+                const BudgetReport b =
+                    error_budget(reference.back(), alts, last, per_precision ? &finer : nullptr);
                 r.budget_ratio = b.max_ratio;
                 r.budget_worst = b.worst;
                 r.verdict = b.within ? "within budget" : "over budget";

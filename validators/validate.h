@@ -48,7 +48,8 @@
 // "diverged", naming the first step with a difference and, in it, the first differing tensor
 // (parameters, then first moments, then second moments, then the metrics), its element (flat
 // and per dimension) and both values. fast mode: the per-step comparisons are reported the same
-// way, and the verdict is the error budget of the final state (validators/budget.h): "within
+// way, and the verdict is the error budget of the final state (validators/budget.h; in a
+// precision coarser than fp32 also against the same job in fp32, run once): "within
 // budget" or "over budget". A layout that cannot run (a config error, a failed collective) is
 // "error" with its message; the other layouts still run. The reference runs without the config's
 // [fault] and [validate] settings: an injected fault (core/train/faults.h) strikes the layouts

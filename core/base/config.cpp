@@ -130,6 +130,7 @@ const std::array kKeys = {
     PX_KEY(precision, fp8_keep_ends_bf16, "fp8: the first and last blocks' matmuls stay in bf16 (when fp8_layers is \"\")"),
     PX_KEY(precision, fp8_layers, "fp8: the blocks whose linears run in fp8: \"\" (as fp8_keep_ends_bf16 says), \"all\", \"none\", or 0-based block indices and inclusive ranges, e.g. \"1-4,6\""),
     PX_KEY(precision, fp8_lm_head, "fp8: the LM head's matmul (ln_f output times wte) in fp8 too; the embedding (a lookup) never is"),
+    PX_KEY(precision, fp8_accumulator_promote, "fp8: N > 0 emulates Hopper's FP8 accumulator: products summed in 13 mantissa bits (truncated) and promoted to fp32 every N products (DeepSeek-V3: 128; at most numerics.block); 0: fp32 sums"),
     PX_KEY(output, dir, "where run.h5 and exports go (--out overrides)"),
     PX_KEY(output, run_file, "write <dir>/run.h5"),
     PX_KEY(output, export_llmc, "if set, write the final weights as an llm.c checkpoint here"),
@@ -528,7 +529,7 @@ void check(const Config& c) {
                       "layout.comm = \"ring\" breaks numerics.mode = \"bitwise\": a ring all-reduce sums in ring "
                       "order, not the canonical tree; use layout.comm = \"auto\" or \"canonical\", or "
                       "numerics.mode = \"fast\""};
-    check_precision_across(c.precision);
+    check_precision_across(c.precision, n);
     check_fp8_layers(c.precision, m.layers);
     check_fp8_monitor_across(c.fp8_monitor, c.precision);
     if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())

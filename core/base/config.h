@@ -139,6 +139,9 @@ struct PrecisionConfig {
     // indices and inclusive ranges, 0-based: "1-4,6" (fp8_block_mask).
     std::string fp8_layers;
     bool fp8_lm_head = false;  // the LM head's matmul (ln_f output · wteᵀ) in fp8 too
+    // N > 0: the fp8 matmuls sum products in Hopper's narrow accumulator (13 mantissa bits,
+    // truncated), promoted to fp32 every N products (DeepSeek-V3: 128); 0: fp32 throughout
+    i64 fp8_accumulator_promote = 0;
 
     bool operator==(const PrecisionConfig&) const = default;
 };

@@ -153,9 +153,12 @@ void check_precision_keys(const PrecisionConfig& pr) {
     one_of("precision.fp8_amax_compute_algo", pr.fp8_amax_compute_algo, {"max", "most_recent"});
     at_least("precision.fp8_margin", pr.fp8_margin, 0);
     at_most("precision.fp8_margin", pr.fp8_margin, 126, "2^margin must be a finite fp32 number");
+    at_least("precision.fp8_accumulator_promote", pr.fp8_accumulator_promote, 0);
+    at_most("precision.fp8_accumulator_promote", pr.fp8_accumulator_promote, i64{1} << 20,
+            "a segment of a block of numerics.block");
 }
 
-void check_precision_across(const PrecisionConfig& pr) {
+void check_precision_across(const PrecisionConfig& pr, const NumericsConfig& n) {
     if (pr.fp8 != "off" && pr.activations != "bf16")
         throw Problem{{"precision.fp8", "precision.activations"},
                       "precision.fp8 = " + quote(pr.fp8) +
@@ -163,6 +166,24 @@ void check_precision_across(const PrecisionConfig& pr) {
                           "fp8 matmuls), got " +
                           quote(pr.activations) +
                           ": set precision.activations = \"bf16\", or precision.fp8 = \"off\""};
+    if (pr.fp8 != "off" && pr.fp8_accumulator_promote > 0 && pr.fp8_lm_head)
+        throw Problem{{"precision.fp8_accumulator_promote", "precision.fp8_lm_head"},
+                      "precision.fp8_accumulator_promote = " +
+                          std::to_string(pr.fp8_accumulator_promote) +
+                          " with precision.fp8_lm_head = true: the narrow accumulator is emulated "
+                          "for the blocks' fp8 linears, not for the LM head's (vocabulary-parallel) "
+                          "matmul; set precision.fp8_lm_head = false, or "
+                          "precision.fp8_accumulator_promote = 0"};
+    if (pr.fp8 != "off" && pr.fp8_accumulator_promote > n.block)
+        throw Problem{
+            {"precision.fp8_accumulator_promote", "numerics.block"},
+            "precision.fp8_accumulator_promote = " + std::to_string(pr.fp8_accumulator_promote) +
+                " is larger than numerics.block = " + std::to_string(n.block) +
+                ": a narrow sum is promoted at the latest at the end of its block (blocks "
+                "combine in fp32, in the canonical tree); set numerics.block to at least " +
+                std::to_string(pr.fp8_accumulator_promote) +
+                " (128 promotes every 128 products, as DeepSeek-V3 does), or promote at most " +
+                std::to_string(n.block)};
 }
 
 void check_spikes_keys(const SpikesConfig& sp) {

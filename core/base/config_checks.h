@@ -43,7 +43,7 @@ void one_of(const char* key, const std::string& v, const std::vector<std::string
 
 DType check_activations(const std::string& v);
 void check_precision_keys(const PrecisionConfig& pr);
-void check_precision_across(const PrecisionConfig& pr);
+void check_precision_across(const PrecisionConfig& pr, const NumericsConfig& n);
 void check_spikes_keys(const SpikesConfig& sp);
 std::vector<bool> fp8_blocks(const PrecisionConfig& pr, i64 layers);  // per block: in fp8
 void check_fp8_layers(const PrecisionConfig& pr, i64 layers);

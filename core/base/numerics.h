@@ -14,6 +14,21 @@
 // with explicit FMA where it is a sum of products. Block results combine in a fixed binary tree
 // over block indices: a node of m blocks splits at ceil(m/2), and its value is left + right.
 // Empty subtrees (all of their elements masked, e.g. future keys under a causal mask) are skipped.
+//
+// The narrow accumulator (Numerics::fp8_promote = N > 0): Hopper's FP8 tensor cores sum products
+// in an accumulator of about 14 significant bits, and DeepSeek-V3 promotes (adds) the partial sum
+// into an fp32 register every N = 128 products. Emulated inside a block of a matmul's K (the
+// tree above the blocks is unchanged): the block's fp32 sum starts at +0; its products, in index
+// order, are cut into segments of N counted from the block's first element; a segment's narrow
+// sum starts at +0 and after every product is s = trunc(fma(a, b, s)), where trunc keeps 13
+// explicit mantissa bits of the fp32 result (the low 10 cleared: round toward zero); at a
+// segment's end the block sum becomes block + s. Why truncation: public measurements of H100's
+// FP8 MMA report an e8m13 accumulator whose results equal fp32 sums with the low 10 mantissa bits
+// truncated (not rounded), which is also what a fixed-width aligned adder without rounding logic
+// does; here the fma rounds once to fp32 before the truncation (a model, not the hardware's adder,
+// whose products are exact and aligned to the largest exponent of a group). A segment never
+// spans two blocks (precision.fp8_accumulator_promote <= numerics.block is checked), so the
+// emulation changes only in-block sums and every layout that is exact without it stays exact.
 #pragma once
 #include "core/base/shapes.h"
 
@@ -32,6 +47,10 @@ struct Numerics {
     Mode mode = Mode::bitwise;  // bitwise: canonical order everywhere; fast: any order, oneDNN
     int block = 64;             // canonical block size of every reduction
     Isa isa = detect_isa();     // vector path; forced by config or tests (same bits on every path)
+    // > 0: a matmul's products are summed in the narrow accumulator, promoted to fp32 every
+    // fp8_promote products (below); the fp8 linears' numerics under
+    // precision.fp8_accumulator_promote, in either mode (the emulation has no fast form).
+    int fp8_promote = 0;
 };
 
 const char* isa_name(Isa isa);     // "scalar", "avx2", "avx512"

@@ -11,9 +11,11 @@
 
 namespace px {
 
-Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp)
-    : delayed_(pc.fp8 != "block"),
+Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp, const Numerics& nx)
+    : nx_(nx),
+      delayed_(pc.fp8 != "block"),
       block_(pc.fp8_block_size),
+      promote_(static_cast<int>(pc.fp8_accumulator_promote)),
       history_len_(pc.fp8_amax_history_len),
       most_recent_(pc.fp8_amax_compute_algo == "most_recent"),
       margin_(static_cast<int>(pc.fp8_margin)) {
@@ -93,33 +95,7 @@ int Fp8Scaling::gemm_of(int weight_id) const {
 }
 
 void Fp8Scaling::cast_blocks(Role r, const Tensor& src, float* dst) const {
-    PX_ASSERT(src.contiguous(), std::string("fp8 cast of a strided tensor '") + src.name + "'");
-    const i64 n = src.numel();
-    convert(dst, DType::f32, src.data, src.dtype, static_cast<size_t>(n));  // exact
-    const i64 b = block_;
-    // (R, K): a weight's rows, cut into blocks of b rows; an activation's rows one by one.
-    const i64 K = src.shape[src.ndim - 1];
-    const i64 R = K > 0 ? n / K : 0;
-    const i64 band = r == w ? b : 1;
-    const i64 bands = (R + band - 1) / band, tiles = (K + b - 1) / b;
-#pragma omp parallel for schedule(static)
-    for (i64 t = 0; t < bands * tiles; t++) {
-        const i64 r0 = (t / tiles) * band, r1 = std::min(R, r0 + band);
-        const i64 c0 = (t % tiles) * b, c1 = std::min(K, c0 + b);
-        float amax = 0.0f;
-        bool finite = true;
-        for (i64 i = r0; i < r1; i++)
-            for (i64 j = c0; j < c1; j++) {
-                const float a = std::fabs(dst[i * K + j]);
-                finite = finite && std::isfinite(a);
-                amax = std::max(amax, a);
-            }
-        const float s = block_scale(amax, finite);
-        const float inv = 1.0f / s;
-        for (i64 i = r0; i < r1; i++)
-            for (i64 j = c0; j < c1; j++)
-                dst[i * K + j] = e4m3_to_f32(f32_to_e4m3(dst[i * K + j] * s)) * inv;
-    }
+    ops::fake_quant_tiles(nx_, dst, src, r == w ? block_ : 1, block_);
 }
 
 void Fp8Scaling::cast(int gemm, Role r, const Tensor& src, float* dst, bool record) {
@@ -129,30 +105,10 @@ void Fp8Scaling::cast(int gemm, Role r, const Tensor& src, float* dst, bool reco
         if (record && observer_) observer_->on_cast(*this, gemm, r, src, dst);
         return;
     }
-    PX_ASSERT(src.contiguous(), std::string("fp8 cast of a strided tensor '") + src.name + "'");
-    const i64 n = src.numel();
-    convert(dst, DType::f32, src.data, src.dtype, static_cast<size_t>(n));  // exact
     const float s = scale_[slot(gemm, r)];
-    const float inv = 1.0f / s;
-    float amax = 0.0f;
     bool nan = false;
-    if (r == dy) {
-#pragma omp parallel for schedule(static) reduction(max : amax) reduction(|| : nan)
-        for (i64 i = 0; i < n; i++) {
-            const float a = std::fabs(dst[i]);
-            nan = nan || std::isnan(a);
-            amax = std::max(amax, a);
-            dst[i] = e5m2_to_f32(f32_to_e5m2(dst[i] * s)) * inv;
-        }
-    } else {
-#pragma omp parallel for schedule(static) reduction(max : amax) reduction(|| : nan)
-        for (i64 i = 0; i < n; i++) {
-            const float a = std::fabs(dst[i]);
-            nan = nan || std::isnan(a);
-            amax = std::max(amax, a);
-            dst[i] = e4m3_to_f32(f32_to_e4m3(dst[i] * s)) * inv;
-        }
-    }
+    float amax =
+        ops::fake_quant(nx_, dst, src, r == dy ? DType::e5m2 : DType::e4m3, s, 1.0f / s, &nan);
     if (!record) return;
     if (nan) amax = INFINITY;  // a NaN cast: the scale is kept (not finite)
     float& a = amax_now_[slot(gemm, r)];
@@ -212,22 +168,39 @@ Tensor f32_like(const Tensor& t, float* data) {
     return v;
 }
 
+// Per-thread buffers for the casts (k: which of a linear's operands), kept between calls: a fresh
+// zeroed allocation for every cast, and its unmapping, cost about as much as the cast.
+float* cast_buffer(int k, i64 n) {
+    thread_local std::vector<float> buf[3];
+    std::vector<float>& b = buf[k];
+    if (static_cast<i64>(b.size()) < n) b.resize(static_cast<size_t>(n));
+    return b.data();
+}
+
+// The fp8 linears' numerics: the model's, with the narrow accumulator when asked for.
+Numerics fp8_numerics(const Numerics& nx, const Fp8Scaling& fp8) {
+    Numerics fx = nx;
+    fx.fp8_promote = fp8.accumulator_promote();
+    return fx;
+}
+
 }  // namespace
 
 // out = cast(inp) · cast(weight)ᵀ + bias on the fp32 kernels (or the tensor-parallel layers),
 // out rounded once into its dtype (bf16): the bf16 backend's rule with fp8 cast points.
 void GPT::fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor& inp,
                              const Tensor& weight, const Tensor* bias, bool record) const {
-    std::vector<float> xq(static_cast<size_t>(inp.numel())),
-        wq(static_cast<size_t>(weight.numel()));
-    fp8_->cast(gemm, Fp8Scaling::x, inp, xq.data(), record);
-    fp8_->cast(gemm, Fp8Scaling::w, weight, wq.data(), record);
-    const Tensor x = f32_like(inp, xq.data()), w = f32_like(weight, wq.data());
+    float* const xq = cast_buffer(0, inp.numel());
+    float* const wq = cast_buffer(1, weight.numel());
+    fp8_->cast(gemm, Fp8Scaling::x, inp, xq, record);
+    fp8_->cast(gemm, Fp8Scaling::w, weight, wq, record);
+    const Tensor x = f32_like(inp, xq), w = f32_like(weight, wq);
+    const Numerics fx = fp8_numerics(nx_, *fp8_);
     const Widened o(&out);
     if (layers_)
-        layers_->linear_forward(l, *o, x, w, bias);
+        layers_->linear_forward(fx, l, *o, x, w, bias);
     else
-        ops::matmul_forward(nx_, *o, x, w, bias);
+        ops::matmul_forward(fx, *o, x, w, bias);
     o.store();
 }
 
@@ -236,15 +209,15 @@ void GPT::fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor
 void GPT::fp8_linear_backward(int gemm, std::span<const TokenNode> nodes, Linear l,
                               const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
                               const Tensor& dout, const Tensor& inp, const Tensor& weight) const {
-    std::vector<float> dq(static_cast<size_t>(dout.numel())), xq(static_cast<size_t>(inp.numel())),
-        wq(static_cast<size_t>(weight.numel()));
-    fp8_->cast(gemm, Fp8Scaling::dy, dout, dq.data(), true);
-    fp8_->cast(gemm, Fp8Scaling::x, inp, xq.data(), false);
-    fp8_->cast(gemm, Fp8Scaling::w, weight, wq.data(), false);
-    const Tensor d = f32_like(dout, dq.data()), x = f32_like(inp, xq.data()),
-                 w = f32_like(weight, wq.data());
+    float* const dq = cast_buffer(2, dout.numel());
+    float* const xq = cast_buffer(0, inp.numel());
+    float* const wq = cast_buffer(1, weight.numel());
+    fp8_->cast(gemm, Fp8Scaling::dy, dout, dq, true);
+    fp8_->cast(gemm, Fp8Scaling::x, inp, xq, false);
+    fp8_->cast(gemm, Fp8Scaling::w, weight, wq, false);
+    const Tensor d = f32_like(dout, dq), x = f32_like(inp, xq), w = f32_like(weight, wq);
     const Widened di(&dinp);
-    linear_backward_rows(nodes, l, di.get(), dweight, dbias, d, x, w);
+    linear_backward_rows(fp8_numerics(nx_, *fp8_), nodes, l, di.get(), dweight, dbias, d, x, w);
     di.store();
 }
 

@@ -7,7 +7,10 @@
 // is an fp8 GEMM with fp32 accumulation bit for bit when the scales are powers of two (the
 // products of two read-back values are then exact); otherwise each read-back value carries one
 // fp32 rounding, the same on every layout. Hopper's narrower accumulator, promoted to fp32 every
-// N products, is not emulated: every sum is fp32 from its first product.
+// N products, is emulated when precision.fp8_accumulator_promote = N > 0: the fp8 matmuls (forward,
+// dinp, dweight; not dbias) then run with Numerics::fp8_promote = N, whose narrow sums are
+// defined inside the canonical blocks (core/base/numerics.h), so every layout stays exact;
+// otherwise every sum is fp32 from its first product.
 // The activations between matmuls stay bf16 (precision.activations = "bf16").
 //
 // Delayed scaling: a step casts with the scales made before it. Each cast records max |x| of its
@@ -41,6 +44,7 @@
 //   Fp8Scaling      the scales, histories and step amaxes of every fp8 matmul of the whole model
 #pragma once
 #include "core/base/config.h"
+#include "core/base/numerics.h"
 #include "core/base/tensor.h"
 
 #include <string>
@@ -71,13 +75,17 @@ public:
     static constexpr const char* kRoleNames[kRoles] = {"x", "w", "dy"};
 
     // tp: the tensor-parallel degree, for the block recipe's check (a ConfigError naming the
-    // keys when a rank's share of hidden or ffn is not whole tiles).
-    Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp = 1);
+    // keys when a rank's share of hidden or ffn is not whole tiles). nx: the casts' vector path.
+    Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp = 1,
+               const Numerics& nx = Numerics{});
 
     bool delayed() const { return delayed_; }  // else block-wise current scaling
     i64 block_size() const { return block_; }
 
     int gemms() const { return n_gemms_; }
+    // precision.fp8_accumulator_promote: N > 0 sums the fp8 matmuls' products in the narrow
+    // accumulator promoted to fp32 every N products (Numerics::fp8_promote); 0: fp32 throughout.
+    int accumulator_promote() const { return promote_; }
     const Fp8Gemm& gemm(int g) const { return gemm_[static_cast<size_t>(g)]; }
     i64 history_len() const { return history_len_; }
     // The fp8 matmul whose weight is tensor `weight_id` of the whole model's table; -1: that
@@ -121,8 +129,10 @@ public:
 private:
     size_t slot(int gemm, Role r) const { return static_cast<size_t>(gemm) * kRoles + r; }
 
+    Numerics nx_;
     bool delayed_ = true;
     i64 block_ = 128;
+    int promote_ = 0;
     int n_gemms_ = 0;
     std::vector<Fp8Gemm> gemm_;
     std::vector<int> gemm_of_id_;  // per whole-model tensor id

@@ -254,7 +254,7 @@ void GPT::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const T
     if (const int g = fp8_ ? fp8_->gemm_of(weight.id) : -1; g >= 0)
         fp8_linear_forward(g, l, out, inp, weight, bias, record);
     else if (layers_)
-        layers_->linear_forward(l, out, inp, weight, bias);
+        layers_->linear_forward(nx_, l, out, inp, weight, bias);
     else
         ops::matmul_forward(nx_, out, inp, weight, bias);
 }
@@ -265,18 +265,18 @@ void GPT::linear_backward(std::span<const TokenNode> nodes, Linear l, const Tens
     if (const int g = fp8_ ? fp8_->gemm_of(weight.id) : -1; g >= 0)
         fp8_linear_backward(g, nodes, l, dinp, dweight, dbias, dout, inp, weight);
     else
-        linear_backward_rows(nodes, l, &dinp, dweight, dbias, dout, inp, weight);
+        linear_backward_rows(nx_, nodes, l, &dinp, dweight, dbias, dout, inp, weight);
 }
 
-void GPT::linear_backward_rows(std::span<const TokenNode> nodes, Linear l, const Tensor* dinp,
-                               const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
-                               const Tensor& inp, const Tensor& weight) const {
+void GPT::linear_backward_rows(const Numerics& nx, std::span<const TokenNode> nodes, Linear l,
+                               const Tensor* dinp, const Tensor& dweight, const Tensor* dbias,
+                               const Tensor& dout, const Tensor& inp, const Tensor& weight) const {
     auto backward = [&](const Tensor* di, const Tensor* dw, const Tensor* db, const Tensor& d,
                         const Tensor& i) {
         if (layers_)
-            layers_->linear_backward(l, di, dw, db, d, i, weight);
+            layers_->linear_backward(nx, l, di, dw, db, d, i, weight);
         else
-            ops::matmul_backward(nx_, di, dw, db, d, i, weight);
+            ops::matmul_backward(nx, di, dw, db, d, i, weight);
     };
     if (nodes.size() == 1) {
         backward(dinp, &dweight, dbias, dout, inp);

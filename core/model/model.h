@@ -140,14 +140,15 @@ public:
     // p (e's local elements) = this model's slice of e's initialisation N(0, std) (core/base/rng.h).
     virtual void fill_normal(float* p, const TableEntry& e, float std,
                              std::uint64_t seed) const = 0;
-    // out = inp·weightᵀ + bias, as ops::matmul_forward / matmul_backward (a null output is not
-    // computed: the weight gradients of a microbatch's token nodes are taken one node at a time,
-    // over its rows, after dinp over all of them).
-    virtual void linear_forward(Linear l, const Tensor& out, const Tensor& inp,
+    // out = inp·weightᵀ + bias, as ops::matmul_forward / matmul_backward in nx (the model's
+    // numerics, or an fp8 linear's: Numerics::fp8_promote) (a null output is not computed: the
+    // weight gradients of a microbatch's token nodes are taken one node at a time, over its
+    // rows, after dinp over all of them).
+    virtual void linear_forward(const Numerics& nx, Linear l, const Tensor& out, const Tensor& inp,
                                 const Tensor& weight, const Tensor* bias) const = 0;
-    virtual void linear_backward(Linear l, const Tensor* dinp, const Tensor* dweight,
-                                 const Tensor* dbias, const Tensor& dout, const Tensor& inp,
-                                 const Tensor& weight) const = 0;
+    virtual void linear_backward(const Numerics& nx, Linear l, const Tensor* dinp,
+                                 const Tensor* dweight, const Tensor* dbias, const Tensor& dout,
+                                 const Tensor& inp, const Tensor& weight) const = 0;
     // As ops::embedding_forward / embedding_backward (the backward over the flat tokens
     // [row_lo, row_hi) of dout only, row_hi < 0: all).
     virtual void embedding_forward(const Tensor& out, const int* tokens, const Tensor& wte,
@@ -339,10 +340,10 @@ private:
                              const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
                              const Tensor& dout, const Tensor& inp, const Tensor& weight) const;
     // After any casts: dinp (null: none) over all rows, the weight gradients once per node over
-    // the node's rows.
-    void linear_backward_rows(std::span<const TokenNode> nodes, Linear l, const Tensor* dinp,
-                              const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
-                              const Tensor& inp, const Tensor& weight) const;
+    // the node's rows, in nx (the model's numerics, or the fp8 linears').
+    void linear_backward_rows(const Numerics& nx, std::span<const TokenNode> nodes, Linear l,
+                              const Tensor* dinp, const Tensor& dweight, const Tensor* dbias,
+                              const Tensor& dout, const Tensor& inp, const Tensor& weight) const;
     // Sequence parallelism (see ParallelLayers): the LayerNorm forward/backward and a residual
     // add on this rank's token rows; plain ops on whole tensors otherwise.
     void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,

@@ -159,15 +159,15 @@ void TpLayers::fill_normal(float* p, const TableEntry& e, float std, std::uint64
 
 // Column parallel (qkv, fc): Y_r = X W_rᵀ + b_r, dX = Σ_r dY_r W_r (tree exchange).
 // Row parallel (attn_proj, fc_proj): Y = Σ_r X_r W_rᵀ + b (tree exchange), dX_r, dW_r local.
-void TpLayers::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
-                              const Tensor* bias) const {
+void TpLayers::linear_forward(const Numerics& nx, Linear l, const Tensor& out, const Tensor& inp,
+                              const Tensor& weight, const Tensor* bias) const {
     const float* b = bias ? bias->f32() : nullptr;
     const i64 BT = rows_of(inp);
     const Widened o(&out), i(&inp), w(&weight, inp.dtype);
     switch (l) {
         case Linear::qkv:
         case Linear::fc:
-            tp::column_parallel_forward(comm_, nx_, o.f32(), i.f32(), w.f32(), b,
+            tp::column_parallel_forward(comm_, nx, o.f32(), i.f32(), w.f32(), b,
                                         l == Linear::qkv ? shards_.qkv : shards_.ffn, BT,
                                         weight.shape[1]);
             break;
@@ -176,22 +176,22 @@ void TpLayers::linear_forward(Linear l, const Tensor& out, const Tensor& inp, co
             const tp::DimSplit& k = l == Linear::attn_proj ? shards_.channels : shards_.ffn;
             const i64 OC = weight.shape[0];
             if (sequence_parallel()) {  // reduce-scatter: this rank's token rows of out
-                const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
+                const tp::DimSplit tokens = tp::token_split(nx, BT, shards_.tp);
                 const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
-                tp::row_parallel_forward_sp(comm_, nx_, o.f32() + lo * OC, i.f32(), w.f32(), b, k,
+                tp::row_parallel_forward_sp(comm_, nx, o.f32() + lo * OC, i.f32(), w.f32(), b, k,
                                             tokens, BT, OC);
                 break;
             }
-            tp::row_parallel_forward(comm_, nx_, o.f32(), i.f32(), w.f32(), b, k, BT, OC);
+            tp::row_parallel_forward(comm_, nx, o.f32(), i.f32(), w.f32(), b, k, BT, OC);
             break;
         }
     }
     o.store();
 }
 
-void TpLayers::linear_backward(Linear l, const Tensor* dinp, const Tensor* dweight,
-                               const Tensor* dbias, const Tensor& dout, const Tensor& inp,
-                               const Tensor& weight) const {
+void TpLayers::linear_backward(const Numerics& nx, Linear l, const Tensor* dinp,
+                               const Tensor* dweight, const Tensor* dbias, const Tensor& dout,
+                               const Tensor& inp, const Tensor& weight) const {
     float* db = dbias ? dbias->f32() : nullptr;
     float* dw = dweight ? dweight->f32() : nullptr;
     const i64 BT = rows_of(inp);
@@ -202,21 +202,21 @@ void TpLayers::linear_backward(Linear l, const Tensor* dinp, const Tensor* dweig
             const tp::DimSplit& oc = l == Linear::qkv ? shards_.qkv : shards_.ffn;
             const i64 C = weight.shape[1];
             if (sequence_parallel() && dinp != nullptr) {  // dX reduce-scattered: this rank's rows
-                const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
+                const tp::DimSplit tokens = tp::token_split(nx, BT, shards_.tp);
                 const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;
-                tp::column_parallel_backward_sp(comm_, nx_, di.f32() + lo * C, dw, db, d.f32(),
+                tp::column_parallel_backward_sp(comm_, nx, di.f32() + lo * C, dw, db, d.f32(),
                                                 i.f32(), w.f32(), oc, tokens, BT, C);
                 break;
             }
-            tp::column_parallel_backward(comm_, nx_, di.f32(), dw, db, d.f32(), i.f32(), w.f32(),
-                                         oc, BT, C);
+            tp::column_parallel_backward(comm_, nx, di.f32(), dw, db, d.f32(), i.f32(), w.f32(), oc,
+                                         BT, C);
             break;
         }
         case Linear::attn_proj:
         case Linear::fc_proj:
-            tp::row_parallel_backward(comm_, nx_, di.f32(), dw, db, d.f32(), i.f32(),
-                                      w.f32(), l == Linear::attn_proj ? shards_.channels : shards_.ffn,
-                                      BT, weight.shape[0]);
+            tp::row_parallel_backward(comm_, nx, di.f32(), dw, db, d.f32(), i.f32(), w.f32(),
+                                      l == Linear::attn_proj ? shards_.channels : shards_.ffn, BT,
+                                      weight.shape[0]);
             break;
     }
     di.store();

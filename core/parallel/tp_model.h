@@ -72,10 +72,10 @@ public:
                             const Tensor& mean, const Tensor& rstd, i64 row_lo,
                             i64 row_hi) const override;
     void fill_normal(float* p, const TableEntry& e, float std, std::uint64_t seed) const override;
-    void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
-                        const Tensor* bias) const override;
-    void linear_backward(Linear l, const Tensor* dinp, const Tensor* dweight, const Tensor* dbias,
-                         const Tensor& dout, const Tensor& inp,
+    void linear_forward(const Numerics& nx, Linear l, const Tensor& out, const Tensor& inp,
+                        const Tensor& weight, const Tensor* bias) const override;
+    void linear_backward(const Numerics& nx, Linear l, const Tensor* dinp, const Tensor* dweight,
+                         const Tensor* dbias, const Tensor& dout, const Tensor& inp,
                          const Tensor& weight) const override;
     void embedding_forward(const Tensor& out, const int* tokens, const Tensor& wte,
                            const Tensor& wpe) const override;

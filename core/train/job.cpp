@@ -206,7 +206,7 @@ void Job::build_model() {
                                                cfg_.layout.sequence_parallel);
     model_ = std::make_unique<GPT>(cfg_.model, nx_, part, tpl, activation_dtype(cfg_.precision));
     if (cfg_.precision.fp8 != "off") {
-        fp8_ = std::make_shared<Fp8Scaling>(cfg_.model, cfg_.precision, layout_.tp);
+        fp8_ = std::make_shared<Fp8Scaling>(cfg_.model, cfg_.precision, layout_.tp, nx_);
         model_->set_fp8(fp8_);
     }
     if (cfg_.model.init_from.empty()) {

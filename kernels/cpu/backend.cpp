@@ -4,6 +4,8 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_kernels.h"
 
+#include <string>
+
 namespace px::cpu {
 
 namespace {
@@ -127,6 +129,11 @@ void sum_squares_blocks_of(const Numerics& nx, const Tensor& part, const Tensor&
     sum_squares_blocks(nx, part.f32(), x.f32(), x.numel());
 }
 
+std::string matmul_path_of(const Numerics& nx) {
+    if (nx.mode == Mode::fast) return "oneDNN sgemm";
+    return std::string("canonical GEMM, ") + isa_name(nx.isa) + " microkernel";
+}
+
 }  // namespace
 
 const ops::Backend f32_backend{
@@ -153,6 +160,7 @@ const ops::Backend f32_backend{
     .adamw_update = adamw_of,
     .sum_squares = sum_squares_of,
     .sum_squares_blocks = sum_squares_blocks_of,
+    .matmul_path = matmul_path_of,
 };
 
 }  // namespace px::cpu

@@ -7,11 +7,18 @@
 // statistics, losses, softmax row statistics, weight gradients and the optimizer stay fp32
 // (Operands below). Both numerics modes: the fp32 kernels choose their order from nx.mode.
 //
-// This is the reference 16-bit path, exact by construction and the same on every CPU; a backend
-// that runs native bf16 dot products (AVX512_BF16, AMX) registers for fast mode beside it.
+// This is the reference 16-bit path, exact by construction and the same on every CPU. In fast
+// mode bf16 runs bf16_fast_backend instead: the same entries but for the matmuls, which take
+// oneDNN's bf16 primitive or sgemm (kernels/cpu/matmul_bf16.h).
 #include "core/base/dtype.h"
 #include "core/base/widened.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/casts.h"
+#include "kernels/cpu/matmul_bf16.h"
+
+#include <optional>
+#include <string>
+#include <vector>
 
 namespace px::cpu {
 
@@ -19,11 +26,88 @@ namespace {
 
 using ops::Backend;
 
-// Wide<D>(t): t's values in fp32; Wide<D>(t, true): a matmul's fp32 weights rounded to D.
+// Per-thread fp32 buffers kept between calls: the LM head's logits are tens of MB, and fresh pages
+// (zeroed and faulted in) on every call cost more than the conversion itself. A buffer is leased
+// for the life of one Wide and handed back (the pool holds a few: the Wides of one entry).
+thread_local std::vector<std::vector<float>> tl_pool;
+
+class Lease {
+public:
+    explicit Lease(i64 n) {
+        const size_t want = static_cast<size_t>(n);
+        size_t pick = tl_pool.size();
+        for (size_t i = 0; i < tl_pool.size(); i++)  // the smallest that fits, else the largest
+            if (pick == tl_pool.size() ||
+                (tl_pool[i].size() >= want
+                     ? tl_pool[pick].size() < want || tl_pool[i].size() < tl_pool[pick].size()
+                     : tl_pool[pick].size() < want && tl_pool[i].size() > tl_pool[pick].size()))
+                pick = i;
+        if (pick < tl_pool.size()) {
+            v_ = std::move(tl_pool[pick]);
+            tl_pool.erase(tl_pool.begin() + static_cast<std::ptrdiff_t>(pick));
+        }
+        if (v_.size() < want) v_.resize(want);
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { tl_pool.push_back(std::move(v_)); }
+    float* data() { return v_.data(); }
+
+private:
+    std::vector<float> v_;
+};
+
+// Wide<D>(t): t's values in fp32; Wide<D>(t, true): a matmul's fp32 weights rounded to D; store()
+// rounds the fp32 copy back into t once (core/base/widened.h). Contiguous bf16 goes through the
+// vectorised casts of casts.h (the same bits as dtype.h's, which Widened uses for the rest: fp16,
+// strided views); they are exact or nearest even on every path, so the best one runs.
 template <DType D>
-struct Wide : Widened {
-    explicit Wide(const Tensor* t, bool matmul_weight = false)
-        : Widened(t, matmul_weight ? D : DType::f32) {}
+class Wide {
+public:
+    explicit Wide(const Tensor* t, bool matmul_weight = false) : from_(t) {
+        if (t == nullptr) return;
+        const bool vec = D == DType::bf16 && t->device == Device::cpu && t->contiguous() &&
+                         (t->dtype == DType::bf16 || (t->dtype == DType::f32 && matmul_weight));
+        if (!vec) {
+            slow_.emplace(t, matmul_weight ? D : DType::f32);
+            return;
+        }
+        n_ = t->numel();
+        buf_.emplace(n_);
+        if (t->dtype == DType::bf16)
+            widen_bf16(isa(), buf_->data(), static_cast<const std::uint16_t*>(t->data), n_);
+        else
+            round_bf16(isa(), buf_->data(), t->f32(), n_);
+        view_ = *t;
+        view_.dtype = DType::f32;
+        view_.data = buf_->data();
+        i64 stride = 1;
+        for (int d = view_.ndim - 1; d >= 0; d--) {
+            view_.strides[d] = stride;
+            stride *= view_.shape[d];
+        }
+    }
+    const Tensor& operator*() const { return slow_ ? **slow_ : view_; }
+    const Tensor* get() const { return from_ != nullptr ? &**this : nullptr; }
+    void store() const {
+        if (slow_) {
+            slow_->store();
+            return;
+        }
+        if (from_ != nullptr && from_->dtype == DType::bf16)  // weights are only read
+            narrow_bf16(isa(), static_cast<std::uint16_t*>(from_->data), buf_->data(), n_);
+    }
+
+private:
+    static Isa isa() {
+        static const Isa best = detect_isa();
+        return best;
+    }
+    const Tensor* from_;
+    std::optional<Widened> slow_;
+    mutable std::optional<Lease> buf_;  // store() writes from it
+    i64 n_ = 0;
+    Tensor view_;
 };
 
 const Backend& f32() {
@@ -175,6 +259,39 @@ void row_sum_of(const Numerics& nx, const Tensor& out, const Tensor& x) {
     f32().row_sum(nx, out, *w);
 }
 
+// Fast bf16 matmuls (kernels/cpu/matmul_bf16.h) on the path this CPU takes.
+const std::uint16_t* bf16_of(const Tensor& t) {
+    return static_cast<const std::uint16_t*>(t.data);
+}
+std::uint16_t* bf16_out(const Tensor* t) {
+    return t != nullptr ? static_cast<std::uint16_t*>(t->data) : nullptr;
+}
+
+void matmul_fwd_fast(const Numerics& nx, const Tensor& out, const Tensor& inp, const Tensor& w,
+                     const Tensor* bias) {
+    matmul_forward_bf16(nx, bf16_matmul_info().path, bf16_out(&out), bf16_of(inp), w.f32(),
+                        bias != nullptr ? bias->f32() : nullptr, ops::rows(inp), ops::last_dim(inp),
+                        w.shape[0]);
+}
+
+void matmul_bwd_fast(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
+                     const Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& w) {
+    matmul_backward_bf16(nx, bf16_matmul_info().path, bf16_out(dinp),
+                         dweight != nullptr ? dweight->f32() : nullptr,
+                         dbias != nullptr ? dbias->f32() : nullptr, bf16_of(dout), bf16_of(inp),
+                         w.f32(), ops::rows(inp), ops::last_dim(inp), w.shape[0]);
+}
+
+std::string reference_path(const Numerics& nx) {
+    return nx.mode == Mode::fast
+               ? "fp32 sgemm on 16-bit values"
+               : std::string("canonical GEMM on 16-bit values, ") + isa_name(nx.isa);
+}
+
+std::string fast_bf16_path(const Numerics&) {
+    return bf16_matmul_info().text;
+}
+
 template <DType D>
 constexpr Backend narrow_backend(const char* name) {
     return Backend{
@@ -201,12 +318,22 @@ constexpr Backend narrow_backend(const char* name) {
         .adamw_update = nullptr,  // the optimizer runs on fp32 master weights (the fp32 backend)
         .sum_squares = nullptr,
         .sum_squares_blocks = nullptr,
+        .matmul_path = reference_path,
     };
+}
+
+constexpr Backend fast_bf16_backend() {
+    Backend b = narrow_backend<DType::bf16>("cpu bf16 fast (oneDNN bf16 or sgemm)");
+    b.matmul_forward = matmul_fwd_fast;
+    b.matmul_backward = matmul_bwd_fast;
+    b.matmul_path = fast_bf16_path;
+    return b;
 }
 
 }  // namespace
 
 constinit const ops::Backend bf16_backend = narrow_backend<DType::bf16>("cpu bf16 (fp32 compute)");
 constinit const ops::Backend f16_backend = narrow_backend<DType::f16>("cpu fp16 (fp32 compute)");
+constinit const ops::Backend bf16_fast_backend = fast_bf16_backend();
 
 }  // namespace px::cpu

@@ -14,6 +14,8 @@
 //     from an empty stack and keeps only a short "outer" stack between chunks.
 //   * OpenMP threads split output tiles, never K: thread-count invariant by construction.
 // Mode::fast — oneDNN sgemm (matmul_fast.cpp). dbias uses the canonical code in both modes.
+// Numerics::fp8_promote > 0 (Hopper's narrow FP8 accumulator, core/base/numerics.h) — the same
+// driver on the narrow kernels (narrow_gemm_kernel), in either mode: it has no fast form.
 //
 // Performance notes (2-core AVX-512 host, bench/bench_matmul.cpp): the 14×32 AVX-512 microkernel
 // runs at ~90% of the FMA peak on cached panels; the rest goes to packing (~0.5 cycle per packed
@@ -25,7 +27,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 #include <vector>
@@ -43,8 +47,8 @@ constexpr int MR = 4;
 constexpr int NR = 8;
 
 // ap (klen,MR), bp (klen,NR); see TileFn.
-void tile(const float* ap, const float* bp, i64 klen, i64 kb, const unsigned char* merges,
-          float* stack, float* ostack, int osp, int omerges) {
+void tile(const float* ap, const float* bp, i64 klen, i64 kb, i64 /*seg*/,
+          const unsigned char* merges, float* stack, float* ostack, int osp, int omerges) {
     constexpr int T = MR * NR;
     int sp = 0;
     for (i64 k0 = 0; k0 < klen; k0 += kb) {
@@ -78,10 +82,53 @@ void pack(float* dst, const float* src, i64 ls, i64 ks, int lanes, int W, i64 kl
         for (int l = 0; l < W; l++) dst[k * W + l] = l < lanes ? src[l * ls + k * ks] : 0.0f;
 }
 
+// fma, then the narrow accumulator's truncation (kNarrowKeep).
+float narrow_fma(float a, float b, float c) {
+    return std::bit_cast<float>(std::bit_cast<std::uint32_t>(std::fma(a, b, c)) & kNarrowKeep);
+}
+
+// The narrow-accumulator tile; see TileFn's seg.
+void tile_narrow(const float* ap, const float* bp, i64 klen, i64 kb, i64 seg,
+                 const unsigned char* merges, float* stack, float* ostack, int osp, int omerges) {
+    constexpr int T = MR * NR;
+    int sp = 0;
+    for (i64 k0 = 0; k0 < klen; k0 += kb) {
+        const i64 n = std::min(kb, klen - k0);
+        float acc[T] = {};
+        for (i64 s0 = 0; s0 < n; s0 += seg) {
+            float nacc[T] = {};
+            for (i64 k = s0; k < std::min(n, s0 + seg); k++) {
+                for (int r = 0; r < MR; r++)
+                    for (int j = 0; j < NR; j++)
+                        nacc[r * NR + j] = narrow_fma(ap[r], bp[j], nacc[r * NR + j]);
+                ap += MR;
+                bp += NR;
+            }
+            for (int t = 0; t < T; t++) acc[t] = acc[t] + nacc[t];
+        }
+        auto merge_from = [&](const float* s) {
+            for (int t = 0; t < T; t++) acc[t] = s[t] + acc[t];
+        };
+        for (int m = *merges++; m > 0; m--) merge_from(stack + (--sp) * T);
+        float* dst;
+        if (k0 + kb >= klen) {
+            for (int m = omerges; m > 0; m--) merge_from(ostack + (--osp) * T);
+            dst = ostack + osp * T;
+        } else {
+            dst = stack + (sp++) * T;
+        }
+        std::copy(acc, acc + T, dst);
+    }
+}
+
 }  // namespace
 
 GemmKernel gemm_kernel() {
     return {MR, NR, tile, pack};
+}
+
+GemmKernel narrow_gemm_kernel() {
+    return {MR, NR, tile_narrow, pack};
 }
 
 }  // namespace scalar
@@ -124,20 +171,25 @@ constexpr i64 kMC = 512;        // most rows per item when A is the shared opera
 constexpr i64 kNC = 1024;       // most columns per item when B is the shared operand
 constexpr i64 kItemPanels = 4;  // most local panels per item (one shared panel meets them in L1)
 
-const GemmKernel& kernel_for(Isa isa) {
+// narrow: the narrow accumulator's kernels (Numerics::fp8_promote > 0).
+const GemmKernel& kernel_for(Isa isa, bool narrow = false) {
     static const Isa best = detect_isa();
     // Every path gives the same bits, so a path the CPU lacks falls back to the best it has. Each
     // ISA's gemm_kernel() is itself compiled for that ISA, so it is only called when supported.
     if (isa == Isa::avx512 && best == Isa::avx512) {
-        static const GemmKernel k = avx512::gemm_kernel();
-        return k;
+        static const GemmKernel k = avx512::gemm_kernel(), kn = avx512::narrow_gemm_kernel();
+        return narrow ? kn : k;
     }
     if (isa != Isa::scalar && best != Isa::scalar) {
-        static const GemmKernel k = avx2::gemm_kernel();
-        return k;
+        static const GemmKernel k = avx2::gemm_kernel(), kn = avx2::narrow_gemm_kernel();
+        return narrow ? kn : k;
     }
-    static const GemmKernel k = scalar::gemm_kernel();
-    return k;
+    static const GemmKernel k = scalar::gemm_kernel(), kn = scalar::narrow_gemm_kernel();
+    return narrow ? kn : k;
+}
+
+const GemmKernel& kernel_for(const Numerics& nx) {
+    return kernel_for(nx.isa, nx.fp8_promote > 0);
 }
 
 // c (rows,cols) with leading dimension ldc from the tile result s (MR,NR):
@@ -212,9 +264,10 @@ ChunkPlan make_chunk_plan(i64 nb, i64 max_blocks) {
 
 // c (M,N) = a (M,K) · b (K,N) in the canonical order, or += when accumulate, or = … + bias[j]
 // when bias (N) is given (then accumulate must be false). Strides as in gemm().
-void gemm_canonical(const GemmKernel& kr, i64 block, float* c, i64 ldc, const float* a, i64 rsa,
-                    i64 csa, const float* b, i64 rsb, i64 csb, i64 M, i64 N, i64 K, bool accumulate,
-                    const float* bias) {
+// seg: the narrow accumulator's segment (0: fp32 kernels; see TileFn).
+void gemm_canonical(const GemmKernel& kr, i64 block, i64 seg, float* c, i64 ldc, const float* a,
+                    i64 rsa, i64 csa, const float* b, i64 rsb, i64 csb, i64 M, i64 N, i64 K,
+                    bool accumulate, const float* bias) {
     const int MR = kr.mr, NR = kr.nr, T = MR * NR;
     const i64 nb = num_blocks(K, static_cast<int>(block));
     const ChunkPlan plan = make_chunk_plan(nb, std::max<i64>(1, kKC / block));
@@ -323,7 +376,7 @@ void gemm_canonical(const GemmKernel& kr, i64 block, float* c, i64 ldc, const fl
                                     ? inner
                                     : outer + it * item_outer +
                                           ((p - p0) * gn + (q - q0)) * plan.outer_depth * T;
-                    kr.tile(ap, bp, klen, block, merges, inner, os,
+                    kr.tile(ap, bp, klen, block, seg, merges, inner, os,
                             nchunks == 1 ? 0 : plan.outer_sp[ch],
                             nchunks == 1 ? 0 : plan.outer[ch]);
                     if (last)
@@ -394,10 +447,11 @@ void gemm(const Numerics& nx, float* c, i64 ldc, const float* a, i64 rsa, i64 cs
             for (i64 i = 0; i < M; i++) std::fill(c + i * ldc, c + i * ldc + N, 0.0f);
         return;
     }
-    if (nx.mode == Mode::fast && gemm_fast(c, ldc, a, rsa, csa, b, rsb, csb, M, N, K, accumulate))
+    if (nx.mode == Mode::fast && nx.fp8_promote == 0 &&
+        gemm_fast(c, ldc, a, rsa, csa, b, rsb, csb, M, N, K, accumulate))
         return;
-    gemm_canonical(kernel_for(nx.isa), nx.block, c, ldc, a, rsa, csa, b, rsb, csb, M, N, K,
-                   accumulate, nullptr);
+    gemm_canonical(kernel_for(nx), nx.block, nx.fp8_promote, c, ldc, a, rsa, csa, b, rsb, csb, M, N,
+                   K, accumulate, nullptr);
 }
 
 // out (BT,OC), inp (BT,C), weight (OC,C), bias (OC) or null
@@ -406,7 +460,7 @@ void matmul_forward(const Numerics& nx, float* out, const float* inp, const floa
     PX_ASSERT(nx.block >= 1, "numerics.block must be at least 1");
     if (BT <= 0 || OC <= 0) return;
     // out = inp · weightᵀ: b[k][j] = weight[j][k], so B's row stride is 1 and its column stride C.
-    if (nx.mode == Mode::fast && C > 0) {
+    if (nx.mode == Mode::fast && nx.fp8_promote == 0 && C > 0) {
         // Start from the bias and let sgemm accumulate (any order is allowed in fast mode).
         if (bias != nullptr) {
 #pragma omp parallel for schedule(static) if (BT * OC >= 1 << 18)
@@ -414,7 +468,7 @@ void matmul_forward(const Numerics& nx, float* out, const float* inp, const floa
         }
         if (gemm_fast(out, OC, inp, C, 1, weight, 1, C, BT, OC, C, bias != nullptr)) return;
         // Not expressible for oneDNN: canonical path on top of the bias already in place.
-        gemm_canonical(kernel_for(nx.isa), nx.block, out, OC, inp, C, 1, weight, 1, C, BT, OC, C,
+        gemm_canonical(kernel_for(nx), nx.block, 0, out, OC, inp, C, 1, weight, 1, C, BT, OC, C,
                        bias != nullptr, nullptr);
         return;
     }
@@ -424,8 +478,8 @@ void matmul_forward(const Numerics& nx, float* out, const float* inp, const floa
         return;
     }
     // Bitwise: out = tree + bias, the bias added once after the tree, fused into the tile write.
-    gemm_canonical(kernel_for(nx.isa), nx.block, out, OC, inp, C, 1, weight, 1, C, BT, OC, C, false,
-                   bias);
+    gemm_canonical(kernel_for(nx), nx.block, nx.fp8_promote, out, OC, inp, C, 1, weight, 1, C, BT,
+                   OC, C, false, bias);
 }
 
 // dinp (BT,C), dweight (OC,C), dbias (OC) accumulate; dout (BT,OC), inp (BT,C), weight (OC,C)

@@ -21,8 +21,8 @@ constexpr int NV = 2;
 constexpr int NR = NV * 8;
 
 // ap (klen,MR), bp (klen,NR); see TileFn.
-void tile(const float* ap, const float* bp, i64 klen, i64 kb, const unsigned char* merges,
-          float* stack, float* ostack, int osp, int omerges) {
+void tile(const float* ap, const float* bp, i64 klen, i64 kb, i64 /*seg*/,
+          const unsigned char* merges, float* stack, float* ostack, int osp, int omerges) {
     constexpr int T = MR * NR;
     int sp = 0;
     for (i64 k0 = 0; k0 < klen; k0 += kb) {
@@ -65,6 +65,71 @@ void tile(const float* ap, const float* bp, i64 klen, i64 kb, const unsigned cha
         }
 #pragma GCC unroll 32
         for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) _mm256_storeu_ps(dst + r * NR + v * 8, acc[r][v]);
+    }
+}
+
+// The narrow-accumulator tile (matmul_kernels.h, TileFn's seg): 3×16, 6 ymm narrow sums, 6 fp32
+// block sums, 2 for the B row, 1 broadcast, 1 mask = 16 of 16 registers. Each lane runs the scalar
+// path's sequence: fma, then the low mantissa bits cleared.
+constexpr int NMR = 3;
+
+void tile_narrow(const float* ap, const float* bp, i64 klen, i64 kb, i64 seg,
+                 const unsigned char* merges, float* stack, float* ostack, int osp, int omerges) {
+    constexpr int T = NMR * NR;
+    const __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(kNarrowKeep)));
+    int sp = 0;
+    for (i64 k0 = 0; k0 < klen; k0 += kb) {
+        const i64 n = klen - k0 < kb ? klen - k0 : kb;
+        __m256 acc[NMR][NV];
+#pragma GCC unroll 32
+        for (int r = 0; r < NMR; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm256_setzero_ps();
+        for (i64 s0 = 0; s0 < n; s0 += seg) {
+            const i64 e = n - s0 < seg ? n - s0 : seg;
+            __m256 nacc[NMR][NV];
+#pragma GCC unroll 32
+            for (int r = 0; r < NMR; r++)
+#pragma GCC unroll 4
+                for (int v = 0; v < NV; v++) nacc[r][v] = _mm256_setzero_ps();
+            for (i64 k = 0; k < e; k++) {
+                __m256 b[NV];
+#pragma GCC unroll 4
+                for (int v = 0; v < NV; v++) b[v] = _mm256_loadu_ps(bp + v * 8);
+#pragma GCC unroll 32
+                for (int r = 0; r < NMR; r++) {
+                    const __m256 a = _mm256_set1_ps(ap[r]);
+#pragma GCC unroll 4
+                    for (int v = 0; v < NV; v++)
+                        nacc[r][v] = _mm256_and_ps(_mm256_fmadd_ps(a, b[v], nacc[r][v]), keep);
+                }
+                ap += NMR;
+                bp += NR;
+            }
+#pragma GCC unroll 32
+            for (int r = 0; r < NMR; r++)
+#pragma GCC unroll 4
+                for (int v = 0; v < NV; v++) acc[r][v] = _mm256_add_ps(acc[r][v], nacc[r][v]);
+        }
+        auto merge_from = [&](const float* s) {
+#pragma GCC unroll 32
+            for (int r = 0; r < NMR; r++)
+#pragma GCC unroll 4
+                for (int v = 0; v < NV; v++)
+                    acc[r][v] = _mm256_add_ps(_mm256_loadu_ps(s + r * NR + v * 8), acc[r][v]);
+        };
+        for (int m = *merges++; m > 0; m--) merge_from(stack + (--sp) * T);
+        float* dst;
+        if (k0 + kb >= klen) {
+            for (int m = omerges; m > 0; m--) merge_from(ostack + (--osp) * T);
+            dst = ostack + osp * T;
+        } else {
+            dst = stack + (sp++) * T;
+        }
+#pragma GCC unroll 32
+        for (int r = 0; r < NMR; r++)
 #pragma GCC unroll 4
             for (int v = 0; v < NV; v++) _mm256_storeu_ps(dst + r * NR + v * 8, acc[r][v]);
     }
@@ -138,6 +203,10 @@ void pack(float* dst, const float* src, i64 ls, i64 ks, int lanes, int W, i64 kl
 
 GemmKernel gemm_kernel() {
     return {MR, NR, tile, pack};
+}
+
+GemmKernel narrow_gemm_kernel() {
+    return {NMR, NR, tile_narrow, pack};
 }
 
 }  // namespace px::cpu::avx2

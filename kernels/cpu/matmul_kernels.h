@@ -3,7 +3,9 @@
 //
 // Index
 //   TileFn, PackFn, GemmKernel   what one ISA path provides to the canonical GEMM driver
-//   scalar/avx2/avx512::gemm_kernel
+//   scalar/avx2/avx512::gemm_kernel          fp32 block sums
+//   scalar/avx2/avx512::narrow_gemm_kernel   the narrow accumulator (Numerics::fp8_promote)
+//   kNarrowKeep                  the bits of an fp32 sum the narrow accumulator keeps
 //   gemm_fast                    oneDNN sgemm (Mode::fast)
 //
 // Packed layouts. The driver packs A into panels of MR rows and B into panels of NR columns,
@@ -26,9 +28,19 @@ namespace px::cpu {
 // last block the chunk's own stack is empty, and acc instead merges omerges times with the
 // outer stack `ostack` (height osp on entry) and is pushed there. Stacks hold levels of MR·NR
 // floats; ostack may equal stack when there is a single chunk (osp = omerges = 0).
-using TileFn = void (*)(const float* ap, const float* bp, i64 klen, i64 kb,
+// seg: 0 for the fp32 kernels (gemm_kernel), which ignore it. The narrow kernels
+// (narrow_gemm_kernel, seg >= 1) sum each block instead as core/base/numerics.h's narrow
+// accumulation says: acc = +0; for each segment of seg products from the block's start,
+// nacc = +0, then nacc = fma(a, b, nacc) with the low bits cleared (& kNarrowKeep) after every
+// product, then acc = acc + nacc.
+using TileFn = void (*)(const float* ap, const float* bp, i64 klen, i64 kb, i64 seg,
                         const unsigned char* merges, float* stack, float* ostack, int osp,
                         int omerges);
+
+// The narrow accumulator keeps the sign, the exponent and 13 explicit mantissa bits of an fp32
+// value: the low 10 mantissa bits are cleared, which rounds toward zero (truncation). A NaN stays
+// NaN (fma's NaNs are quiet: bit 22 survives), an infinity stays infinite.
+constexpr std::uint32_t kNarrowKeep = 0xFFFFFC00u;
 
 // Pack one panel: dst[k·W + l] = src[l·ls + k·ks] for l < lanes and +0 for lanes <= l < W,
 // for k < klen. ls is the stride between lanes, ks the stride along K.
@@ -43,13 +55,16 @@ struct GemmKernel {
 
 namespace scalar {
 GemmKernel gemm_kernel();
-}
+GemmKernel narrow_gemm_kernel();
+}  // namespace scalar
 namespace avx2 {
 GemmKernel gemm_kernel();
-}
+GemmKernel narrow_gemm_kernel();
+}  // namespace avx2
 namespace avx512 {
 GemmKernel gemm_kernel();
-}
+GemmKernel narrow_gemm_kernel();
+}  // namespace avx512
 
 // c (M,N) = a·b (or +=) through oneDNN's sgemm, any summation order. Returns false when the
 // strides cannot be expressed as a row-major sgemm (neither stride of an operand is 1); the
