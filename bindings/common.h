@@ -2,6 +2,13 @@
 //
 // Index
 //   bind_errors .. bind_files   each file's part of the module, called by module.cpp in order
+//   numpy_dtype, narrowed       the library's dtypes as numpy's (bf16, fp8 through ml_dtypes)
+//   fp8_cast_dict               an fp8 cast's codes, scales and read-back (precision.cpp)
+//   fp8_state_dict              a job's fp8 scales and amax histories, viewed in place
+//   fp8_checkpoint_dict         a checkpoint's
+//   explore, explored, explored_words   one traced step of a layout (the workbench's layout
+//                               explorer): who holds what, the collectives per layer with their
+//                               bytes, memory per rank; as a dict and in words (layout.cpp)
 //   PyConfig                    a job config as Python sees it (parallax.Config)
 //   make_config                 a Config from a TOML path, a dict, a parallax.Config and
 //                               keyword sections, the way the CLI's --set builds one
@@ -9,19 +16,26 @@
 //   fp8_dict                    the FP8 drift monitor's rows as numpy columns
 //   adopt                       a vector's floats as a numpy array that owns them (no copy)
 //   wait_interruptibly          waits for a SteppedRun with the GIL released, Ctrl-C honoured
+//   run_interruptibly           long library work (validate, record_trace) on a thread of its
+//                               own, the GIL released, Ctrl-C cancelling it after a step
 //
 // Errors: the library's exceptions become Python ones (errors.cpp) with the library's own
 // messages: ConfigError is a ValueError, StorageError an OSError, all are ParallaxError.
 #pragma once
+#include "app/gui/layout_explorer.h"
 #include "core/base/config.h"
 #include "core/base/metrics.h"
+#include "core/io/checkpoint.h"
+#include "core/model/fp8.h"
 #include "core/train/job_view.h"
+#include "core/train/runner.h"
 #include "core/train/stepped_run.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,6 +50,7 @@ void bind_numerics(py::module_& m);
 void bind_job(py::module_& m);
 void bind_validate(py::module_& m);
 void bind_files(py::module_& m);
+void bind_precision(py::module_& m);
 
 struct PyConfig {
     Config cfg;
@@ -55,6 +70,29 @@ py::dict metrics_row(const StepMetrics& m);     // {"step": 3, "loss": 3.41, ...
 // and recipe (str arrays), amax ... sqnr_db (float64 arrays), one element per row.
 py::dict fp8_dict(const std::vector<Fp8Stat>& rows);
 
+// f32: float32, bf16: ml_dtypes.bfloat16, f16: float16, e4m3: ml_dtypes.float8_e4m3fn, e5m2:
+// ml_dtypes.float8_e5m2 (an Error saying to pip install ml_dtypes when it is missing).
+py::dtype numpy_dtype(DType t);
+// v's floats as an array of dtype t that owns its data (exact when v holds t's values, as a
+// probe of a narrow activation does).
+py::array narrowed(const float* v, const std::vector<i64>& shape, DType t);
+// x (shape, fp32) cast to fp8 as the model casts it: delayed (scale given; role dy in e5m2, else
+// e4m3) or block-wise (tiles of 1 x block, or block x block for role w): {q, scale, scale_inv,
+// values, ...} as parallax.fp8_cast documents.
+py::dict fp8_cast_dict(const float* x, const std::vector<i64>& shape, bool delayed,
+                       Fp8Scaling::Role role, float scale, i64 block);
+// None without fp8; else recipe, gemms, roles, dtypes, fp8_max, block_size and (delayed) scale
+// (gemms, 3) and amax_history (gemms, 3, history_len): read-only views whose base is `owner`.
+py::object fp8_state_dict(const Fp8Scaling* f, const py::handle& owner);
+// None without fp8 state; else gemms (names, from cfg when given), scale, amax_history (copies).
+py::object fp8_checkpoint_dict(const CheckpointMeta& m, const Config* cfg);
+
+// cfg's layout run for one step with a recorder around every group (GIL released); ConfigError
+// with the library's sentence when the layout cannot run.
+gui::ExplorerResult explore(const Config& cfg);
+py::dict explored(const gui::ExplorerResult& r);  // parallax.explore_layout's dict
+std::string explored_words(const gui::ExplorerResult& r);  // holds, collectives, memory: lines
+
 // The array takes the vector over (a capsule owns it): the floats are not copied. An empty shape
 // is flat.
 py::array adopt(std::vector<float> v, const std::vector<i64>& shape);
@@ -64,5 +102,12 @@ py::array adopt(std::vector<float> v, const std::vector<i64>& shape);
 // progress, waited for, and the Python exception propagates, leaving the run usable. A failed
 // run's error is raised.
 void wait_interruptibly(SteppedRun& run);
+
+// work(cancel) on a thread of its own while the calling (Python) thread waits with the GIL
+// released, checking for signals every 50 ms. On Ctrl-C (or any signal handler that raises) the
+// cancel answers true, the work stops after the step in progress (core/train/runner.h Cancel),
+// its thread is joined and the Python exception propagates; otherwise the work's own exception,
+// if any, is rethrown. The work must not touch Python objects.
+void run_interruptibly(const std::function<void(const Cancel&)>& work);
 
 }  // namespace px::py_bind

@@ -68,6 +68,7 @@ void bind_files(py::module_& m) {
                 ok = ok && c.ok;
             }
             py::dict d = meta_dict(r.meta());
+            d["fp8"] = fp8_checkpoint_dict(r.meta(), nullptr);
             d["path"] = p;
             d["datasets"] = datasets;
             d["ok"] = ok;
@@ -76,8 +77,9 @@ void bind_files(py::module_& m) {
         py::arg("path"), R"doc(
 Opens a checkpoint and verifies every dataset's checksum, as `parallax inspect`: a dict with its
 meta (step, seed, config, data_source, adam_step, created, parallax_version, history as numpy
-columns), datasets (path, shape, dtype, stored and computed checksum, ok, problem) and ok (every
-checksum verifies). CheckpointError naming the file when it is not a readable checkpoint.)doc");
+columns), fp8 (None, or the fp8 scales and amax histories as read_checkpoint gives them, gemms
+left empty), datasets (path, shape, dtype, stored and computed checksum, ok, problem) and ok
+(every checksum verifies). CheckpointError naming the file when it is not a readable checkpoint.)doc");
 
     m.def(
         "read_checkpoint",
@@ -89,7 +91,8 @@ checksum verifies). CheckpointError naming the file when it is not a readable ch
                 r = std::make_unique<CheckpointReader>(p);
                 r->verify_all();
             }
-            const ModelConfig mc = parse_config(r->meta().config_toml, p + " (its config)").model;
+            const Config cfg = parse_config(r->meta().config_toml, p + " (its config)");
+            const ModelConfig& mc = cfg.model;
             r->check_model(mc);
             const ParamTable table = ParamTable::build(mc);
             py::dict weights, m1, m2;
@@ -106,6 +109,7 @@ checksum verifies). CheckpointError naming the file when it is not a readable ch
                 m2[py::str(e.name)] = read(moment_dataset('v', e.name));
             }
             py::dict d = meta_dict(r->meta());
+            d["fp8"] = fp8_checkpoint_dict(r->meta(), &cfg);
             d["weights"] = weights;
             d["adam_m"] = m1;
             d["adam_v"] = m2;
@@ -113,7 +117,10 @@ checksum verifies). CheckpointError naming the file when it is not a readable ch
         },
         py::arg("path"), R"doc(
 A checkpoint's logical state, every checksum verified first: its meta (as inspect_checkpoint)
-with weights, adam_m and adam_v as {name: float32 array} in GPT-2 names and shapes.)doc");
+with weights, adam_m and adam_v as {name: float32 array} in GPT-2 names and shapes, loss_scale
+(fp16's scale of the next step) and fp8: None without fp8 state, else the delayed recipe's
+state as Job.fp8_state() gives it (gemms: the fp8 matmuls' names, roles, history_len, scale
+(gemms, 3) and amax_history (gemms, 3, history_len) float32, copies).)doc");
 
     m.def(
         "convert",

@@ -14,9 +14,14 @@
 #include "validators/probes.h"
 
 #include <algorithm>
-#include <map>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 namespace px::py_bind {
 
@@ -169,6 +174,47 @@ void wait_interruptibly(SteppedRun& run) {
             throw py::error_already_set();
         }
     }
+}
+
+void run_interruptibly(const std::function<void(const Cancel&)>& work) {
+    struct Shared {
+        std::mutex mu;
+        std::condition_variable cv;
+        bool done = false;
+        std::exception_ptr error;
+        std::atomic<bool> stop{false};
+    };
+    auto sh = std::make_shared<Shared>();
+    const Cancel cancel{[sh] { return sh->stop.load(); }};
+    std::thread worker([&work, &cancel, sh] {
+        std::exception_ptr error;
+        try {
+            work(cancel);
+        } catch (...) {
+            error = std::current_exception();
+        }
+        std::lock_guard<std::mutex> lock(sh->mu);
+        sh->error = error;
+        sh->done = true;
+        sh->cv.notify_all();
+    });
+    auto settled = [&] {
+        py::gil_scoped_release nogil;
+        std::unique_lock<std::mutex> lock(sh->mu);
+        return sh->cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return sh->done; });
+    };
+    while (!settled()) {
+        if (PyErr_CheckSignals() != 0) {
+            sh->stop = true;  // the work throws Cancelled after its step in progress
+            {
+                py::gil_scoped_release nogil;
+                worker.join();
+            }
+            throw py::error_already_set();
+        }
+    }
+    worker.join();
+    if (sh->error) std::rethrow_exception(sh->error);
 }
 
 void bind_job(py::module_& m) {
@@ -368,6 +414,63 @@ tensor ("h.1.attn.c_attn/x"), recipe ("delayed", "block", or a comparison: "curr
 amax, scale, scale_ratio, saturated, underflow, dynamic_range, mse, sqnr_db (float64). The same
 on every layout, bit for bit; README [fp8_monitor] says what each column measures.)doc")
         .def(
+            "fp8_state",
+            [](py::object self) {
+                PyJob& j = self.cast<PyJob&>();
+                raise_if_failed(j);
+                return fp8_state_dict(j.run->job(0).fp8(), self);
+            },
+            R"doc(
+The fp8 scaling state (None when precision.fp8 = "off"), the same on every rank: a dict with
+recipe ("delayed" or "block"), gemms (the fp8 matmuls' names, "h.1.attn.c_attn" ... "lm_head", in
+the order of the arrays), roles ("x", "w", "dy"), dtypes (per role: float8_e4m3fn, and
+float8_e5m2 for a delayed "dy"), fp8_max (448 or 57344 per role), block_size, and for the delayed
+recipe history_len, scale (gemms, 3) float32: the scales the next step casts with, and
+amax_history (gemms, 3, history_len) float32, newest first. scale and amax_history are read-only
+views of the job's memory (base: this job): they see every later step. The block recipe keeps no
+state (scale and amax_history None): its scales are made per cast (fp8_cast).)doc")
+        .def(
+            "fp8_cast",
+            [](py::object self, const std::string& name) {
+                PyJob& j = self.cast<PyJob&>();
+                raise_if_failed(j);
+                const Fp8Scaling* f = j.run->job(0).fp8();
+                if (!f)
+                    throw ConfigError(
+                        "fp8_cast: this job has no fp8 matmuls (precision.fp8 = \"off\"); give "
+                        "precision={\"fp8\": \"delayed\"} or \"block\"");
+                const ParamTable table = ParamTable::build(j.cfg.model);
+                int g = 0;
+                for (; g < f->gemms(); g++) {
+                    const Fp8Gemm& gm = f->gemm(g);
+                    if (gm.name == name ||
+                        (gm.kind != Fp8Gemm::lm_head &&
+                         table.entries[static_cast<size_t>(gm.weight_id)].name == name))
+                        break;
+                }
+                if (g == f->gemms())
+                    throw ConfigError("fp8_cast: \"" + name +
+                                      "\" is not an fp8 matmul of this job or its weight; "
+                                      "fp8_state()[\"gemms\"] lists them");
+                const std::string weight =
+                    table.entries[static_cast<size_t>(f->gemm(g).weight_id)].name;
+                const py::dict all = logical_tensors(*j.run, What::weights, self);
+                const auto w = py::array_t<float, py::array::c_style>::ensure(all[py::str(weight)]);
+                const std::vector<i64> shape(w.shape(), w.shape() + w.ndim());
+                py::dict d = fp8_cast_dict(w.data(), shape, f->delayed(), Fp8Scaling::w,
+                                           f->delayed() ? f->scale(g, Fp8Scaling::w) : 1.0f,
+                                           f->block_size());
+                d["gemm"] = f->gemm(g).name;
+                d["weight"] = weight;
+                return d;
+            },
+            py::arg("name"), R"doc(
+The fp8 cast the next step's forward makes of an fp8 matmul's weight ("h.1.mlp.c_fc" or its
+weight's name "h.1.mlp.c_fc.weight"; "lm_head" casts wte): parallax.fp8_cast's dict (q as
+float8_e4m3fn, scale, scale_inv, values) of the logical weight with the job's scale for it
+(delayed) or its block_size x block_size blocks (block), plus gemm and weight. Every layout casts
+these values (a tp rank its piece of them).)doc")
+        .def(
             "memory",
             [](PyJob& j) {
                 raise_if_failed(j);
@@ -405,8 +508,22 @@ group, op) with rank, group ("dp", "tp", "pp", "world"), group_rank, op ("all_re
 actual traffic) and seconds. reset=True zeroes the counters after reading, so that the next call
 reports the steps in between.)doc")
         .def(
-            "describe", [](PyJob& j) { return j.run->mesh().describe(); },
-            "The mesh in words: every rank's coordinates and layers.")
+            "describe",
+            [](PyJob& j, bool collectives) {
+                std::string s = j.run->mesh().describe();
+                if (collectives) s += explored_words(explore(j.cfg));
+                return s;
+            },
+            py::arg("collectives") = false, R"doc(
+The layout in words: the mesh (every rank's coordinates and layers). collectives=True adds what
+one traced step of the same config shows (parallax.explore_layout; the job's own ranks are not
+touched): who holds which slice of every weight, every collective of each layer with its calls
+and bytes, and memory per rank beside the admission estimate.)doc")
+        .def(
+            "explore", [](PyJob& j) { return explored(explore(j.cfg)); },
+            "parallax.explore_layout(job.config): who holds what, the collectives per layer with "
+            "their bytes (collectives, collectives_text, bytes_per_layer) and memory per rank, "
+            "from one traced step of this job's config on ranks of its own.")
         .def(
             "weights",
             [](py::object self) {
@@ -477,12 +594,16 @@ it, flat) and `<what>_range` (those floats' range in its local table: a ZeRO sha
                 if (!j.probes) throw ConfigError("probe: this job records no probes; give Job(..., probes=[patterns])");
                 std::vector<i64> shape;
                 std::vector<float> v = j.probes->unshard(name, &shape);
+                const DType t = j.probes->dtype(name);
+                if (t != DType::f32) return narrowed(v.data(), shape, t);
                 return adopt(std::move(v), shape);
             },
-            py::arg("name"),
-            "A probe's logical tensor, put together from every rank's pieces (an array that owns "
-            "the floats unshard made; ParallaxError naming the probe when pieces are missing or "
-            "replicas disagree).")
+            py::arg("name"), R"doc(
+A probe's logical tensor, put together from every rank's pieces, in the dtype the library holds
+it in: float32, or with precision.activations = "bf16" / "fp16" the activations and their
+gradients as ml_dtypes.bfloat16 / float16 (their values exactly; .astype(np.float32) widens
+them). An array that owns its data; ParallaxError naming the probe when pieces are missing or
+replicas disagree.)doc")
         .def(
             "clear_probes",
             [](PyJob& j) {

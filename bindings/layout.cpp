@@ -8,6 +8,8 @@
 #include "core/parallel/mesh.h"
 #include "core/parallel/schedule.h"
 
+#include <map>
+
 namespace px::py_bind {
 
 namespace {
@@ -75,6 +77,78 @@ std::string range_text(i64 lo, i64 n, i64 whole) {
     return std::to_string(lo) + ":" + std::to_string(lo + n);
 }
 
+std::string bytes_text(i64 b) {
+    char s[32];
+    if (b < 1024) return std::to_string(b) + " B";
+    if (b < 1024 * 1024)
+        std::snprintf(s, sizeof s, "%.1f KiB", static_cast<double>(b) / 1024.0);
+    else
+        std::snprintf(s, sizeof s, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+    return s;
+}
+
+// "0-3" or "0,2,5": world ranks, runs joined.
+std::string ranks_text(const std::vector<int>& ranks) {
+    std::string s;
+    for (size_t i = 0; i < ranks.size();) {
+        size_t j = i;
+        while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) j++;
+        if (!s.empty()) s += ",";
+        s += std::to_string(ranks[i]);
+        if (j > i) {
+            s += '-';
+            s += std::to_string(ranks[j]);
+        }
+        i = j + 1;
+    }
+    return s;
+}
+
+std::string layer_text(int layer) { return layer < 0 ? "model" : "layer " + std::to_string(layer); }
+
+// One line per collective of the traced step: "layer 1 fwd attn.c_proj: tp all_reduce, 2 calls ×
+// 16.0 KiB on ranks 0-3".
+std::vector<std::string> collectives_text(const gui::ExplorerResult& r) {
+    std::vector<std::string> lines;
+    for (const gui::CollectiveUse& u : r.collectives)
+        lines.push_back(layer_text(u.layer) + " " + u.phase + " " + u.op + ": " + u.group + " " +
+                        u.collective + ", " + std::to_string(u.calls) +
+                        (u.calls == 1 ? " call × " : " calls × ") + bytes_text(u.bytes) +
+                        " on rank" + (u.ranks.size() == 1 ? " " : "s ") + ranks_text(u.ranks));
+    return lines;
+}
+
+}  // namespace
+
+gui::ExplorerResult explore(const Config& cfg) {
+    gui::ExplorerResult r;
+    {
+        py::gil_scoped_release nogil;
+        r = gui::explore_layout(cfg);
+    }
+    if (!r.error.empty()) throw ConfigError(r.error);
+    return r;
+}
+
+std::string explored_words(const gui::ExplorerResult& r) {
+    const py::dict d = explored(r);
+    std::string s = "who holds what (weights between steps):\n";
+    for (const py::handle& line : d["text"]) s += "  " + line.cast<std::string>() + "\n";
+    s += "collectives of one step (per rank that issues them: calls × bytes sent + received):\n";
+    for (const std::string& line : collectives_text(r)) s += "  " + line + "\n";
+    if (r.collectives.empty()) s += "  none: every group is one rank\n";
+    s += "memory per rank after the step (the admission estimate: " +
+         bytes_text(r.estimate.total) + " per rank):\n";
+    for (size_t k = 0; k < r.memory.size(); k++) {
+        const MemoryStats& m = r.memory[k];
+        s += "  rank " + std::to_string(k) + ": params " + bytes_text(m.params) + ", grads " +
+             bytes_text(m.grads) + ", optimizer " + bytes_text(m.optimizer) + ", activations " +
+             bytes_text(m.activations) + ", comm " + bytes_text(m.comm) + "; total " +
+             bytes_text(m.total()) + "\n";
+    }
+    return s;
+}
+
 py::dict explored(const gui::ExplorerResult& r) {
     py::dict holds, moments, memory_d;
     py::list text, collectives, memory;
@@ -128,45 +202,69 @@ py::dict explored(const gui::ExplorerResult& r) {
     for (const MemoryItem& it : r.estimate.items) est[py::str(it.what)] = it.bytes;
     est["total"] = r.estimate.total;
     py::dict out;
+    std::map<int, std::vector<std::int64_t>> by_layer;  // bytes of one step, per world rank
+    for (const gui::CollectiveUse& u : r.collectives) {
+        std::vector<std::int64_t>& b = by_layer[u.layer];
+        b.resize(r.coords.size());
+        for (const int k : u.ranks) b[static_cast<size_t>(k)] += u.bytes * u.calls;
+    }
+    py::dict per_layer;
+    for (const auto& [layer, b] : by_layer) {
+        py::array_t<std::int64_t> a(static_cast<py::ssize_t>(b.size()));
+        std::copy(b.begin(), b.end(), a.mutable_data());
+        per_layer[py::int_(layer)] = a;
+    }
     out["holds"] = holds;
     out["moments"] = moments;
     out["text"] = text;
     out["collectives"] = collectives;
+    out["collectives_text"] = collectives_text(r);
+    out["bytes_per_layer"] = per_layer;
     out["memory"] = memory;
     out["estimate"] = est;
     out["seconds"] = r.seconds;
     return out;
 }
 
-}  // namespace
-
 void bind_layout(py::module_& m) {
     m.def(
         "layout",
-        [](const py::object& config, const py::kwargs& sections) {
-            return layout_of(make_config(config, sections));
+        [](const py::object& config, bool with_explore, const py::kwargs& sections) {
+            const Config cfg = make_config(config, sections);
+            py::dict d = layout_of(cfg);
+            if (!with_explore) return d;
+            const gui::ExplorerResult r = explore(cfg);
+            const py::dict e = explored(r);
+            d["holds"] = e["holds"];
+            d["moments"] = e["moments"];
+            d["holds_text"] = e["text"];
+            d["collectives"] = e["collectives"];
+            d["collectives_text"] = e["collectives_text"];
+            d["bytes_per_layer"] = e["bytes_per_layer"];
+            d["memory"] = e["memory"];
+            d["estimate"] = e["estimate"];
+            d["text"] = d["text"].cast<std::string>() + explored_words(r);
+            return d;
         },
-        py::arg("config") = py::none(), R"doc(
+        py::arg("config") = py::none(), py::kw_only(), py::arg("explore") = false, R"doc(
 The layout a config makes, checked once as a job checks it (ConfigError naming the keys when it
 does not fit the model, the batch or the numerics): a dict with dp, tp, pp, zero, microbatches,
 microbatch_size, schedule, virtual_stages, recompute, sequence_parallel, world_size, text (the
 mesh in words), ranks (per world rank: pp, dp, tp, layers, and the world ranks of its dp, tp and
 pp groups) and token_ranges (per dp rank and microbatch: its sequences and token blocks of the
 batch's canonical tree). Ranks are numbered tp innermost: rank = (pp·dp + dp_rank)·tp + tp_rank.
+
+explore=True also runs one step of the layout with a recorder around every group (as
+explore_layout, whose keys it adds: holds, moments, holds_text (its "text"), collectives,
+collectives_text, bytes_per_layer, memory, estimate), and `text` then goes on in words: who
+holds what, every collective of each layer with its calls and bytes, memory per rank.
 >>> parallax.layout(layout={"dp": 2, "tp": 2}, numerics={"block": 32})["world_size"]
 4)doc");
 
     m.def(
         "explore_layout",
         [](const py::object& config, const py::kwargs& sections) {
-            const Config cfg = make_config(config, sections);
-            gui::ExplorerResult r;
-            {
-                py::gil_scoped_release nogil;
-                r = gui::explore_layout(cfg);
-            }
-            if (!r.error.empty()) throw ConfigError(r.error);
-            return explored(r);
+            return explored(explore(make_config(config, sections)));
         },
         py::arg("config") = py::none(), R"doc(
 Who holds what and who says what to whom under a config's layout, read off the runtime itself:
@@ -180,6 +278,10 @@ recorder around every group (the workbench's layout explorer). A dict with
   collectives  in the order the ops run: {phase ("fwd", "bwd", "grad", ...), layer (-1: the
                embedding, head or whole model), op, group ("dp", "tp", "pp"), collective, bytes
                (per call, one rank's sent + received), calls (per step on one rank), ranks}
+  collectives_text  the same in words, one line each: "layer 1 fwd attn.c_proj: tp
+               all_reduce, 1 call × 16.0 KiB on ranks 0-3"
+  bytes_per_layer   {layer: int64 array, per world rank the bytes its collectives of that layer
+               move in one step (calls × bytes)}
   memory       per world rank: params, grads, optimizer, activations, comm bytes after the step
   estimate     one rank's bytes as the job was admitted by (the ZeRO formulas)
 >>> e = parallax.explore_layout(layout={"tp": 2}, model={"seq_len": 32}, numerics={"block": 16})

@@ -81,6 +81,7 @@ computes the single device's bits.
   canonical_sum, tree_nodes   the canonical reduction order itself
   checkpoints  save (Job.save_checkpoint), read_checkpoint, inspect_checkpoint, convert (llm.c)
   read_run_file the metrics, events and FP8 drift monitor rows of a run file
+  cast, fp8_cast  the library's casts: bf16 and fp8 arrays as ml_dtypes dtypes, fp8 codes and scales
 Errors are parallax.ParallaxError subclasses (ConfigError is also a ValueError) carrying the
 library's own messages.)doc";
     m.attr("__version__") = PARALLAX_VERSION;
@@ -91,4 +92,5 @@ library's own messages.)doc";
     bind_job(m);
     bind_validate(m);
     bind_files(m);
+    bind_precision(m);
 }

@@ -163,14 +163,19 @@ void bind_validate(py::module_& m) {
                     throw ConfigError("layout " + l.name + ": " + e.what());
                 }
             }
+            ValidationReport report;
             if (!golden.is_none()) {
                 const std::string path = py::str(py::module_::import("os").attr("fspath")(golden));
-                py::gil_scoped_release nogil;
-                const TraceReader trace(path);
-                return validate_golden(cfg, specs, trace);
+                run_interruptibly([&](const Cancel& cancel) {
+                    const TraceReader trace(path);
+                    report = validate_golden(cfg, specs, trace, nullptr, cancel);
+                });
+                return report;
             }
-            py::gil_scoped_release nogil;
-            return validate_layouts(cfg, specs, steps);
+            run_interruptibly([&](const Cancel& cancel) {
+                report = validate_layouts(cfg, specs, steps, nullptr, {}, {}, cancel);
+            });
+            return report;
         },
         py::arg("config") = py::none(), py::kw_only(),
         py::arg("layouts") = "dp2,tp2,pp2,dp2xtp2xpp2", py::arg("steps") = 20,
@@ -188,7 +193,9 @@ divergence, the first op and per-tensor comparisons).
 
 A layout that cannot take the job raises ConfigError naming it before anything runs. The config's
 [fault] strikes the layouts only (never the reference): how to plant a divergence and watch the
-harness name it.)doc");
+harness name it. It runs with the GIL released; Ctrl-C (KeyboardInterrupt) stops it after the step
+in progress of whichever run is going (reference or layout) and returns nothing; the interpreter
+stays usable.)doc");
 
     m.def(
         "record_trace",
@@ -204,15 +211,19 @@ harness name it.)doc");
             cfg.validate = ValidateConfig{};
             cfg.output.run_file = false;
             const std::string out = py::str(py::module_::import("os").attr("fspath")(path));
-            py::gil_scoped_release nogil;
-            return record_trace(cfg, probes, stride, steps, out);
+            i64 bytes = 0;
+            run_interruptibly([&](const Cancel& cancel) {
+                bytes = record_trace(cfg, probes, stride, steps, out, cancel);
+            });
+            return bytes;
         },
         py::arg("path"), py::arg("config") = py::none(), py::kw_only(), py::arg("steps") = 20,
         py::arg("probes") = std::vector<std::string>{"**"}, py::arg("stride") = 1, R"doc(
 Runs the single-device reference of a job (its layout and [fault] ignored) with probes and writes
 a golden trace to `path`, as `parallax record`: probes are globs over step/phase/layer/op/tensor
 names (* within a part, ** across parts). Returns the bytes of tensors written. Check layouts
-against it with validate(..., golden=path).)doc");
+against it with validate(..., golden=path). Ctrl-C (KeyboardInterrupt) stops it after the step in
+progress, before anything is written.)doc");
 
     py::class_<TraceReader>(m, "Trace", R"doc(
 A golden trace, opened and checked (DataError naming the file otherwise).

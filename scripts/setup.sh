@@ -11,7 +11,7 @@ DEB_PACKAGES=(meson ninja-build g++ pkg-config libomp-dev libtomlplusplus-dev ca
 # without its dependency on PyPI's meson, which would shadow Debian's meson on PATH (and
 # reconfigure every build tree with another meson version); its other dependencies are listed.
 PY_MODULES=(numpy h5py pytest pybind11 packaging pyproject_metadata:pyproject-metadata
-            mesonpy:meson-python nbformat nbclient ipykernel matplotlib)
+            mesonpy:meson-python nbformat nbclient ipykernel matplotlib ml_dtypes)
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

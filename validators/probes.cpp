@@ -70,6 +70,7 @@ void ProbeRecorder::capture(const ProbeKey& key, const float* local, const Shard
     Probe& p = it->second;
     if (fresh) {
         p.shape = spec.logical_shape;
+        p.dtype = key.dtype;
         order_.push_back(name);
     } else if (p.shape != spec.logical_shape && p.fault.empty()) {
         p.fault = "captures give logical shapes " + shape_text(p.shape) + " and " +
@@ -124,6 +125,12 @@ std::vector<std::string> ProbeRecorder::names() const {
 bool ProbeRecorder::has(const std::string& name) const {
     std::lock_guard<std::mutex> lock(mutex_);
     return probes_.count(name) > 0;
+}
+
+DType ProbeRecorder::dtype(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = probes_.find(name);
+    return it == probes_.end() ? DType::f32 : it->second.dtype;
 }
 
 std::vector<float> ProbeRecorder::overlay(const std::string& name, std::vector<float> base) const {

@@ -38,6 +38,9 @@ public:
 
     std::vector<std::string> names() const;   // every probe recorded, by first capture
     bool has(const std::string& name) const;  // whether the probe was captured at all
+    // The dtype the library held the probe's tensor in (its floats are that dtype's values);
+    // f32 for a probe never captured.
+    DType dtype(const std::string& name) const;
     // The logical tensor of a probe from all its pieces, row-major; *shape its logical shape.
     // Throws px::Error naming the probe when it was never captured, when pieces are missing,
     // when overlapping pieces or replicas disagree, or when ranks gave different shapes.
@@ -61,6 +64,7 @@ private:
     };
     struct Probe {
         std::vector<i64> shape;  // logical
+        DType dtype = DType::f32;  // as the library holds it
         std::vector<Piece> pieces;
         std::string fault;  // the first disagreement between captures; empty: none
     };

@@ -153,13 +153,16 @@ std::string data_fingerprint(const Config& cfg, i64 steps) {
 }
 
 i64 record_trace(const Config& cfg, const std::vector<std::string>& patterns, i64 stride, i64 steps,
-                 const std::string& path) {
+                 const std::string& path, const Cancel& cancel) {
     ProbeRecorder rec(patterns, stride);
     rec.exclude({"*/mgrad/**"});
     {
         Job job(cfg);
         job.set_probes(&rec);
-        while (job.steps_done() < steps) job.step();
+        while (job.steps_done() < steps) {
+            job.step();
+            cancel.check();
+        }
     }
     TraceInfo info;
     info.config_toml = config_to_toml(cfg);

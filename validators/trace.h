@@ -26,6 +26,7 @@
 //                                      checkpoint checksum of its elements)
 #pragma once
 #include "core/base/config.h"
+#include "core/train/runner.h"
 #include "validators/compare.h"
 #include "validators/probes.h"
 
@@ -56,9 +57,10 @@ std::string data_fingerprint(const Config& cfg, i64 steps);
 void write_trace(const std::string& path, const ProbeRecorder& rec, const TraceInfo& info);
 // cfg on the single device for `steps` steps, probes `patterns` every `stride` steps; returns the
 // bytes of tensors written. Microbatch gradients ("mgrad") are left out: they are cut as the
-// recording run's microbatches are, which a layout under test need not share.
+// recording run's microbatches are, which a layout under test need not share. `cancel` is asked
+// after every step: true throws Cancelled before anything is written.
 i64 record_trace(const Config& cfg, const std::vector<std::string>& patterns, i64 stride, i64 steps,
-                 const std::string& path);
+                 const std::string& path, const Cancel& cancel = {});
 
 class TraceReader {
 public:

@@ -162,20 +162,20 @@ int world_rank(const Mesh& mesh, const Job& job) {
 }
 
 // Runs layout config c to step `last` (of c's schedule) with ranks[world rank] as each rank's
-// probe recorder, under the caller's decorators.
+// probe recorder, under the caller's decorators; `cancel` is asked after every step.
 void record_layout(const Config& c, std::vector<std::unique_ptr<ProbeRecorder>>& ranks, i64 last,
-                   const RunHooks& decorate) {
+                   const RunHooks& decorate, const Cancel& cancel) {
     const Mesh mesh(make_layout(c));
     RunHooks hooks;
     hooks.setup = [&](Job& job) {
         job.set_probes(ranks[static_cast<size_t>(world_rank(mesh, job))].get());
         job.stop_after(last);
     };
-    run_layout(c, {}, chain(decorate, hooks));
+    run_layout(c, {}, chain(decorate, chain(hooks, cancel.hooks())));
 }
 
-// One layout's run: `body` fills r; an exception that is not bad input makes the layout
-// "error" (the others still run); the time and the progress report follow.
+// One layout's run: `body` fills r; an exception that is not bad input or a cancellation makes
+// the layout "error" (the others still run); the time and the progress report follow.
 template <class Body>
 LayoutResult run_one(const LayoutSpec& spec, void (*progress)(const LayoutResult&), Body&& body) {
     LayoutResult r;
@@ -185,6 +185,8 @@ LayoutResult run_one(const LayoutSpec& spec, void (*progress)(const LayoutResult
         body(r);
     } catch (const DataError&) {
         throw;  // a damaged input file (a golden trace): bad input, not a layout's failure
+    } catch (const Cancelled&) {
+        throw;
     } catch (const std::exception& e) {
         r.verdict = "error";
         r.error = e.what();
@@ -207,7 +209,7 @@ std::string coord_text(const Mesh& mesh, int rank) {
 
 // The first-divergence search (validate.h): probes on every op of steps s-1 and s.
 void search_first_op(const Config& ref_cfg, const Config& c, LayoutResult& r,
-                     const RunHooks& decorate) {
+                     const RunHooks& decorate, const Cancel& cancel) {
     const i64 s = r.first_step;
     std::vector<std::string> patterns;
     for (i64 k = std::max<i64>(1, s - 1); k <= s; k++)
@@ -220,13 +222,16 @@ void search_first_op(const Config& ref_cfg, const Config& c, LayoutResult& r,
     {
         Job job(rc);
         job.set_probes(&ref);
-        while (job.steps_done() < s) job.step();
+        while (job.steps_done() < s) {
+            job.step();
+            cancel.check();
+        }
     }
     const Mesh mesh(make_layout(c));
     const int n = c.layout.dp * c.layout.tp * c.layout.pp;
     std::vector<std::unique_ptr<ProbeRecorder>> ranks;
     for (int k = 0; k < n; k++) ranks.push_back(std::make_unique<ProbeRecorder>(patterns));
-    record_layout(c, ranks, s, decorate);
+    record_layout(c, ranks, s, decorate, cancel);
     for (const std::string& name : ref.names()) {
         std::vector<i64> shape;
         const std::vector<float> want = ref.unshard(name, &shape);
@@ -248,12 +253,14 @@ void search_first_op(const Config& ref_cfg, const Config& c, LayoutResult& r,
                       std::to_string(s) + " agrees: the difference is outside the probed ops";
 }
 
-LogicalState single_device(const Config& cfg, std::vector<LogicalState>* each_step,
-                           ProbeRecorder* probes = nullptr, const ValidateWatch* watch = nullptr) {
+LogicalState single_device(const Config& cfg, const Cancel& cancel,
+                           std::vector<LogicalState>* each_step, ProbeRecorder* probes = nullptr,
+                           const ValidateWatch* watch = nullptr) {
     Job job(cfg);
     job.set_probes(probes);
     while (job.steps_done() < cfg.train.steps) {
         job.step();
+        cancel.check();
         if (watch && watch->reference_step) watch->reference_step(job.steps_done());
         if (each_step) {
             LogicalState s;
@@ -287,7 +294,8 @@ std::vector<Comparison> compare_grads(const ProbeRecorder& ref_grads, ProbeRecor
 // with the reference (Checker) into r. Returns world rank 0's last state.
 LogicalState lockstep(const Config& c, const std::vector<LogicalState>& reference,
                       const ProbeRecorder& ref_grads, LayoutResult& r, i64 steps,
-                      const RunHooks& decorate, const ValidateWatch* watch = nullptr) {
+                      const RunHooks& decorate, const Cancel& cancel,
+                      const ValidateWatch* watch = nullptr) {
     const Mesh mesh(make_layout(c));
     Checker check{reference, r, watch, {}, {}};
     const int n = c.layout.dp * c.layout.tp * c.layout.pp;
@@ -307,7 +315,7 @@ LogicalState lockstep(const Config& c, const std::vector<LogicalState>& referenc
             gathered(c, std::move(p), std::move(m), std::move(v), job.history()), rank,
             compare_grads(ref_grads, *grads[static_cast<size_t>(rank)], job.steps_done()));
     };
-    run_layout(c, {}, chain(decorate, hooks));
+    run_layout(c, {}, chain(decorate, chain(hooks, cancel.hooks())));
     if (r.steps != steps)
         throw InternalError("the layout compared " + std::to_string(r.steps) + " of " +
                             std::to_string(steps) + " steps");
@@ -410,7 +418,8 @@ Config with_layout(Config cfg, const LayoutSpec& l) {
 
 ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSpec>& layouts,
                                   i64 steps, void (*progress)(const LayoutResult&),
-                                  const RunHooks& decorate, const ValidateWatch& watch) {
+                                  const RunHooks& decorate, const ValidateWatch& watch,
+                                  const Cancel& cancel) {
     Config cfg = base;
     cfg.train.steps = steps;
     cfg.output.run_file = false;
@@ -432,7 +441,7 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
     std::vector<LogicalState> reference;
     const auto t0 = Clock::now();
     ProbeRecorder ref_grads({"*/grad/**"});  // the reduced gradients of every step
-    single_device(ref_cfg, &reference, &ref_grads, &watch);
+    single_device(ref_cfg, cancel, &reference, &ref_grads, &watch);
     rep.reference_seconds = seconds_since(t0);
     // Fast mode: the alternates that size the reference's own rounding error (budget.h).
     std::vector<LogicalState> alternates;
@@ -441,14 +450,14 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
     if (fast) {
         Config a = ref_cfg;
         a.numerics.mode = Mode::fast;
-        alternates.push_back(single_device(a, nullptr));
+        alternates.push_back(single_device(a, cancel, nullptr));
         Config b = ref_cfg;
         b.numerics.block = ref_cfg.numerics.block * 2;
-        alternates.push_back(single_device(b, nullptr));
+        alternates.push_back(single_device(b, cancel, nullptr));
         if (per_precision) {
             Config f = ref_cfg;
             f.precision = PrecisionConfig{};  // fp32 activations, no fp8, no loss scaling
-            finer = single_device(f, nullptr);
+            finer = single_device(f, cancel, nullptr);
         }
     }
 
@@ -456,7 +465,8 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
         rep.layouts.push_back(run_one(spec, progress, [&](LayoutResult& r) {
             Config c = with_layout(cfg, spec);
             if (fast) c.numerics.mode = Mode::fast;
-            const LogicalState last = lockstep(c, reference, ref_grads, r, steps, decorate, &watch);
+            const LogicalState last =
+                lockstep(c, reference, ref_grads, r, steps, decorate, cancel, &watch);
             if (fast) {
                 std::vector<const LogicalState*> alts;
                 for (const LogicalState& a : alternates) alts.push_back(&a);
@@ -470,8 +480,10 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
             r.verdict = r.first_step < 0 ? "match" : "diverged";
             if (r.first_step < 0) return;
             try {  // the divergence stands even if the search cannot run
-                search_first_op(ref_cfg, c, r, decorate);
+                search_first_op(ref_cfg, c, r, decorate, cancel);
             } catch (const DataError&) {
+                throw;
+            } catch (const Cancelled&) {
                 throw;
             } catch (const std::exception& e) {
                 r.first_op_rank = -1;
@@ -485,9 +497,11 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
                 LayoutResult p;
                 try {
                     lockstep(with_layout(cfg, part), reference, ref_grads, p, r.first_step,
-                             decorate);
+                             decorate, cancel);
                     r.axes.push_back(
                         {part.name, p.first_step < 0 ? "match" : "diverged", p.first_step, ""});
+                } catch (const Cancelled&) {
+                    throw;
                 } catch (const std::exception& e) {
                     r.axes.push_back({part.name, "error", -1, e.what()});
                 }
@@ -519,7 +533,8 @@ void set_golden_result(LayoutResult& r, const GoldenResult& g, i64 steps) {
 }
 
 ValidationReport validate_golden(const Config& base, const std::vector<LayoutSpec>& layouts,
-                                 const TraceReader& trace, void (*progress)(const LayoutResult&)) {
+                                 const TraceReader& trace, void (*progress)(const LayoutResult&),
+                                 const Cancel& cancel) {
     const TraceInfo& t = trace.info();
     Config cfg = base;
     cfg.train.steps = parse_config(t.config_toml, trace.path()).train.steps;
@@ -540,7 +555,7 @@ ValidationReport validate_golden(const Config& base, const std::vector<LayoutSpe
                 recs.push_back(std::make_unique<ProbeRecorder>(t.patterns, t.stride));
                 recs.back()->exclude({"*/mgrad/**"});
             }
-            record_layout(c, recs, t.steps, {});  // the trace's steps of the trace's schedule
+            record_layout(c, recs, t.steps, {}, cancel);  // the trace's steps and schedule
             std::vector<const ProbeRecorder*> view;
             for (const auto& rec : recs) view.push_back(rec.get());
             set_golden_result(r, compare_to_trace(trace, view), t.steps);

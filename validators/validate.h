@@ -143,9 +143,11 @@ class TraceReader;
 // that differs is `first` and `first_op` (with its rank; first_step is its step). cfg must be the
 // trace's job (check_trace_config). A trace probe that no rank of the layout records (a
 // microbatch gradient under ZeRO-2/3 or a pipeline) makes the layout "error", not "match".
+// `cancel` as validate_layouts's.
 ValidationReport validate_golden(const Config& cfg, const std::vector<LayoutSpec>& layouts,
                                  const TraceReader& trace,
-                                 void (*progress)(const LayoutResult&) = nullptr);
+                                 void (*progress)(const LayoutResult&) = nullptr,
+                                 const Cancel& cancel = {});
 // The verdict of one layout from a comparison with a trace (the MPI path of parallax validate
 // builds it from its ranks' results).
 struct GoldenResult;
@@ -167,9 +169,12 @@ struct ValidateWatch {
 // Runs cfg on the single device for `steps` steps (cfg.train.steps is set to it), then each
 // layout in turn on in-process ranks, comparing after every step. `progress`, when given, is
 // told each layout's result as it finishes. `decorate` wraps every run of a layout's ranks
-// (never the reference's): a test's planted bug, a tracer.
+// (never the reference's): a test's planted bug, a tracer. `cancel` is asked after every step of
+// every run (the reference, the layouts, the first-divergence search, the single-axis parts):
+// when it answers true, Cancelled leaves validate_layouts (no layout ends as "error" for it).
 ValidationReport validate_layouts(const Config& cfg, const std::vector<LayoutSpec>& layouts,
                                   i64 steps, void (*progress)(const LayoutResult&) = nullptr,
-                                  const RunHooks& decorate = {}, const ValidateWatch& watch = {});
+                                  const RunHooks& decorate = {}, const ValidateWatch& watch = {},
+                                  const Cancel& cancel = {});
 
 }  // namespace px

@@ -4,6 +4,8 @@
 //   ConfigError  a job config key is unknown, mistyped or out of range (names the key)
 //   DataError    a data or checkpoint file is malformed (names the file)
 //   CorruptionError  silent data corruption that a re-run reproduced (names the ranks and step)
+//   Cancelled    long work stopped between steps because its caller asked (core/train/runner.h
+//                Cancel): not a failure
 //   PX_ASSERT    an internal invariant; violated means a bug in Parallax, not bad input
 #pragma once
 #include <stdexcept>
@@ -21,6 +23,11 @@ struct DataError : Error {
     using Error::Error;
 };
 struct CorruptionError : Error {
+    using Error::Error;
+};
+// Work that checks a Cancel (validation, recording a trace) stopped after a step because its
+// caller asked it to; what it made so far is dropped. Not a failure of the work.
+struct Cancelled : Error {
     using Error::Error;
 };
 struct InternalError : Error {

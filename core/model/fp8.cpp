@@ -116,6 +116,39 @@ void Fp8Scaling::cast(int gemm, Role r, const Tensor& src, float* dst, bool reco
     if (observer_) observer_->on_cast(*this, gemm, r, src, dst);
 }
 
+float fp8_encode(std::uint8_t* q, const float* x, i64 n, DType t, float scale) {
+    PX_ASSERT(t == DType::e4m3 || t == DType::e5m2, "fp8_encode to a type that is not fp8");
+    float amax = 0.0f;
+    for (i64 i = 0; i < n; i++) {
+        amax = std::max(amax, std::fabs(x[i]));  // keeps amax when |x| is NaN
+        const float v = x[i] * scale;
+        q[i] = t == DType::e4m3 ? f32_to_e4m3(v) : f32_to_e5m2(v);
+    }
+    return amax;
+}
+
+void fp8_encode_tiles(std::uint8_t* q, float* scales, const float* x, i64 R, i64 K, i64 band,
+                      i64 b) {
+    PX_ASSERT(band >= 1 && b >= 1, "fp8_encode_tiles with an empty tile");
+    const i64 tiles = K > 0 ? (K + b - 1) / b : 0;
+    for (i64 r0 = 0; r0 < R; r0 += band)
+        for (i64 c0 = 0; c0 < K; c0 += b) {
+            const i64 r1 = std::min(R, r0 + band), c1 = std::min(K, c0 + b);
+            float amax = 0.0f;
+            bool finite = true;
+            for (i64 i = r0; i < r1; i++)
+                for (i64 j = c0; j < c1; j++) {
+                    const float a = std::fabs(x[i * K + j]);
+                    finite = finite && std::isfinite(a);
+                    amax = std::max(amax, a);
+                }
+            const float s = Fp8Scaling::block_scale(amax, finite);
+            scales[(r0 / band) * tiles + c0 / b] = s;
+            for (i64 i = r0; i < r1; i++)
+                for (i64 j = c0; j < c1; j++) q[i * K + j] = f32_to_e4m3(x[i * K + j] * s);
+        }
+}
+
 void Fp8Scaling::begin_step() {
     std::fill(amax_now_.begin(), amax_now_.end(), 0.0f);
 }

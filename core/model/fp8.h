@@ -42,6 +42,10 @@
 //   Fp8Gemm         one fp8 matmul: its weight, block, kind and name ("h.3.attn.c_attn")
 //   Fp8CastObserver told of every first cast of a step's tensor (the drift monitor)
 //   Fp8Scaling      the scales, histories and step amaxes of every fp8 matmul of the whole model
+//   fp8_encode, fp8_encode_tiles   the fp8 codes behind a cast (delayed, block), with its scales
+//
+// No fp8 byte is kept anywhere: a cast is read back to fp32 at once. fp8_encode gives the codes a
+// cast reads back, for tools that show them (the Python module's fp8_cast).
 #pragma once
 #include "core/base/config.h"
 #include "core/base/numerics.h"
@@ -125,6 +129,10 @@ public:
     std::vector<float> state() const;
     void restore(const std::vector<float>& s);  // a state() of the same shapes
     i64 state_size() const;
+    // The same, in place (delayed; empty for block): they stay where they are for the scaling's
+    // life, updated by update() and restore().
+    const std::vector<float>& scales() const { return scale_; }       // (gemms, kRoles)
+    const std::vector<float>& histories() const { return history_; }  // (gemms·kRoles, history_len)
 
 private:
     size_t slot(int gemm, Role r) const { return static_cast<size_t>(gemm) * kRoles + r; }
@@ -143,6 +151,18 @@ private:
     int margin_ = 0;
     std::vector<float> scale_, amax_now_, history_;  // history_: (slot, history_len)
 };
+
+// The codes behind a delayed cast: q[i] = t(x[i]·scale), t = e4m3 or e5m2, nearest even and
+// saturating (core/base/dtype.h), which Fp8Scaling::cast reads back as decode(q)·(1/scale), bit
+// for bit. Returns max |x| over the values that are not NaN.
+// x (n), q (n)
+float fp8_encode(std::uint8_t* q, const float* x, i64 n, DType t, float scale);
+// The codes behind a block-wise cast: x (R,K) row-major cut into tiles of `band` rows by b columns
+// (the last ones may be short), each tile's e4m3 codes with its own scale (Fp8Scaling::block_scale
+// of the tile's amax) in `scales`, which ops::fake_quant_tiles reads back as decode(q)·(1/scale).
+// x (R,K), q (R,K), scales (ceil(R/band), ceil(K/b))
+void fp8_encode_tiles(std::uint8_t* q, float* scales, const float* x, i64 R, i64 K, i64 band,
+                      i64 b);
 
 // Told of each recorded cast as it happens, on the thread that casts: src the tensor cast (its
 // dtype, this rank's piece of it), dst its read-back values. A delayed cast used scale(gemm, r);

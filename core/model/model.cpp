@@ -602,7 +602,7 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
 // under ParallelLayers this rank's piece of it, as `split` says.
 void GPT::offer_probe(const char* phase, int layer, const char* op, const char* tensor,
                       const Tensor& t, ProbeSplit split) const {
-    const ProbeKey key{probe_ctx_ ? probe_ctx_->step : 0, phase, layer, op, tensor};
+    const ProbeKey key{probe_ctx_ ? probe_ctx_->step : 0, phase, layer, op, tensor, t.dtype};
     if (!probes_->wants(key)) return;
     PX_ASSERT(t.contiguous() && t.ndim >= 1, "a probed tensor must be contiguous");
     std::vector<i64> shape(t.shape.begin(), t.shape.begin() + t.ndim);

@@ -34,6 +34,7 @@
 //   ProbeSink     receives captures; wants() first, so unselected probes cost no copy
 //   glob_match    the pattern language of probe selections
 #pragma once
+#include "core/base/dtype.h"
 #include "core/base/shapes.h"  // i64
 
 #include <string>
@@ -49,6 +50,9 @@ struct ProbeKey {
     int layer = -1;            // the block; -1 for the embedding, the head, ln_f, the loss
     const char* op = "";       // e.g. "attn.qkv", "mlp.gelu", "param", "adam.m"
     const char* tensor = "";   // "out", "dinp", or a parameter's GPT-2 name
+    // The dtype the library holds the tensor in (precision.activations): the floats a sink is
+    // given are its values, widened exactly.
+    DType dtype = DType::f32;
     std::string name() const;  // "3/fwd/2/attn.qkv/out"; layer -1 prints "-"
 };
 

@@ -39,6 +39,16 @@ RunHooks chain(const RunHooks& first, RunHooks then) {
     return then;
 }
 
+void Cancel::check() const {
+    if (requested && requested()) throw Cancelled("cancelled by the caller after a step");
+}
+
+RunHooks Cancel::hooks() const {
+    RunHooks h;
+    if (requested) h.each_step = [c = *this](Job&) { c.check(); };
+    return h;
+}
+
 RankRun::RankRun(const Config& cfg, comm::Communicator& world,
                  const std::vector<Observer*>& observers, const RunHooks& hooks)
     : hooks_(hooks) {

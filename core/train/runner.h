@@ -7,6 +7,7 @@
 //   RunHooks          what a caller does with each rank's job: setup, each step, inspect, and
 //                     decorators around the rank's groups
 //   chain             two RunHooks as one (a caller's decorators around a harness's hooks)
+//   Cancel            a caller's request to stop long work after a step (throws Cancelled)
 //   RankRun           one rank's part of a run, held: its groups and job outlive the run
 //   run_rank          one rank's part of a run, on whatever communicator it is given
 //   run_layout        trains a config on its in-process ranks; observers see rank 0
@@ -69,6 +70,17 @@ struct RunHooks {
 
 // `first`'s hooks run before `then`'s at each point; the group decorator is first's.
 RunHooks chain(const RunHooks& first, RunHooks then);
+
+// A caller's way to stop long work (validate_layouts, record_trace) between steps: the work asks
+// `requested` after every step of every run it makes, on the thread that runs the step (a rank's
+// thread under a layout: several at once, so it must be thread-safe), and throws Cancelled when it
+// answers true. Under a layout the rank that sees it first leaves and the others' collectives fail
+// at once; run_layout then throws the Cancelled (comm::cause_of). Empty: never asked.
+struct Cancel {
+    std::function<bool()> requested;
+    void check() const;      // throws Cancelled when requested() is true
+    RunHooks hooks() const;  // each_step: check() (empty hooks when nothing is asked)
+};
 
 // One rank's part of training cfg, as run_rank runs it, in two parts: the constructor makes the
 // layout, the rank's groups, its job and its guards (steps 2-6 below: a resume happens here),

@@ -12,8 +12,8 @@ namespace {
 
 // Thrown at a pause point when the run is ended from outside (or by another rank's failure):
 // the rank leaves run_rank as from any error, and the driver does not report it.
-struct Cancelled : Error {
-    Cancelled() : Error("the run was ended while this rank waited") {}
+struct Ended : Error {
+    Ended() : Error("the run was ended while this rank waited") {}
 };
 
 }  // namespace
@@ -83,7 +83,7 @@ void SteppedRun::rank_main(comm::Communicator& world, const Config& cfg, const R
     try {
         rank = std::make_unique<RankRun>(cfg, world, observers_, hooks);
         rank->run();
-    } catch (const Cancelled&) {
+    } catch (const Ended&) {
     } catch (const std::exception& e) {
         error = std::current_exception();
         {
@@ -126,7 +126,7 @@ void SteppedRun::pause(Job& job, bool finished) {
     me.state = finished ? RankState::finished : RankState::paused;
     cv_.notify_all();
     for (;;) {
-        if (cancel_) throw Cancelled();
+        if (cancel_) throw Ended();
         if (me.task != task_gen_) {
             me.task = task_gen_;
             const auto* task = task_;

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import h5py
@@ -287,6 +288,50 @@ def test_ctrl_c_stops_after_the_step_in_progress_and_the_job_goes_on_bit_for_bit
     ref.step(steps)
     same_bits(ref.weights(), job.weights())
     same_bits(ref.adam_v(), job.adam_v())
+
+
+def interrupted_within(how, after_s, fn):
+    """fn() interrupted after after_s seconds: it must raise KeyboardInterrupt; returns the
+    seconds it took."""
+    t0 = time.monotonic()
+    t = interrupt_main_later(how, after_s)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fn()
+    finally:
+        t.join()
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("how", ["interrupt_main", "sigint"])
+def test_ctrl_c_stops_validate_between_the_layouts_steps_and_the_interpreter_goes_on(how):
+    # The reference (20 steps) ends in about a second; 30 layouts of 20 steps would take half a
+    # minute more. Ctrl-C lands in a layout and stops it after the step in progress.
+    cfg = small(train={"steps": 20})
+    took = interrupted_within(how, 3.0, lambda: parallax.validate(**cfg, layouts=["dp2"] * 30,
+                                                                   steps=20))
+    assert took < 3.0 + 5.0
+    rep = parallax.validate(**cfg, layouts=["dp2", "tp2"], steps=2)
+    assert rep.all_ok and [r.verdict for r in rep.layouts] == ["match", "match"]
+
+
+def test_ctrl_c_stops_validates_reference_run():
+    cfg = small(train={"steps": 100})  # a reference of 100 steps: several seconds
+    took = interrupted_within("sigint", 1.0, lambda: parallax.validate(**cfg, layouts=["dp2"],
+                                                                        steps=100))
+    assert took < 1.0 + 3.0
+    assert parallax.validate(**small(), layouts="dp2", steps=2).all_ok
+
+
+def test_ctrl_c_stops_record_trace_before_it_writes(tmp_path):
+    path = tmp_path / "trace.h5"
+    cfg = small(train={"steps": 300})  # 300 steps: several seconds
+    took = interrupted_within("sigint", 1.0, lambda: parallax.record_trace(
+        path, **cfg, steps=300, probes=["*/fwd/-/loss/*"]))
+    assert took < 1.0 + 3.0
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    assert parallax.record_trace(path, **cfg, steps=2, probes=["*/fwd/-/loss/*"]) > 0
+    assert parallax.Trace(path).names() == ["1/fwd/-/loss/out", "2/fwd/-/loss/out"]
 
 
 def test_an_exception_in_an_observer_leaves_the_job_usable():
