@@ -21,6 +21,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 using namespace px;
@@ -62,6 +63,77 @@ TEST_CASE("Layout check: a fast-mode check reports within budget", "[gui]") {
     CHECK(g.summary.find("within budget") != std::string::npos);
     CHECK(g.steps_done == 4);
     CHECK(v.reference_steps == 4);
+    // Cells are coloured against the error budget: fast kernels differ from the reference in
+    // many ulps (red on the ULP scale) while each tensor stays within its budget (not red).
+    int differing = 0, red_by_ulp = 0;
+    for (const std::vector<CheckCell>& line : g.cells)
+        for (const CheckCell& k : line) {
+            REQUIRE(k.done);
+            if (k.rank < 0) continue;
+            differing++;
+            red_by_ulp += is_red(ulp_colour(k));
+            INFO(k.ratio);
+            CHECK(k.ratio >= 0);
+            CHECK(k.ratio <= 1);
+            CHECK(!is_red(cell_colour(k, v.mode)));
+        }
+    CHECK(differing > 0);
+    CHECK(red_by_ulp > 0);
+    CheckCell over;
+    over.done = true;
+    over.rank = 0;
+    over.max_ulp = 3;
+    over.ratio = 4;  // four times its budget
+    CHECK(is_red(cell_colour(over, "fast")));
+    over.ratio = 0.9;
+    CHECK(!is_red(cell_colour(over, "fast")));
+    CHECK(is_red(cell_colour(over, "bitwise")) == is_red(ulp_colour(over)));
+}
+
+TEST_CASE("Layout check: the reference and every layout step together, step s of all first",
+          "[gui]") {
+    const Config c = check_job();
+    std::mutex mu;
+    std::vector<std::pair<std::string, i64>> order;  // (run, step) as the watch is told
+    ValidateWatch watch;
+    watch.reference_step = [&](i64 step) {
+        std::lock_guard lk(mu);
+        order.emplace_back("reference", step);
+    };
+    watch.layout_step = [&](const std::string& layout, i64 step, int rank,
+                            const std::vector<Comparison>&, const std::vector<double>& ratios) {
+        std::lock_guard lk(mu);
+        CHECK(ratios.empty());  // bitwise mode: no budget
+        order.emplace_back(layout + " rank " + std::to_string(rank), step);
+    };
+    const ValidationReport rep =
+        validate_layouts(c, parse_layouts("dp2,tp2,pp2"), 3, nullptr, {}, watch);
+    REQUIRE(rep.layouts.size() == 3);
+    for (const LayoutResult& r : rep.layouts) CHECK(r.verdict == "match");
+    // 1 reference + 3 layouts of 2 ranks, 3 steps; the steps never go back.
+    REQUIRE(order.size() == 3 * 7);
+    for (size_t i = 1; i < order.size(); i++) {
+        INFO(order[i - 1].first << " step " << order[i - 1].second << ", then " << order[i].first
+                                << " step " << order[i].second);
+        CHECK(order[i - 1].second <= order[i].second);
+    }
+    // In turns: the reference's step, then each layout's, in the order given.
+    CHECK(order[0] == std::make_pair(std::string("reference"), i64{1}));
+    CHECK(order[1].first.rfind("dp2 ", 0) == 0);
+    CHECK(order[3].first.rfind("tp2 ", 0) == 0);
+    CHECK(order[5].first.rfind("pp2 ", 0) == 0);
+    CHECK(order[7] == std::make_pair(std::string("reference"), i64{2}));
+    // The report's grid holds every step of every tensor.
+    for (const LayoutResult& r : rep.layouts) {
+        REQUIRE(!r.grid_tensors.empty());
+        CHECK(r.grid_tensors.front().rfind("grad/", 0) == 0);  // the gradients, then the state
+        CHECK(r.grid_tensors.back() == "steps/grad_norm");
+        for (const std::vector<std::int64_t>& row : r.grid_ulp) {
+            REQUIRE(row.size() == 3);
+            for (const std::int64_t u : row) CHECK(u == 0);
+        }
+        CHECK(r.grid_ratio.empty());
+    }
 }
 
 TEST_CASE("Layout check: a planted mutation turns its cell red at its step and names the first op",
@@ -287,7 +359,7 @@ TEST_CASE("Finished runs open in the panels: a run file, a validate.json, a gold
     m.other = 2;
     m.tensor = "h.0.mlp.c_fc.weight";
     const ValidationReport rep =
-        validate_layouts(c, parse_layouts("dp4"), 3, nullptr, mutation::plant(m));
+        validate_layouts(c, parse_layouts("dp4"), 4, nullptr, mutation::plant(m));
     {
         std::ofstream out(dir + "/validate.json");
         out << rep.to_json();
@@ -301,7 +373,46 @@ TEST_CASE("Finished runs open in the panels: a run file, a validate.json, a gold
     REQUIRE(row >= 0);
     CHECK(g.cells[static_cast<size_t>(row)][0].rank < 0);
     CHECK(is_red(ulp_colour(g.cells[static_cast<size_t>(row)][1])));
+    // The whole grid, every step (step 3 lies between the first differing step and the last):
+    // the same rows and cells as the run's own grid, the swapped gradient red with its element.
+    REQUIRE(g.tensors == rep.layouts[0].grid_tensors);
+    for (size_t t = 0; t < g.tensors.size(); t++) {
+        INFO(g.tensors[t]);
+        REQUIRE(g.cells[t].size() == 4);
+        for (size_t k = 0; k < 4; k++) {
+            CHECK(g.cells[t][k].done);
+            CHECK(g.cells[t][k].max_ulp == rep.layouts[0].grid_ulp[t][k]);
+            CHECK((g.cells[t][k].rank >= 0) == (rep.layouts[0].grid_ulp[t][k] != 0));
+        }
+    }
+    const int grad = row_of(g, "grad/0/param/mlp.c_fc.weight");
+    REQUIRE(grad >= 0);
+    const CheckCell& swapped = g.cells[static_cast<size_t>(grad)][1];
+    CHECK(is_red(ulp_colour(swapped)));
+    CHECK(swapped.first >= 0);
+    CHECK(swapped.reference != swapped.candidate);
+    CHECK(is_red(ulp_colour(g.cells[static_cast<size_t>(row)][2])));  // the weight stays off
     CHECK_THROWS_AS(check_from_report(dir + "/run.h5"), DataError);
+    // A fast-mode report: its cells carry the budget ratio, and within budget none is red.
+    {
+        Config f = c;
+        f.numerics.mode = Mode::fast;
+        std::ofstream out(dir + "/validate_fast.json");
+        out << validate_layouts(f, parse_layouts("dp2"), 2).to_json();
+    }
+    const CheckView fv = check_from_report(dir + "/validate_fast.json");
+    REQUIRE(fv.layouts.size() == 1);
+    CHECK(fv.layouts[0].result.verdict == "within budget");
+    int judged = 0;
+    for (const std::vector<CheckCell>& line : fv.layouts[0].cells)
+        for (const CheckCell& k : line) {
+            CHECK(k.done);
+            if (k.rank < 0) continue;
+            judged++;
+            CHECK(k.ratio >= 0);
+            CHECK(!is_red(cell_colour(k, fv.mode)));
+        }
+    CHECK(judged > 0);
 
     record_trace(c, {"**"}, 1, 2, dir + "/trace.h5");
     LayoutCheck check;
