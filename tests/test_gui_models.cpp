@@ -15,6 +15,7 @@
 #include "core/io/runfile.h"
 #include "test_util.h"
 #include "tests/mutations.h"
+#include "validators/fp8_monitor.h"
 #include "validators/trace.h"
 
 #include <algorithm>
@@ -464,6 +465,50 @@ TEST_CASE("Spikes: a rolled-back spike opens from its run file with its first ru
     }
     CHECK(std::isfinite(rows[1].attn_logit_max));
     CHECK(std::isnan(rows[0].attn_logit_max));  // the embedding has no attention
+}
+
+TEST_CASE("An opened run file fills every panel it holds data for: loss, spikes, FP8, memory",
+          "[gui]") {
+    // The FP8 drift job (the learning-rate jump at step 30) with the spike guard on and a bad
+    // batch at step 22, written to its run file as parallax train writes it.
+    const std::string dir = "build/test_gui_models_fp8_spikes";
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    Config c = load_config("examples/fp8_drift.toml");
+    c.train.steps = 34;
+    c.train.eval_every = 0;
+    c.fp8_monitor.every = 2;
+    c.fp8_monitor.compare = "current";
+    c.data.corrupt_step = 22;
+    c.spikes.action = "log";
+    c.output.dir = dir;
+    c.output.progress = false;
+    {
+        RunFileObserver file(dir + "/run.h5", c);
+        run_layout(c, {&file}, fp8_monitor_hooks(c));
+    }
+    const RunSnapshot snap = snapshot_from_run_file(dir + "/run.h5");
+    CHECK(snap.state == RunState::finished);
+    CHECK(snap.metrics.size() == 34);
+    CHECK(snap.num_params > 0);
+    // The FP8 panel: the monitor's tensors, steps and alerts after the jump.
+    const Fp8View v = make_fp8_view(snap);
+    CHECK(v.recipe == "delayed");
+    CHECK(v.tensors.size() == 24);
+    CHECK(v.steps.size() == 17);
+    CHECK(!v.alerts.empty());
+    for (const Fp8AlertRow& a : v.alerts) CHECK(!a.message.empty());  // the events are there too
+    // The spike panel: the per-layer evidence of every step and the bad batch's spike.
+    const SpikeModel m = spike_model(snap);
+    CHECK(m.steps.size() == 34);
+    CHECK(m.groups.size() == 6);  // embed, h.0 .. h.3, ln_f
+    REQUIRE(!m.spikes.empty());
+    CHECK(m.spikes[0].step == 22);
+    // The memory panel: rank 0's bytes at the run's end, as the file keeps them.
+    REQUIRE(snap.memory.size() == 1);
+    CHECK(snap.memory[0].params >= 4 * snap.num_params);
+    CHECK(snap.memory[0].optimizer >= 8 * snap.num_params);
+    CHECK(snap.memory[0].activations > 0);
 }
 
 TEST_CASE(

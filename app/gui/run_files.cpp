@@ -158,6 +158,22 @@ RunSnapshot snapshot_from_run_file(const std::string& path) {
     for (auto& [step, v] : values)
         s.values.push_back({step, std::make_shared<const std::vector<NamedValue>>(std::move(v))});
     s.fp8 = rec.fp8;
+    // The summaries written at the run's end: rank 0's memory, the model's size, the source's
+    // entropy.
+    std::map<std::string, double> num(rec.numbers.begin(), rec.numbers.end());
+    auto bytes = [&](const char* key) { return static_cast<i64>(num.count(key) ? num[key] : 0); };
+    if (num.count("memory_params_bytes")) {
+        MemoryStats m;
+        m.params = m.peak_params = bytes("memory_params_bytes");
+        m.grads = m.peak_grads = bytes("memory_grads_bytes");
+        m.optimizer = bytes("memory_optimizer_bytes");
+        m.activations = bytes("memory_activations_bytes");
+        m.comm = bytes("memory_comm_bytes");
+        s.memory.push_back(m);
+    }
+    if (num.count("num_params")) s.num_params = bytes("num_params");
+    if (num.count("entropy_rate")) s.entropy_rate = num["entropy_rate"];
+    if (num.count("loss_floor")) s.loss_floor = num["loss_floor"];
     s.steps_total = s.config.train.steps;
     s.steps_done = s.metrics.size() ? s.metrics.step.back() : 0;
     s.layout = LayoutSummary{s.config.layout.dp,
