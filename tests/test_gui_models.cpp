@@ -22,6 +22,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -286,9 +287,28 @@ TEST_CASE("Job controller: a run steps, pauses, and its pipeline timeline is mea
     CHECK(tl.makespan > 0);
     CHECK(tl.bubble > 0);
     CHECK(tl.bubble < 1);
-    int forwards = 0;
-    for (const TimelineBar& b : tl.bars) forwards += b.kind == TimelineBar::forward;
-    CHECK(forwards == 4);  // 2 stages × 2 microbatches
+    // Each microbatch's forward and backward as measured on each stage: F0 F1 then B0 B1 on
+    // both (1F1B with 2 microbatches on 2 stages), each forward before its backward, and stage
+    // 1's forward of a microbatch after stage 0's (it waits for the activations).
+    std::map<std::pair<int, std::string>, TimelineBar> span;  // (lane, "F0") -> its bar
+    for (const TimelineBar& b : tl.bars)
+        if (b.kind == TimelineBar::forward || b.kind == TimelineBar::backward) {
+            CHECK(b.t1 > b.t0);
+            CHECK(span.emplace(std::make_pair(b.lane, b.label), b).second);
+        }
+    CHECK(span.size() == 8);  // 2 stages × 2 microbatches × forward and backward
+    for (int lane = 0; lane < 2; lane++)
+        for (const char* m : {"0", "1"}) {
+            REQUIRE(span.count({lane, std::string("F") + m}));
+            REQUIRE(span.count({lane, std::string("B") + m}));
+            CHECK(span[{lane, std::string("F") + m}].t1 <= span[{lane, std::string("B") + m}].t0);
+        }
+    CHECK(tl.lane_pp == std::vector<int>{0, 1});
+    CHECK(span[{0, "F0"}].t1 <= span[{1, "F0"}].t0);
+    CHECK(span[{1, "B0"}].t1 <= span[{0, "B0"}].t0);  // the gradient flows back
+    int waits = 0;
+    for (const TimelineBar& b : tl.bars) waits += b.kind == TimelineBar::recv_wait;
+    CHECK(waits >= 4);  // stage 1 receives 2 activations, stage 0 2 gradients
     job.resume();
     while (job.status() != JobStatus::finished &&
            std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120)) {
@@ -302,6 +322,58 @@ TEST_CASE("Job controller: a run steps, pauses, and its pipeline timeline is mea
     Config bad = c;
     bad.layout.tp = 3;
     CHECK_THROWS_AS(job.start(bad, true), ConfigError);
+}
+
+TEST_CASE("Job controller: pp = 1 measures each rank's forward, backward and collectives",
+          "[gui]") {
+    Config c = small_job();
+    c.train.steps = 3;
+    c.layout.dp = 2;
+    c.layout.microbatches = 2;
+    JobController job;
+    job.start(c, true);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (job.status() != JobStatus::finished &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120)) {
+        job.poll();
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    REQUIRE(job.status() == JobStatus::finished);
+    REQUIRE(job.trace());
+    const Timeline tl = measured_timeline(job.trace()->mesh(), job.trace()->last_steps());
+    INFO(tl.problem);
+    REQUIRE(tl.problem.empty());
+    CHECK(tl.step == 3);
+    CHECK(tl.lanes == std::vector<std::string>{"rank 0: pp0 dp0 tp0", "rank 1: pp0 dp1 tp0"});
+    for (int lane = 0; lane < 2; lane++) {
+        std::vector<std::string> compute;
+        int collectives = 0, messages = 0;
+        double last_backward = 0;
+        for (const TimelineBar& b : tl.bars) {
+            if (b.lane != lane) continue;
+            if (b.kind == TimelineBar::forward || b.kind == TimelineBar::backward) {
+                CHECK(b.t1 > b.t0);
+                compute.push_back(b.label);
+                if (b.kind == TimelineBar::backward) last_backward = b.t1;
+            }
+            collectives += b.kind == TimelineBar::collective;
+            messages += b.kind == TimelineBar::recv_wait || b.kind == TimelineBar::send;
+        }
+        // The trivial schedule: each microbatch's forward, then its backward.
+        CHECK(compute == std::vector<std::string>{"F0", "B0", "F1", "B1"});
+        CHECK(messages == 0);
+        CHECK(collectives > 0);  // the gradients' all-reduce over dp
+        bool reduced_after = false;
+        for (const TimelineBar& b : tl.bars)
+            reduced_after |= b.lane == lane && b.kind == TimelineBar::collective &&
+                             b.label == "dp all_reduce" && b.t0 >= last_backward;
+        CHECK(reduced_after);
+    }
+    CHECK(tl.bubble >= 0);
+    CHECK(tl.bubble < 1);
+    const Timeline one =
+        measured_timeline(job.trace()->mesh(), job.trace()->last_steps(), TimelineRanks::first_replica);
+    CHECK(one.lanes.size() == 1);
 }
 
 TEST_CASE("Teaching models: the schedule's bubble and the canonical sums", "[gui]") {

@@ -37,7 +37,6 @@ std::string num(double x) {
 
 void draw_spike_section(const RunData& d, SpikeSectionState& s) {
     const SpikeModel m = spike_model(d.snap);
-    ImGui::TextUnformatted("Loss spikes");
     if (m.empty() && m.spikes.empty()) {
         empty_state(d.config.spikes.action == "off"
                         ? "no spike evidence: spikes.action is \"off\" (set it to log, skip, clip "
