@@ -38,9 +38,11 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
     if (s.check && !s.from_file && s.check->version() != s.view.version) s.view = s.check->view();
     ImGui::SetNextItemWidth(ImGui::GetFontSize() * 14);
     ImGui::InputText("layouts", &s.layouts);
+    if (d.rects) d.rects->mark("field:check_layouts");
     ImGui::SameLine();
     ImGui::SetNextItemWidth(ImGui::GetFontSize() * 6);
-    ImGui::InputInt("steps", &s.steps);
+    ImGui::InputInt("steps", &s.steps, 0, 0);  // no +/- buttons: the field is the widget
+    if (d.rects) d.rects->mark("field:check_steps");
     if (s.steps < 1) s.steps = 1;
     ImGui::SameLine();
     ImGui::SetNextItemWidth(ImGui::GetFontSize() * 9);
