@@ -371,8 +371,8 @@ TEST_CASE("Job controller: pp = 1 measures each rank's forward, backward and col
     }
     CHECK(tl.bubble >= 0);
     CHECK(tl.bubble < 1);
-    const Timeline one =
-        measured_timeline(job.trace()->mesh(), job.trace()->last_steps(), TimelineRanks::first_replica);
+    const Timeline one = measured_timeline(job.trace()->mesh(), job.trace()->last_steps(),
+                                           TimelineRanks::first_replica);
     CHECK(one.lanes.size() == 1);
 }
 

@@ -220,8 +220,8 @@ double grad_ratio(const std::string& name, const std::vector<float>& want,
 
 // Each state comparison's error / budget (error_budget of the layout's state against the
 // alternates' at the same step), in cmp's order; -1 for a comparison without a row.
-std::vector<double> state_ratios(const LogicalState& ref, const LogicalState& got,
-                                 const Budgets& b, const std::vector<Comparison>& cmp) {
+std::vector<double> state_ratios(const LogicalState& ref, const LogicalState& got, const Budgets& b,
+                                 const std::vector<Comparison>& cmp) {
     std::vector<const LogicalState*> alts;
     for (const Alternate* a : b.alternates) alts.push_back(&a->state);
     const BudgetReport rep =
@@ -289,12 +289,13 @@ struct Checker {
     }
 
     // Under mu: the step's comparisons into the grid, worst over the ranks.
-    void note_grid(i64 step, const std::vector<Comparison>& cmp, const std::vector<double>& ratios) {
+    void note_grid(i64 step, const std::vector<Comparison>& cmp,
+                   const std::vector<double>& ratios) {
         if (step < 1 || step > steps) return;
         const size_t col = static_cast<size_t>(step - 1);
         for (size_t i = 0; i < cmp.size(); i++) {
-            auto it = std::find(result.grid_tensors.begin(), result.grid_tensors.end(),
-                                cmp[i].name);
+            auto it =
+                std::find(result.grid_tensors.begin(), result.grid_tensors.end(), cmp[i].name);
             const size_t row = static_cast<size_t>(it - result.grid_tensors.begin());
             if (it == result.grid_tensors.end()) {
                 result.grid_tensors.push_back(cmp[i].name);
@@ -515,9 +516,8 @@ LogicalState lockstep(const Config& c, const std::vector<LogicalState>& referenc
         grads.push_back(std::make_unique<ProbeRecorder>(std::vector<std::string>{"*/grad/**"}));
     // A rank waiting for its turn learns from its world that another rank of its job failed.
     auto failure_of = [](Job& job) {
-        return [&job] {
-            return job.groups().world ? job.groups().world->failure() : std::string();
-        };
+        return
+            [&job] { return job.groups().world ? job.groups().world->failure() : std::string(); };
     };
     RunHooks hooks;
     hooks.setup = [&](Job& job) {
@@ -796,8 +796,8 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
                     try {
                         lockstep(with_layout(cfg, part), reference, ref_grads, p, r.first_step,
                                  decorate);
-                        r.axes.push_back({part.name, p.first_step < 0 ? "match" : "diverged",
-                                          p.first_step, ""});
+                        r.axes.push_back(
+                            {part.name, p.first_step < 0 ? "match" : "diverged", p.first_step, ""});
                     } catch (const std::exception& e) {
                         r.axes.push_back({part.name, "error", -1, e.what()});
                     }
@@ -933,7 +933,8 @@ std::string ValidationReport::to_json() const {
             g["max_ulp"] = json::array();
             for (const std::vector<std::int64_t>& row : r.grid_ulp) {
                 json line = json::array();
-                for (const std::int64_t u : row) line.push_back(u == kGridNotRun ? json(nullptr) : json(u));
+                for (const std::int64_t u : row)
+                    line.push_back(u == kGridNotRun ? json(nullptr) : json(u));
                 g["max_ulp"].push_back(std::move(line));
             }
             if (!r.grid_ratio.empty()) {
@@ -941,7 +942,9 @@ std::string ValidationReport::to_json() const {
                 for (const std::vector<double>& row : r.grid_ratio) {
                     json line = json::array();
                     for (const double q : row)
-                        line.push_back(q < 0 ? json(nullptr) : std::isfinite(q) ? json(q) : json("inf"));
+                        line.push_back(q < 0              ? json(nullptr)
+                                       : std::isfinite(q) ? json(q)
+                                                          : json("inf"));
                     g["budget_ratio"].push_back(std::move(line));
                 }
             }

@@ -33,8 +33,8 @@
 // --steps to bound it for larger ones).
 //
 // First divergence. When a layout diverges in bitwise mode, the reference and the layout are run
-// again with probes (core/model/probe.h) on every op of the step before the first differing step and
-// of that step, one recorder per rank, and the probes are compared in the single device's order
+// again with probes (core/model/probe.h) on every op of the step before the first differing step
+// and of that step, one recorder per rank, and the probes are compared in the single device's order
 // of execution (forward ops, backward ops, the reduced gradients, the update): the first probe
 // where a rank's piece differs is the first op whose output differs while everything computed
 // before it (its inputs) agrees. The answer names the step, phase, layer, op, tensor, the rank,

@@ -190,8 +190,8 @@ Timeline measured_timeline(const Mesh& mesh, const std::vector<RankStep>& steps,
             b.lane = static_cast<int>(lane);
             b.t0 = off + e.t0;
             b.t1 = off + e.t1;
-            const bool message = e.dim == MeshDim::pp && (e.op == comm::Op::send ||
-                                                          e.op == comm::Op::recv);
+            const bool message =
+                e.dim == MeshDim::pp && (e.op == comm::Op::send || e.op == comm::Op::recv);
             if (message) {
                 b.kind = e.op == comm::Op::recv ? TimelineBar::recv_wait : TimelineBar::send;
                 b.label = e.op == comm::Op::recv ? "recv" : "send";

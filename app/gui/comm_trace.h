@@ -102,8 +102,8 @@ struct Timeline {
 
 // Which ranks get a lane.
 enum class TimelineRanks {
-    all,          // every world rank, in world-rank order
-    first_replica // dp rank 0, tp rank 0 of every stage
+    all,           // every world rank, in world-rank order
+    first_replica  // dp rank 0, tp rank 0 of every stage
 };
 
 // The last complete step of the chosen ranks, as measured: each forward and backward of a

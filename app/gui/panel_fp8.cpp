@@ -280,8 +280,7 @@ void draw_fp8_panel(const RunData& d, Fp8PanelState& s) {
     const float faults_h = line * static_cast<float>(2 + std::min(faults, 3));
     const bool fp8_data = !d.snap.fp8.empty();
     const bool spike_data = !d.snap.values.empty();
-    const bool spikes_open =
-        ImGui::GetStateStorage()->GetInt(ImGui::GetID("Loss spikes"), 1) != 0;
+    const bool spikes_open = ImGui::GetStateStorage()->GetInt(ImGui::GetID("Loss spikes"), 1) != 0;
     const float avail = ImGui::GetContentRegionAvail().y - faults_h;
     if (ImGui::CollapsingHeader("FP8 drift", ImGuiTreeNodeFlags_DefaultOpen)) {
         if (fp8_data) {

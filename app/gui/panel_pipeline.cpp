@@ -84,13 +84,12 @@ void draw_pipeline_panel(const RunData& d, PipelinePanelState& s) {
                                             : "an opened run file holds no timeline";
     else
         tl = measured_timeline(d.trace->mesh(), d.trace->last_steps(),
-                               s.first_replica ? TimelineRanks::first_replica
-                                               : TimelineRanks::all);
+                               s.first_replica ? TimelineRanks::first_replica : TimelineRanks::all);
     if (tl.problem.empty()) {
-        ImGui::Text("measured, step %lld: %.2f ms to the last backward; bubble measured %.1f%%%s",
-                    static_cast<long long>(tl.step), 1e3 * tl.makespan, 100 * tl.bubble,
-                    layout.pp == 1 ? " (pp = 1: one stage; the gaps are the step's other work)"
-                                   : "");
+        ImGui::Text(
+            "measured, step %lld: %.2f ms to the last backward; bubble measured %.1f%%%s",
+            static_cast<long long>(tl.step), 1e3 * tl.makespan, 100 * tl.bubble,
+            layout.pp == 1 ? " (pp = 1: one stage; the gaps are the step's other work)" : "");
         ImGui::SameLine();
         ImGui::Checkbox("dp 0, tp 0 only", &s.first_replica);
         std::vector<plot::GanttBar> bars;
