@@ -2,16 +2,17 @@
 // Under `mpirun -np N` (or srun) this process is one rank of the layout: rank 0 prints progress
 // and writes the run file and the dump; the other ranks are quiet.
 #include "app/commands.h"
-#include "core/comm/mpi.h"
 #include "core/base/config.h"
-#include "core/train/job.h"
-#include "core/train/memory.h"
-#include "core/train/runner.h"
+#include "core/base/error.h"
+#include "core/comm/mpi.h"
 #include "core/io/output_paths.h"
 #include "core/io/runfile.h"
-#include "core/train/run_file_observer.h"
 #include "core/io/state.h"
-#include "core/base/error.h"
+#include "core/model/data.h"
+#include "core/train/job.h"
+#include "core/train/memory.h"
+#include "core/train/run_file_observer.h"
+#include "core/train/runner.h"
 #include "kernels/ops.h"
 #include "validators/fp8_monitor.h"
 
@@ -102,10 +103,24 @@ public:
                     isa_name(make_numerics(c.numerics).isa), omp_get_max_threads());
         print_matmul_paths(c);
         if (job.entropy_rate() >= 0)
-            std::printf("data: order-%lld Markov source, entropy rate %.4f nats/token, loss floor "
-                        "for %lld-token windows %.4f\n",
-                        static_cast<long long>(c.data.markov_order), job.entropy_rate(),
-                        static_cast<long long>(c.model.seq_len), job.loss_floor());
+            std::printf(
+                "data: %s of order %lld, entropy rate %.4f nats/token, loss floor "
+                "for %lld-token windows %.4f\n",
+                c.data.source == "mixture"
+                    ? ("mixture of " + std::to_string(c.data.mixture_chains) + " Markov chains")
+                          .c_str()
+                    : "Markov chain",
+                static_cast<long long>(c.data.markov_order), job.entropy_rate(),
+                static_cast<long long>(c.model.seq_len), job.loss_floor());
+        else if (job.loss_floor() >= 0)
+            std::printf(
+                "data: copy source (each window repeats itself every %lld tokens), loss "
+                "floor for %lld-token windows %.4f; a model that sees fewer than %lld "
+                "tokens back cannot go below %.4f\n",
+                static_cast<long long>(copy_distance(c)), static_cast<long long>(c.model.seq_len),
+                job.loss_floor(), static_cast<long long>(copy_distance(c)),
+                CopySource::context_floor(source_vocab(c), copy_distance(c), c.model.seq_len,
+                                          copy_distance(c) - 1));
         std::fflush(stdout);
     }
 
@@ -155,6 +170,9 @@ public:
         if (job.entropy_rate() >= 0 && last_val_ >= 0)
             std::printf("  loss floor     %.4f (entropy rate %.4f); val - floor = %+.4f nats/token\n",
                         job.loss_floor(), job.entropy_rate(), last_val_ - job.loss_floor());
+        else if (job.loss_floor() >= 0 && last_val_ >= 0)
+            std::printf("  loss floor     %.4f; val - floor = %+.4f nats/token\n", job.loss_floor(),
+                        last_val_ - job.loss_floor());
         std::printf("  time           %.2f s, %.0f tokens/s, %.2f ms/step\n", secs, tokens_ / secs,
                     secs * 1e3 / static_cast<double>(job.steps_done()));
         if (c.output.run_file) std::printf("  run file       %s\n", run_path_.c_str());

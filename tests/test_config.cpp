@@ -96,7 +96,7 @@ TEST_CASE("the embedded default job documents every key with a comment line", "[
     std::vector<std::string> lines;
     for (std::string l; std::getline(in, l);) lines.push_back(l);
     const auto keys = config_keys();
-    CHECK(keys.size() == 95);
+    CHECK(keys.size() == 97);
     for (const auto& k : keys) {
         const std::string name = k.substr(k.find('.') + 1);
         std::string section = "[";  // built by appending: "[" + std::string&& trips GCC 12's -Wrestrict
@@ -286,10 +286,13 @@ TEST_CASE("values out of range name the key, the value and the rule", "[config]"
         {"[layout]\nzero = 4", "layout.zero = 4 is out of range: must be in 0..3"},
         {"[layout]\nzero = -1", "layout.zero = -1 is out of range: must be in 0..3"},
         {"[layout]\nmicrobatches = -1", "layout.microbatches = -1 is out of range: must be >= 0"},
-        {"[layout]\nschedule = \"zb\"", "layout.schedule must be \"gpipe\", \"1f1b\" or \"interleaved\", got \"zb\""},
+        {"[layout]\nschedule = \"zb\"",
+         "layout.schedule must be \"gpipe\", \"1f1b\" or \"interleaved\", got \"zb\""},
         {"[layout]\nvirtual_stages = 0", "layout.virtual_stages = 0 is out of range: must be >= 1"},
-        {"[layout]\nrecompute = \"selective\"", "layout.recompute must be \"none\" or \"full\", got \"selective\""},
-        {"[layout]\ncomm = \"tree\"", "layout.comm must be \"auto\", \"canonical\" or \"ring\", got \"tree\""},
+        {"[layout]\nrecompute = \"selective\"",
+         "layout.recompute must be \"none\" or \"full\", got \"selective\""},
+        {"[layout]\ncomm = \"tree\"",
+         "layout.comm must be \"auto\", \"canonical\" or \"ring\", got \"tree\""},
         {"[layout]\ntimeout_s = 0", "layout.timeout_s = 0 is out of range: must be > 0"},
         {"[layout]\ntimeout_s = inf", "layout.timeout_s = inf is not a finite number"},
         {"[train]\nsteps = 0", "train.steps = 0 is out of range: must be >= 1"},
@@ -310,18 +313,25 @@ TEST_CASE("values out of range name the key, the value and the rule", "[config]"
         {"[train]\nthreads = 100000", "train.threads = 100000 is out of range: must be <= 1024"},
         {"[train]\nmax_memory_gib = -1", "train.max_memory_gib = -1 is out of range: must be >= 0"},
         {"[train]\nmax_memory_gib = nan", "train.max_memory_gib = nan is not a finite number"},
-        {"[train]\nsteps = 4294967297", "train.steps = 4294967297 is out of range: must be <= 4294967296"},
-        {"[train]\nbatch_size = 9223372036854775807", "train.batch_size = 9223372036854775807 is out of range"},
+        {"[train]\nsteps = 4294967297",
+         "train.steps = 4294967297 is out of range: must be <= 4294967296"},
+        {"[train]\nbatch_size = 9223372036854775807",
+         "train.batch_size = 9223372036854775807 is out of range"},
         {"[train]\nval_batches = 4294967297", "train.val_batches = 4294967297 is out of range"},
-        {"[model]\nseq_len = 9223372036854775000", "model.seq_len = 9223372036854775000 is out of range: must be <= 4294967294"},
-        {"[model]\nvocab = 2147483649", "model.vocab = 2147483649 is out of range: must be <= 2147483648"},
-        {"[model]\nlayers = 2000000000", "model.layers = 2000000000 is out of range: must be <= 178956970"},
-        {"[data]\nsource = \"files\"", "data.source must be \"markov\" or \"bin\", got \"files\""},
+        {"[model]\nseq_len = 9223372036854775000",
+         "model.seq_len = 9223372036854775000 is out of range: must be <= 4294967294"},
+        {"[model]\nvocab = 2147483649",
+         "model.vocab = 2147483649 is out of range: must be <= 2147483648"},
+        {"[model]\nlayers = 2000000000",
+         "model.layers = 2000000000 is out of range: must be <= 178956970"},
+        {"[data]\nsource = \"files\"",
+         "data.source must be \"markov\", \"mixture\", \"copy\" or \"bin\", got \"files\""},
         {"[data]\nmarkov_order = 0", "data.markov_order = 0 is out of range: must be >= 1"},
         {"[data]\nmarkov_alpha = 0", "data.markov_alpha = 0 is out of range: must be > 0"},
         {"[data]\nmarkov_seed = -3", "data.markov_seed = -3 is out of range: must be >= 0"},
         {"[numerics]\nblock = 0", "numerics.block = 0 is out of range: must be >= 1"},
-        {"[numerics]\nisa = \"sse2\"", "numerics.isa must be \"auto\", \"avx512\", \"avx2\" or \"scalar\", got \"sse2\""},
+        {"[numerics]\nisa = \"sse2\"",
+         "numerics.isa must be \"auto\", \"avx512\", \"avx2\" or \"scalar\", got \"sse2\""},
         {"[checkpoint]\nevery = -1", "checkpoint.every = -1 is out of range: must be >= 0"},
         {"[checkpoint]\nkeep = 0", "checkpoint.keep = 0 is out of range: must be >= 1"},
         {"[checkpoint]\ndir = 3", "checkpoint.dir must be a string, got integer 3"},
@@ -382,6 +392,19 @@ TEST_CASE("constraints across keys are sentences naming both keys", "[config]") 
     CHECK_NOTHROW(parse_config("[model]\nvocab = 50257\n[data]\nmarkov_vocab = 256\n", "ok"));
     CHECK_THAT(parse_error("[model]\nvocab = 32\n[data]\nmarkov_vocab = 33\n"),
                Contains("data.markov_vocab=33 exceeds model.vocab=32"));
+    // A mixture's chains each need 2 symbols of their own; the error names both keys.
+    CHECK_NOTHROW(parse_config(
+        "[model]\nvocab = 32\n[data]\nsource = \"mixture\"\nmixture_chains = 16\n", "ok"));
+    CHECK_THAT(
+        parse_error("[model]\nvocab = 32\n[data]\nsource = \"mixture\"\nmixture_chains = 17\n"),
+        Contains("data.mixture_chains=17 with 32 symbols") && Contains("model.vocab") &&
+            Contains("at most 16 chains"));
+    CHECK_THAT(parse_error("[data]\nsource = \"mixture\"\nmixture_chains = 1\n"),
+               Contains("data.mixture_chains"));
+    CHECK_NOTHROW(parse_config(
+        "[model]\nseq_len = 32\n[data]\nsource = \"copy\"\ncopy_distance = 33\n", "ok"));
+    CHECK_THAT(parse_error("[model]\nvocab = 32\n[data]\nsource = \"copy\"\nmarkov_vocab = 33\n"),
+               Contains("data.markov_vocab=33") && Contains("model.vocab=32"));
     CHECK_THAT(parse_error("[model]\nvocab = 50000\n[data]\nmarkov_order = 1000000\n"), Contains("data.markov_order=1000000"));
     // One symbol has one state at any order: refused at once (counting V^k never grows; a fuzz
     // case with markov_order = 2^62 and markov_vocab = 1 used to loop for ever).

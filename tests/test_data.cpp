@@ -1,4 +1,5 @@
-// Data sources: the Markov chain's closed forms against brute force, the sampler's determinism
+// Data sources: the Markov chain's closed forms against brute force, the mixture's floor against
+// its Bayes predictor, the sampler's determinism
 // (the microbatch / data-parallel property), and llm.c token files, good and malformed.
 #include "core/model/data.h"
 #include "core/base/error.h"
@@ -228,6 +229,121 @@ TEST_CASE("markov source rejects bad settings", "[data][markov]") {
                Contains("2^24") && Contains("data.source"));
 }
 
+TEST_CASE("mixture: one chain's symbols per sequence, chains drawn uniformly, floor reached",
+          "[data][mixture]") {
+    // 66 symbols, 4 chains of 16 (symbols 64, 65 unused), order 1 and 2.
+    for (i64 k : {1, 2}) {
+        const MixtureSource src(66, 4, k, 0.25, 7, 1337);
+        REQUIRE(src.symbols_per_chain() == 16);
+        const i64 T = 31, windows = 12000;
+        const std::vector<int> tok = draw(src, T, Split::train, 3, 0, windows);
+        std::array<i64, 4> count{};
+        double sum = 0, sumsq = 0;
+        for (i64 w = 0; w < windows; w++) {
+            const int* row = &tok[w * (T + 1)];
+            const i64 c = row[0] / 16;
+            REQUIRE(c == src.chain_of(Split::train, 3, w));
+            count[size_t(c)]++;
+            bool own = true;
+            std::vector<int> local(size_t(T + 1));
+            for (i64 j = 0; j <= T; j++) {
+                own = own && row[j] >= c * 16 && row[j] < (c + 1) * 16;
+                local[size_t(j)] = row[j] - int(c * 16);
+            }
+            REQUIRE(own);
+            // The window as the chain's own: the chain's window for the same sample.
+            REQUIRE(local == draw(src.chain(c), T, Split::train, 3, w, 1));
+            // The Bayes predictor that sees x_0 knows the chain; targets j = 1..T. For j < k it
+            // needs the chain's stationary marginals, so only order 1 is scored exactly here.
+            if (k == 1) {
+                const auto [nll, n] = window_nll(src.chain(c), local.data(), T);
+                REQUIRE(n == T);
+                const double m = nll / double(T);
+                sum += m;
+                sumsq += m * m;
+            }
+        }
+        const double p = 0.25, sd = std::sqrt(double(windows) * p * (1 - p));
+        for (i64 c = 0; c < 4; c++) {
+            INFO("k " << k << ", chain " << c << ": " << count[size_t(c)] << " of " << windows);
+            CHECK(std::abs(double(count[size_t(c)]) - p * double(windows)) < 5 * sd);
+        }
+        // The chains differ (each its own table), and the floor is theirs on average.
+        CHECK(src.chain(0).entropy_rate() != src.chain(1).entropy_rate());
+        double mean_floor = 0;
+        for (i64 c = 0; c < 4; c++) mean_floor += src.chain(c).window_floor(T) / 4;
+        CHECK(src.window_floor(T) == Approx(mean_floor).epsilon(1e-15));
+        CHECK(src.window_floor(T) < std::log(16.0));
+        if (k == 1) {
+            const double mean = sum / double(windows);
+            const double se =
+                std::sqrt((sumsq / double(windows) - mean * mean) / double(windows - 1));
+            INFO("floor " << src.window_floor(T) << ", Bayes predictor " << mean << " +- " << se);
+            CHECK(std::abs(mean - src.window_floor(T)) < 4 * se);
+            CHECK(src.entropy_rate() == Approx(src.window_floor(T)).epsilon(1e-12));  // order 1
+        }
+    }
+}
+
+TEST_CASE("mixture sampling is a pure function of (seed, split, step, sample)", "[data][mixture]") {
+    const MixtureSource src(32, 2, 1, 0.25, 7, 1337);
+    const i64 T = 24;
+    const std::vector<int> whole = draw(src, T, Split::train, 5, 0, 16);
+    const MixtureSource again(32, 2, 1, 0.25, 7, 1337);
+    std::vector<int> pieces = draw(again, T, Split::train, 5, 5, 11);
+    const std::vector<int> head = draw(again, T, Split::train, 5, 0, 5);
+    pieces.insert(pieces.begin(), head.begin(), head.end());
+    CHECK(pieces == whole);
+    CHECK(draw(src, T, Split::val, 5, 0, 16) != whole);
+    CHECK(draw(src, T, Split::train, 6, 0, 16) != whole);
+    // Another table seed gives other chains, none equal to a plain chain of a nearby seed.
+    CHECK(draw(MixtureSource(32, 2, 1, 0.25, 8, 1337), T, Split::train, 5, 0, 16) != whole);
+    CHECK(mixture_table_seed(7, 0) != mixture_table_seed(7, 1));
+    CHECK(mixture_table_seed(7, 0) != 7);
+    CHECK(mixture_table_seed(7, 0) < (u64(1) << 63));
+    CHECK_THAT(error_of<ConfigError>([] { MixtureSource(6, 4, 1, 0.25, 7, 1); }),
+               Contains("data.mixture_chains = 4") && Contains("6 symbols"));
+}
+
+TEST_CASE("copy: windows repeat their first D tokens, and both floors are exact", "[data][copy]") {
+    const i64 V = 16, D = 12, T = 40;
+    const CopySource src(V, D, 1337);
+    const i64 windows = 4000;
+    const std::vector<int> tok = draw(src, T, Split::train, 2, 0, windows);
+    std::vector<i64> count(size_t(V), 0);
+    for (i64 w = 0; w < windows; w++) {
+        const int* row = &tok[w * (T + 1)];
+        for (i64 j = 0; j <= T; j++) {
+            REQUIRE(row[j] >= 0);
+            REQUIRE(row[j] < V);
+            if (j >= D)
+                REQUIRE(row[j] == row[j - D]);
+            else
+                count[size_t(row[j])]++;
+        }
+    }
+    // The first D tokens are uniform (chi-square, 15 degrees of freedom, far tail 50).
+    double chi2 = 0;
+    const double expect = double(windows * D) / double(V);
+    for (i64 v = 0; v < V; v++)
+        chi2 += (double(count[size_t(v)]) - expect) * (double(count[size_t(v)]) - expect) / expect;
+    CHECK(chi2 < 50);
+    // Targets 1..T: 11 new ones (ln 16 each) and 29 copies, free with the whole window.
+    const double ln = std::log(16.0);
+    CHECK(src.window_floor(T) == Approx(11 * ln / 40).epsilon(1e-15));
+    CHECK(CopySource::context_floor(V, D, T, D) == src.window_floor(T));
+    CHECK(CopySource::context_floor(V, D, T, D - 1) == Approx(ln).epsilon(1e-15));  // no copy seen
+    // A window shorter than D holds no copy: its floor is ln V whatever the context.
+    CHECK(CopySource::context_floor(V, D, D - 1, D - 1) == Approx(ln).epsilon(1e-15));
+    // Determinism and the sample-range property, as every source has them.
+    std::vector<int> pieces = draw(src, T, Split::train, 2, 7, 9);
+    const std::vector<int> head = draw(CopySource(V, D, 1337), T, Split::train, 2, 0, 7);
+    pieces.insert(pieces.begin(), head.begin(), head.end());
+    CHECK(std::equal(pieces.begin(), pieces.end(), tok.begin()));
+    CHECK(draw(src, T, Split::val, 2, 0, 16) != draw(src, T, Split::train, 2, 0, 16));
+    CHECK_THAT(error_of<ConfigError>([] { CopySource(16, 0, 1); }), Contains("data.copy_distance"));
+}
+
 TEST_CASE("bin token files round trip", "[data][bin]") {
     const std::string train = temp_path("train.bin"), val = temp_path("val.bin");
     std::vector<std::uint16_t> a(5000), b(300);
@@ -330,6 +446,25 @@ TEST_CASE("make_source follows the config", "[data]") {
     auto markov = make_source(cfg);
     CHECK(markov->vocab() == 20);
     CHECK(dynamic_cast<MarkovSource*>(markov.get()) != nullptr);
+    CHECK(markov->entropy_rate() > 0);
+
+    cfg.data.source = "mixture";
+    cfg.data.mixture_chains = 3;
+    auto mixture = make_source(cfg);
+    const auto* mix = dynamic_cast<MixtureSource*>(mixture.get());
+    REQUIRE(mix != nullptr);
+    CHECK(mix->chains() == 3);
+    CHECK(mix->symbols_per_chain() == 6);
+    CHECK(mixture->window_floor(cfg.model.seq_len) > 0);
+
+    cfg.data.source = "copy";
+    auto copy = make_source(cfg);
+    const auto* cp = dynamic_cast<CopySource*>(copy.get());
+    REQUIRE(cp != nullptr);
+    CHECK(cp->distance() == cfg.model.seq_len / 2);  // copy_distance = 0
+    CHECK(copy->entropy_rate() == -1);               // windows, not a stationary process
+    cfg.data.copy_distance = 5;
+    CHECK(dynamic_cast<CopySource*>(make_source(cfg).get())->distance() == 5);
 
     cfg.data.source = "csv";
     CHECK_THAT(error_of<ConfigError>([&] { make_source(cfg); }),

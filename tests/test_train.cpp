@@ -142,6 +142,30 @@ TEST_CASE("tiny.toml converges to within 0.05 nats/token of the source's entropy
     CHECK(val > floor - 0.05);
 }
 
+TEST_CASE("the copy source: the tiny model learns to copy 32 tokens back and reaches its floor") {
+    // Windows of 65 tokens repeating their first 32 (uniform over 16 symbols): 31 of the 64
+    // targets are new (ln 16 each), 33 are copies. A model that sees the whole window can reach
+    // 31/64 ln 16 = 1.343; one that sees fewer than 32 tokens back, ln 16 = 2.773.
+    Config c = load_config("examples/tiny.toml");
+    c.output.run_file = false;
+    c.model.vocab = 16;
+    c.model.seq_len = 64;
+    c.data.source = "copy";
+    c.data.copy_distance = 32;
+    c.train.threads = 1;
+    Job job(c);
+    job.run();
+    const double val = job.history().back().val_loss, floor = job.loss_floor();
+    const double shortsighted = CopySource::context_floor(16, 32, 64, 31);
+    INFO("val " << val << ", floor " << floor << ", floor with 31 tokens of context "
+                << shortsighted);
+    CHECK(floor == Approx(31 * std::log(16.0) / 64).epsilon(1e-15));
+    CHECK(shortsighted == Approx(std::log(16.0)).epsilon(1e-15));
+    CHECK(job.entropy_rate() == -1);  // windows, not a stationary process: no rate
+    CHECK(val - floor < 0.02);        // the copies learned: 1.43 nats below the short context's
+    CHECK(val > floor - 0.02);
+}
+
 TEST_CASE("CLI: the embedded default runs, and bad input exits 2 naming the key") {
     const std::string dir = temp_dir("cli");
     Cmd ok = run_cli("train --quiet --set train.steps=3 --set train.eval_every=2 --out " + dir);

@@ -105,11 +105,13 @@ const std::array kKeys = {
     PX_KEY(train, lr_jump_step, "provoke drift: from this step (1-based) the learning rate is multiplied by lr_jump_factor for lr_jump_steps steps; 0: off"),
     PX_KEY(train, lr_jump_factor, "the learning-rate jump's factor (> 0)"),
     PX_KEY(train, lr_jump_steps, "steps the learning-rate jump lasts (>= 1)"),
-    PX_KEY(data, source, "\"markov\" (built-in, needs no files) or \"bin\" (llm.c token files)"),
+    PX_KEY(data, source, "\"markov\", \"mixture\" or \"copy\" (built-in, need no files) or \"bin\" (llm.c token files)"),
     PX_KEY(data, markov_order, "k, the order of the Markov chain (vocab^k states, at most 2^22)"),
     PX_KEY(data, markov_alpha, "concentration of the random transition rows (smaller: lower entropy)"),
     PX_KEY(data, markov_seed, "seed of the transition table (0 .. 2^63-1)"),
     PX_KEY(data, markov_vocab, "symbols of the chain (<= model.vocab); 0 means model.vocab"),
+    PX_KEY(data, mixture_chains, "mixture: Markov chains, each over its own markov_vocab / N symbols, one drawn per sequence"),
+    PX_KEY(data, copy_distance, "copy: each window repeats its first D tokens (0: model.seq_len / 2; D > seq_len: no copy in sight, the short-context baseline)"),
     PX_KEY(data, train_path, "llm.c .bin token file for training (source = \"bin\")"),
     PX_KEY(data, val_path, "llm.c .bin token file for validation (source = \"bin\"); \"\": none"),
     PX_KEY(data, corrupt_step, "provoke a loss spike: the training batch first drawn at this step (1-based) is corrupted; 0: none"),
@@ -479,11 +481,13 @@ void check(const Config& c) {
     positive("train.lr_jump_factor", t.lr_jump_factor);
     at_least("train.lr_jump_steps", t.lr_jump_steps, 1);
 
-    one_of("data.source", d.source, {"markov", "bin"});
+    one_of("data.source", d.source, {"markov", "mixture", "copy", "bin"});
     at_least("data.markov_order", d.markov_order, 1);
     positive("data.markov_alpha", d.markov_alpha);
     below_2_63("data.markov_seed", d.markov_seed);
     at_least("data.markov_vocab", d.markov_vocab, 0);
+    at_least("data.mixture_chains", d.mixture_chains, 2);
+    at_least("data.copy_distance", d.copy_distance, 0);
 
     at_least("numerics.block", n.block, 1);
     check_precision_keys(c.precision);
@@ -582,7 +586,12 @@ void check(const Config& c) {
         throw Problem{{"data.train_path", "data.source"},
                       "data.source = \"bin\" needs data.train_path: set it to an llm.c .bin token file, "
                       "or use data.source = \"markov\""};
-    if (d.source == "markov") {
+    if (d.source == "copy" && (d.markov_vocab > m.vocab || d.markov_vocab == 1))
+        throw Problem{{"data.markov_vocab", "model.vocab"},
+                      "data.markov_vocab=" + std::to_string(d.markov_vocab) +
+                          ": the copy source draws from 2..model.vocab=" + std::to_string(m.vocab) +
+                          " symbols (0 means model.vocab)"};
+    if (d.source == "markov" || d.source == "mixture") {
         if (d.markov_vocab > m.vocab)
             throw Problem{{"data.markov_vocab", "model.vocab"},
                           "data.markov_vocab=" + std::to_string(d.markov_vocab) + " exceeds model.vocab=" +
@@ -591,7 +600,18 @@ void check(const Config& c) {
             throw Problem{{"data.markov_vocab"},
                           "data.markov_vocab=1: a Markov chain needs at least 2 symbols (0 means "
                           "model.vocab)"};
-        const i64 V = d.markov_vocab > 0 ? d.markov_vocab : m.vocab;
+        i64 V = d.markov_vocab > 0 ? d.markov_vocab : m.vocab;
+        if (d.source == "mixture") {
+            if (d.mixture_chains > V / 2)
+                throw Problem{{"data.mixture_chains",
+                               d.markov_vocab > 0 ? "data.markov_vocab" : "model.vocab"},
+                              "data.mixture_chains=" + std::to_string(d.mixture_chains) + " with " +
+                                  std::to_string(V) + " symbols (" +
+                                  (d.markov_vocab > 0 ? "data.markov_vocab" : "model.vocab") +
+                                  ") leaves a chain fewer than 2 symbols of its own: use at most " +
+                                  std::to_string(V / 2) + " chains, or more symbols"};
+            V /= d.mixture_chains;  // each chain's own symbols
+        }
         i64 states = 1;  // V^k, counted only until it passes the limit (V = 1 stays 1: no loop)
         for (i64 k = 0; V >= 2 && k < d.markov_order && states <= kMaxMarkovStates; k++)
             states *= V;

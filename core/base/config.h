@@ -89,11 +89,17 @@ struct TrainConfig {
 };
 
 struct DataConfig {
-    std::string source = "markov";  // "markov" (built-in) or "bin" (llm.c token files)
+    std::string source = "markov";  // "markov", "mixture", "copy" (built-in) or "bin" (llm.c files)
     i64 markov_order = 1;           // k, the order of the Markov chain
     double markov_alpha = 0.25;     // concentration of the random transition rows (smaller: lower entropy)
     std::uint64_t markov_seed = 7;  // seed of the transition table
     i64 markov_vocab = 0;           // symbols of the chain; 0 means model.vocab
+    // source = "mixture": this many Markov chains, each over its own markov_vocab / N symbols,
+    // one drawn per sequence (core/model/data.h MixtureSource).
+    i64 mixture_chains = 4;
+    // source = "copy": every window repeats its first copy_distance tokens (uniform draws); 0
+    // means model.seq_len / 2 (core/model/data.h CopySource).
+    i64 copy_distance = 0;
     std::string train_path;         // llm.c .bin token file for training (source = "bin")
     std::string val_path;           // llm.c .bin token file for validation (source = "bin")
     // A corrupted training batch, to provoke a loss spike (core/model/data.h CorruptedSource):

@@ -3,6 +3,7 @@
 // dataset names, the meta and its checksum, and hyperslab selections; a folder of checkpoints
 // is checkpoint_folder.cpp.
 #include "core/io/checkpoint_internal.h"
+#include "core/model/data.h"
 
 #include <algorithm>
 #include <bit>
@@ -116,10 +117,14 @@ std::uint64_t ckpt::meta_checksum(const CheckpointMeta& m, std::int64_t version)
 std::string data_source_description(const Config& cfg) {
     const DataConfig& d = cfg.data;
     std::string s = "source=" + d.source;
-    if (d.source == "markov") {
+    if (d.source == "markov" || d.source == "mixture") {
         const i64 V = d.markov_vocab > 0 ? d.markov_vocab : cfg.model.vocab;
         s += " vocab=" + std::to_string(V) + " order=" + std::to_string(d.markov_order) +
              " alpha=" + shortest(d.markov_alpha) + " table_seed=" + std::to_string(d.markov_seed);
+        if (d.source == "mixture") s += " chains=" + std::to_string(d.mixture_chains);
+    } else if (d.source == "copy") {
+        s += " vocab=" + std::to_string(source_vocab(cfg)) +
+             " distance=" + std::to_string(copy_distance(cfg));
     } else {
         s += " train=" + d.train_path + " val=" + d.val_path;
     }

@@ -217,6 +217,102 @@ void MarkovSource::sample(int* tokens, i64 T, Split split, i64 step, i64 first_s
 }
 
 // ---------------------------------------------------------------------------------------------
+// MixtureSource
+
+u64 mixture_table_seed(u64 seed, i64 c) {
+    // A different table per chain, and none equal to a plain chain's with a nearby seed.
+    const std::array<u32, 4> w = philox_at(seed, kMixtureChainId + 0x100u, u64(c));
+    return (u64(w[0]) | u64(w[1]) << 32) >> 1;  // below 2^63, as data.markov_seed is
+}
+
+MixtureSource::MixtureSource(i64 V, i64 N, i64 k, double alpha, u64 table_seed, u64 sample_seed)
+    : V_(V), W_(N >= 2 ? V / N : 0), sample_seed_(sample_seed) {
+    if (N < 2 || W_ < 2)
+        throw ConfigError("data.mixture_chains = " + std::to_string(N) + " with " +
+                          std::to_string(V) +
+                          " symbols: a mixture needs at least 2 chains of at least 2 symbols each");
+    chains_.reserve(static_cast<size_t>(N));
+    for (i64 c = 0; c < N; c++)
+        chains_.emplace_back(W_, k, alpha, mixture_table_seed(table_seed, c), sample_seed);
+}
+
+i64 MixtureSource::chain_of(Split split, i64 step, i64 sample) const {
+    const double u = uniform_at(sample_seed_, kMixtureChainId + u32(split), u64(sample), u32(step));
+    return std::min<i64>(static_cast<i64>(u * double(chains())), chains() - 1);
+}
+
+void MixtureSource::sample(int* tokens, i64 T, Split split, i64 step, i64 first_sample,
+                           i64 count) const {
+    for (i64 i = 0; i < count; i++) {
+        int* row = tokens + i * (T + 1);
+        const i64 c = chain_of(split, step, first_sample + i);
+        // The chain's own window for this sample (keyed by the sample, as every window is).
+        chain(c).sample(row, T, split, step, first_sample + i, 1);
+        for (i64 j = 0; j <= T; j++) row[j] += int(c * W_);
+    }
+}
+
+double MixtureSource::entropy_rate() const {
+    double h = 0;
+    for (const MarkovSource& m : chains_) h += m.entropy_rate();
+    return h / double(chains());
+}
+
+double MixtureSource::window_floor(i64 T) const {
+    double f = 0;
+    for (const MarkovSource& m : chains_) f += m.window_floor(T);
+    return f / double(chains());
+}
+
+// ---------------------------------------------------------------------------------------------
+// CopySource
+
+CopySource::CopySource(i64 V, i64 D, u64 sample_seed) : V_(V), D_(D), sample_seed_(sample_seed) {
+    if (V < 2)
+        throw ConfigError("model.vocab = " + std::to_string(V) +
+                          ": the copy data source needs at least 2 symbols");
+    if (D < 1) throw ConfigError("data.copy_distance = " + std::to_string(D) + ": must be >= 1");
+}
+
+void CopySource::sample(int* tokens, i64 T, Split split, i64 step, i64 first_sample,
+                        i64 count) const {
+    PX_ASSERT(T >= 1 && u64(T) < kMaxIndex, "window length out of range");
+    PX_ASSERT(step >= 0 && u64(step) < kMaxIndex, "step out of range for the sampler's counter");
+    PX_ASSERT(first_sample >= 0 && count >= 0 && u64(first_sample + count) <= kMaxIndex,
+              "sample range out of range for the sampler's counter");
+    const u32 id = kCopyWindowId + u32(split);
+    for (i64 i = 0; i < count; i++) {
+        int* row = tokens + i * (T + 1);
+        const u64 base = u64(first_sample + i) << 32;
+        for (i64 j = 0; j <= T; j++) {
+            if (j >= D_) {
+                row[j] = row[j - D_];
+                continue;
+            }
+            const double u = uniform_at(sample_seed_, id, base | u64(j), u32(step));
+            row[j] = int(std::min<i64>(static_cast<i64>(u * double(V_)), V_ - 1));
+        }
+    }
+}
+
+double CopySource::context_floor(i64 V, i64 D, i64 T, i64 W) {
+    PX_ASSERT(T >= 1 && V >= 2 && D >= 1 && W >= 0, "context_floor out of range");
+    const i64 fresh = std::min(T, D - 1);    // targets 1 .. D-1
+    const i64 copies = T - fresh;            // targets D .. T
+    const i64 unseen = W >= D ? 0 : copies;  // copies whose source is out of sight
+    return double(fresh + unseen) * std::log(double(V)) / double(T);
+}
+
+i64 copy_distance(const Config& cfg) {
+    return cfg.data.copy_distance > 0 ? cfg.data.copy_distance
+                                      : std::max<i64>(1, cfg.model.seq_len / 2);
+}
+
+i64 source_vocab(const Config& cfg) {
+    return cfg.data.markov_vocab > 0 ? cfg.data.markov_vocab : cfg.model.vocab;
+}
+
+// ---------------------------------------------------------------------------------------------
 // BinTokenSource
 
 struct BinTokenSource::Mapped {
@@ -424,6 +520,11 @@ std::unique_ptr<TokenSource> make_plain_source(const Config& cfg) {
         return std::make_unique<MarkovSource>(d.markov_vocab > 0 ? d.markov_vocab : cfg.model.vocab,
                                               d.markov_order, d.markov_alpha,
                                               d.markov_seed, cfg.train.seed);
+    if (d.source == "copy")
+        return std::make_unique<CopySource>(source_vocab(cfg), copy_distance(cfg), cfg.train.seed);
+    if (d.source == "mixture")
+        return std::make_unique<MixtureSource>(source_vocab(cfg), d.mixture_chains, d.markov_order,
+                                               d.markov_alpha, d.markov_seed, cfg.train.seed);
     if (d.source == "bin") {
         if (d.val_path.empty() && cfg.train.eval_every > 0)
             throw ConfigError("data.val_path is empty but train.eval_every = " +
@@ -435,7 +536,8 @@ std::unique_ptr<TokenSource> make_plain_source(const Config& cfg) {
     }
     throw ConfigError(
         "data.source = \"" + d.source +
-        "\" is not a data source; use \"markov\" (built-in) or \"bin\" (llm.c token files)");
+        "\" is not a data source; use \"markov\", \"mixture\" or \"copy\" (built-in) or \"bin\" "
+        "(llm.c token files)");
 }
 }  // namespace
 

@@ -240,13 +240,11 @@ i64 Job::num_params() const {
 }
 
 double Job::loss_floor() const {
-    const auto* markov = dynamic_cast<const MarkovSource*>(&source_->base());
-    return markov ? markov->window_floor(cfg_.model.seq_len) : -1.0;
+    return source_->base().window_floor(cfg_.model.seq_len);
 }
 
 double Job::entropy_rate() const {
-    const auto* markov = dynamic_cast<const MarkovSource*>(&source_->base());
-    return markov ? markov->entropy_rate() : -1.0;
+    return source_->base().entropy_rate();
 }
 
 float* Job::grads() const {

@@ -60,10 +60,13 @@ Sizes sizes_of(const Config& c) {
                                        // layer (precision.fp8_layers) and the LM head
         s.fp8_state = (4 * s.L + (c.precision.fp8_lm_head ? 1 : 0)) * 3 *
                       (1 + double(c.precision.fp8_amax_history_len));
-    if (c.data.source == "markov") {
-        const double V = double(c.data.markov_vocab > 0 ? c.data.markov_vocab : m.vocab);
+    if (c.data.source == "markov" || c.data.source == "mixture") {
+        const bool mix = c.data.source == "mixture";
+        const double all = double(c.data.markov_vocab > 0 ? c.data.markov_vocab : m.vocab);
+        const double n = mix ? double(c.data.mixture_chains) : 1.0;
+        const double V = mix ? std::floor(all / n) : all;  // each chain's symbols
         const double states = std::pow(V, double(c.data.markov_order));
-        s.markov = 16 * states * V + 24 * states;  // rows and their cdf; pi, its cdf, scratch
+        s.markov = n * (16 * states * V + 24 * states);  // rows and their cdf; pi, its cdf, scratch
     }
     s.init_from = !m.init_from.empty();
     s.export_llmc = !c.output.export_llmc.empty();

@@ -211,10 +211,8 @@ void RunFileObserver::on_end(const RunView& job) {
     file_->set_attr("memory_optimizer_bytes", static_cast<double>(mem.optimizer));
     file_->set_attr("memory_activations_bytes", static_cast<double>(mem.activations));
     file_->set_attr("memory_comm_bytes", static_cast<double>(mem.comm));
-    if (job.entropy_rate() >= 0) {
-        file_->set_attr("entropy_rate", job.entropy_rate());
-        file_->set_attr("loss_floor", job.loss_floor());
-    }
+    if (job.entropy_rate() >= 0) file_->set_attr("entropy_rate", job.entropy_rate());
+    if (job.loss_floor() >= 0) file_->set_attr("loss_floor", job.loss_floor());
     file_->flush();
 }
 

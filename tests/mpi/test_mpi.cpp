@@ -292,6 +292,19 @@ TEST_CASE("training under MPI equals the single device and the in-process run, b
         check_layout({"layout.tp=2", "layout.pp=2", "layout.microbatches=2"}, fp8);
         check_layout({"layout.dp=4", "layout.zero=2"}, fp8);
     }
+    SECTION("bf16: dp2 x tp2 with SP, ZeRO-3, and pp2 x dp2") {
+        const std::vector<std::string> bf16 = {"precision.activations=bf16"};
+        check_layout({"layout.dp=2", "layout.tp=2", "layout.sequence_parallel=true", "layout.zero=3"}, bf16);
+        check_layout({"layout.pp=2", "layout.dp=2", "layout.microbatches=2"}, bf16);
+    }
+    SECTION("fp8 block: tp2 x pp2, and dp4 ZeRO-2") {
+        // tiles of 16: tp2's halves of hidden and ffn are whole tiles
+        const std::vector<std::string> fp8 = {"precision.activations=bf16", "precision.fp8=block",
+                                              "precision.fp8_keep_ends_bf16=false",
+                                              "precision.fp8_block_size=16"};
+        check_layout({"layout.tp=2", "layout.pp=2", "layout.microbatches=2"}, fp8);
+        check_layout({"layout.dp=4", "layout.zero=2"}, fp8);
+    }
 }
 
 TEST_CASE("a world of the wrong size is a ConfigError naming both numbers") {

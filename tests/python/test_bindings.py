@@ -254,13 +254,17 @@ def test_a_ten_step_job_from_python_gives_the_cli_dump_s_bits(tmp_path, layout):
 # ---- interruption and failures ------------------------------------------------------------
 
 
-def interrupt_main_later(how, after_s):
+def interrupt_main_later(how, after_s=None, when=None):
+    """Ctrl-C from another thread: after `after_s` seconds, or as soon as the event `when` is set
+    (by an observer at a chosen step, so that the interrupt lands mid-run however fast steps are)."""
     def fire():
+        if when is not None:
+            when.wait()
         if how == "interrupt_main":
             _thread.interrupt_main()
         else:
             os.kill(os.getpid(), signal.SIGINT)
-    t = threading.Timer(after_s, fire)
+    t = threading.Timer(after_s or 0.0, fire)
     t.start()
     return t
 
@@ -269,13 +273,14 @@ def interrupt_main_later(how, after_s):
 def test_ctrl_c_stops_after_the_step_in_progress_and_the_job_goes_on_bit_for_bit(how):
     steps = 40
     job = parallax.Job(**small(train={"steps": steps}))
-    job.step()  # the first step is the slowest (pages mapped); time the rest
-    t = interrupt_main_later(how, 0.4)
+    at_step_3 = threading.Event()
+    job.add_observer(lambda m: at_step_3.set() if m["step"] == 3 else None)
+    t = interrupt_main_later(how, when=at_step_3)
     with pytest.raises(KeyboardInterrupt):
         job.step(steps)
     t.join()
     stopped = job.steps_done
-    assert 1 < stopped < steps and job.status == "paused"
+    assert 3 <= stopped < steps and job.status == "paused"
     assert list(job.metrics()["step"]) == list(range(1, stopped + 1))
     job.step(steps)  # runs to the end
     ref = parallax.Job(**small(train={"steps": steps}))
