@@ -15,12 +15,15 @@
 #include "core/io/runfile.h"
 #include "test_util.h"
 #include "tests/mutations.h"
+#include "validators/fp8_monitor.h"
 #include "validators/trace.h"
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <thread>
 
 using namespace px;
@@ -62,6 +65,77 @@ TEST_CASE("Layout check: a fast-mode check reports within budget", "[gui]") {
     CHECK(g.summary.find("within budget") != std::string::npos);
     CHECK(g.steps_done == 4);
     CHECK(v.reference_steps == 4);
+    // Cells are coloured against the error budget: fast kernels differ from the reference in
+    // many ulps (red on the ULP scale) while each tensor stays within its budget (not red).
+    int differing = 0, red_by_ulp = 0;
+    for (const std::vector<CheckCell>& line : g.cells)
+        for (const CheckCell& k : line) {
+            REQUIRE(k.done);
+            if (k.rank < 0) continue;
+            differing++;
+            red_by_ulp += is_red(ulp_colour(k));
+            INFO(k.ratio);
+            CHECK(k.ratio >= 0);
+            CHECK(k.ratio <= 1);
+            CHECK(!is_red(cell_colour(k, v.mode)));
+        }
+    CHECK(differing > 0);
+    CHECK(red_by_ulp > 0);
+    CheckCell over;
+    over.done = true;
+    over.rank = 0;
+    over.max_ulp = 3;
+    over.ratio = 4;  // four times its budget
+    CHECK(is_red(cell_colour(over, "fast")));
+    over.ratio = 0.9;
+    CHECK(!is_red(cell_colour(over, "fast")));
+    CHECK(is_red(cell_colour(over, "bitwise")) == is_red(ulp_colour(over)));
+}
+
+TEST_CASE("Layout check: the reference and every layout step together, step s of all first",
+          "[gui]") {
+    const Config c = check_job();
+    std::mutex mu;
+    std::vector<std::pair<std::string, i64>> order;  // (run, step) as the watch is told
+    ValidateWatch watch;
+    watch.reference_step = [&](i64 step) {
+        std::lock_guard lk(mu);
+        order.emplace_back("reference", step);
+    };
+    watch.layout_step = [&](const std::string& layout, i64 step, int rank,
+                            const std::vector<Comparison>&, const std::vector<double>& ratios) {
+        std::lock_guard lk(mu);
+        CHECK(ratios.empty());  // bitwise mode: no budget
+        order.emplace_back(layout + " rank " + std::to_string(rank), step);
+    };
+    const ValidationReport rep =
+        validate_layouts(c, parse_layouts("dp2,tp2,pp2"), 3, nullptr, {}, watch);
+    REQUIRE(rep.layouts.size() == 3);
+    for (const LayoutResult& r : rep.layouts) CHECK(r.verdict == "match");
+    // 1 reference + 3 layouts of 2 ranks, 3 steps; the steps never go back.
+    REQUIRE(order.size() == 3 * 7);
+    for (size_t i = 1; i < order.size(); i++) {
+        INFO(order[i - 1].first << " step " << order[i - 1].second << ", then " << order[i].first
+                                << " step " << order[i].second);
+        CHECK(order[i - 1].second <= order[i].second);
+    }
+    // In turns: the reference's step, then each layout's, in the order given.
+    CHECK(order[0] == std::make_pair(std::string("reference"), i64{1}));
+    CHECK(order[1].first.rfind("dp2 ", 0) == 0);
+    CHECK(order[3].first.rfind("tp2 ", 0) == 0);
+    CHECK(order[5].first.rfind("pp2 ", 0) == 0);
+    CHECK(order[7] == std::make_pair(std::string("reference"), i64{2}));
+    // The report's grid holds every step of every tensor.
+    for (const LayoutResult& r : rep.layouts) {
+        REQUIRE(!r.grid_tensors.empty());
+        CHECK(r.grid_tensors.front().rfind("grad/", 0) == 0);  // the gradients, then the state
+        CHECK(r.grid_tensors.back() == "steps/grad_norm");
+        for (const std::vector<std::int64_t>& row : r.grid_ulp) {
+            REQUIRE(row.size() == 3);
+            for (const std::int64_t u : row) CHECK(u == 0);
+        }
+        CHECK(r.grid_ratio.empty());
+    }
 }
 
 TEST_CASE("Layout check: a planted mutation turns its cell red at its step and names the first op",
@@ -213,9 +287,28 @@ TEST_CASE("Job controller: a run steps, pauses, and its pipeline timeline is mea
     CHECK(tl.makespan > 0);
     CHECK(tl.bubble > 0);
     CHECK(tl.bubble < 1);
-    int forwards = 0;
-    for (const TimelineBar& b : tl.bars) forwards += b.kind == TimelineBar::forward;
-    CHECK(forwards == 4);  // 2 stages × 2 microbatches
+    // Each microbatch's forward and backward as measured on each stage: F0 F1 then B0 B1 on
+    // both (1F1B with 2 microbatches on 2 stages), each forward before its backward, and stage
+    // 1's forward of a microbatch after stage 0's (it waits for the activations).
+    std::map<std::pair<int, std::string>, TimelineBar> span;  // (lane, "F0") -> its bar
+    for (const TimelineBar& b : tl.bars)
+        if (b.kind == TimelineBar::forward || b.kind == TimelineBar::backward) {
+            CHECK(b.t1 > b.t0);
+            CHECK(span.emplace(std::make_pair(b.lane, b.label), b).second);
+        }
+    CHECK(span.size() == 8);  // 2 stages × 2 microbatches × forward and backward
+    for (int lane = 0; lane < 2; lane++)
+        for (const char* m : {"0", "1"}) {
+            REQUIRE(span.count({lane, std::string("F") + m}));
+            REQUIRE(span.count({lane, std::string("B") + m}));
+            CHECK(span[{lane, std::string("F") + m}].t1 <= span[{lane, std::string("B") + m}].t0);
+        }
+    CHECK(tl.lane_pp == std::vector<int>{0, 1});
+    CHECK(span[{0, "F0"}].t1 <= span[{1, "F0"}].t0);
+    CHECK(span[{1, "B0"}].t1 <= span[{0, "B0"}].t0);  // the gradient flows back
+    int waits = 0;
+    for (const TimelineBar& b : tl.bars) waits += b.kind == TimelineBar::recv_wait;
+    CHECK(waits >= 4);  // stage 1 receives 2 activations, stage 0 2 gradients
     job.resume();
     while (job.status() != JobStatus::finished &&
            std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120)) {
@@ -229,6 +322,58 @@ TEST_CASE("Job controller: a run steps, pauses, and its pipeline timeline is mea
     Config bad = c;
     bad.layout.tp = 3;
     CHECK_THROWS_AS(job.start(bad, true), ConfigError);
+}
+
+TEST_CASE("Job controller: pp = 1 measures each rank's forward, backward and collectives",
+          "[gui]") {
+    Config c = small_job();
+    c.train.steps = 3;
+    c.layout.dp = 2;
+    c.layout.microbatches = 2;
+    JobController job;
+    job.start(c, true);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (job.status() != JobStatus::finished &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120)) {
+        job.poll();
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    REQUIRE(job.status() == JobStatus::finished);
+    REQUIRE(job.trace());
+    const Timeline tl = measured_timeline(job.trace()->mesh(), job.trace()->last_steps());
+    INFO(tl.problem);
+    REQUIRE(tl.problem.empty());
+    CHECK(tl.step == 3);
+    CHECK(tl.lanes == std::vector<std::string>{"rank 0: pp0 dp0 tp0", "rank 1: pp0 dp1 tp0"});
+    for (int lane = 0; lane < 2; lane++) {
+        std::vector<std::string> compute;
+        int collectives = 0, messages = 0;
+        double last_backward = 0;
+        for (const TimelineBar& b : tl.bars) {
+            if (b.lane != lane) continue;
+            if (b.kind == TimelineBar::forward || b.kind == TimelineBar::backward) {
+                CHECK(b.t1 > b.t0);
+                compute.push_back(b.label);
+                if (b.kind == TimelineBar::backward) last_backward = b.t1;
+            }
+            collectives += b.kind == TimelineBar::collective;
+            messages += b.kind == TimelineBar::recv_wait || b.kind == TimelineBar::send;
+        }
+        // The trivial schedule: each microbatch's forward, then its backward.
+        CHECK(compute == std::vector<std::string>{"F0", "B0", "F1", "B1"});
+        CHECK(messages == 0);
+        CHECK(collectives > 0);  // the gradients' all-reduce over dp
+        bool reduced_after = false;
+        for (const TimelineBar& b : tl.bars)
+            reduced_after |= b.lane == lane && b.kind == TimelineBar::collective &&
+                             b.label == "dp all_reduce" && b.t0 >= last_backward;
+        CHECK(reduced_after);
+    }
+    CHECK(tl.bubble >= 0);
+    CHECK(tl.bubble < 1);
+    const Timeline one = measured_timeline(job.trace()->mesh(), job.trace()->last_steps(),
+                                           TimelineRanks::first_replica);
+    CHECK(one.lanes.size() == 1);
 }
 
 TEST_CASE("Teaching models: the schedule's bubble and the canonical sums", "[gui]") {
@@ -287,7 +432,7 @@ TEST_CASE("Finished runs open in the panels: a run file, a validate.json, a gold
     m.other = 2;
     m.tensor = "h.0.mlp.c_fc.weight";
     const ValidationReport rep =
-        validate_layouts(c, parse_layouts("dp4"), 3, nullptr, mutation::plant(m));
+        validate_layouts(c, parse_layouts("dp4"), 4, nullptr, mutation::plant(m));
     {
         std::ofstream out(dir + "/validate.json");
         out << rep.to_json();
@@ -301,7 +446,46 @@ TEST_CASE("Finished runs open in the panels: a run file, a validate.json, a gold
     REQUIRE(row >= 0);
     CHECK(g.cells[static_cast<size_t>(row)][0].rank < 0);
     CHECK(is_red(ulp_colour(g.cells[static_cast<size_t>(row)][1])));
+    // The whole grid, every step (step 3 lies between the first differing step and the last):
+    // the same rows and cells as the run's own grid, the swapped gradient red with its element.
+    REQUIRE(g.tensors == rep.layouts[0].grid_tensors);
+    for (size_t t = 0; t < g.tensors.size(); t++) {
+        INFO(g.tensors[t]);
+        REQUIRE(g.cells[t].size() == 4);
+        for (size_t k = 0; k < 4; k++) {
+            CHECK(g.cells[t][k].done);
+            CHECK(g.cells[t][k].max_ulp == rep.layouts[0].grid_ulp[t][k]);
+            CHECK((g.cells[t][k].rank >= 0) == (rep.layouts[0].grid_ulp[t][k] != 0));
+        }
+    }
+    const int grad = row_of(g, "grad/0/param/mlp.c_fc.weight");
+    REQUIRE(grad >= 0);
+    const CheckCell& swapped = g.cells[static_cast<size_t>(grad)][1];
+    CHECK(is_red(ulp_colour(swapped)));
+    CHECK(swapped.first >= 0);
+    CHECK(swapped.reference != swapped.candidate);
+    CHECK(is_red(ulp_colour(g.cells[static_cast<size_t>(row)][2])));  // the weight stays off
     CHECK_THROWS_AS(check_from_report(dir + "/run.h5"), DataError);
+    // A fast-mode report: its cells carry the budget ratio, and within budget none is red.
+    {
+        Config f = c;
+        f.numerics.mode = Mode::fast;
+        std::ofstream out(dir + "/validate_fast.json");
+        out << validate_layouts(f, parse_layouts("dp2"), 2).to_json();
+    }
+    const CheckView fv = check_from_report(dir + "/validate_fast.json");
+    REQUIRE(fv.layouts.size() == 1);
+    CHECK(fv.layouts[0].result.verdict == "within budget");
+    int judged = 0;
+    for (const std::vector<CheckCell>& line : fv.layouts[0].cells)
+        for (const CheckCell& k : line) {
+            CHECK(k.done);
+            if (k.rank < 0) continue;
+            judged++;
+            CHECK(k.ratio >= 0);
+            CHECK(!is_red(cell_colour(k, fv.mode)));
+        }
+    CHECK(judged > 0);
 
     record_trace(c, {"**"}, 1, 2, dir + "/trace.h5");
     LayoutCheck check;
@@ -353,6 +537,50 @@ TEST_CASE("Spikes: a rolled-back spike opens from its run file with its first ru
     }
     CHECK(std::isfinite(rows[1].attn_logit_max));
     CHECK(std::isnan(rows[0].attn_logit_max));  // the embedding has no attention
+}
+
+TEST_CASE("An opened run file fills every panel it holds data for: loss, spikes, FP8, memory",
+          "[gui]") {
+    // The FP8 drift job (the learning-rate jump at step 30) with the spike guard on and a bad
+    // batch at step 22, written to its run file as parallax train writes it.
+    const std::string dir = "build/test_gui_models_fp8_spikes";
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    Config c = load_config("examples/fp8_drift.toml");
+    c.train.steps = 34;
+    c.train.eval_every = 0;
+    c.fp8_monitor.every = 2;
+    c.fp8_monitor.compare = "current";
+    c.data.corrupt_step = 22;
+    c.spikes.action = "log";
+    c.output.dir = dir;
+    c.output.progress = false;
+    {
+        RunFileObserver file(dir + "/run.h5", c);
+        run_layout(c, {&file}, fp8_monitor_hooks(c));
+    }
+    const RunSnapshot snap = snapshot_from_run_file(dir + "/run.h5");
+    CHECK(snap.state == RunState::finished);
+    CHECK(snap.metrics.size() == 34);
+    CHECK(snap.num_params > 0);
+    // The FP8 panel: the monitor's tensors, steps and alerts after the jump.
+    const Fp8View v = make_fp8_view(snap);
+    CHECK(v.recipe == "delayed");
+    CHECK(v.tensors.size() == 24);
+    CHECK(v.steps.size() == 17);
+    CHECK(!v.alerts.empty());
+    for (const Fp8AlertRow& a : v.alerts) CHECK(!a.message.empty());  // the events are there too
+    // The spike panel: the per-layer evidence of every step and the bad batch's spike.
+    const SpikeModel m = spike_model(snap);
+    CHECK(m.steps.size() == 34);
+    CHECK(m.groups.size() == 6);  // embed, h.0 .. h.3, ln_f
+    REQUIRE(!m.spikes.empty());
+    CHECK(m.spikes[0].step == 22);
+    // The memory panel: rank 0's bytes at the run's end, as the file keeps them.
+    REQUIRE(snap.memory.size() == 1);
+    CHECK(snap.memory[0].params >= 4 * snap.num_params);
+    CHECK(snap.memory[0].optimizer >= 8 * snap.num_params);
+    CHECK(snap.memory[0].activations > 0);
 }
 
 TEST_CASE(

@@ -72,6 +72,33 @@ void check_same_shape(const LogicalState& ref, const LogicalState& other, const 
 
 }  // namespace
 
+TensorBudget tensor_budget(const std::string& name, const std::vector<double>& r,
+                           const std::vector<double>& c,
+                           const std::vector<std::vector<double>>& alts,
+                           const std::vector<double>& fine) {
+    if (alts.empty())
+        throw InternalError("tensor_budget needs at least one alternate ordering of " + name);
+    const size_t n = r.size();
+    bool same = c.size() == n && (fine.empty() || fine.size() == n);
+    for (const auto& a : alts) same = same && a.size() == n;
+    if (!same) throw InternalError("tensor_budget: the runs' " + name + " differ in size");
+    TensorBudget t;
+    t.name = name;
+    t.error = dist(c.data(), r.data(), n);
+    double s2 = 0;
+    for (const auto& a : alts) {
+        const double d = dist(a.data(), r.data(), n);
+        s2 += d * d;
+    }
+    const std::vector<double> zero(n, 0.0);
+    const double floor = kFp32Unit * dist(r.data(), zero.data(), n);
+    t.sigma = std::max(std::sqrt(s2 / (2.0 * static_cast<double>(alts.size()))), floor);
+    if (!fine.empty()) t.sigma_precision = dist(fine.data(), r.data(), n);
+    t.budget = std::max(budget_multiplier() * t.sigma, precision_multiplier() * t.sigma_precision);
+    t.ratio = t.budget > 0 ? t.error / t.budget : (t.error > 0 ? INFINITY : 0.0);
+    return t;
+}
+
 BudgetReport error_budget(const LogicalState& reference,
                           const std::vector<const LogicalState*>& alternates,
                           const LogicalState& candidate, const LogicalState* finer) {
@@ -83,27 +110,10 @@ BudgetReport error_budget(const LogicalState& reference,
 
     BudgetReport rep;
     rep.per_precision = finer != nullptr;
-    const double mult = budget_multiplier(), pmult = precision_multiplier();
-    // One row: r, c, the alternates and the finer run (empty: none) as fp64 vectors of the same
-    // length.
     auto row = [&](const std::string& name, const std::vector<double>& r,
                    const std::vector<double>& c, const std::vector<std::vector<double>>& alts,
                    const std::vector<double>& fine) {
-        TensorBudget t;
-        t.name = name;
-        t.error = dist(c.data(), r.data(), r.size());
-        double s2 = 0;
-        for (const auto& a : alts) {
-            const double d = dist(a.data(), r.data(), r.size());
-            s2 += d * d;
-        }
-        const std::vector<double> zero(r.size(), 0.0);
-        const double floor = kFp32Unit * dist(r.data(), zero.data(), r.size());
-        t.sigma = std::max(std::sqrt(s2 / (2.0 * static_cast<double>(alts.size()))), floor);
-        if (!fine.empty()) t.sigma_precision = dist(fine.data(), r.data(), r.size());
-        t.budget = std::max(mult * t.sigma, pmult * t.sigma_precision);
-        t.ratio = t.budget > 0 ? t.error / t.budget : (t.error > 0 ? INFINITY : 0.0);
-        rep.rows.push_back(std::move(t));
+        rep.rows.push_back(tensor_budget(name, r, c, alts, fine));
     };
 
     const struct {

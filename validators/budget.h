@@ -7,6 +7,7 @@
 //   unit_roundoff, precision_unit            each precision's unit roundoff, and a job's coarsest
 //   precision_multiplier                     q · (k − 1), applied to a precision's own error
 //   TensorBudget, BudgetReport               per tensor: error, budget, ratio; the verdict
+//   tensor_budget                            one tensor's row, from its runs' values
 //   error_budget                             compares a candidate with the references
 //
 // The proxy for fp64. There is no fp64 training run, so the exact trajectory x is unknown. What
@@ -106,6 +107,15 @@ struct BudgetReport {
     bool per_precision = false;      // budgets include the precision's own error (a finer run)
     std::string text() const;        // a table, worst first, and the verdict
 };
+
+// One tensor's row: r the reference's values, c the candidate's, alts the alternates' (at least
+// one), fine the finer run's (empty: none), all of the same length (InternalError otherwise).
+// error_budget makes each of its rows with it; parallax validate's per-step budgets of the
+// reduced gradients too.
+TensorBudget tensor_budget(const std::string& name, const std::vector<double>& r,
+                           const std::vector<double>& c,
+                           const std::vector<std::vector<double>>& alts,
+                           const std::vector<double>& fine);
 
 // `reference`: the bitwise single device; `alternates`: other valid orderings of the same job
 // on the single device (at least one; e.g. fast mode, another numerics.block); `candidate`: the

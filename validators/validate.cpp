@@ -14,10 +14,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <exception>
+#include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 namespace px {
 
@@ -106,6 +112,134 @@ std::string first_text(const LayoutResult& r) {
     return s + axes_text(r);
 }
 
+// Lockstep (validate.h): the runs take turns by step. Run k may begin step s once every run has
+// finished step s - 1 and every run before it in the order has finished step s, so exactly one
+// run computes at a time and step s of every run comes before step s + 1 of any.
+class Pacer {
+public:
+    explicit Pacer(int runs)
+        : done_(static_cast<size_t>(runs), 0), seconds_(static_cast<size_t>(runs), 0.0) {}
+
+    // Blocks until run k's turn at `step`. Ends by throwing when the turns were aborted, or when
+    // `failed` (polled while waiting: the run's own job failed elsewhere, a rank that threw or
+    // a collective that timed out) returns a message.
+    void wait_turn(int k, i64 step, const std::function<std::string()>& failed = {}) {
+        std::unique_lock lk(mu_);
+        while (true) {
+            if (!aborted_.empty()) throw Error(aborted_);
+            if (turn(k, step)) return;
+            if (failed) {
+                const std::string why = failed();
+                if (!why.empty()) throw Error(why);
+            }
+            cv_.wait_for(lk, std::chrono::milliseconds(20));
+        }
+    }
+    // Run k finished `step` (every rank of it): the time since the last turn ended is its.
+    void finished(int k, i64 step) {
+        std::lock_guard lk(mu_);
+        done_[static_cast<size_t>(k)] = step;
+        const auto now = Clock::now();
+        seconds_[static_cast<size_t>(k)] += std::chrono::duration<double>(now - last_).count();
+        last_ = now;
+        cv_.notify_all();
+    }
+    // Run k ended (its last step, or a failure): nobody waits for it any more.
+    void retire(int k) {
+        std::lock_guard lk(mu_);
+        done_[static_cast<size_t>(k)] = std::numeric_limits<i64>::max();
+        last_ = Clock::now();
+        cv_.notify_all();
+    }
+    void abort(const std::string& why) {
+        std::lock_guard lk(mu_);
+        aborted_ = why;
+        cv_.notify_all();
+    }
+    double seconds(int k) const {
+        std::lock_guard lk(mu_);
+        return seconds_[static_cast<size_t>(k)];
+    }
+
+private:
+    bool turn(int k, i64 step) const {
+        for (size_t j = 0; j < done_.size(); j++)
+            if (done_[j] < (static_cast<int>(j) < k ? step : step - 1)) return false;
+        return true;
+    }
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<i64> done_;  // the last step each run finished; i64 max: ended
+    std::vector<double> seconds_;
+    Clock::time_point last_ = Clock::now();
+    std::string aborted_;
+};
+
+// A run's place in the turns; a null pacer: the run goes alone.
+struct Turn {
+    Pacer* pacer = nullptr;
+    int run = 0;
+};
+
+// Fast mode: a single-device run that sizes the reference's own rounding error (budget.h), taking
+// its turns beside the layouts: after its step s, its state and reduced gradients of step s.
+struct Alternate {
+    Config cfg;
+    LogicalState state;
+    ProbeRecorder grads{std::vector<std::string>{"*/grad/**"}};
+    std::exception_ptr error;
+};
+
+// What a layout's step is judged against in fast mode: the alternates and the finer run (budget.h
+// error_budget's), each at the same step as the layout.
+struct Budgets {
+    std::vector<const Alternate*> alternates;
+    const Alternate* finer = nullptr;
+};
+
+std::vector<double> widened(const std::vector<float>& v) {
+    return std::vector<double>(v.begin(), v.end());
+}
+
+// One reduced gradient's error / budget at its step (tensor_budget over the whole tensor); -1
+// when an alternate did not record it.
+double grad_ratio(const std::string& name, const std::vector<float>& want,
+                  const std::vector<float>& got, const Budgets& b) {
+    std::vector<std::vector<double>> alts;
+    for (const Alternate* a : b.alternates) {
+        if (!a->grads.has(name)) return -1;
+        alts.push_back(widened(a->grads.unshard(name)));
+    }
+    std::vector<double> fine;
+    if (b.finer != nullptr) {
+        if (!b.finer->grads.has(name)) return -1;
+        fine = widened(b.finer->grads.unshard(name));
+    }
+    return tensor_budget(name, widened(want), widened(got), alts, fine).ratio;
+}
+
+// Each state comparison's error / budget (error_budget of the layout's state against the
+// alternates' at the same step), in cmp's order; -1 for a comparison without a row.
+std::vector<double> state_ratios(const LogicalState& ref, const LogicalState& got, const Budgets& b,
+                                 const std::vector<Comparison>& cmp) {
+    std::vector<const LogicalState*> alts;
+    for (const Alternate* a : b.alternates) alts.push_back(&a->state);
+    const BudgetReport rep =
+        error_budget(ref, alts, got, b.finer != nullptr ? &b.finer->state : nullptr);
+    std::map<std::string, double> by;
+    for (const TensorBudget& t : rep.rows) {
+        const std::string w = "weights/";  // compare_states calls them "params/"
+        by[t.name.compare(0, w.size(), w) == 0 ? "params/" + t.name.substr(w.size()) : t.name] =
+            t.ratio;
+    }
+    std::vector<double> out;
+    for (const Comparison& c : cmp) {
+        auto it = by.find(c.name);
+        out.push_back(it == by.end() ? -1 : it->second);
+    }
+    return out;
+}
+
 // The layout's state after each step, gathered on every one of its ranks and compared there:
 // a rank whose state departs from the others' (a replica that disagrees) is seen at the step it
 // happens. The earliest step wins, then the lowest world rank.
@@ -113,21 +247,31 @@ struct Checker {
     const std::vector<LogicalState>& reference;  // after step s at [s-1]
     LayoutResult& result;
     const ValidateWatch* watch;  // null: nobody watches
+    const Budgets* budgets;      // fast mode's per-step budgets; null: none
+    i64 steps;                   // the grid's columns
     std::mutex mu;
     LogicalState last;  // world rank 0's state after the last step compared
 
     // grads: this rank's reduced gradients of the step, compared already (they come first: the
-    // update reads them).
-    void compare_step(LogicalState&& got, int rank, std::vector<Comparison> grads) {
+    // update reads them); grad_ratios: their error / budget (fast mode), else empty.
+    void compare_step(LogicalState&& got, int rank, std::vector<Comparison> grads,
+                      std::vector<double> grad_ratios) {
         const i64 step = static_cast<i64>(got.history.size());
         const LogicalState& ref = reference.at(static_cast<size_t>(step - 1));
+        std::vector<Comparison> states = compare_states(ref, got);
+        std::vector<double> ratios;
+        if (budgets != nullptr) {
+            ratios = std::move(grad_ratios);
+            for (double q : state_ratios(ref, got, *budgets, states)) ratios.push_back(q);
+        }
         std::vector<Comparison> cmp = std::move(grads);
-        for (Comparison& c : compare_states(ref, got)) cmp.push_back(std::move(c));
-        if (watch && watch->layout_step) watch->layout_step(result.layout, step, rank, cmp);
+        for (Comparison& c : states) cmp.push_back(std::move(c));
+        if (watch && watch->layout_step) watch->layout_step(result.layout, step, rank, cmp, ratios);
         std::vector<Comparison> differing;
         for (const Comparison& c : cmp)
             if (!c.equal()) differing.push_back(c);
         std::lock_guard lk(mu);  // ranks are threads
+        note_grid(step, cmp, ratios);
         result.steps = std::max(result.steps, step);
         for (const Comparison& c : cmp) result.max_ulp = worse(result.max_ulp, c.max_ulp);
         const bool earlier = result.first_step < 0 || step < result.first_step ||
@@ -143,7 +287,55 @@ struct Checker {
             last = std::move(got);
         }
     }
+
+    // Under mu: the step's comparisons into the grid, worst over the ranks.
+    void note_grid(i64 step, const std::vector<Comparison>& cmp,
+                   const std::vector<double>& ratios) {
+        if (step < 1 || step > steps) return;
+        const size_t col = static_cast<size_t>(step - 1);
+        for (size_t i = 0; i < cmp.size(); i++) {
+            auto it =
+                std::find(result.grid_tensors.begin(), result.grid_tensors.end(), cmp[i].name);
+            const size_t row = static_cast<size_t>(it - result.grid_tensors.begin());
+            if (it == result.grid_tensors.end()) {
+                result.grid_tensors.push_back(cmp[i].name);
+                result.grid_ulp.emplace_back(static_cast<size_t>(steps), kGridNotRun);
+                if (budgets != nullptr)
+                    result.grid_ratio.emplace_back(static_cast<size_t>(steps), -1.0);
+            }
+            std::int64_t& u = result.grid_ulp[row][col];
+            u = u == kGridNotRun ? cmp[i].max_ulp : worse(u, cmp[i].max_ulp);
+            if (budgets != nullptr && i < ratios.size())
+                result.grid_ratio[row][col] = std::max(result.grid_ratio[row][col], ratios[i]);
+        }
+    }
 };
+
+// The grid's rows in the reference's order (the reduced gradients as the reference recorded
+// them, then compare_states' order), whatever order the ranks' threads arrived in.
+void order_grid(LayoutResult& r, const ProbeRecorder& ref_grads, const LogicalState& ref) {
+    std::vector<std::string> order;
+    for (const std::string& name : ref_grads.names())
+        if (name.compare(0, 2, "1/") == 0) order.push_back(name.substr(2));
+    for (const Comparison& c : compare_states(ref, ref)) order.push_back(c.name);
+    auto rank_of = [&](const std::string& name) {
+        return static_cast<size_t>(std::find(order.begin(), order.end(), name) - order.begin());
+    };
+    std::vector<size_t> idx(r.grid_tensors.size());
+    for (size_t i = 0; i < idx.size(); i++) idx[i] = i;
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+        return rank_of(r.grid_tensors[a]) < rank_of(r.grid_tensors[b]);
+    });
+    LayoutResult sorted;
+    for (size_t i : idx) {
+        sorted.grid_tensors.push_back(std::move(r.grid_tensors[i]));
+        sorted.grid_ulp.push_back(std::move(r.grid_ulp[i]));
+        if (i < r.grid_ratio.size()) sorted.grid_ratio.push_back(std::move(r.grid_ratio[i]));
+    }
+    r.grid_tensors = std::move(sorted.grid_tensors);
+    r.grid_ulp = std::move(sorted.grid_ulp);
+    r.grid_ratio = std::move(sorted.grid_ratio);
+}
 
 LogicalState gathered(const Config& cfg, std::vector<float>&& p, std::vector<float>&& m,
                       std::vector<float>&& v, const std::vector<StepMetrics>& history) {
@@ -174,10 +366,13 @@ void record_layout(const Config& c, std::vector<std::unique_ptr<ProbeRecorder>>&
     run_layout(c, {}, chain(decorate, chain(hooks, cancel.hooks())));
 }
 
-// One layout's run: `body` fills r; an exception that is not bad input or a cancellation makes
-// the layout "error" (the others still run); the time and the progress report follow.
+// One layout's run: `body` fills r; an exception that is not bad input makes the layout
+// "error" (the others still run); the time and the progress report follow. A cancellation is
+// no layout's failure: it leaves. `seconds` is time the layout spent before (its turns in the
+// lockstep).
 template <class Body>
-LayoutResult run_one(const LayoutSpec& spec, void (*progress)(const LayoutResult&), Body&& body) {
+LayoutResult run_one(const LayoutSpec& spec, void (*progress)(const LayoutResult&), Body&& body,
+                     double seconds = 0) {
     LayoutResult r;
     r.layout = spec.name;
     const auto t0 = Clock::now();
@@ -191,7 +386,7 @@ LayoutResult run_one(const LayoutSpec& spec, void (*progress)(const LayoutResult
         r.verdict = "error";
         r.error = e.what();
     }
-    r.seconds = seconds_since(t0);
+    r.seconds = seconds + seconds_since(t0);
     if (progress) progress(r);
     return r;
 }
@@ -253,20 +448,21 @@ void search_first_op(const Config& ref_cfg, const Config& c, LayoutResult& r,
                       std::to_string(s) + " agrees: the difference is outside the probed ops";
 }
 
-LogicalState single_device(const Config& cfg, const Cancel& cancel,
-                           std::vector<LogicalState>* each_step, ProbeRecorder* probes = nullptr,
-                           const ValidateWatch* watch = nullptr) {
+// cfg on the single device for its train.steps, in its turns (`turn`; alone without a pacer):
+// `before` ahead of each step, `after` once it is done (each may be empty); `cancel` is asked
+// after every step. Returns the state after the last step.
+LogicalState single_device(const Config& cfg, const Cancel& cancel, ProbeRecorder* probes = nullptr,
+                           Turn turn = {}, const std::function<void()>& before = {},
+                           const std::function<void(Job&)>& after = {}) {
     Job job(cfg);
     job.set_probes(probes);
     while (job.steps_done() < cfg.train.steps) {
+        if (turn.pacer) turn.pacer->wait_turn(turn.run, job.steps_done() + 1);
+        if (before) before();
         job.step();
         cancel.check();
-        if (watch && watch->reference_step) watch->reference_step(job.steps_done());
-        if (each_step) {
-            LogicalState s;
-            absorb(s, job);
-            each_step->push_back(std::move(s));
-        }
+        if (after) after(job);
+        if (turn.pacer) turn.pacer->finished(turn.run, job.steps_done());
     }
     LogicalState s;
     absorb(s, job);
@@ -274,51 +470,88 @@ LogicalState single_device(const Config& cfg, const Cancel& cancel,
 }
 
 // This rank's pieces of the reduced gradients of `step` (rec) against the reference's
-// (ref_grads), each named "grad/<layer>/param/<tensor>"; rec is emptied for the next step.
-std::vector<Comparison> compare_grads(const ProbeRecorder& ref_grads, ProbeRecorder& rec,
-                                      i64 step) {
+// (ref_grads), each named "grad/<layer>/param/<tensor>"; rec is emptied for the next step. With
+// budgets (fast mode), each one's error / budget goes to `ratios`.
+std::vector<Comparison> compare_grads(const ProbeRecorder& ref_grads, ProbeRecorder& rec, i64 step,
+                                      const Budgets* budgets, std::vector<double>* ratios) {
     std::vector<Comparison> out;
     const std::string prefix = std::to_string(step) + "/";
     for (const std::string& name : ref_grads.names()) {
         if (name.compare(0, prefix.size(), prefix) != 0 || !rec.has(name)) continue;
         std::vector<i64> shape;
         const std::vector<float> want = ref_grads.unshard(name, &shape);
-        out.push_back(compare(name.substr(prefix.size()), want, rec.overlay(name, want), shape));
+        const std::vector<float> got = rec.overlay(name, want);
+        if (budgets != nullptr) ratios->push_back(grad_ratio(name, want, got, *budgets));
+        out.push_back(compare(name.substr(prefix.size()), want, got, shape));
     }
     rec.clear();
     return out;
 }
 
+// The ranks of one layout arriving at the end of a step: the last one ends the layout's turn.
+struct Arrivals {
+    Turn turn;
+    int ranks = 0;
+    std::mutex mu;
+    int arrived = 0;
+    void arrive(i64 step) {
+        bool last = false;
+        {
+            std::lock_guard lk(mu);
+            last = ++arrived == ranks;
+            if (last) arrived = 0;
+        }
+        if (last) turn.pacer->finished(turn.run, step);
+    }
+};
+
 // Runs layout config c (its schedule of train.steps), stopping after `steps`; after every step
 // each rank gathers the logical state and compares it, and its pieces of the reduced gradients,
-// with the reference (Checker) into r. Returns world rank 0's last state.
+// with the reference (Checker) into r. With a pacer, each step waits for its turn (the reference
+// and the alternates have then finished that step: reference[step - 1] and the budgets' states
+// are there). `cancel` is asked after every step. Returns world rank 0's last state.
 LogicalState lockstep(const Config& c, const std::vector<LogicalState>& reference,
                       const ProbeRecorder& ref_grads, LayoutResult& r, i64 steps,
                       const RunHooks& decorate, const Cancel& cancel,
-                      const ValidateWatch* watch = nullptr) {
+                      const ValidateWatch* watch = nullptr, const Budgets* budgets = nullptr,
+                      Turn turn = {}) {
     const Mesh mesh(make_layout(c));
-    Checker check{reference, r, watch, {}, {}};
+    Checker check{reference, r, watch, budgets, steps, {}, {}};
     const int n = c.layout.dp * c.layout.tp * c.layout.pp;
+    Arrivals arrivals{turn, n, {}, 0};
     std::vector<std::unique_ptr<ProbeRecorder>> grads;
     for (int k = 0; k < n; k++)
         grads.push_back(std::make_unique<ProbeRecorder>(std::vector<std::string>{"*/grad/**"}));
+    // A rank waiting for its turn learns from its world that another rank of its job failed.
+    auto failure_of = [](Job& job) {
+        return
+            [&job] { return job.groups().world ? job.groups().world->failure() : std::string(); };
+    };
     RunHooks hooks;
     hooks.setup = [&](Job& job) {
         job.stop_after(steps);
         job.set_probes(grads[static_cast<size_t>(world_rank(mesh, job))].get());
+        if (turn.pacer) turn.pacer->wait_turn(turn.run, 1, failure_of(job));
     };
     hooks.each_step = [&](Job& job) {
         const int rank = world_rank(mesh, job);
+        const i64 step = job.steps_done();
         std::vector<float> p, m, v;
         job.gather_full(&p, &m, &v);
-        check.compare_step(
-            gathered(c, std::move(p), std::move(m), std::move(v), job.history()), rank,
-            compare_grads(ref_grads, *grads[static_cast<size_t>(rank)], job.steps_done()));
+        std::vector<double> ratios;
+        std::vector<Comparison> g =
+            compare_grads(ref_grads, *grads[static_cast<size_t>(rank)], step, budgets, &ratios);
+        check.compare_step(gathered(c, std::move(p), std::move(m), std::move(v), job.history()),
+                           rank, std::move(g), std::move(ratios));
+        if (!turn.pacer) return;
+        arrivals.arrive(step);
+        if (step < steps) turn.pacer->wait_turn(turn.run, step + 1, failure_of(job));
     };
     run_layout(c, {}, chain(decorate, chain(hooks, cancel.hooks())));
     if (r.steps != steps)
         throw InternalError("the layout compared " + std::to_string(r.steps) + " of " +
                             std::to_string(steps) + " steps");
+    order_grid(r, ref_grads, reference.front());
     return std::move(check.last);
 }
 
@@ -438,75 +671,153 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
     ref_cfg.numerics.mode = Mode::bitwise;
     ref_cfg.fault = FaultConfig{};  // an injected fault is for the layouts under test
     ref_cfg.validate = ValidateConfig{};
-    std::vector<LogicalState> reference;
-    const auto t0 = Clock::now();
-    ProbeRecorder ref_grads({"*/grad/**"});  // the reduced gradients of every step
-    single_device(ref_cfg, cancel, &reference, &ref_grads, &watch);
-    rep.reference_seconds = seconds_since(t0);
-    // Fast mode: the alternates that size the reference's own rounding error (budget.h).
-    std::vector<LogicalState> alternates;
-    LogicalState finer;  // a precision coarser than fp32: the same job in fp32 (budget.h)
+    // Fast mode: the alternates that size the reference's own rounding error (budget.h), and in
+    // a precision coarser than fp32 the same job in fp32 (the finer run, last).
+    std::vector<std::unique_ptr<Alternate>> alternates;
     const bool per_precision = fast && precision_unit(ref_cfg.precision) > kFp32Unit;
     if (fast) {
         Config a = ref_cfg;
         a.numerics.mode = Mode::fast;
-        alternates.push_back(single_device(a, cancel, nullptr));
         Config b = ref_cfg;
         b.numerics.block = ref_cfg.numerics.block * 2;
-        alternates.push_back(single_device(b, cancel, nullptr));
+        for (const Config& c : {a, b}) {
+            alternates.push_back(std::make_unique<Alternate>());
+            alternates.back()->cfg = c;
+        }
         if (per_precision) {
-            Config f = ref_cfg;
-            f.precision = PrecisionConfig{};  // fp32 activations, no fp8, no loss scaling
-            finer = single_device(f, cancel, nullptr);
+            alternates.push_back(std::make_unique<Alternate>());
+            alternates.back()->cfg = ref_cfg;
+            alternates.back()->cfg.precision = PrecisionConfig{};  // fp32, no fp8, no scaling
         }
     }
+    Budgets budgets;
+    for (const auto& a : alternates) budgets.alternates.push_back(a.get());
+    if (per_precision) {
+        budgets.finer = budgets.alternates.back();
+        budgets.alternates.pop_back();
+    }
 
-    for (const LayoutSpec& spec : layouts)
-        rep.layouts.push_back(run_one(spec, progress, [&](LayoutResult& r) {
-            Config c = with_layout(cfg, spec);
-            if (fast) c.numerics.mode = Mode::fast;
-            const LogicalState last =
-                lockstep(c, reference, ref_grads, r, steps, decorate, cancel, &watch);
-            if (fast) {
-                std::vector<const LogicalState*> alts;
-                for (const LogicalState& a : alternates) alts.push_back(&a);
-                const BudgetReport b =
-                    error_budget(reference.back(), alts, last, per_precision ? &finer : nullptr);
-                r.budget_ratio = b.max_ratio;
-                r.budget_worst = b.worst;
-                r.verdict = b.within ? "within budget" : "over budget";
-                return;
+    // Lockstep (validate.h): the turns go reference, alternates, layouts, step by step. Each
+    // alternate and each layout runs on a thread of its own (a layout's ranks on theirs), the
+    // reference on this one.
+    const int first_layout = 1 + static_cast<int>(alternates.size());
+    Pacer pacer(first_layout + static_cast<int>(layouts.size()));
+    struct LayoutRun {
+        LayoutResult result;
+        Config config;
+        LogicalState last;
+        std::exception_ptr error;
+    };
+    std::vector<LayoutRun> runs(layouts.size());
+    std::vector<LogicalState> reference;
+    reference.reserve(static_cast<size_t>(steps));  // read by the layouts while it grows
+    ProbeRecorder ref_grads({"*/grad/**"});         // the reduced gradients of every step
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < alternates.size(); i++)
+        threads.emplace_back([&, i] {
+            Alternate& a = *alternates[i];
+            const int k = 1 + static_cast<int>(i);
+            try {
+                // a.state is set in its turns (the layouts read it in theirs), never after.
+                single_device(
+                    a.cfg, cancel, &a.grads, Turn{&pacer, k}, [&] { a.grads.clear(); },
+                    [&](Job& job) {
+                        a.state = LogicalState{};
+                        absorb(a.state, job);
+                    });
+            } catch (...) {
+                a.error = std::current_exception();
             }
-            r.verdict = r.first_step < 0 ? "match" : "diverged";
-            if (r.first_step < 0) return;
-            try {  // the divergence stands even if the search cannot run
-                search_first_op(ref_cfg, c, r, decorate, cancel);
-            } catch (const DataError&) {
-                throw;
-            } catch (const Cancelled&) {
-                throw;
-            } catch (const std::exception& e) {
-                r.first_op_rank = -1;
-                r.first_op_ranks.clear();
-                r.first_op_note = std::string("the first-divergence search failed: ") + e.what();
+            pacer.retire(k);
+        });
+    for (size_t i = 0; i < layouts.size(); i++)
+        threads.emplace_back([&, i] {
+            LayoutRun& run = runs[i];
+            const int k = first_layout + static_cast<int>(i);
+            run.result.layout = layouts[i].name;
+            try {
+                run.config = with_layout(cfg, layouts[i]);
+                if (fast) run.config.numerics.mode = Mode::fast;
+                run.last = lockstep(run.config, reference, ref_grads, run.result, steps, decorate,
+                                    cancel, &watch, fast ? &budgets : nullptr, Turn{&pacer, k});
+            } catch (...) {
+                run.error = std::current_exception();
             }
-            // Which parallelism: each single-axis part alone, up to the first differing step.
-            // A part that cannot run (a fault's rank beyond its world) says so and the others
-            // still run.
-            for (const LayoutSpec& part : single_axis_parts(spec)) {
-                LayoutResult p;
-                try {
-                    lockstep(with_layout(cfg, part), reference, ref_grads, p, r.first_step,
-                             decorate, cancel);
-                    r.axes.push_back(
-                        {part.name, p.first_step < 0 ? "match" : "diverged", p.first_step, ""});
+            pacer.retire(k);
+        });
+    try {
+        single_device(ref_cfg, cancel, &ref_grads, Turn{&pacer, 0}, {}, [&](Job& job) {
+            if (watch.reference_step) watch.reference_step(job.steps_done());
+            LogicalState s;
+            absorb(s, job);
+            reference.push_back(std::move(s));
+        });
+    } catch (...) {  // a watcher that closed, a cancellation: every run stops at its next turn
+        pacer.abort("the reference stopped");
+        for (std::thread& t : threads) t.join();
+        throw;
+    }
+    pacer.retire(0);
+    for (std::thread& t : threads) t.join();
+    for (const auto& a : alternates)
+        if (a->error) std::rethrow_exception(a->error);
+    rep.reference_seconds = pacer.seconds(0);
+    std::vector<const LogicalState*> alts;
+    for (const Alternate* a : budgets.alternates) alts.push_back(&a->state);
+
+    // The verdicts, one layout after the other, in the order given.
+    for (size_t i = 0; i < layouts.size(); i++) {
+        const LayoutSpec& spec = layouts[i];
+        LayoutRun& run = runs[i];
+        const double turns = pacer.seconds(first_layout + static_cast<int>(i));
+        rep.layouts.push_back(run_one(
+            spec, progress,
+            [&](LayoutResult& r) {
+                r = std::move(run.result);
+                if (run.error) std::rethrow_exception(run.error);
+                const Config& c = run.config;
+                if (fast) {
+                    const BudgetReport b =
+                        error_budget(reference.back(), alts, run.last,
+                                     budgets.finer != nullptr ? &budgets.finer->state : nullptr);
+                    r.budget_ratio = b.max_ratio;
+                    r.budget_worst = b.worst;
+                    r.verdict = b.within ? "within budget" : "over budget";
+                    return;
+                }
+                r.verdict = r.first_step < 0 ? "match" : "diverged";
+                if (r.first_step < 0) return;
+                try {  // the divergence stands even if the search cannot run
+                    search_first_op(ref_cfg, c, r, decorate, cancel);
+                } catch (const DataError&) {
+                    throw;
                 } catch (const Cancelled&) {
                     throw;
                 } catch (const std::exception& e) {
-                    r.axes.push_back({part.name, "error", -1, e.what()});
+                    r.first_op_rank = -1;
+                    r.first_op_ranks.clear();
+                    r.first_op_note =
+                        std::string("the first-divergence search failed: ") + e.what();
                 }
-            }
-        }));
+                // Which parallelism: each single-axis part alone, up to the first differing
+                // step. A part that cannot run (a fault's rank beyond its world) says so and
+                // the others still run.
+                for (const LayoutSpec& part : single_axis_parts(spec)) {
+                    LayoutResult p;
+                    try {
+                        lockstep(with_layout(cfg, part), reference, ref_grads, p, r.first_step,
+                                 decorate, cancel);
+                        r.axes.push_back(
+                            {part.name, p.first_step < 0 ? "match" : "diverged", p.first_step, ""});
+                    } catch (const Cancelled&) {
+                        throw;
+                    } catch (const std::exception& e) {
+                        r.axes.push_back({part.name, "error", -1, e.what()});
+                    }
+                }
+            },
+            turns));
+    }
     return rep;
 }
 
@@ -630,6 +941,29 @@ std::string ValidationReport::to_json() const {
                                  {"error", a.error}});
         l["budget_ratio"] = r.budget_ratio < 0 ? json(nullptr) : json(r.budget_ratio);
         l["budget_worst"] = r.budget_worst;
+        if (!r.grid_tensors.empty()) {  // every step's comparisons, worst over the ranks
+            json g;
+            g["tensors"] = r.grid_tensors;
+            g["max_ulp"] = json::array();
+            for (const std::vector<std::int64_t>& row : r.grid_ulp) {
+                json line = json::array();
+                for (const std::int64_t u : row)
+                    line.push_back(u == kGridNotRun ? json(nullptr) : json(u));
+                g["max_ulp"].push_back(std::move(line));
+            }
+            if (!r.grid_ratio.empty()) {
+                g["budget_ratio"] = json::array();
+                for (const std::vector<double>& row : r.grid_ratio) {
+                    json line = json::array();
+                    for (const double q : row)
+                        line.push_back(q < 0              ? json(nullptr)
+                                       : std::isfinite(q) ? json(q)
+                                                          : json("inf"));
+                    g["budget_ratio"].push_back(std::move(line));
+                }
+            }
+            l["grid"] = std::move(g);
+        }
         l["error"] = r.error;
         l["seconds"] = r.seconds;
         j["layouts"].push_back(std::move(l));

@@ -9,8 +9,17 @@
 //   LayoutResult      one layout's outcome: verdict, steps, max ULP, first divergence
 //   ValidationReport  every layout's; table(), to_json(), to_markdown()
 //   ValidateWatch     what a watcher is told as validation goes (the workbench's live heatmap)
-//   validate_layouts  runs the reference, then each layout, comparing after every step
+//   validate_layouts  runs the reference and every layout in lockstep, comparing after every step
 //   kReportSchema     the JSON report's schema version (validators/README.md documents it)
+//
+// Lockstep. The reference (and in fast mode the single-device runs that size its error) and
+// every layout run side by side, one step at a time, in turns: step s of the reference, then of
+// each alternate, then of each layout in the order given, and no run begins step s + 1 before
+// every run has finished step s. So a watcher sees every layout's step s compared before any
+// layout's step s + 1, and only one run computes at any moment (each as fast as alone; the
+// others wait, holding their state: memory is every layout's at once). A layout that fails
+// leaves the turns; the others go on. The verdicts are those of running each alone: a run's
+// numbers do not depend on when it runs.
 //
 // What is compared. After every step each rank's pieces of the reduced gradients (its "grad"
 // probes, placed over the reference's tensors) are compared with the reference's, then the
@@ -24,8 +33,8 @@
 // --steps to bound it for larger ones).
 //
 // First divergence. When a layout diverges in bitwise mode, the reference and the layout are run
-// again with probes (core/model/probe.h) on every op of the step before the first differing step and
-// of that step, one recorder per rank, and the probes are compared in the single device's order
+// again with probes (core/model/probe.h) on every op of the step before the first differing step
+// and of that step, one recorder per rank, and the probes are compared in the single device's order
 // of execution (forward ops, backward ops, the reduced gradients, the update): the first probe
 // where a rank's piece differs is the first op whose output differs while everything computed
 // before it (its inputs) agrees. The answer names the step, phase, layer, op, tensor, the rank,
@@ -66,6 +75,7 @@
 namespace px {
 
 inline constexpr int kReportSchema = 1;
+inline constexpr std::int64_t kGridNotRun = -2;  // a grid cell never compared (kNoUlp is -1)
 
 struct LayoutSpec {
     std::string name;  // as written: "dp2xtp2xpp2"
@@ -117,6 +127,14 @@ struct LayoutResult {
     std::vector<Axis> axes;
     double budget_ratio = -1;  // fast mode: error / budget of the worst tensor (≤ 1 within)
     std::string budget_worst;
+    // Every comparison of every step, worst over the ranks (the grid the workbench draws, in the
+    // JSON report's "grid"): rows in the order they were first compared (the reduced gradients,
+    // then compare_states' order), columns steps 1..steps.
+    std::vector<std::string> grid_tensors;
+    std::vector<std::vector<std::int64_t>> grid_ulp;  // [row][step - 1]; kGridNotRun: not compared
+    // Fast mode: [row][step - 1] the error / budget of that tensor after that step (the budget
+    // of the final verdict, made from the alternates' state at the same step); empty in bitwise.
+    std::vector<std::vector<double>> grid_ratio;
     std::string error;  // verdict "error": what went wrong
     double seconds = 0;
     bool ok() const { return verdict == "match" || verdict == "within budget"; }
@@ -154,24 +172,33 @@ struct GoldenResult;
 void set_golden_result(LayoutResult& r, const GoldenResult& g, i64 steps);
 
 // Told as validation goes, so that a watcher (the workbench's layout-check panel) fills in while
-// the layouts run. layout_step is called on the layout's rank threads, several at once: after
-// step `step` of `layout`, world rank `rank`'s comparisons of that step (its reduced gradients
+// the layouts run, in lockstep order (step s of every run before step s + 1 of any).
+// layout_step is called on the layout's rank threads, several at once: after step `step` of
+// `layout`, world rank `rank`'s comparisons of that step (its reduced gradients
 // "grad/<layer>/param/<tensor>", then compare_states' order), the same ones the verdict is made
-// from. An exception from either stops the run it came from (a watcher that closes): from
+// from; in fast mode `budget_ratios` holds each one's error / budget at that step (the budget of
+// validators/budget.h from the alternates' state and gradients at the same step; for a reduced
+// gradient, the error of the rank's pieces against the whole tensor's budget), empty in bitwise
+// mode. An exception from either stops the run it came from (a watcher that closes): from
 // reference_step it leaves validate_layouts, from layout_step that layout ends as "error".
 struct ValidateWatch {
     std::function<void(i64 step)> reference_step;  // the reference finished `step`
     std::function<void(const std::string& layout, i64 step, int rank,
-                       const std::vector<Comparison>& comparisons)>
+                       const std::vector<Comparison>& comparisons,
+                       const std::vector<double>& budget_ratios)>
         layout_step;
 };
 
-// Runs cfg on the single device for `steps` steps (cfg.train.steps is set to it), then each
-// layout in turn on in-process ranks, comparing after every step. `progress`, when given, is
-// told each layout's result as it finishes. `decorate` wraps every run of a layout's ranks
-// (never the reference's): a test's planted bug, a tracer. `cancel` is asked after every step of
-// every run (the reference, the layouts, the first-divergence search, the single-axis parts):
-// when it answers true, Cancelled leaves validate_layouts (no layout ends as "error" for it).
+// Runs cfg on the single device for `steps` steps (cfg.train.steps is set to it) and each
+// layout on in-process ranks, in lockstep (above), comparing after every step; then, one layout
+// after the other, the verdicts (fast mode: the budget; bitwise: the first-op search and the
+// single-axis parts of a layout that diverged). `progress`, when given, is told each layout's
+// result as it is made, in the order given. `decorate` wraps every run of a layout's ranks
+// (never the reference's): a test's planted bug, a tracer; the layouts run at once, so a
+// decorator shared by several layouts is called from all of their ranks' threads. `cancel` is
+// asked after every step of every run (the reference, the alternates, the layouts, the
+// first-divergence search, the single-axis parts): when it answers true, Cancelled leaves
+// validate_layouts (no layout ends as "error" for it).
 ValidationReport validate_layouts(const Config& cfg, const std::vector<LayoutSpec>& layouts,
                                   i64 steps, void (*progress)(const LayoutResult&) = nullptr,
                                   const RunHooks& decorate = {}, const ValidateWatch& watch = {},

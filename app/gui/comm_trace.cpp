@@ -57,14 +57,29 @@ RunHooks CommTrace::hooks() {
             k.start = Clock::now();
             k.step = step;
             k.current.clear();
+            k.spans.clear();
+        };
+        s.compute = [this, r](i64, const Action& a, bool done) {
+            const auto now = Clock::now();
+            std::lock_guard lk(mu_);
+            Rank& k = ranks_[static_cast<size_t>(r)];
+            const double t = std::chrono::duration<double>(now - k.start).count();
+            if (!done) {
+                k.spans.push_back({a.kind == Action::forward, a.microbatch, a.chunk, t, t});
+            } else if (!k.spans.empty()) {
+                k.spans.back().t1 = t;
+            }
         };
         s.updated = [this, r](i64 step) {
             std::lock_guard lk(mu_);
             Rank& k = ranks_[static_cast<size_t>(r)];
             k.last.step = step;
+            k.last.start = std::chrono::duration<double>(k.start - made_).count();
             k.last.seconds = std::chrono::duration<double>(Clock::now() - k.start).count();
             k.last.events.swap(k.current);
+            k.last.compute.swap(k.spans);
             k.current.clear();
+            k.spans.clear();
         };
         job.add_step_hooks(std::move(s));
     };
@@ -119,89 +134,75 @@ std::vector<comm::StatRow> CommTrace::stat_rows() const {
 
 namespace px::gui {
 
-Timeline measured_timeline(const Mesh& mesh, const std::vector<RankStep>& steps) {
+Timeline measured_timeline(const Mesh& mesh, const std::vector<RankStep>& steps,
+                           TimelineRanks which) {
     Timeline tl;
     const Layout& l = mesh.layout();
-    if (l.pp < 2) {
-        tl.problem = "pp = 1: one stage, no messages between stages to lay a timeline on";
-        return tl;
+    std::vector<int> ranks;
+    for (int w = 0; w < mesh.world_size(); w++) {
+        const Coord c = mesh.coord_of(w);
+        if (which == TimelineRanks::all || (c.dp == 0 && c.tp == 0)) ranks.push_back(w);
     }
-    const Schedule sched = mesh.schedule();
-    double busy = 0;
-    for (int p = 0; p < l.pp; p++) {
-        const int w = mesh.rank_of(Coord{p, 0, 0});
-        tl.lanes.push_back("pp" + std::to_string(p) + " (rank " + std::to_string(w) + ")");
-        const RankStep& st = steps.at(static_cast<size_t>(w));
+    // One clock for every lane when the ranks' last steps are the same step.
+    bool same = true;
+    double t_first = 0;
+    for (size_t i = 0; i < ranks.size(); i++) {
+        const RankStep& st = steps.at(static_cast<size_t>(ranks[i]));
         if (st.step == 0) {
             tl.problem = "no step measured yet";
+            return tl;
+        }
+        same = same && st.step == steps.at(static_cast<size_t>(ranks[0])).step;
+        t_first = i == 0 ? st.start : std::min(t_first, st.start);
+        tl.step = i == 0 ? st.step : std::min(tl.step, st.step);
+    }
+    double busy = 0;
+    for (size_t lane = 0; lane < ranks.size(); lane++) {
+        const int w = ranks[lane];
+        const Coord c = mesh.coord_of(w);
+        const RankStep& st = steps.at(static_cast<size_t>(w));
+        const double off = same ? st.start - t_first : 0.0;
+        tl.lanes.push_back("rank " + std::to_string(w) + ": pp" + std::to_string(c.pp) + " dp" +
+                           std::to_string(c.dp) + " tp" + std::to_string(c.tp));
+        tl.lane_pp.push_back(c.pp);
+        if (st.compute.empty()) {
+            tl.problem = "rank " + std::to_string(w) + " measured no forward or backward";
             tl.bars.clear();
             return tl;
         }
-        if (p == 0 || st.step < tl.step || tl.step == 0) tl.step = st.step;
-        std::vector<const CommEvent*> msgs, others;
-        for (const CommEvent& e : st.events) {
-            if (e.dim == MeshDim::pp && (e.op == comm::Op::send || e.op == comm::Op::recv))
-                msgs.push_back(&e);
-            else
-                others.push_back(&e);
-        }
-        const std::vector<Action>& acts = sched.ranks[static_cast<size_t>(p)];
-        size_t k = 0;
-        double cursor = 0;
-        for (size_t i = 0; i < acts.size(); i++) {
-            const Action& a = acts[i];
+        for (const ComputeSpan& sp : st.compute) {
             TimelineBar b;
-            b.lane = p;
-            b.microbatch = a.microbatch;
-            if (a.is_send() || a.is_recv()) {
-                if (k >= msgs.size()) {
-                    tl.problem = "rank " + std::to_string(w) +
-                                 " recorded fewer messages than its schedule has";
-                    tl.bars.clear();
-                    return tl;
-                }
-                const CommEvent& e = *msgs[k++];
-                b.t0 = e.t0;
-                b.t1 = e.t1;
-                b.kind = a.is_recv() ? TimelineBar::recv_wait : TimelineBar::send;
-                b.label = action_text(a);
-                cursor = std::max(cursor, e.t1);
+            b.lane = static_cast<int>(lane);
+            b.t0 = off + sp.t0;
+            b.t1 = off + std::max(sp.t1, sp.t0);
+            b.kind = sp.forward ? TimelineBar::forward : TimelineBar::backward;
+            b.microbatch = sp.microbatch;
+            char label[32];
+            std::snprintf(label, sizeof label, "%c%d", sp.forward ? 'F' : 'B', sp.microbatch);
+            b.label = label;
+            if (l.virtual_stages > 1) b.label += static_cast<char>('a' + sp.chunk % 26);
+            busy += b.t1 - b.t0;
+            tl.makespan = std::max(tl.makespan, b.t1);
+            tl.bars.push_back(b);
+        }
+        for (const CommEvent& e : st.events) {
+            TimelineBar b;
+            b.lane = static_cast<int>(lane);
+            b.t0 = off + e.t0;
+            b.t1 = off + e.t1;
+            const bool message =
+                e.dim == MeshDim::pp && (e.op == comm::Op::send || e.op == comm::Op::recv);
+            if (message) {
+                b.kind = e.op == comm::Op::recv ? TimelineBar::recv_wait : TimelineBar::send;
+                b.label = e.op == comm::Op::recv ? "recv" : "send";
             } else {
-                double end = st.seconds;
-                if (k < msgs.size()) {
-                    end = msgs[k]->t0;
-                } else {
-                    for (const CommEvent* e : others)
-                        if (e->t0 >= cursor) {
-                            end = e->t0;
-                            break;
-                        }
-                }
-                b.t0 = cursor;
-                b.t1 = std::max(end, cursor);
-                b.kind = a.kind == Action::forward ? TimelineBar::forward : TimelineBar::backward;
-                char label[32];
-                std::snprintf(label, sizeof label, "%c%d", a.kind == Action::forward ? 'F' : 'B',
-                              a.microbatch);
-                b.label = label;
-                if (l.virtual_stages > 1) b.label += static_cast<char>('a' + a.chunk % 26);
-                busy += b.t1 - b.t0;
-                tl.makespan = std::max(tl.makespan, b.t1);
-                cursor = b.t1;
+                b.kind = TimelineBar::collective;
+                b.label = std::string(dim_name(e.dim)) + " " + comm::op_name(e.op);
             }
             tl.bars.push_back(b);
         }
-        for (const CommEvent* e : others) {
-            TimelineBar b;
-            b.lane = p;
-            b.t0 = e->t0;
-            b.t1 = e->t1;
-            b.kind = TimelineBar::collective;
-            b.label = std::string(dim_name(e->dim)) + " " + comm::op_name(e->op);
-            tl.bars.push_back(b);
-        }
     }
-    if (tl.makespan > 0) tl.bubble = 1.0 - busy / (l.pp * tl.makespan);
+    if (tl.makespan > 0) tl.bubble = 1.0 - busy / (static_cast<double>(ranks.size()) * tl.makespan);
     return tl;
 }
 

@@ -1,15 +1,19 @@
 // What the workbench measures of a running job from outside it: a decorator around every
 // rank's groups (RunHooks::wrap_group, the door a tracer uses) records each collective and
-// message with its start and end, and step hooks mark each step's start, so the pipeline panel
-// draws a measured timeline and the memory panel reads bytes and time per collective and group.
-// The library knows nothing of it; the job pays one short lock per collective.
+// message with its start and end, and step hooks mark each step's start and time each forward
+// and backward of a microbatch (StepHooks::compute, around the stage's work), so the pipeline
+// panel draws a measured timeline and the memory panel reads bytes and time per collective and
+// group. The library knows nothing of it; the job pays one short lock per collective and per
+// microbatch's forward or backward.
 //
 // Index
 //   CommEvent       one collective or message of one rank: group, op, bytes, start, end
-//   RankStep        one rank's last complete step: its start, end and events
+//   ComputeSpan     one forward or backward of one microbatch (and chunk) of one rank
+//   RankStep        one rank's last complete step: its start, end, events and compute spans
 //   CommTrace       the recorder: hooks() for a run; last_steps() and stat_rows() to read
-//   Timeline, measured_timeline   one step of each pipeline rank as bars: compute between its
-//                   messages, the waits in its receives, its dp/tp collectives
+//   Timeline, measured_timeline   one step of every rank as bars: each microbatch's forward and
+//                   backward as measured, the waits in its receives, its sends, its dp/tp
+//                   collectives; idle is what no bar covers
 #pragma once
 #include "core/comm/comm.h"
 #include "core/parallel/mesh.h"
@@ -31,10 +35,19 @@ struct CommEvent {
     double t0 = 0, t1 = 0;  // seconds since the rank's step began
 };
 
+struct ComputeSpan {
+    bool forward = true;    // else the backward
+    int microbatch = 0;     // of this dp rank's share of the step
+    int chunk = 0;          // the model chunk (interleaved schedules: virtual stages)
+    double t0 = 0, t1 = 0;  // seconds since the rank's step began
+};
+
 struct RankStep {
-    i64 step = 0;                   // 0: none complete yet
-    double seconds = 0;             // from the step's start to its update
-    std::vector<CommEvent> events;  // in issue order
+    i64 step = 0;                      // 0: none complete yet
+    double start = 0;                  // seconds since the trace was made, when the step began
+    double seconds = 0;                // from the step's start to its update
+    std::vector<CommEvent> events;     // in issue order
+    std::vector<ComputeSpan> compute;  // in the order the schedule ran them
 };
 
 class CommTrace {
@@ -56,19 +69,21 @@ private:
         Clock::time_point start{};
         i64 step = 0;
         std::vector<CommEvent> current;
+        std::vector<ComputeSpan> spans;  // the current step's, the last one still open
         RankStep last;
         std::vector<std::shared_ptr<comm::StatsBook>> books;
     };
     void record(int world_rank, const CommEvent& e, Clock::time_point t0, Clock::time_point t1);
 
     Mesh mesh_;
+    Clock::time_point made_ = Clock::now();
     mutable std::mutex mu_;
     std::vector<Rank> ranks_;
 };
 
 struct TimelineBar {
     enum Kind { forward, backward, recv_wait, send, collective };
-    int lane = 0;  // the pp rank
+    int lane = 0;  // index into Timeline::lanes
     double t0 = 0, t1 = 0;
     Kind kind = forward;
     int microbatch = -1;
@@ -76,18 +91,28 @@ struct TimelineBar {
 };
 
 struct Timeline {
-    std::vector<std::string> lanes;  // "pp0 (rank 0)", ...
+    std::vector<std::string> lanes;  // "rank 0: pp0 dp0 tp0", ...
+    std::vector<int> lane_pp;        // each lane's pipeline stage
     std::vector<TimelineBar> bars;
     i64 step = 0;         // the step measured
-    double makespan = 0;  // seconds from the step's start to the last compute's end
-    double bubble = -1;   // 1 - compute time / (pp · makespan); -1: not measured
+    double makespan = 0;  // seconds from the first rank's step start to the last compute's end
+    double bubble = -1;   // 1 - compute time / (lanes · makespan); -1: not measured
     std::string problem;  // why there is no timeline ("" when there is)
 };
 
-// The last complete step of dp rank 0, tp rank 0 of every pipeline stage, laid out along its
-// schedule (Mesh::schedule): each send and receive is a recorded message, and each forward or
-// backward runs from the end of the action before it to the start of the next message (or the
-// first collective after it, or the step's update).
-Timeline measured_timeline(const Mesh& mesh, const std::vector<RankStep>& steps);
+// Which ranks get a lane.
+enum class TimelineRanks {
+    all,           // every world rank, in world-rank order
+    first_replica  // dp rank 0, tp rank 0 of every stage
+};
+
+// The last complete step of the chosen ranks, as measured: each forward and backward of a
+// microbatch from its ComputeSpan, each pipeline message from its recorded send or receive (a
+// receive's bar is the time waited in it), the dp and tp collectives as bars of their own. The
+// ranks' clocks are the trace's, so lanes line up when every rank's last step is the same step
+// (else each lane starts at its own step's start). pp = 1 is one stage: the same forward,
+// backward and collectives without messages.
+Timeline measured_timeline(const Mesh& mesh, const std::vector<RankStep>& steps,
+                           TimelineRanks ranks = TimelineRanks::all);
 
 }  // namespace px::gui

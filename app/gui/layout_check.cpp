@@ -13,13 +13,14 @@ namespace px::gui {
 
 namespace {
 
-struct Cancelled : std::runtime_error {
-    Cancelled() : std::runtime_error("the workbench closed the check") {}
-};
-
 std::int64_t worse(std::int64_t a, std::int64_t b) {
     if (a == kNoUlp || b == kNoUlp) return kNoUlp;
     return std::max(a, b);
+}
+
+std::uint32_t rgba(int r, int g, int b) {
+    return 0xFF000000u | (static_cast<std::uint32_t>(b) << 16) |
+           (static_cast<std::uint32_t>(g) << 8) | static_cast<std::uint32_t>(r);
 }
 
 std::string summary_of(const LayoutResult& r) {
@@ -97,22 +98,23 @@ void LayoutCheck::start(const Config& cfg, const std::string& layouts, i64 steps
     std::thread t([this, run, cfg, specs, steps, decorate] {
         ValidateWatch watch;
         watch.reference_step = [this, run](i64 step) {
-            if (run->cancel) throw Cancelled();
             std::lock_guard lk(mu_);
             if (run_ != run) return;
             v_.reference_steps = step;
             v_.version = ++version_;
         };
         watch.layout_step = [this, run](const std::string& layout, i64 step, int rank,
-                                        const std::vector<Comparison>& cmp) {
-            if (run->cancel) throw Cancelled();
+                                        const std::vector<Comparison>& cmp,
+                                        const std::vector<double>& ratios) {
             std::lock_guard lk(mu_);
-            if (run_ == run) on_step(layout, step, rank, cmp);
+            if (run_ == run) on_step(layout, step, rank, cmp, ratios);
         };
         ValidationReport rep;
         std::string error;
         try {
-            rep = validate_layouts(cfg, specs, steps, nullptr, decorate, watch);
+            // A cancelled check leaves by Cancelled at its next step (its results are dropped).
+            const Cancel cancel{[run] { return run->cancel.load(); }};
+            rep = validate_layouts(cfg, specs, steps, nullptr, decorate, watch, cancel);
         } catch (const std::exception& e) {
             error = e.what();
         }
@@ -171,13 +173,14 @@ void LayoutCheck::start_golden(const std::string& trace_path, const std::string&
 }
 
 void LayoutCheck::on_step(const std::string& layout, i64 step, int rank,
-                          const std::vector<Comparison>& cmp) {
+                          const std::vector<Comparison>& cmp, const std::vector<double>& ratios) {
     LayoutGrid* g = nullptr;
     for (LayoutGrid& l : v_.layouts)
         if (l.name == layout && !l.finished) g = &l;
     if (!g) return;
     const size_t col = static_cast<size_t>(step - 1);
-    for (const Comparison& c : cmp) {
+    for (size_t i = 0; i < cmp.size(); i++) {
+        const Comparison& c = cmp[i];
         auto it = std::find(g->tensors.begin(), g->tensors.end(), c.name);
         size_t row = static_cast<size_t>(it - g->tensors.begin());
         if (it == g->tensors.end()) {
@@ -190,6 +193,7 @@ void LayoutCheck::on_step(const std::string& layout, i64 step, int rank,
         CheckCell& cell = line[col];
         cell.done = true;
         cell.max_ulp = worse(cell.max_ulp, c.max_ulp);
+        if (i < ratios.size()) cell.ratio = std::max(cell.ratio, ratios[i]);
         if (!c.equal() && (cell.rank < 0 || rank < cell.rank)) {
             cell.rank = rank;
             cell.differing = c.differing;
@@ -207,10 +211,6 @@ void LayoutCheck::on_step(const std::string& layout, i64 step, int rank,
 }
 
 std::uint32_t ulp_colour(const CheckCell& c) {
-    auto rgba = [](int r, int g, int b) {
-        return 0xFF000000u | (static_cast<std::uint32_t>(b) << 16) |
-               (static_cast<std::uint32_t>(g) << 8) | static_cast<std::uint32_t>(r);
-    };
     if (!c.done) return rgba(60, 60, 66);
     if (c.max_ulp == kNoUlp) return rgba(230, 40, 230);
     if (c.rank < 0) return rgba(30, 110, 60);
@@ -218,6 +218,22 @@ std::uint32_t ulp_colour(const CheckCell& c) {
     const double t = std::clamp(
         std::log2(static_cast<double>(std::max<std::int64_t>(c.max_ulp, 1))) / 20.0, 0.0, 1.0);
     return rgba(255, static_cast<int>(110 * (1 - t)), static_cast<int>(40 * (1 - t)));
+}
+
+std::uint32_t budget_colour(const CheckCell& c) {
+    if (!c.done || c.max_ulp == kNoUlp || c.rank < 0 || c.ratio < 0) return ulp_colour(c);
+    if (c.ratio <= 1) {  // log10 of the ratio over -2..0: green to yellow-green
+        const double t = std::clamp((std::log10(std::max(c.ratio, 1e-2)) + 2) / 2, 0.0, 1.0);
+        return rgba(static_cast<int>(40 + 150 * t), static_cast<int>(150 + 60 * t),
+                    static_cast<int>(70 - 30 * t));
+    }
+    // log10 of the ratio over 0..2: orange to red.
+    const double t = std::clamp(std::log10(c.ratio) / 2, 0.0, 1.0);
+    return rgba(255, static_cast<int>(110 * (1 - t)), static_cast<int>(40 * (1 - t)));
+}
+
+std::uint32_t cell_colour(const CheckCell& c, const std::string& mode) {
+    return mode == "fast" ? budget_colour(c) : ulp_colour(c);
 }
 
 }  // namespace px::gui

@@ -31,6 +31,7 @@ struct CheckCell {
     int rank = -1;                        // the lowest rank with a difference
     i64 first = -1;                       // its first differing element (flat)
     double reference = 0, candidate = 0;  // both values there
+    double ratio = -1;                    // fast mode: the worst error / budget; -1: none
 };
 
 struct LayoutGrid {
@@ -86,7 +87,8 @@ private:
     void begin_run(const std::shared_ptr<Run>& run, const std::string& mode, i64 steps,
                    const std::vector<LayoutSpec>& specs);
     // Under mu_, for the current run only (a cancelled one's results are dropped).
-    void on_step(const std::string& layout, i64 step, int rank, const std::vector<Comparison>& cmp);
+    void on_step(const std::string& layout, i64 step, int rank, const std::vector<Comparison>& cmp,
+                 const std::vector<double>& ratios);
 
     mutable std::mutex mu_;
     CheckView v_;
@@ -100,5 +102,12 @@ private:
 // The heatmap's colour of a cell as 0xAABBGGRR (ImGui's packing): bit-identical dark green;
 // a difference from orange (1 ulp) to red (2^20 ulp and more); NaN magenta; not yet run grey.
 std::uint32_t ulp_colour(const CheckCell& c);
+// A fast-mode cell, by its error / budget (CheckCell::ratio): bit-identical dark green; within
+// the budget (ratio <= 1) green to yellow-green as the ratio grows (0.01 and below, 0.1, 1: a
+// log scale), never red; over it orange (just over) to red (100 times and more); NaN magenta;
+// not yet run grey. A cell without a ratio (an older report) falls back to ulp_colour.
+std::uint32_t budget_colour(const CheckCell& c);
+// The colour of a cell in a check of `mode` ("fast": budget_colour, else ulp_colour).
+std::uint32_t cell_colour(const CheckCell& c, const std::string& mode);
 
 }  // namespace px::gui

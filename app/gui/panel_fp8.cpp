@@ -2,7 +2,8 @@
 // the Fp8View model): the chosen tensor's amax and scale by step (with current scaling's scale
 // beside the run's, when compared), a tensors × steps heatmap of the saturated and of the
 // underflowed fraction, and the alerts with their evidence; a click on a cell or an alert
-// chooses its tensor. The spike half is panel_spikes.cpp.
+// chooses its tensor. The spike half is panel_spikes.cpp. Each half sits under a collapsing
+// header; with data in both, each scrolls in a share of the panel of its own.
 // It never shows made-up data.
 #include "app/gui/panels.h"
 
@@ -71,7 +72,7 @@ plot::Heatmap fraction_map(const Fp8View& v, const std::vector<std::vector<doubl
 
 void draw_fp8_half(const RunData& d, Fp8PanelState& s) {
     const Config& cfg = d.snap.state == RunState::not_started ? d.config : d.snap.config;
-    ImGui::TextUnformatted("FP8 drift: amax and scale histories, saturation and underflow, alerts");
+    ImGui::TextDisabled("amax and scale histories, saturation and underflow, alerts");
     if (d.snap.fp8.empty()) {
         if (cfg.precision.fp8 == "off")
             empty_state(("no FP8 tensors in this run: precision.fp8 is \"off\" (activations " +
@@ -269,19 +270,52 @@ void draw_fp8_half(const RunData& d, Fp8PanelState& s) {
 }  // namespace
 
 void draw_fp8_panel(const RunData& d, Fp8PanelState& s) {
-    draw_fp8_half(d, s);
-    ImGui::Spacing();
-    draw_spike_section(d, s.spikes);
-    ImGui::Spacing();
-    ImGui::TextUnformatted("Faults and failures");
-    int n = 0;
+    // Three collapsible sections. When both the FP8 rows and the spike evidence are there, each
+    // gets a scrolling child of its own (the FP8 half 55% of the height while the spike section
+    // is open), so neither pushes the other off the panel.
+    int faults = 0;
     for (const RunEvent& e : d.snap.events)
-        if (e.kind == EventKind::fault || e.kind == EventKind::failure) {
-            ImGui::BulletText("step %lld, %s: %s", static_cast<long long>(e.step),
-                              event_kind_name(e.kind), e.message.c_str());
-            n++;
+        faults += e.kind == EventKind::fault || e.kind == EventKind::failure;
+    const float line = ImGui::GetFrameHeightWithSpacing();
+    const float faults_h = line * static_cast<float>(2 + std::min(faults, 3));
+    const bool fp8_data = !d.snap.fp8.empty();
+    const bool spike_data = !d.snap.values.empty();
+    const bool spikes_open = ImGui::GetStateStorage()->GetInt(ImGui::GetID("Loss spikes"), 1) != 0;
+    const float avail = ImGui::GetContentRegionAvail().y - faults_h;
+    if (ImGui::CollapsingHeader("FP8 drift", ImGuiTreeNodeFlags_DefaultOpen)) {
+        if (fp8_data) {
+            const float h = !spikes_open ? avail - 2 * line
+                            : spike_data ? avail * 0.55f
+                                         : avail - 4 * line;
+            ImGui::BeginChild("fp8_half", ImVec2(-1, std::max(h, 8 * line)));
+            draw_fp8_half(d, s);
+            ImGui::EndChild();
+        } else {
+            draw_fp8_half(d, s);
         }
-    if (n == 0) empty_state("no faults or failures in this run");
+    }
+    if (d.rects) d.rects->mark("fp8_header");
+    if (ImGui::CollapsingHeader("Loss spikes", ImGuiTreeNodeFlags_DefaultOpen)) {
+        if (spike_data) {
+            const float h = ImGui::GetContentRegionAvail().y - faults_h;
+            ImGui::BeginChild("spike_half", ImVec2(-1, std::max(h, 8 * line)));
+            draw_spike_section(d, s.spikes);
+            ImGui::EndChild();
+        } else {
+            draw_spike_section(d, s.spikes);
+        }
+    }
+    if (d.rects) d.rects->mark("spike_header");
+    if (ImGui::CollapsingHeader("Faults and failures", ImGuiTreeNodeFlags_DefaultOpen)) {
+        int n = 0;
+        for (const RunEvent& e : d.snap.events)
+            if (e.kind == EventKind::fault || e.kind == EventKind::failure) {
+                ImGui::BulletText("step %lld, %s: %s", static_cast<long long>(e.step),
+                                  event_kind_name(e.kind), e.message.c_str());
+                n++;
+            }
+        if (n == 0) empty_state("no faults or failures in this run");
+    }
 }
 
 }  // namespace px::gui

@@ -86,8 +86,10 @@ void draw_job_panel(const RunData& d, JobPanelState& s) {
     ImGui::TextUnformatted("Open a run.h5, a validate.json or a golden trace (.h5):");
     ImGui::SetNextItemWidth(-ImGui::GetFontSize() * 4.5f);
     ImGui::InputText("##open", &s.open_path);
+    if (d.rects) d.rects->mark("field:open");
     ImGui::SameLine();
     if (ImGui::Button("Open")) s.requested = JobAction::open;
+    if (d.rects) d.rects->mark("open");
 }
 
 }  // namespace px::gui

@@ -1,7 +1,9 @@
 // Layout check: the reference and the chosen layouts in lockstep, as `parallax validate` runs
-// them (LayoutCheck over validate_layouts). The heatmap of tensors × steps fills in live, each
-// cell coloured by the worst ULP distance over the ranks; the verdict, the first divergence and
-// the first-op search are shown as the harness names them; clicking a cell shows both values.
+// them (LayoutCheck over validate_layouts: step s of every run before step s + 1 of any). The
+// heatmap of tensors × steps fills in live, every layout's columns together, each cell coloured
+// by the worst ULP distance over the ranks (bitwise mode) or by its error against the error
+// budget (fast mode: within it never red); the verdict, the first divergence and the first-op
+// search are shown as the harness names them; clicking a cell shows both values.
 #include "app/gui/panels.h"
 
 #include <imgui.h>
@@ -20,6 +22,15 @@ ImU32 verdict_colour(const LayoutGrid& g) {
     return g.result.ok() ? IM_COL32(110, 220, 140, 255) : IM_COL32(255, 100, 90, 255);
 }
 
+// "; error 0.031 of its budget (within)", for a fast-mode cell.
+std::string budget_text(const CheckCell& k) {
+    if (k.ratio < 0) return "";
+    char b[96];
+    std::snprintf(b, sizeof b, "; error %.3g of its budget (%s)", k.ratio,
+                  k.ratio <= 1 ? "within" : "over");
+    return b;
+}
+
 }  // namespace
 
 void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
@@ -27,9 +38,11 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
     if (s.check && !s.from_file && s.check->version() != s.view.version) s.view = s.check->view();
     ImGui::SetNextItemWidth(ImGui::GetFontSize() * 14);
     ImGui::InputText("layouts", &s.layouts);
+    if (d.rects) d.rects->mark("field:check_layouts");
     ImGui::SameLine();
     ImGui::SetNextItemWidth(ImGui::GetFontSize() * 6);
-    ImGui::InputInt("steps", &s.steps);
+    ImGui::InputInt("steps", &s.steps, 0, 0);  // no +/- buttons: the field is the widget
+    if (d.rects) d.rects->mark("field:check_steps");
     if (s.steps < 1) s.steps = 1;
     ImGui::SameLine();
     ImGui::SetNextItemWidth(ImGui::GetFontSize() * 9);
@@ -46,8 +59,8 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
     const CheckView& v = s.view;
     if (v.layouts.empty()) {
         empty_state(
-            "no check yet: pick layouts and press Run check (the reference runs first, "
-            "then each layout, compared after every step)");
+            "no check yet: pick layouts and press Run check (the reference and every layout "
+            "step by step together, compared after every step)");
         return;
     }
     ImGui::Text("%s mode, %lld steps; reference: %lld of %lld steps%s", v.mode.c_str(),
@@ -72,7 +85,12 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
     }
     if (s.layout >= static_cast<int>(v.layouts.size())) s.layout = 0;
     const LayoutGrid& g = v.layouts[static_cast<size_t>(s.layout)];
-    if (g.finished && g.result.first_step >= 0) {
+    if (g.finished && g.result.first_step >= 0 && v.mode == "fast") {
+        // Fast mode differs in its bits by design; the verdict is the budget's.
+        ImGui::TextDisabled(
+            "first bit difference: step %lld, %s (fast mode is judged by the error budget)",
+            static_cast<long long>(g.result.first_step), g.result.first.name.c_str());
+    } else if (g.finished && g.result.first_step >= 0) {
         const LayoutResult& r = g.result;
         ImGui::TextColored(ImVec4(1, 0.5f, 0.45f, 1), "first divergence: step %lld, %s",
                            static_cast<long long>(r.first_step), r.first.name.c_str());
@@ -92,28 +110,40 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
     plot::Heatmap h;
     h.rows = static_cast<int>(g.tensors.size());
     h.cols = static_cast<int>(v.steps);
-    h.title = g.name + ": tensors x steps, coloured by the worst ULP distance over ranks";
+    const bool fast = v.mode == "fast";
+    h.title = g.name + (fast ? ": tensors x steps, coloured by the worst error / budget over ranks "
+                               "(within budget: green; over: orange to red)"
+                             : ": tensors x steps, coloured by the worst ULP distance over ranks");
     h.x_label = "step";
     h.row_label = [&](int r) { return g.tensors[static_cast<size_t>(r)]; };
     h.colour = [&](int r, int c) {
         const std::vector<CheckCell>& line = g.cells[static_cast<size_t>(r)];
         return static_cast<ImU32>(c < static_cast<int>(line.size())
-                                      ? ulp_colour(line[static_cast<size_t>(c)])
-                                      : ulp_colour(CheckCell{}));
+                                      ? cell_colour(line[static_cast<size_t>(c)], v.mode)
+                                      : cell_colour(CheckCell{}, v.mode));
     };
-    auto sample = [](std::int64_t ulp, bool differs, bool done) {
+    auto sample = [&](std::int64_t ulp, bool differs, bool done, double ratio = -1) {
         CheckCell c;
         c.done = done;
         c.max_ulp = ulp;
         c.rank = differs ? 0 : -1;
-        return static_cast<ImU32>(ulp_colour(c));
+        c.ratio = ratio;
+        return static_cast<ImU32>(cell_colour(c, v.mode));
     };
-    h.legend = {{sample(0, false, false), "not yet"},
-                {sample(0, false, true), "bit-identical"},
-                {sample(1, true, true), "1 ulp"},
-                {sample(1 << 10, true, true), "1024 ulp"},
-                {sample(1 << 20, true, true), ">= 2^20 ulp"},
-                {sample(kNoUlp, true, true), "NaN"}};
+    if (fast)
+        h.legend = {
+            {sample(0, false, false), "not yet"},     {sample(0, false, true), "bit-identical"},
+            {sample(1, true, true, 0.01), "<= 0.01"}, {sample(1, true, true, 0.1), "0.1 budget"},
+            {sample(1, true, true, 1), "1 budget"},   {sample(1, true, true, 1.5), "> 1: over"},
+            {sample(1, true, true, 100), ">= 100"},   {sample(kNoUlp, true, true), "NaN"},
+        };
+    else
+        h.legend = {{sample(0, false, false), "not yet"},
+                    {sample(0, false, true), "bit-identical"},
+                    {sample(1, true, true), "1 ulp"},
+                    {sample(1 << 10, true, true), "1024 ulp"},
+                    {sample(1 << 20, true, true), ">= 2^20 ulp"},
+                    {sample(kNoUlp, true, true), "NaN"}};
     const plot::HeatmapHit hit = plot::draw_heatmap("grid", h, ImVec2(-1, -detail_h), s.row, s.col);
     if (d.rects) d.rects->mark("check_grid");
     if (hit.clicked) {
@@ -129,13 +159,16 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
             ImGui::Text("%s, step %d: not compared yet", name.c_str(), c + 1);
         else if (k.rank < 0)
             ImGui::Text("%s, step %d: bit-identical on every rank", name.c_str(), c + 1);
+        else if (k.first < 0)  // an opened report's grid: the step's worst only
+            ImGui::Text("%s, step %d: max %lld ulp over the ranks%s", name.c_str(), c + 1,
+                        static_cast<long long>(k.max_ulp), budget_text(k).c_str());
         else
             ImGui::Text(
                 "%s, step %d: %lld elements differ on rank %d, max %lld ulp; first element %lld: "
-                "reference %.9g, layout %.9g",
+                "reference %.9g, layout %.9g%s",
                 name.c_str(), c + 1, static_cast<long long>(k.differing), k.rank,
                 static_cast<long long>(k.max_ulp), static_cast<long long>(k.first), k.reference,
-                k.candidate);
+                k.candidate, budget_text(k).c_str());
     } else {
         ImGui::TextDisabled("hover a cell for its values; click to keep it");
     }

@@ -57,9 +57,11 @@ void draw_memory_panel(const RunData& d, MemoryPanelState&) {
         empty_state("no job yet: memory per rank shows once a step has run");
     } else {
         plot::StackedBars b = memory_bars(mem, est, "rank ");
-        b.title =
-            "memory per rank after the last step, beside the estimate per rank the job was "
-            "admitted by (core/train/memory.h: the ZeRO formulas)";
+        b.title = d.source == "live job"
+                      ? "memory per rank after the last step, beside the estimate per rank the "
+                        "job was admitted by (core/train/memory.h: the ZeRO formulas)"
+                      : "rank 0's memory at the run's end, as its run file keeps it, beside the "
+                        "estimate per rank the job was admitted by (core/train/memory.h)";
         b.y_label = "bytes";
         plot::draw_stacked_bars("memory", b, ImVec2(-1, h * 0.5f));
         if (d.rects) d.rects->mark("memory_plot");

@@ -1,12 +1,16 @@
-// Pipeline timeline: the measured step of every stage (CommTrace: forward and backward between
-// its messages, the waits in its receives, its collectives) beside the schedule's plan in unit
-// time (check_schedule), with the bubble measured and by formula.
+// Pipeline timeline: the last measured step of every rank (CommTrace: each microbatch's forward
+// and backward timed around the stage's work, the waits in its receives, its sends, its dp and
+// tp collectives; idle is what no bar covers) beside the schedule's plan in unit time
+// (check_schedule), with the bubble measured, simulated and by formula. pp = 1 is one stage:
+// its forwards, backwards and collectives, with no bubble to speak of.
 #include "app/gui/panels.h"
 
 #include "core/base/error.h"
 #include "core/parallel/mesh.h"
 
 #include <imgui.h>
+
+#include <algorithm>
 
 namespace px::gui {
 
@@ -32,9 +36,10 @@ void legend() {
     const std::pair<TimelineBar::Kind, const char*> items[] = {
         {TimelineBar::forward, "forward"},
         {TimelineBar::backward, "backward"},
-        {TimelineBar::recv_wait, "waiting in a receive (idle)"},
+        {TimelineBar::recv_wait, "waiting in a receive"},
         {TimelineBar::send, "send posted"},
         {TimelineBar::collective, "dp / tp collective (thin band)"}};
+    // Idle: the gaps, in the plot's background.
     for (const auto& [k, name] : items) {
         const ImVec2 p = ImGui::GetCursorScreenPos();
         const float h = ImGui::GetTextLineHeight();
@@ -45,12 +50,12 @@ void legend() {
         ImGui::TextUnformatted(name);
         ImGui::SameLine(0, 18);
     }
-    ImGui::NewLine();
+    ImGui::TextDisabled("idle: no bar");
 }
 
 }  // namespace
 
-void draw_pipeline_panel(const RunData& d, PipelinePanelState&) {
+void draw_pipeline_panel(const RunData& d, PipelinePanelState& s) {
     Layout layout;
     try {
         layout = make_layout(d.config);
@@ -78,17 +83,24 @@ void draw_pipeline_panel(const RunData& d, PipelinePanelState&) {
         tl.problem = d.source == "live job" ? "no job running: press Start to measure a step"
                                             : "an opened run file holds no timeline";
     else
-        tl = measured_timeline(d.trace->mesh(), d.trace->last_steps());
+        tl = measured_timeline(d.trace->mesh(), d.trace->last_steps(),
+                               s.first_replica ? TimelineRanks::first_replica : TimelineRanks::all);
     if (tl.problem.empty()) {
-        ImGui::Text("measured, step %lld: %.2f ms; bubble measured %.1f%%",
-                    static_cast<long long>(tl.step), 1e3 * tl.makespan, 100 * tl.bubble);
+        ImGui::Text(
+            "measured, step %lld: %.2f ms to the last backward; bubble measured %.1f%%%s",
+            static_cast<long long>(tl.step), 1e3 * tl.makespan, 100 * tl.bubble,
+            layout.pp == 1 ? " (pp = 1: one stage; the gaps are the step's other work)" : "");
+        ImGui::SameLine();
+        ImGui::Checkbox("dp 0, tp 0 only", &s.first_replica);
         std::vector<plot::GanttBar> bars;
+        double end = tl.makespan;
         for (const TimelineBar& b : tl.bars) {
             bars.push_back({b.lane, 1e3 * b.t0, 1e3 * b.t1, bar_colour(b.kind), b.label});
             if (b.kind == TimelineBar::collective) bars.back().height = 0.3f;  // under the compute
+            end = std::max(end, b.t1);
         }
-        plot::draw_gantt("measured", tl.lanes, bars, 0, 1e3 * tl.makespan,
-                         "milliseconds since the step began", ImVec2(-1, h * 0.5f));
+        plot::draw_gantt("measured", tl.lanes, bars, 0, 1e3 * end,
+                         "milliseconds since the first rank's step began", ImVec2(-1, h * 0.5f));
         if (d.rects) d.rects->mark("measured_timeline");
     } else {
         ImGui::TextUnformatted("measured:");

@@ -6,6 +6,7 @@
 
 #include <imgui.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -37,7 +38,6 @@ std::string num(double x) {
 
 void draw_spike_section(const RunData& d, SpikeSectionState& s) {
     const SpikeModel m = spike_model(d.snap);
-    ImGui::TextUnformatted("Loss spikes");
     if (m.empty() && m.spikes.empty()) {
         empty_state(d.config.spikes.action == "off"
                         ? "no spike evidence: spikes.action is \"off\" (set it to log, skip, clip "
@@ -92,6 +92,11 @@ void draw_spike_section(const RunData& d, SpikeSectionState& s) {
                     "under the threshold");
         return;
     }
+    // The spikes, a few lines at most (the list scrolls), so the chosen one's evidence shows.
+    const float row_h = ImGui::GetTextLineHeightWithSpacing();
+    ImGui::BeginChild("spike_list",
+                      ImVec2(-1, row_h * static_cast<float>(std::min<size_t>(m.spikes.size(), 4)) +
+                                     ImGui::GetStyle().WindowPadding.y));
     for (size_t i = 0; i < m.spikes.size(); i++) {
         char label[64];
         std::snprintf(label, sizeof label, "step %lld##spike%zu",
@@ -100,6 +105,7 @@ void draw_spike_section(const RunData& d, SpikeSectionState& s) {
             s.selected = static_cast<int>(i);
         if (i == 0 && d.rects) d.rects->mark("spike_list");
     }
+    ImGui::EndChild();
     if (s.selected < 0 || s.selected >= static_cast<int>(m.spikes.size())) s.selected = 0;
     const RunEvent& e = m.spikes[static_cast<size_t>(s.selected)];
     ImGui::PushStyleColor(ImGuiCol_Text, plot::kRed);

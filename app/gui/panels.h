@@ -74,7 +74,9 @@ struct LayoutCheckPanelState {
 };
 void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s);
 
-struct PipelinePanelState {};
+struct PipelinePanelState {
+    bool first_replica = false;  // lanes: dp 0, tp 0 of each stage only (else every rank)
+};
 void draw_pipeline_panel(const RunData& d, PipelinePanelState& s);
 
 struct MemoryPanelState {};

@@ -56,6 +56,46 @@ CheckCell cell_of(const Comparison& c) {
     return k;
 }
 
+// The table's row, as parallax validate prints it (header line dropped).
+std::string summary_of(const LayoutResult& r) {
+    ValidationReport one;
+    one.layouts.push_back(r);
+    const std::string text = one.table();
+    const size_t nl = text.find('\n');
+    std::string row = nl == std::string::npos ? text : text.substr(nl + 1);
+    while (!row.empty() && (row.back() == '\n' || row.back() == ' ')) row.pop_back();
+    return row;
+}
+
+// A report's grid (every step, worst over the ranks), with the first differing step's
+// comparisons (on first_rank) giving those cells their element and values.
+void fill_grid(LayoutGrid& g, const LayoutResult& r, i64 steps) {
+    g.tensors = r.grid_tensors;
+    g.cells.assign(g.tensors.size(), std::vector<CheckCell>(static_cast<size_t>(steps)));
+    for (size_t t = 0; t < g.tensors.size() && t < r.grid_ulp.size(); t++)
+        for (size_t s = 0; s < g.cells[t].size() && s < r.grid_ulp[t].size(); s++) {
+            const std::int64_t u = r.grid_ulp[t][s];
+            if (u == kGridNotRun) continue;
+            CheckCell& k = g.cells[t][s];
+            k.done = true;
+            k.max_ulp = u;
+            if (u != 0) k.rank = std::max(r.first_rank, 0);  // the worst rank is not kept
+            if (t < r.grid_ratio.size() && s < r.grid_ratio[t].size()) k.ratio = r.grid_ratio[t][s];
+        }
+    if (r.first_step < 1 || r.first_step > steps) return;
+    for (const Comparison& d : r.differing) {
+        const auto it = std::find(g.tensors.begin(), g.tensors.end(), d.name);
+        if (it == g.tensors.end()) continue;
+        CheckCell& k = g.cells[static_cast<size_t>(it - g.tensors.begin())]
+                              [static_cast<size_t>(r.first_step - 1)];
+        const CheckCell worst = k;
+        k = cell_of(d);
+        k.rank = std::max(r.first_rank, 0);
+        k.max_ulp = worst.done ? worst.max_ulp : k.max_ulp;
+        k.ratio = worst.ratio;
+    }
+}
+
 }  // namespace
 
 RunSnapshot snapshot_from_run_file(const std::string& path) {
@@ -118,6 +158,22 @@ RunSnapshot snapshot_from_run_file(const std::string& path) {
     for (auto& [step, v] : values)
         s.values.push_back({step, std::make_shared<const std::vector<NamedValue>>(std::move(v))});
     s.fp8 = rec.fp8;
+    // The summaries written at the run's end: rank 0's memory, the model's size, the source's
+    // entropy.
+    std::map<std::string, double> num(rec.numbers.begin(), rec.numbers.end());
+    auto bytes = [&](const char* key) { return static_cast<i64>(num.count(key) ? num[key] : 0); };
+    if (num.count("memory_params_bytes")) {
+        MemoryStats m;
+        m.params = m.peak_params = bytes("memory_params_bytes");
+        m.grads = m.peak_grads = bytes("memory_grads_bytes");
+        m.optimizer = bytes("memory_optimizer_bytes");
+        m.activations = bytes("memory_activations_bytes");
+        m.comm = bytes("memory_comm_bytes");
+        s.memory.push_back(m);
+    }
+    if (num.count("num_params")) s.num_params = bytes("num_params");
+    if (num.count("entropy_rate")) s.entropy_rate = num["entropy_rate"];
+    if (num.count("loss_floor")) s.loss_floor = num["loss_floor"];
     s.steps_total = s.config.train.steps;
     s.steps_done = s.metrics.size() ? s.metrics.step.back() : 0;
     s.layout = LayoutSummary{s.config.layout.dp,
@@ -140,8 +196,15 @@ CheckView view_of_report(const ValidationReport& rep) {
         g.finished = true;
         g.result = r;
         g.steps_done = r.steps;
-        // The grid: every step before the first difference matched; at the first differing
-        // step the report lists the tensors that differ; the last step, every comparison.
+        if (!r.grid_tensors.empty()) {
+            fill_grid(g, r, v.steps);
+            g.summary = summary_of(r);
+            v.layouts.push_back(std::move(g));
+            continue;
+        }
+        // An older report without a grid: every step before the first difference matched; at
+        // the first differing step the report lists the tensors that differ; the last step,
+        // every comparison.
         for (const Comparison& c : r.final_step) g.tensors.push_back(c.name);
         if (r.final_step.empty() && r.first_step >= 0) g.tensors.push_back(r.first.name);
         g.cells.assign(g.tensors.size(), std::vector<CheckCell>(static_cast<size_t>(v.steps)));
@@ -159,13 +222,7 @@ CheckView view_of_report(const ValidationReport& rep) {
             if (t < r.final_step.size() && r.steps >= 1 && r.steps <= v.steps)
                 g.cells[t][static_cast<size_t>(r.steps - 1)] = cell_of(r.final_step[t]);
         }
-        ValidationReport one;
-        one.layouts.push_back(r);
-        const std::string text = one.table();
-        const size_t nl = text.find('\n');
-        g.summary = nl == std::string::npos ? text : text.substr(nl + 1);
-        while (!g.summary.empty() && (g.summary.back() == '\n' || g.summary.back() == ' '))
-            g.summary.pop_back();
+        g.summary = summary_of(r);
         v.layouts.push_back(std::move(g));
     }
     v.version = 1;
@@ -206,6 +263,21 @@ CheckView check_from_report(const std::string& path) {
         if (l["budget_ratio"].is_number()) r.budget_ratio = l["budget_ratio"].get<double>();
         r.budget_worst = l.value("budget_worst", "");
         r.error = l.value("error", "");
+        if (l.contains("grid") && l["grid"].is_object()) {
+            const json& g = l["grid"];
+            r.grid_tensors = g.value("tensors", std::vector<std::string>{});
+            for (const json& row : g.value("max_ulp", json::array())) {
+                std::vector<std::int64_t> line;
+                for (const json& u : row)
+                    line.push_back(u.is_number() ? u.get<std::int64_t>() : kGridNotRun);
+                r.grid_ulp.push_back(std::move(line));
+            }
+            for (const json& row : g.value("budget_ratio", json::array())) {
+                std::vector<double> line;
+                for (const json& q : row) line.push_back(q.is_null() ? -1.0 : number(q));
+                r.grid_ratio.push_back(std::move(line));
+            }
+        }
         rep.layouts.push_back(std::move(r));
     }
     return view_of_report(rep);

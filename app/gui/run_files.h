@@ -2,9 +2,11 @@
 // RunSnapshot, and a `validate.json` report (validators/README.md) as the layout check's view.
 //
 // Index
-//   snapshot_from_run_file   run.h5 -> RunSnapshot (state finished; config, metrics, events)
-//   view_of_report           a ValidationReport -> CheckView (verdicts; the grid at the first
-//                            differing step and the last step, which a report holds)
+//   snapshot_from_run_file   run.h5 -> RunSnapshot (state finished; config, metrics, events,
+//                            the spike evidence, /fp8's rows, rank 0's memory at the end)
+//   view_of_report           a ValidationReport -> CheckView (verdicts; the grid of every step,
+//                            worst over the ranks; an older report without one: the first
+//                            differing step and the last)
 //   check_from_report        validate.json -> CheckView, as view_of_report
 #pragma once
 #include "app/gui/layout_check.h"

@@ -350,7 +350,43 @@ void Workbench::print_state() {
     j["editor_errors"] = errors;
     nlohmann::json fields = nlohmann::json::object();
     for (const EditorField& f : job_s_.editor.fields()) fields[f.key] = f.text;
+    fields["open"] = job_s_.open_path;
+    fields["check_layouts"] = check_s_.layouts;
+    fields["check_steps"] = std::to_string(check_s_.steps);
     j["fields"] = fields;
+    // What the panels hold: the layout check's grids, the FP8 rows, the spike evidence, memory.
+    const CheckView cv = check_s_.from_file ? check_s_.view : check_.view();
+    nlohmann::json check = nlohmann::json::object();
+    check["running"] = cv.running;
+    check["mode"] = cv.mode;
+    check["steps"] = cv.steps;
+    check["layouts"] = nlohmann::json::array();
+    for (const LayoutGrid& g : cv.layouts) {
+        i64 done = 0, differing = 0, over = 0, cells = 0;
+        for (const std::vector<CheckCell>& line : g.cells)
+            for (const CheckCell& k : line) {
+                cells++;
+                done += k.done;
+                differing += k.done && k.rank >= 0;
+                over += k.done && k.ratio > 1;
+            }
+        check["layouts"].push_back({{"name", g.name},
+                                    {"steps_done", g.steps_done},
+                                    {"finished", g.finished},
+                                    {"verdict", g.finished ? g.result.verdict : ""},
+                                    {"rows", g.tensors.size()},
+                                    {"cells", cells},
+                                    {"cells_done", done},
+                                    {"differing", differing},
+                                    {"over_budget", over}});
+    }
+    j["check"] = check;
+    j["fp8_rows"] = data_.snap.fp8.size();
+    j["spike_steps"] = data_.snap.values.size();
+    i64 spikes = 0;
+    for (const RunEvent& e : data_.snap.events) spikes += e.kind == EventKind::spike;
+    j["spike_events"] = spikes;
+    j["memory_ranks"] = data_.snap.memory.size();
     j["general_error"] = job_s_.editor.general_error();
     j["message"] = job_s_.message;
     nlohmann::json rects = nlohmann::json::object();

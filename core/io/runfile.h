@@ -31,8 +31,8 @@
 //                      truncates metric rows, logs events, sets attributes
 //   RunFileDamaged     a file at the path that is not a readable run file
 //   Fp8Column, fp8_columns         the /fp8 datasets and the Fp8Stat fields they hold
-//   RunRecords, read_run_records   a run file's config, metrics, events and /fp8 rows, opened
-//                                  read-only
+//   RunRecords, read_run_records   a run file's config, metrics, events, /fp8 rows and numeric
+//                                  summaries, opened read-only
 //   (RunFileObserver, core/train/run_file_observer.h, writes a training run's file, continued
 //   across a resume; a damaged one is moved aside to <path>.damaged (or .damaged-2, ...) and
 //   written anew from the checkpoint.)
@@ -134,6 +134,9 @@ struct RunRecords {
     std::vector<std::pair<std::string, Rows>> metrics;  // by name, sorted
     std::vector<Event> events;                          // in the order they happened
     std::vector<Fp8Stat> fp8;                           // /fp8's rows; empty without it
+    // The numeric root attributes (set_attr's summaries: num_params, memory_params_bytes, ...,
+    // entropy_rate), by name.
+    std::vector<std::pair<std::string, double>> numbers;
 };
 // Throws px::Error naming the file when it is missing or not a run file.
 RunRecords read_run_records(const std::string& path);

@@ -86,6 +86,24 @@ RunRecords read_run_records(const std::string& path) {
     r.file = file.get();
     RunRecords rec;
     rec.config_toml = r.string_attr("config");
+    // The numeric summaries set_attr wrote (num_params, memory_*_bytes, entropy_rate, ...).
+    H5Aiterate2(
+        r.file, H5_INDEX_NAME, H5_ITER_INC, nullptr,
+        [](hid_t loc, const char* name, const H5A_info_t*, void* out) -> herr_t {
+            H a(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose);
+            if (!a.ok()) return 0;
+            H type(H5Aget_type(a.get()), H5Tclose);
+            H space(H5Aget_space(a.get()), H5Sclose);
+            if (H5Tget_class(type.get()) != H5T_FLOAT ||
+                H5Sget_simple_extent_npoints(space.get()) != 1)
+                return 0;
+            double v = 0;
+            if (H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) >= 0)
+                static_cast<std::vector<std::pair<std::string, double>>*>(out)->emplace_back(name,
+                                                                                             v);
+            return 0;
+        },
+        &rec.numbers);
     if (H5Lexists(r.file, "metrics", H5P_DEFAULT) <= 0) r.fail("no /metrics group");
     std::vector<std::string> names;
     H metrics(H5Gopen2(r.file, "metrics", H5P_DEFAULT), H5Gclose);

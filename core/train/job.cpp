@@ -357,6 +357,11 @@ void Job::backward(Slot& slot, int c, int m) {
     acc.end(m);
 }
 
+void Job::compute_hooks(const Action& a, bool done) {
+    for (const StepHooks& h : hooks_)
+        if (h.compute) h.compute(step_ + 1, a, done);
+}
+
 // This rank's list, in order (schedule.h gives each action's meaning).
 void Job::run_actions() {
     comm::Communicator* pp = groups_.pp;
@@ -371,6 +376,7 @@ void Job::run_actions() {
                              message_tag(schedule_, pp_rank_, a));
                 break;
             case Action::forward:
+                compute_hooks(a, false);
                 set_probe_rows(m);
                 if (live == nullptr) {
                     PX_ASSERT(stage_of(pp_rank_, c, layout_.pp) == 0,
@@ -381,6 +387,7 @@ void Job::run_actions() {
                 if (is_last_virtual(c))
                     std::memcpy(losses_.data() + m * micro_B_ * T_, live->acts.losses().f32(),
                                 static_cast<size_t>(micro_B_ * T_) * sizeof(float));
+                compute_hooks(a, true);
                 break;
             case Action::send_act:
                 live->pending = send_message(*pp, message(live->acts.output()), a.peer,
@@ -395,7 +402,9 @@ void Job::run_actions() {
                 // The output's send has landed (the gradient that came back needed it): complete
                 // it before a recomputing backward writes the output again.
                 live->pending.wait();
+                compute_hooks(a, false);
                 backward(*live, c, m);
+                compute_hooks(a, true);
                 if (stage_of(pp_rank_, c, layout_.pp) == 0) {  // nothing to send back
                     release(c, live);
                     live = nullptr;

@@ -110,6 +110,10 @@ struct StepHooks {
     // norm given (> 0) joins train.grad_clip.
     std::function<UpdateChoice(i64 step, const StepMetrics& m)> judge;
     std::function<void(i64 step)> updated;  // after the update: the weights of the step are final
+    // Around each compute action of the rank's schedule (the forward or the backward of one
+    // microbatch and chunk, core/parallel/schedule.h): done = false just before it, true just
+    // after it. A tracer measures the stage's work with it (the workbench's pipeline timeline).
+    std::function<void(i64 step, const Action& a, bool done)> compute;
 };
 
 // One rank's training state between steps, copied out and back in without communication, so
@@ -323,6 +327,7 @@ private:
     void release(int chunk, Slot* s);
     void wait_sends();
     void run_actions();
+    void compute_hooks(const Action& a, bool done);  // StepHooks::compute of every hook
     void backward(Slot& slot, int chunk, int m);
     void microbatch_grad(int m, float* grads, i64 lo, i64 hi);  // probes and hooks
     void set_probe_rows(int m);

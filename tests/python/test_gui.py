@@ -192,6 +192,23 @@ class Window:
                 return
         raise AssertionError(f"could not type {text!r} into {key}")
 
+    def type_text(self, rect, field, text):
+        """Like type_into, for a field outside the config editor (state()["fields"][field])."""
+        for _ in range(3):
+            self.click(rect)
+            self.xdo("keydown", "ctrl")
+            self.xdo("keydown", "a")
+            time.sleep(0.3)
+            self.xdo("keyup", "a")
+            self.xdo("keyup", "ctrl")
+            self.xdo("type", "--delay", "30", text)
+            time.sleep(0.2)
+            self.xdo("key", "Tab")  # an integer field takes its value when it loses focus
+            time.sleep(0.2)
+            if self.state()["fields"][field] == text:
+                return
+        raise AssertionError(f"could not type {text!r} into {field}")
+
     def wait_for(self, what, timeout=60):
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -253,5 +270,69 @@ def test_the_window_driven_by_real_input(display, config):
         s = w.wait_for(lambda s: s["status"] == "paused" and s["steps_done"] == 2)
         w.click("resume", s)
         w.wait_for(lambda s: s["steps_done"] > 2)
+    finally:
+        w.close()
+
+
+def test_the_layout_check_runs_in_lockstep(display, config):
+    """Two layouts checked in the window: their columns fill in together (step s of every run
+    before step s + 1 of any), never one layout to its end before the other begins."""
+    w = Window(display, config)
+    try:
+        w.click("tab:layout_check")
+        w.type_text("field:check_layouts", "check_layouts", "dp2,tp2")
+        w.type_text("field:check_steps", "check_steps", "150")
+        w.click("run_check")
+        seen = []
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            s = w.state()["check"]
+            done = [g["steps_done"] for g in s["layouts"]]
+            if len(done) == 2:
+                seen.append(done)
+                assert max(done) - min(done) <= 1, f"the layouts are not in lockstep: {seen}"
+            if len(done) == 2 and not s["running"]:
+                break
+            time.sleep(0.1)
+        assert [g["verdict"] for g in s["layouts"]] == ["match", "match"], s
+        assert all(g["cells_done"] == g["cells"] > 0 for g in s["layouts"]), s
+        midway = [d for d in seen if 0 < min(d) and max(d) < 150]
+        assert len(midway) >= 2, f"too few looks while the check ran: {seen}"
+    finally:
+        w.close()
+
+
+def test_finished_files_open_in_every_panel(display, config, tmp_path):
+    """A run.h5 with FP8 rows, spike evidence and memory, and a validate.json with its whole
+    grid, opened in the window."""
+    run_dir = tmp_path / "run"
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "fp8_drift.toml")
+    r = subprocess.run([EXE, "train", example, "--out", str(run_dir), "--set", "train.steps=34",
+                        "--set", "train.eval_every=0", "--set", "fp8_monitor.every=2",
+                        "--set", "data.corrupt_step=22", "--set", "spikes.action=log"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = tmp_path / "validate.json"
+    r = subprocess.run([EXE, "validate", config, "--layouts", "dp2,tp2", "--steps", "6",
+                        "--json", str(report), "--md", str(tmp_path / "validate.md")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    grid = json.loads(report.read_text())["layouts"][0]["grid"]
+    assert len(grid["max_ulp"]) == len(grid["tensors"]) and all(
+        row == [0] * 6 for row in grid["max_ulp"])
+    w = Window(display, config)
+    try:
+        w.type_text("field:open", "open", str(run_dir / "run.h5"))
+        w.click("open")
+        s = w.wait_for(lambda s: s["source"].endswith("run.h5"))
+        assert s["loss_points"] == 34
+        assert s["fp8_rows"] > 0 and s["spike_steps"] == 34 and s["spike_events"] >= 1, s
+        assert s["memory_ranks"] == 1
+        w.type_text("field:open", "open", str(report))
+        w.click("open")
+        s = w.wait_for(lambda s: len(s["check"]["layouts"]) == 2)
+        for g in s["check"]["layouts"]:
+            assert g["verdict"] == "match" and g["cells"] == g["rows"] * 6 > 0, g
+            assert g["cells_done"] == g["cells"], g
     finally:
         w.close()
