@@ -255,6 +255,16 @@ def test_a_ten_step_job_from_python_gives_the_cli_dump_s_bits(tmp_path, layout):
 # ---- interruption and failures ------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def python_handles_sigint():
+    """Ctrl-C reaches Python as KeyboardInterrupt here however pytest was started: a shell that
+    runs a command in the background (`cmd &`) starts it with SIGINT ignored, and Python then
+    keeps it ignored, so a simulated Ctrl-C would do nothing."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def interrupt_main_later(how, after_s=None, when=None):
     """Ctrl-C from another thread: after `after_s` seconds, or as soon as the event `when` is set
     (by an observer at a chosen step, so that the interrupt lands mid-run however fast steps are)."""
