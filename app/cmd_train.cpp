@@ -112,7 +112,7 @@ public:
                     : "Markov chain",
                 static_cast<long long>(c.data.markov_order), job.entropy_rate(),
                 static_cast<long long>(c.model.seq_len), job.loss_floor());
-        else if (job.loss_floor() >= 0)
+        else if (c.data.source == "copy")
             std::printf(
                 "data: copy source (each window repeats itself every %lld tokens), loss "
                 "floor for %lld-token windows %.4f; a model that sees fewer than %lld "

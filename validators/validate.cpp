@@ -10,8 +10,6 @@
 #include "validators/probes.h"
 #include "validators/trace.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
