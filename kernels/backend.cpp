@@ -90,6 +90,8 @@ bool Backend::has(Op op) const {
             return gelu_forward && gelu_backward;
         case Op::attention:
             return attention_forward && attention_backward;
+        case Op::attention_queries:
+            return attention_queries_forward && attention_queries_backward;
         case Op::residual:
             return residual_forward && residual_backward;
         case Op::embedding:

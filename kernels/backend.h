@@ -63,6 +63,14 @@ struct Backend {
     void (*attention_backward)(const Numerics&, const Tensor& dqkv, const Tensor& dpreatt,
                                const Tensor& datt, const Tensor& dout, const Tensor& qkv,
                                const Tensor& att, i64 NH);
+    void (*attention_queries_forward)(const Numerics&, const Tensor& out, const Tensor& preatt,
+                                      const Tensor& att, const Tensor& q, const Tensor& kv,
+                                      const i64* pos, i64 NH);
+    void (*attention_queries_backward)(const Numerics&, const Tensor& dq, const Tensor& parts,
+                                       const Tensor& dpreatt, const Tensor& datt,
+                                       const Tensor& dout, const Tensor& q, const Tensor& kv,
+                                       const Tensor& att, const i64* pos, const i64* node_lo,
+                                       const i64* node_hi, i64 K, i64 NH);
     void (*residual_forward)(const Numerics&, const Tensor& out, const Tensor& a, const Tensor& b);
     void (*residual_backward)(const Numerics&, const Tensor& da, const Tensor& db,
                               const Tensor& dout);

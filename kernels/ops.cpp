@@ -12,7 +12,7 @@ namespace px::ops {
 namespace {
 
 constexpr const char* kOpNames[] = {"matmul",   "gemm",      "layernorm",    "gelu",    "attention",
-                                    "residual", "embedding", "crossentropy", "row_max", "exp_sub",
+                                    "attention_queries", "residual", "embedding", "crossentropy", "row_max", "exp_sub",
                                     "row_sum",  "adamw",     "sum_squares"};
 static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == static_cast<size_t>(Op::kCount),
               "kOpNames must match Op");
@@ -152,6 +152,34 @@ void attention_backward(const Numerics& nx, const Tensor& dqkv, const Tensor& dp
                         const Tensor& att, i64 NH) {
     dispatch(nx, Op::attention, {{A, &dqkv}, {A, &dpreatt}, {A, &datt}, {A, &dout}, {A, &qkv}, {A, &att}})
         .attention_backward(nx, dqkv, dpreatt, datt, dout, qkv, att, NH);
+}
+
+void attention_queries_forward(const Numerics& nx, const Tensor& out, const Tensor& preatt,
+                               const Tensor& att, const Tensor& q, const Tensor& kv,
+                               const i64* pos, i64 NH) {
+    const Backend& b = dispatch(nx, Op::attention_queries,
+                                {{A, &out}, {A, &preatt}, {A, &att}, {A, &q}, {A, &kv}});
+    const i64 B = q.shape[0], Tq = q.shape[1], T = kv.shape[1];
+    PX_ASSERT(kv.shape[0] == B && kv.shape[2] == q.shape[2] && att.numel() == B * NH * Tq * T &&
+                  preatt.numel() >= att.numel() && out.numel() == B * Tq * q.shape[2] / 3,
+              "attention_queries shapes");
+    b.attention_queries_forward(nx, out, preatt, att, q, kv, pos, NH);
+}
+
+void attention_queries_backward(const Numerics& nx, const Tensor& dq, const Tensor& parts,
+                                const Tensor& dpreatt, const Tensor& datt, const Tensor& dout,
+                                const Tensor& q, const Tensor& kv, const Tensor& att,
+                                const i64* pos, const i64* node_lo, const i64* node_hi, i64 K,
+                                i64 NH) {
+    const Backend& b = dispatch(nx, Op::attention_queries,
+                                {{A, &dq}, {A, &parts}, {A, &dpreatt}, {A, &datt}, {A, &dout},
+                                 {A, &q}, {A, &kv}, {A, &att}});
+    const i64 B = q.shape[0], T = kv.shape[1], C = q.shape[2] / 3;
+    PX_ASSERT(dq.numel() == q.numel() && parts.numel() >= B * T * C * K * 2 &&
+                  datt.numel() >= att.numel() && dpreatt.numel() >= att.numel(),
+              "attention_queries shapes");
+    b.attention_queries_backward(nx, dq, parts, dpreatt, datt, dout, q, kv, att, pos, node_lo,
+                                 node_hi, K, NH);
 }
 
 void residual_forward(const Numerics& nx, const Tensor& out, const Tensor& a, const Tensor& b) {

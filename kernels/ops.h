@@ -9,6 +9,7 @@
 //   matmul_*                out = inp · weightᵀ + bias
 //   gemm                    c = a · b on strided views (partial products over a slice of K)
 //   layernorm_*, gelu_*, attention_*, residual_*, embedding_*, crossentropy_*
+//   attention_queries_*     a rank's query rows of attention (context parallelism)
 //   row_max, exp_sub, row_sum   the pieces of a softmax whose rows are split between ranks
 //   adamw_update, sum_squares, sum_squares_blocks
 //   matmul_path             which kernel and hardware path a dtype's matmuls take (reports)
@@ -35,6 +36,7 @@ enum class Op : std::uint8_t {
     layernorm,
     gelu,
     attention,
+    attention_queries,
     residual,
     embedding,
     crossentropy,
@@ -84,6 +86,24 @@ void attention_forward(const Numerics& nx, const Tensor& out, const Tensor& prea
 void attention_backward(const Numerics& nx, const Tensor& dqkv, const Tensor& dpreatt,
                         const Tensor& datt, const Tensor& dout, const Tensor& qkv,
                         const Tensor& att, i64 NH);
+
+// Context parallelism (core/parallel/context_parallel.h): the query rows a rank holds, at logical
+// positions pos (Tq, ascending), against the whole sequence's keys and values. Each row gets the
+// bits attention_forward gives the row at its position.
+// out (B,Tq,C), preatt and att (B,NH,Tq,T), q (B,Tq,3C) (q third read), kv (B,T,3C) (k, v read)
+void attention_queries_forward(const Numerics& nx, const Tensor& out, const Tensor& preatt,
+                               const Tensor& att, const Tensor& q, const Tensor& kv,
+                               const i64* pos, i64 NH);
+// dq (B,Tq,3C) += (q third only); dpreatt, datt (B,NH,Tq,T) scratch; parts (B,NH,T,K,2,HS)
+// assigned: per key j and per node k (query blocks [node_lo[k], node_hi[k]) of the tree over
+// T's blocks, held by this rank) the node's value of Σ_t dpreatt[t][j]·q_t and Σ_t att[t][j]·dout_t
+// over its queries t >= j (-0 when it has none). Combined over every rank's nodes in the tree,
+// the first is dk_j / scale and the second dv_j, bit for bit attention_backward's.
+void attention_queries_backward(const Numerics& nx, const Tensor& dq, const Tensor& parts,
+                                const Tensor& dpreatt, const Tensor& datt, const Tensor& dout,
+                                const Tensor& q, const Tensor& kv, const Tensor& att,
+                                const i64* pos, const i64* node_lo, const i64* node_hi, i64 K,
+                                i64 NH);
 
 // out, a, b (N)
 void residual_forward(const Numerics& nx, const Tensor& out, const Tensor& a, const Tensor& b);

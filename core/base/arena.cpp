@@ -208,7 +208,8 @@ ActTable ActTable::build(const ModelConfig& mc, const ActShape& shape) {
     for (int i = 0; i < kNumActs; i++) {
         const ActSpec& s = kGpt2Acts[i];
         i64 n = size(s.d0) * size(s.d1) * size(s.d2) * size(s.d3);
-        if (i == ATT) n *= shape.T;  // (LS,B,NH,T,T)
+        if (i == ATT) n *= shape.key_len();  // (LS,B,NH,T,keys)
+        if (i == DPREATT || i == DATT) n = n / std::max<i64>(shape.T, 1) * shape.key_len();
         if (s.head && !shape.head) n = 0;
         t.dtype[i] = s.type == ActType::f32 ? DType::f32 : shape.dtype;
         t.offset[i] = t.total;

@@ -249,6 +249,10 @@ struct ActShape {
     bool head = true;        // the run ends in the LM head
     bool recompute = false;  // keep one block's internals (LS = 1), recomputed in backward
     TpDims tp;               // a tensor-parallel shard's local sizes (default: the whole model)
+    // Keys a query row attends over, the last dimension of att, dpreatt and datt: 0 is T; under
+    // context parallelism the whole sequence while T is the rank's tokens of it.
+    i64 keys = 0;
+    i64 key_len() const { return keys > 0 ? keys : T; }
 };
 
 // An activation's size along one dimension, in a table built for `shape`.

@@ -75,9 +75,11 @@ const std::array kKeys = {
     PX_KEY(model, ffn, "F, MLP inner size (GPT-2: 4 * hidden)"),
     PX_KEY(model, init_std, "std of the normal init of weights (residual projections scaled by 1/sqrt(2L))"),
     PX_KEY(model, init_from, "weights to start from instead of random init: an llm.c GPT-2 checkpoint (.bin) or a Parallax checkpoint (.h5; its weights only: step 0, fresh optimizer); the model keys must match the file's; \"\" for none"),
-    PX_KEY(layout, dp, "data-parallel replicas; world size = dp * pp * tp"),
+    PX_KEY(layout, dp, "data-parallel replicas; world size = dp * pp * cp * tp"),
     PX_KEY(layout, pp, "pipeline stages, each a contiguous run of layers (at most model.layers)"),
     PX_KEY(layout, tp, "tensor-parallel ranks; must divide model.heads and model.ffn"),
+    PX_KEY(layout, cp, "context-parallel ranks: each holds chunks r and 2cp-1-r of every sequence cut into 2cp (zig-zag, causal load balance); the chunks must be whole blocks of numerics.block"),
+    PX_KEY(layout, cp_method, "context-parallel attention: \"ring\" (K/V blocks around the ring) or \"ulysses\" (all-to-all to whole heads; cp must divide model.heads / layout.tp)"),
     PX_KEY(layout, zero, "ZeRO stage over the dp ranks: 0 none, 1 optimizer state, 2 also gradients, 3 also parameters"),
     PX_KEY(layout, microbatches, "microbatches per step on each dp rank; when > 0 overrides train.microbatches (0: use it); dp * microbatches must divide train.batch_size"),
     PX_KEY(layout, schedule, "pipeline schedule: \"gpipe\", \"1f1b\" or \"interleaved\""),
@@ -391,9 +393,10 @@ void check_limits(const Config& c) {
     at_most("train.val_batches", t.val_batches, k32, sampler);
     at_most("train.threads", t.threads, 1024, "OpenMP threads per rank; 0 uses all cores");
     const LayoutConfig& l = c.layout;
-    if (double(l.dp) * double(l.pp) * double(l.tp) > double(INT_MAX))
-        throw Problem{{"layout.dp", "layout.pp", "layout.tp"},
+    if (double(l.dp) * double(l.pp) * double(l.cp) * double(l.tp) > double(INT_MAX))
+        throw Problem{{"layout.dp", "layout.pp", "layout.cp", "layout.tp"},
                       "layout.dp=" + std::to_string(l.dp) + " x layout.pp=" + std::to_string(l.pp) +
+                          " x layout.cp=" + std::to_string(l.cp) +
                           " x layout.tp=" + std::to_string(l.tp) +
                           " ranks is more than 2^31 - 1 (ranks are 32-bit integers)"};
     const double kMax = std::ldexp(1.0, 50);
@@ -451,6 +454,8 @@ void check(const Config& c) {
     at_least("layout.dp", l.dp, 1);
     at_least("layout.pp", l.pp, 1);
     at_least("layout.tp", l.tp, 1);
+    at_least("layout.cp", l.cp, 1);
+    one_of("layout.cp_method", l.cp_method, {"ring", "ulysses"});
     if (l.zero < 0 || l.zero > 3) throw out_of_range("layout.zero", std::to_string(l.zero), "in 0..3");
     at_least("layout.microbatches", l.microbatches, 0);
     one_of("layout.schedule", l.schedule, {"gpipe", "1f1b", "interleaved"});

@@ -44,9 +44,12 @@ struct ModelConfig {
 // ranges are nodes of the canonical tree, ...) are checked when a px::Layout is built from the
 // config (core/parallel/mesh.h), with a sentence naming the keys. The defaults are one device.
 struct LayoutConfig {
-    int dp = 1;                      // data-parallel replicas; world size = dp * pp * tp
+    int dp = 1;                      // data-parallel replicas; world size = dp * pp * cp * tp
     int pp = 1;                      // pipeline stages, each a contiguous run of layers
     int tp = 1;                      // tensor-parallel ranks (Megatron column/row parallel)
+    int cp = 1;                      // context-parallel ranks: each holds 2 zig-zag chunks of
+                                     // every sequence
+    std::string cp_method = "ring";  // context-parallel attention: "ring" or "ulysses"
     int zero = 0;                    // ZeRO stage 0..3 over the dp ranks
     int microbatches = 0;            // per dp rank and step; when > 0 overrides train.microbatches
     std::string schedule = "1f1b";   // pipeline schedule: "gpipe", "1f1b" or "interleaved"

@@ -58,7 +58,8 @@ Tensor Activations::tensor(int a) const {
     int nd = 0;
     for (Dim d : {s.d0, s.d1, s.d2, s.d3})
         if (d != Dim::one) dims[nd++] = resolve_dim(d, mc_, shape_);
-    if (a == ATT) dims[nd++] = shape_.T;
+    if (a == ATT) dims[nd++] = shape_.key_len();
+    if (a == DPREATT || a == DATT) dims[nd - 1] = shape_.key_len();
     if (nd > kMaxDims) {  // (L,B,NH,T,T): fold L into B for the whole-tensor view
         dims[1] *= dims[0];
         for (int i = 0; i < nd - 1; i++) dims[i] = dims[i + 1];
@@ -78,7 +79,7 @@ Tensor Activations::layer(int a, int i) const {
     int nd = 0;
     for (Dim d : {s.d1, s.d2, s.d3})
         if (d != Dim::one) dims[nd++] = resolve_dim(d, mc_, shape_);
-    if (a == ATT) dims[nd++] = shape_.T;
+    if (a == ATT) dims[nd++] = shape_.key_len();
     i64 per_layer = 1;
     for (int j = 0; j < nd; j++) per_layer *= dims[j];
     return arena_.view(table_.dtype[a],
@@ -195,6 +196,7 @@ Activations GPT::make_activations(int chunk, i64 B, i64 T, bool recompute) const
     shape.recompute = recompute;
     shape.tp = dims_;
     shape.dtype = act_dtype_;
+    if (context_) shape.keys = context_->keys(T);
     return Activations(mc_, shape);
 }
 
@@ -360,6 +362,61 @@ float GPT::causal_logit_max(const Tensor& preatt) const {
     return best;
 }
 
+// Context parallelism: each run of a sequence's rows is a sequence of its own whose positions
+// start at the run's (a view of wpe from there), so the kernels, which take position t from the
+// row, see logical positions. Without it, the whole tensor at once.
+void GPT::embedding_forward(const Tensor& out, const int* tokens) const {
+    const Tensor wte = param(table_.wte), wpe = param(table_.wpe);
+    auto run = [&](const Tensor& o, const int* tok, const Tensor& pe) {
+        if (layers_)
+            layers_->embedding_forward(o, tok, wte, pe);
+        else
+            ops::embedding_forward(nx_, o, tok, wte, pe);
+    };
+    if (!context_) return run(out, tokens, wpe);
+    const i64 B = out.shape[0], T = out.shape[1], C = out.shape[2];
+    for (i64 b = 0; b < B; b++)
+        for (const PositionRun& r : context_->runs(T)) {
+            const i64 n = r.hi - r.lo, row = b * T + r.lo;
+            run(subview(out, row * C, {1, n, C}), tokens + row, subview(wpe, r.pos * C, {n, C}));
+        }
+}
+
+// Over the rows [row_lo, row_hi) of one token node. Under context parallelism the node is a range
+// [L0, L1) of the batch's flat tokens (it may run from one sequence's last chunk into the next
+// one's first): its rows are placed at their flat places in whole sequences of scratch, so the
+// kernel reads each token's logical position and sums the node's blocks as the single device.
+void GPT::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                             const int* tokens, i64 row_lo, i64 row_hi) const {
+    auto run = [&](const Tensor& d, const int* tok, i64 lo, i64 hi) {
+        if (layers_)
+            layers_->embedding_backward(dwte, dwpe, d, tok, lo, hi);
+        else
+            ops::embedding_backward(nx_, &dwte, &dwpe, d, tok, lo, hi);
+    };
+    if (!context_) return run(dout, tokens, row_lo, row_hi);
+    const i64 Tl = dout.shape[1], C = dout.shape[2], T = context_->keys(Tl);
+    const std::vector<PositionRun> runs = context_->runs(Tl);
+    auto flat = [&](i64 row) {  // the row's token index in the microbatch's logical (B, T)
+        const i64 b = row / Tl, w = row % Tl;
+        for (const PositionRun& r : runs)
+            if (w >= r.lo && w < r.hi) return b * T + r.pos + (w - r.lo);
+        PX_ASSERT(false, "a row outside the context-parallel runs");
+        return i64{0};
+    };
+    const i64 first = flat(row_lo), base = first / T * T, n = row_hi - row_lo;
+    const i64 seqs = (first + n - base + T - 1) / T;
+    std::vector<float> d(static_cast<size_t>(seqs * T * C), 0.0f);
+    std::vector<int> tok(static_cast<size_t>(seqs * T), 0);
+    for (i64 i = row_lo; i < row_hi; i++) {
+        const i64 at = flat(i) - base;
+        PX_ASSERT(at == first - base + (i - row_lo), "a token node that is not a flat token range");
+        std::memcpy(d.data() + at * C, dout.f32() + i * C, static_cast<size_t>(C) * sizeof(float));
+        tok[static_cast<size_t>(at)] = tokens[i];
+    }
+    run(view_f32(d.data(), {seqs, T, C}, "dencoded"), tok.data(), first - base, first - base + n);
+}
+
 // Block l: residual2 = x + attn(ln1(x)), residual3 = residual2 + mlp(ln2(residual2)).
 void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
     const Numerics& nx = nx_;
@@ -385,8 +442,15 @@ void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
     out("ln_1", ln1, ProbeSplit::whole);
     linear_forward(Linear::qkv, qkv, ln1, P(l, QKVW), &qkvb, probed);
     out("attn.qkv", qkv, ProbeSplit::qkv);
-    ops::attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, resolve_dim(Dim::NH, mc_, dims_));
-    if (logit_max_) logit_max_[l] = std::max(logit_max_[l], causal_logit_max(a.tensor(DPREATT)));
+    const i64 NH = resolve_dim(Dim::NH, mc_, dims_);
+    if (context_)
+        context_->attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, NH);
+    else
+        ops::attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, NH);
+    if (logit_max_)
+        logit_max_[l] = std::max(logit_max_[l], context_
+                                                    ? context_->logit_max(nx, a.tensor(DPREATT), NH)
+                                                    : causal_logit_max(a.tensor(DPREATT)));
     out("attn.core", atty, ProbeSplit::channels);
     linear_forward(Linear::attn_proj, proj, atty, P(l, ATTPROJW), &attprojb, probed);
     out("attn.proj", proj, ProbeSplit::tokens);
@@ -446,8 +510,13 @@ void GPT::block_backward(Activations& a, std::span<const TokenNode> nodes, int l
                     P(l, ATTPROJW));
     dinp("attn.proj", dbuf_a, ProbeSplit::channels);
     zero(dqkv);
-    ops::attention_backward(nx, dqkv, a.tensor(DPREATT), a.tensor(DATT), dbuf_a, a.layer(QKV, i),
-                            a.layer(ATT, i), resolve_dim(Dim::NH, mc_, dims_));
+    const i64 NH = resolve_dim(Dim::NH, mc_, dims_);
+    if (context_)
+        context_->attention_backward(nx, dqkv, a.tensor(DPREATT), a.tensor(DATT), dbuf_a,
+                                     a.layer(QKV, i), a.layer(ATT, i), NH);
+    else
+        ops::attention_backward(nx, dqkv, a.tensor(DPREATT), a.tensor(DATT), dbuf_a,
+                                a.layer(QKV, i), a.layer(ATT, i), NH);
     dinp("attn.core", dqkv, ProbeSplit::qkv);
     zero(dbuf_c);
     linear_backward(nodes, Linear::qkv, dbuf_c, dqkvw, &dqkvb, dqkv, a.layer(LN1, i), P(l, QKVW));
@@ -464,12 +533,7 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
               "activations made for another chunk");
     if (has_embedding(chunk)) {
         before_forward({Unit::embedding});
-        if (layers_)
-            layers_->embedding_forward(a.tensor(ENCODED), tokens, param(table_.wte),
-                                       param(table_.wpe));
-        else
-            ops::embedding_forward(nx, a.tensor(ENCODED), tokens, param(table_.wte),
-                                   param(table_.wpe));
+        embedding_forward(a.tensor(ENCODED), tokens);
         probe("fwd", -1, "embed", "out", a.tensor(ENCODED));
         after_forward({Unit::embedding});
     }
@@ -585,12 +649,7 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
         for (size_t n = 0; n < nodes.size(); n++) {
             const Tensor dwte = in_node(grad(grads, table_.wte), nodes, n);
             const Tensor dwpe = in_node(grad(grads, table_.wpe), nodes, n);
-            if (layers_)
-                layers_->embedding_backward(dwte, dwpe, dresidual, tokens, nodes[n].lo,
-                                            nodes[n].hi);
-            else
-                ops::embedding_backward(nx, &dwte, &dwpe, dresidual, tokens, nodes[n].lo,
-                                        nodes[n].hi);
+            embedding_backward(dwte, dwpe, dresidual, tokens, nodes[n].lo, nodes[n].hi);
         }
         after_backward({Unit::embedding}, grads);
     }

@@ -10,6 +10,8 @@
 //   GradSpan      the floats of a gradient buffer that one chunk's backward writes
 //   Activations   the activations of one microbatch on one chunk of layers
 //   ParallelLayers the layers a tensor-parallel layout distributes (absent: the plain kernels)
+//   PositionRun, ContextLayers  context parallelism: where a rank's tokens sit in their sequence,
+//                 and the attention over the whole sequence (absent: the rank holds it all)
 //   Unit, UnitHooks the units a model runs its weights in, and what a layout may do around each
 //   TokenNode     a node of the token tree that a microbatch covers, with its gradient buffer
 //   GPT           parameters; forward and backward of a chunk on a microbatch; the single-device
@@ -166,6 +168,34 @@ public:
                            const Tensor& lnf, const Tensor& wte) const = 0;
 };
 
+// Local token rows [lo, hi) of every sequence a rank holds sit at logical positions
+// [pos, pos + hi - lo) of it.
+struct PositionRun {
+    i64 lo = 0, hi = 0, pos = 0;
+};
+
+// Context parallelism (core/parallel/context_parallel.h): a rank holds only some tokens of each
+// sequence (T of them, in runs of consecutive logical positions), and its attention reads the
+// keys and values of the whole sequence (keys(T) tokens) through these layers. Everything else of
+// the model is per token and runs on the rank's rows as on any rows; the embedding takes its
+// positions from runs(), and a token node of the backward (TokenNode) lies inside one run.
+class ContextLayers {
+public:
+    virtual ~ContextLayers() = default;
+    virtual i64 keys(i64 T) const = 0;                       // the sequence's tokens
+    virtual std::vector<PositionRun> runs(i64 T) const = 0;  // ascending local rows, covering T
+    // As ops::attention_forward / attention_backward on the rank's rows: out (B,T,C), qkv
+    // (B,T,3C), preatt and att (B,NH,T,keys) and dpreatt, datt scratch of that size; the same
+    // bits as the single device's rows.
+    virtual void attention_forward(const Numerics& nx, const Tensor& out, const Tensor& preatt,
+                                   const Tensor& att, const Tensor& qkv, i64 NH) const = 0;
+    virtual void attention_backward(const Numerics& nx, const Tensor& dqkv,
+                                    const Tensor& dpreatt, const Tensor& datt, const Tensor& dout,
+                                    const Tensor& qkv, const Tensor& att, i64 NH) const = 0;
+    // The largest causal logit in preatt as attention_forward left it (this rank's part).
+    virtual float logit_max(const Numerics& nx, const Tensor& preatt, i64 NH) const = 0;
+};
+
 // The units a model uses its weights in, in forward order: the embedding (wte, wpe), each block,
 // the head (ln_f, and wte again: the LM head is tied to it).
 struct Unit {
@@ -214,6 +244,10 @@ public:
     using LayersWrap = std::function<std::shared_ptr<const ParallelLayers>(
         std::shared_ptr<const ParallelLayers>)>;
     void wrap_parallel_layers(const LayersWrap& wrap);
+    // Context parallelism (null: none): the model runs on a rank's tokens of each sequence, at the
+    // positions context->runs() gives, with its attention. Before the first make_activations.
+    void set_context(std::shared_ptr<const ContextLayers> context) { context_ = std::move(context); }
+    const ContextLayers* context() const { return context_.get(); }
 
     const ModelConfig& config() const { return mc_; }
     const ModelPart& part() const { return part_; }
@@ -318,6 +352,11 @@ private:
     // its fp8 casts recorded)
     void block_forward(Activations& a, int l, int i, bool probed = true) const;
     float causal_logit_max(const Tensor& preatt) const;
+    // The embedding of the rows of `out` (B,T,C) / its backward over one token node, at their
+    // logical positions (context parallelism: runs of the sequence; otherwise rows mod T).
+    void embedding_forward(const Tensor& out, const int* tokens) const;
+    void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                            const int* tokens, i64 row_lo, i64 row_hi) const;
     void block_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i) const;
     // ParallelLayers' linear, or ops::matmul_* when there is none. record: an fp8 linear records
     // its casts' amaxes (false when backward recomputes a block: the same values again).
@@ -381,6 +420,7 @@ private:
     Numerics nx_;
     ModelPart part_;
     std::shared_ptr<const ParallelLayers> layers_;  // null: the plain kernels
+    std::shared_ptr<const ContextLayers> context_;  // null: every token of each sequence
     bool sp_ = false;                               // layers_->sequence_parallel()
     TpDims dims_;                                   // local sizes (the whole model without layers_)
     DType act_dtype_;                               // of the activations it makes

@@ -44,12 +44,18 @@ const char* recompute_name(Recompute r) {
     return r == Recompute::full ? "full" : "none";
 }
 
+const char* cp_method_name(CpMethod m) {
+    return m == CpMethod::ulysses ? "ulysses" : "ring";
+}
+
 const char* dim_name(MeshDim d) {
     switch (d) {
         case MeshDim::pp:
             return "pp";
         case MeshDim::dp:
             return "dp";
+        case MeshDim::cp:
+            return "cp";
         case MeshDim::tp:
             return "tp";
     }
@@ -64,6 +70,14 @@ Layout make_layout(const LayoutConfig& lc, const ModelConfig& mc, const TrainCon
     l.dp = lc.dp;
     l.pp = lc.pp;
     l.tp = lc.tp;
+    l.cp = lc.cp;
+    if (lc.cp_method == "ring")
+        l.cp_method = CpMethod::ring;
+    else if (lc.cp_method == "ulysses")
+        l.cp_method = CpMethod::ulysses;
+    else
+        throw ConfigError("layout.cp_method must be \"ring\" or \"ulysses\", got \"" +
+                          lc.cp_method + "\"");
     l.zero = lc.zero;
     if (lc.microbatches > 0) {
         l.microbatches = lc.microbatches;
@@ -109,11 +123,12 @@ Layout make_layout(const LayoutConfig& lc, const ModelConfig& mc, const TrainCon
     // reduce over those slices by the canonical token tree. In a pipeline the stages pass each tp
     // rank's slice of a microbatch's hidden state to the same tp rank (pipeline.h, 10.).
     if (lc.sequence_parallel && l.tp > 1) {
-        const i64 tokens = l.microbatch_size() * l.seq_len;
+        const i64 tokens = l.microbatch_size() * l.local_seq_len();
         if (tokens % l.block != 0 || tokens / l.block < l.tp)
             throw ConfigError(
                 "layout.sequence_parallel = true needs the " + str(tokens) +
-                " tokens of a microbatch (model.seq_len=" + str(l.seq_len) + " × " +
+                " tokens of a microbatch (model.seq_len=" + str(l.seq_len) +
+                (l.cp > 1 ? " / layout.cp=" + str(l.cp) : std::string()) + " × " +
                 str(l.microbatch_size()) + " sequences, from train.batch_size / (layout.dp × " +
                 l.microbatches_key + ")) to be whole blocks of numerics.block=" + str(l.block) +
                 ", at least one per rank of layout.tp=" + str(l.tp) +
@@ -138,9 +153,7 @@ void validate_layout(const Layout& l) {
     at_least("layout.dp", l.dp, 1);
     at_least("layout.pp", l.pp, 1);
     at_least("layout.tp", l.tp, 1);
-    if (l.cp != 1)
-        throw ConfigError("context parallelism is not implemented yet: Layout::cp = " + str(l.cp) +
-                          " must be 1");
+    at_least("layout.cp", l.cp, 1);
     if (l.ep != 1)
         throw ConfigError("expert parallelism is not implemented yet: Layout::ep = " + str(l.ep) +
                           " must be 1");
@@ -202,6 +215,33 @@ void validate_layout(const Layout& l) {
                           " channels, not whole blocks of numerics.block=" + str(l.block) +
                           "; a block of a canonical reduction cannot be split between ranks "
                           "(choose a smaller layout.tp or numerics.block)");
+
+    // Context parallelism: zig-zag chunks of whole blocks, so a rank's tokens are whole blocks of
+    // the token tree (its maximal nodes are the weight gradients' token nodes).
+    if (l.cp > 1) {
+        const i64 chunks = 2 * static_cast<i64>(l.cp);
+        if (l.seq_len % chunks != 0 || (l.seq_len / chunks) % l.block != 0)
+            throw ConfigError(
+                "layout.cp=" + str(l.cp) + " cuts each sequence of model.seq_len=" +
+                str(l.seq_len) + " into 2 × " + str(l.cp) + " = " + str(chunks) +
+                " zig-zag chunks, which must be whole blocks of numerics.block=" + str(l.block) +
+                " (a weight gradient reduces over tokens in blocks, and a block cannot be split "
+                "between ranks); choose model.seq_len a multiple of 2 × layout.cp × "
+                "numerics.block = " +
+                str(chunks * l.block) + ", or a smaller numerics.block or layout.cp");
+        if (l.cp_method == CpMethod::ulysses && (l.heads / l.tp) % l.cp != 0)
+            throw ConfigError("layout.cp_method = \"ulysses\" gives each of layout.cp=" +
+                              str(l.cp) + " ranks whole heads of the " + str(l.heads / l.tp) +
+                              " heads of a tensor-parallel rank (model.heads=" + str(l.heads) +
+                              " / layout.tp=" + str(l.tp) +
+                              "), so layout.cp must divide that; choose another layout.cp or "
+                              "layout.cp_method = \"ring\"");
+        if (l.zero > 0)
+            throw ConfigError("layout.zero=" + str(l.zero) + " with layout.cp=" + str(l.cp) +
+                              " is not implemented yet: context-parallel ranks reduce their "
+                              "gradients over dp × cp, which ZeRO does not shard over; use "
+                              "layout.zero = 0");
+    }
 
     // Pipeline stages.
     if (l.pp > l.layers)
@@ -300,13 +340,14 @@ Mesh::Mesh(Layout layout) : l_(std::move(layout)) {
 }
 
 int Mesh::size(MeshDim d) const {
-    return d == MeshDim::pp ? l_.pp : d == MeshDim::dp ? l_.dp : l_.tp;
+    return d == MeshDim::pp ? l_.pp : d == MeshDim::dp ? l_.dp : d == MeshDim::cp ? l_.cp : l_.tp;
 }
 
 int Mesh::rank_of(Coord c) const {
-    PX_ASSERT(c.pp >= 0 && c.pp < l_.pp && c.dp >= 0 && c.dp < l_.dp && c.tp >= 0 && c.tp < l_.tp,
+    PX_ASSERT(c.pp >= 0 && c.pp < l_.pp && c.dp >= 0 && c.dp < l_.dp && c.tp >= 0 &&
+                  c.tp < l_.tp && c.cp >= 0 && c.cp < l_.cp,
               "mesh coordinates out of range");
-    return (c.pp * l_.dp + c.dp) * l_.tp + c.tp;
+    return ((c.pp * l_.dp + c.dp) * l_.cp + c.cp) * l_.tp + c.tp;
 }
 
 Coord Mesh::coord_of(int rank) const {
@@ -314,8 +355,9 @@ Coord Mesh::coord_of(int rank) const {
               "rank " + std::to_string(rank) + " outside the mesh");
     Coord c;
     c.tp = rank % l_.tp;
-    c.dp = (rank / l_.tp) % l_.dp;
-    c.pp = rank / (l_.tp * l_.dp);
+    c.cp = (rank / l_.tp) % l_.cp;
+    c.dp = (rank / (l_.tp * l_.cp)) % l_.dp;
+    c.pp = rank / (l_.tp * l_.cp * l_.dp);
     return c;
 }
 
@@ -323,7 +365,7 @@ std::vector<int> Mesh::group(MeshDim d, int rank) const {
     Coord c = coord_of(rank);
     std::vector<int> g;
     for (int i = 0; i < size(d); i++) {
-        (d == MeshDim::pp ? c.pp : d == MeshDim::dp ? c.dp : c.tp) = i;
+        c[d] = i;
         g.push_back(rank_of(c));
     }
     return g;
@@ -334,13 +376,37 @@ int Mesh::group_color(MeshDim d, int rank) const {
     const Coord c = coord_of(rank);
     switch (d) {
         case MeshDim::tp:
-            return c.pp * l_.dp + c.dp;
+            return (c.pp * l_.dp + c.dp) * l_.cp + c.cp;
+        case MeshDim::cp:
+            return (c.pp * l_.dp + c.dp) * l_.tp + c.tp;
         case MeshDim::dp:
-            return c.pp * l_.tp + c.tp;
+            return (c.pp * l_.cp + c.cp) * l_.tp + c.tp;
         case MeshDim::pp:
-            return c.dp * l_.tp + c.tp;
+            return (c.dp * l_.cp + c.cp) * l_.tp + c.tp;
     }
     return 0;
+}
+
+std::vector<int> Mesh::data_group(int rank) const {
+    Coord c = coord_of(rank);
+    std::vector<int> g;
+    for (int d = 0; d < l_.dp; d++)
+        for (int k = 0; k < l_.cp; k++) {
+            c.dp = d;
+            c.cp = k;
+            g.push_back(rank_of(c));
+        }
+    return g;
+}
+
+int Mesh::data_color(int rank) const {
+    const Coord c = coord_of(rank);
+    return c.pp * l_.tp + c.tp;
+}
+
+int Mesh::data_index(int rank) const {
+    const Coord c = coord_of(rank);
+    return c.dp * l_.cp + c.cp;
 }
 
 std::vector<std::vector<int>> Mesh::groups(MeshDim d) const {
@@ -352,8 +418,9 @@ std::vector<std::vector<int>> Mesh::groups(MeshDim d) const {
 
 void Mesh::require_world_size(int ranks) const {
     if (ranks == world_size()) return;
-    throw ConfigError("the layout needs layout.pp × layout.dp × layout.tp = " + str(l_.pp) + " × " +
-                      str(l_.dp) + " × " + str(l_.tp) + " = " + str(world_size()) + " ranks, but " +
+    throw ConfigError("the layout needs layout.pp × layout.dp × layout.cp × layout.tp = " +
+                      str(l_.pp) + " × " + str(l_.dp) + " × " + str(l_.cp) + " × " + str(l_.tp) +
+                      " = " + str(world_size()) + " ranks, but " +
                       str(ranks) + " were started: start " + str(world_size()) +
                       " ranks or change the layout");
 }
@@ -381,6 +448,8 @@ int Mesh::pp_peer(int rank, int pp_rank) const {
 
 std::string Mesh::describe() const {
     std::string s = str(world_size()) + " ranks = pp " + str(l_.pp) + " × dp " + str(l_.dp) +
+                    (l_.cp > 1 ? " × cp " + str(l_.cp) + " (" + cp_method_name(l_.cp_method) + ")"
+                               : std::string()) +
                     " × tp " + str(l_.tp) + " (tp innermost); ZeRO-" + str(l_.zero) + "; " +
                     str(l_.microbatches) + " microbatches of " + str(l_.microbatch_size()) +
                     " sequences per dp rank; schedule " + schedule_name(l_.schedule);
@@ -389,8 +458,8 @@ std::string Mesh::describe() const {
          (l_.algo == comm::Algo::canonical ? "canonical" : "ring") + " collectives\n";
     for (int r = 0; r < world_size(); r++) {
         const Coord c = coord_of(r);
-        s += "rank " + str(r) + ": pp " + str(c.pp) + ", dp " + str(c.dp) + ", tp " + str(c.tp) +
-             ", layers";
+        s += "rank " + str(r) + ": pp " + str(c.pp) + ", dp " + str(c.dp) +
+             (l_.cp > 1 ? ", cp " + str(c.cp) : std::string()) + ", tp " + str(c.tp) + ", layers";
         for (int ch = 0; ch < l_.virtual_stages; ch++) {
             const LayerRange lr = layers(c.pp, ch);
             s += " [" + str(lr.lo) + "," + str(lr.hi) + ")";

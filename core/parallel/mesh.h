@@ -1,4 +1,4 @@
-// The parallel layout and its rank mesh (DESIGN.md §3): dp × pp × tp ranks (cp and ep come
+// The parallel layout and its rank mesh (DESIGN.md §3): dp × pp × cp × tp ranks (ep comes
 // later), the ZeRO stage, microbatches, the pipeline schedule and recomputation. A Layout is the
 // [layout] section resolved against the model, the batch and the numerics; it validates itself at
 // construction, throwing ConfigError with a sentence that names the keys and the product or
@@ -10,16 +10,19 @@
 //   against make_layout                 from a Config (or its sections): resolves and validates
 //   validate_layout             every rule below; throws ConfigError naming the keys
 //   TokenRange, token_ranges    the sequences and token blocks of each (dp rank, microbatch)
-//   MeshDim, dim_name, Coord        mesh dimensions (pp, dp, tp) and a rank's coordinates
+//   CpMethod, cp_method_name    context-parallel attention: ring or ulysses
+//   MeshDim, dim_name, Coord        mesh dimensions (pp, dp, cp, tp) and a rank's coordinates
 //   LayerRange                  the contiguous layers of one virtual pipeline stage
 //   Mesh                        world size, rank <-> coordinates, groups, stages, schedule
 //
-// Rank order (Megatron's): tp innermost, then dp, then pp outermost,
-//     rank = (pp_rank · dp + dp_rank) · tp + tp_rank,
+// Rank order (Megatron's): tp innermost, then cp, then dp, then pp outermost,
+//     rank = ((pp_rank · dp + dp_rank) · cp + cp_rank) · tp + tp_rank,
 // so the ranks of a tp group are neighbours (one node, the fastest links: tp talks every layer),
-// a dp group strides by tp, and a pipeline stage is one contiguous block of dp · tp ranks. Later,
-// cp sits between dp and tp (Megatron's tp, cp, dp, pp) and ep divides dp (experts reuse the dp
-// ranks); both are 1 now and validate_layout says so if they are not.
+// a cp group strides by tp (it talks every layer too: the attention's keys and values), a dp
+// group by cp · tp, and a pipeline stage is one contiguous block of dp · cp · tp ranks. The dp
+// and cp ranks of a stage and tp shard together own the batch's tokens (data_group): weight
+// gradients reduce over them. Later ep divides dp (experts reuse the dp ranks); it is 1 now and
+// validate_layout says so if it is not.
 //
 // Rules (validate_layout, in this order):
 //   ranges        dp, pp, tp, microbatches, virtual_stages >= 1; zero in 0..3; timeout_s > 0
@@ -33,6 +36,9 @@
 //   microbatches  dp × microbatches divides train.batch_size; GPipe and 1F1B run any count >= 1
 //                 (1F1B simply has a longer bubble below pp); interleaved needs a multiple of pp
 //                 (as Megatron: it runs microbatches in groups of pp).
+//   cp            with cp > 1: model.seq_len cuts into 2·cp chunks of whole numerics.block blocks
+//                 (zig-zag: a rank's tokens are whole blocks of the token tree); "ulysses" needs
+//                 cp to divide model.heads / layout.tp; no ZeRO yet
 //   tokens        every (dp rank, microbatch) and every dp rank (microbatch-major: every
 //                 microbatch range) owns whole token blocks forming one node of the canonical
 //                 tree over the batch's blocks (token_ranges)
@@ -53,12 +59,18 @@ namespace px {
 enum class Recompute : std::uint8_t { none, full };
 const char* recompute_name(Recompute r);  // "none", "full"
 
+// Context-parallel attention (core/parallel/context_parallel.h): keys and values around the ring
+// to every rank's queries, or an all-to-all from token rows to whole heads and back (Ulysses).
+enum class CpMethod : std::uint8_t { ring, ulysses };
+const char* cp_method_name(CpMethod m);  // "ring", "ulysses"
+
 struct Layout {
     int dp = 1;            // data-parallel replicas
     int pp = 1;            // pipeline ranks
     int tp = 1;            // tensor-parallel ranks
     bool sequence_parallel = false;  // layout.sequence_parallel with tp > 1
-    int cp = 1;            // context parallel: not yet (must be 1)
+    int cp = 1;            // context-parallel ranks (zig-zag chunks of every sequence)
+    CpMethod cp_method = CpMethod::ring;  // layout.cp_method
     int ep = 1;            // expert parallel, dividing dp: not yet (must be 1)
     int zero = 0;          // ZeRO stage over the dp group: 1 optimizer state, 2 + grads, 3 + params
     int microbatches = 1;  // per dp rank and step (resolved)
@@ -76,7 +88,8 @@ struct Layout {
     i64 seq_len = 128;                                  // T, tokens per sequence
     int block = 64;                                     // numerics.block
 
-    int world_size() const { return dp * pp * tp; }
+    int world_size() const { return dp * pp * cp * tp; }
+    i64 local_seq_len() const { return seq_len / cp; }  // a cp rank's tokens of a sequence
     int num_stages() const { return pp * virtual_stages; }  // virtual stages S
     // Sequences per microbatch, and the leaves of the batch's token tree.
     i64 microbatch_size() const { return batch_size / (static_cast<i64>(dp) * microbatches); }
@@ -132,12 +145,17 @@ std::vector<TokenRange> token_ranges(const Layout& l);
 
 // ---- the mesh --------------------------------------------------------------------------------
 
-enum class MeshDim : std::uint8_t { pp, dp, tp };  // outermost to innermost
-const char* dim_name(MeshDim d);  // "pp", "dp", "tp": group names for Communicator::split
+enum class MeshDim : std::uint8_t { pp, dp, cp, tp };  // outermost to innermost
+const char* dim_name(MeshDim d);  // "pp", "dp", "cp", "tp": group names for Communicator::split
 
 struct Coord {
-    int pp = 0, dp = 0, tp = 0;
-    int operator[](MeshDim d) const { return d == MeshDim::pp ? pp : d == MeshDim::dp ? dp : tp; }
+    int pp = 0, dp = 0, tp = 0, cp = 0;
+    int operator[](MeshDim d) const {
+        return d == MeshDim::pp ? pp : d == MeshDim::dp ? dp : d == MeshDim::cp ? cp : tp;
+    }
+    int& operator[](MeshDim d) {
+        return d == MeshDim::pp ? pp : d == MeshDim::dp ? dp : d == MeshDim::cp ? cp : tp;
+    }
     bool operator==(const Coord&) const = default;
 };
 
@@ -156,9 +174,9 @@ public:
 
     const Layout& layout() const { return l_; }
     int world_size() const { return l_.world_size(); }
-    int size(MeshDim d) const;  // dp, pp or tp
+    int size(MeshDim d) const;  // dp, pp, cp or tp
 
-    int rank_of(Coord c) const;  // (pp·dp + dp)·tp + tp
+    int rank_of(Coord c) const;  // ((pp·dp + dp)·cp + cp)·tp + tp
     Coord coord_of(int rank) const;
 
     // The world ranks that share every coordinate but d with `rank`, ordered along d; a rank's
@@ -170,7 +188,13 @@ public:
     std::vector<int> dp_group(int rank) const { return group(MeshDim::dp, rank); }
     std::vector<int> tp_group(int rank) const { return group(MeshDim::tp, rank); }
     std::vector<int> pp_group(int rank) const { return group(MeshDim::pp, rank); }
-
+    std::vector<int> cp_group(int rank) const { return group(MeshDim::cp, rank); }
+    // The dp × cp ranks of rank's stage and tp shard, ordered by (dp, cp): the owners of the
+    // batch's tokens, over which weight gradients reduce. Split with color data_color, key
+    // data_index (dp · cp + cp).
+    std::vector<int> data_group(int rank) const;
+    int data_color(int rank) const;  // pp · tp + tp
+    int data_index(int rank) const;  // its index in data_group
     // ConfigError when `ranks` processes or threads were started for a layout of another size.
     void require_world_size(int ranks) const;
 

@@ -10,6 +10,7 @@
 #include "core/train/memory.h"
 #include "core/model/data.h"
 #include "core/base/error.h"
+#include "core/parallel/context_parallel.h"
 #include "core/parallel/pipeline.h"
 #include "core/parallel/tp_model.h"
 #include "core/parallel/zero.h"
@@ -55,11 +56,11 @@ Layout one_device_layout(const Config& cfg) {
     check_memory(cfg, MemoryScope::process);  // before the layout's tables and the job's arenas
     Layout l = make_layout(cfg);
     if (l.world_size() != 1)
-        throw ConfigError(cfg.source_name +
-                          ": layout.dp × layout.pp × layout.tp = " + std::to_string(l.dp) + " × " +
-                          std::to_string(l.pp) + " × " + std::to_string(l.tp) +
+        throw ConfigError(cfg.source_name + ": layout.dp × layout.pp × layout.cp × layout.tp = " +
+                          std::to_string(l.dp) + " × " + std::to_string(l.pp) + " × " +
+                          std::to_string(l.cp) + " × " + std::to_string(l.tp) +
                           " ranks, but this job runs on one device; run the layout on its ranks "
-                          "(parallax train, run_layout), or set the three to 1");
+                          "(parallax train, run_layout), or set the four to 1");
     return l;
 }
 
@@ -92,9 +93,9 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
       groups_(groups),
       scaler_(cfg.precision) {
     const std::pair<const char*, comm::Communicator*> given[] = {
-        {"pp", groups_.pp}, {"dp", groups_.dp}, {"tp", groups_.tp}};
-    const int want[] = {layout_.pp, layout_.dp, layout_.tp};
-    for (int d = 0; d < 3; d++)
+        {"pp", groups_.pp}, {"dp", groups_.dp}, {"tp", groups_.tp}, {"cp", groups_.cp}};
+    const int want[] = {layout_.pp, layout_.dp, layout_.tp, layout_.cp};
+    for (int d = 0; d < 4; d++)
         if (size_of(given[d].second) != want[d])
             throw ConfigError("the " + std::string(given[d].first) + " group has " +
                               std::to_string(size_of(given[d].second)) + " ranks but layout." +
@@ -102,9 +103,15 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
     pp_rank_ = rank_in(groups_.pp);
     dp_rank_ = rank_in(groups_.dp);
     tp_rank_ = rank_in(groups_.tp);
+    cp_rank_ = rank_in(groups_.cp);
+    if (layout_.cp > 1 && size_of(groups_.data) != layout_.dp * layout_.cp)
+        throw ConfigError("the data group has " + std::to_string(size_of(groups_.data)) +
+                          " ranks but layout.dp × layout.cp = " +
+                          std::to_string(layout_.dp * layout_.cp));
     if (cfg_.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg_.train.threads));
 
     T_ = cfg_.model.seq_len;
+    Tl_ = layout_.local_seq_len();
     micro_B_ = layout_.microbatch_size();
     local_B_ = micro_B_ * layout_.microbatches;
     recompute_ = layout_.recompute == Recompute::full;
@@ -128,9 +135,9 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
     // Messages: the whole (micro_B,T,C) hidden state, or under sequence parallelism this tp
     // rank's token rows of it (all that a stage's first block reads and its last block writes;
     // the same tp rank of the next stage holds the same rows).
-    msg_n_ = micro_B_ * T_ * cfg_.model.hidden;
+    msg_n_ = micro_B_ * Tl_ * cfg_.model.hidden;
     if (const ParallelLayers* pl = model_->parallel_layers(); pl && pl->sequence_parallel()) {
-        const TokenRows r = pl->token_rows(micro_B_ * T_);
+        const TokenRows r = pl->token_rows(micro_B_ * Tl_);
         msg_lo_ = r.lo * cfg_.model.hidden;
         msg_n_ = (r.hi - r.lo) * cfg_.model.hidden;
     }
@@ -157,6 +164,8 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
                                              std::move(merges));
         model_->set_unit_hooks(units_.get());
         units_->reset_peaks();
+    } else if (layout_.cp > 1) {
+        build_cp_leaves();  // job_cp.cpp
     } else {
         // Microbatch m owns token blocks [lo, hi) of the batch's tree (mesh.h token_ranges): one
         // node, or several when the cut does not follow the tree's splits (dp = 3, 6, ...). Its
@@ -189,7 +198,11 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
     windows_.resize(static_cast<size_t>(local_B_ * (T_ + 1)));
     inputs_.resize(static_cast<size_t>(local_B_ * T_));
     targets_.resize(static_cast<size_t>(local_B_ * T_));
-    losses_.resize(static_cast<size_t>(local_B_ * T_));
+    losses_.resize(static_cast<size_t>(local_B_ * Tl_));
+    if (layout_.cp > 1) {
+        cp_inputs_.resize(static_cast<size_t>(local_B_ * Tl_));
+        cp_targets_.resize(static_cast<size_t>(local_B_ * Tl_));
+    }
     all_losses_.resize(static_cast<size_t>(cfg_.train.batch_size * T_));
 }
 
@@ -205,6 +218,15 @@ void Job::build_model() {
         tpl = std::make_shared<const TpLayers>(*groups_.tp, nx_, cfg_.model,
                                                cfg_.layout.sequence_parallel);
     model_ = std::make_unique<GPT>(cfg_.model, nx_, part, tpl, activation_dtype(cfg_.precision));
+    if (layout_.cp > 1) {  // context parallelism: this rank's zig-zag tokens, core/parallel
+        if (model_->activation_dtype() != DType::f32)
+            throw ConfigError("layout.cp=" + std::to_string(layout_.cp) +
+                              " runs fp32 activations only for now; set precision.activations = "
+                              "\"fp32\" or layout.cp = 1");
+        auto cpa = make_cp_attention(*groups_.cp, layout_.cp_method, T_, nx_.block);
+        cp_runs_ = cpa->runs(Tl_);
+        model_->set_context(std::move(cpa));
+    }
     if (cfg_.precision.fp8 != "off") {
         fp8_ = std::make_shared<Fp8Scaling>(cfg_.model, cfg_.precision, layout_.tp, nx_);
         model_->set_fp8(fp8_);
@@ -282,7 +304,7 @@ Job::Slot* Job::acquire(int chunk) {
         return s;
     }
     auto slot = std::make_unique<Slot>();
-    slot->acts = model_->make_activations(chunk, micro_B_, T_, recompute_);
+    slot->acts = model_->make_activations(chunk, micro_B_, Tl_, recompute_);
     slots_[static_cast<size_t>(chunk)].push_back(std::move(slot));
     return slots_[static_cast<size_t>(chunk)].back().get();
 }
@@ -385,8 +407,8 @@ void Job::run_actions() {
                 }
                 model_->forward(live->acts, c, tokens(m), targets(m));
                 if (is_last_virtual(c))
-                    std::memcpy(losses_.data() + m * micro_B_ * T_, live->acts.losses().f32(),
-                                static_cast<size_t>(micro_B_ * T_) * sizeof(float));
+                    std::memcpy(losses_.data() + m * micro_B_ * Tl_, live->acts.losses().f32(),
+                                static_cast<size_t>(micro_B_ * Tl_) * sizeof(float));
                 compute_hooks(a, true);
                 break;
             case Action::send_act:
@@ -435,12 +457,12 @@ void Job::reduce_grads(float* g) {
         shards_->combine_tied(g);
         return;
     }
-    if (!plan_.rank_tree && groups_.dp) {
+    if (!plan_.rank_tree && data_group()) {
         combine_nodes_across_replicas(g);
     } else if (zero_ >= 2) {
         shards_->reduce_scatter_stage(*groups_.dp, g, layout_.algo);
-    } else if (groups_.dp) {
-        groups_.dp->all_reduce(g, model_->grad_layout().total, layout_.algo);
+    } else if (data_group()) {
+        data_group()->all_reduce(g, model_->grad_layout().total, layout_.algo);
     }
     exchange_tied_grads(g);
 }
@@ -471,9 +493,9 @@ void Job::combine_nodes_across_replicas(float* g) {
         }
     }
     if (fast)
-        groups_.dp->all_reduce(g, w, layout_.algo);
+        data_group()->all_reduce(g, w, layout_.algo);
     else
-        exchange_and_combine(*groups_.dp, plan_, node_values_.data(), w, g);
+        exchange_and_combine(*data_group(), plan_, node_values_.data(), w, g);
 }
 
 // dwte = dwte(embedding) + dwte(LM head). On one stage, GPT::combine_tied_grads. Across stages
@@ -511,7 +533,7 @@ void Job::unscale_grads(float* g) {
 void Job::update_fp8_scales() {
     if (!fp8_ || !fp8_->delayed()) return;
     std::vector<float>& amax = fp8_->step_amax();
-    for (comm::Communicator* c : {groups_.tp, groups_.dp, groups_.pp})
+    for (comm::Communicator* c : {groups_.tp, groups_.cp, groups_.dp, groups_.pp})
         if (c && !amax.empty()) c->all_reduce_max(amax.data(), static_cast<i64>(amax.size()));
     fp8_->update();
 }
@@ -523,7 +545,7 @@ bool Job::grads_finite_everywhere(const float* g) {
                         : LossScaler::all_finite(g, shards_->lo(), shards_->hi());
     if (checked_opt_) ok = ok && LossScaler::all_finite(g, checked_opt_->lo(), checked_opt_->hi());
     float bad = ok ? 0.0f : 1.0f;
-    for (comm::Communicator* c : {groups_.tp, groups_.dp, groups_.pp})
+    for (comm::Communicator* c : {groups_.tp, groups_.cp, groups_.dp, groups_.pp})
         if (c) c->all_reduce(&bad, 1, layout_.algo);
     return bad == 0.0f;
 }
@@ -581,7 +603,7 @@ std::vector<float> Job::tensor_sums_of_squares(const float* g, bool sharded) {
 Range Job::update_range() const { return {opt_->lo(), opt_->hi()}; }
 
 void Job::all_reduce_max(float* v, i64 n) {
-    for (comm::Communicator* c : {groups_.tp, groups_.dp, groups_.pp})
+    for (comm::Communicator* c : {groups_.tp, groups_.cp, groups_.dp, groups_.pp})
         if (c && n > 0) c->all_reduce_max(v, n);
 }
 
@@ -614,6 +636,7 @@ void Job::emit_values(i64 step, const std::vector<NamedValue>& values) {
 // Collective over the dp group (the last stages).
 void Job::gather_losses(std::vector<float>& all, const std::vector<float>& local, i64 batches,
                         bool by_microbatch) {
+    if (layout_.cp > 1) return gather_cp_losses(all, local, batches);  // job_cp.cpp
     const int dp = layout_.dp;
     const i64 per_rank = local_B_ * T_;
     all.resize(static_cast<size_t>(batches * per_rank * dp));
@@ -669,6 +692,10 @@ StepMetrics Job::step() {
         source_->sample(windows_.data(), T_, Split::train, batch, first_row(0), local_B_);
     }
     split_windows(inputs_.data(), targets_.data(), windows_.data(), local_B_, T_);
+    if (layout_.cp > 1) {  // this rank's zig-zag tokens of every sequence
+        localise(cp_inputs_.data(), inputs_.data(), local_B_);
+        localise(cp_targets_.data(), targets_.data(), local_B_);
+    }
     for (TreeAccumulator& a : acc_) a.reset();
     if (fp8_) fp8_->begin_step();
     if (watch_logits_) {
@@ -776,15 +803,19 @@ void Job::report_fp8(const std::vector<Fp8Stat>& rows) {
 double Job::evaluate() {
     const TrainConfig& tc = cfg_.train;
     const int pp = layout_.pp, S = layout_.num_stages();
-    const i64 per_rank = local_B_ * T_, mb_tokens = micro_B_ * T_;
+    const i64 per_rank = local_B_ * Tl_, mb_tokens = micro_B_ * Tl_;
     std::vector<float> local(last_stage() ? static_cast<size_t>(tc.val_batches * per_rank) : 0);
     std::vector<int> win(static_cast<size_t>(micro_B_ * (T_ + 1)));
-    std::vector<int> tok(static_cast<size_t>(mb_tokens)), tgt(static_cast<size_t>(mb_tokens));
+    std::vector<int> tok(static_cast<size_t>(micro_B_ * T_)), tgt(tok.size());
     for (i64 j = 0; j < tc.val_batches; j++) {
         for (int k = 0; k < layout_.microbatches; k++) {
             source_->sample(win.data(), T_, Split::val, j, dp_rank_ * local_B_ + k * micro_B_,
                             micro_B_);
             split_windows(tok.data(), tgt.data(), win.data(), micro_B_, T_);
+            if (layout_.cp > 1) {  // in place: a rank's tokens come first
+                localise(tok.data(), std::vector<int>(tok).data(), micro_B_);
+                localise(tgt.data(), std::vector<int>(tgt).data(), micro_B_);
+            }
             for (int c = 0; c < model_->num_chunks(); c++) {
                 const int stage = stage_of(pp_rank_, c, pp);
                 Slot* s = acquire(c);

@@ -9,10 +9,15 @@
 //
 // Why every bit equals the single device's under every layout: see core/parallel/pipeline.h
 // (stages, data and tensor parallelism within a stage), core/parallel/zero.h (ZeRO) and
-// core/parallel/tp_model.h (tensor and sequence parallelism).
+// core/parallel/tp_model.h (tensor and sequence parallelism) and core/parallel/context_parallel.h
+// (context parallelism: a rank runs the model on its T/cp zig-zag tokens of every sequence of its
+// replica; its token nodes, the maximal nodes of the batch's tree inside its chunks, combine with
+// every dp and cp rank's over RankGroups::data; the losses are gathered to their logical places
+// before the canonical mean).
 //
 // Index
-//   RankGroups    this rank's communicators: the pipeline, data- and tensor-parallel groups
+//   RankGroups    this rank's communicators: the pipeline, data-, context- and tensor-parallel
+//                 groups
 //   MemoryStats   a rank's bytes by what they are for
 //   RunView       what observers read of a running job, on the job's thread
 //   StepHooks     hooks around each step and each microbatch gradient (faults, tests, tools)
@@ -55,6 +60,10 @@ struct RankGroups {
     comm::Communicator* pp = nullptr;  // the pipeline: the same dp and tp rank of every stage
     comm::Communicator* dp = nullptr;  // the replicas of this rank's stage and tp shard
     comm::Communicator* tp = nullptr;  // the ranks that share this stage's layers
+    comm::Communicator* cp = nullptr;  // the ranks that share this replica's sequences
+    // The dp × cp ranks of this stage and tp shard, ordered by (dp, cp) (Mesh::data_group): the
+    // owners of the batch's tokens, over which gradients and losses reduce when cp > 1.
+    comm::Communicator* data = nullptr;
 };
 
 // Bytes a rank holds, by what they are for (core/parallel: per-rank memory accounting).
@@ -217,7 +226,7 @@ public:
     // pieces are the flat shard [lo, hi) of the arena cut into slabs (flat_shard), of the tp
     // shard's pieces under tensor parallelism (ParallelLayers::param_shard); a stage offers the
     // tensors it holds (the tied wte from both stages that hold it). Evaluation is never probed.
-    void set_probes(ProbeSink* sink) { probes_ = sink; }
+    void set_probes(ProbeSink* sink);  // ConfigError under layout.cp > 1 (not yet placed)
     // This rank's state between steps, and back (no communication; every rank of the job must
     // rewind to the same step before the next one).
     void snapshot(LocalSnapshot& into) const;
@@ -312,6 +321,9 @@ public:
     int dp_size() const override { return layout_.dp; }
     int tp_rank() const { return tp_rank_; }
     int tp_size() const { return layout_.tp; }
+    int cp_rank() const { return cp_rank_; }
+    int cp_size() const { return layout_.cp; }
+    i64 local_seq_len() const { return Tl_; }  // T/cp: the tokens of a sequence this rank runs
     const RankGroups& groups() const { return groups_; }
     double loss_floor() const override;
     double entropy_rate() const override;
@@ -349,8 +361,18 @@ private:
     bool first_stage() const { return pp_rank_ == 0; }
     bool last_stage() const { return pp_rank_ == layout_.pp - 1; }
     bool is_last_virtual(int chunk) const;
-    const int* tokens(int m) const { return inputs_.data() + m * micro_B_ * T_; }
-    const int* targets(int m) const { return targets_.data() + m * micro_B_ * T_; }
+    const int* tokens(int m) const {
+        return (layout_.cp > 1 ? cp_inputs_ : inputs_).data() + m * micro_B_ * Tl_;
+    }
+    const int* targets(int m) const {
+        return (layout_.cp > 1 ? cp_targets_ : targets_).data() + m * micro_B_ * Tl_;
+    }
+    // Context parallelism (core/train/job_cp.cpp): the token nodes and plan over the data group,
+    // a rank's tokens (B, T/cp) of full (B, T) rows, and every rank's losses to logical places.
+    void build_cp_leaves();
+    void localise(int* out, const int* full, i64 B) const;
+    void gather_cp_losses(std::vector<float>& all, const std::vector<float>& local, i64 batches);
+    comm::Communicator* data_group() const { return layout_.cp > 1 ? groups_.data : groups_.dp; }
     double bytes_sent() const;
 
     Config cfg_;
@@ -359,8 +381,9 @@ private:
     Mesh mesh_;
     Schedule schedule_;
     RankGroups groups_;
-    int pp_rank_ = 0, dp_rank_ = 0, tp_rank_ = 0;
+    int pp_rank_ = 0, dp_rank_ = 0, tp_rank_ = 0, cp_rank_ = 0;
     i64 T_ = 0, micro_B_ = 0, local_B_ = 0;
+    i64 Tl_ = 0;  // tokens of a sequence on this rank: T/cp
     i64 msg_lo_ = 0, msg_n_ = 0;  // a message: elements [msg_lo_, +msg_n_) of a (B,T,C) state
     Tensor message(const Tensor& state) const { return subview(state, msg_lo_, {msg_n_}); }
     bool recompute_ = false;
@@ -397,7 +420,9 @@ private:
     i64 step_ = 0;
     std::vector<int> windows_;           // (local_B, T+1), microbatch after microbatch
     std::vector<int> inputs_, targets_;  // (local_B, T): microbatch m at m·micro_B·T
-    std::vector<float> losses_;          // (local_B·T), last stage: this replica's
+    std::vector<int> cp_inputs_, cp_targets_;  // cp > 1: (local_B, T/cp), this rank's tokens
+    std::vector<PositionRun> cp_runs_;         // cp > 1: where they sit in each sequence
+    std::vector<float> losses_;          // (local_B·T/cp), last stage: this rank's
     std::vector<float> all_losses_;      // (batch_size·T), last stage: every replica's
     std::vector<StepMetrics> history_;
     std::vector<i64> skipped_;  // batches never drawn (sorted)

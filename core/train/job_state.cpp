@@ -188,7 +188,9 @@ void Job::unshard() {
 // ---- per-rank checkpoints (core/parallel/state_slices.h) ------------------------------------
 
 RankState Job::rank_state() {
-    RankState s = replica_state(*model_, model_->params(), *opt_, layout_.dp, dp_rank_, zero_ == 3);
+    // The replicas (and under cp the context ranks, which hold the same state) split the writing.
+    RankState s = replica_state(*model_, model_->params(), *opt_, layout_.dp * layout_.cp,
+                                dp_rank_ * layout_.cp + cp_rank_, zero_ == 3);
     // The stage that owns a tensor writes it (wte: the first); over tp, a sharded tensor every
     // tp rank, a replicated one tp rank (id mod tp).
     const ParamTable& t = model_->table();

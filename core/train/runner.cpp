@@ -14,7 +14,7 @@
 namespace px {
 
 int world_size(const LayoutConfig& layout) {
-    return layout.dp * layout.pp * layout.tp;  // < 2^31: validate_config
+    return layout.dp * layout.pp * layout.cp * layout.tp;  // < 2^31: validate_config
 }
 
 int threads_per_rank(const Config& cfg, int ranks_on_node) {
@@ -60,27 +60,33 @@ RankRun::RankRun(const Config& cfg, comm::Communicator& world,
     const int n = layout.world_size();
     if (world.size() != n)
         throw ConfigError("the world has " + std::to_string(world.size()) +
-                          " ranks but the layout needs layout.dp × layout.pp × layout.tp = " +
+                          " ranks but the layout needs layout.dp × layout.pp × layout.cp × "
+                          "layout.tp = " +
                           std::to_string(layout.dp) + " × " + std::to_string(layout.pp) + " × " +
+                          std::to_string(layout.cp) + " × " +
                           std::to_string(layout.tp) + " = " + std::to_string(n) +
                           "; start it with `mpirun -np " + std::to_string(n) +
                           "`, or change the layout so that the product is " +
                           std::to_string(world.size()));
-    // 3. Groups: a pp group per (replica, tp rank) (pipeline order: the same tp rank of every
-    //    stage), a dp group per (stage, tp rank), a tp group per (stage, replica): Megatron's
-    //    order, tp innermost (mesh.h). Every rank splits every dimension (a collective); a
-    //    group of one is dropped.
+    // 3. Groups: a pp group per (replica, context rank, tp rank) (pipeline order: the same tp
+    //    rank of every stage), a dp group per (stage, cp rank, tp rank), a cp group per (stage,
+    //    replica, tp rank), a tp group per (stage, replica, cp rank): Megatron's order, tp
+    //    innermost (mesh.h). With cp > 1 also the data group (dp × cp of a stage and tp rank).
+    //    Every rank splits every dimension (a collective); a group of one is dropped.
     const int r = world.rank();
     const Coord at = mesh.coord_of(r);
-    const MeshDim dims[3] = {MeshDim::pp, MeshDim::dp, MeshDim::tp};
-    for (int d = 0; d < 3; d++) {
+    const MeshDim dims[4] = {MeshDim::pp, MeshDim::dp, MeshDim::tp, MeshDim::cp};
+    for (int d = 0; d < 4; d++) {
         if (mesh.size(dims[d]) == 1) continue;
         group_[d] = world.split(mesh.group_color(dims[d], r), at[dims[d]], dim_name(dims[d]));
         if (hooks.wrap_group) group_[d] = hooks.wrap_group(dims[d], std::move(group_[d]));
     }
+    if (layout.cp > 1)
+        data_ = world.split(mesh.data_color(r), mesh.data_index(r), "data");
     // 4. The rank's job.
-    job_ = std::make_unique<Job>(
-        cfg, layout, RankGroups{&world, group_[0].get(), group_[1].get(), group_[2].get()});
+    job_ = std::make_unique<Job>(cfg, layout,
+                                 RankGroups{&world, group_[0].get(), group_[1].get(),
+                                            group_[2].get(), group_[3].get(), data_.get()});
     // 5.-6. Checkpoints (resume from the logical state any layout wrote, save every N steps)
     //    and faults (the injector, the replica check), rank_guards.h.
     guards_ = std::make_unique<RankGuards>(cfg, world, *job_);
@@ -113,7 +119,7 @@ Layout make_in_process_layout(const Config& cfg) {
     const int n = world_size(cfg.layout);
     const i64 threads = static_cast<i64>(n) * threads_per_rank(cfg, n);
     if (threads > kMaxThreadsPerProcess)
-        throw ConfigError(cfg.source_name + ": layout.dp × layout.pp × layout.tp = " +
+        throw ConfigError(cfg.source_name + ": layout.dp × layout.pp × layout.cp × layout.tp = " +
                           std::to_string(n) + " ranks run as threads of this process, each with " +
                           std::to_string(threads / n) + " OpenMP threads (train.threads = " +
                           std::to_string(cfg.train.threads) + "): " + std::to_string(threads) +

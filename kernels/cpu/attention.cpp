@@ -16,6 +16,14 @@
 // unmasked element are absent (skipped), so query t's sums are the prefix subtree of the same
 // tree every query uses. Masked entries are written as exact zeros in preatt, att, datt, dpreatt.
 // Threads take whole (b, h) pairs; nothing of one sum is split.
+//
+// Context parallelism (attention_forward_queries, attention_backward_queries): a rank holds some
+// query rows of each sequence (at logical positions pos) and every key and value. Each query row
+// runs the body above on its logical position, so its bits are the single device's. In backward
+// dq is local; dk_j and dv_j reduce over the queries of every rank, so a rank gives, for every key
+// j, the value of each of its nodes of the query-block tree (blocks absent below j, as above), and
+// whoever owns key j combines the nodes of all ranks in the tree (core/parallel/context_parallel.h).
+// The whole-sequence kernels are the same code with pos = 0..T-1.
 #include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/vecmath.h"
@@ -75,11 +83,14 @@ void rows_reduce(const VecMath& vm, float* op, unsigned char* present, const flo
 
 }  // namespace
 
-// out (B,T,C); preatt, att (B,NH,T,T); qkv (B,T,3C)
-void attention_forward(const Numerics& nx, float* out, float* preatt, float* att, const float* qkv,
-                       i64 B, i64 T, i64 C, i64 NH) {
+namespace {
+
+// The forward of the query rows at pos (Tq, ascending) of each sequence: q rows from q (B,Tq,3C),
+// keys and values from kv (B,T,3C). out (B,Tq,C); preatt, att (B,NH,Tq,T).
+void forward_rows(const Numerics& nx, float* out, float* preatt, float* att, const float* q,
+                  const float* kv, const i64* pos, i64 B, i64 Tq, i64 T, i64 C, i64 NH) {
     PX_ASSERT(NH > 0 && C % NH == 0, "attention: C must be a multiple of NH");
-    if (B <= 0 || T <= 0) return;
+    if (B <= 0 || T <= 0 || Tq <= 0) return;
     const VecMath& vm = vecmath(nx.isa);
     const i64 HS = C / NH, C3 = 3 * C;
     const float scale = 1.0f / std::sqrt(float(HS));
@@ -92,16 +103,17 @@ void attention_forward(const Numerics& nx, float* out, float* preatt, float* att
 #pragma omp for collapse(2) schedule(dynamic)
         for (i64 b = 0; b < B; b++) {
             for (i64 h = 0; h < NH; h++) {
-                const float* base = qkv + b * T * C3;
+                const float* base = kv + b * T * C3;
+                const float* qb = q + b * Tq * C3;
                 // kᵀ (HS, T): a query's scores then vectorise across keys.
                 for (i64 j = 0; j < T; j++)
                     for (i64 i = 0; i < HS; i++) kt[i * T + j] = base[j * C3 + C + h * HS + i];
-                for (i64 t = 0; t < T; t++) {
-                    const i64 n = t + 1;
-                    const float* q = base + t * C3 + h * HS;
-                    float* pre = preatt + ((b * NH + h) * T + t) * T;
-                    float* a = att + ((b * NH + h) * T + t) * T;
-                    dots_across(vm, sp.data(), q, kt.data(), HS, T, n, blk);
+                for (i64 r = 0; r < Tq; r++) {
+                    const i64 n = pos[r] + 1;
+                    const float* qt = qb + r * C3 + h * HS;
+                    float* pre = preatt + ((b * NH + h) * Tq + r) * T;
+                    float* a = att + ((b * NH + h) * Tq + r) * T;
+                    dots_across(vm, sp.data(), qt, kt.data(), HS, T, n, blk);
                     for (i64 j = 0; j < n; j++) pre[j] = sp[j] * scale;
                     std::fill(pre + n, pre + T, 0.0f);
                     const float mx = vm.max(pre, n);
@@ -112,20 +124,18 @@ void attention_forward(const Numerics& nx, float* out, float* preatt, float* att
                     std::fill(a + n, a + T, 0.0f);
                     rows_reduce(vm, op.data(), present.data(), a, 1, base + 2 * C + h * HS, C3, 0,
                                 n, HS, nkb, blk);
-                    std::copy(op.begin(), op.begin() + HS, out + (b * T + t) * C + h * HS);
+                    std::copy(op.begin(), op.begin() + HS, out + (b * Tq + r) * C + h * HS);
                 }
             }
         }
     }
 }
 
-// dqkv (B,T,3C) +=; dpreatt, datt (B,NH,T,T) scratch, assigned; dout (B,T,C); qkv (B,T,3C);
-// att (B,NH,T,T)
-void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* datt,
-                        const float* dout, const float* qkv, const float* att, i64 B, i64 T, i64 C,
-                        i64 NH) {
-    PX_ASSERT(NH > 0 && C % NH == 0, "attention: C must be a multiple of NH");
-    if (B <= 0 || T <= 0) return;
+// The query half of the backward for the rows at pos: datt, dpreatt (B,NH,Tq,T) and dq += into
+// dq (B,Tq,3C) (its q third). dout (B,Tq,C); kv (B,T,3C); att (B,NH,Tq,T).
+void backward_query_rows(const Numerics& nx, float* dq, float* dpreatt, float* datt,
+                         const float* dout, const float* kv, const float* att,
+                         const i64* pos, i64 B, i64 Tq, i64 T, i64 C, i64 NH) {
     const VecMath& vm = vecmath(nx.isa);
     const i64 HS = C / NH, C3 = 3 * C;
     const float scale = 1.0f / std::sqrt(float(HS));
@@ -138,21 +148,20 @@ void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* 
 #pragma omp for collapse(2) schedule(dynamic)
         for (i64 b = 0; b < B; b++) {
             for (i64 h = 0; h < NH; h++) {
-                const float* base = qkv + b * T * C3;
-                float* dbase = dqkv + b * T * C3;
-                const float* dob = dout + b * T * C + h * HS;
-                const float* ab = att + (b * NH + h) * T * T;
-                float* dab = datt + (b * NH + h) * T * T;
-                float* dpb = dpreatt + (b * NH + h) * T * T;
+                const float* base = kv + b * T * C3;
+                float* dqb = dq + b * Tq * C3;
+                const float* dob = dout + b * Tq * C + h * HS;
+                const float* ab = att + (b * NH + h) * Tq * T;
+                float* dab = datt + (b * NH + h) * Tq * T;
+                float* dpb = dpreatt + (b * NH + h) * Tq * T;
                 for (i64 j = 0; j < T; j++)
                     for (i64 i = 0; i < HS; i++) vt[i * T + j] = base[j * C3 + 2 * C + h * HS + i];
-                // Queries: datt, dpreatt, dq.
-                for (i64 t = 0; t < T; t++) {
-                    const i64 n = t + 1;
-                    const float* a = ab + t * T;
-                    float* da = dab + t * T;
-                    float* dp = dpb + t * T;
-                    dots_across(vm, sp.data(), dob + t * C, vt.data(), HS, T, n, blk);
+                for (i64 r = 0; r < Tq; r++) {
+                    const i64 n = pos[r] + 1;
+                    const float* a = ab + r * T;
+                    float* da = dab + r * T;
+                    float* dp = dpb + r * T;
+                    dots_across(vm, sp.data(), dob + r * C, vt.data(), HS, T, n, blk);
                     std::copy(sp.begin(), sp.begin() + n, da);
                     std::fill(da + n, da + T, 0.0f);
                     const float s = causal_reduce(nx, vm, a, da, n, nkb, ep.data(), present.data());
@@ -160,9 +169,51 @@ void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* 
                     std::fill(dp + n, dp + T, 0.0f);
                     rows_reduce(vm, op.data(), present.data(), dp, 1, base + C + h * HS, C3, 0, n,
                                 HS, nkb, blk);
-                    float* dq = dbase + t * C3 + h * HS;
-                    for (i64 i = 0; i < HS; i++) dq[i] += op[i] * scale;
+                    float* dqt = dqb + r * C3 + h * HS;
+                    for (i64 i = 0; i < HS; i++) dqt[i] += op[i] * scale;
                 }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+// out (B,T,C); preatt, att (B,NH,T,T); qkv (B,T,3C)
+void attention_forward(const Numerics& nx, float* out, float* preatt, float* att, const float* qkv,
+                       i64 B, i64 T, i64 C, i64 NH) {
+    std::vector<i64> pos(static_cast<size_t>(std::max<i64>(T, 0)));
+    for (i64 t = 0; t < T; t++) pos[static_cast<size_t>(t)] = t;
+    forward_rows(nx, out, preatt, att, qkv, qkv, pos.data(), B, T, T, C, NH);
+}
+
+// dqkv (B,T,3C) +=; dpreatt, datt (B,NH,T,T) scratch, assigned; dout (B,T,C); qkv (B,T,3C);
+// att (B,NH,T,T)
+void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* datt,
+                        const float* dout, const float* qkv, const float* att, i64 B, i64 T, i64 C,
+                        i64 NH) {
+    PX_ASSERT(NH > 0 && C % NH == 0, "attention: C must be a multiple of NH");
+    if (B <= 0 || T <= 0) return;
+    std::vector<i64> pos(static_cast<size_t>(T));
+    for (i64 t = 0; t < T; t++) pos[static_cast<size_t>(t)] = t;
+    backward_query_rows(nx, dqkv, dpreatt, datt, dout, qkv, att, pos.data(), B, T, T, C, NH);
+    const VecMath& vm = vecmath(nx.isa);
+    const i64 HS = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(float(HS));
+    const int blk = nx.block;
+    const i64 nkb = num_blocks(T, blk);
+#pragma omp parallel
+    {
+        std::vector<float> op(nkb * HS);
+        std::vector<unsigned char> present(nkb);
+#pragma omp for collapse(2) schedule(dynamic)
+        for (i64 b = 0; b < B; b++) {
+            for (i64 h = 0; h < NH; h++) {
+                const float* base = qkv + b * T * C3;
+                float* dbase = dqkv + b * T * C3;
+                const float* dob = dout + b * T * C + h * HS;
+                const float* ab = att + (b * NH + h) * T * T;
+                const float* dpb = dpreatt + (b * NH + h) * T * T;
                 // Keys: dk_j and dv_j reduce over the queries t >= j.
                 for (i64 j = 0; j < T; j++) {
                     float* dk = dbase + j * C3 + C + h * HS;
@@ -173,6 +224,81 @@ void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* 
                     rows_reduce(vm, op.data(), present.data(), ab + j, T, dob, C, j, T, HS, nkb,
                                 blk);
                     for (i64 i = 0; i < HS; i++) dv[i] += op[i];
+                }
+            }
+        }
+    }
+}
+
+// out (B,Tq,C); preatt, att (B,NH,Tq,T); q (B,Tq,3C); kv (B,T,3C); pos (Tq)
+void attention_forward_queries(const Numerics& nx, float* out, float* preatt, float* att,
+                               const float* q, const float* kv, const i64* pos, i64 B, i64 Tq,
+                               i64 T, i64 C, i64 NH) {
+    forward_rows(nx, out, preatt, att, q, kv, pos, B, Tq, T, C, NH);
+}
+
+// dq (B,Tq,3C) += (q third); parts (B,NH,T,K,2,HS) assigned; dpreatt, datt (B,NH,Tq,T) scratch;
+// dout (B,Tq,C); q (B,Tq,3C); kv (B,T,3C); att (B,NH,Tq,T); pos (Tq); nodes (K) of query blocks.
+void attention_backward_queries(const Numerics& nx, float* dq, float* parts, float* dpreatt,
+                                float* datt, const float* dout, const float* q, const float* kv,
+                                const float* att, const i64* pos, const i64* node_lo,
+                                const i64* node_hi, i64 K, i64 B, i64 Tq, i64 T, i64 C, i64 NH) {
+    PX_ASSERT(NH > 0 && C % NH == 0, "attention: C must be a multiple of NH");
+    if (B <= 0 || T <= 0 || Tq <= 0) return;
+    backward_query_rows(nx, dq, dpreatt, datt, dout, kv, att, pos, B, Tq, T, C, NH);
+    const VecMath& vm = vecmath(nx.isa);
+    const i64 HS = C / NH, C3 = 3 * C;
+    const int blk = nx.block;
+    // Local row of each node's first query (its rows are consecutive: a node lies in one run of
+    // consecutive positions).
+    std::vector<i64> first(static_cast<size_t>(K));
+    for (i64 k = 0; k < K; k++) {
+        const i64 p0 = node_lo[k] * blk;
+        const i64* at = std::lower_bound(pos, pos + Tq, p0);
+        PX_ASSERT(at != pos + Tq && *at == p0, "attention: a query node the rank does not hold");
+        first[static_cast<size_t>(k)] = at - pos;
+    }
+    i64 most = 1;
+    for (i64 k = 0; k < K; k++) most = std::max(most, node_hi[k] - node_lo[k]);
+#pragma omp parallel
+    {
+        std::vector<float> op(most * HS);
+        std::vector<unsigned char> present(most);
+#pragma omp for collapse(2) schedule(dynamic)
+        for (i64 b = 0; b < B; b++) {
+            for (i64 h = 0; h < NH; h++) {
+                const float* qb = q + b * Tq * C3 + h * HS;
+                const float* dob = dout + b * Tq * C + h * HS;
+                const float* ab = att + (b * NH + h) * Tq * T;
+                const float* dpb = dpreatt + (b * NH + h) * Tq * T;
+                for (i64 j = 0; j < T; j++) {
+                    for (i64 k = 0; k < K; k++) {
+                        float* dst = parts + ((((b * NH + h) * T + j) * K + k) * 2) * HS;
+                        const i64 nb = node_hi[k] - node_lo[k];
+                        const i64 p_lo = node_lo[k] * blk, p_hi = std::min(T, node_hi[k] * blk);
+                        // Position p of this node is local row first + (p - p_lo).
+                        const i64 shift = first[static_cast<size_t>(k)] - p_lo;
+                        for (int which = 0; which < 2; which++) {
+                            const float* coef = which == 0 ? dpb : ab;
+                            const float* x = which == 0 ? qb : dob;
+                            const i64 ldx = which == 0 ? C3 : C;
+                            for (i64 kb = 0; kb < nb; kb++) {
+                                const i64 lo = std::max(j, p_lo + kb * blk);
+                                const i64 hi = std::min(p_hi, p_lo + (kb + 1) * blk);
+                                present[kb] = lo < hi;
+                                if (lo >= hi) continue;
+                                float* acc = op.data() + kb * HS;
+                                std::fill(acc, acc + HS, 0.0f);
+                                vm.fma_rows(acc, coef + (lo + shift) * T + j, T,
+                                            x + (lo + shift) * ldx, ldx, hi - lo, HS);
+                            }
+                            float* d = dst + which * HS;
+                            if (tree_combine_rows(op.data(), nb, HS, present.data()))
+                                std::copy(op.begin(), op.begin() + HS, d);
+                            else
+                                std::fill(d, d + HS, -0.0f);
+                        }
+                    }
                 }
             }
         }

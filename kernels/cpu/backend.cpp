@@ -69,6 +69,22 @@ void attention_bwd(const Numerics& nx, const Tensor& dqkv, const Tensor& dpreatt
                        qkv.shape[0], qkv.shape[1], qkv.shape[2] / 3, NH);
 }
 
+void attention_queries_fwd(const Numerics& nx, const Tensor& out, const Tensor& preatt,
+                           const Tensor& att, const Tensor& q, const Tensor& kv, const i64* pos,
+                           i64 NH) {
+    attention_forward_queries(nx, out.f32(), preatt.f32(), att.f32(), q.f32(), kv.f32(), pos,
+                              q.shape[0], q.shape[1], kv.shape[1], q.shape[2] / 3, NH);
+}
+
+void attention_queries_bwd(const Numerics& nx, const Tensor& dq, const Tensor& parts,
+                           const Tensor& dpreatt, const Tensor& datt, const Tensor& dout,
+                           const Tensor& q, const Tensor& kv, const Tensor& att, const i64* pos,
+                           const i64* node_lo, const i64* node_hi, i64 K, i64 NH) {
+    attention_backward_queries(nx, dq.f32(), parts.f32(), dpreatt.f32(), datt.f32(), dout.f32(),
+                               q.f32(), kv.f32(), att.f32(), pos, node_lo, node_hi, K, q.shape[0],
+                               q.shape[1], kv.shape[1], q.shape[2] / 3, NH);
+}
+
 void residual_fwd(const Numerics& nx, const Tensor& out, const Tensor& a, const Tensor& b) {
     residual_forward(nx, out.f32(), a.f32(), b.f32(), a.numel());
 }
@@ -148,6 +164,8 @@ const ops::Backend f32_backend{
     .gelu_backward = gelu_bwd,
     .attention_forward = attention_fwd,
     .attention_backward = attention_bwd,
+    .attention_queries_forward = attention_queries_fwd,
+    .attention_queries_backward = attention_queries_bwd,
     .residual_forward = residual_fwd,
     .residual_backward = residual_bwd,
     .embedding_forward = embedding_fwd,

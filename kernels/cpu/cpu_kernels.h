@@ -5,7 +5,7 @@
 //   gemm         the canonical GEMM under matmul        (matmul.cpp)
 //   layernorm    pre-norm LayerNorm, eps 1e-5           (layernorm.cpp)
 //   gelu         GELU, tanh approximation               (gelu.cpp)
-//   attention    causal multi-head attention            (attention.cpp)
+//   attention    causal multi-head attention, and its query rows (attention.cpp)
 //   residual     out = a + b                            (residual.cpp)
 //   embedding    token + learned position embeddings    (embedding.cpp)
 //   crossentropy softmax cross-entropy per token        (crossentropy.cpp)
@@ -66,6 +66,23 @@ void attention_forward(const Numerics& nx, float* out, float* preatt, float* att
 void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* datt,
                         const float* dout, const float* qkv, const float* att, i64 B, i64 T, i64 C,
                         i64 NH);
+
+// Context parallelism: the Tq query rows at logical positions pos (ascending) of each sequence,
+// against every key and value of it. out (B,Tq,C); preatt, att (B,NH,Tq,T) saved; q (B,Tq,3C)
+// (its q third read); kv (B,T,3C) (its k and v thirds read). Each row's bits are those the
+// whole-sequence kernel gives the row at its position.
+void attention_forward_queries(const Numerics& nx, float* out, float* preatt, float* att,
+                               const float* q, const float* kv, const i64* pos, i64 B, i64 Tq,
+                               i64 T, i64 C, i64 NH);
+// dq (B,Tq,3C) += its q third; dpreatt, datt (B,NH,Tq,T) scratch. parts (B,NH,T,K,2,HS) assigned:
+// for every key j and each of the K nodes [node_lo[k], node_hi[k]) of the tree over the query
+// blocks of T (nodes whose positions the rank holds), the node's value of Σ_t dpreatt[t][j]·q_t
+// (before the scale) and of Σ_t att[t][j]·dout_t, over the node's queries t >= j; -0 when the node
+// has none.
+void attention_backward_queries(const Numerics& nx, float* dq, float* parts, float* dpreatt,
+                                float* datt, const float* dout, const float* q, const float* kv,
+                                const float* att, const i64* pos, const i64* node_lo,
+                                const i64* node_hi, i64 K, i64 B, i64 Tq, i64 T, i64 C, i64 NH);
 
 // out (N) = inp1 + inp2;  backward: dinp1 += dout, dinp2 += dout
 void residual_forward(const Numerics& nx, float* out, const float* inp1, const float* inp2, i64 N);

@@ -1,0 +1,182 @@
+// Context parallelism (layout.cp) on in-process ranks against the single-device run: the zig-zag
+// split, the mesh's cp groups, the refusals, and the bit-identity matrix (ring and Ulysses, alone
+// and with dp, tp, sp, pp and recomputation): 5 steps, then loss, grad norm, validation loss,
+// every weight and every Adam moment compared bit for bit.
+#include "core/base/config.h"
+#include "core/base/error.h"
+#include "core/io/state.h"
+#include "core/parallel/context_parallel.h"
+#include "core/parallel/mesh.h"
+#include "core/train/job.h"
+#include "core/train/runner.h"
+#include "tests/test_util.h"
+
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+using namespace px;
+
+namespace {
+
+using test::check_same_bits;
+using test::single_device;
+
+// T = 64 tokens in blocks of 8: cp2 gives chunks of 16 tokens (2 blocks), cp4 of 8 (1 block).
+Config cp_job() {
+    Config c = test::small_job();
+    c.numerics.block = 8;
+    c.train.eval_every = 5;  // validation loss compared too
+    c.train.val_batches = 2;
+    c.train.threads = 1;
+    return c;
+}
+
+LogicalState parallel(const Config& c, bool& replicas_agree) {
+    LogicalState s;
+    replicas_agree = true;
+    run_layout(c, {}, test::inspecting([&](Job& job) {
+                   replicas_agree = absorb(s, job) && replicas_agree;
+               }));
+    return s;
+}
+
+// c under its layout equals c on one device, bit for bit.
+void check_cp(Config c) {
+    Config one = c;
+    one.layout = LayoutConfig{};
+    one.layout.timeout_s = c.layout.timeout_s;
+    one.layout.recompute = c.layout.recompute;
+    const LogicalState ref = single_device(one);
+    bool agree = false;
+    const LogicalState got = parallel(c, agree);
+    INFO("cp" << c.layout.cp << " " << c.layout.cp_method << " dp" << c.layout.dp << " tp"
+              << c.layout.tp << " pp" << c.layout.pp << " sp " << c.layout.sequence_parallel);
+    CHECK(agree);
+    check_same_bits(ref, got);
+    CHECK(got.history.size() == 5);
+}
+
+}  // namespace
+
+TEST_CASE("zig-zag: cp rank r holds chunks r and 2cp-1-r of every sequence", "[cp]") {
+    const std::vector<PositionRun> r0 = zigzag_runs(64, 4, 0);
+    REQUIRE(r0.size() == 2);
+    CHECK((r0[0].lo == 0 && r0[0].hi == 8 && r0[0].pos == 0));
+    CHECK((r0[1].lo == 8 && r0[1].hi == 16 && r0[1].pos == 56));
+    // The middle rank's chunks are adjacent: one run.
+    const std::vector<PositionRun> r3 = zigzag_runs(64, 4, 3);
+    REQUIRE(r3.size() == 1);
+    CHECK((r3[0].lo == 0 && r3[0].hi == 16 && r3[0].pos == 24));
+    // Every position is held once.
+    std::vector<int> seen(64, 0);
+    for (int r = 0; r < 4; r++)
+        for (i64 p : zigzag_positions(64, 4, r)) seen[static_cast<size_t>(p)]++;
+    CHECK(std::count(seen.begin(), seen.end(), 1) == 64);
+    // Blocks of the batch's token tree: sequences 1 and 2, blocks of 8 at cp2.
+    const std::vector<Range> b = cp_owned_blocks(64, 2, 0, 8, 1, 3);
+    CHECK(b == std::vector<Range>{{8, 10}, {14, 18}, {22, 24}});
+}
+
+TEST_CASE("the mesh puts cp between dp and tp (Megatron's tp, cp, dp, pp)", "[cp]") {
+    Layout l;
+    l.dp = 2;
+    l.cp = 2;
+    l.tp = 2;
+    l.batch_size = 8;
+    l.seq_len = 64;
+    l.block = 8;
+    l.hidden = 64;
+    l.ffn = 128;
+    const Mesh mesh(l);
+    CHECK(mesh.world_size() == 8);
+    CHECK(mesh.rank_of({0, 1, 1, 1}) == 7);  // pp 0, dp 1, tp 1, cp 1
+    CHECK(mesh.coord_of(5) == Coord{0, 1, 1, 0});
+    CHECK(mesh.groups(MeshDim::cp) ==
+          std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+    CHECK(mesh.groups(MeshDim::dp) ==
+          std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+    CHECK(mesh.groups(MeshDim::tp) ==
+          std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
+    CHECK(mesh.data_group(3) == std::vector<int>{1, 3, 5, 7});
+    CHECK(mesh.data_index(6) == 3);
+}
+
+TEST_CASE("cp layouts that cannot be exact are refused with a sentence naming the keys", "[cp]") {
+    Config c = cp_job();
+    c.layout.cp = 2;
+    c.numerics.block = 32;  // chunks of 16 tokens cut a block
+    CHECK_THROWS_WITH(make_layout(c), Catch::Contains("layout.cp=2") &&
+                                          Catch::Contains("numerics.block=32") &&
+                                          Catch::Contains("model.seq_len=64"));
+    c = cp_job();
+    c.layout.cp = 8;
+    c.numerics.block = 4;
+    c.layout.cp_method = "ulysses";  // 4 heads over 8 ranks
+    CHECK_THROWS_WITH(make_layout(c), Catch::Contains("ulysses") && Catch::Contains("model.heads=4"));
+    c = cp_job();
+    c.layout.cp = 2;
+    c.layout.dp = 2;
+    c.layout.zero = 1;
+    CHECK_THROWS_WITH(make_layout(c), Catch::Contains("layout.zero=1") &&
+                                          Catch::Contains("layout.cp=2"));
+    c = cp_job();
+    c.layout.cp_method = "spiral";
+    CHECK_THROWS_WITH(validate_config(c), Catch::Contains("layout.cp_method"));
+}
+
+TEST_CASE("ring cp2 and cp4 (zig-zag) are bit-identical to the single device", "[cp]") {
+    for (int cp : {2, 4}) {
+        Config c = cp_job();
+        c.layout.cp = cp;
+        check_cp(c);
+    }
+}
+
+TEST_CASE("Ulysses cp2 and cp4 are bit-identical to the single device", "[cp]") {
+    for (int cp : {2, 4}) {
+        Config c = cp_job();
+        c.layout.cp = cp;
+        c.layout.cp_method = "ulysses";
+        check_cp(c);
+    }
+}
+
+TEST_CASE("cp2 × tp2 × dp2 is bit-identical to the single device", "[cp]") {
+    for (const char* method : {"ring", "ulysses"}) {
+        Config c = test::with_tp_shapes(cp_job());
+        c.numerics.block = 8;  // T = 32: chunks of 8 tokens at cp2
+        c.layout.cp = 2;
+        c.layout.tp = 2;
+        c.layout.dp = 2;
+        c.layout.cp_method = method;
+        check_cp(c);
+    }
+}
+
+TEST_CASE("cp2 with tensor and sequence parallelism is bit-identical to the single device",
+          "[cp]") {
+    Config c = test::with_tp_shapes(cp_job());
+    c.numerics.block = 8;
+    c.layout.cp = 2;
+    c.layout.tp = 2;
+    c.layout.sequence_parallel = true;
+    check_cp(c);
+}
+
+TEST_CASE("cp2 with pipeline stages, microbatches and recomputation is bit-identical", "[cp]") {
+    Config c = cp_job();
+    c.layout.cp = 2;
+    c.layout.pp = 2;
+    c.layout.microbatches = 2;
+    check_cp(c);
+    c = cp_job();
+    c.layout.cp = 4;
+    c.layout.recompute = "full";
+    check_cp(c);
+    c = cp_job();  // more than one sequence per dp rank and a dp rank's range not a node
+    c.train.batch_size = 6;
+    c.layout.cp = 2;
+    c.layout.dp = 3;
+    check_cp(c);
+}
