@@ -359,7 +359,8 @@ TEST_CASE("sizes whose products no machine holds are refused naming the keys", "
                    Contains("lower model.vocab"));
     CHECK_THAT(parse_error("[model]\nseq_len = 100000000\n"), Contains("attention scores"));
     CHECK_THAT(parse_error("[layout]\ndp = 65536\ntp = 65536\n"),
-               Contains("layout.dp=65536 x layout.pp=1 x layout.tp=65536 ranks is more than 2^31 - 1"));
+               Contains("layout.dp=65536 x layout.pp=1 x layout.cp=1 x layout.tp=65536 ranks is more "
+                        "than 2^31 - 1"));
     // A --set that makes the product too big is the one blamed.
     Config c;
     CHECK_THAT(error_of([&] { apply_override(c, "model.seq_len=4294967294"); }),

@@ -4,7 +4,10 @@
 // every weight and every Adam moment compared bit for bit.
 #include "core/base/config.h"
 #include "core/base/error.h"
+#include "core/io/checkpoint.h"
 #include "core/io/state.h"
+#include "core/train/checkpointing.h"
+#include "validators/validate.h"
 #include "core/parallel/context_parallel.h"
 #include "core/parallel/mesh.h"
 #include "core/train/job.h"
@@ -13,6 +16,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <filesystem>
 #include <vector>
 
 using namespace px;
@@ -179,4 +184,78 @@ TEST_CASE("cp2 with pipeline stages, microbatches and recomputation is bit-ident
     c.layout.cp = 2;
     c.layout.dp = 3;
     check_cp(c);
+}
+
+TEST_CASE("a cp2 checkpoint resumes on one device, and one device's under cp2 × tp2, bit for bit",
+          "[cp]") {
+    Config c = cp_job();
+    c.train.steps = 6;
+    c.train.eval_every = 3;
+    c.train.val_batches = 1;
+    c.model.ffn = 128;
+    const LogicalState ref = single_device(c);
+    auto run_any = [](const Config& cfg) {
+        LogicalState s;
+        run_layout(cfg, {}, test::inspecting([&](Job& job) { absorb(s, job); }));
+        return s;
+    };
+    struct Case {
+        int cp_from, tp_from, cp_to, tp_to;
+        const char* method;
+    };
+    for (const Case& k : {Case{2, 1, 1, 1, "ring"}, Case{1, 1, 2, 2, "ring"},
+                          Case{4, 1, 2, 1, "ulysses"}}) {
+        INFO("cp" << k.cp_from << "·tp" << k.tp_from << " -> cp" << k.cp_to << "·tp" << k.tp_to
+                  << " " << k.method);
+        const std::string dir = test::temp_dir("cp_resume");
+        Config w = c;
+        w.layout.cp = k.cp_from;
+        w.layout.tp = k.tp_from;
+        w.layout.cp_method = k.method;
+        w.checkpoint.dir = dir;
+        w.checkpoint.every = 3;
+        run_any(w);
+        const std::string ckpt = checkpoint_path(dir, 3);
+        REQUIRE(std::filesystem::exists(ckpt));
+        // The writer's final checkpoint holds the reference state: cp shards no parameter.
+        const LogicalState last = read_checkpoint(checkpoint_path(dir, 6), c.model);
+        CHECK(test::same_bits(ref.params, last.params));
+        CHECK(test::same_bits(ref.m, last.m));
+        CHECK(test::same_bits(ref.v, last.v));
+        Config r = c;
+        r.layout.cp = k.cp_to;
+        r.layout.tp = k.tp_to;
+        r.layout.cp_method = k.method;
+        r.checkpoint.resume = ckpt;
+        const LogicalState got = run_any(r);
+        REQUIRE(got.history.size() == 6);
+        check_same_bits(ref, got);
+    }
+}
+
+TEST_CASE("validate reads cpN and ulysses, and every cp layout matches the reference", "[cp]") {
+    const LayoutSpec l = parse_layout("cp2xtp2xdp2");
+    CHECK((l.cp == 2 && l.tp == 2 && l.dp == 2 && !l.ulysses));
+    const LayoutSpec u = parse_layout("cp4xulysses");
+    CHECK((u.cp == 4 && u.ulysses));
+    CHECK_THROWS_WITH(parse_layout("cp0"), Catch::Contains("\"cp0\" must be at least 1"));
+    CHECK_THROWS_WITH(parse_layout("cp2xspiral"), Catch::Contains("cpN"));
+    const std::vector<LayoutSpec> axes = single_axis_parts(l);
+    REQUIRE(axes.size() == 3);
+    CHECK(axes[2].name == "cp2");
+    Config c = test::with_tp_shapes(cp_job());
+    c.numerics.block = 8;
+    c.train.steps = 2;
+    Config small_blocks = c;
+    small_blocks.numerics.block = 4;  // T = 32 in 8 chunks of 4 tokens
+    const Config cp4 = with_layout(small_blocks, u);
+    CHECK((cp4.layout.cp == 4 && cp4.layout.cp_method == "ulysses"));
+    const ValidationReport rep = validate_layouts(
+        c, {parse_layout("cp2"), parse_layout("cp2xulysses"), l, parse_layout("cp2xtp2xsp")}, 2);
+    REQUIRE(rep.layouts.size() == 4);
+    for (const LayoutResult& r : rep.layouts) {
+        INFO(r.layout << ": " << r.verdict << " " << r.first_op_note);
+        CHECK(r.verdict == "match");
+        CHECK(r.steps == 2);
+    }
 }

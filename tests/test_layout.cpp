@@ -119,8 +119,8 @@ TEST_CASE("mesh 3x1x1, 1x4x1 and 1x1x4", "[layout]") {
     CHECK(tp4.dp_group(2) == std::vector<int>{2});
 
     CHECK_THAT(error_of([&] { pp4.require_world_size(2); }),
-               Contains("the layout needs layout.pp × layout.dp × layout.tp = 4 × 1 × 1 = 4 ranks, "
-                        "but 2 were started"));
+               Contains("the layout needs layout.pp × layout.dp × layout.cp × layout.tp = "
+                        "4 × 1 × 1 × 1 = 4 ranks, but 2 were started"));
     CHECK_NOTHROW(pp4.require_world_size(4));
 }
 
@@ -288,7 +288,16 @@ TEST_CASE("each validation error is a sentence naming the keys", "[layout]") {
          [](Layout& l) { l.microbatches = 0; },
          {"train.microbatches = 0 is out of range: must be >= 1"}},
         {"timeout", [](Layout& l) { l.timeout_s = 0; }, {"layout.timeout_s", "must be > 0"}},
-        {"cp not yet", [](Layout& l) { l.cp = 2; }, {"context parallelism is not implemented yet"}},
+        {"cp chunks",
+         [](Layout& l) { l.cp = 2; },
+         {"layout.cp=2", "model.seq_len=128", "numerics.block=64", "zig-zag chunks"}},
+        {"cp ulysses heads",
+         [](Layout& l) {
+             l.cp = 8;
+             l.seq_len = 1024;
+             l.cp_method = CpMethod::ulysses;
+         },
+         {"layout.cp_method = \"ulysses\"", "model.heads=4"}},
         {"token range inside a block",
          [](Layout& l) {
              l.dp = 2;

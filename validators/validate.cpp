@@ -335,7 +335,8 @@ int microbatches_of(const Config& c) {
 
 std::string coord_text(const Mesh& mesh, int rank) {
     const Coord k = mesh.coord_of(rank);
-    return "pp" + std::to_string(k.pp) + " dp" + std::to_string(k.dp) + " tp" +
+    return "pp" + std::to_string(k.pp) + " dp" + std::to_string(k.dp) +
+           (mesh.layout().cp > 1 ? " cp" + std::to_string(k.cp) : std::string()) + " tp" +
            std::to_string(k.tp);
 }
 
@@ -360,7 +361,7 @@ void search_first_op(const Config& ref_cfg, const Config& c, LayoutResult& r,
         }
     }
     const Mesh mesh(make_layout(c));
-    const int n = c.layout.dp * c.layout.tp * c.layout.pp;
+    const int n = c.layout.dp * c.layout.tp * c.layout.pp * c.layout.cp;
     std::vector<std::unique_ptr<ProbeRecorder>> ranks;
     for (int k = 0; k < n; k++) ranks.push_back(std::make_unique<ProbeRecorder>(patterns));
     record_layout(c, ranks, s, decorate, cancel);
@@ -454,7 +455,7 @@ LogicalState lockstep(const Config& c, const std::vector<LogicalState>& referenc
                       Turn turn = {}) {
     const Mesh mesh(make_layout(c));
     Checker check{reference, r, watch, budgets, steps, {}, {}};
-    const int n = c.layout.dp * c.layout.tp * c.layout.pp;
+    const int n = c.layout.dp * c.layout.tp * c.layout.pp * c.layout.cp;
     Arrivals arrivals{turn, n, {}, 0};
     std::vector<std::unique_ptr<ProbeRecorder>> grads;
     for (int k = 0; k < n; k++)
@@ -523,6 +524,14 @@ std::vector<LayoutSpec> single_axis_parts(const LayoutSpec& l) {
         p.name = "pp" + std::to_string(l.pp) + suffix("mb", l.microbatches);
         parts.push_back(p);
     }
+    if (l.cp > 1) {
+        LayoutSpec p;
+        p.cp = l.cp;
+        p.zero = 0;
+        p.ulysses = l.ulysses;
+        p.name = "cp" + std::to_string(l.cp) + (l.ulysses ? "xulysses" : "");
+        parts.push_back(p);
+    }
     if (parts.size() < 2) parts.clear();
     return parts;
 }
@@ -542,18 +551,23 @@ LayoutSpec parse_layout(const std::string& item) {
             l.tp = n;
         else if (number_after(part, "pp", &n))
             l.pp = n;
+        else if (number_after(part, "cp", &n))
+            l.cp = n;
         else if (number_after(part, "mb", &n))
             l.microbatches = n;
         else if (number_after(part, "z", &n))
             l.zero = n;
         else if (part == "sp")
             l.sequence_parallel = true;
+        else if (part == "ulysses")
+            l.ulysses = true;
         else
             throw ConfigError("layout \"" + item + "\": \"" + part +
                               "\" is not a layout part; join "
-                              "dpN, tpN, ppN, zN (ZeRO stage), mbN (microbatches) and sp (sequence "
-                              "parallelism) with 'x', e.g. dp2xtp2xpp2 or dp4xz3");
-        if (n == 0 && part != "sp" && part != "z0")  // z0: ZeRO off, whatever the config says
+                              "dpN, tpN, ppN, cpN, zN (ZeRO stage), mbN (microbatches), sp (sequence "
+                              "parallelism) and ulysses (cp by all-to-all over heads) with 'x', "
+                              "e.g. dp2xtp2xpp2, dp4xz3 or cp2xtp2");
+        if (n == 0 && part != "sp" && part != "ulysses" && part != "z0")  // z0: ZeRO off, whatever the config says
             throw ConfigError("layout \"" + item + "\": \"" + part + "\" must be at least 1");
     }
     return l;
@@ -577,6 +591,8 @@ Config with_layout(Config cfg, const LayoutSpec& l) {
     cfg.layout.dp = l.dp;
     cfg.layout.tp = l.tp;
     cfg.layout.pp = l.pp;
+    cfg.layout.cp = l.cp;
+    if (l.ulysses) cfg.layout.cp_method = "ulysses";
     if (l.zero >= 0) cfg.layout.zero = l.zero;
     if (l.microbatches >= 0) cfg.layout.microbatches = l.microbatches;
     if (l.sequence_parallel) cfg.layout.sequence_parallel = true;
@@ -797,7 +813,7 @@ ValidationReport validate_golden(const Config& base, const std::vector<LayoutSpe
     for (const LayoutSpec& spec : layouts)
         rep.layouts.push_back(run_one(spec, progress, [&](LayoutResult& r) {
             Config c = with_layout(cfg, spec);
-            const int n = c.layout.dp * c.layout.tp * c.layout.pp;
+            const int n = c.layout.dp * c.layout.tp * c.layout.pp * c.layout.cp;
             std::vector<std::unique_ptr<ProbeRecorder>> recs;
             for (int k = 0; k < n; k++) {
                 recs.push_back(std::make_unique<ProbeRecorder>(t.patterns, t.stride));

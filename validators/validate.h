@@ -2,9 +2,10 @@
 // step by step (DESIGN.md §4), with a table, a JSON report and a Markdown report.
 //
 // Index
-//   LayoutSpec        one layout of the matrix: "dp2", "tp2", "pp2", "dp2xtp2xpp2", "dp4xz3", ...
+//   LayoutSpec        one layout of the matrix: "dp2", "tp2", "pp2", "cp2", "dp2xtp2xpp2",
+//                     "dp4xz3", "cp2xtp2xdp2", "cp4xulysses", ...
 //   parse_layout(s)   one layout, or a comma-separated list of them (ConfigError naming the part)
-//   single_axis_parts a layout's dp, tp and pp parts, each alone
+//   single_axis_parts a layout's dp, tp, pp and cp parts, each alone
 //   with_layout       a config run under a layout
 //   LayoutResult      one layout's outcome: verdict, steps, max ULP, first divergence
 //   ValidationReport  every layout's; table(), to_json(), to_markdown()
@@ -42,7 +43,9 @@
 // op is a collective whose result every rank shares). The reference runs that search cut into as
 // many microbatches as the layout has in all, so that its microbatch gradients ("mgrad") are the
 // nodes the layout's ranks reduce: a fault in one rank's local gradient is named on that rank.
-// Every layout is probed: dp (ZeRO 0-3), tp, sp, pp and their products.
+// Every layout is probed: dp (ZeRO 0-3), tp, sp, pp, cp and their products (under cp a rank's
+// probes are placed at its tokens' logical positions; its microbatch gradients, parts of nodes,
+// are not probed, so a fault is named at the reduced gradient).
 //
 // Which parallelism. A multi-axis layout that diverges is split into its single-axis parts
 // (single_axis_parts: dp2xtp2xpp2 -> dp2, tp2, pp2), each run against the reference up to the
@@ -80,19 +83,22 @@ inline constexpr std::int64_t kGridNotRun = -2;  // a grid cell never compared (
 struct LayoutSpec {
     std::string name;  // as written: "dp2xtp2xpp2"
     int dp = 1, tp = 1, pp = 1;
+    int cp = 1;                      // "cpN": context parallelism (layout.cp)
+    bool ulysses = false;            // "ulysses": layout.cp_method = "ulysses" (else the config's)
     int zero = -1;                   // "zN"; -1: the config's layout.zero
     int microbatches = -1;           // "mbN"; -1: the config's layout.microbatches
     bool sequence_parallel = false;  // "sp"
 };
 
-// "dp2xtp2xpp2": parts joined by 'x' — dpN, tpN, ppN, zN (ZeRO stage), mbN (microbatches per
-// replica), sp (sequence parallelism); parts not named keep the config's. Throws ConfigError
+// "dp2xtp2xpp2": parts joined by 'x' — dpN, tpN, ppN, cpN, zN (ZeRO stage), mbN (microbatches per
+// replica), sp (sequence parallelism), ulysses (cp's all-to-all method); parts not named keep the
+// config's. Throws ConfigError
 // naming the part.
 LayoutSpec parse_layout(const std::string& text);
 // A comma-separated list of them: "dp2,tp2,pp2,dp2xtp2xpp2".
 std::vector<LayoutSpec> parse_layouts(const std::string& text);
 // The layout's parallelisms one at a time: dpN (with its zN and mbN), tpN (with sp), ppN (with
-// mbN), named as parse_layout reads them. Empty when the layout has fewer than two.
+// mbN), cpN (with ulysses), named as parse_layout reads them. Empty when the layout has fewer than two.
 std::vector<LayoutSpec> single_axis_parts(const LayoutSpec& l);
 // cfg with the layout's dp, tp, pp (and zero, microbatches, sp when given), validated as a
 // config and as a layout (the mesh's and the pipeline's checks): ConfigError naming the keys.

@@ -657,6 +657,31 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
 
 // ---- probes ----------------------------------------------------------------------------------
 
+// Context parallelism: a spec over the rank's (B, T/cp, ...) rows becomes one over the logical
+// (B, T, ...) sequences. Each piece is cut by sequence and by run of positions; in that order the
+// sub-pieces hold the piece's elements in its own row-major order (runs ascend in local rows).
+ShardSpec GPT::context_pieces(const ShardSpec& local) const {
+    PX_ASSERT(local.logical_shape.size() >= 2, "a context-parallel probe needs (B, T, ...)");
+    const i64 Tl = local.logical_shape[1];
+    ShardSpec out;
+    out.logical_shape = local.logical_shape;
+    out.logical_shape[1] = context_->keys(Tl);
+    const std::vector<PositionRun> runs = context_->runs(Tl);
+    for (const Hyperslab& p : local.pieces)
+        for (i64 b = p.lo[0]; b < p.hi[0]; b++)
+            for (const PositionRun& r : runs) {
+                const i64 lo = std::max(p.lo[1], r.lo), hi = std::min(p.hi[1], r.hi);
+                if (lo >= hi) continue;
+                Hyperslab s = p;
+                s.lo[0] = b;
+                s.hi[0] = b + 1;
+                s.lo[1] = r.pos + (lo - r.lo);
+                s.hi[1] = r.pos + (hi - r.lo);
+                out.pieces.push_back(std::move(s));
+            }
+    return out;
+}
+
 // t is a microbatch's (B,T,...) tensor: logically rows [batch_lo, batch_lo + B) of the batch's;
 // under ParallelLayers this rank's piece of it, as `split` says.
 void GPT::offer_probe(const char* phase, int layer, const char* op, const char* tensor,
@@ -705,6 +730,7 @@ void GPT::offer_probe(const char* phase, int layer, const char* op, const char* 
         PX_ASSERT(at == w, "a probe's column ranges do not cover its local tensor");
         if (!staged.empty()) data = staged.data();
     }
+    if (context_) spec = context_pieces(spec);
     if (probe_ctx_ && probe_ctx_->batch_total > 0)
         offset_rows(spec, probe_ctx_->batch_lo, probe_ctx_->batch_total);
     probes_->capture(key, data, spec);

@@ -415,6 +415,7 @@ private:
     }
     void offer_probe(const char* phase, int layer, const char* op, const char* tensor,
                      const Tensor& t, ProbeSplit split) const;
+    ShardSpec context_pieces(const ShardSpec& local) const;  // local rows -> logical positions
 
     ModelConfig mc_;
     Numerics nx_;

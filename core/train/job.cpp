@@ -353,7 +353,8 @@ void Job::set_probe_rows(int m) {
 void Job::microbatch_grad(int m, float* grads, i64 lo, i64 hi) {
     for (const StepHooks& h : hooks_)
         if (h.microbatch_grad) h.microbatch_grad(step_ + 1, m, grads, lo, hi);
-    if (probes_)
+    // Under cp a rank's microbatch gradient is its part of a node only: no "mgrad" probe.
+    if (probes_ && layout_.cp == 1)
         model_->probe_params(*probes_, step_ + 1, "mgrad", "param", grads + lo, lo, hi,
                              first_row(m) / micro_B_, cfg_.train.batch_size / micro_B_);
 }

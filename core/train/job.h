@@ -226,7 +226,7 @@ public:
     // pieces are the flat shard [lo, hi) of the arena cut into slabs (flat_shard), of the tp
     // shard's pieces under tensor parallelism (ParallelLayers::param_shard); a stage offers the
     // tensors it holds (the tied wte from both stages that hold it). Evaluation is never probed.
-    void set_probes(ProbeSink* sink);  // ConfigError under layout.cp > 1 (not yet placed)
+    void set_probes(ProbeSink* sink) { probes_ = sink; }
     // This rank's state between steps, and back (no communication; every rank of the job must
     // rewind to the same step before the next one).
     void snapshot(LocalSnapshot& into) const;

@@ -78,12 +78,4 @@ void Job::gather_cp_losses(std::vector<float>& all, const std::vector<float>& lo
         }
 }
 
-void Job::set_probes(ProbeSink* sink) {
-    if (sink && layout_.cp > 1)
-        throw ConfigError("probes under layout.cp=" + std::to_string(layout_.cp) +
-                          " are not supported yet (a rank's tokens are not placed in the logical "
-                          "tensors); compare layouts without probes, or set layout.cp = 1");
-    probes_ = sink;
-}
-
 }  // namespace px

@@ -21,6 +21,9 @@ constexpr double kFloat = 4;  // bytes: weights, gradients, moments and losses a
 struct Sizes {
     double V, T, L, NH, C, F;  // model
     double tp, pp, v, S, dp;   // layout: S = pp · v virtual stages
+    double cp;                 // context-parallel ranks: replicas of the weights, each with T/cp
+                               // tokens of a sequence (estimated as whole sequences: an upper
+                               // bound)
     int zero;                  // effective ZeRO stage (0 with one replica)
     double M;                  // microbatches per replica and step
     double B, micro_B, local_B, VB;
@@ -39,6 +42,7 @@ Sizes sizes_of(const Config& c) {
     s.NH = double(m.heads), s.C = double(m.hidden), s.F = double(m.ffn);
     s.tp = c.layout.tp, s.pp = c.layout.pp, s.v = c.layout.virtual_stages, s.S = s.pp * s.v;
     s.dp = c.layout.dp;
+    s.cp = c.layout.cp;
     s.zero = c.layout.dp > 1 ? c.layout.zero : 0;
     s.M = double(c.layout.microbatches > 0 ? c.layout.microbatches : c.train.microbatches);
     s.B = double(c.train.batch_size);
@@ -317,8 +321,8 @@ MemoryEstimate estimate_memory(const Config& cfg, MemoryScope scope, const Memor
         // Every stage of the pipeline once (the wte of the LM head again on the last one when
         // the pipeline has several), times the replicas and tp ranks.
         const double P = p.wte + p.wpe + s.L * p.layer + p.lnf + (s.pp > 1 ? p.wte : 0);
-        add_group(e.items, s, p, {P, s.L, s.S, 1, s.pp, 1, s.dp * s.tp});
-        e.ranks = static_cast<i64>(s.dp * s.tp * s.pp);  // < 2^31 (validate_config)
+        add_group(e.items, s, p, {P, s.L, s.S, 1, s.pp, 1, s.dp * s.cp * s.tp});
+        e.ranks = static_cast<i64>(s.dp * s.cp * s.tp * s.pp);  // < 2^31 (validate_config)
     } else {
         // The larger of the first and the last stage (each with the longest chunks).
         const double layers = s.v * chunk_layers;
