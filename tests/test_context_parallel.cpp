@@ -259,3 +259,28 @@ TEST_CASE("validate reads cpN and ulysses, and every cp layout matches the refer
         CHECK(r.steps == 2);
     }
 }
+
+TEST_CASE("a cp rank's traffic and attention memory are the formulas' (cp_costs), 1/cp of the "
+          "attention matrix", "[cp]") {
+    for (const char* method : {"ring", "ulysses"})
+        for (int cp : {2, 4}) {
+            Config c = cp_job();
+            c.train.eval_every = 0;  // training steps only: the formula's
+            c.layout.cp = cp;
+            c.layout.cp_method = method;
+            c.layout.recompute = cp == 4 ? "full" : "none";
+            std::vector<CpStats> stats;
+            run_layout(c, {}, test::inspecting([&](Job& job) { stats.push_back(job.cp_stats()); }));
+            REQUIRE(stats.size() == static_cast<size_t>(cp));
+            const double B = 8, NH = 4, T = 64, L = cp == 4 ? 1 : 2;  // layers of att kept
+            for (const CpStats& s : stats) {
+                INFO(method << " cp" << cp);
+                CHECK(s.cp == cp);
+                CHECK(s.method == method);
+                CHECK(s.comm_bytes_per_step > 0);
+                CHECK(s.comm_bytes_per_step == s.comm_bytes_formula);
+                CHECK(s.attention_bytes == s.attention_bytes_formula);
+                CHECK(s.attention_bytes * cp == 4 * B * NH * T * T * (L + 2));
+            }
+        }
+}

@@ -296,4 +296,32 @@ float CpAttention::logit_max(const Numerics& nx, const Tensor& preatt, i64 NH) c
     return best;
 }
 
+CpCosts cp_costs(const Layout& l, i64 layers, i64 micro_B) {
+    CpCosts c;
+    if (l.cp <= 1) return c;
+    const double cp = l.cp, B = double(micro_B), Tl = double(l.local_seq_len()),
+                 T = double(l.seq_len), C = double(l.hidden / l.tp), NH = double(l.heads / l.tp);
+    const i64 nkb = num_blocks(l.seq_len, l.block);
+    double K = 0;
+    for (int r = 0; r < l.cp; r++) {
+        std::vector<Range> owned;
+        for (const PositionRun& run : zigzag_runs(l.seq_len, l.cp, r))
+            owned.push_back({run.pos / l.block, (run.pos + run.hi - run.lo) / l.block});
+        K = std::max(K, double(maximal_nodes(nkb, owned).size()));
+    }
+    double fwd = 0, bwd = 0;
+    if (l.cp_method == CpMethod::ring) {
+        fwd = (cp - 1) * B * Tl * 2 * C;
+        bwd = fwd + (cp - 1) * B * Tl * K * 2 * C;
+    } else {
+        fwd = (cp - 1) / cp * B * Tl * 4 * C;
+        bwd = (cp - 1) / cp * B * Tl * 7 * C;
+    }
+    const double per_layer = fwd * (l.recompute == Recompute::full ? 2 : 1) + bwd;
+    c.comm_bytes_per_step = 4 * per_layer * double(layers) * double(l.microbatches);
+    const double kept = l.recompute == Recompute::full ? std::min<double>(double(layers), 1) : double(layers);
+    c.attention_bytes = 4 * B * NH * Tl * T * (kept + 2);
+    return c;
+}
+
 }  // namespace px

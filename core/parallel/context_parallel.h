@@ -8,6 +8,7 @@
 //   cp_owned_blocks     the token blocks of the batch's tree a cp rank holds of some sequences
 //   CpAttention         ContextLayers over a cp group: both methods, bit-identical
 //   make_cp_attention   the layers of a rank, in fixed, commented steps
+//   CpCosts, cp_costs   a rank's cp traffic per step and attention memory, by formula
 //
 // Why exact (Mode::bitwise; the single device's attention is kernels/cpu/attention.cpp).
 //   Ring. Each rank passes its keys and values (B, T/cp, 2C) around the ring, cp-1 hops (the next
@@ -99,5 +100,24 @@ private:
 //   3. the method: ring or ulysses.
 std::shared_ptr<CpAttention> make_cp_attention(comm::Communicator& cp, CpMethod method,
                                                i64 seq_len, int block);
+
+// ---- accounting ------------------------------------------------------------------------------
+
+// What one cp rank spends on context parallelism, from the layout (fp32 elements of 4 bytes;
+// C, NH the tp shard's; B sequences per microbatch, M microbatches per step, Tl = T/cp, L the
+// rank's layers, K the most query-tree nodes a rank holds):
+//   ring     per layer and microbatch: forward (cp-1)·B·Tl·2C (K/V blocks around the ring);
+//            backward the same again plus (cp-1)·B·Tl·K·2C (dk, dv node values to key owners)
+//   ulysses  forward (cp-1)/cp·B·Tl·(3C + C) (qkv to heads, output back); backward
+//            (cp-1)/cp·B·Tl·(3C + C + 3C) (qkv again, d(out), dqkv back)
+// times M·L, with recompute = full one more forward. Training steps only (a validation forward
+// adds its forward traffic). Attention memory per activation set: att (L, B, NH, Tl, T) kept (one
+// layer's under recompute = full), and
+// dpreatt, datt (B, NH, Tl, T) scratch: 1/cp of the single device's (T, T) per head.
+struct CpCosts {
+    double comm_bytes_per_step = 0;  // sent in the cp group
+    double attention_bytes = 0;      // one activation set's att + dpreatt + datt
+};
+CpCosts cp_costs(const Layout& l, i64 layers, i64 micro_B);
 
 }  // namespace px

@@ -77,11 +77,6 @@ void leaf_schedule(i64 lo, i64 hi, i64 blocks_per_leaf, std::vector<unsigned cha
 }  // namespace
 
 // One set of activations for one (microbatch, chunk), and the send that still reads from it.
-struct Job::Slot {
-    Activations acts;
-    comm::Handle pending;
-};
-
 Job::Job(const Config& cfg) : Job(cfg, one_device_layout(cfg), RankGroups{}) {}
 
 Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
@@ -673,6 +668,7 @@ double Job::step_loss() {
 StepMetrics Job::step() {
     const auto t0 = std::chrono::steady_clock::now();
     const double sent0 = bytes_sent();
+    const double cp0 = layout_.cp > 1 ? cp_bytes_sent() : 0;
     const TrainConfig& tc = cfg_.train;
     const i64 N = tc.batch_size * T_;
 
@@ -774,6 +770,10 @@ StepMetrics Job::step() {
 
     const double secs = seconds_since(t0);
     m.comm_bytes = bytes_sent() - sent0;
+    if (layout_.cp > 1) {
+        cp_sent_ += cp_bytes_sent() - cp0;
+        cp_steps_++;
+    }
     m.step_ms = secs * 1e3;
     m.tokens_per_s = static_cast<double>(N) / secs;
     if ((tc.eval_every > 0 && step_ % tc.eval_every == 0) ||

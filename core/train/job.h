@@ -79,6 +79,17 @@ struct MemoryStats {
     i64 total() const { return params + grads + optimizer + activations + comm; }
 };
 
+// Context parallelism's part of a rank's costs, measured against cp_costs' formulas
+// (core/parallel/context_parallel.h); cp = 1: nothing.
+struct CpStats {
+    int cp = 1;
+    std::string method;                 // "ring", "ulysses"
+    double comm_bytes_per_step = 0;     // measured: sent in the cp group, mean over training steps
+    double comm_bytes_formula = 0;      // cp_costs
+    double attention_bytes = 0;         // measured: one activation set's att, dpreatt and datt
+    double attention_bytes_formula = 0;  // cp_costs
+};
+
 // What observers may read of a running job. Observers are called on the job's thread, between
 // steps; nothing here may be read from another thread while the job runs (core/job_view.h is
 // the thread-safe view). Observers see world rank 0.
@@ -93,6 +104,7 @@ public:
     virtual double entropy_rate() const = 0;  // of the source, nats/token, when known (else -1)
     virtual double loss_floor() const = 0;    // minimal loss on validation windows (else -1)
     virtual MemoryStats memory() const = 0;   // this rank's
+    virtual CpStats cp_stats() const { return {}; }  // this rank's (layout.cp > 1)
 };
 
 // What a StepHooks::judge decides about a step's update.
@@ -315,6 +327,7 @@ public:
     i64 steps_done() const override { return step_; }
     const std::vector<StepMetrics>& history() const override { return history_; }
     MemoryStats memory() const override;
+    CpStats cp_stats() const override;  // job_cp.cpp
     int pp_rank() const { return pp_rank_; }
     int pp_size() const { return layout_.pp; }
     int dp_rank() const { return dp_rank_; }
@@ -333,7 +346,10 @@ public:
     i64 activation_bytes() const;  // all of them
 
 private:
-    struct Slot;
+    struct Slot {  // one microbatch's activations on one chunk, and its outgoing message
+        Activations acts;
+        comm::Handle pending;
+    };
     void build_model();
     Slot* acquire(int chunk);
     void release(int chunk, Slot* s);
@@ -374,6 +390,9 @@ private:
     void gather_cp_losses(std::vector<float>& all, const std::vector<float>& local, i64 batches);
     comm::Communicator* data_group() const { return layout_.cp > 1 ? groups_.data : groups_.dp; }
     double bytes_sent() const;
+    double cp_bytes_sent() const;  // in the cp group
+    double cp_sent_ = 0;           // training steps' cp traffic so far (this process)
+    i64 cp_steps_ = 0;             // training steps it covers
 
     Config cfg_;
     Layout layout_;

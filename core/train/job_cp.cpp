@@ -78,4 +78,33 @@ void Job::gather_cp_losses(std::vector<float>& all, const std::vector<float>& lo
         }
 }
 
+double Job::cp_bytes_sent() const {
+    if (!groups_.cp) return 0;
+    double b = 0;
+    for (const comm::StatRow& r : groups_.cp->stats_book()->rows())
+        if (r.group == "cp") b += static_cast<double>(r.bytes_sent);
+    return b;
+}
+
+CpStats Job::cp_stats() const {
+    CpStats s;
+    if (layout_.cp <= 1) return s;
+    s.cp = layout_.cp;
+    s.method = cp_method_name(layout_.cp_method);
+    s.comm_bytes_per_step = cp_steps_ > 0 ? cp_sent_ / static_cast<double>(cp_steps_) : 0;
+    i64 layers = 0;
+    for (int c = 0; c < model_->num_chunks(); c++) layers += model_->part().chunks[c].size();
+    const CpCosts f = cp_costs(layout_, layers, micro_B_);
+    s.comm_bytes_formula = f.comm_bytes_per_step;
+    s.attention_bytes_formula = f.attention_bytes;
+    if (!slots_.empty() && !slots_[0].empty()) {
+        const Activations& a = slots_[0][0]->acts;
+        for (int t : {ATT, DPREATT, DATT}) {
+            const Tensor x = a.tensor(t);
+            s.attention_bytes += static_cast<double>(bytes_of(x.dtype, x.numel()));
+        }
+    }
+    return s;
+}
+
 }  // namespace px

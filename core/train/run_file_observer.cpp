@@ -211,6 +211,12 @@ void RunFileObserver::on_end(const RunView& job) {
     file_->set_attr("memory_optimizer_bytes", static_cast<double>(mem.optimizer));
     file_->set_attr("memory_activations_bytes", static_cast<double>(mem.activations));
     file_->set_attr("memory_comm_bytes", static_cast<double>(mem.comm));
+    if (const CpStats cp = job.cp_stats(); cp.cp > 1) {  // measured beside the formulas
+        file_->set_attr("cp_comm_bytes_per_step", cp.comm_bytes_per_step);
+        file_->set_attr("cp_comm_bytes_per_step_formula", cp.comm_bytes_formula);
+        file_->set_attr("cp_attention_bytes", cp.attention_bytes);
+        file_->set_attr("cp_attention_bytes_formula", cp.attention_bytes_formula);
+    }
     if (job.entropy_rate() >= 0) file_->set_attr("entropy_rate", job.entropy_rate());
     if (job.loss_floor() >= 0) file_->set_attr("loss_floor", job.loss_floor());
     file_->flush();
