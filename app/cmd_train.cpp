@@ -101,6 +101,11 @@ public:
                                               : static_cast<int>(c.train.microbatches),
                     mode_name(c.numerics.mode == Mode::fast ? Mode::fast : Mode::bitwise),
                     isa_name(make_numerics(c.numerics).isa), omp_get_max_threads());
+        if (c.layout.cp > 1)
+            std::printf("context parallel: cp%d, %s attention, each rank holds 2 zig-zag chunks of "
+                        "%lld tokens of every sequence\n",
+                        c.layout.cp, c.layout.cp_method.c_str(),
+                        static_cast<long long>(c.model.seq_len / (2 * c.layout.cp)));
         print_matmul_paths(c);
         if (job.entropy_rate() >= 0)
             std::printf(

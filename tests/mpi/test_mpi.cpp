@@ -297,6 +297,13 @@ TEST_CASE("training under MPI equals the single device and the in-process run, b
         check_layout({"layout.dp=2", "layout.tp=2", "layout.sequence_parallel=true", "layout.zero=3"}, bf16);
         check_layout({"layout.pp=2", "layout.dp=2", "layout.microbatches=2"}, bf16);
     }
+    SECTION("context parallelism: cp4 ring, cp2 x dp2 Ulysses, cp2 x tp2 ring") {
+        // zig-zag chunks of 16 tokens (T = 128 at cp4): whole blocks of 16
+        const std::vector<std::string> blocks = {"numerics.block=16"};
+        check_layout({"layout.cp=4"}, blocks);
+        check_layout({"layout.cp=2", "layout.dp=2", "layout.cp_method=ulysses"}, blocks);
+        check_layout({"layout.cp=2", "layout.tp=2"}, blocks);
+    }
     SECTION("fp8 block: tp2 x pp2, and dp4 ZeRO-2") {
         // tiles of 16: tp2's halves of hidden and ffn are whole tiles
         const std::vector<std::string> fp8 = {"precision.activations=bf16", "precision.fp8=block",
