@@ -17,6 +17,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -283,4 +285,52 @@ TEST_CASE("a cp rank's traffic and attention memory are the formulas' (cp_costs)
                 CHECK(s.attention_bytes * cp == 4 * B * NH * T * T * (L + 2));
             }
         }
+}
+
+namespace {
+
+// A planted bug in the ring: cp rank 1's first received K/V block (step 1, layer 0's forward)
+// arrives with bit 20 of its first element flipped (a low bit can round away).
+class FlipFirstRecv : public comm::Decorator {
+public:
+    explicit FlipFirstRecv(std::unique_ptr<comm::Communicator> inner)
+        : comm::Decorator(std::move(inner)) {}
+
+protected:
+    void run(comm::Request& req) override {
+        comm::Decorator::run(req);
+        if (req.op != comm::Op::recv || rank() != 1 || done_) return;
+        done_ = true;
+        std::uint32_t bits;
+        std::memcpy(&bits, req.out, sizeof bits);
+        bits ^= 1u << 20;
+        std::memcpy(req.out, &bits, sizeof bits);
+    }
+
+private:
+    bool done_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("validate names the first op a flipped K/V bit in the ring reaches, and its rank",
+          "[cp]") {
+    Config c = cp_job();
+    c.train.steps = 2;
+    RunHooks plant;
+    plant.wrap_group = [](MeshDim d, std::unique_ptr<comm::Communicator> g)
+        -> std::unique_ptr<comm::Communicator> {
+        if (d != MeshDim::cp) return g;
+        return std::make_unique<FlipFirstRecv>(std::move(g));
+    };
+    const ValidationReport rep = validate_layouts(c, {parse_layout("cp2")}, 2, nullptr, plant);
+    REQUIRE(rep.layouts.size() == 1);
+    const LayoutResult& r = rep.layouts[0];
+    INFO(r.first_op.text() << " " << r.first_op_where << " " << r.first_op_note << " ranks "
+                           << r.first_op_ranks.size());
+    CHECK(r.verdict == "diverged");
+    CHECK(r.first_step == 1);
+    CHECK(r.first_op.name == "1/fwd/0/attn.core/out");
+    CHECK(r.first_op_rank == 1);
+    CHECK(r.first_op_where == "pp0 dp0 cp1 tp0");
 }

@@ -287,7 +287,7 @@ LogicalState gathered(const Config& cfg, std::vector<float>&& p, std::vector<flo
 
 // The world rank of a rank's job.
 int world_rank(const Mesh& mesh, const Job& job) {
-    return mesh.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank()});
+    return mesh.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank(), job.cp_rank()});
 }
 
 // Runs layout config c to step `last` (of c's schedule) with ranks[world rank] as each rank's

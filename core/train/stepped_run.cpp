@@ -118,7 +118,8 @@ void SteppedRun::rank_main(comm::Communicator& world, const Config& cfg, const R
 }
 
 void SteppedRun::pause(Job& job, bool finished) {
-    const int r = mesh_.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank()});
+    const int r =
+        mesh_.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank(), job.cp_rank()});
     Rank& me = ranks_[static_cast<size_t>(r)];
     std::unique_lock<std::mutex> lock(mu_);
     me.job = &job;
