@@ -7,6 +7,7 @@
 #include "core/io/checkpoint.h"
 #include "core/io/state.h"
 #include "core/train/checkpointing.h"
+#include "validators/trace.h"
 #include "validators/validate.h"
 #include "core/parallel/context_parallel.h"
 #include "core/parallel/mesh.h"
@@ -333,4 +334,27 @@ TEST_CASE("validate names the first op a flipped K/V bit in the ring reaches, an
     CHECK(r.first_op.name == "1/fwd/0/attn.core/out");
     CHECK(r.first_op_rank == 1);
     CHECK(r.first_op_where == "pp0 dp0 cp1 tp0");
+}
+
+TEST_CASE("a golden trace of the single device checks cp layouts probe by probe, at every op",
+          "[cp]") {
+    // Every forward and backward op's output is placed at its tokens' logical positions, so each
+    // rank's pieces equal the trace's tensors bit for bit.
+    Config c = test::with_tp_shapes(cp_job());
+    c.numerics.block = 8;
+    c.train.steps = 2;
+    c.train.eval_every = 0;
+    const std::string dir = test::temp_dir("cp_golden");
+    record_trace(c, {"**"}, 1, 2, dir + "/trace.h5");
+    const TraceReader trace(dir + "/trace.h5");
+    const ValidationReport rep =
+        validate_golden(c,
+                        {parse_layout("cp2"), parse_layout("cp2xulysses"),
+                         parse_layout("cp2xtp2xsp"), parse_layout("cp2xdp2")},
+                        trace);
+    REQUIRE(rep.layouts.size() == 4);
+    for (const LayoutResult& r : rep.layouts) {
+        INFO(r.layout << ": " << r.verdict << " " << r.error << " " << r.first_op.text());
+        CHECK(r.verdict == "match");
+    }
 }
