@@ -66,12 +66,17 @@ int main(int argc, char** argv) {
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i];
         const i64 v = std::atoll(argv[i + 1]);
-        if (a == "--seq") T = v;
-        else if (a == "--layers") L = v;
-        else if (a == "--steps") steps = v;
-        else if (a == "--batch") B = v;
+        if (a == "--seq")
+            T = v;
+        else if (a == "--layers")
+            L = v;
+        else if (a == "--steps")
+            steps = v;
+        else if (a == "--batch")
+            B = v;
         else {
-            std::fprintf(stderr, "usage: bench_cp [--seq T] [--layers L] [--steps S] [--batch B]\n");
+            std::fprintf(stderr,
+                         "usage: bench_cp [--seq T] [--layers L] [--steps S] [--batch B]\n");
             return 2;
         }
     }
@@ -92,10 +97,11 @@ int main(int argc, char** argv) {
     c.numerics.block = 32;
     c.layout.timeout_s = 600;
 
-    std::printf("bench_cp: T=%lld, L=%lld, C=128, NH=4, batch %lld, %lld steps (best step "
-                "shown), in-process ranks\n\n",
-                static_cast<long long>(T), static_cast<long long>(L), static_cast<long long>(B),
-                static_cast<long long>(steps));
+    std::printf(
+        "bench_cp: T=%lld, L=%lld, C=128, NH=4, batch %lld, %lld steps (best step "
+        "shown), in-process ranks\n\n",
+        static_cast<long long>(T), static_cast<long long>(L), static_cast<long long>(B),
+        static_cast<long long>(steps));
     std::printf("%-14s %12s %14s %14s %16s %16s %10s %8s\n", "layout", "act MiB/rank",
                 "attention MiB", "(formula)", "cp bytes/step", "(formula)", "step ms", "vs 1");
     const Result ref = run(c);

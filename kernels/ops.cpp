@@ -11,9 +11,9 @@ namespace px::ops {
 
 namespace {
 
-constexpr const char* kOpNames[] = {"matmul",   "gemm",      "layernorm",    "gelu",    "attention",
-                                    "attention_queries", "residual", "embedding", "crossentropy", "row_max", "exp_sub",
-                                    "row_sum",  "adamw",     "sum_squares"};
+constexpr const char* kOpNames[] = {
+    "matmul",  "gemm",    "layernorm", "gelu",  "attention",  "attention_queries", "residual",
+    "embedding", "crossentropy", "row_max", "exp_sub", "row_sum", "adamw", "sum_squares"};
 static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == static_cast<size_t>(Op::kCount),
               "kOpNames must match Op");
 

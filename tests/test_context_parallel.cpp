@@ -6,14 +6,14 @@
 #include "core/base/error.h"
 #include "core/io/checkpoint.h"
 #include "core/io/state.h"
-#include "core/train/checkpointing.h"
-#include "validators/trace.h"
-#include "validators/validate.h"
 #include "core/parallel/context_parallel.h"
 #include "core/parallel/mesh.h"
+#include "core/train/checkpointing.h"
 #include "core/train/job.h"
 #include "core/train/runner.h"
 #include "tests/test_util.h"
+#include "validators/trace.h"
+#include "validators/validate.h"
 
 #include <catch2/catch.hpp>
 
@@ -121,13 +121,14 @@ TEST_CASE("cp layouts that cannot be exact are refused with a sentence naming th
     c.layout.cp = 8;
     c.numerics.block = 4;
     c.layout.cp_method = "ulysses";  // 4 heads over 8 ranks
-    CHECK_THROWS_WITH(make_layout(c), Catch::Contains("ulysses") && Catch::Contains("model.heads=4"));
+    CHECK_THROWS_WITH(make_layout(c),
+                      Catch::Contains("ulysses") && Catch::Contains("model.heads=4"));
     c = cp_job();
     c.layout.cp = 2;
     c.layout.dp = 2;
     c.layout.zero = 1;
-    CHECK_THROWS_WITH(make_layout(c), Catch::Contains("layout.zero=1") &&
-                                          Catch::Contains("layout.cp=2"));
+    CHECK_THROWS_WITH(make_layout(c),
+                      Catch::Contains("layout.zero=1") && Catch::Contains("layout.cp=2"));
     c = cp_job();
     c.layout.cp_method = "spiral";
     CHECK_THROWS_WITH(validate_config(c), Catch::Contains("layout.cp_method"));
@@ -206,8 +207,8 @@ TEST_CASE("a cp2 checkpoint resumes on one device, and one device's under cp2 ×
         int cp_from, tp_from, cp_to, tp_to;
         const char* method;
     };
-    for (const Case& k : {Case{2, 1, 1, 1, "ring"}, Case{1, 1, 2, 2, "ring"},
-                          Case{4, 1, 2, 1, "ulysses"}}) {
+    for (const Case& k :
+         {Case{2, 1, 1, 1, "ring"}, Case{1, 1, 2, 2, "ring"}, Case{4, 1, 2, 1, "ulysses"}}) {
         INFO("cp" << k.cp_from << "·tp" << k.tp_from << " -> cp" << k.cp_to << "·tp" << k.tp_to
                   << " " << k.method);
         const std::string dir = test::temp_dir("cp_resume");
@@ -263,8 +264,10 @@ TEST_CASE("validate reads cpN and ulysses, and every cp layout matches the refer
     }
 }
 
-TEST_CASE("a cp rank's traffic and attention memory are the formulas' (cp_costs), 1/cp of the "
-          "attention matrix", "[cp]") {
+TEST_CASE(
+    "a cp rank's traffic and attention memory are the formulas' (cp_costs), 1/cp of the "
+    "attention matrix",
+    "[cp]") {
     for (const char* method : {"ring", "ulysses"})
         for (int cp : {2, 4}) {
             Config c = cp_job();
@@ -319,8 +322,9 @@ TEST_CASE("validate names the first op a flipped K/V bit in the ring reaches, an
     Config c = cp_job();
     c.train.steps = 2;
     RunHooks plant;
-    plant.wrap_group = [](MeshDim d, std::unique_ptr<comm::Communicator> g)
-        -> std::unique_ptr<comm::Communicator> {
+    plant.wrap_group =
+        [](MeshDim d,
+           std::unique_ptr<comm::Communicator> g) -> std::unique_ptr<comm::Communicator> {
         if (d != MeshDim::cp) return g;
         return std::make_unique<FlipFirstRecv>(std::move(g));
     };

@@ -564,10 +564,11 @@ LayoutSpec parse_layout(const std::string& item) {
         else
             throw ConfigError("layout \"" + item + "\": \"" + part +
                               "\" is not a layout part; join "
-                              "dpN, tpN, ppN, cpN, zN (ZeRO stage), mbN (microbatches), sp (sequence "
-                              "parallelism) and ulysses (cp by all-to-all over heads) with 'x', "
-                              "e.g. dp2xtp2xpp2, dp4xz3 or cp2xtp2");
-        if (n == 0 && part != "sp" && part != "ulysses" && part != "z0")  // z0: ZeRO off, whatever the config says
+                              "dpN, tpN, ppN, cpN, zN (ZeRO stage), mbN (microbatches), sp "
+                              "(sequence parallelism) and ulysses (cp by all-to-all over heads) "
+                              "with 'x', e.g. dp2xtp2xpp2, dp4xz3 or cp2xtp2");
+        // z0: ZeRO off, whatever the config says
+        if (n == 0 && part != "sp" && part != "ulysses" && part != "z0")
             throw ConfigError("layout \"" + item + "\": \"" + part + "\" must be at least 1");
     }
     return l;

@@ -98,7 +98,8 @@ LayoutSpec parse_layout(const std::string& text);
 // A comma-separated list of them: "dp2,tp2,pp2,dp2xtp2xpp2".
 std::vector<LayoutSpec> parse_layouts(const std::string& text);
 // The layout's parallelisms one at a time: dpN (with its zN and mbN), tpN (with sp), ppN (with
-// mbN), cpN (with ulysses), named as parse_layout reads them. Empty when the layout has fewer than two.
+// mbN), cpN (with ulysses), named as parse_layout reads them. Empty when the layout has fewer than
+// two.
 std::vector<LayoutSpec> single_axis_parts(const LayoutSpec& l);
 // cfg with the layout's dp, tp, pp (and zero, microbatches, sp when given), validated as a
 // config and as a layout (the mesh's and the pipeline's checks): ConfigError naming the keys.

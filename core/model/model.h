@@ -246,7 +246,9 @@ public:
     void wrap_parallel_layers(const LayersWrap& wrap);
     // Context parallelism (null: none): the model runs on a rank's tokens of each sequence, at the
     // positions context->runs() gives, with its attention. Before the first make_activations.
-    void set_context(std::shared_ptr<const ContextLayers> context) { context_ = std::move(context); }
+    void set_context(std::shared_ptr<const ContextLayers> context) {
+        context_ = std::move(context);
+    }
     const ContextLayers* context() const { return context_.get(); }
 
     const ModelConfig& config() const { return mc_; }

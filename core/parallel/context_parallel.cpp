@@ -74,14 +74,14 @@ CpAttention::CpAttention(comm::Communicator& cp, CpMethod method, i64 seq_len, i
     }
 }
 
-std::shared_ptr<CpAttention> make_cp_attention(comm::Communicator& cp, CpMethod method,
-                                               i64 seq_len, int block) {
-    if (cp.size() > 1 && (seq_len % (2 * cp.size()) != 0 ||
-                          (seq_len / (2 * cp.size())) % block != 0))
-        throw ConfigError("layout.cp=" + std::to_string(cp.size()) + " cuts model.seq_len=" +
-                          std::to_string(seq_len) + " into " + std::to_string(2 * cp.size()) +
-                          " chunks that are not whole blocks of numerics.block=" +
-                          std::to_string(block));
+std::shared_ptr<CpAttention> make_cp_attention(comm::Communicator& cp, CpMethod method, i64 seq_len,
+                                               int block) {
+    if (cp.size() > 1 &&
+        (seq_len % (2 * cp.size()) != 0 || (seq_len / (2 * cp.size())) % block != 0))
+        throw ConfigError(
+            "layout.cp=" + std::to_string(cp.size()) + " cuts model.seq_len=" +
+            std::to_string(seq_len) + " into " + std::to_string(2 * cp.size()) +
+            " chunks that are not whole blocks of numerics.block=" + std::to_string(block));
     return std::make_shared<CpAttention>(cp, method, seq_len, block);
 }
 
@@ -131,7 +131,8 @@ void CpAttention::to_heads(float* out, const float* in, i64 B, i64 Tl, i64 W, in
     for (int o = 0; o < size_; o++)
         for (i64 r = 0; r < B * Tl; r++)
             for (int p = 0; p < parts; p++)
-                std::memcpy(send_.data() + o * n + r * row + p * Wc, in + r * parts * W + p * W + o * Wc,
+                std::memcpy(send_.data() + o * n + r * row + p * Wc,
+                            in + r * parts * W + p * W + o * Wc,
                             static_cast<size_t>(Wc) * sizeof(float));
     comm_.all_to_all(recv_.data(), send_.data(), n);
     for (int s = 0; s < size_; s++) {
@@ -161,7 +162,8 @@ void CpAttention::from_heads(float* out, const float* in, i64 B, i64 Tl, i64 W, 
     for (int o = 0; o < size_; o++)
         for (i64 r = 0; r < B * Tl; r++)
             for (int p = 0; p < parts; p++)
-                std::memcpy(out + r * parts * W + p * W + o * Wc, recv_.data() + o * n + r * row + p * Wc,
+                std::memcpy(out + r * parts * W + p * W + o * Wc,
+                            recv_.data() + o * n + r * row + p * Wc,
                             static_cast<size_t>(Wc) * sizeof(float));
 }
 
@@ -187,10 +189,9 @@ void CpAttention::attention_forward(const Numerics& nx, const Tensor& out, const
     from_heads(out.f32(), heads2_.data(), B, Tl, C, 1);
 }
 
-void CpAttention::attention_backward(const Numerics& nx, const Tensor& dqkv,
-                                     const Tensor& dpreatt, const Tensor& datt,
-                                     const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                                     i64 NH) const {
+void CpAttention::attention_backward(const Numerics& nx, const Tensor& dqkv, const Tensor& dpreatt,
+                                     const Tensor& datt, const Tensor& dout, const Tensor& qkv,
+                                     const Tensor& att, i64 NH) const {
     const i64 B = qkv.shape[0], Tl = qkv.shape[1], C = qkv.shape[2] / 3, T = Tl * size_;
     if (method_ == CpMethod::ulysses) {
         const i64 Cc = C / size_, NHc = NH / size_;
@@ -220,10 +221,9 @@ void CpAttention::attention_backward(const Numerics& nx, const Tensor& dqkv,
     }
     grow(parts_, B * NH * T * K * 2 * HS);
     const Tensor kv = view_f32(kv_.data(), {B, T, 3 * C}, "kv");
-    ops::attention_queries_backward(nx, dqkv, view_f32(parts_.data(), {B * NH * T * K * 2 * HS}, "parts"),
-                                    dpreatt, datt, dout, qkv, kv, att,
-                                    pos_[static_cast<size_t>(rank_)].data(), lo.data(), hi.data(),
-                                    K, NH);
+    ops::attention_queries_backward(
+        nx, dqkv, view_f32(parts_.data(), {B * NH * T * K * 2 * HS}, "parts"), dpreatt, datt, dout,
+        qkv, kv, att, pos_[static_cast<size_t>(rank_)].data(), lo.data(), hi.data(), K, NH);
     // To every key's owner: its keys' node values, Kmax slots per key (-0 past a rank's nodes).
     i64 Kmax = 0;
     for (const auto& n : nodes_) Kmax = std::max<i64>(Kmax, static_cast<i64>(n.size()));
@@ -248,7 +248,8 @@ void CpAttention::attention_backward(const Numerics& nx, const Tensor& dqkv,
     for (int r = 0; r < size_; r++)
         for (size_t k = 0; k < nodes_[static_cast<size_t>(r)].size(); k++)
             all.push_back({nodes_[static_cast<size_t>(r)][k], r, static_cast<i64>(k)});
-    std::sort(all.begin(), all.end(), [](const Held& a, const Held& b) { return a.node.lo < b.node.lo; });
+    std::sort(all.begin(), all.end(),
+              [](const Held& a, const Held& b) { return a.node.lo < b.node.lo; });
     const i64 nkb = num_blocks(T, block_);
     const float scale = 1.0f / std::sqrt(float(HS));
     const std::vector<i64>& pos = pos_[static_cast<size_t>(rank_)];
@@ -264,9 +265,10 @@ void CpAttention::attention_backward(const Numerics& nx, const Tensor& dqkv,
                 nodes.clear();
                 for (const Held& x : all) {
                     if (std::min(T, x.node.hi * block_) <= p) continue;  // no query t >= p
-                    std::memcpy(vals.data() + nodes.size() * static_cast<size_t>(w),
-                                in.data() + x.rank * per + (((b * NH + h) * Tl + t) * Kmax + x.k) * w,
-                                static_cast<size_t>(w) * sizeof(float));
+                    std::memcpy(
+                        vals.data() + nodes.size() * static_cast<size_t>(w),
+                        in.data() + x.rank * per + (((b * NH + h) * Tl + t) * Kmax + x.k) * w,
+                        static_cast<size_t>(w) * sizeof(float));
                     nodes.push_back(x.node);
                 }
                 if (!combine_nodes(nkb, nodes, vals.data(), w)) continue;
@@ -279,14 +281,13 @@ void CpAttention::attention_backward(const Numerics& nx, const Tensor& dqkv,
     }
 }
 
-float CpAttention::logit_max(const Numerics& nx, const Tensor& preatt, i64 NH) const {
+float CpAttention::logit_max(const Numerics& nx, const Tensor& preatt, i64 /*NH*/) const {
     const i64 T = T_;
     float best = -std::numeric_limits<float>::infinity(), row = 0;
     const Tensor out = view_f32(&row, {1}, "logit_max");
     const i64 rows = preatt.numel() / T;
     const std::vector<i64>& pos = pos_[static_cast<size_t>(rank_)];
     const i64 Tl = static_cast<i64>(pos.size());
-    (void)NH;
     for (i64 r = 0; r < rows; r++) {
         // Ring: rows are this rank's queries; Ulysses: whole sequences of its heads.
         const i64 t = method_ == CpMethod::ring ? pos[static_cast<size_t>(r % Tl)] : r % T;
@@ -319,7 +320,8 @@ CpCosts cp_costs(const Layout& l, i64 layers, i64 micro_B) {
     }
     const double per_layer = fwd * (l.recompute == Recompute::full ? 2 : 1) + bwd;
     c.comm_bytes_per_step = 4 * per_layer * double(layers) * double(l.microbatches);
-    const double kept = l.recompute == Recompute::full ? std::min<double>(double(layers), 1) : double(layers);
+    const double kept =
+        l.recompute == Recompute::full ? std::min<double>(double(layers), 1) : double(layers);
     c.attention_bytes = 4 * B * NH * Tl * T * (kept + 2);
     return c;
 }

@@ -64,7 +64,9 @@ public:
     CpAttention(comm::Communicator& cp, CpMethod method, i64 seq_len, int block);
 
     i64 keys(i64 T) const override { return T * size_; }
-    std::vector<PositionRun> runs(i64 T) const override { return zigzag_runs(T * size_, size_, rank_); }
+    std::vector<PositionRun> runs(i64 T) const override {
+        return zigzag_runs(T * size_, size_, rank_);
+    }
     void attention_forward(const Numerics& nx, const Tensor& out, const Tensor& preatt,
                            const Tensor& att, const Tensor& qkv, i64 NH) const override;
     void attention_backward(const Numerics& nx, const Tensor& dqkv, const Tensor& dpreatt,
@@ -89,7 +91,7 @@ private:
     CpMethod method_;
     int size_ = 1, rank_ = 0, block_ = 64;
     i64 T_ = 0;
-    std::vector<std::vector<i64>> pos_;     // by rank: logical position of each local row
+    std::vector<std::vector<i64>> pos_;      // by rank: logical position of each local row
     std::vector<std::vector<Range>> nodes_;  // by rank: its maximal nodes of the query-block tree
     mutable std::vector<float> kv_, send_, recv_, heads_, heads2_, heads3_, parts_;
 };
@@ -98,8 +100,8 @@ private:
 //   1. the split: zig-zag chunks of every sequence (zigzag_runs), whole blocks of numerics.block;
 //   2. the query nodes: each rank's maximal nodes of the tree over a sequence's blocks;
 //   3. the method: ring or ulysses.
-std::shared_ptr<CpAttention> make_cp_attention(comm::Communicator& cp, CpMethod method,
-                                               i64 seq_len, int block);
+std::shared_ptr<CpAttention> make_cp_attention(comm::Communicator& cp, CpMethod method, i64 seq_len,
+                                               int block);
 
 // ---- accounting ------------------------------------------------------------------------------
 

@@ -58,8 +58,7 @@ void Job::localise(int* out, const int* full, i64 B) const {
 
 // Every data-group rank's losses, `batches` batches of local_B sequences of T/cp tokens each, to
 // token order: batch j, then replica, then sequence, then logical position (gather_losses').
-void Job::gather_cp_losses(std::vector<float>& all, const std::vector<float>& local,
-                           i64 batches) {
+void Job::gather_cp_losses(std::vector<float>& all, const std::vector<float>& local, i64 batches) {
     const int dp = layout_.dp, cp = layout_.cp;
     const i64 per_rank = batches * local_B_ * Tl_;
     std::vector<float> gathered(static_cast<size_t>(per_rank * dp * cp));
