@@ -175,8 +175,9 @@ std::function<int()> add_validate_command(CLI::App& app, const comm::MpiEnvironm
                     "TOML job config (the embedded default when omitted)")
         ->check(CLI::ExistingFile);
     sub->add_option("--layouts", opt->layouts,
-                    "Comma-separated layouts, parts joined by 'x': dpN, tpN, ppN, zN (ZeRO stage), "
-                    "mbN (microbatches), sp (sequence parallel)")
+                    "Comma-separated layouts, parts joined by 'x': dpN, tpN, ppN, cpN (context "
+                    "parallel), zN (ZeRO stage), mbN (microbatches), sp (sequence parallel), "
+                    "ulysses (cp's all-to-all method)")
         ->capture_default_str()
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later one wins
     sub->add_option("--steps", opt->steps, "Steps to run and compare")
