@@ -5,6 +5,7 @@
 #include "core/base/config.h"
 #include "core/base/error.h"
 #include "core/io/checkpoint.h"
+#include "core/model/data.h"
 #include "core/io/state.h"
 #include "core/parallel/context_parallel.h"
 #include "core/parallel/mesh.h"
@@ -18,6 +19,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -361,4 +363,39 @@ TEST_CASE("a golden trace of the single device checks cp layouts probe by probe,
         INFO(r.layout << ": " << r.verdict << " " << r.error << " " << r.first_op.text());
         CHECK(r.verdict == "match");
     }
+}
+
+TEST_CASE("fast mode: cp layouts train within the reference's error budget", "[cp]") {
+    Config c = cp_job();
+    c.numerics.mode = Mode::fast;
+    c.train.steps = 3;
+    const ValidationReport rep =
+        validate_layouts(c, {parse_layout("cp2"), parse_layout("cp4xulysses")}, 3);
+    REQUIRE(rep.layouts.size() == 2);
+    for (const LayoutResult& r : rep.layouts) {
+        INFO(r.layout << ": " << r.verdict << " " << r.error);
+        CHECK(r.verdict == "within budget");
+    }
+}
+
+TEST_CASE("examples/long-context.toml reaches its floor, below the short-context best by the "
+          "margin the floor predicts", "[cp]") {
+    // The copy source at D = 48 of T = 64 under cp2: the floor (D-1)/T · ln V with the whole
+    // window, ln V for any shorter context (CopySource::context_floor).
+    Config c = load_config("examples/long-context.toml");
+    c.output.run_file = false;
+    c.train.threads = 1;
+    REQUIRE(c.layout.cp == 2);
+    const double floor = CopySource::context_floor(16, 48, 64, 64);
+    const double shortsighted = CopySource::context_floor(16, 48, 64, 47);
+    CHECK(floor == Approx(47 * std::log(16.0) / 64).epsilon(1e-15));
+    CHECK(shortsighted == Approx(std::log(16.0)).epsilon(1e-15));
+    std::vector<double> val;
+    run_layout(c, {}, test::inspecting([&](Job& job) {
+                   if (job.cp_rank() == 0) val.push_back(job.history().back().val_loss);
+               }));
+    REQUIRE(val.size() == 1);
+    INFO("val " << val[0] << " floor " << floor);
+    CHECK(std::abs(val[0] - floor) < 0.002);  // the validation windows' sampling noise
+    CHECK(shortsighted - val[0] > (shortsighted - floor) - 0.002);
 }

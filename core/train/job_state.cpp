@@ -3,6 +3,8 @@
 // shards gathered back, and the rank's memory.
 #include "core/train/job.h"
 
+#include "core/parallel/context_parallel.h"
+
 #include "core/base/error.h"
 #include "core/io/checkpoint.h"
 #include "core/io/state.h"
@@ -262,6 +264,9 @@ MemoryStats Job::memory() const {
                        static_cast<i64>(sizeof(float));
     m.activations = activation_bytes();
     if (shards_) m.comm = shards_->staging_bytes();
+    // Context parallelism: the ring's or the all-to-alls' staging (whole-sequence K/V, head rows).
+    if (const auto* cpa = dynamic_cast<const CpAttention*>(model_->context()))
+        m.comm += cpa->staging_bytes();
     return m;
 }
 
