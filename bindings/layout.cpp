@@ -21,6 +21,8 @@ py::dict layout_of(const Config& cfg) {
     d["dp"] = l.dp;
     d["tp"] = l.tp;
     d["pp"] = l.pp;
+    d["cp"] = l.cp;
+    d["cp_method"] = cp_method_name(l.cp_method);
     d["zero"] = l.zero;
     d["microbatches"] = l.microbatches;
     d["microbatch_size"] = l.microbatch_size();
@@ -38,6 +40,7 @@ py::dict layout_of(const Config& cfg) {
         rank["pp"] = c.pp;
         rank["dp"] = c.dp;
         rank["tp"] = c.tp;
+        rank["cp"] = c.cp;
         py::list layers;
         for (int ch = 0; ch < l.virtual_stages; ch++) {
             const LayerRange lr = mesh.layers(c.pp, ch);
@@ -47,6 +50,7 @@ py::dict layout_of(const Config& cfg) {
         rank["dp_group"] = mesh.dp_group(r);
         rank["tp_group"] = mesh.tp_group(r);
         rank["pp_group"] = mesh.pp_group(r);
+        rank["cp_group"] = mesh.cp_group(r);
         ranks.append(rank);
     }
     d["ranks"] = ranks;
@@ -248,11 +252,13 @@ void bind_layout(py::module_& m) {
         },
         py::arg("config") = py::none(), py::kw_only(), py::arg("explore") = false, R"doc(
 The layout a config makes, checked once as a job checks it (ConfigError naming the keys when it
-does not fit the model, the batch or the numerics): a dict with dp, tp, pp, zero, microbatches,
+does not fit the model, the batch or the numerics): a dict with dp, tp, pp, cp, cp_method, zero,
+microbatches,
 microbatch_size, schedule, virtual_stages, recompute, sequence_parallel, world_size, text (the
-mesh in words), ranks (per world rank: pp, dp, tp, layers, and the world ranks of its dp, tp and
-pp groups) and token_ranges (per dp rank and microbatch: its sequences and token blocks of the
-batch's canonical tree). Ranks are numbered tp innermost: rank = (pp·dp + dp_rank)·tp + tp_rank.
+mesh in words), ranks (per world rank: pp, dp, tp, cp, layers, and the world ranks of its dp, tp,
+pp and cp groups) and token_ranges (per dp rank and microbatch: its sequences and token blocks of
+the batch's canonical tree). Ranks are numbered tp innermost, then cp, dp and pp:
+rank = ((pp·dp + dp_rank)·cp + cp_rank)·tp + tp_rank.
 
 explore=True also runs one step of the layout with a recorder around every group (as
 explore_layout, whose keys it adds: holds, moments, holds_text (its "text"), collectives,
