@@ -5,8 +5,8 @@
 #include "core/base/config.h"
 #include "core/base/error.h"
 #include "core/io/checkpoint.h"
-#include "core/model/data.h"
 #include "core/io/state.h"
+#include "core/model/data.h"
 #include "core/parallel/context_parallel.h"
 #include "core/parallel/mesh.h"
 #include "core/train/checkpointing.h"
@@ -378,8 +378,10 @@ TEST_CASE("fast mode: cp layouts train within the reference's error budget", "[c
     }
 }
 
-TEST_CASE("examples/long-context.toml reaches its floor, below the short-context best by the "
-          "margin the floor predicts", "[cp]") {
+TEST_CASE(
+    "examples/long-context.toml reaches its floor, below the short-context best by the "
+    "margin the floor predicts",
+    "[cp]") {
     // The copy source at D = 48 of T = 64 under cp2: the floor (D-1)/T · ln V with the whole
     // window, ln V for any shorter context (CopySource::context_floor).
     Config c = load_config("examples/long-context.toml");
@@ -398,4 +400,33 @@ TEST_CASE("examples/long-context.toml reaches its floor, below the short-context
     INFO("val " << val[0] << " floor " << floor);
     CHECK(std::abs(val[0] - floor) < 0.002);  // the validation windows' sampling noise
     CHECK(shortsighted - val[0] > (shortsighted - floor) - 0.002);
+}
+
+TEST_CASE(
+    "the largest attention logit per layer (spike evidence) is the single device's under "
+    "ring and Ulysses",
+    "[cp]") {
+    Config c = cp_job();
+    c.train.steps = 2;
+    c.train.eval_every = 0;
+    Job one(c);
+    one.watch_logits(true);
+    one.run();
+    const std::vector<float> want = one.logit_max();
+    REQUIRE(want.size() == 2);
+    for (const char* method : {"ring", "ulysses"}) {
+        Config k = c;
+        k.layout.cp = 4;
+        k.layout.cp_method = method;
+        RunHooks hooks;
+        hooks.setup = [](Job& job) { job.watch_logits(true); };
+        std::vector<std::vector<float>> got;
+        hooks.inspect = [&](Job& job) { got.push_back(job.logit_max()); };
+        run_layout(k, {}, hooks);
+        REQUIRE(got.size() == 4);
+        for (const auto& g : got) {
+            INFO(method);
+            CHECK(test::same_bits(g, want));
+        }
+    }
 }
