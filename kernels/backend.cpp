@@ -91,7 +91,8 @@ bool Backend::has(Op op) const {
         case Op::attention:
             return attention_forward && attention_backward;
         case Op::attention_queries:
-            return attention_queries_forward && attention_queries_backward;
+            return attention_queries_scores && attention_queries_softmax &&
+                   attention_queries_backward;
         case Op::residual:
             return residual_forward && residual_backward;
         case Op::embedding:

@@ -63,9 +63,11 @@ struct Backend {
     void (*attention_backward)(const Numerics&, const Tensor& dqkv, const Tensor& dpreatt,
                                const Tensor& datt, const Tensor& dout, const Tensor& qkv,
                                const Tensor& att, i64 NH);
-    void (*attention_queries_forward)(const Numerics&, const Tensor& out, const Tensor& preatt,
-                                      const Tensor& att, const Tensor& q, const Tensor& kv,
-                                      const i64* pos, i64 NH);
+    void (*attention_queries_scores)(const Numerics&, const Tensor& preatt, const Tensor& q,
+                                     const Tensor& kv, const i64* pos, i64 key_lo, i64 key_hi,
+                                     i64 NH);
+    void (*attention_queries_softmax)(const Numerics&, const Tensor& out, const Tensor& preatt,
+                                      const Tensor& att, const Tensor& kv, const i64* pos, i64 NH);
     void (*attention_queries_backward)(const Numerics&, const Tensor& dq, const Tensor& parts,
                                        const Tensor& dpreatt, const Tensor& datt,
                                        const Tensor& dout, const Tensor& q, const Tensor& kv,

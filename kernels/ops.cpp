@@ -154,16 +154,26 @@ void attention_backward(const Numerics& nx, const Tensor& dqkv, const Tensor& dp
         .attention_backward(nx, dqkv, dpreatt, datt, dout, qkv, att, NH);
 }
 
-void attention_queries_forward(const Numerics& nx, const Tensor& out, const Tensor& preatt,
-                               const Tensor& att, const Tensor& q, const Tensor& kv,
-                               const i64* pos, i64 NH) {
-    const Backend& b = dispatch(nx, Op::attention_queries,
-                                {{A, &out}, {A, &preatt}, {A, &att}, {A, &q}, {A, &kv}});
+void attention_queries_scores(const Numerics& nx, const Tensor& preatt, const Tensor& q,
+                              const Tensor& kv, const i64* pos, i64 key_lo, i64 key_hi, i64 NH) {
+    const Backend& b = dispatch(nx, Op::attention_queries, {{A, &preatt}, {A, &q}, {A, &kv}});
     const i64 B = q.shape[0], Tq = q.shape[1], T = kv.shape[1];
-    PX_ASSERT(kv.shape[0] == B && kv.shape[2] == q.shape[2] && att.numel() == B * NH * Tq * T &&
-                  preatt.numel() >= att.numel() && out.numel() == B * Tq * q.shape[2] / 3,
+    PX_ASSERT(kv.shape[0] == B && kv.shape[2] == q.shape[2] && preatt.numel() >= B * NH * Tq * T &&
+                  0 <= key_lo && key_lo <= key_hi && key_hi <= T,
               "attention_queries shapes");
-    b.attention_queries_forward(nx, out, preatt, att, q, kv, pos, NH);
+    b.attention_queries_scores(nx, preatt, q, kv, pos, key_lo, key_hi, NH);
+}
+
+void attention_queries_softmax(const Numerics& nx, const Tensor& out, const Tensor& preatt,
+                               const Tensor& att, const Tensor& kv, const i64* pos, i64 NH) {
+    const Backend& b =
+        dispatch(nx, Op::attention_queries, {{A, &out}, {A, &preatt}, {A, &att}, {A, &kv}});
+    const i64 B = kv.shape[0], T = kv.shape[1], C = kv.shape[2] / 3;
+    PX_ASSERT(B > 0 && C > 0 && out.numel() % (B * C) == 0 &&
+                  att.numel() == B * NH * (out.numel() / (B * C)) * T &&
+                  preatt.numel() >= att.numel(),
+              "attention_queries shapes");
+    b.attention_queries_softmax(nx, out, preatt, att, kv, pos, NH);
 }
 
 void attention_queries_backward(const Numerics& nx, const Tensor& dq, const Tensor& parts,

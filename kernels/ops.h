@@ -88,12 +88,15 @@ void attention_backward(const Numerics& nx, const Tensor& dqkv, const Tensor& dp
                         const Tensor& att, i64 NH);
 
 // Context parallelism (core/parallel/context_parallel.h): the query rows a rank holds, at logical
-// positions pos (Tq, ascending), against the whole sequence's keys and values. Each row gets the
-// bits attention_forward gives the row at its position.
-// out (B,Tq,C), preatt and att (B,NH,Tq,T), q (B,Tq,3C) (q third read), kv (B,T,3C) (k, v read)
-void attention_queries_forward(const Numerics& nx, const Tensor& out, const Tensor& preatt,
-                               const Tensor& att, const Tensor& q, const Tensor& kv,
-                               const i64* pos, i64 NH);
+// positions pos (Tq, ascending), against the whole sequence's keys and values, in two phases.
+// Each row gets the bits attention_forward gives the row at its position.
+// Scores of keys [key_lo, key_hi) (they may arrive a range at a time): preatt (B,NH,Tq,T) columns
+// of those keys below each row's position; q (B,Tq,3C) (q third read), kv (B,T,3C) (those k read)
+void attention_queries_scores(const Numerics& nx, const Tensor& preatt, const Tensor& q,
+                              const Tensor& kv, const i64* pos, i64 key_lo, i64 key_hi, i64 NH);
+// Once every score is in: out (B,Tq,C), att (B,NH,Tq,T), preatt's masked part zeroed; kv's v read
+void attention_queries_softmax(const Numerics& nx, const Tensor& out, const Tensor& preatt,
+                               const Tensor& att, const Tensor& kv, const i64* pos, i64 NH);
 // dq (B,Tq,3C) += (q third only); dpreatt, datt (B,NH,Tq,T) scratch; parts (B,NH,T,K,2,HS)
 // assigned: per key j and per node k (query blocks [node_lo[k], node_hi[k]) of the tree over
 // T's blocks, held by this rank) the node's value of Σ_t dpreatt[t][j]·q_t and Σ_t att[t][j]·dout_t

@@ -91,9 +91,10 @@ i64 CpAttention::staging_bytes() const {
     return static_cast<i64>(n * sizeof(float));
 }
 
-// Every rank's keys and values at their positions: cp-1 hops around the ring; each hop's block is
-// placed while nothing else waits on it.
-void CpAttention::ring_gather(const Tensor& qkv) const {
+// Every rank's keys and values at their positions: cp-1 hops around the ring. A block is sent
+// on as soon as it is here, and `arrived` (when given) computes with it while it travels: the
+// rank's own block first, then each one that came, the last after the last hop.
+void CpAttention::ring_gather(const Tensor& qkv, const std::function<void(int)>& arrived) const {
     const i64 B = qkv.shape[0], Tl = qkv.shape[1], C3 = qkv.shape[2], C = C3 / 3, T = Tl * size_;
     const float* q = qkv.f32();
     grow(kv_, B * T * C3);
@@ -115,11 +116,13 @@ void CpAttention::ring_gather(const Tensor& qkv) const {
     const int to = (rank_ + 1) % size_, from = (rank_ + size_ - 1) % size_;
     for (int hop = 0; hop + 1 < size_; hop++) {
         comm::Handle h = comm_.send_async(cur, n, to, kRingTag);
+        if (arrived) arrived((rank_ + size_ - hop) % size_);  // cur's owner, while cur travels
         comm_.recv(next, n, from, kRingTag);
         h.wait();
         std::swap(cur, next);
         place(cur, (rank_ + size_ - 1 - hop) % size_);
     }
+    if (arrived) arrived((rank_ + 1) % size_);
 }
 
 // Channels [o·W/p, (o+1)·W/p) of each of `parts` groups of W go to rank o; rank r's rows land at
@@ -171,11 +174,16 @@ void CpAttention::attention_forward(const Numerics& nx, const Tensor& out, const
                                     const Tensor& att, const Tensor& qkv, i64 NH) const {
     const i64 B = qkv.shape[0], Tl = qkv.shape[1], C = qkv.shape[2] / 3, T = Tl * size_;
     PX_ASSERT(T == T_, "context-parallel attention on a sequence of another length");
-    if (method_ == CpMethod::ring) {
-        ring_gather(qkv);
-        const Tensor kv = view_f32(kv_.data(), {B, T, 3 * C}, "kv");
-        ops::attention_queries_forward(nx, out, preatt, att, qkv, kv,
-                                       pos_[static_cast<size_t>(rank_)].data(), NH);
+    if (method_ == CpMethod::ring) {  // each block's scores as it comes, then the softmax
+        const i64* pos = pos_[static_cast<size_t>(rank_)].data();
+        ring_gather(qkv, [&](int owner) {
+            const Tensor kv = view_f32(kv_.data(), {B, T, 3 * C}, "kv");
+            for (const PositionRun& r : zigzag_runs(T, size_, owner))
+                ops::attention_queries_scores(nx, preatt, qkv, kv, pos, r.pos,
+                                              r.pos + (r.hi - r.lo), NH);
+        });
+        ops::attention_queries_softmax(nx, out, preatt, att,
+                                       view_f32(kv_.data(), {B, T, 3 * C}, "kv"), pos, NH);
         return;
     }
     const i64 Cc = C / size_, NHc = NH / size_;
@@ -211,7 +219,7 @@ void CpAttention::attention_backward(const Numerics& nx, const Tensor& dqkv, con
         return;
     }
     // Ring: the keys and values again, dq and this rank's node values of dk, dv for every key.
-    ring_gather(qkv);
+    ring_gather(qkv, {});
     const std::vector<Range>& mine = nodes_[static_cast<size_t>(rank_)];
     const i64 K = static_cast<i64>(mine.size()), HS = C / NH;
     std::vector<i64> lo, hi;

@@ -11,12 +11,15 @@
 //   CpCosts, cp_costs   a rank's cp traffic per step and attention memory, by formula
 //
 // Why exact (Mode::bitwise; the single device's attention is kernels/cpu/attention.cpp).
-//   Ring. Each rank passes its keys and values (B, T/cp, 2C) around the ring, cp-1 hops (the next
-//   hop's send is in flight while the block that arrived is placed), until it holds every key and
-//   value of its sequences at their logical positions. A query row's scores, max, softmax sum (the
-//   canonical tree over key blocks, blocks past the row absent) and P·V are then those of the
-//   single device's row at the same position: ops::attention_queries_forward runs the very loop
-//   body of attention_forward on each held row. Backward: dq of a row reads only that row and
+//   Ring. Each rank passes its keys and values (B, T/cp, 2C) around the ring, cp-1 hops, until it
+//   holds every key and value of its sequences at their logical positions; while a block travels
+//   on to the next rank, the rank computes its queries' scores against it (the local block
+//   first). A score is one canonical dot over HS, so scores taken block by block are the single
+//   device's (ops::attention_queries_scores). Once every score of a row is in, its max, softmax
+//   sum (the canonical tree over key blocks, blocks past the row absent) and P·V run the very
+//   loop body of attention_forward on the row at its position (ops::attention_queries_softmax):
+//   in bitwise mode the softmax waits for the row's last score, since its max and its sum are
+//   over every key. Backward: dq of a row reads only that row and
 //   every key, so it is local. dk_j and dv_j reduce over queries t >= j in the canonical tree over
 //   query blocks of the sequence; rank r's queries are its two chunks, whole blocks, whose
 //   maximal tree nodes it computes (one node per chunk when 2·cp is a power of two dividing the
@@ -38,6 +41,7 @@
 #include "core/parallel/mesh.h"
 #include "core/parallel/tree_exchange.h"
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -80,8 +84,9 @@ public:
     i64 staging_bytes() const;  // the largest staging buffers held so far
 
 private:
-    // kv_ (B, T, 3C): every rank's k and v thirds at their logical positions (q third unused).
-    void ring_gather(const Tensor& qkv) const;
+    // kv_ (B, T, 3C): every rank's k and v thirds at their logical positions (q third unused);
+    // arrived(owner), when given, runs for each block as it is here (kv_ holds it) and goes on.
+    void ring_gather(const Tensor& qkv, const std::function<void(int)>& arrived) const;
     // a2a: local (B, Tl, 3C) rows -> heads_ (B, T, 3C/cp) (q|k|v of this rank's heads), and the
     // reverse for w = C or 3C channels laid out as groups of C/cp per rank.
     void to_heads(float* out, const float* in, i64 B, i64 Tl, i64 w, int parts) const;

@@ -17,9 +17,11 @@
 // tree every query uses. Masked entries are written as exact zeros in preatt, att, datt, dpreatt.
 // Threads take whole (b, h) pairs; nothing of one sum is split.
 //
-// Context parallelism (attention_forward_queries, attention_backward_queries): a rank holds some
-// query rows of each sequence (at logical positions pos) and every key and value. Each query row
-// runs the body above on its logical position, so its bits are the single device's. In backward
+// Context parallelism (attention_scores_queries, attention_softmax_queries,
+// attention_backward_queries): a rank holds some query rows of each sequence (at logical positions
+// pos) and, one key range after another, every key and value. Each query row runs the body above
+// on its logical position, its scores taken a key range at a time (each score is its own dot), so
+// its bits are the single device's. In backward
 // dq is local; dk_j and dv_j reduce over the queries of every rank, so a rank gives, for every key
 // j, the value of each of its nodes of the query-block tree (blocks absent below j, as above), and
 // whoever owns key j combines the nodes of all ranks in the tree (core/parallel/context_parallel.h).
@@ -85,6 +87,40 @@ void rows_reduce(const VecMath& vm, float* op, unsigned char* present, const flo
 
 namespace {
 
+// pre[j] = (q·k_j)·scale for the keys j in [lo, lo + W) with j < n; kt holds those keys' kᵀ,
+// (HS, W). Each score is its own canonical dot over HS, whatever W: a row's scores may be taken
+// a key range at a time (the ring's blocks as they arrive) with the same bits.
+inline void score_row(const VecMath& vm, float* sp, float* pre, const float* qt, const float* kt,
+                      i64 HS, i64 W, i64 lo, i64 n, int blk, float scale) {
+    const i64 m = std::min(n, lo + W) - lo;
+    if (m <= 0) return;
+    dots_across(vm, sp, qt, kt, HS, W, m, blk);
+    for (i64 j = 0; j < m; j++) pre[lo + j] = sp[j] * scale;
+}
+
+// The rest of a query row of n keys once its scores pre[0..n) are in: masked scores zero, the
+// softmax into a (max, exp, the sum over key blocks, divide), and out (HS) = P·V over the key
+// blocks. vb: the row's sequence's v of this head, rows ldv apart.
+inline void softmax_row(const Numerics& nx, const VecMath& vm, float* out, float* pre, float* a,
+                        const float* vb, i64 ldv, i64 n, i64 T, i64 HS, i64 nkb, int blk, float* ep,
+                        float* op, unsigned char* present) {
+    std::fill(pre + n, pre + T, 0.0f);
+    const float mx = vm.max(pre, n);
+    vm.exp_sub(a, pre, mx, n);
+    const float sum = causal_reduce(nx, vm, a, nullptr, n, nkb, ep, present);
+    for (i64 j = 0; j < n; j++) a[j] = a[j] / sum;
+    std::fill(a + n, a + T, 0.0f);
+    rows_reduce(vm, op, present, a, 1, vb, ldv, 0, n, HS, nkb, blk);
+    std::copy(op, op + HS, out);
+}
+
+// kᵀ (HS, W) of keys [lo, lo + W) of head h from kv (T, 3C) rows: a query's scores then
+// vectorise across keys.
+inline void keys_transposed(float* kt, const float* base, i64 lo, i64 W, i64 C, i64 HS, i64 h) {
+    for (i64 j = 0; j < W; j++)
+        for (i64 i = 0; i < HS; i++) kt[i * W + j] = base[(lo + j) * 3 * C + C + h * HS + i];
+}
+
 // The forward of the query rows at pos (Tq, ascending) of each sequence: q rows from q (B,Tq,3C),
 // keys and values from kv (B,T,3C). out (B,Tq,C); preatt, att (B,NH,Tq,T).
 void forward_rows(const Numerics& nx, float* out, float* preatt, float* att, const float* q,
@@ -105,26 +141,16 @@ void forward_rows(const Numerics& nx, float* out, float* preatt, float* att, con
             for (i64 h = 0; h < NH; h++) {
                 const float* base = kv + b * T * C3;
                 const float* qb = q + b * Tq * C3;
-                // kᵀ (HS, T): a query's scores then vectorise across keys.
-                for (i64 j = 0; j < T; j++)
-                    for (i64 i = 0; i < HS; i++) kt[i * T + j] = base[j * C3 + C + h * HS + i];
+                keys_transposed(kt.data(), base, 0, T, C, HS, h);
                 for (i64 r = 0; r < Tq; r++) {
                     const i64 n = pos[r] + 1;
-                    const float* qt = qb + r * C3 + h * HS;
                     float* pre = preatt + ((b * NH + h) * Tq + r) * T;
                     float* a = att + ((b * NH + h) * Tq + r) * T;
-                    dots_across(vm, sp.data(), qt, kt.data(), HS, T, n, blk);
-                    for (i64 j = 0; j < n; j++) pre[j] = sp[j] * scale;
-                    std::fill(pre + n, pre + T, 0.0f);
-                    const float mx = vm.max(pre, n);
-                    vm.exp_sub(a, pre, mx, n);
-                    const float sum =
-                        causal_reduce(nx, vm, a, nullptr, n, nkb, ep.data(), present.data());
-                    for (i64 j = 0; j < n; j++) a[j] = a[j] / sum;
-                    std::fill(a + n, a + T, 0.0f);
-                    rows_reduce(vm, op.data(), present.data(), a, 1, base + 2 * C + h * HS, C3, 0,
-                                n, HS, nkb, blk);
-                    std::copy(op.begin(), op.begin() + HS, out + (b * Tq + r) * C + h * HS);
+                    score_row(vm, sp.data(), pre, qb + r * C3 + h * HS, kt.data(), HS, T, 0, n, blk,
+                              scale);
+                    softmax_row(nx, vm, out + (b * Tq + r) * C + h * HS, pre, a,
+                                base + 2 * C + h * HS, C3, n, T, HS, nkb, blk, ep.data(), op.data(),
+                                present.data());
                 }
             }
         }
@@ -230,11 +256,61 @@ void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* 
     }
 }
 
-// out (B,Tq,C); preatt, att (B,NH,Tq,T); q (B,Tq,3C); kv (B,T,3C); pos (Tq)
-void attention_forward_queries(const Numerics& nx, float* out, float* preatt, float* att,
-                               const float* q, const float* kv, const i64* pos, i64 B, i64 Tq,
-                               i64 T, i64 C, i64 NH) {
-    forward_rows(nx, out, preatt, att, q, kv, pos, B, Tq, T, C, NH);
+// preatt (B,NH,Tq,T): columns [key_lo, key_hi) of the rows at pos (keys past a row's position
+// untouched); q (B,Tq,3C); kv (B,T,3C), of which only those keys are read; pos (Tq)
+void attention_scores_queries(const Numerics& nx, float* preatt, const float* q, const float* kv,
+                              const i64* pos, i64 key_lo, i64 key_hi, i64 B, i64 Tq, i64 T, i64 C,
+                              i64 NH) {
+    PX_ASSERT(NH > 0 && C % NH == 0, "attention: C must be a multiple of NH");
+    PX_ASSERT(0 <= key_lo && key_lo <= key_hi && key_hi <= T, "attention: keys outside T");
+    const i64 W = key_hi - key_lo;
+    if (B <= 0 || Tq <= 0 || W <= 0) return;
+    const VecMath& vm = vecmath(nx.isa);
+    const i64 HS = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(float(HS));
+    const int blk = nx.block;
+#pragma omp parallel
+    {
+        std::vector<float> kt(HS * W), sp(num_blocks(HS, blk) * W);
+#pragma omp for collapse(2) schedule(dynamic)
+        for (i64 b = 0; b < B; b++) {
+            for (i64 h = 0; h < NH; h++) {
+                keys_transposed(kt.data(), kv + b * T * C3, key_lo, W, C, HS, h);
+                for (i64 r = 0; r < Tq; r++)
+                    score_row(vm, sp.data(), preatt + ((b * NH + h) * Tq + r) * T,
+                              q + (b * Tq + r) * C3 + h * HS, kt.data(), HS, W, key_lo, pos[r] + 1,
+                              blk, scale);
+            }
+        }
+    }
+}
+
+// out (B,Tq,C); preatt (B,NH,Tq,T) with every row's scores in (its masked part is zeroed); att
+// (B,NH,Tq,T); kv (B,T,3C), its v read; pos (Tq)
+void attention_softmax_queries(const Numerics& nx, float* out, float* preatt, float* att,
+                               const float* kv, const i64* pos, i64 B, i64 Tq, i64 T, i64 C,
+                               i64 NH) {
+    PX_ASSERT(NH > 0 && C % NH == 0, "attention: C must be a multiple of NH");
+    if (B <= 0 || T <= 0 || Tq <= 0) return;
+    const VecMath& vm = vecmath(nx.isa);
+    const i64 HS = C / NH, C3 = 3 * C;
+    const int blk = nx.block;
+    const i64 nkb = num_blocks(T, blk);
+#pragma omp parallel
+    {
+        std::vector<float> ep(nkb), op(nkb * HS);
+        std::vector<unsigned char> present(nkb);
+#pragma omp for collapse(2) schedule(dynamic)
+        for (i64 b = 0; b < B; b++) {
+            for (i64 h = 0; h < NH; h++)
+                for (i64 r = 0; r < Tq; r++) {
+                    const i64 row = (b * NH + h) * Tq + r;
+                    softmax_row(nx, vm, out + (b * Tq + r) * C + h * HS, preatt + row * T,
+                                att + row * T, kv + b * T * C3 + 2 * C + h * HS, C3, pos[r] + 1, T,
+                                HS, nkb, blk, ep.data(), op.data(), present.data());
+                }
+        }
+    }
 }
 
 // dq (B,Tq,3C) += (q third); parts (B,NH,T,K,2,HS) assigned; dpreatt, datt (B,NH,Tq,T) scratch;

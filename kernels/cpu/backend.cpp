@@ -69,11 +69,18 @@ void attention_bwd(const Numerics& nx, const Tensor& dqkv, const Tensor& dpreatt
                        qkv.shape[0], qkv.shape[1], qkv.shape[2] / 3, NH);
 }
 
-void attention_queries_fwd(const Numerics& nx, const Tensor& out, const Tensor& preatt,
-                           const Tensor& att, const Tensor& q, const Tensor& kv, const i64* pos,
-                           i64 NH) {
-    attention_forward_queries(nx, out.f32(), preatt.f32(), att.f32(), q.f32(), kv.f32(), pos,
-                              q.shape[0], q.shape[1], kv.shape[1], q.shape[2] / 3, NH);
+void attention_queries_scores_of(const Numerics& nx, const Tensor& preatt, const Tensor& q,
+                                 const Tensor& kv, const i64* pos, i64 key_lo, i64 key_hi,
+                                 i64 NH) {
+    attention_scores_queries(nx, preatt.f32(), q.f32(), kv.f32(), pos, key_lo, key_hi, q.shape[0],
+                             q.shape[1], kv.shape[1], q.shape[2] / 3, NH);
+}
+
+void attention_queries_softmax_of(const Numerics& nx, const Tensor& out, const Tensor& preatt,
+                                  const Tensor& att, const Tensor& kv, const i64* pos, i64 NH) {
+    const i64 B = kv.shape[0], T = kv.shape[1], C = kv.shape[2] / 3;
+    attention_softmax_queries(nx, out.f32(), preatt.f32(), att.f32(), kv.f32(), pos, B,
+                              out.numel() / (B * C), T, C, NH);
 }
 
 void attention_queries_bwd(const Numerics& nx, const Tensor& dq, const Tensor& parts,
@@ -164,7 +171,8 @@ const ops::Backend f32_backend{
     .gelu_backward = gelu_bwd,
     .attention_forward = attention_fwd,
     .attention_backward = attention_bwd,
-    .attention_queries_forward = attention_queries_fwd,
+    .attention_queries_scores = attention_queries_scores_of,
+    .attention_queries_softmax = attention_queries_softmax_of,
     .attention_queries_backward = attention_queries_bwd,
     .residual_forward = residual_fwd,
     .residual_backward = residual_bwd,

@@ -306,7 +306,8 @@ constexpr Backend narrow_backend(const char* name) {
         .gelu_backward = gelu_bwd<D>,
         .attention_forward = attention_fwd<D>,
         .attention_backward = attention_bwd<D>,
-        .attention_queries_forward = nullptr,  // context parallelism runs fp32 for now
+        .attention_queries_scores = nullptr,  // context parallelism runs fp32 for now
+        .attention_queries_softmax = nullptr,
         .attention_queries_backward = nullptr,
         .residual_forward = residual_fwd<D>,
         .residual_backward = residual_bwd<D>,

@@ -68,12 +68,17 @@ void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* 
                         i64 NH);
 
 // Context parallelism: the Tq query rows at logical positions pos (ascending) of each sequence,
-// against every key and value of it. out (B,Tq,C); preatt, att (B,NH,Tq,T) saved; q (B,Tq,3C)
-// (its q third read); kv (B,T,3C) (its k and v thirds read). Each row's bits are those the
+// against every key and value of it, in two phases. Scores: preatt (B,NH,Tq,T) columns
+// [key_lo, key_hi) of each row (those below the row's position), from q (B,Tq,3C) (its q third)
+// and those keys of kv (B,T,3C): the keys may arrive range by range. Softmax, once every score is
+// in: att (B,NH,Tq,T) saved and out (B,Tq,C) = P·V with kv's v. Each row's bits are those the
 // whole-sequence kernel gives the row at its position.
-void attention_forward_queries(const Numerics& nx, float* out, float* preatt, float* att,
-                               const float* q, const float* kv, const i64* pos, i64 B, i64 Tq,
-                               i64 T, i64 C, i64 NH);
+void attention_scores_queries(const Numerics& nx, float* preatt, const float* q, const float* kv,
+                              const i64* pos, i64 key_lo, i64 key_hi, i64 B, i64 Tq, i64 T, i64 C,
+                              i64 NH);
+void attention_softmax_queries(const Numerics& nx, float* out, float* preatt, float* att,
+                               const float* kv, const i64* pos, i64 B, i64 Tq, i64 T, i64 C,
+                               i64 NH);
 // dq (B,Tq,3C) += its q third; dpreatt, datt (B,NH,Tq,T) scratch. parts (B,NH,T,K,2,HS) assigned:
 // for every key j and each of the K nodes [node_lo[k], node_hi[k]) of the tree over the query
 // blocks of T (nodes whose positions the rank holds), the node's value of Σ_t dpreatt[t][j]·q_t
