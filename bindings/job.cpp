@@ -406,6 +406,54 @@ the state stays readable, but the job takes no more steps.)doc")
             ".adam_eps_ratio, layer.h.<l>.attn_logit_max, spike.loss_z, spike.grad_norm_z, "
             "spike.clip_norm) as {name: (steps int64 array, values float64 array)}.")
         .def(
+            "router_stats",
+            [](PyJob& j) {
+                // moe.h.<l>.<field>[.<e>] -> per layer: steps, per-step fields, tokens (steps, E)
+                struct Layer {
+                    std::vector<std::int64_t> steps;
+                    std::map<std::string, std::vector<double>> fields;
+                    std::map<int, std::vector<double>> tokens;
+                };
+                std::map<int, Layer> layers;
+                for (const StepValues& sv : j.view.snapshot().values)
+                    for (const NamedValue& v : *sv.values) {
+                        if (v.name.rfind("moe.h.", 0) != 0) continue;
+                        const size_t dot = v.name.find('.', 6);
+                        const int l = std::stoi(v.name.substr(6, dot - 6));
+                        const std::string field = v.name.substr(dot + 1);
+                        Layer& L = layers[l];
+                        if (field.rfind("tokens.", 0) == 0) {
+                            L.tokens[std::stoi(field.substr(7))].push_back(v.value);
+                            continue;
+                        }
+                        if (field == "drop_fraction") L.steps.push_back(sv.step);
+                        L.fields[field].push_back(v.value);
+                    }
+                py::dict out;
+                for (const auto& [l, L] : layers) {
+                    py::dict d;
+                    d["steps"] = py::array_t<std::int64_t>(
+                        static_cast<py::ssize_t>(L.steps.size()), L.steps.data());
+                    for (const auto& [name, xs] : L.fields)
+                        d[py::str(name)] =
+                            py::array_t<double>(static_cast<py::ssize_t>(xs.size()), xs.data());
+                    const py::ssize_t n = static_cast<py::ssize_t>(L.steps.size());
+                    const py::ssize_t E = static_cast<py::ssize_t>(L.tokens.size());
+                    py::array_t<std::int64_t> t({n, E});
+                    auto w = t.mutable_unchecked<2>();
+                    for (const auto& [e, xs] : L.tokens)
+                        for (py::ssize_t i = 0; i < n && i < static_cast<py::ssize_t>(xs.size()); i++)
+                            w(i, e) = static_cast<std::int64_t>(xs[static_cast<size_t>(i)]);
+                    d["tokens"] = t;
+                    out[py::int_(l)] = d;
+                }
+                return out;
+            },
+            "MoE router statistics per MoE layer and step (model.moe_experts > 0; {} for a dense "
+            "model), from the job's named values moe.h.<l>.*: {layer: {'steps', 'tokens' (steps, "
+            "E) slots each expert took, 'drop_fraction', 'balance' (E·Σ f_i·P_i, 1 when "
+            "balanced), 'aux_loss', 'z_loss', 'router_entropy' (nats)}}.")
+        .def(
             "fp8", [](PyJob& j) { return fp8_dict(j.view.snapshot().fp8); },
             R"doc(
 The FP8 drift monitor's rows (fp8_monitor.every > 0; empty arrays otherwise), one per fp8-scaled

@@ -220,7 +220,11 @@ struct RefGPT {
 
     const double* P(int i) const { return p.data() + table.entries[i].offset; }
     // The mean loss of tokens / targets (B,T).
+    // With MoE layers (core/model/moe.h), their auxiliary losses are added, as the fp32
+    // model's backward differentiates them.
     double loss(const std::vector<int>& tok, const std::vector<int>& tgt, int B, int T) const;
+    double moe64(std::vector<double>& out, const std::vector<double>& ln, int l, int B,
+                 int T) const;
 };
 
 struct ModelFdOptions {
