@@ -228,23 +228,24 @@ void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool prob
     const Tensor in = a.tensor(EBUF_C), efch = a.layer(EFCH, i), efg = a.layer(EFCH_GELU, i);
     const Tensor eout = a.layer(EOUT, i);
     gather_rows(in, ln2, d, K, C);
-    const Tensor fcw = P(l, EFCW), fcb = P(l, EFCB), projw = P(l, EPROJW), projb = P(l, EPROJB);
-    for (i64 e = 0; e < E; e++) {
-        const i64 lo = d.first[static_cast<size_t>(e)], hi = d.first[static_cast<size_t>(e) + 1];
-        if (hi == lo) continue;
-        const Tensor b = expert_bias(fcb, e);
-        ops::matmul_forward(nx_, rows_of(efch, FE, lo, hi), rows_of(in, C, lo, hi),
-                            expert_part(fcw, e, FE), &b);
-    }
+    // One linear of every expert (stacked (E·R, I) weights, (E, R) biases) on its rows.
+    auto experts_forward = [&](LayerParam wp, LayerParam bp, i64 R, const Tensor& out_rows,
+                               const Tensor& x) {
+        const Tensor stacked = P(l, wp), biases = P(l, bp);
+        const i64 I = stacked.shape[1];
+        for (i64 e = 0; e < E; e++) {
+            const i64 lo = d.first[static_cast<size_t>(e)];
+            const i64 hi = d.first[static_cast<size_t>(e) + 1];
+            if (hi == lo) continue;
+            const Tensor b = expert_bias(biases, e);
+            ops::matmul_forward(nx_, rows_of(out_rows, R, lo, hi), rows_of(x, I, lo, hi),
+                                expert_part(stacked, e, R), &b);
+        }
+    };
+    experts_forward(EFCW, EFCB, FE, efch, in);
     const i64 rows = d.rows();
     if (rows > 0) ops::gelu_forward(nx_, rows_of(efg, FE, 0, rows), rows_of(efch, FE, 0, rows));
-    for (i64 e = 0; e < E; e++) {
-        const i64 lo = d.first[static_cast<size_t>(e)], hi = d.first[static_cast<size_t>(e) + 1];
-        if (hi == lo) continue;
-        const Tensor b = expert_bias(projb, e);
-        ops::matmul_forward(nx_, rows_of(eout, C, lo, hi), rows_of(efg, FE, lo, hi),
-                            expert_part(projw, e, C), &b);
-    }
+    experts_forward(EPROJW, EPROJB, C, eout, efg);
 
     // The combine: out = fma(gate_j, expert_j, out) in k order, kept slots only.
     float* o = out.f32();
@@ -341,30 +342,31 @@ void GPT::moe_backward(Activations& a, std::span<const TokenNode> nodes, int l, 
             expert_grads(nx_, expert_part(G(wp, n), e, R), expert_bias(G(bp, n), e), dd, x, w,
                          token_of, at(nodes[n].lo), at(nodes[n].hi), nodes[n].lo, nodes[n].hi);
     };
-    const Tensor fcw = P(l, EFCW), projw = P(l, EPROJW);
+    // One linear of every expert (stacked (E·R, I) weights): dinp (rows, I) += dout · w_e on the
+    // expert's rows, and its weight gradients per token node.
+    auto experts_backward = [&](LayerParam wp, LayerParam bp, i64 R, const Tensor& dinp,
+                                const Tensor& dd, const Tensor& x) {
+        const Tensor stacked = P(l, wp);
+        const i64 I = stacked.shape[1];
+        for (i64 e = 0; e < E; e++) {
+            const i64 lo = d.first[static_cast<size_t>(e)];
+            const i64 hi = d.first[static_cast<size_t>(e) + 1];
+            if (hi == lo) continue;
+            const Tensor w = expert_part(stacked, e, R), di = rows_of(dinp, I, lo, hi);
+            ops::matmul_backward(nx_, &di, nullptr, nullptr, rows_of(dd, R, lo, hi),
+                                 rows_of(x, I, lo, hi), w);
+            node_grads(e, wp, bp, R, dd, x, w);
+        }
+    };
     if (rows > 0) zero(rows_of(dh, FE, 0, rows));
-    for (i64 e = 0; e < E; e++) {
-        const i64 lo = d.first[static_cast<size_t>(e)], hi = d.first[static_cast<size_t>(e) + 1];
-        if (hi == lo) continue;
-        const Tensor w = expert_part(projw, e, C), dhe = rows_of(dh, FE, lo, hi);
-        ops::matmul_backward(nx_, &dhe, nullptr, nullptr, rows_of(dy, C, lo, hi),
-                             rows_of(efg, FE, lo, hi), w);
-        node_grads(e, EPROJW, EPROJB, C, dy, efg, w);
-    }
+    experts_backward(EPROJW, EPROJB, C, dh, dy, efg);
     if (rows > 0) {
         zero(rows_of(dfc, FE, 0, rows));
         ops::gelu_backward(nx_, rows_of(dfc, FE, 0, rows), rows_of(efch, FE, 0, rows),
                            rows_of(dh, FE, 0, rows));
         zero(rows_of(dy, C, 0, rows));  // d(expert input) from here on
     }
-    for (i64 e = 0; e < E; e++) {
-        const i64 lo = d.first[static_cast<size_t>(e)], hi = d.first[static_cast<size_t>(e) + 1];
-        if (hi == lo) continue;
-        const Tensor w = expert_part(fcw, e, FE), dxe = rows_of(dy, C, lo, hi);
-        ops::matmul_backward(nx_, &dxe, nullptr, nullptr, rows_of(dfc, FE, lo, hi),
-                             rows_of(in, C, lo, hi), w);
-        node_grads(e, EFCW, EFCB, FE, dfc, in, w);
-    }
+    experts_backward(EFCW, EFCB, FE, dy, dfc, in);
     // d(ln2) += each kept slot's input gradient, in k order.
     float* dx = dln2.f32();
 #pragma omp parallel for schedule(static)
