@@ -303,6 +303,12 @@ ModelConfig scaled_model(const ModelConfig& mc, std::string* note) {
     s.ffn = std::min<i64>(mc.ffn, 4 * s.hidden);
     s.vocab = std::min<i64>(mc.vocab, 64);
     s.seq_len = std::min<i64>(mc.seq_len, 16);
+    if (mc.is_moe()) {  // at most 8 experts of 4·hidden channels (top-k and shared kept below)
+        s.moe_experts = std::min<i64>(mc.moe_experts, 8);
+        s.moe_top_k = std::min(mc.moe_top_k, s.moe_experts);
+        if (mc.expert_ffn() > 4 * s.hidden) s.moe_ffn = 4 * s.hidden;
+        s.moe_shared_experts = std::min<i64>(mc.moe_shared_experts, 2);
+    }
     s.init_from.clear();
     if (note) {
         note->clear();
@@ -322,6 +328,10 @@ ModelConfig scaled_model(const ModelConfig& mc, std::string* note) {
         part("ffn", mc.ffn, s.ffn);
         part("vocab", mc.vocab, s.vocab);
         part("seq_len", mc.seq_len, s.seq_len);
+        part("moe_experts", mc.moe_experts, s.moe_experts);
+        part("moe_top_k", mc.moe_top_k, s.moe_top_k);
+        part("moe_ffn", mc.moe_ffn, s.moe_ffn);
+        part("moe_shared_experts", mc.moe_shared_experts, s.moe_shared_experts);
         if (!mc.init_from.empty()) {
             if (!note->empty()) *note += ", ";
             *note += "random weights instead of model.init_from";
