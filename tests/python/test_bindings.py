@@ -134,6 +134,24 @@ def test_router_stats_of_a_moe_job():
     assert parallax.Job(**small()).router_stats() == {}  # a dense model has none
 
 
+def test_batch_is_what_the_step_trained_on():
+    # The embedding's output of step 2 is wte[tokens] + wpe[positions], one fp32 add per element.
+    job = parallax.Job(**small(), probes=["2/fwd/-/embed/out"])
+    job.step(1)
+    w = {k: v.copy() for k, v in job.weights().items()}  # the weights step 2 runs with
+    job.step(1)
+    batch = job.batch(2)
+    assert batch.dtype == np.int32 and batch.shape == (8, 65)
+    T = 64
+    want = w["wte"][batch[:, :T]] + w["wpe"][:T][None, :, :]
+    assert job.probe("2/fwd/-/embed/out").tobytes() == want.astype(np.float32).tobytes()
+    assert not np.array_equal(job.batch(1), batch)  # another step, another batch
+    assert job.batch(2, "val").shape == (8, 65)
+    with pytest.raises(parallax.ConfigError, match="split"):
+        job.batch(2, "test")
+    assert job.loss_floor > job.entropy_rate > 0  # the default Markov source's
+
+
 def test_observers_see_every_step_with_the_job_paused():
     job = parallax.Job(**small())
     seen = []
