@@ -149,7 +149,7 @@ def test_batch_is_what_the_step_trained_on():
     assert job.batch(2, "val").shape == (8, 65)
     with pytest.raises(parallax.ConfigError, match="split"):
         job.batch(2, "test")
-    assert job.loss_floor > job.entropy_rate > 0  # the default Markov source's
+    assert job.loss_floor >= job.entropy_rate > 0  # a Markov source: the floor is at least the rate
 
 
 def test_observers_see_every_step_with_the_job_paused():
