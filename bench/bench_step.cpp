@@ -10,6 +10,11 @@
 // alike; best and median of N steps each. Prints ms/step, the step's FLOP rate as a share of
 // the measured peak, the bf16/fp32 speed-ups of fast mode and the bitwise/fast ratios.
 //
+// Beside the quiet steps, in the same run: the first step of a fresh fp32 model in each mode (the
+// first thing the process does: arenas' first touch, kernels' one-time setup), against the
+// steady step; and fp32 steps with a competing busy process pinned to one core (a shared host),
+// against the quiet ones.
+//
 // Checks its results, from each model's initial weights (forward only, before any update):
 //   * a bitwise forward repeated gives the same bits (fp32 and bf16);
 //   * fp32 fast agrees with fp32 bitwise within fp32 rounding (|Δloss| <= 1e-5·loss);
@@ -26,6 +31,10 @@
 #include "validators/budget.h"
 
 #include <omp.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -119,6 +128,27 @@ struct StepRunner {
     }
 };
 
+// A child process that spins on CPU 0 until killed: the competing load of a shared host.
+struct BusyNeighbour {
+    pid_t pid = -1;
+    BusyNeighbour() {
+        pid = fork();
+        if (pid == 0) {
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            CPU_SET(0, &one);
+            sched_setaffinity(0, sizeof one, &one);
+            volatile unsigned long x = 0;
+            for (;;) x = x + 1;
+        }
+    }
+    ~BusyNeighbour() {
+        if (pid <= 0) return;
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+    }
+};
+
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -162,6 +192,18 @@ int main(int argc, char** argv) {
     const Numerics nx{Mode::bitwise, 64, detect_isa()};
     Numerics fast = nx;
     fast.mode = Mode::fast;
+
+    // The first step of a fresh fp32 model, before anything else has run in this process.
+    double first[2] = {0, 0};  // bitwise, fast
+    for (const Mode m : {Mode::fast, Mode::bitwise}) {
+        const auto t0 = std::chrono::steady_clock::now();
+        StepRunner fresh(mc, nx, DType::f32, "off", B, T);
+        const auto t1 = std::chrono::steady_clock::now();
+        first[m == Mode::fast ? 1 : 0] = fresh.step(m, 1);
+        std::printf("first step, fp32 %s: %.1f ms (the model's construction before it: %.1f ms)\n",
+                    mode_name(m), first[m == Mode::fast ? 1 : 0],
+                    std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
 
     StepRunner f32(mc, nx, DType::f32, "off", B, T), bf16(mc, nx, DType::bf16, "off", B, T),
         fp8d(mc, nx, DType::bf16, "delayed", B, T), fp8b(mc, nx, DType::bf16, "block", B, T);
@@ -255,6 +297,15 @@ int main(int argc, char** argv) {
         peaks.push_back(bench::fp32_fma_peak_gflops(threads, nx.isa));
         for (Variant& v : vs) v.ms.push_back(v.runner->step(v.mode, s + 2));
     }
+    // fp32 steps with a busy process pinned to core 0, taking turns like the quiet ones.
+    std::vector<Variant> contended;
+    for (const Variant& v : vs)
+        if (v.runner == &f32) contended.push_back({v.name, v.runner, v.mode, {}});
+    {
+        const BusyNeighbour busy;
+        for (int s = 0; s < steps; s++)
+            for (Variant& v : contended) v.ms.push_back(v.runner->step(v.mode, steps + s + 2));
+    }
     const double peak = *std::max_element(peaks.begin(), peaks.end());
     std::printf("fp32 FMA peak (measured, %d threads): %.1f GFLOP/s (median %.1f)\n", threads, peak,
                 median(peaks));
@@ -266,6 +317,18 @@ int main(int argc, char** argv) {
         std::printf("%-20s %10.1f %10.1f %10.1f %7.1f%%   %.1f / %.1f / %.1f\n", v.name, best,
                     median(v.ms), flops / best / 1e6, 100.0 * flops / best / 1e6 / peak, p.forward,
                     p.backward, p.optimizer);
+    }
+    for (const Variant& c : contended) {
+        const auto q = std::find_if(vs.begin(), vs.end(),
+                                    [&](const Variant& v) { return v.name == c.name; });
+        const double quiet = *std::min_element(q->ms.begin(), q->ms.end());
+        const double first_ms = first[c.mode == Mode::fast ? 1 : 0];
+        std::printf(
+            "%-20s first step %.1f ms = %.2fx the steady best; with a busy process on core 0: "
+            "best %.1f ms, median %.1f, worst %.1f (median %.2fx the quiet median)\n",
+            c.name, first_ms, first_ms / quiet, *std::min_element(c.ms.begin(), c.ms.end()),
+            median(c.ms), *std::max_element(c.ms.begin(), c.ms.end()),
+            median(c.ms) / median(q->ms));
     }
     if (vs.size() < 7) return failures == 0 ? 0 : 1;  // --only: no ratios
     auto med = [&](int i) { return median(vs[static_cast<size_t>(i)].ms); };

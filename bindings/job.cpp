@@ -8,6 +8,7 @@
 #include "core/base/error.h"
 #include "core/io/checkpoint.h"
 #include "core/io/output_paths.h"
+#include "core/model/data.h"
 #include "core/train/checkpointing.h"
 #include "core/train/run_file_observer.h"
 #include "validators/fp8_monitor.h"
@@ -314,6 +315,14 @@ error (CommError, CheckpointError, ...) from the call that waits for it.
         .def_property_readonly(
             "num_params", [](PyJob& j) { return j.run->job(0).num_params(); },
             "Parameters of the whole model.")
+        .def_property_readonly(
+            "loss_floor", [](PyJob& j) { return j.run->job(0).loss_floor(); },
+            "The least expected validation loss (nats per target) any model can reach on the "
+            "job's synthetic source for windows of seq_len + 1 tokens; -1 for token files.")
+        .def_property_readonly(
+            "entropy_rate", [](PyJob& j) { return j.run->job(0).entropy_rate(); },
+            "Nats per token of the synthetic source's process; -1 where it has none (token "
+            "files, the copy source).")
         .def("step", &step, py::arg("n") = 1, R"doc(
 Runs n more steps (fewer if train.steps ends first) on every rank and returns the last step's
 metrics as a dict (step, loss, val_loss, grad_norm, lr, tokens_per_s, step_ms, comm_bytes;
@@ -405,6 +414,73 @@ the state stays readable, but the job takes no more steps.)doc")
             "Named per-step values (with [spikes]: layer.<group>.grad_norm, .update_ratio, "
             ".adam_eps_ratio, layer.h.<l>.attn_logit_max, spike.loss_z, spike.grad_norm_z, "
             "spike.clip_norm) as {name: (steps int64 array, values float64 array)}.")
+        .def(
+            "batch",
+            [](PyJob& j, i64 step, const std::string& split) {
+                if (split != "train" && split != "val")
+                    throw ConfigError("batch: split must be \"train\" or \"val\", got \"" +
+                                      split + "\"");
+                if (step < 1) throw ConfigError("batch: steps count from 1, got " + std::to_string(step));
+                const i64 B = j.cfg.train.batch_size, T = j.cfg.model.seq_len;
+                const std::unique_ptr<TokenSource> src = make_source(j.cfg);
+                py::array_t<std::int32_t> out({B, T + 1});
+                src->sample(out.mutable_data(), T, split == "val" ? Split::val : Split::train,
+                            step - 1, 0, B);
+                return out;
+            },
+            py::arg("step"), py::arg("split") = "train",
+            "The global batch of a step (1-based; split \"val\": validation batch step - 1) as "
+            "int32 windows (batch_size, seq_len + 1): inputs [:, :-1], targets [:, 1:]. Sampled "
+            "from the job's source as the step draws it (a step of a run that skipped batches, "
+            "spikes.action = \"rollback\", draws a later one).")
+        .def(
+            "router_stats",
+            [](PyJob& j) {
+                // moe.h.<l>.<field>[.<e>] -> per layer: steps, per-step fields, tokens (steps, E)
+                struct Layer {
+                    std::vector<std::int64_t> steps;
+                    std::map<std::string, std::vector<double>> fields;
+                    std::map<int, std::vector<double>> tokens;
+                };
+                std::map<int, Layer> layers;
+                for (const StepValues& sv : j.view.snapshot().values)
+                    for (const NamedValue& v : *sv.values) {
+                        if (v.name.rfind("moe.h.", 0) != 0) continue;
+                        const size_t dot = v.name.find('.', 6);
+                        const int l = std::stoi(v.name.substr(6, dot - 6));
+                        const std::string field = v.name.substr(dot + 1);
+                        Layer& L = layers[l];
+                        if (field.rfind("tokens.", 0) == 0) {
+                            L.tokens[std::stoi(field.substr(7))].push_back(v.value);
+                            continue;
+                        }
+                        if (field == "drop_fraction") L.steps.push_back(sv.step);
+                        L.fields[field].push_back(v.value);
+                    }
+                py::dict out;
+                for (const auto& [l, L] : layers) {
+                    py::dict d;
+                    d["steps"] = py::array_t<std::int64_t>(
+                        static_cast<py::ssize_t>(L.steps.size()), L.steps.data());
+                    for (const auto& [name, xs] : L.fields)
+                        d[py::str(name)] =
+                            py::array_t<double>(static_cast<py::ssize_t>(xs.size()), xs.data());
+                    const py::ssize_t n = static_cast<py::ssize_t>(L.steps.size());
+                    const py::ssize_t E = static_cast<py::ssize_t>(L.tokens.size());
+                    py::array_t<std::int64_t> t({n, E});
+                    auto w = t.mutable_unchecked<2>();
+                    for (const auto& [e, xs] : L.tokens)
+                        for (py::ssize_t i = 0; i < n && i < static_cast<py::ssize_t>(xs.size()); i++)
+                            w(i, e) = static_cast<std::int64_t>(xs[static_cast<size_t>(i)]);
+                    d["tokens"] = t;
+                    out[py::int_(l)] = d;
+                }
+                return out;
+            },
+            "MoE router statistics per MoE layer and step (model.moe_experts > 0; {} for a dense "
+            "model), from the job's named values moe.h.<l>.*: {layer: {'steps', 'tokens' (steps, "
+            "E) slots each expert took, 'drop_fraction', 'balance' (E·Σ f_i·P_i, 1 when "
+            "balanced), 'aux_loss', 'z_loss', 'router_entropy' (nats)}}.")
         .def(
             "fp8", [](PyJob& j) { return fp8_dict(j.view.snapshot().fp8); },
             R"doc(

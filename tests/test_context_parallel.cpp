@@ -132,6 +132,12 @@ TEST_CASE("cp layouts that cannot be exact are refused with a sentence naming th
     CHECK_THROWS_WITH(make_layout(c),
                       Catch::Contains("layout.zero=1") && Catch::Contains("layout.cp=2"));
     c = cp_job();
+    c.layout.cp = 2;
+    c.model.moe_experts = 4;
+    c.model.moe_top_k = 2;
+    CHECK_THROWS_WITH(make_layout(c), Catch::Contains("model.moe_experts=4") &&
+                                          Catch::Contains("layout.cp=2"));
+    c = cp_job();
     c.layout.cp_method = "spiral";
     CHECK_THROWS_WITH(validate_config(c), Catch::Contains("layout.cp_method"));
 }

@@ -72,8 +72,21 @@ TEST_CASE("the estimate follows what the ranks of a layout hold", "[memory]") {
         {"dp2 mb4", 2, 1, 1, 0, 4, "1f1b"},        {"pp2 1f1b mb4", 1, 2, 1, 0, 4, "1f1b"},
         {"pp2 gpipe mb4", 1, 2, 1, 0, 4, "gpipe"}, {"tp2", 1, 1, 2, 0, 1, "1f1b"},
     };
-    for (const Layout& l : layouts) {
+    // The dense model under every layout, and a MoE one (4 experts, top-2, a shared expert,
+    // MoE every 2nd layer) under those MoE runs in (tp = 1).
+    std::vector<std::pair<bool, Layout>> runs;
+    for (const Layout& l : layouts) runs.push_back({false, l});
+    for (const Layout& l : layouts)
+        if (l.tp == 1) runs.push_back({true, l});
+    for (const auto& [moe, l] : runs) {
         Config c = job();
+        if (moe) {
+            c.model.moe_experts = 4;
+            c.model.moe_top_k = 2;
+            c.model.moe_ffn = 64;
+            c.model.moe_shared_experts = 1;
+            c.model.moe_every = 2;
+        }
         c.numerics.block = 8;  // tp2 gives each rank whole blocks of hidden and ffn
         c.layout.dp = l.dp;
         c.layout.pp = l.pp;
@@ -83,10 +96,11 @@ TEST_CASE("the estimate follows what the ranks of a layout hold", "[memory]") {
         c.layout.schedule = l.schedule;
         const MemoryEstimate e = estimate_memory(c, MemoryScope::process);
         const MemoryStats m = measured(c);
-        INFO(l.name << ": estimated weights " << item(e, "weights") << ", gradients "
-                    << item(e, "gradients") << ", moments " << item(e, "AdamW moments")
-                    << ", activations " << item(e, "activations") << "; measured " << m.params
-                    << ", " << m.grads << ", " << m.optimizer << ", " << m.activations);
+        INFO((moe ? "MoE " : "") << l.name << ": estimated weights " << item(e, "weights")
+                                 << ", gradients " << item(e, "gradients") << ", moments "
+                                 << item(e, "AdamW moments") << ", activations "
+                                 << item(e, "activations") << "; measured " << m.params << ", "
+                                 << m.grads << ", " << m.optimizer << ", " << m.activations);
         CHECK(e.ranks == l.dp * l.pp * l.tp);
         // Each part within a factor of two of what the ranks hold (the estimate leaves out
         // alignment and counts a ZeRO-3 step's gathered weights, which are mapped only while it

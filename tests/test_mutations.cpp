@@ -95,6 +95,29 @@ TEST_CASE("The lowest bit of one rank's gradient flipped: named with rank, micro
     CHECK((bits_of(r.first_op.first_reference) ^ bits_of(r.first_op.first_candidate)) == 1u);
 }
 
+TEST_CASE("A flipped bit in one rank's expert gradient (MoE) is named with rank, microbatch, element",
+          "[mutations]") {
+    Config c = mutation_job();
+    c.model.moe_experts = 4;
+    c.model.moe_top_k = 2;
+    c.model.moe_ffn = 64;
+    c.model.moe_capacity_factor = 1.0;
+    mutation::Mutation m;
+    m.kind = mutation::Kind::flip_grad;
+    m.step = 3;
+    m.rank = 1;
+    m.microbatch = 1;
+    m.tensor = "h.1.moe.experts.c_fc.weight";  // (E·moe_ffn, C) = (256, 64): expert 0's row 0
+    m.element = 6;
+    const LayoutResult r = validate_one(c, "dp2xmb2", m);
+    CHECK(r.first_step == 3);
+    CHECK(r.differing.front().name == "grad/1/param/moe.experts.c_fc.weight");
+    CHECK(r.first_op.name == "3/mgrad/1/param/moe.experts.c_fc.weight");
+    CHECK(r.first_op_ranks == std::vector<int>{1});
+    CHECK(r.first_op.first_index == std::vector<i64>{3, 0, 6});
+    CHECK((bits_of(r.first_op.first_reference) ^ bits_of(r.first_op.first_candidate)) == 1u);
+}
+
 TEST_CASE("A flipped bit in a replica whose tokens are not one tree node is named as well",
           "[mutations]") {
     // dp3 over 12 token blocks: replica 1 owns [4,8), not a node of the tree; its microbatch 0,

@@ -166,6 +166,25 @@ TEST_CASE("the copy source: the tiny model learns to copy 32 tokens back and rea
     CHECK(val > floor - 0.02);
 }
 
+TEST_CASE("moe-small.toml reaches its floor with every expert in use and few drops") {
+    Config c = load_config("examples/moe-small.toml");
+    c.output.run_file = false;
+    Job job(c);
+    job.run();
+    const double val = job.history().back().val_loss, floor = job.loss_floor();
+    INFO("val " << val << ", floor " << floor);
+    // 32 validation batches of 16 windows of 64 tokens: sampling noise about 0.006 nats.
+    CHECK(val - floor < 0.03);
+    CHECK(val > floor - 0.03);
+    // The last step's routing: both layers MoE, every expert used, capacity 1.25 rarely full.
+    REQUIRE(job.router_stats().size() == 2);
+    for (const RouterStats& s : job.router_stats()) {
+        CHECK(s.slots == c.train.batch_size * c.model.seq_len * 2);
+        CHECK(double(s.dropped) / double(s.slots) < 0.05);
+        for (i64 n : s.tokens) CHECK(n > s.slots / 8);  // at least half an even share
+    }
+}
+
 TEST_CASE("CLI: the embedded default runs, and bad input exits 2 naming the key") {
     const std::string dir = temp_dir("cli");
     Cmd ok = run_cli("train --quiet --set train.steps=3 --set train.eval_every=2 --out " + dir);

@@ -220,7 +220,11 @@ struct RefGPT {
 
     const double* P(int i) const { return p.data() + table.entries[i].offset; }
     // The mean loss of tokens / targets (B,T).
+    // With MoE layers (core/model/moe.h), their auxiliary losses are added, as the fp32
+    // model's backward differentiates them.
     double loss(const std::vector<int>& tok, const std::vector<int>& tgt, int B, int T) const;
+    double moe64(std::vector<double>& out, const std::vector<double>& ln, int l, int B,
+                 int T) const;
 };
 
 struct ModelFdOptions {
@@ -256,9 +260,10 @@ ModelProbe model_fd_samples(const ModelConfig& mc, const Numerics& nx,
 std::vector<GradcheckRow> gradcheck_model(const ModelConfig& mc, const Numerics& nx,
                                           const ModelFdOptions& o = {});
 
-// mc when it is small enough for the fp64 model (L <= 2, C <= 32, F <= 128, V <= 64, T <= 16),
-// else a copy cut to those limits (heads: the largest divisor of the new C not above the old
-// heads); `note` then says what changed.
+// mc when it is small enough for the fp64 model (L <= 2, C <= 32, F <= 128, V <= 64, T <= 16;
+// MoE: at most 8 experts, 2 shared, an expert's MLP at most 4·C), else a copy cut to those
+// limits (heads: the largest divisor of the new C not above the old heads; top-k at most the
+// experts); `note` then says what changed.
 ModelConfig scaled_model(const ModelConfig& mc, std::string* note);
 
 }  // namespace px::gradcheck

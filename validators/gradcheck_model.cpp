@@ -30,6 +30,15 @@ void linear64(double* out, const double* x, const double* w, const double* b, in
         out[o] = s;
     }
 }
+// out (C) = c_proj(gelu(c_fc(x))) of an MLP of F channels.
+void mlp64(double* out, const double* x, const double* w1, const double* b1, const double* w2,
+           const double* b2, int C, int F) {
+    std::vector<double> h(static_cast<size_t>(F));
+    linear64(h.data(), x, w1, b1, C, F);
+    for (double& v : h)
+        v = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+    linear64(out, h.data(), w2, b2, F, C);
+}
 
 }  // namespace
 
@@ -37,7 +46,8 @@ double RefGPT::loss(const std::vector<int>& tok, const std::vector<int>& tgt, in
     const int C = static_cast<int>(mc.hidden), NH = static_cast<int>(mc.heads), HS = C / NH;
     const int F = static_cast<int>(mc.ffn), V = static_cast<int>(mc.vocab);
     std::vector<double> x(static_cast<size_t>(B * T * C)), ln(x.size()), y(x.size()), tmp(x.size());
-    std::vector<double> qkv(static_cast<size_t>(B * T * 3 * C)), h(static_cast<size_t>(F));
+    std::vector<double> qkv(static_cast<size_t>(B * T * 3 * C));
+    double aux = 0;  // the MoE layers' auxiliary losses
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int i = 0; i < C; i++)
@@ -75,12 +85,15 @@ double RefGPT::loss(const std::vector<int>& tok, const std::vector<int>& tgt, in
             linear64(&tmp[r * C], &y[r * C], W(ATTPROJW), W(ATTPROJB), C, C);
             for (int i = 0; i < C; i++) x[r * C + i] += tmp[r * C + i];
             layernorm64(&ln[r * C], &x[r * C], W(LN2W), W(LN2B), C);
-            linear64(h.data(), &ln[r * C], W(FCW), W(FCB), C, F);
-            for (double& v : h)
-                v = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
-            linear64(&tmp[r * C], h.data(), W(FCPROJW), W(FCPROJB), F, C);
-            for (int i = 0; i < C; i++) x[r * C + i] += tmp[r * C + i];
         }
+        if (!mc.moe_layer(l)) {
+            for (int r = 0; r < B * T; r++)
+                mlp64(&tmp[r * C], &ln[r * C], W(FCW), W(FCB), W(FCPROJW), W(FCPROJB), C, F);
+        } else {
+            aux += moe64(tmp, ln, l, B, T);
+        }
+        for (int r = 0; r < B * T; r++)
+            for (int i = 0; i < C; i++) x[r * C + i] += tmp[r * C + i];
     }
     double total = 0;
     std::vector<double> logits(static_cast<size_t>(V));
@@ -92,7 +105,90 @@ double RefGPT::loss(const std::vector<int>& tok, const std::vector<int>& tgt, in
         for (double v : logits) sum += std::exp(v - mx);
         total += std::log(sum) - (logits[tgt[r]] - mx);
     }
-    return total / (B * T);
+    return total / (B * T) + aux;
+}
+
+// A MoE layer (core/model/moe.h) in fp64: out (B·T,C) from ln (B·T,C); returns its auxiliary
+// losses (load balancing and z-loss), as the fp32 model adds them to the objective.
+double RefGPT::moe64(std::vector<double>& out, const std::vector<double>& ln, int l, int B,
+                     int T) const {
+    const int C = static_cast<int>(mc.hidden), E = static_cast<int>(mc.moe_experts);
+    const int K = static_cast<int>(mc.moe_top_k), FE = static_cast<int>(mc.expert_ffn());
+    auto W = [&](LayerParam q) { return P(table.layer_index(l, q)); };
+    const int BT = B * T;
+    std::vector<double> p(static_cast<size_t>(BT * E)), lse(static_cast<size_t>(BT));
+    std::vector<int> choice(static_cast<size_t>(BT * K));
+    std::vector<char> kept(static_cast<size_t>(BT * K), 1);
+    std::vector<double> gate(static_cast<size_t>(BT * K));
+    for (int r = 0; r < BT; r++) {
+        double* pr = &p[static_cast<size_t>(r * E)];
+        linear64(pr, &ln[static_cast<size_t>(r * C)], W(ROUTERW), nullptr, C, E);
+        const double mx = *std::max_element(pr, pr + E);
+        double sum = 0;
+        for (int e = 0; e < E; e++) sum += (pr[e] = std::exp(pr[e] - mx));
+        for (int e = 0; e < E; e++) pr[e] /= sum;
+        lse[static_cast<size_t>(r)] = mx + std::log(sum);
+        double S = 0;
+        for (int j = 0; j < K; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int m = 0; m < j; m++) taken = taken || choice[static_cast<size_t>(r * K + m)] == e;
+                if (!taken && (best < 0 || pr[e] > pr[best])) best = e;
+            }
+            choice[static_cast<size_t>(r * K + j)] = best;
+            S += pr[best];
+        }
+        for (int j = 0; j < K; j++) {
+            const double pj = pr[choice[static_cast<size_t>(r * K + j)]];
+            gate[static_cast<size_t>(r * K + j)] = mc.moe_norm_topk ? pj / S : pj;
+        }
+    }
+    double aux = 0;
+    for (int b = 0; b < B; b++) {
+        if (mc.moe_capacity_factor > 0) {
+            const double cap = std::ceil(mc.moe_capacity_factor * T * K / E);
+            std::vector<int> taken(static_cast<size_t>(E), 0);
+            for (int j = 0; j < K; j++)
+                for (int t = 0; t < T; t++) {
+                    const size_t s = static_cast<size_t>((b * T + t) * K + j);
+                    if (taken[static_cast<size_t>(choice[s])] < cap)
+                        taken[static_cast<size_t>(choice[s])]++;
+                    else
+                        kept[s] = 0;
+                }
+        }
+        double balance = 0;
+        for (int e = 0; e < E; e++) {
+            double f = 0, P_e = 0;
+            for (int t = 0; t < T; t++) {
+                P_e += p[static_cast<size_t>((b * T + t) * E + e)] / T;
+                for (int j = 0; j < K; j++)
+                    f += choice[static_cast<size_t>((b * T + t) * K + j)] == e ? 1.0 / (T * K) : 0;
+            }
+            balance += f * P_e;
+        }
+        aux += mc.moe_aux_loss * E * balance / B;
+    }
+    for (int r = 0; r < BT; r++) aux += mc.moe_z_loss * lse[static_cast<size_t>(r)] * lse[static_cast<size_t>(r)] / BT;
+    std::vector<double> y(static_cast<size_t>(C));
+    for (int r = 0; r < BT; r++) {
+        double* o = &out[static_cast<size_t>(r * C)];
+        const double* x = &ln[static_cast<size_t>(r * C)];
+        std::fill(o, o + C, 0.0);
+        if (mc.moe_shared_experts > 0)
+            mlp64(o, x, W(FCW), W(FCB), W(FCPROJW), W(FCPROJB), C,
+                  static_cast<int>(mc.moe_shared_experts) * FE);
+        for (int j = 0; j < K; j++) {
+            const size_t s = static_cast<size_t>(r * K + j);
+            if (!kept[s]) continue;
+            const int e = choice[s];
+            mlp64(y.data(), x, W(EFCW) + e * FE * C, W(EFCB) + e * FE, W(EPROJW) + e * C * FE,
+                  W(EPROJB) + e * C, C, FE);
+            for (int c = 0; c < C; c++) o[c] += gate[s] * y[static_cast<size_t>(c)];
+        }
+    }
+    return aux;
 }
 
 bool ModelSample::ok() const {
@@ -120,10 +216,18 @@ ModelProbe model_fd_samples(const ModelConfig& mc, const Numerics& nx, const Mod
     }
 
     ModelProbe probe;
+    std::vector<RouterStats> router(static_cast<size_t>(mc.layers));
+    for (RouterStats& r : router) r.reset(mc.moe_experts);
+    if (mc.is_moe()) model.set_router_stats(router.data());
     model.forward(tok.data(), tgt.data(), B, T);
+    model.set_router_stats(nullptr);
     double loss32 = 0;
     for (int i = 0; i < B * T; i++) loss32 += model.losses()[i];
     probe.loss32 = loss32 / (B * T);
+    for (const RouterStats& r : router)  // the auxiliary losses the backward differentiates
+        if (r.sequences > 0)
+            probe.loss32 += mc.moe_aux_loss * router_unfixed(r.balance) / double(r.sequences) +
+                            mc.moe_z_loss * router_unfixed(r.z) / double(r.token_count);
     std::vector<float> grads(static_cast<size_t>(model.grad_layout().total), 0.0f);
     model.backward(grads.data(), tok.data(), tgt.data(), 1.0f / static_cast<float>(B * T));
     model.combine_tied_grads(grads.data());
@@ -199,6 +303,12 @@ ModelConfig scaled_model(const ModelConfig& mc, std::string* note) {
     s.ffn = std::min<i64>(mc.ffn, 4 * s.hidden);
     s.vocab = std::min<i64>(mc.vocab, 64);
     s.seq_len = std::min<i64>(mc.seq_len, 16);
+    if (mc.is_moe()) {  // at most 8 experts of 4·hidden channels (top-k and shared kept below)
+        s.moe_experts = std::min<i64>(mc.moe_experts, 8);
+        s.moe_top_k = std::min(mc.moe_top_k, s.moe_experts);
+        if (mc.expert_ffn() > 4 * s.hidden) s.moe_ffn = 4 * s.hidden;
+        s.moe_shared_experts = std::min<i64>(mc.moe_shared_experts, 2);
+    }
     s.init_from.clear();
     if (note) {
         note->clear();
@@ -218,6 +328,10 @@ ModelConfig scaled_model(const ModelConfig& mc, std::string* note) {
         part("ffn", mc.ffn, s.ffn);
         part("vocab", mc.vocab, s.vocab);
         part("seq_len", mc.seq_len, s.seq_len);
+        part("moe_experts", mc.moe_experts, s.moe_experts);
+        part("moe_top_k", mc.moe_top_k, s.moe_top_k);
+        part("moe_ffn", mc.moe_ffn, s.moe_ffn);
+        part("moe_shared_experts", mc.moe_shared_experts, s.moe_shared_experts);
         if (!mc.init_from.empty()) {
             if (!note->empty()) *note += ", ";
             *note += "random weights instead of model.init_from";

@@ -34,8 +34,34 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, i64 B, i64 T) {
     case Dim::B: return B;
     case Dim::NH: return mc.heads;
     case Dim::CA: return mc.hidden;
+    case Dim::E: return mc.moe_experts;
+    case Dim::FE: return mc.is_moe() ? mc.expert_ffn() : 0;
+    case Dim::EFE: return mc.moe_experts * resolve_dim(Dim::FE, mc);
+    case Dim::EC: return mc.moe_experts * mc.hidden;
+    case Dim::FS: return mc.moe_shared_experts * resolve_dim(Dim::FE, mc);
+    case Dim::K: return mc.is_moe() ? mc.moe_top_k : 0;
+    case Dim::KFE: return resolve_dim(Dim::K, mc) * resolve_dim(Dim::FE, mc);
+    case Dim::KC: return resolve_dim(Dim::K, mc) * mc.hidden;
+    case Dim::FM: {
+        // the widest plain MLP: F where a layer is dense, FS where a MoE layer has shared experts
+        const bool dense = !mc.is_moe() || mc.moe_every > 1;
+        return std::max(dense ? mc.ffn : 0, resolve_dim(Dim::FS, mc));
+    }
     }
     return 0;
+}
+
+bool layer_holds(const ModelConfig& mc, i64 l, int p) {
+    if (!mc.moe_layer(l)) return p < kNumDenseLayerParams;
+    if (p >= FCW && p <= FCPROJB) return mc.moe_shared_experts > 0;
+    return true;
+}
+
+int ParamTable::num_tensors(const ModelConfig& mc) {
+    int n = 4;  // wte, wpe, ln_f.weight, ln_f.bias
+    for (i64 l = 0; l < mc.layers; l++)
+        for (int p = 0; p < kNumLayerParams; p++) n += layer_holds(mc, l, p) ? 1 : 0;
+    return n;
 }
 
 i64 resolve_dim(Dim d, const ModelConfig& mc, const TpDims& tp) {
@@ -43,6 +69,7 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, const TpDims& tp) {
     case Dim::V: return tp.vocab >= 0 ? tp.vocab : mc.vocab;
     case Dim::C3:
     case Dim::F:
+    case Dim::FM:
     case Dim::NH:
     case Dim::CA: return resolve_dim(d, mc) / tp.tp;
     default: return resolve_dim(d, mc);
@@ -71,11 +98,26 @@ ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part, const
     }
     ParamTable t;
     t.layer_first.assign(static_cast<size_t>(L), -1);
-    // id: the index in the whole model's table (global tensors before the layers, then layer
-    // l's at 2 + l·kNumLayerParams, then those after the layers).
+    t.layer_last.assign(static_cast<size_t>(L), -1);
+    std::array<int, kNumLayerParams> none;
+    none.fill(-1);
+    t.layer_entry.assign(static_cast<size_t>(L), none);
+    // id: the index in the whole model's table: wte, wpe, then each layer's tensors in list
+    // order (those it holds), then ln_f (2 + l·kNumDenseLayerParams + p for a dense model).
+    std::vector<int> layer_id(static_cast<size_t>(L) + 1, kFirstLayerSpec);
+    for (int l = 0; l < L; l++) {
+        int n = 0;
+        for (int p = 0; p < kNumLayerParams; p++) n += layer_holds(mc, l, p) ? 1 : 0;
+        layer_id[static_cast<size_t>(l) + 1] = layer_id[static_cast<size_t>(l)] + n;
+    }
     auto id_of = [&](int spec, int layer) {
-        if (layer >= 0) return kFirstLayerSpec + layer * kNumLayerParams + (spec - kFirstLayerSpec);
-        return spec < kFirstLayerSpec ? spec : spec + (L - 1) * kNumLayerParams;
+        if (layer < 0)
+            return spec < kFirstLayerSpec
+                       ? spec
+                       : layer_id[static_cast<size_t>(L)] + spec - kFirstLayerSpec - kNumLayerParams;
+        int id = layer_id[static_cast<size_t>(layer)];
+        for (int p = 0; p < spec - kFirstLayerSpec; p++) id += layer_holds(mc, layer, p) ? 1 : 0;
+        return id;
     };
     auto add = [&](int spec, int layer) {
         const ParamSpec& s = kGpt2Params[spec];
@@ -84,8 +126,11 @@ ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part, const
         e.spec = spec;
         e.layer = layer;
         e.id = id_of(spec, layer);
-        e.rows = resolve_dim(s.rows, mc, tp);
-        e.cols = resolve_dim(s.cols, mc, tp);
+        // a MoE layer's plain MLP is its shared experts'
+        const bool shared = layer >= 0 && mc.moe_layer(layer);
+        const auto width = [&](Dim d) { return shared && d == Dim::F ? Dim::FS : d; };
+        e.rows = resolve_dim(width(s.rows), mc, tp);
+        e.cols = resolve_dim(width(s.cols), mc, tp);
         e.offset = t.total;
         t.total += align_up(e.numel());
         t.num_params += e.numel();
@@ -96,8 +141,12 @@ ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part, const
     if (part.embedding) t.wpe = add(1, -1);
     for (const LayerSpan& span : part.chunks)
         for (int l = span.lo; l < span.hi; l++) {
-            t.layer_first[static_cast<size_t>(l)] = static_cast<int>(t.entries.size());
-            for (int p = 0; p < kNumLayerParams; p++) add(kFirstLayerSpec + p, l);
+            const size_t li = static_cast<size_t>(l);
+            t.layer_first[li] = static_cast<int>(t.entries.size());
+            for (int p = 0; p < kNumLayerParams; p++)
+                if (layer_holds(mc, l, p))
+                    t.layer_entry[li][static_cast<size_t>(p)] = add(kFirstLayerSpec + p, l);
+            t.layer_last[li] = static_cast<int>(t.entries.size()) - 1;
         }
     if (part.head) {
         t.lnfw = add(kFirstLayerSpec + kNumLayerParams, -1);
@@ -196,6 +245,7 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, const ActShape& shape) {
     case Dim::V:
     case Dim::C3:
     case Dim::F:
+    case Dim::FM:
     case Dim::NH:
     case Dim::CA: return resolve_dim(d, mc, shape.tp);
     default: return resolve_dim(d, mc, shape.B, shape.T);

@@ -16,6 +16,7 @@
 #include "core/base/config.h"
 #include "core/base/tensor.h"
 
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -28,7 +29,15 @@ namespace px {
 // layers whose block internals it keeps: L, or 1 when blocks are recomputed in backward.
 // CA is the channels of the attention heads a model holds: C, or C/tp in a tensor-parallel shard
 // (where C3, F, NH and V are the shard's too; see TpDims).
-enum class Dim : std::uint8_t { one, V, T, C, C3, F, L, LS, B, NH, CA };
+// Mixture of experts (model.moe_*): E experts of FE channels each (EFE = E·FE rows of the
+// experts' stacked c_fc, EC = E·C of their stacked c_proj), FS the shared experts' channels
+// (moe_shared_experts·FE; a MoE layer's mlp.* tensors are the shared MLP, absent without one),
+// K the experts a token goes to, KFE and KC a token's K routed slots of FE or C values, and FM
+// the widest plain MLP of any layer (F of the dense layers, FS of the MoE ones) that the MLP
+// activations hold. Without MoE, E..KC are 0 and FM is F.
+enum class Dim : std::uint8_t {
+    one, V, T, C, C3, F, L, LS, B, NH, CA, E, FE, EFE, EC, FS, K, KFE, KC, FM
+};
 
 struct ParamSpec {
     const char* name;  // GPT-2 name; per-layer names get the prefix "h.{i}."
@@ -54,18 +63,31 @@ inline constexpr ParamSpec kGpt2Params[] = {
     {"mlp.c_fc.bias", true, Dim::one, Dim::F, false, ParamSpec::zeros},
     {"mlp.c_proj.weight", true, Dim::C, Dim::F, true, ParamSpec::residual_normal},
     {"mlp.c_proj.bias", true, Dim::one, Dim::C, false, ParamSpec::zeros},
+    // MoE layers only (core/model/moe.h): the router, and the experts' MLPs stacked by expert
+    // (expert e's c_fc rows [e·FE, (e+1)·FE), its c_proj rows [e·C, (e+1)·C)).
+    {"moe.router.weight", true, Dim::E, Dim::C, true, ParamSpec::normal},
+    {"moe.experts.c_fc.weight", true, Dim::EFE, Dim::C, true, ParamSpec::normal},
+    {"moe.experts.c_fc.bias", true, Dim::E, Dim::FE, false, ParamSpec::zeros},
+    {"moe.experts.c_proj.weight", true, Dim::EC, Dim::FE, true, ParamSpec::residual_normal},
+    {"moe.experts.c_proj.bias", true, Dim::E, Dim::C, false, ParamSpec::zeros},
     {"ln_f.weight", false, Dim::one, Dim::C, false, ParamSpec::ones},
     {"ln_f.bias", false, Dim::one, Dim::C, false, ParamSpec::zeros},
 };
 inline constexpr int kNumParamSpecs = sizeof(kGpt2Params) / sizeof(kGpt2Params[0]);
 
-// Per-layer parameters, in list order starting at kFirstLayerSpec.
+// Per-layer parameters, in list order starting at kFirstLayerSpec. A dense layer holds the
+// first kNumDenseLayerParams; a MoE layer holds LN1W..LN2B, FCW..FCPROJB only with shared
+// experts (sized FS), and ROUTERW..EPROJB.
 enum LayerParam : int {
     LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB,
+    ROUTERW, EFCW, EFCB, EPROJW, EPROJB,
     kNumLayerParams
 };
+inline constexpr int kNumDenseLayerParams = ROUTERW;
 inline constexpr int kFirstLayerSpec = 2;
-static_assert(kGpt2Params[kFirstLayerSpec + FCPROJB].per_layer &&
+// Whether layer l of mc holds parameter p (and, for a MoE layer's mlp.*, at width FS).
+bool layer_holds(const ModelConfig& mc, i64 l, int p);
+static_assert(kGpt2Params[kFirstLayerSpec + EPROJB].per_layer &&
                   !kGpt2Params[kFirstLayerSpec + kNumLayerParams].per_layer &&
                   !kGpt2Params[kFirstLayerSpec - 1].per_layer,
               "LayerParam must list the per-layer entries of kGpt2Params in order");
@@ -130,17 +152,18 @@ struct ParamTable {
     i64 num_params = 0;  // true parameter count
     int wte = -1, wpe = -1, lnfw = -1, lnfb = -1;  // entry indices; -1 where the part lacks them
     std::vector<int> layer_first;  // per model layer: its first entry, -1 where not held
+    std::vector<int> layer_last;   // per model layer: its last entry, -1 where not held
+    // per model layer and LayerParam: its entry, -1 where not held (or the layer has none)
+    std::vector<std::array<int, kNumLayerParams>> layer_entry;
 
     static ParamTable build(const ModelConfig& mc);  // the whole model
     static ParamTable build(const ModelConfig& mc, const ModelPart& part);
     // A tensor-parallel shard of the part: local shapes, the whole model's ids and names.
     static ParamTable build(const ModelConfig& mc, const ModelPart& part, const TpDims& tp);
-    static int num_tensors(const ModelConfig& mc) {  // entries of the whole model's table
-        return 2 + static_cast<int>(mc.layers) * kNumLayerParams + 2;
-    }
+    static int num_tensors(const ModelConfig& mc);  // entries of the whole model's table
     bool has_layer(int layer) const { return layer_first[static_cast<size_t>(layer)] >= 0; }
-    int layer_index(int layer, LayerParam p) const {
-        return layer_first[static_cast<size_t>(layer)] + p;
+    int layer_index(int layer, LayerParam p) const {  // -1 where the layer has no such tensor
+        return layer_entry[static_cast<size_t>(layer)][static_cast<size_t>(p)];
     }
     int find(const std::string& name) const;  // -1 if absent
 };
@@ -215,8 +238,8 @@ inline constexpr ActSpec kGpt2Acts[] = {
     {"ln2", Dim::LS, Dim::B, Dim::T, Dim::C, false, ActType::act},         // (LS,B,T,C)
     {"ln2_mean", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32},  // (LS,B,T)
     {"ln2_rstd", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32},  // (LS,B,T)
-    {"fch", Dim::LS, Dim::B, Dim::T, Dim::F, false, ActType::act},         // (LS,B,T,F)
-    {"fch_gelu", Dim::LS, Dim::B, Dim::T, Dim::F, false, ActType::act},    // (LS,B,T,F)
+    {"fch", Dim::LS, Dim::B, Dim::T, Dim::FM, false, ActType::act},        // (LS,B,T,F)
+    {"fch_gelu", Dim::LS, Dim::B, Dim::T, Dim::FM, false, ActType::act},   // (LS,B,T,F)
     {"residual3", Dim::L, Dim::B, Dim::T, Dim::C, false, ActType::act},    // (L,B,T,C)
     {"lnf", Dim::B, Dim::T, Dim::C, Dim::one, true, ActType::act},         // (B,T,C)
     {"lnf_mean", Dim::B, Dim::T, Dim::one, Dim::one, true, ActType::f32},  // (B,T)
@@ -228,15 +251,32 @@ inline constexpr ActSpec kGpt2Acts[] = {
     {"dresidual", Dim::B, Dim::T, Dim::C, Dim::one, false, ActType::act},  // (B,T,C)
     {"dbuf_c", Dim::B, Dim::T, Dim::C, Dim::one, false, ActType::act},     // (B,T,C)
     {"dbuf_c3", Dim::B, Dim::T, Dim::C3, Dim::one, false, ActType::act},   // (B,T,3C)
-    {"dbuf_f", Dim::B, Dim::T, Dim::F, Dim::one, false, ActType::act},     // (B,T,F)
-    {"dbuf_f2", Dim::B, Dim::T, Dim::F, Dim::one, false, ActType::act},    // (B,T,F)
+    {"dbuf_f", Dim::B, Dim::T, Dim::FM, Dim::one, false, ActType::act},    // (B,T,F)
+    {"dbuf_f2", Dim::B, Dim::T, Dim::FM, Dim::one, false, ActType::act},   // (B,T,F)
     {"dpreatt", Dim::B, Dim::NH, Dim::T, Dim::T, false, ActType::act},     // (B,NH,T,T)
     {"datt", Dim::B, Dim::NH, Dim::T, Dim::T, false, ActType::act},        // (B,NH,T,T)
+    // MoE layers (core/model/moe.h; empty without MoE): the router's probabilities and the
+    // logsumexp of its logits, the gates of a token's K slots, and per routed slot (rows in
+    // expert order, K per token at most) the expert's c_fc output, its GELU and its output.
+    {"router_probs", Dim::LS, Dim::B, Dim::T, Dim::E, false, ActType::f32},  // (LS,B,T,E)
+    {"router_lse", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32},  // (LS,B,T)
+    {"moe_gates", Dim::LS, Dim::B, Dim::T, Dim::K, false, ActType::f32},     // (LS,B,T,K)
+    {"efch", Dim::LS, Dim::B, Dim::T, Dim::KFE, false, ActType::act},        // (LS,B·T·K,FE)
+    {"efch_gelu", Dim::LS, Dim::B, Dim::T, Dim::KFE, false, ActType::act},   // (LS,B·T·K,FE)
+    {"eout", Dim::LS, Dim::B, Dim::T, Dim::KC, false, ActType::act},         // (LS,B·T·K,C)
+    // scratch: the slots' gathered inputs (and their gradients), FE-wide gradients, and the
+    // router's (B,T,E) gradients
+    {"ebuf_c", Dim::B, Dim::T, Dim::KC, Dim::one, false, ActType::act},      // (B·T·K,C)
+    {"ebuf_c2", Dim::B, Dim::T, Dim::KC, Dim::one, false, ActType::act},     // (B·T·K,C)
+    {"ebuf_f", Dim::B, Dim::T, Dim::KFE, Dim::one, false, ActType::act},     // (B·T·K,FE)
+    {"ebuf_f2", Dim::B, Dim::T, Dim::KFE, Dim::one, false, ActType::act},    // (B·T·K,FE)
+    {"router_d", Dim::B, Dim::T, Dim::E, Dim::one, false, ActType::f32},     // (B,T,E)
 };
 enum ActIndex : int {
     ENCODED, LN1, LN1_MEAN, LN1_RSTD, QKV, ATTY, ATT, RESIDUAL2, LN2, LN2_MEAN, LN2_RSTD, FCH,
     FCH_GELU, RESIDUAL3, LNF, LNF_MEAN, LNF_RSTD, PROBS, LOSSES, DRESIDUAL, DBUF_C, DBUF_C3,
-    DBUF_F, DBUF_F2, DPREATT, DATT, kNumActs
+    DBUF_F, DBUF_F2, DPREATT, DATT, ROUTER_PROBS, ROUTER_LSE, MOE_GATES, EFCH, EFCH_GELU, EOUT,
+    EBUF_C, EBUF_C2, EBUF_F, EBUF_F2, ROUTER_D, kNumActs
 };
 static_assert(kNumActs == sizeof(kGpt2Acts) / sizeof(kGpt2Acts[0]),
               "ActIndex must list kGpt2Acts in order");

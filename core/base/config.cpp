@@ -75,6 +75,15 @@ const std::array kKeys = {
     PX_KEY(model, ffn, "F, MLP inner size (GPT-2: 4 * hidden)"),
     PX_KEY(model, init_std, "std of the normal init of weights (residual projections scaled by 1/sqrt(2L))"),
     PX_KEY(model, init_from, "weights to start from instead of random init: an llm.c GPT-2 checkpoint (.bin) or a Parallax checkpoint (.h5; its weights only: step 0, fresh optimizer); the model keys must match the file's; \"\" for none"),
+    PX_KEY(model, moe_experts, "E, experts of a mixture-of-experts feed-forward; 0: every layer a dense MLP"),
+    PX_KEY(model, moe_top_k, "k, the experts each token is routed to (1 <= k <= moe_experts), by the router's softmax"),
+    PX_KEY(model, moe_ffn, "inner size of one expert's MLP; 0: model.ffn"),
+    PX_KEY(model, moe_shared_experts, "experts every token goes to besides its top k (DeepSeek's shared experts: one MLP of moe_shared_experts x moe_ffn channels); 0: none"),
+    PX_KEY(model, moe_every, "MoE on every n-th layer: layer l (0-based) is MoE when (l + 1) % moe_every == 0, the others dense"),
+    PX_KEY(model, moe_capacity_factor, "tokens an expert takes per sequence: ceil(factor * seq tokens * k / E); the rest are dropped, first choices first, in token order; 0: dropless"),
+    PX_KEY(model, moe_norm_topk, "gates: the chosen experts' router probabilities renormalised to sum to 1 (Mixtral); false: the probabilities as they are (Switch)"),
+    PX_KEY(model, moe_aux_loss, "load-balancing loss coefficient: E * sum_i f_i * P_i per sequence (f_i the share of its routed slots, P_i the mean router probability of expert i), averaged over sequences and summed over MoE layers"),
+    PX_KEY(model, moe_z_loss, "router z-loss coefficient: the mean over tokens of logsumexp(router logits)^2, summed over MoE layers"),
     PX_KEY(layout, dp, "data-parallel replicas; world size = dp * pp * cp * tp"),
     PX_KEY(layout, pp, "pipeline stages, each a contiguous run of layers (at most model.layers)"),
     PX_KEY(layout, tp, "tensor-parallel ranks; must divide model.heads and model.ffn"),
@@ -450,6 +459,7 @@ void check(const Config& c) {
     at_least("model.hidden", m.hidden, 1);
     at_least("model.ffn", m.ffn, 1);
     positive("model.init_std", m.init_std);
+    check_moe_keys(m);
 
     at_least("layout.dp", l.dp, 1);
     at_least("layout.pp", l.pp, 1);
@@ -539,6 +549,7 @@ void check(const Config& c) {
                       "order, not the canonical tree; use layout.comm = \"auto\" or \"canonical\", or "
                       "numerics.mode = \"fast\""};
     check_precision_across(c.precision, n);
+    check_moe_across(c);
     check_fp8_layers(c.precision, m.layers);
     check_fp8_monitor_across(c.fp8_monitor, c.precision);
     if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())

@@ -34,6 +34,22 @@ struct ModelConfig {
     i64 ffn = 256;            // F, MLP inner size (GPT-2: 4*hidden)
     double init_std = 0.02;   // std of the normal init of weights (residual projections scaled by 1/sqrt(2L))
     std::string init_from;    // optional llm.c GPT-2 checkpoint (.bin) to load instead of random init
+    // Mixture of experts (core/model/moe.h): a MoE layer's feed-forward is a router over
+    // moe_experts expert MLPs of moe_ffn channels (0: ffn), each token going to its moe_top_k
+    // best, plus moe_shared_experts experts every token goes to (one MLP of shared x moe_ffn).
+    i64 moe_experts = 0;              // E; 0: every layer dense
+    i64 moe_top_k = 2;                // k, experts per token
+    i64 moe_ffn = 0;                  // F_e, inner size of one expert (0: model.ffn)
+    i64 moe_shared_experts = 0;       // S, experts every token goes to
+    i64 moe_every = 1;                // layer l is MoE when (l + 1) % moe_every == 0
+    double moe_capacity_factor = 0;   // tokens per expert per sequence: ceil(cf·T·k/E); 0 dropless
+    bool moe_norm_topk = true;        // gates: the top-k probabilities renormalised to sum to 1
+    double moe_aux_loss = 0.01;       // load-balancing loss coefficient (per sequence)
+    double moe_z_loss = 0.001;        // router z-loss coefficient
+
+    bool is_moe() const { return moe_experts > 0; }
+    bool moe_layer(i64 l) const { return is_moe() && (l + 1) % moe_every == 0; }
+    i64 expert_ffn() const { return moe_ffn > 0 ? moe_ffn : ffn; }
 
     bool operator==(const ModelConfig&) const = default;
 };

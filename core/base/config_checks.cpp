@@ -158,6 +158,68 @@ void check_precision_keys(const PrecisionConfig& pr) {
             "a segment of a block of numerics.block");
 }
 
+void check_moe_keys(const ModelConfig& m) {
+    at_least("model.moe_experts", m.moe_experts, 0);
+    at_most("model.moe_experts", m.moe_experts, i64{1} << 16, "a token's routes are 16-bit ids");
+    at_least("model.moe_top_k", m.moe_top_k, 1);
+    at_least("model.moe_ffn", m.moe_ffn, 0);
+    at_least("model.moe_shared_experts", m.moe_shared_experts, 0);
+    at_most("model.moe_shared_experts", m.moe_shared_experts, i64{1} << 16,
+            "a shared MLP of more experts than routed ones is a dense model");
+    at_least("model.moe_every", m.moe_every, 1);
+    non_negative("model.moe_capacity_factor", m.moe_capacity_factor);
+    finite("model.moe_capacity_factor", m.moe_capacity_factor);
+    non_negative("model.moe_aux_loss", m.moe_aux_loss);
+    finite("model.moe_aux_loss", m.moe_aux_loss);
+    non_negative("model.moe_z_loss", m.moe_z_loss);
+    finite("model.moe_z_loss", m.moe_z_loss);
+    if (m.is_moe())
+        at_most("model.layers", m.layers, (INT_MAX - 4) / 17,
+                "tensor ids are 32-bit integers, and a MoE layer has 17 tensors");
+    const double expert_weights = 2.0 * double(m.layers) * double(m.moe_experts) *
+                                  double(m.expert_ffn()) * double(m.hidden);
+    if (m.is_moe() && expert_weights >= std::ldexp(1.0, 50))
+        throw Problem{{"model.moe_experts", "model.moe_ffn", "model.layers", "model.hidden"},
+                      "model.moe_experts=" + std::to_string(m.moe_experts) + " experts of " +
+                          std::to_string(m.expert_ffn()) + " channels on " +
+                          std::to_string(m.layers) + " layers of " + std::to_string(m.hidden) +
+                          " give " + number(expert_weights) +
+                          " expert weights, more than 2^50 (no machine holds that many); lower "
+                          "model.moe_experts"};
+    if (m.is_moe() && m.moe_top_k > m.moe_experts)
+        throw Problem{{"model.moe_top_k", "model.moe_experts"},
+                      "model.moe_top_k=" + std::to_string(m.moe_top_k) + " exceeds model.moe_experts=" +
+                          std::to_string(m.moe_experts) +
+                          ": a token is routed to at most every expert once; lower moe_top_k"};
+    if (m.is_moe() && m.moe_every > m.layers)
+        throw Problem{{"model.moe_every", "model.layers"},
+                      "model.moe_every=" + std::to_string(m.moe_every) + " exceeds model.layers=" +
+                          std::to_string(m.layers) +
+                          ": no layer would be MoE; lower moe_every, or set moe_experts = 0"};
+}
+
+void check_moe_across(const Config& c) {
+    if (!c.model.is_moe()) return;
+    if (c.precision.activations != "fp32" || c.precision.fp8 != "off")
+        throw Problem{{"model.moe_experts", "precision.activations", "precision.fp8"},
+                      "model.moe_experts=" + std::to_string(c.model.moe_experts) +
+                          " runs with precision.activations = \"fp32\" and precision.fp8 = \"off\" "
+                          "(the experts' gathered matmuls are fp32 kernels), got " +
+                          quote(c.precision.activations) + " and " + quote(c.precision.fp8) +
+                          ": use fp32, or a dense model (moe_experts = 0)"};
+    if (!c.output.export_llmc.empty())
+        throw Problem{{"model.moe_experts", "output.export_llmc"},
+                      "output.export_llmc = " + quote(c.output.export_llmc) +
+                          " with model.moe_experts=" + std::to_string(c.model.moe_experts) +
+                          ": llm.c checkpoints hold dense MLPs only; set output.export_llmc = \"\""};
+    if (c.layout.tp > 1)
+        throw Problem{{"model.moe_experts", "layout.tp"},
+                      "model.moe_experts=" + std::to_string(c.model.moe_experts) + " with layout.tp=" +
+                          std::to_string(c.layout.tp) +
+                          ": the experts are not tensor-parallel; use layout.tp = 1 (dp, pp, ZeRO and "
+                          "microbatches all compose with MoE)"};
+}
+
 void check_precision_across(const PrecisionConfig& pr, const NumericsConfig& n) {
     if (pr.fp8 != "off" && pr.activations != "bf16")
         throw Problem{{"precision.fp8", "precision.activations"},

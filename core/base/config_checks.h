@@ -8,6 +8,8 @@
 //                                single-key range checks: each throws a Problem naming the key
 //   check_activations            precision.activations -> its dtype (a Problem when it has none)
 //   check_precision_keys         every [precision] key on its own
+//   check_moe_keys, check_moe_across   the model's mixture-of-experts keys, alone and against
+//                                the precision and the layout
 //   check_precision_across       the rules between [precision] keys
 //   check_spikes_keys            every [spikes] key, and window against min_history
 //   fp8_blocks, check_fp8_layers precision.fp8_layers read against model.layers
@@ -43,6 +45,8 @@ void one_of(const char* key, const std::string& v, const std::vector<std::string
 
 DType check_activations(const std::string& v);
 void check_precision_keys(const PrecisionConfig& pr);
+void check_moe_keys(const ModelConfig& m);
+void check_moe_across(const Config& c);
 void check_precision_across(const PrecisionConfig& pr, const NumericsConfig& n);
 void check_spikes_keys(const SpikesConfig& sp);
 std::vector<bool> fp8_blocks(const PrecisionConfig& pr, i64 layers);  // per block: in fp8

@@ -116,7 +116,15 @@ i64 file_size(std::FILE* f, const std::string& path) {
     return i64(st.st_size);
 }
 
+// llm.c's GPT-2 has a dense MLP in every layer.
+void refuse_moe(const ModelConfig& mc, const char* what) {
+    if (mc.is_moe())
+        throw ConfigError("model.moe_experts = " + std::to_string(mc.moe_experts) +
+                          ", but llm.c GPT-2 checkpoints hold dense MLPs only; " + what);
+}
+
 void check_config(const std::string& path, const LlmcHeader& h, const ModelConfig& mc) {
+    refuse_moe(mc, "set model.moe_experts = 0 to start from one");
     if (mc.ffn != 4 * mc.hidden)
         throw ConfigError("model.ffn = " + std::to_string(mc.ffn) +
                           ", but llm.c GPT-2 checkpoints have an MLP of 4 * model.hidden = " +
@@ -273,6 +281,7 @@ void read_llmc_checkpoint(const std::string& path, const ModelConfig& mc,
 
 void write_llmc_checkpoint(const std::string& path, const ModelConfig& mc,
                            const ParamLookup& params) {
+    refuse_moe(mc, "this model cannot be exported to llm.c");
     if (mc.ffn != 4 * mc.hidden)
         throw ConfigError("model.ffn = " + std::to_string(mc.ffn) +
                           ", but llm.c GPT-2 checkpoints have an MLP of 4 * model.hidden = " +

@@ -474,8 +474,10 @@ void CheckpointReader::check_model(const ModelConfig& mc) const {
     const Impl& r = *impl_;
     const ParamTable table = ParamTable::build(mc);
     const std::string what_to_do =
-        ": the checkpoint was written for another model; use the config it was written with "
-        "(its 'config' attribute, shown by parallax inspect " +
+        ": the checkpoint was written for another model (the [model] keys, model.moe_experts = " +
+        std::to_string(mc.moe_experts) +
+        " and the other moe_* keys included, must be the same); use the config it was written "
+        "with (its 'config' attribute, shown by parallax inspect " +
         r.path + ")";
     for (const TableEntry& e : table.entries) {
         const std::vector<i64> want = tensor_shape(e);

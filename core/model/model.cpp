@@ -1,5 +1,7 @@
 #include "core/model/model.h"
 
+#include "core/model/model_rows.h"
+
 #include "core/base/error.h"
 #include "core/base/rng.h"
 #include "core/base/widened.h"
@@ -18,37 +20,17 @@ i64 align16(i64 n) {
     return (n + 15) / 16 * 16;
 }
 
-void zero(const Tensor& t) {
-    std::memset(t.data, 0, static_cast<size_t>(bytes_of(t.dtype, t.numel())));
-}
-
-// Rows [r.lo, r.hi) of t seen as (rows, last dim); a vector (B,T) gives (hi - lo).
-Tensor token_view(const Tensor& t, TokenRows r, i64 BT) {
-    const i64 w = t.numel() / BT;
-    return w == 1 ? subview(t, r.lo, {r.hi - r.lo}) : subview(t, r.lo * w, {r.hi - r.lo, w});
-}
-
-// Rows [lo, hi) of a (B,T,w) tensor t whose B·T rows are `BT`, as (hi - lo, w) (even for w = 1);
-// of a (B,T) one (a LayerNorm's mean or rstd) as (hi - lo).
-Tensor node_rows(const Tensor& t, i64 lo, i64 hi, i64 BT) {
-    const i64 w = t.numel() / BT;
-    const bool per_token = t.ndim == 2 && t.shape[0] * t.shape[1] == BT;
-    return per_token ? subview(t, lo, {hi - lo}) : subview(t, lo * w, {hi - lo, w});
-}
-
-// The tensor g (in nodes[0]'s gradient buffer) in node n's buffer.
-Tensor in_node(const Tensor& g, std::span<const TokenNode> nodes, size_t n) {
-    Tensor t = g;
-    t.data = nodes[n].grads + (g.f32() - nodes[0].grads);
-    return t;
-}
-
 }  // namespace
 
 // ---- activations -----------------------------------------------------------------------------
 
 Activations::Activations(const ModelConfig& mc, const ActShape& shape)
-    : mc_(mc), shape_(shape), table_(ActTable::build(mc, shape)), arena_(table_.total) {}
+    : mc_(mc), shape_(shape), table_(ActTable::build(mc, shape)), arena_(table_.total) {
+    if (mc.is_moe())
+        routes_.assign(static_cast<size_t>(resolve_dim(Dim::LS, mc, shape) * shape.B * shape.T *
+                                           mc.moe_top_k),
+                       0);
+}
 
 Tensor Activations::tensor(int a) const {
     const ActSpec& s = kGpt2Acts[a];
@@ -219,8 +201,8 @@ std::vector<GradSpan> GPT::unit_params(Unit u) const {
             break;
     }
     PX_ASSERT(table_.has_layer(u.layer), "a block this model part does not hold");
-    return {entry_span(table_, table_.layer_index(u.layer, LN1W),
-                       table_.layer_index(u.layer, FCPROJB))};
+    const size_t l = static_cast<size_t>(u.layer);
+    return {entry_span(table_, table_.layer_first[l], table_.layer_last[l])};
 }
 
 std::vector<GradSpan> GPT::unit_grads(Unit u) const {
@@ -234,8 +216,8 @@ GradSpan GPT::grad_span(int chunk) const {
     const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];
     int first = has_embedding(chunk) ? table_.wte : -1, last = -1;
     if (layers.size() > 0) {
-        if (first < 0) first = table_.layer_index(layers.lo, LN1W);
-        last = table_.layer_index(layers.hi - 1, FCPROJB);
+        if (first < 0) first = table_.layer_first[static_cast<size_t>(layers.lo)];
+        last = table_.layer_last[static_cast<size_t>(layers.hi - 1)];
     }
     if (has_embedding(chunk)) last = std::max(last, table_.wpe);
     if (has_head(chunk)) {
@@ -426,13 +408,11 @@ void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
     const Tensor residual = i == 0 ? a.tensor(ENCODED) : a.layer(RESIDUAL3, i - 1);
     const Tensor ln1 = a.layer(LN1, i), qkv = a.layer(QKV, i), atty = a.layer(ATTY, i);
     const Tensor att = a.layer(ATT, i), residual2 = a.layer(RESIDUAL2, i);
-    const Tensor ln2 = a.layer(LN2, i), fch = a.layer(FCH, i);
-    const Tensor fch_gelu = a.layer(FCH_GELU, i), residual3 = a.layer(RESIDUAL3, i);
+    const Tensor ln2 = a.layer(LN2, i), residual3 = a.layer(RESIDUAL3, i);
     // The attention output projection and the MLP output reuse the backward scratch of
     // the same shape as their staging buffer (it is free during the forward pass).
     const Tensor proj = a.tensor(DBUF_C);
-    const Tensor qkvb = P(l, QKVB), attprojb = P(l, ATTPROJB), fcb = P(l, FCB),
-                 fcprojb = P(l, FCPROJB);
+    const Tensor qkvb = P(l, QKVB), attprojb = P(l, ATTPROJB);
 
     // Sequence parallelism: the LayerNorms and residual adds on this rank's tokens; all-gather
     // before each column-parallel linear, reduce-scatter in each row-parallel one.
@@ -460,18 +440,53 @@ void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
                       P(l, LN2B));
     sp_gather(ln2);
     out("ln_2", ln2, ProbeSplit::whole);
-    linear_forward(Linear::fc, fch, ln2, P(l, FCW), &fcb, probed);
-    out("mlp.fc", fch, ProbeSplit::ffn);
-    ops::gelu_forward(nx, fch_gelu, fch);
-    out("mlp.gelu", fch_gelu, ProbeSplit::ffn);
-    linear_forward(Linear::fc_proj, proj, fch_gelu, P(l, FCPROJW), &fcprojb, probed);
-    out("mlp.proj", proj, ProbeSplit::tokens);
+    if (!mc_.moe_layer(l)) {
+        mlp_forward(a, l, i, proj, probed);
+    } else {  // shared experts (if any), then the routed ones added to their output
+        if (table_.layer_index(l, FCW) >= 0)
+            mlp_forward(a, l, i, proj, probed);
+        else
+            zero(proj);
+        moe_forward(a, l, i, proj, probed);
+    }
     residual_forward(residual3, residual2, proj);
     out("residual_2", residual3, ProbeSplit::tokens);
 }
 
+// out (B,T,C) = the plain MLP of layer l on ln2 (F channels: a MoE layer's shared experts').
+void GPT::mlp_forward(Activations& a, int l, int i, const Tensor& out, bool probed) const {
+    const i64 F = table_.entries[static_cast<size_t>(table_.layer_index(l, FCW))].rows;
+    const Tensor fch = mlp_act(a.layer(FCH, i), F), fch_gelu = mlp_act(a.layer(FCH_GELU, i), F);
+    const Tensor fcb = P(l, FCB), fcprojb = P(l, FCPROJB);
+    linear_forward(Linear::fc, fch, a.layer(LN2, i), P(l, FCW), &fcb, probed);
+    if (probed) probe("fwd", l, "mlp.fc", "out", fch, ProbeSplit::ffn);
+    ops::gelu_forward(nx_, fch_gelu, fch);
+    if (probed) probe("fwd", l, "mlp.gelu", "out", fch_gelu, ProbeSplit::ffn);
+    linear_forward(Linear::fc_proj, out, fch_gelu, P(l, FCPROJW), &fcprojb, probed);
+    if (probed) probe("fwd", l, "mlp.proj", "out", out, ProbeSplit::tokens);
+}
+
+// dln2 (zeroed by the caller) += d(ln2) of the plain MLP of layer l, whose output gradient is
+// dout (under sequence parallelism all-gathered already).
+void GPT::mlp_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
+                       const Tensor& dout, const Tensor& dln2) const {
+    auto G = [&](LayerParam p) { return grad(nodes[0].grads, table_.layer_index(l, p)); };
+    const i64 F = table_.entries[static_cast<size_t>(table_.layer_index(l, FCW))].rows;
+    const Tensor dfch_gelu = mlp_act(a.tensor(DBUF_F), F), dfch = mlp_act(a.tensor(DBUF_F2), F);
+    const Tensor dfcprojb = G(FCPROJB), dfcb = G(FCB);
+    zero(dfch_gelu);
+    linear_backward(nodes, Linear::fc_proj, dfch_gelu, G(FCPROJW), &dfcprojb, dout,
+                    mlp_act(a.layer(FCH_GELU, i), F), P(l, FCPROJW));
+    probe("bwd", l, "mlp.proj", "dinp", dfch_gelu, ProbeSplit::ffn);
+    zero(dfch);
+    ops::gelu_backward(nx_, dfch, mlp_act(a.layer(FCH, i), F), dfch_gelu);
+    probe("bwd", l, "mlp.gelu", "dinp", dfch, ProbeSplit::ffn);
+    linear_backward(nodes, Linear::fc, dln2, G(FCW), &dfcb, dfch, a.layer(LN2, i), P(l, FCW));
+}
+
 // dresidual holds d(residual3) on entry and d(x) on return.
-void GPT::block_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i) const {
+void GPT::block_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
+                         float dloss) const {
     const Numerics& nx = nx_;
     auto G = [&](LayerParam p) { return grad(nodes[0].grads, table_.layer_index(l, p)); };
     auto dinp = [&](const char* op, const Tensor& t, ProbeSplit split) {
@@ -479,22 +494,17 @@ void GPT::block_backward(Activations& a, std::span<const TokenNode> nodes, int l
     };
     const Tensor residual = i == 0 ? a.tensor(ENCODED) : a.layer(RESIDUAL3, i - 1);
     const Tensor dresidual = a.tensor(DRESIDUAL), dbuf_c = a.tensor(DBUF_C);
-    const Tensor dfch_gelu = a.tensor(DBUF_F), dfch = a.tensor(DBUF_F2), dqkv = a.tensor(DBUF_C3);
-    const Tensor dfcprojw = G(FCPROJW), dfcprojb = G(FCPROJB), dfcw = G(FCW), dfcb = G(FCB),
-                 dattprojw = G(ATTPROJW), dattprojb = G(ATTPROJB), dqkvw = G(QKVW), dqkvb = G(QKVB);
+    const Tensor dqkv = a.tensor(DBUF_C3);
+    const Tensor dattprojw = G(ATTPROJW), dattprojb = G(ATTPROJB), dqkvw = G(QKVW),
+                 dqkvb = G(QKVB);
 
     // residual3 = residual2 + mlp(ln2(residual2)): dresidual flows to both branches.
     // (Sequence parallelism: this rank's rows of d(residual3), all-gathered for fc_proj.)
+    // A MoE layer: its shared experts' MLP (if any), then the routed experts and the router.
     sp_gather(dresidual);
-    zero(dfch_gelu);
-    linear_backward(nodes, Linear::fc_proj, dfch_gelu, dfcprojw, &dfcprojb, dresidual,
-                    a.layer(FCH_GELU, i), P(l, FCPROJW));
-    dinp("mlp.proj", dfch_gelu, ProbeSplit::ffn);
-    zero(dfch);
-    ops::gelu_backward(nx, dfch, a.layer(FCH, i), dfch_gelu);
-    dinp("mlp.gelu", dfch, ProbeSplit::ffn);
     zero(dbuf_c);
-    linear_backward(nodes, Linear::fc, dbuf_c, dfcw, &dfcb, dfch, a.layer(LN2, i), P(l, FCW));
+    if (table_.layer_index(l, FCW) >= 0) mlp_backward(a, nodes, l, i, dresidual, dbuf_c);
+    if (mc_.moe_layer(l)) moe_backward(a, nodes, l, i, dresidual, dbuf_c, dloss);
     dinp("mlp.fc", dbuf_c, ProbeSplit::tokens);
     layernorm_backward(nodes, dresidual, G(LN2W), G(LN2B), dbuf_c, a.layer(RESIDUAL2, i), P(l, LN2W),
                        a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i));
@@ -640,7 +650,7 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
         // Recompute: the block's internals were not kept; its forward from the kept input
         // refills them bit for bit (its output, written again, is unchanged).
         if (a.shape().recompute) block_forward(a, l, l - layers.lo, false);
-        block_backward(a, nodes, l, l - layers.lo);
+        block_backward(a, nodes, l, l - layers.lo, dloss);
         after_backward({Unit::block, l}, grads);
     }
     if (has_embedding(chunk)) {

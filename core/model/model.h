@@ -21,6 +21,7 @@
 #include "core/base/config.h"
 #include "core/base/numerics.h"
 #include "core/model/fp8.h"
+#include "core/model/moe.h"
 #include "core/model/probe.h"
 #include "core/base/tensor.h"
 
@@ -68,13 +69,19 @@ public:
     Tensor output() const;                                  // (B,T,C) its last block's output
     Tensor dresidual() const { return tensor(DRESIDUAL); }  // (B,T,C) see kGpt2Acts
     Tensor losses() const { return tensor(LOSSES); }        // (B,T) fp32, head chunks only
-    i64 bytes() const { return arena_.bytes(); }            // the table's total
+    i64 bytes() const {  // the table's total, and the MoE routes
+        return arena_.bytes() + static_cast<i64>(routes_.size() * sizeof(std::int32_t));
+    }
+    // A MoE layer's routes (local layer i, its slot under recompute): per token (B·T) and slot
+    // (K), the expert it goes to, or -1 - e when expert e was chosen but full (moe.h).
+    std::int32_t* routes(int i) const;
 
 private:
     ModelConfig mc_;
     ActShape shape_;
     ActTable table_{};
     Arena arena_;
+    mutable std::vector<std::int32_t> routes_;  // (LS, B·T, K) of MoE models, else empty
 };
 
 // The linear layers of a block, for ParallelLayers.
@@ -286,6 +293,9 @@ public:
     // the whole model) to the largest attention logit q·k/sqrt(HS) of the causal positions it
     // computed (its heads, under tensor parallelism). Spike evidence (core/train/spikes.h).
     void set_logit_max(float* per_layer) { logit_max_ = per_layer; }
+    // While set (not null): every MoE layer's forward adds its routing to per_layer[l] (one per
+    // layer of the whole model; dense layers' are untouched). Recomputed forwards do not count.
+    void set_router_stats(RouterStats* per_layer) { router_stats_ = per_layer; }
     Fp8Scaling* fp8() const { return fp8_.get(); }
     // Hooks called around every unit (null: none). Not owned; must outlive their use.
     void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
@@ -359,7 +369,19 @@ private:
     void embedding_forward(const Tensor& out, const int* tokens) const;
     void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                             const int* tokens, i64 row_lo, i64 row_hi) const;
-    void block_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i) const;
+    // The plain MLP of layer l (a dense layer's, or a MoE layer's shared experts'): out = its
+    // output on ln2; backward: dln2 += d(ln2) for dout = d(out) (core/model/model.cpp).
+    void mlp_forward(Activations& a, int l, int i, const Tensor& out, bool probed) const;
+    void mlp_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
+                      const Tensor& dout, const Tensor& dln2) const;
+    // The routed experts of MoE layer l (core/model/moe.cpp): out += the gated sum of the
+    // token's experts; backward: dln2 += d(ln2) through the experts and the router, the
+    // auxiliary losses' gradients included (dloss: d(mean loss)/d(token loss)).
+    void moe_forward(Activations& a, int l, int i, const Tensor& out, bool probed) const;
+    void moe_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
+                      const Tensor& dout, const Tensor& dln2, float dloss) const;
+    void block_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
+                        float dloss) const;
     // ParallelLayers' linear, or ops::matmul_* when there is none. record: an fp8 linear records
     // its casts' amaxes (false when backward recomputes a block: the same values again).
     void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
@@ -433,6 +455,7 @@ private:
     Activations acts_;
     std::shared_ptr<Fp8Scaling> fp8_;  // null: no fp8 matmuls
     float* logit_max_ = nullptr;       // set_logit_max
+    RouterStats* router_stats_ = nullptr;  // set_router_stats
     UnitHooks* hooks_ = nullptr;  // the single-device forward/backward's
     ProbeSink* probes_ = nullptr;               // null: nothing is probed
     const ProbeContext* probe_ctx_ = nullptr;   // step and batch rows of the probes; may be null

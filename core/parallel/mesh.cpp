@@ -118,6 +118,14 @@ Layout make_layout(const LayoutConfig& lc, const ModelConfig& mc, const TrainCon
     l.block = nc.block;
     l.sequence_parallel = lc.sequence_parallel && l.tp > 1;
     validate_layout(l);
+    // A MoE layer's capacity and load-balancing loss are per sequence, in token order: a cp rank
+    // holds only part of each sequence.
+    if (l.cp > 1 && mc.moe_experts > 0)
+        throw ConfigError("layout.cp=" + str(l.cp) + " with model.moe_experts=" +
+                          str(mc.moe_experts) +
+                          " is not implemented yet: a MoE layer drops tokens over capacity and "
+                          "balances its load per whole sequence, which a context-parallel rank "
+                          "does not hold; use layout.cp = 1 or model.moe_experts = 0");
     // Sequence parallelism: each tp rank holds a slice of every microbatch's tokens, cut at
     // multiples of numerics.block (tp::token_split), and the LayerNorm weight/bias gradients
     // reduce over those slices by the canonical token tree. In a pipeline the stages pass each tp

@@ -699,7 +699,9 @@ StepMetrics Job::step() {
         std::fill(logit_max_.begin(), logit_max_.end(), -std::numeric_limits<float>::infinity());
         model_->set_logit_max(logit_max_.data());
     }
+    begin_router_stats();
     run_actions();
+    end_router_stats(step_ + 1);
     if (watch_logits_) {
         model_->set_logit_max(nullptr);
         all_reduce_max(logit_max_.data(), static_cast<i64>(logit_max_.size()));

@@ -24,6 +24,7 @@
 //   EventKind, RunEvent  what an event says happened
 //   LocalSnapshot one rank's state between steps, for re-running steps (the replica check)
 //   Observer      receives metrics as they happen
+//   router_values the MoE router statistics as named values
 //   Job           construction makes the rank's model; step(), evaluate(), run()
 //   absorb        a rank's part of the logical state (core/io/state.h)
 #pragma once
@@ -166,6 +167,11 @@ struct NamedValue {
     std::string name;  // the run file's metric, e.g. "layer.h.3.grad_norm" (no '/')
     double value = 0;
 };
+
+// The named values of the MoE layers' router statistics (Job::router_stats), per MoE layer l:
+// moe.h.<l>.drop_fraction, balance (E·Σ f_i·P_i averaged over sequences: 1 when balanced),
+// aux_loss (moe_aux_loss × balance), z_loss, router_entropy (mean nats), tokens.<e>.
+std::vector<NamedValue> router_values(const ModelConfig& mc, const std::vector<RouterStats>& st);
 
 enum class EventKind {
     resume,      // the run started from a checkpoint (logged by the view at on_start)
@@ -324,6 +330,11 @@ public:
     // recorded while watch_logits(true), reduced over the groups at the step's end.
     void watch_logits(bool on);
     const std::vector<float>& logit_max() const { return logit_max_; }
+    // MoE router statistics of the last step, per layer of the whole model (core/model/moe.h),
+    // summed over the dp and pp groups; empty without MoE. Offered to the observers each step
+    // as named values moe.h.<l>.{drop_fraction, balance, aux_loss, z_loss, router_entropy,
+    // tokens.<e>} (router_values).
+    const std::vector<RouterStats>& router_stats() const { return router_stats_; }
     i64 steps_done() const override { return step_; }
     const std::vector<StepMetrics>& history() const override { return history_; }
     MemoryStats memory() const override;
@@ -449,6 +460,9 @@ private:
     std::vector<float> grad_sq_;    // per tensor id: Σg² of the last step
     bool watch_logits_ = false;
     std::vector<float> logit_max_;  // per model layer
+    std::vector<RouterStats> router_stats_;  // per model layer (MoE models)
+    void begin_router_stats();        // core/train/router_stats.cpp
+    void end_router_stats(i64 step);  // reduce, then offer to the observers
 };
 
 // The rank's part of the logical state, after Job::unshard (or its ZeRO slice of the moments):

@@ -33,6 +33,8 @@ struct Sizes {
     double markov;     // bytes of one Markov source's tables (0 for token files)
     bool init_from, export_llmc;
     double fp8_state;  // floats of fp8 delayed scaling's scales and histories (every rank's)
+    double E, K, FE, FS, FM;  // MoE (core/base/arena.h Dim): 0 without, FM = F
+    double moe_layers;        // layers that are MoE
 };
 
 Sizes sizes_of(const Config& c) {
@@ -40,6 +42,10 @@ Sizes sizes_of(const Config& c) {
     const ModelConfig& m = c.model;
     s.V = double(m.vocab), s.T = double(m.seq_len), s.L = double(m.layers);
     s.NH = double(m.heads), s.C = double(m.hidden), s.F = double(m.ffn);
+    s.E = double(resolve_dim(Dim::E, m)), s.K = double(resolve_dim(Dim::K, m));
+    s.FE = double(resolve_dim(Dim::FE, m)), s.FS = double(resolve_dim(Dim::FS, m));
+    s.FM = double(resolve_dim(Dim::FM, m));
+    for (i64 l = 0; l < m.layers; l++) s.moe_layers += m.moe_layer(l) ? 1 : 0;
     s.tp = c.layout.tp, s.pp = c.layout.pp, s.v = c.layout.virtual_stages, s.S = s.pp * s.v;
     s.dp = c.layout.dp;
     s.cp = c.layout.cp;
@@ -97,6 +103,24 @@ double dim(Dim d, const Sizes& s, double B) {
             return s.NH / s.tp;
         case Dim::CA:
             return s.C / s.tp;
+        case Dim::E:
+            return s.E;
+        case Dim::FE:
+            return s.FE;
+        case Dim::EFE:
+            return s.E * s.FE;
+        case Dim::EC:
+            return s.E * s.C;
+        case Dim::FS:
+            return s.FS;
+        case Dim::K:
+            return s.K;
+        case Dim::KFE:
+            return s.K * s.FE;
+        case Dim::KC:
+            return s.K * s.C;
+        case Dim::FM:
+            return s.FM / s.tp;
         case Dim::B:
             return B;
         case Dim::L:
@@ -119,8 +143,20 @@ Params params_of(const Sizes& s) {
     Params p;
     p.wte = param_floats(kGpt2Params[0], s);
     p.wpe = param_floats(kGpt2Params[1], s);
-    for (int i = kFirstLayerSpec; i < kFirstLayerSpec + kNumLayerParams; i++)
-        p.layer += param_floats(kGpt2Params[i], s);
+    // a layer's floats: the mean over the model's dense and MoE layers (a MoE layer's plain MLP
+    // is its shared experts', FS wide, absent without them)
+    double dense = 0, moe = 0;
+    Sizes shared = s;
+    shared.F = s.FS;
+    for (int i = 0; i < kNumLayerParams; i++) {
+        const ParamSpec& spec = kGpt2Params[kFirstLayerSpec + i];
+        if (i < kNumDenseLayerParams) dense += param_floats(spec, s);
+        if (i < FCW || i > FCPROJB)
+            moe += i < kNumDenseLayerParams || s.E > 0 ? param_floats(spec, s) : 0;
+        else if (s.FS > 0)
+            moe += param_floats(spec, shared);
+    }
+    p.layer = (dense * (s.L - s.moe_layers) + moe * s.moe_layers) / s.L;
     for (int i = kFirstLayerSpec + kNumLayerParams; i < kNumParamSpecs; i++)
         p.lnf += param_floats(kGpt2Params[i], s);
     return p;

@@ -312,6 +312,14 @@ TEST_CASE("training under MPI equals the single device and the in-process run, b
         check_layout({"layout.tp=2", "layout.pp=2", "layout.microbatches=2"}, fp8);
         check_layout({"layout.dp=4", "layout.zero=2"}, fp8);
     }
+    SECTION("MoE: dp4 ZeRO-3, and pp2 x dp2") {
+        // 4 experts, top-2, capacity 1 (drops), a shared expert
+        const std::vector<std::string> moe = {"model.moe_experts=4", "model.moe_top_k=2",
+                                              "model.moe_ffn=32", "model.moe_capacity_factor=1",
+                                              "model.moe_shared_experts=1"};
+        check_layout({"layout.dp=4", "layout.zero=3"}, moe);
+        check_layout({"layout.pp=2", "layout.dp=2", "layout.microbatches=2"}, moe);
+    }
 }
 
 TEST_CASE("a world of the wrong size is a ConfigError naming both numbers") {

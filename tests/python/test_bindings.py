@@ -115,6 +115,43 @@ def test_step_run_and_metrics():
     assert job.weights()["wte"].shape == (32, 64)  # the state stays readable
 
 
+def test_router_stats_of_a_moe_job():
+    # examples/moe-small.toml: 2 MoE layers of 4 experts, top-2, capacity 1.25; 16 x 64 tokens.
+    job = parallax.Job(ROOT / "examples" / "moe-small.toml", train={"eval_every": 0},
+                       output={"run_file": False, "progress": False})
+    job.step(3)
+    stats = job.router_stats()
+    assert sorted(stats) == [0, 1]
+    slots = 16 * 64 * 2
+    for layer in stats.values():
+        assert list(layer["steps"]) == [1, 2, 3]
+        assert layer["tokens"].shape == (3, 4) and layer["tokens"].dtype == np.int64
+        kept = layer["tokens"].sum(axis=1)
+        assert np.all(kept + np.round(layer["drop_fraction"] * slots) == slots)
+        assert np.all(layer["router_entropy"] <= np.log(4) + 1e-12)
+        assert np.all(layer["aux_loss"] == 0.01 * layer["balance"])
+        assert set(layer) >= {"z_loss", "balance"}
+    assert parallax.Job(**small()).router_stats() == {}  # a dense model has none
+
+
+def test_batch_is_what_the_step_trained_on():
+    # The embedding's output of step 2 is wte[tokens] + wpe[positions], one fp32 add per element.
+    job = parallax.Job(**small(), probes=["2/fwd/-/embed/out"])
+    job.step(1)
+    w = {k: v.copy() for k, v in job.weights().items()}  # the weights step 2 runs with
+    job.step(1)
+    batch = job.batch(2)
+    assert batch.dtype == np.int32 and batch.shape == (8, 65)
+    T = 64
+    want = w["wte"][batch[:, :T]] + w["wpe"][:T][None, :, :]
+    assert job.probe("2/fwd/-/embed/out").tobytes() == want.astype(np.float32).tobytes()
+    assert not np.array_equal(job.batch(1), batch)  # another step, another batch
+    assert job.batch(2, "val").shape == (8, 65)
+    with pytest.raises(parallax.ConfigError, match="split"):
+        job.batch(2, "test")
+    assert job.loss_floor >= job.entropy_rate > 0  # a Markov source: the floor is at least the rate
+
+
 def test_observers_see_every_step_with_the_job_paused():
     job = parallax.Job(**small())
     seen = []

@@ -1,0 +1,423 @@
+// The mixture-of-experts feed-forward of GPT (core/model/moe.h): router, top-k, capacity,
+// experts on their gathered rows, the gated combine, and their backward with the auxiliary
+// losses. Every kernel runs through kernels/ops.h; the loops here move rows and combine a few
+// numbers per token, each in one fixed order.
+#include "core/model/moe.h"
+
+#include "core/base/error.h"
+#include "core/base/mathfun.h"
+#include "core/model/model.h"
+#include "core/model/model_rows.h"
+#include "kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace px {
+
+void RouterStats::reset(i64 experts) {
+    tokens.assign(static_cast<size_t>(experts), 0);
+    slots = dropped = sequences = token_count = balance = z = entropy = 0;
+}
+
+i64 router_fixed(double v) {
+    return std::isfinite(v) ? std::llround(std::ldexp(v, kRouterStatBits)) : 0;
+}
+
+double router_unfixed(i64 v) {
+    return std::ldexp(static_cast<double>(v), -kRouterStatBits);
+}
+
+std::int32_t* Activations::routes(int i) const {
+    PX_ASSERT(!routes_.empty(), "MoE routes of a model without MoE layers");
+    PX_ASSERT(i >= 0 && i < shape_.layers, "Activations::routes: layer out of range");
+    const i64 per_layer = shape_.B * shape_.T * mc_.moe_top_k;
+    return routes_.data() + (shape_.recompute ? 0 : i) * per_layer;
+}
+
+namespace {
+
+// The expert a slot's router chose (kept or dropped: route >= 0, or -1 - e).
+inline i64 chosen(std::int32_t route) {
+    return route >= 0 ? route : -1 - route;
+}
+
+// The kept slots of a MoE layer in expert order, then token order: row q of the gathered
+// buffers is slot slot_of[q] (token slot_of[q] / K); expert e's rows are [first[e], first[e+1]).
+struct Dispatch {
+    std::vector<i64> first;    // (E + 1)
+    std::vector<i64> slot_of;  // per row
+    std::vector<i64> row_of;   // per slot (B·T·K): its row, -1 when dropped
+    i64 rows() const { return first.back(); }
+};
+
+Dispatch make_dispatch(const std::int32_t* route, i64 slots, i64 E) {
+    Dispatch d;
+    d.first.assign(static_cast<size_t>(E) + 1, 0);
+    for (i64 s = 0; s < slots; s++)
+        if (route[s] >= 0) d.first[static_cast<size_t>(route[s]) + 1]++;
+    for (size_t e = 0; e < static_cast<size_t>(E); e++) d.first[e + 1] += d.first[e];
+    d.slot_of.resize(static_cast<size_t>(d.first.back()));
+    d.row_of.assign(static_cast<size_t>(slots), -1);
+    std::vector<i64> next(d.first.begin(), d.first.end() - 1);
+    for (i64 s = 0; s < slots; s++) {  // slots ascending: token order within each expert
+        if (route[s] < 0) continue;
+        const i64 q = next[static_cast<size_t>(route[s])]++;
+        d.slot_of[static_cast<size_t>(q)] = s;
+        d.row_of[static_cast<size_t>(s)] = q;
+    }
+    return d;
+}
+
+// Rows [lo, hi) of a buffer of w-wide rows.
+Tensor rows_of(const Tensor& buf, i64 w, i64 lo, i64 hi) {
+    return subview(buf, lo * w, {hi - lo, w});
+}
+
+// Expert e's (R,Cols) block of a stacked (E·R, Cols) weight.
+Tensor expert_part(const Tensor& stacked, i64 e, i64 R) {
+    const i64 cols = stacked.shape[1];
+    Tensor t = subview(stacked, e * R * cols, {R, cols});
+    t.id = stacked.id;
+    return t;
+}
+// Row e of an (E, Cols) bias, as a vector.
+Tensor expert_bias(const Tensor& biases, i64 e) {
+    const i64 cols = biases.shape[1];
+    return subview(biases, e * cols, {cols});
+}
+
+// In[q] = src[token of row q] for every gathered row (C values each).
+void gather_rows(const Tensor& dst, const Tensor& src, const Dispatch& d, i64 K, i64 C) {
+    const float* s = src.f32();
+    float* o = dst.f32();
+    const i64 rows = d.rows();
+#pragma omp parallel for schedule(static)
+    for (i64 q = 0; q < rows; q++) {
+        const float* row = s + (d.slot_of[static_cast<size_t>(q)] / K) * C;
+        std::copy(row, row + C, o + q * C);
+    }
+}
+
+// dweight (OC,C) and dbias (OC) += the weight gradient of one expert over one token node: its
+// rows [lo, hi) (dout (rows,OC), inp (rows,C), tokens token_of[q] ascending, all inside the
+// node's tokens [t0, t1)), in the canonical order of moe.h: per block of the node's tokens, the
+// sum over the block's rows in token order, then the canonical tree over the blocks, absent
+// blocks skipped. Fast mode: one matmul_backward over the rows.
+void expert_grads(const Numerics& nx, const Tensor& dweight, const Tensor& dbias,
+                  const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                  const std::vector<i64>& token_of, i64 lo, i64 hi, i64 t0, i64 t1) {
+    const i64 OC = dweight.shape[0], C = dweight.shape[1];
+    if (hi <= lo) return;
+    const Tensor d = rows_of(dout, OC, lo, hi), x = rows_of(inp, C, lo, hi);
+    if (nx.mode == Mode::fast) {
+        ops::matmul_backward(nx, nullptr, &dweight, &dbias, d, x, weight);
+        return;
+    }
+    const i64 nb = num_blocks(t1 - t0, nx.block), w = OC * C + OC;
+    const MergeSchedule ms = make_merge_schedule(nb);
+    std::vector<float> stack(static_cast<size_t>((ms.depth + 1) * w));
+    std::vector<unsigned char> present(static_cast<size_t>(ms.depth) + 1, 0);
+    const float* dp = dout.f32();
+    int sp = 0;
+    i64 q = lo;
+    for (i64 blk = 0; blk < nb; blk++) {
+        const i64 end = t0 + (blk + 1) * nx.block;
+        i64 q1 = q;
+        while (q1 < hi && token_of[static_cast<size_t>(q1)] < end) q1++;
+        float* top = stack.data() + sp * w;
+        present[static_cast<size_t>(sp)] = q1 > q;
+        if (q1 > q) {
+            Tensor at = view_f32(const_cast<float*>(dp) + q * OC, {OC, q1 - q});  // doutᵀ
+            at.strides = {1, OC};
+            ops::gemm(nx, view_f32(top, {OC, C}), at, rows_of(inp, C, q, q1), false);
+            for (i64 o = 0; o < OC; o++) {
+                float acc = 0.0f;
+                for (i64 r = q; r < q1; r++) acc = acc + dp[r * OC + o];
+                top[OC * C + o] = acc;
+            }
+        }
+        sp++;
+        for (int m = ms.merges_after[static_cast<size_t>(blk)]; m > 0; m--) {
+            sp--;  // node = left (below) + right (top)
+            float* left = stack.data() + (sp - 1) * w;
+            const float* right = stack.data() + sp * w;
+            const size_t li = static_cast<size_t>(sp) - 1, ri = static_cast<size_t>(sp);
+            if (present[li] && present[ri])
+                for (i64 k = 0; k < w; k++) left[k] = left[k] + right[k];
+            else if (present[ri])
+                std::copy(right, right + w, left);
+            present[li] = present[li] || present[ri];
+        }
+        q = q1;
+    }
+    PX_ASSERT(sp == 1 && q == hi, "an expert's rows must lie inside its token node");
+    if (!present[0]) return;
+    float* dw = dweight.f32();
+    float* db = dbias.f32();
+    for (i64 k = 0; k < OC * C; k++) dw[k] = dw[k] + stack[static_cast<size_t>(k)];
+    for (i64 o = 0; o < OC; o++) db[o] = db[o] + stack[static_cast<size_t>(OC * C + o)];
+}
+
+}  // namespace
+
+void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool probed) const {
+    PX_ASSERT(!layers_, "MoE layers run on whole tensors (layout.tp = 1)");
+    const i64 B = a.shape().B, T = a.shape().T, BT = B * T, C = mc_.hidden;
+    const i64 E = mc_.moe_experts, K = mc_.moe_top_k, FE = mc_.expert_ffn();
+    const Tensor ln2 = a.layer(LN2, i), probs = a.layer(ROUTER_PROBS, i);
+    float* p = probs.f32();
+    float* lse = a.layer(ROUTER_LSE, i).f32();
+    float* gate = a.layer(MOE_GATES, i).f32();
+    std::int32_t* route = a.routes(i);
+
+    // The router: logits, then their softmax in place and the logsumexp.
+    ops::matmul_forward(nx_, probs, ln2, P(l, ROUTERW), nullptr);
+    if (probed) probe("fwd", l, "moe.router", "out", probs);
+    const Tensor pt = view_f32(p, {BT, E}), lt = view_f32(lse, {BT});
+    std::vector<float> sums(static_cast<size_t>(BT));
+    ops::row_max(nx_, lt, pt);
+    ops::exp_sub(nx_, pt, pt, lt);
+    ops::row_sum(nx_, view_f32(sums.data(), {BT}), pt);
+#pragma omp parallel for schedule(static)
+    for (i64 r = 0; r < BT; r++) {
+        const float s = sums[static_cast<size_t>(r)];
+        for (i64 e = 0; e < E; e++) p[r * E + e] = p[r * E + e] / s;
+        lse[r] = lse[r] + mathfun::log(s);
+    }
+    if (probed) probe("fwd", l, "moe.softmax", "out", probs);
+
+    // Top-k (ties: the lower expert) and the gates.
+#pragma omp parallel for schedule(static)
+    for (i64 r = 0; r < BT; r++) {
+        const float* pr = p + r * E;
+        std::int32_t* rr = route + r * K;
+        float S = 0.0f;
+        for (i64 j = 0; j < K; j++) {
+            i64 best = -1;
+            for (i64 e = 0; e < E; e++) {
+                if (std::find(rr, rr + j, static_cast<std::int32_t>(e)) != rr + j) continue;
+                if (best < 0 || pr[e] > pr[best]) best = e;
+            }
+            rr[j] = static_cast<std::int32_t>(best);
+            S = S + pr[best];
+        }
+        for (i64 j = 0; j < K; j++)
+            gate[r * K + j] = mc_.moe_norm_topk ? pr[rr[j]] / S : pr[rr[j]];
+    }
+    // Capacity, per sequence: first choices first, each in token order.
+    if (mc_.moe_capacity_factor > 0) {
+        const i64 cap = static_cast<i64>(
+            std::ceil(mc_.moe_capacity_factor * double(T) * double(K) / double(E)));
+        std::vector<i64> taken(static_cast<size_t>(E));
+        for (i64 b = 0; b < B; b++) {
+            std::fill(taken.begin(), taken.end(), 0);
+            for (i64 j = 0; j < K; j++)
+                for (i64 t = 0; t < T; t++) {
+                    std::int32_t& s = route[(b * T + t) * K + j];
+                    if (taken[static_cast<size_t>(s)] < cap)
+                        taken[static_cast<size_t>(s)]++;
+                    else
+                        s = -1 - s;
+                }
+        }
+    }
+
+    // The experts on their gathered rows.
+    const Dispatch d = make_dispatch(route, BT * K, E);
+    const Tensor in = a.tensor(EBUF_C), efch = a.layer(EFCH, i), efg = a.layer(EFCH_GELU, i);
+    const Tensor eout = a.layer(EOUT, i);
+    gather_rows(in, ln2, d, K, C);
+    // One linear of every expert (stacked (E·R, I) weights, (E, R) biases) on its rows.
+    auto experts_forward = [&](LayerParam wp, LayerParam bp, i64 R, const Tensor& out_rows,
+                               const Tensor& x) {
+        const Tensor stacked = P(l, wp), biases = P(l, bp);
+        const i64 I = stacked.shape[1];
+        for (i64 e = 0; e < E; e++) {
+            const i64 lo = d.first[static_cast<size_t>(e)];
+            const i64 hi = d.first[static_cast<size_t>(e) + 1];
+            if (hi == lo) continue;
+            const Tensor b = expert_bias(biases, e);
+            ops::matmul_forward(nx_, rows_of(out_rows, R, lo, hi), rows_of(x, I, lo, hi),
+                                expert_part(stacked, e, R), &b);
+        }
+    };
+    experts_forward(EFCW, EFCB, FE, efch, in);
+    const i64 rows = d.rows();
+    if (rows > 0) ops::gelu_forward(nx_, rows_of(efg, FE, 0, rows), rows_of(efch, FE, 0, rows));
+    experts_forward(EPROJW, EPROJB, C, eout, efg);
+
+    // The combine: out = fma(gate_j, expert_j, out) in k order, kept slots only.
+    float* o = out.f32();
+    const float* y = eout.f32();
+#pragma omp parallel for schedule(static)
+    for (i64 r = 0; r < BT; r++)
+        for (i64 j = 0; j < K; j++) {
+            const i64 q = d.row_of[static_cast<size_t>(r * K + j)];
+            if (q < 0) continue;
+            const float g = gate[r * K + j];
+            for (i64 c = 0; c < C; c++) o[r * C + c] = std::fma(g, y[q * C + c], o[r * C + c]);
+        }
+    if (probed) probe("fwd", l, "moe.combine", "out", out);
+    if (!probed || !router_stats_) return;
+
+    // Statistics of the step's routing (moe.h RouterStats), per sequence.
+    RouterStats& st = router_stats_[l];
+    PX_ASSERT(static_cast<i64>(st.tokens.size()) == E, "router statistics sized for another E");
+    std::vector<double> f(static_cast<size_t>(E)), mean_p(static_cast<size_t>(E));
+    for (i64 b = 0; b < B; b++) {
+        std::fill(f.begin(), f.end(), 0.0);
+        std::fill(mean_p.begin(), mean_p.end(), 0.0);
+        for (i64 t = 0; t < T; t++) {
+            const i64 r = b * T + t;
+            double H = 0;
+            for (i64 e = 0; e < E; e++) {
+                const double pe = p[r * E + e];
+                mean_p[static_cast<size_t>(e)] += pe / double(T);
+                if (pe > 0) H -= pe * std::log(pe);
+            }
+            st.entropy += router_fixed(H);
+            st.z += router_fixed(double(lse[r]) * double(lse[r]));
+            for (i64 j = 0; j < K; j++) {
+                const std::int32_t s = route[r * K + j];
+                f[static_cast<size_t>(chosen(s))] += 1.0 / double(T * K);
+                if (s >= 0)
+                    st.tokens[static_cast<size_t>(s)]++;
+                else
+                    st.dropped++;
+            }
+        }
+        double balance = 0;
+        for (i64 e = 0; e < E; e++) balance += f[static_cast<size_t>(e)] * mean_p[static_cast<size_t>(e)];
+        st.balance += router_fixed(double(E) * balance);
+    }
+    st.slots += BT * K;
+    st.sequences += B;
+    st.token_count += BT;
+}
+
+void GPT::moe_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
+                       const Tensor& dout, const Tensor& dln2, float dloss) const {
+    const i64 B = a.shape().B, T = a.shape().T, BT = B * T, C = mc_.hidden;
+    const i64 E = mc_.moe_experts, K = mc_.moe_top_k, FE = mc_.expert_ffn();
+    const Tensor ln2 = a.layer(LN2, i), probs = a.layer(ROUTER_PROBS, i);
+    const float* p = probs.f32();
+    const float* lse = a.layer(ROUTER_LSE, i).f32();
+    const float* gate = a.layer(MOE_GATES, i).f32();
+    const std::int32_t* route = a.routes(i);
+    const Dispatch d = make_dispatch(route, BT * K, E);
+    const i64 rows = d.rows();
+    std::vector<i64> token_of(static_cast<size_t>(rows));
+    for (i64 q = 0; q < rows; q++) token_of[static_cast<size_t>(q)] = d.slot_of[static_cast<size_t>(q)] / K;
+
+    const Tensor in = a.tensor(EBUF_C), dy = a.tensor(EBUF_C2), dh = a.tensor(EBUF_F);
+    const Tensor dfc = a.tensor(EBUF_F2);
+    const Tensor efch = a.layer(EFCH, i), efg = a.layer(EFCH_GELU, i), eout = a.layer(EOUT, i);
+    gather_rows(in, ln2, d, K, C);
+
+    // The combine: d(expert output) = gate · dout, d(gate) = dout · expert output.
+    const float* g_out = dout.f32();
+    const float* y = eout.f32();
+    float* dyp = dy.f32();
+    std::vector<float> dgate(static_cast<size_t>(BT * K), 0.0f);
+#pragma omp parallel for schedule(static)
+    for (i64 q = 0; q < rows; q++) {
+        const i64 s = d.slot_of[static_cast<size_t>(q)], r = s / K;
+        for (i64 c = 0; c < C; c++) dyp[q * C + c] = gate[s] * g_out[r * C + c];
+        dgate[static_cast<size_t>(s)] = canonical_dot(g_out + r * C, y + q * C, C, nx_.block);
+    }
+
+    // The experts, each on its rows; weight gradients per token node.
+    auto G = [&](LayerParam pm, size_t n) {
+        return in_node(grad(nodes[0].grads, table_.layer_index(l, pm)), nodes, n);
+    };
+    auto node_grads = [&](i64 e, LayerParam wp, LayerParam bp, i64 R, const Tensor& dd,
+                          const Tensor& x, const Tensor& w) {
+        const i64 lo = d.first[static_cast<size_t>(e)], hi = d.first[static_cast<size_t>(e) + 1];
+        auto at = [&](i64 t) {
+            return std::lower_bound(token_of.begin() + lo, token_of.begin() + hi, t) -
+                   token_of.begin();
+        };
+        for (size_t n = 0; n < nodes.size(); n++)
+            expert_grads(nx_, expert_part(G(wp, n), e, R), expert_bias(G(bp, n), e), dd, x, w,
+                         token_of, at(nodes[n].lo), at(nodes[n].hi), nodes[n].lo, nodes[n].hi);
+    };
+    // One linear of every expert (stacked (E·R, I) weights): dinp (rows, I) += dout · w_e on the
+    // expert's rows, and its weight gradients per token node.
+    auto experts_backward = [&](LayerParam wp, LayerParam bp, i64 R, const Tensor& dinp,
+                                const Tensor& dd, const Tensor& x) {
+        const Tensor stacked = P(l, wp);
+        const i64 I = stacked.shape[1];
+        for (i64 e = 0; e < E; e++) {
+            const i64 lo = d.first[static_cast<size_t>(e)];
+            const i64 hi = d.first[static_cast<size_t>(e) + 1];
+            if (hi == lo) continue;
+            const Tensor w = expert_part(stacked, e, R), di = rows_of(dinp, I, lo, hi);
+            ops::matmul_backward(nx_, &di, nullptr, nullptr, rows_of(dd, R, lo, hi),
+                                 rows_of(x, I, lo, hi), w);
+            node_grads(e, wp, bp, R, dd, x, w);
+        }
+    };
+    if (rows > 0) zero(rows_of(dh, FE, 0, rows));
+    experts_backward(EPROJW, EPROJB, C, dh, dy, efg);
+    if (rows > 0) {
+        zero(rows_of(dfc, FE, 0, rows));
+        ops::gelu_backward(nx_, rows_of(dfc, FE, 0, rows), rows_of(efch, FE, 0, rows),
+                           rows_of(dh, FE, 0, rows));
+        zero(rows_of(dy, C, 0, rows));  // d(expert input) from here on
+    }
+    experts_backward(EFCW, EFCB, FE, dy, dfc, in);
+    // d(ln2) += each kept slot's input gradient, in k order.
+    float* dx = dln2.f32();
+#pragma omp parallel for schedule(static)
+    for (i64 r = 0; r < BT; r++)
+        for (i64 j = 0; j < K; j++) {
+            const i64 q = d.row_of[static_cast<size_t>(r * K + j)];
+            if (q < 0) continue;
+            for (i64 c = 0; c < C; c++) dx[r * C + c] = dx[r * C + c] + dyp[q * C + c];
+        }
+
+    // The router: d(probabilities) from the gates and the load-balancing loss, then through
+    // the softmax, plus the z-loss's d(logits).
+    const Tensor dlogits = a.tensor(ROUTER_D);
+    float* dl = dlogits.f32();
+    const float aux = static_cast<float>(mc_.moe_aux_loss * double(E));
+    const float z2 = static_cast<float>(2.0 * mc_.moe_z_loss);
+#pragma omp parallel for schedule(static)
+    for (i64 b = 0; b < B; b++) {
+        std::vector<float> share(static_cast<size_t>(E), 0.0f);  // aux · E · f_i · dloss
+        {
+            std::vector<i64> count(static_cast<size_t>(E), 0);
+            for (i64 s = b * T * K; s < (b + 1) * T * K; s++)
+                count[static_cast<size_t>(chosen(route[s]))]++;
+            for (i64 e = 0; e < E; e++)
+                share[static_cast<size_t>(e)] =
+                    aux * (static_cast<float>(count[static_cast<size_t>(e)]) /
+                           static_cast<float>(T * K)) * dloss;
+        }
+        for (i64 r = b * T; r < (b + 1) * T; r++) {
+            const float* pr = p + r * E;
+            float* dp = dl + r * E;
+            std::copy(share.begin(), share.end(), dp);
+            float S = 0.0f, sdot = 0.0f;
+            for (i64 j = 0; j < K; j++) {
+                S = S + pr[chosen(route[r * K + j])];
+                sdot = std::fma(dgate[static_cast<size_t>(r * K + j)], gate[r * K + j], sdot);
+            }
+            for (i64 j = 0; j < K; j++) {
+                const float dg = dgate[static_cast<size_t>(r * K + j)];
+                float& t = dp[chosen(route[r * K + j])];
+                t = t + (mc_.moe_norm_topk ? (dg - sdot) / S : dg);
+            }
+            const float dot = canonical_dot(pr, dp, E, nx_.block);
+            const float zl = z2 * lse[r] * dloss;
+            for (i64 e = 0; e < E; e++) dp[e] = std::fma(zl, pr[e], pr[e] * (dp[e] - dot));
+        }
+    }
+    probe("bwd", l, "moe.router", "dinp", dlogits);
+    linear_backward_rows(nx_, nodes, Linear::fc, &dln2,
+                         grad(nodes[0].grads, table_.layer_index(l, ROUTERW)), nullptr, dlogits,
+                         ln2, P(l, ROUTERW));
+}
+
+}  // namespace px
