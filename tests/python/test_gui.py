@@ -438,3 +438,23 @@ def test_the_router_panel_driven_by_real_input(display, moe_config, tmp_path):
         assert s["router"]["layers"] == [0, 1] and s["router"]["experts"] == 4, s["router"]
     finally:
         w.close()
+
+
+def test_a_dense_job_until_experts_are_set(display, config):
+    """The router panel of a dense job holds nothing (its empty state); model.moe_experts typed
+    into the editor and Restart: the same model with 4 experts per layer, its router filling in."""
+    w = Window(display, config)
+    try:
+        s = w.state()
+        assert s["fields"]["model.moe_experts"] == "0", s["fields"]
+        w.click("start", s)
+        w.click("tab:router")
+        s = w.wait_for(lambda s: s["loss_points"] >= 3)
+        assert s["router"]["steps"] == 0 and s["router"]["layers"] == [], s["router"]
+        w.type_into("model.moe_experts", "4")
+        w.click("restart")
+        s = w.wait_for(lambda s: s["router"]["steps"] >= 2)
+        assert s["router"]["layers"] == [0, 1] and s["router"]["experts"] == 4, s["router"]
+        assert s["editor_errors"] == {}
+    finally:
+        w.close()
