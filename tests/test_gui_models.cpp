@@ -696,6 +696,26 @@ StepValues step_values(i64 step, std::vector<NamedValue> v) {
     return {step, std::make_shared<const std::vector<NamedValue>>(std::move(v))};
 }
 
+// Equal grids, NaN equal to NaN.
+bool same(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); i++) {
+        if (a[i].size() != b[i].size()) return false;
+        for (size_t j = 0; j < a[i].size(); j++)
+            if (!(a[i][j] == b[i][j] || (std::isnan(a[i][j]) && std::isnan(b[i][j])))) return false;
+    }
+    return true;
+}
+
+bool same(const RouterView& a, const RouterView& b) {
+    if (a.layers != b.layers || a.experts != b.experts || a.steps != b.steps) return false;
+    if (a.tokens.size() != b.tokens.size()) return false;
+    for (size_t l = 0; l < a.tokens.size(); l++)
+        if (!same(a.tokens[l], b.tokens[l])) return false;
+    return same(a.drop_fraction, b.drop_fraction) && same(a.balance, b.balance) &&
+           same(a.aux_loss, b.aux_loss) && same(a.z_loss, b.z_loss) && same(a.entropy, b.entropy);
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -778,6 +798,34 @@ TEST_CASE(
     CHECK(v.step_index(2) == 0);  // the last step at or before it
     CHECK(v.step_index(3) == 1);
     CHECK(v.step_index(0) == -1);
+    // Step by step, as a live job's snapshot grows: the same view, the new steps appended.
+    RouterView grown;
+    RunSnapshot part = s;
+    part.values.clear();
+    CHECK_FALSE(update_router_view(grown, part));
+    for (size_t k = 0; k < s.values.size(); k++) {
+        part.values.push_back(s.values[k]);
+        CHECK(update_router_view(grown, part) == (k != 1));  // step 2 holds no router value
+        CHECK(grown.seen == k + 1);
+    }
+    CHECK_FALSE(update_router_view(grown, part));
+    CHECK(same(grown, v));
+    // A layer not seen before, another run's values, a re-run's fewer: made anew.
+    part.values.push_back(step_values(4, {{"moe.h.5.tokens.0", 7}}));
+    CHECK(update_router_view(grown, part));
+    CHECK(grown.layers == std::vector<int>{1, 3, 5});
+    CHECK(same(grown, make_router_view(part)));
+    RunSnapshot other;
+    other.values.push_back(step_values(1, {{"moe.h.0.tokens.0", 1}, {"moe.h.0.tokens.1", 3}}));
+    CHECK(update_router_view(grown, other));
+    CHECK(grown.layers == std::vector<int>{0});
+    CHECK(grown.experts == 2);
+    CHECK(grown.load(0, 1, 0) == Approx(1.5));
+    RunSnapshot rerun = s;
+    rerun.values.resize(1);
+    update_router_view(grown, s);
+    CHECK(update_router_view(grown, rerun));
+    CHECK(grown.steps == std::vector<double>{1});
     // The spike panel keeps to the steps with spike evidence.
     const SpikeModel sm = spike_model(s);
     CHECK(sm.steps == std::vector<double>{1, 2});
@@ -826,6 +874,16 @@ TEST_CASE("Router view: a MoE job's statistics live and from its run file, slots
     CHECK(v.layers == std::vector<int>{0, 1});
     CHECK(v.experts == 4);
     CHECK(v.steps == std::vector<double>{1, 2, 3});
+    // The live snapshot step by step gives the same view.
+    const RunSnapshot snap = live.snapshot();
+    RouterView grown;
+    RunSnapshot part = snap;
+    part.values.clear();
+    for (const StepValues& sv : snap.values) {
+        part.values.push_back(sv);
+        update_router_view(grown, part);
+    }
+    CHECK(same(grown, v));
     CHECK(f.layers == v.layers);
     CHECK(f.experts == v.experts);
     CHECK(f.steps == v.steps);

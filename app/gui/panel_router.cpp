@@ -54,11 +54,7 @@ void draw_router_panel(const RunData& d, RouterPanelState& s) {
     ImGui::TextDisabled(
         "tokens per expert against the even share; drops, balance, router entropy, aux and z "
         "losses per MoE layer");
-    if (s.epoch != d.snap.epoch || s.values != d.snap.values.size()) {
-        s.view = make_router_view(d.snap);
-        s.epoch = d.snap.epoch;
-        s.values = d.snap.values.size();
-    }
+    update_router_view(s.view, d.snap);
     const RouterView& v = s.view;
     if (v.empty()) {
         empty_state(router_empty_state(v, cfg, d.snap.state).c_str());
@@ -105,15 +101,24 @@ void draw_router_panel(const RunData& d, RouterPanelState& s) {
     const float heat_h = std::max(170.0f, avail * 0.40f);
     const float w = ImGui::GetContentRegionAvail().x;
     const int layer = s.layer;
+    // A long run shows its last steps, two pixels a column at least (the lines below hold all).
+    const float heat_w = w * 0.64f - 4;
+    const int fit = std::max(16, static_cast<int>((heat_w - 230) / 2));
+    const int first = std::max(0, S - fit), shown = S - first;
     plot::Heatmap by_step;
     by_step.rows = v.experts;
-    by_step.cols = S;
+    by_step.cols = shown;
     by_step.title = "load of each expert in " + layer_name(v.layers[static_cast<size_t>(layer)]) +
                     " (slots over the even share)";
     by_step.x_label = "step";
-    by_step.first_col = static_cast<int>(v.steps.front());
+    if (first > 0)
+        by_step.title +=
+            ", the last " + std::to_string(shown) + " of " + std::to_string(S) + " steps";
+    by_step.first_col = static_cast<int>(v.steps[static_cast<size_t>(first)]);
     by_step.col_step = S > 1 ? std::max(1, static_cast<int>(v.steps[1] - v.steps[0])) : 1;
-    by_step.colour = [&v, layer](int r, int c) { return load_colour(v.load(layer, r, c)); };
+    by_step.colour = [&v, layer, first](int r, int c) {
+        return load_colour(v.load(layer, r, first + c));
+    };
     by_step.row_label = [](int r) { return "expert " + std::to_string(r); };
     by_step.legend = load_legend();
     plot::Heatmap by_layer;
@@ -127,15 +132,15 @@ void draw_router_panel(const RunData& d, RouterPanelState& s) {
     by_layer.colour = [&v, step](int r, int c) { return load_colour(v.load(c, r, step)); };
     by_layer.row_label = [](int r) { return std::string("e").append(std::to_string(r)); };
     by_layer.legend = load_legend();
-    const plot::HeatmapHit hs =
-        plot::draw_heatmap("router_tokens", by_step, ImVec2(w * 0.64f - 4, heat_h), s.expert, step);
+    const plot::HeatmapHit hs = plot::draw_heatmap("router_tokens", by_step, ImVec2(heat_w, heat_h),
+                                                   s.expert, step - first);
     if (d.rects) d.rects->mark("router_tokens");
     ImGui::SameLine();
     const plot::HeatmapHit hl =
         plot::draw_heatmap("router_layers", by_layer, ImVec2(-1, heat_h), s.expert, layer);
     if (d.rects) d.rects->mark("router_layers");
     if (hs.clicked) {
-        s.step = hs.col;
+        s.step = first + hs.col;
         s.expert = hs.row;
     }
     if (hl.clicked) {
@@ -144,7 +149,7 @@ void draw_router_panel(const RunData& d, RouterPanelState& s) {
     }
     // The hovered cell, else the chosen one.
     int hl_layer = layer, hl_expert = s.expert, hl_step = step;
-    if (hs.row >= 0) hl_expert = hs.row, hl_step = hs.col;
+    if (hs.row >= 0) hl_expert = hs.row, hl_step = first + hs.col;
     if (hl.row >= 0) hl_expert = hl.row, hl_layer = hl.col;
     if (hl_expert >= 0 && hl_expert < v.experts) {
         const size_t li = static_cast<size_t>(hl_layer), si = static_cast<size_t>(hl_step);

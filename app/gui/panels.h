@@ -107,9 +107,7 @@ struct Fp8PanelState {
 void draw_fp8_panel(const RunData& d, Fp8PanelState& s);
 
 struct RouterPanelState {
-    RouterView view;  // remade when the snapshot's named values change
-    std::uint64_t epoch = ~std::uint64_t{0};
-    std::size_t values = 0;
+    RouterView view;  // brought up to the snapshot each frame (update_router_view)
     int layer = 0;    // index into view.layers: the experts × steps heatmap's layer
     int step = -1;    // index into view.steps: the experts × layers heatmap's; -1: the latest
     int expert = -1;  // the cell clicked: its expert

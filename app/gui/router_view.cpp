@@ -115,7 +115,59 @@ RouterView make_router_view(const RunSnapshot& s) {
                 (*by_stat.at(n.stat))[l][i] = x.value;
         }
     }
+    v.seen = s.values.size();
+    v.last = s.values.empty() ? nullptr : s.values.back().values;
     return v;
+}
+
+bool update_router_view(RouterView& v, const RunSnapshot& s) {
+    const size_t n_values = s.values.size();
+    const bool grown = n_values >= v.seen &&
+                       (v.seen == 0 ? v.last == nullptr : s.values[v.seen - 1].values == v.last);
+    if (!grown) {
+        v = make_router_view(s);
+        return true;
+    }
+    if (n_values == v.seen) return false;
+    // The new steps' names first: a layer or an expert not seen before makes the view anew.
+    RouterName n;
+    for (size_t i = v.seen; i < n_values; i++)
+        for (const NamedValue& x : *s.values[i].values)
+            if (parse_router_name(x.name, &n) &&
+                (v.layer_index(n.layer) < 0 || n.expert >= v.experts)) {
+                v = make_router_view(s);
+                return true;
+            }
+    const std::map<std::string, std::vector<std::vector<double>>*> by_stat = {
+        {"drop_fraction", &v.drop_fraction},
+        {"balance", &v.balance},
+        {"aux_loss", &v.aux_loss},
+        {"z_loss", &v.z_loss},
+        {"router_entropy", &v.entropy}};
+    bool changed = false;
+    for (size_t i = v.seen; i < n_values; i++) {
+        bool column = false;  // this step's column, added at its first router value
+        for (const NamedValue& x : *s.values[i].values) {
+            if (!parse_router_name(x.name, &n)) continue;
+            if (!column) {
+                column = changed = true;
+                v.steps.push_back(static_cast<double>(s.values[i].step));
+                for (auto* grid :
+                     {&v.drop_fraction, &v.balance, &v.aux_loss, &v.z_loss, &v.entropy})
+                    for (std::vector<double>& row : *grid) row.push_back(NAN);
+                for (auto& layer : v.tokens)
+                    for (std::vector<double>& row : layer) row.push_back(NAN);
+            }
+            const size_t l = static_cast<size_t>(v.layer_index(n.layer));
+            if (n.stat == "tokens")
+                v.tokens[l][static_cast<size_t>(n.expert)].back() = x.value;
+            else
+                (*by_stat.at(n.stat))[l].back() = x.value;
+        }
+    }
+    v.seen = n_values;
+    v.last = s.values.back().values;
+    return changed;
 }
 
 std::string router_empty_state(const RouterView& v, const Config& cfg, RunState state) {

@@ -8,11 +8,13 @@
 //   parse_router_name  "moe.h.3.tokens.5" -> {3, "tokens", 5}; false for other names
 //   RouterView         layers, experts, steps, per-layer series, tokens, loads
 //   make_router_view   from a snapshot's named values
+//   update_router_view appends a grown snapshot's new steps (a live job's), else makes it anew
 //   router_empty_state the panel's sentence when there is nothing to draw ("" when there is)
 #pragma once
 #include "core/base/config.h"
 #include "core/train/job_view.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,9 +44,16 @@ struct RouterView {
     double load(int layer, int expert, int step) const;
     double share(int layer, int expert, int step) const;  // of the kept slots, 1/E when even
     int step_index(double step) const;  // of the step, else of the last one before it; -1 none
+
+    std::size_t seen = 0;  // the snapshot's StepValues it was made from
+    std::shared_ptr<const std::vector<NamedValue>> last;  // the last of them, to know it again
 };
 
 RouterView make_router_view(const RunSnapshot& s);
+// Brings `v` up to `s`: when `s` holds the values `v` was made from and more (a live job's next
+// steps, the same layers and experts), only the new steps are read; otherwise (a re-run, another
+// run, an opened file, a layer or expert not seen before) it is made anew. True when it changed.
+bool update_router_view(RouterView& v, const RunSnapshot& s);
 
 // Why the router panel has nothing to draw, as a sentence ("" when it has): a dense model, a
 // MoE run before its first step, a run file without router statistics. `cfg` is the run's
