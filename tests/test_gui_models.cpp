@@ -2,17 +2,19 @@
 // the layout-check panel's lockstep grid (a fast-mode check within budget; a planted mutation,
 // tests/mutations.h, turns its cell red at the right step and the first op is named), the config
 // editor's errors beside their keys, the layout explorer on the runtime's own ranks, the job
-// controller, the measured pipeline timeline, and the teaching models.
+// controller, the measured pipeline timeline, the teaching models, and the views of the FP8,
+// spike and MoE router panels.
 #include "app/gui/config_editor.h"
 #include "app/gui/fp8_view.h"
 #include "app/gui/job_controller.h"
 #include "app/gui/layout_check.h"
 #include "app/gui/layout_explorer.h"
+#include "app/gui/router_view.h"
 #include "app/gui/run_files.h"
 #include "app/gui/spike_model.h"
-#include "core/train/run_file_observer.h"
 #include "app/gui/teaching.h"
 #include "core/io/runfile.h"
+#include "core/train/run_file_observer.h"
 #include "test_util.h"
 #include "tests/mutations.h"
 #include "validators/fp8_monitor.h"
@@ -686,4 +688,225 @@ TEST_CASE(
     const Fp8View none = make_fp8_view(RunSnapshot{});
     CHECK(none.tensors.empty());
     CHECK(none.default_tensor() == -1);
+}
+
+namespace {
+
+StepValues step_values(i64 step, std::vector<NamedValue> v) {
+    return {step, std::make_shared<const std::vector<NamedValue>>(std::move(v))};
+}
+
+// Equal grids, NaN equal to NaN.
+bool same(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); i++) {
+        if (a[i].size() != b[i].size()) return false;
+        for (size_t j = 0; j < a[i].size(); j++)
+            if (!(a[i][j] == b[i][j] || (std::isnan(a[i][j]) && std::isnan(b[i][j])))) return false;
+    }
+    return true;
+}
+
+bool same(const RouterView& a, const RouterView& b) {
+    if (a.layers != b.layers || a.experts != b.experts || a.steps != b.steps) return false;
+    if (a.tokens.size() != b.tokens.size()) return false;
+    for (size_t l = 0; l < a.tokens.size(); l++)
+        if (!same(a.tokens[l], b.tokens[l])) return false;
+    return same(a.drop_fraction, b.drop_fraction) && same(a.balance, b.balance) &&
+           same(a.aux_loss, b.aux_loss) && same(a.z_loss, b.z_loss) && same(a.entropy, b.entropy);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Router view: names, layers and experts found, loads against the even share, empty states",
+    "[gui]") {
+    RouterName n;
+    REQUIRE(parse_router_name("moe.h.3.tokens.5", &n));
+    CHECK((n.layer == 3 && n.stat == "tokens" && n.expert == 5));
+    REQUIRE(parse_router_name("moe.h.12.router_entropy", &n));
+    CHECK((n.layer == 12 && n.stat == "router_entropy" && n.expert == -1));
+    for (const char* bad : {"layer.h.3.grad_norm", "moe.h.x.balance", "moe.h..balance",
+                            "moe.h.3.tokens", "moe.h.3.tokens.", "moe.h.3.tokens.a",
+                            "moe.h.3.unknown", "moe.3.balance", "spike.loss_z"}) {
+        INFO(bad);
+        CHECK_FALSE(parse_router_name(bad, &n));
+    }
+
+    // Four blocks, every second one MoE (h.1 and h.3), four experts; step 2 carries spike
+    // evidence only, and h.3 has no balance at step 1.
+    Config c = small_job();
+    c.model.layers = 4;
+    c.model.moe_experts = 4;
+    c.model.moe_every = 2;
+    RunSnapshot s;
+    s.config = c;
+    s.state = RunState::running;
+    s.values.push_back(step_values(1, {{"moe.h.1.drop_fraction", 0.25},
+                                       {"moe.h.1.balance", 1.2},
+                                       {"moe.h.1.aux_loss", 0.012},
+                                       {"moe.h.1.z_loss", 0.003},
+                                       {"moe.h.1.router_entropy", 1.1},
+                                       {"moe.h.1.tokens.0", 30},
+                                       {"moe.h.1.tokens.1", 10},
+                                       {"moe.h.1.tokens.2", 10},
+                                       {"moe.h.1.tokens.3", 10},
+                                       {"moe.h.3.drop_fraction", 0},
+                                       {"moe.h.3.tokens.0", 20},
+                                       {"moe.h.3.tokens.1", 20},
+                                       {"moe.h.3.tokens.2", 20},
+                                       {"moe.h.3.tokens.3", 20},
+                                       {"layer.h.0.grad_norm", 0.5}}));
+    s.values.push_back(step_values(2, {{"layer.h.0.grad_norm", 0.4}, {"spike.loss_z", 0.1}}));
+    s.values.push_back(step_values(3, {{"moe.h.3.balance", 1.0},
+                                       {"moe.h.3.drop_fraction", 0},
+                                       {"moe.h.3.tokens.0", 0},
+                                       {"moe.h.3.tokens.1", 40},
+                                       {"moe.h.3.tokens.2", 40},
+                                       {"moe.h.3.tokens.3", 0},
+                                       {"moe.h.1.balance", 1.1}}));
+    const RouterView v = make_router_view(s);
+    CHECK(v.layers == std::vector<int>{1, 3});
+    CHECK(v.experts == 4);
+    CHECK(v.steps == std::vector<double>{1, 3});  // step 2 has no router values
+    CHECK(v.layer_index(3) == 1);
+    CHECK(v.layer_index(2) == -1);
+    CHECK(v.uniform_entropy() == Approx(std::log(4.0)));
+    CHECK(v.drop_fraction[0][0] == 0.25);
+    CHECK(v.balance[0][1] == 1.1);
+    CHECK(v.aux_loss[0][0] == 0.012);
+    CHECK(v.z_loss[0][0] == 0.003);
+    CHECK(v.entropy[0][0] == 1.1);
+    CHECK(std::isnan(v.balance[1][0]));  // h.3 at step 1: none
+    CHECK(std::isnan(v.entropy[1][1]));
+    CHECK(v.tokens[0][0][0] == 30);
+    CHECK(v.tokens[1][1][1] == 40);
+    // h.1, step 1: 60 slots kept of the 80 chosen (a quarter dropped): the even share is 20, so
+    // expert 0 took 1.5 times it and the others half of it; of the kept, 50% and 1/6 each.
+    CHECK(v.share(0, 0, 0) == Approx(0.5));
+    CHECK(v.share(0, 1, 0) == Approx(1.0 / 6));
+    CHECK(v.load(0, 0, 0) == Approx(1.5));
+    CHECK(v.load(0, 3, 0) == Approx(0.5));
+    // h.3: even at step 1, two experts starved at step 3.
+    for (int e = 0; e < 4; e++) CHECK(v.load(1, e, 0) == Approx(1.0));
+    CHECK(v.load(1, 0, 1) == 0);
+    CHECK(v.load(1, 1, 1) == Approx(2.0));
+    // h.1 at step 3 has no tokens; out of range is NaN too.
+    CHECK(std::isnan(v.load(0, 0, 1)));
+    CHECK(std::isnan(v.load(0, 4, 0)));
+    CHECK(std::isnan(v.load(2, 0, 0)));
+    CHECK(v.step_index(2) == 0);  // the last step at or before it
+    CHECK(v.step_index(3) == 1);
+    CHECK(v.step_index(0) == -1);
+    // Step by step, as a live job's snapshot grows: the same view, the new steps appended.
+    RouterView grown;
+    RunSnapshot part = s;
+    part.values.clear();
+    CHECK_FALSE(update_router_view(grown, part));
+    for (size_t k = 0; k < s.values.size(); k++) {
+        part.values.push_back(s.values[k]);
+        CHECK(update_router_view(grown, part) == (k != 1));  // step 2 holds no router value
+        CHECK(grown.seen == k + 1);
+    }
+    CHECK_FALSE(update_router_view(grown, part));
+    CHECK(same(grown, v));
+    // A layer not seen before, another run's values, a re-run's fewer: made anew.
+    part.values.push_back(step_values(4, {{"moe.h.5.tokens.0", 7}}));
+    CHECK(update_router_view(grown, part));
+    CHECK(grown.layers == std::vector<int>{1, 3, 5});
+    CHECK(same(grown, make_router_view(part)));
+    RunSnapshot other;
+    other.values.push_back(step_values(1, {{"moe.h.0.tokens.0", 1}, {"moe.h.0.tokens.1", 3}}));
+    CHECK(update_router_view(grown, other));
+    CHECK(grown.layers == std::vector<int>{0});
+    CHECK(grown.experts == 2);
+    CHECK(grown.load(0, 1, 0) == Approx(1.5));
+    RunSnapshot rerun = s;
+    rerun.values.resize(1);
+    update_router_view(grown, s);
+    CHECK(update_router_view(grown, rerun));
+    CHECK(grown.steps == std::vector<double>{1});
+    // The spike panel keeps to the steps with spike evidence.
+    const SpikeModel sm = spike_model(s);
+    CHECK(sm.steps == std::vector<double>{1, 2});
+    CHECK(sm.groups == std::vector<std::string>{"h.0"});
+
+    // The empty states: a dense model, a MoE run before its first step, a finished one without
+    // router statistics; none when there is something to draw.
+    CHECK(router_empty_state(v, c, RunState::running).empty());
+    const RouterView none = make_router_view(RunSnapshot{});
+    CHECK(none.empty());
+    CHECK(none.layers.empty());
+    CHECK(none.experts == 0);
+    const std::string before = router_empty_state(none, c, RunState::not_started);
+    CHECK(before.find("no step yet") != std::string::npos);
+    CHECK(before.find("2 MoE layers x 4 experts, top-2") != std::string::npos);
+    CHECK(router_empty_state(none, c, RunState::running) == before);
+    CHECK(router_empty_state(none, c, RunState::finished).find("no router statistics") !=
+          std::string::npos);
+    Config dense = c;
+    dense.model.moe_experts = 0;
+    const std::string d = router_empty_state(none, dense, RunState::finished);
+    CHECK(d.find("no MoE layers: set model.moe_experts") == 0);
+    // A dense run's named values (spike evidence) make no router view.
+    RunSnapshot spikes_only;
+    spikes_only.values.push_back(s.values[1]);
+    CHECK(make_router_view(spikes_only).empty());
+}
+
+TEST_CASE("Router view: a MoE job's statistics live and from its run file, slots adding up",
+          "[gui]") {
+    const std::string dir = "build/test_gui_models_router";
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    Config c = load_config("examples/moe-small.toml");
+    c.train.steps = 3;
+    c.train.eval_every = 0;
+    c.output.dir = dir;
+    c.output.progress = false;
+    JobView live;
+    {
+        RunFileObserver file(dir + "/run.h5", c);
+        run_layout(c, {&file, &live});
+    }
+    const RouterView v = make_router_view(live.snapshot());
+    const RouterView f = make_router_view(snapshot_from_run_file(dir + "/run.h5"));
+    CHECK(v.layers == std::vector<int>{0, 1});
+    CHECK(v.experts == 4);
+    CHECK(v.steps == std::vector<double>{1, 2, 3});
+    // The live snapshot step by step gives the same view.
+    const RunSnapshot snap = live.snapshot();
+    RouterView grown;
+    RunSnapshot part = snap;
+    part.values.clear();
+    for (const StepValues& sv : snap.values) {
+        part.values.push_back(sv);
+        update_router_view(grown, part);
+    }
+    CHECK(same(grown, v));
+    CHECK(f.layers == v.layers);
+    CHECK(f.experts == v.experts);
+    CHECK(f.steps == v.steps);
+    const double slots =
+        static_cast<double>(c.train.batch_size * c.model.seq_len * c.model.moe_top_k);
+    for (int l = 0; l < 2; l++)
+        for (int k = 0; k < 3; k++) {
+            INFO("layer " << l << ", step " << k);
+            // Every slot the router chose is kept by one expert or dropped.
+            double kept = 0, loads = 0;
+            for (int e = 0; e < 4; e++) {
+                kept += v.tokens[l][e][k];
+                loads += v.load(l, e, k);
+                CHECK(f.tokens[l][e][k] == v.tokens[l][e][k]);
+            }
+            const double drop = v.drop_fraction[l][k];
+            CHECK(kept == Approx(slots * (1 - drop)));
+            CHECK(loads == Approx(4 * (1 - drop)));
+            CHECK(v.entropy[l][k] > 0);
+            CHECK(v.entropy[l][k] <= v.uniform_entropy() + 1e-9);
+            CHECK(v.aux_loss[l][k] == Approx(c.model.moe_aux_loss * v.balance[l][k]));
+            CHECK(f.balance[l][k] == v.balance[l][k]);
+            CHECK(f.z_loss[l][k] == v.z_loss[l][k]);
+        }
+    CHECK(router_empty_state(v, c, RunState::finished).empty());
 }

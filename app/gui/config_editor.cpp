@@ -19,6 +19,8 @@ const char* const kEditorKeys[] = {
     "model.ffn",
     "model.vocab",
     "model.seq_len",
+    "model.moe_experts",
+    "model.moe_top_k",
     "layout.dp",
     "layout.tp",
     "layout.pp",

@@ -7,7 +7,7 @@
 // Index
 //   UiRects                where named widgets were drawn (the state line reports them)
 //   RunData                what every panel reads this frame
-//   JobPanelState .. NumericsPanelState   each panel's own state
+//   JobPanelState .. NumericsPanelState   each panel's own state (RouterPanelState: MoE)
 //   draw_*_panel           the panels
 //   empty_state            the one-line sentence of a panel without data
 #pragma once
@@ -18,6 +18,7 @@
 #include "app/gui/layout_check.h"
 #include "app/gui/layout_explorer.h"
 #include "app/gui/plot.h"
+#include "app/gui/router_view.h"
 #include "app/gui/spike_model.h"
 #include "app/gui/teaching.h"
 #include "core/train/job_view.h"
@@ -104,6 +105,15 @@ struct Fp8PanelState {
     int alert = -1;     // the alert selected in the list
 };
 void draw_fp8_panel(const RunData& d, Fp8PanelState& s);
+
+struct RouterPanelState {
+    RouterView view;  // brought up to the snapshot each frame (update_router_view)
+    int layer = 0;    // index into view.layers: the experts × steps heatmap's layer
+    int step = -1;    // index into view.steps: the experts × layers heatmap's; -1: the latest
+    int expert = -1;  // the cell clicked: its expert
+    plot::PlotView drop_view, balance_view, entropy_view, loss_view;
+};
+void draw_router_panel(const RunData& d, RouterPanelState& s);
 
 struct EventsPanelState {};
 void draw_events_panel(const RunData& d, EventsPanelState& s);

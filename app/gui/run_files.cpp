@@ -148,10 +148,13 @@ RunSnapshot snapshot_from_run_file(const std::string& path) {
         }
         s.events.push_back(std::move(ev));
     }
-    // The spike evidence (layer.* and spike.* metrics) as the job view's per-step values.
+    // The spike evidence (layer.* and spike.* metrics) and the MoE router statistics (moe.*) as
+    // the job view's per-step values.
     std::map<i64, std::vector<NamedValue>> values;
     for (const auto& [name, rows] : rec.metrics) {
-        if (name.rfind("layer.", 0) != 0 && name.rfind("spike.", 0) != 0) continue;
+        if (name.rfind("layer.", 0) != 0 && name.rfind("spike.", 0) != 0 &&
+            name.rfind("moe.", 0) != 0)
+            continue;
         for (size_t i = 0; i < rows.steps.size() && i < rows.values.size(); i++)
             values[rows.steps[i]].push_back({name, rows.values[i]});
     }

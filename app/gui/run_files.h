@@ -3,7 +3,8 @@
 //
 // Index
 //   snapshot_from_run_file   run.h5 -> RunSnapshot (state finished; config, metrics, events,
-//                            the spike evidence, /fp8's rows, rank 0's memory at the end)
+//                            the spike evidence, the MoE router statistics, /fp8's rows,
+//                            rank 0's memory at the end)
 //   view_of_report           a ValidationReport -> CheckView (verdicts; the grid of every step,
 //                            worst over the ranks; an older report without one: the first
 //                            differing step and the last)

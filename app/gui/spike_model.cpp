@@ -38,19 +38,29 @@ SpikeModel spike_model(const RunSnapshot& s) {
     for (const RunEvent& e : s.events)
         if (e.kind == EventKind::spike) m.spikes.push_back(e);
     std::string g, k;
-    for (const StepValues& sv : s.values)
-        for (const NamedValue& v : *sv.values)
-            if (split_name(v.name, &g, &k) && m.group(g) < 0) m.groups.push_back(g);
+    // Steps with spike evidence: other named values (a MoE job's router statistics) are not.
+    std::vector<const StepValues*> with;
+    for (const StepValues& sv : s.values) {
+        bool any = false;
+        for (const NamedValue& v : *sv.values) {
+            if (split_name(v.name, &g, &k)) {
+                any = true;
+                if (m.group(g) < 0) m.groups.push_back(g);
+            }
+            any = any || v.name.rfind("spike.", 0) == 0;
+        }
+        if (any) with.push_back(&sv);
+    }
     std::sort(m.groups.begin(), m.groups.end(),
               [](const std::string& a, const std::string& b) { return group_order(a) < group_order(b); });
-    const size_t n = s.values.size();
+    const size_t n = with.size();
     for (const char* kind : kKinds)
         m.series[kind].assign(m.groups.size(), std::vector<double>(n, NAN));
     m.loss_z.assign(n, NAN);
     m.grad_norm_z.assign(n, NAN);
     for (size_t i = 0; i < n; i++) {
-        m.steps.push_back(static_cast<double>(s.values[i].step));
-        for (const NamedValue& v : *s.values[i].values) {
+        m.steps.push_back(static_cast<double>(with[i]->step));
+        for (const NamedValue& v : *with[i]->values) {
             if (v.name == "spike.loss_z") m.loss_z[i] = v.value;
             if (v.name == "spike.grad_norm_z") m.grad_norm_z[i] = v.value;
             if (!split_name(v.name, &g, &k)) continue;

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -41,6 +42,7 @@ enum class Panel {
     pipeline,
     memory,
     fp8,
+    router,
     events,
     layout_explorer,
     schedule,
@@ -58,6 +60,7 @@ constexpr PanelInfo kPanels[] = {
     {Panel::pipeline, "pipeline", "Pipeline"},
     {Panel::memory, "memory", "Memory & comm"},
     {Panel::fp8, "fp8", "FP8 & spikes"},
+    {Panel::router, "router", "Router (MoE)"},
     {Panel::events, "events", "Events"},
     {Panel::layout_explorer, "layout_explorer", "Layout explorer"},
     {Panel::schedule, "schedule", "Schedule explorer"},
@@ -103,6 +106,7 @@ private:
     PipelinePanelState pipe_s_;
     MemoryPanelState mem_s_;
     Fp8PanelState fp8_s_;
+    RouterPanelState router_s_;
     EventsPanelState events_s_;
     LayoutExplorerPanelState expl_s_;
     SchedulePanelState sched_s_;
@@ -229,6 +233,9 @@ void Workbench::draw_panel(Panel p) {
             break;
         case Panel::fp8:
             draw_fp8_panel(data_, fp8_s_);
+            break;
+        case Panel::router:
+            draw_router_panel(data_, router_s_);
             break;
         case Panel::events:
             draw_events_panel(data_, events_s_);
@@ -386,6 +393,27 @@ void Workbench::print_state() {
     i64 spikes = 0;
     for (const RunEvent& e : data_.snap.events) spikes += e.kind == EventKind::spike;
     j["spike_events"] = spikes;
+    // The router panel's view as last drawn (it is remade when the panel is shown).
+    const RouterView& rv = router_s_.view;
+    const int rs = router_s_.step >= 0 ? router_s_.step : static_cast<int>(rv.steps.size()) - 1;
+    double load_max = 0;
+    for (int l = 0; l < static_cast<int>(rv.layers.size()); l++)
+        for (int e = 0; e < rv.experts; e++)
+            for (int k = 0; k < static_cast<int>(rv.steps.size()); k++)
+                load_max =
+                    std::max(load_max, std::isfinite(rv.load(l, e, k)) ? rv.load(l, e, k) : 0.0);
+    j["router"] = {{"layers", rv.layers},
+                   {"experts", rv.experts},
+                   {"steps", rv.steps.size()},
+                   {"layer", router_s_.layer < static_cast<int>(rv.layers.size())
+                                 ? rv.layers[static_cast<size_t>(router_s_.layer)]
+                                 : -1},
+                   {"step", rs >= 0 && rs < static_cast<int>(rv.steps.size())
+                                ? rv.steps[static_cast<size_t>(rs)]
+                                : -1.0},
+                   {"following", router_s_.step < 0},
+                   {"expert", router_s_.expert},
+                   {"load_max", load_max}};
     j["memory_ranks"] = data_.snap.memory.size();
     j["general_error"] = job_s_.editor.general_error();
     j["message"] = job_s_.message;

@@ -47,8 +47,8 @@ block = 16
 run_file = false
 """
 
-PANELS = ["loss", "layout_check", "pipeline", "memory", "fp8", "events", "layout_explorer",
-          "schedule", "numerics"]
+PANELS = ["loss", "layout_check", "pipeline", "memory", "fp8", "router", "events",
+          "layout_explorer", "schedule", "numerics"]
 # Panels that draw a plot: (its region as fractions of the image: x0, y0, x1, y1), the least
 # number of strongly coloured pixels in it, and the least number of distinct colours overall.
 PLOTS = {
@@ -87,12 +87,12 @@ def config(tmp_path_factory):
     return str(path)
 
 
-def screenshots(env, config, folder, steps):
+def screenshots(env, config, folder, steps, panels=PANELS):
     r = subprocess.run([EXE, "gui", "--screenshot", str(folder), "--steps", str(steps), config],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     return {p: np.asarray(Image.open(folder / f"{p}.png").convert("RGB")).astype(np.int32)
-            for p in PANELS}
+            for p in panels}
 
 
 def region(img, frac):
@@ -123,6 +123,9 @@ def test_every_panel_renders_its_content(display, config, tmp_path):
             n = coloured(region(img, frac))
             assert n >= least, f"{name}.png: {n} coloured pixels in its plot area, want >= {least}"
             assert distinct(img) >= colours, f"{name}.png: {distinct(img)} colours"
+    # The router panel of a dense job: its empty state, no made-up heatmap or lines.
+    n = coloured(region(at20["router"], (0.0, 0.05, 1.0, 1.0)))
+    assert n < 50, f"router.png of a dense job draws {n} coloured pixels"
     # The loss panel moved on between step 5 and step 20.
     a, b = region(at5["loss"], PLOTS["loss"][0]), region(at20["loss"], PLOTS["loss"][0])
     changed = int((np.abs(a - b).sum(axis=2) > 30).sum())
@@ -334,5 +337,124 @@ def test_finished_files_open_in_every_panel(display, config, tmp_path):
         for g in s["check"]["layouts"]:
             assert g["verdict"] == "match" and g["cells"] == g["rows"] * 6 > 0, g
             assert g["cells_done"] == g["cells"], g
+    finally:
+        w.close()
+
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+
+
+@pytest.fixture(scope="module")
+def moe_config(tmp_path_factory):
+    """examples/moe-small.toml (2 MoE layers of 4 experts, top-2, capacity 1.25), no run file."""
+    text = open(os.path.join(EXAMPLES, "moe-small.toml")).read()
+    assert 'dir = "runs/moe-small"' in text
+    path = tmp_path_factory.mktemp("gui_moe") / "moe-small.toml"
+    path.write_text(text.replace('dir = "runs/moe-small"', "run_file = false"))
+    return str(path)
+
+
+def test_the_router_panel_of_a_moe_job(display, moe_config, tmp_path):
+    """The router panel's screenshot of a MoE job: the load heatmaps (experts × steps of a layer,
+    experts × layers at the last step) and the per-layer lines are drawn, in colours on both sides
+    of the even share."""
+    img = screenshots(display, moe_config, tmp_path / "moe", 12, ["router"])["router"]
+    h, w, _ = img.shape
+    # The experts × steps heatmap (left 60%, below the controls): 4 rows × 12 columns of cells.
+    heat = region(img, (0.04, 0.12, 0.55, 0.40))
+    assert coloured(heat) < heat.shape[0] * heat.shape[1]  # not one block of colour
+    colours = np.unique(heat.reshape(-1, 3), axis=0)
+    assert len(colours) >= 12, f"the load heatmap has {len(colours)} colours"
+    # Blue cells (below the even share) and, as the loads sum to E(1 - dropped), warm ones
+    # (above it) whenever any expert took less than its share.
+    blue = int(((heat[..., 2] > heat[..., 0] + 40)).sum())
+    warm = int(((heat[..., 0] > heat[..., 2] + 25)).sum())
+    assert blue > 500 and warm > 200, (blue, warm)
+    # The four line plots below: a line for each of the two layers in each.
+    lines = region(img, (0.03, 0.50, 0.99, 0.95))
+    assert coloured(lines) > 3000, coloured(lines)
+
+
+def test_the_router_panel_driven_by_real_input(display, moe_config, tmp_path):
+    """A MoE job started with a click, the Router tab opened: its layers and experts fill in step
+    by step; a click on a heatmap cell chooses a step (no longer following the latest), the
+    button follows the latest again, a click on the right heatmap's second column chooses layer
+    h.1. Then a finished MoE run.h5 opened in the window shows its steps."""
+    w = Window(display, moe_config)
+    try:
+        s = w.state()
+        assert s["router"]["steps"] == 0
+        w.click("start", s)
+        w.click("tab:router")
+        s = w.wait_for(lambda s: s["router"]["steps"] >= 4)
+        r = s["router"]
+        assert r["layers"] == [0, 1] and r["experts"] == 4, r
+        assert r["following"] and r["layer"] == 0 and r["expert"] == -1, r
+        # Steps 1, 2, ...; a step's router values come just before its metrics row.
+        assert r["step"] == r["steps"] <= s["steps_done"] + 1, (r, s["steps_done"])
+        assert r["load_max"] > 1.0, r  # some expert over its even share
+        x, y, rw, rh = s["rects"]["router_tokens"]
+        # A cell a third of the way along the steps, in the heatmap's second row (expert 1).
+        lw = 80  # row labels ("expert 1") to the left of the cells, the colour bar (130) right
+        ax, bx = x + lw, x + rw - 130
+        top, bottom = y + rh * 0.08, y + rh * 0.80
+        w.xdo("mousemove", "--window", w.wid, str(int(ax + (bx - ax) / 3)),
+              str(int(top + (bottom - top) * 0.375)))
+        time.sleep(0.1)
+        w.xdo("mousedown", "1")
+        time.sleep(0.1)
+        w.xdo("mouseup", "1")
+        time.sleep(0.2)
+        s = w.wait_for(lambda s: not s["router"]["following"])
+        r = s["router"]
+        assert r["expert"] == 1, r
+        assert 1 <= r["step"] < s["router"]["steps"], r
+        chosen, seen = r["step"], s["router"]["steps"]
+        s = w.wait_for(lambda s: s["router"]["steps"] > seen)  # the job went on; the step stays
+        assert s["router"]["step"] == chosen and not s["router"]["following"], s["router"]
+        w.click("router_latest", s)
+        s = w.wait_for(lambda s: s["router"]["following"])
+        assert s["router"]["step"] >= chosen
+        x, y, rw, rh = s["rects"]["router_layers"]
+        w.xdo("mousemove", "--window", w.wid, str(int(x + 20 + (rw - 150) * 0.8)),
+              str(int(y + rh * 0.45)))
+        time.sleep(0.1)
+        w.xdo("mousedown", "1")
+        time.sleep(0.1)
+        w.xdo("mouseup", "1")
+        s = w.wait_for(lambda s: s["router"]["layer"] == 1)
+        w.click("stop", s)
+
+        # A finished MoE run file, opened: its router statistics of every step.
+        run_dir = tmp_path / "run"
+        r = subprocess.run([EXE, "train", moe_config, "--out", str(run_dir),
+                            "--set", "train.steps=5", "--set", "train.eval_every=0",
+                            "--set", "output.run_file=true"],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        w.type_text("field:open", "open", str(run_dir / "run.h5"))
+        w.click("open")
+        s = w.wait_for(lambda s: s["source"].endswith("run.h5") and s["router"]["steps"] == 5)
+        assert s["router"]["layers"] == [0, 1] and s["router"]["experts"] == 4, s["router"]
+    finally:
+        w.close()
+
+
+def test_a_dense_job_until_experts_are_set(display, config):
+    """The router panel of a dense job holds nothing (its empty state); model.moe_experts typed
+    into the editor and Restart: the same model with 4 experts per layer, its router filling in."""
+    w = Window(display, config)
+    try:
+        s = w.state()
+        assert s["fields"]["model.moe_experts"] == "0", s["fields"]
+        w.click("start", s)
+        w.click("tab:router")
+        s = w.wait_for(lambda s: s["loss_points"] >= 3)
+        assert s["router"]["steps"] == 0 and s["router"]["layers"] == [], s["router"]
+        w.type_into("model.moe_experts", "4")
+        w.click("restart")
+        s = w.wait_for(lambda s: s["router"]["steps"] >= 2)
+        assert s["router"]["layers"] == [0, 1] and s["router"]["experts"] == 4, s["router"]
+        assert s["editor_errors"] == {}
     finally:
         w.close()
