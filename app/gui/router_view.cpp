@@ -1,9 +1,9 @@
 #include "app/gui/router_view.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
-#include <map>
 
 namespace px::gui {
 
@@ -18,6 +18,19 @@ int number(const std::string& s, size_t b, size_t e) {
     for (size_t i = b; i < e; i++)
         if (s[i] < '0' || s[i] > '9') return -1;
     return std::atoi(s.c_str() + b);
+}
+
+// The per-layer, per-step grids of the statistics other than tokens, and one by its name.
+using Grid = std::vector<std::vector<double>>;
+std::array<Grid*, 5> stat_grids(RouterView& v) {
+    return {&v.drop_fraction, &v.balance, &v.aux_loss, &v.z_loss, &v.entropy};
+}
+Grid& stat_grid(RouterView& v, const std::string& stat) {
+    if (stat == "drop_fraction") return v.drop_fraction;
+    if (stat == "balance") return v.balance;
+    if (stat == "aux_loss") return v.aux_loss;
+    if (stat == "z_loss") return v.z_loss;
+    return v.entropy;  // "router_entropy" (parse_router_name admits no other)
 }
 
 }  // namespace
@@ -95,15 +108,8 @@ RouterView make_router_view(const RunSnapshot& s) {
     }
     std::sort(v.layers.begin(), v.layers.end());
     const size_t L = v.layers.size(), S = with.size(), E = static_cast<size_t>(v.experts);
-    for (auto* grid : {&v.drop_fraction, &v.balance, &v.aux_loss, &v.z_loss, &v.entropy})
-        grid->assign(L, std::vector<double>(S, NAN));
+    for (auto* grid : stat_grids(v)) grid->assign(L, std::vector<double>(S, NAN));
     v.tokens.assign(L, std::vector<std::vector<double>>(E, std::vector<double>(S, NAN)));
-    const std::map<std::string, std::vector<std::vector<double>>*> by_stat = {
-        {"drop_fraction", &v.drop_fraction},
-        {"balance", &v.balance},
-        {"aux_loss", &v.aux_loss},
-        {"z_loss", &v.z_loss},
-        {"router_entropy", &v.entropy}};
     for (size_t i = 0; i < S; i++) {
         v.steps.push_back(static_cast<double>(with[i]->step));
         for (const NamedValue& x : *with[i]->values) {
@@ -112,7 +118,7 @@ RouterView make_router_view(const RunSnapshot& s) {
             if (n.stat == "tokens")
                 v.tokens[l][static_cast<size_t>(n.expert)][i] = x.value;
             else
-                (*by_stat.at(n.stat))[l][i] = x.value;
+                stat_grid(v, n.stat)[l][i] = x.value;
         }
     }
     v.seen = s.values.size();
@@ -138,12 +144,6 @@ bool update_router_view(RouterView& v, const RunSnapshot& s) {
                 v = make_router_view(s);
                 return true;
             }
-    const std::map<std::string, std::vector<std::vector<double>>*> by_stat = {
-        {"drop_fraction", &v.drop_fraction},
-        {"balance", &v.balance},
-        {"aux_loss", &v.aux_loss},
-        {"z_loss", &v.z_loss},
-        {"router_entropy", &v.entropy}};
     bool changed = false;
     for (size_t i = v.seen; i < n_values; i++) {
         bool column = false;  // this step's column, added at its first router value
@@ -152,8 +152,7 @@ bool update_router_view(RouterView& v, const RunSnapshot& s) {
             if (!column) {
                 column = changed = true;
                 v.steps.push_back(static_cast<double>(s.values[i].step));
-                for (auto* grid :
-                     {&v.drop_fraction, &v.balance, &v.aux_loss, &v.z_loss, &v.entropy})
+                for (auto* grid : stat_grids(v))
                     for (std::vector<double>& row : *grid) row.push_back(NAN);
                 for (auto& layer : v.tokens)
                     for (std::vector<double>& row : layer) row.push_back(NAN);
@@ -162,7 +161,7 @@ bool update_router_view(RouterView& v, const RunSnapshot& s) {
             if (n.stat == "tokens")
                 v.tokens[l][static_cast<size_t>(n.expert)].back() = x.value;
             else
-                (*by_stat.at(n.stat))[l].back() = x.value;
+                stat_grid(v, n.stat)[l].back() = x.value;
         }
     }
     v.seen = n_values;
