@@ -42,6 +42,9 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, i64 B, i64 T) {
     case Dim::K: return mc.is_moe() ? mc.moe_top_k : 0;
     case Dim::KFE: return resolve_dim(Dim::K, mc) * resolve_dim(Dim::FE, mc);
     case Dim::KC: return resolve_dim(Dim::K, mc) * mc.hidden;
+    case Dim::EL: return mc.moe_experts;
+    case Dim::RFE: return resolve_dim(Dim::KFE, mc);
+    case Dim::RC: return resolve_dim(Dim::KC, mc);
     case Dim::FM: {
         // the widest plain MLP: F where a layer is dense, FS where a MoE layer has shared experts
         const bool dense = !mc.is_moe() || mc.moe_every > 1;
@@ -72,8 +75,19 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, const TpDims& tp) {
     case Dim::FM:
     case Dim::NH:
     case Dim::CA: return resolve_dim(d, mc) / tp.tp;
+    case Dim::EL: return tp.experts >= 0 ? tp.experts : mc.moe_experts;
+    case Dim::EFE: return resolve_dim(Dim::EL, mc, tp) * resolve_dim(Dim::FE, mc);
+    case Dim::EC: return resolve_dim(Dim::EL, mc, tp) * mc.hidden;
     default: return resolve_dim(d, mc);
     }
+}
+
+TpDims ModelPart::expert_dims(TpDims tp) const {
+    if (!all_experts()) {
+        tp.expert_lo = expert_lo;
+        tp.experts = expert_hi - expert_lo;
+    }
+    return tp;
 }
 
 ModelPart ModelPart::whole(const ModelConfig& mc) {
@@ -88,7 +102,8 @@ ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part) {
     return build(mc, part, TpDims{});
 }
 
-ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part, const TpDims& tp) {
+ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part, const TpDims& tp_dims) {
+    const TpDims tp = part.expert_dims(tp_dims);
     const int L = static_cast<int>(mc.layers);
     for (size_t c = 0; c < part.chunks.size(); c++) {
         const LayerSpan s = part.chunks[c];
@@ -248,6 +263,8 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, const ActShape& shape) {
     case Dim::FM:
     case Dim::NH:
     case Dim::CA: return resolve_dim(d, mc, shape.tp);
+    case Dim::RFE: return shape.expert_sources * resolve_dim(Dim::KFE, mc);
+    case Dim::RC: return shape.expert_sources * resolve_dim(Dim::KC, mc);
     default: return resolve_dim(d, mc, shape.B, shape.T);
     }
 }

@@ -34,9 +34,13 @@ namespace px {
 // (moe_shared_experts·FE; a MoE layer's mlp.* tensors are the shared MLP, absent without one),
 // K the experts a token goes to, KFE and KC a token's K routed slots of FE or C values, and FM
 // the widest plain MLP of any layer (F of the dense layers, FS of the MoE ones) that the MLP
-// activations hold. Without MoE, E..KC are 0 and FM is F.
+// activations hold. Without MoE, E..KC are 0 and FM is F. Under expert parallelism a rank holds
+// EL of the E experts (TpDims::experts): the stacked expert tensors are EL experts long (EFE, EC
+// and the biases' EL rows), while the router still scores all E; an expert's rows arrive from
+// every rank of the ep group, so RFE and RC (a token's routed slots of FE or C values, times the
+// ep ranks that may send them: ActShape::expert_sources) size the expert side's buffers.
 enum class Dim : std::uint8_t {
-    one, V, T, C, C3, F, L, LS, B, NH, CA, E, FE, EFE, EC, FS, K, KFE, KC, FM
+    one, V, T, C, C3, F, L, LS, B, NH, CA, E, FE, EFE, EC, FS, K, KFE, KC, FM, EL, RFE, RC
 };
 
 struct ParamSpec {
@@ -67,9 +71,9 @@ inline constexpr ParamSpec kGpt2Params[] = {
     // (expert e's c_fc rows [e·FE, (e+1)·FE), its c_proj rows [e·C, (e+1)·C)).
     {"moe.router.weight", true, Dim::E, Dim::C, true, ParamSpec::normal},
     {"moe.experts.c_fc.weight", true, Dim::EFE, Dim::C, true, ParamSpec::normal},
-    {"moe.experts.c_fc.bias", true, Dim::E, Dim::FE, false, ParamSpec::zeros},
+    {"moe.experts.c_fc.bias", true, Dim::EL, Dim::FE, false, ParamSpec::zeros},
     {"moe.experts.c_proj.weight", true, Dim::EC, Dim::FE, true, ParamSpec::residual_normal},
-    {"moe.experts.c_proj.bias", true, Dim::E, Dim::C, false, ParamSpec::zeros},
+    {"moe.experts.c_proj.bias", true, Dim::EL, Dim::C, false, ParamSpec::zeros},
     {"ln_f.weight", false, Dim::one, Dim::C, false, ParamSpec::ones},
     {"ln_f.bias", false, Dim::one, Dim::C, false, ParamSpec::zeros},
 };
@@ -98,10 +102,14 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, i64 B = 1, i64 T = 0);
 
 // The local sizes of a tensor-parallel shard (core/parallel/tp_model.h): with tp ranks a model
 // holds 3C/tp rows of qkv (C3), C/tp attention channels (CA), NH/tp heads, F/tp ffn rows and
-// `vocab` rows of wte. The default is the whole model.
+// `vocab` rows of wte. The default is the whole model. Expert parallelism
+// (core/parallel/expert_parallel.h) holds experts [expert_lo, expert_lo + experts) of each MoE
+// layer (ModelPart::experts; ParamTable::build and GPT fill these two in from the part).
 struct TpDims {
     int tp = 1;
-    i64 vocab = -1;  // rows of wte held; -1: model.vocab
+    i64 vocab = -1;      // rows of wte held; -1: model.vocab
+    i64 expert_lo = 0;   // the first expert held
+    i64 experts = -1;    // experts held; -1: model.moe_experts
 };
 // A dimension's size in such a shard (T = model.seq_len, B = 1 as above).
 i64 resolve_dim(Dim d, const ModelConfig& mc, const TpDims& tp);
@@ -121,9 +129,15 @@ struct ModelPart {
     std::vector<LayerSpan> chunks;  // disjoint, increasing
     bool embedding = true;          // wte (token) and wpe (position) embeddings
     bool head = true;               // ln_f and the LM head, tied to wte
+    // The experts of every MoE layer held, [expert_lo, expert_hi) (expert parallelism: an ep
+    // rank's share); expert_hi < 0: all of them.
+    int expert_lo = 0, expert_hi = -1;
 
     static ModelPart whole(const ModelConfig& mc);  // {[0, L)}, embedding, head
     bool holds_wte() const { return embedding || head; }
+    bool all_experts() const { return expert_hi < 0; }
+    // The part's experts in TpDims terms: tp with expert_lo and experts set.
+    TpDims expert_dims(TpDims tp) const;
     bool operator==(const ModelPart&) const = default;
 };
 
@@ -256,20 +270,21 @@ inline constexpr ActSpec kGpt2Acts[] = {
     {"dpreatt", Dim::B, Dim::NH, Dim::T, Dim::T, false, ActType::act},     // (B,NH,T,T)
     {"datt", Dim::B, Dim::NH, Dim::T, Dim::T, false, ActType::act},        // (B,NH,T,T)
     // MoE layers (core/model/moe.h; empty without MoE): the router's probabilities and the
-    // logsumexp of its logits, the gates of a token's K slots, and per routed slot (rows in
-    // expert order, K per token at most) the expert's c_fc output, its GELU and its output.
+    // logsumexp of its logits, the gates of a token's K slots, per routed row of the experts held
+    // (expert order; K per token at most, from each of the RFE/KFE ep ranks that may send rows)
+    // the expert's c_fc output and its GELU, and per slot this rank routed its expert's output.
     {"router_probs", Dim::LS, Dim::B, Dim::T, Dim::E, false, ActType::f32},  // (LS,B,T,E)
     {"router_lse", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32},  // (LS,B,T)
     {"moe_gates", Dim::LS, Dim::B, Dim::T, Dim::K, false, ActType::f32},     // (LS,B,T,K)
-    {"efch", Dim::LS, Dim::B, Dim::T, Dim::KFE, false, ActType::act},        // (LS,B·T·K,FE)
-    {"efch_gelu", Dim::LS, Dim::B, Dim::T, Dim::KFE, false, ActType::act},   // (LS,B·T·K,FE)
+    {"efch", Dim::LS, Dim::B, Dim::T, Dim::RFE, false, ActType::act},        // (LS,ep·B·T·K,FE)
+    {"efch_gelu", Dim::LS, Dim::B, Dim::T, Dim::RFE, false, ActType::act},   // (LS,ep·B·T·K,FE)
     {"eout", Dim::LS, Dim::B, Dim::T, Dim::KC, false, ActType::act},         // (LS,B·T·K,C)
-    // scratch: the slots' gathered inputs (and their gradients), FE-wide gradients, and the
-    // router's (B,T,E) gradients
-    {"ebuf_c", Dim::B, Dim::T, Dim::KC, Dim::one, false, ActType::act},      // (B·T·K,C)
-    {"ebuf_c2", Dim::B, Dim::T, Dim::KC, Dim::one, false, ActType::act},     // (B·T·K,C)
-    {"ebuf_f", Dim::B, Dim::T, Dim::KFE, Dim::one, false, ActType::act},     // (B·T·K,FE)
-    {"ebuf_f2", Dim::B, Dim::T, Dim::KFE, Dim::one, false, ActType::act},    // (B·T·K,FE)
+    // scratch: the experts' gathered input rows (and their gradients), FE-wide gradients, and
+    // the router's (B,T,E) gradients
+    {"ebuf_c", Dim::B, Dim::T, Dim::RC, Dim::one, false, ActType::act},      // (ep·B·T·K,C)
+    {"ebuf_c2", Dim::B, Dim::T, Dim::RC, Dim::one, false, ActType::act},     // (ep·B·T·K,C)
+    {"ebuf_f", Dim::B, Dim::T, Dim::RFE, Dim::one, false, ActType::act},     // (ep·B·T·K,FE)
+    {"ebuf_f2", Dim::B, Dim::T, Dim::RFE, Dim::one, false, ActType::act},    // (ep·B·T·K,FE)
     {"router_d", Dim::B, Dim::T, Dim::E, Dim::one, false, ActType::f32},     // (B,T,E)
 };
 enum ActIndex : int {
@@ -289,6 +304,7 @@ struct ActShape {
     bool head = true;        // the run ends in the LM head
     bool recompute = false;  // keep one block's internals (LS = 1), recomputed in backward
     TpDims tp;               // a tensor-parallel shard's local sizes (default: the whole model)
+    int expert_sources = 1;  // ranks whose routed rows a MoE layer's experts take (ep)
     // Keys a query row attends over, the last dimension of att, dpreatt and datt: 0 is T; under
     // context parallelism the whole sequence while T is the rank's tokens of it.
     i64 keys = 0;

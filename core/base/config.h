@@ -66,6 +66,8 @@ struct LayoutConfig {
     int cp = 1;                      // context-parallel ranks: each holds 2 zig-zag chunks of
                                      // every sequence
     std::string cp_method = "ring";  // context-parallel attention: "ring" or "ulysses"
+    int ep = 1;                      // expert-parallel ranks: groups of ep consecutive dp ranks
+                                     // share out each MoE layer's experts
     int zero = 0;                    // ZeRO stage 0..3 over the dp ranks
     int microbatches = 0;            // per dp rank and step; when > 0 overrides train.microbatches
     std::string schedule = "1f1b";   // pipeline schedule: "gpipe", "1f1b" or "interleaved"

@@ -216,8 +216,8 @@ void check_moe_across(const Config& c) {
         throw Problem{{"model.moe_experts", "layout.tp"},
                       "model.moe_experts=" + std::to_string(c.model.moe_experts) + " with layout.tp=" +
                           std::to_string(c.layout.tp) +
-                          ": the experts are not tensor-parallel; use layout.tp = 1 (dp, pp, ZeRO and "
-                          "microbatches all compose with MoE)"};
+                          ": the experts are not tensor-parallel; use layout.tp = 1 (dp, ep, pp, ZeRO "
+                          "and microbatches all compose with MoE)"};
 }
 
 void check_precision_across(const PrecisionConfig& pr, const NumericsConfig& n) {

@@ -87,7 +87,7 @@ GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
       part_(part),
       layers_(std::move(layers)),
       sp_(layers_ && layers_->sequence_parallel()),
-      dims_(layers_ ? layers_->dims() : TpDims{}),
+      dims_(part.expert_dims(layers_ ? layers_->dims() : TpDims{})),
       act_dtype_(activations),
       table_(ParamTable::build(mc, part, dims_)) {
     PX_ASSERT(!part_.chunks.empty(), "a model part needs at least one chunk of layers");
@@ -99,6 +99,24 @@ GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
     glayout_.total = table_.total +
                      (part_.holds_wte() ? align16(resolve_dim(Dim::V, mc, dims_) * mc.hidden) : 0);
     params_ = Arena(bytes_of(DType::f32, table_.total));
+}
+
+void GPT::set_experts(std::shared_ptr<const ExpertLayers> experts) {
+    PX_ASSERT(!experts || (mc_.is_moe() && !part_.all_experts() &&
+                           mc_.moe_experts / experts->size() == dims_.experts &&
+                           part_.expert_lo == experts->rank() * dims_.experts),
+              "expert layers need a MoE model part holding its rank's share of the experts");
+    experts_ = std::move(experts);
+}
+
+bool GPT::expert_tensor(const TableEntry& e) {
+    const int p = e.spec - kFirstLayerSpec;
+    return e.layer >= 0 && p >= EFCW && p <= EPROJB;
+}
+
+i64 GPT::expert_row_offset(const TableEntry& e) const {
+    if (!expert_tensor(e) || part_.all_experts()) return 0;
+    return part_.expert_lo * (e.rows / dims_.experts);
 }
 
 void GPT::wrap_parallel_layers(const LayersWrap& wrap) {
@@ -141,7 +159,10 @@ void GPT::init_random(std::uint64_t seed, double init_std) {
         const u32 id = static_cast<u32>(e.id);
         // A shard draws its slice of the whole tensor's numbers (same ids, logical indices).
         auto normal = [&](double std) {
-            if (layers_)
+            if (expert_tensor(e))  // experts are never tp-split: rows of the stacked tensor
+                fill_normal(p, e.numel(), 0.0f, static_cast<float>(std), seed, id,
+                            static_cast<u64>(expert_row_offset(e) * e.cols));
+            else if (layers_)
                 layers_->fill_normal(p, e, static_cast<float>(std), seed);
             else
                 fill_normal(p, e.numel(), 0.0f, static_cast<float>(std), seed, id, 0);
@@ -177,6 +198,7 @@ Activations GPT::make_activations(int chunk, i64 B, i64 T, bool recompute) const
     shape.head = has_head(chunk);
     shape.recompute = recompute;
     shape.tp = dims_;
+    shape.expert_sources = experts_ ? experts_->size() : 1;
     shape.dtype = act_dtype_;
     if (context_) shape.keys = context_->keys(T);
     return Activations(mc_, shape);
@@ -778,12 +800,14 @@ void GPT::probe_params(ProbeSink& sink, i64 step, const char* phase, const char*
         const i64 a = std::max(lo, e.offset), b = std::min(hi, e.offset + e.numel());
         if (a >= b || !sink.wants(key)) continue;
         ShardSpec whole;
-        if (layers_) {
+        if (layers_ && !expert_tensor(e)) {
             whole = layers_->param_shard(e);
         } else {
             std::vector<i64> shape{e.cols};
             if (kGpt2Params[e.spec].rows != Dim::one) shape.insert(shape.begin(), e.rows);
             whole = flat_shard(shape, 0, e.numel());
+            if (expert_tensor(e) && !part_.all_experts())  // rows of the (E·R, cols) tensor
+                offset_rows(whole, expert_row_offset(e), e.rows / dims_.experts * mc_.moe_experts);
         }
         ShardSpec spec = slice(whole, a - e.offset, b - e.offset);
         if (node >= 0) {  // one row of (nodes, ...)

@@ -14,6 +14,7 @@
 //                 and the attention over the whole sequence (absent: the rank holds it all)
 //   Unit, UnitHooks the units a model runs its weights in, and what a layout may do around each
 //   TokenNode     a node of the token tree that a microbatch covers, with its gradient buffer
+//   ExpertLayers  expert parallelism: the ep group's routed rows to their experts' owners and back
 //   GPT           parameters; forward and backward of a chunk on a microbatch; the single-device
 //                 forward/backward over the whole model with activations it keeps itself
 #pragma once
@@ -237,6 +238,29 @@ struct TokenNode {
     float* grads = nullptr;
 };
 
+// Expert parallelism (core/parallel/expert_parallel.h): the model part holds experts
+// [part().expert_lo, expert_hi) of every MoE layer, and the rows the ep group's ranks route to an
+// expert go to the rank that holds it and come back through these layers (all-to-alls over the
+// group, whose ranks own consecutive token ranges of the batch: source order is token order).
+// The layout tells the layers which microbatch runs: where its tokens start in the step's batch,
+// and in backward, for every rank of the group, that rank's token nodes of it (batch tokens) with
+// the buffers this rank's experts' weight gradients for them go to.
+class ExpertLayers {
+public:
+    virtual ~ExpertLayers() = default;
+    virtual int size() const = 0;  // ranks of the ep group
+    virtual int rank() const = 0;  // this rank's index in it
+    // in: in_counts[k] values for rank k, back to back -> out: out_counts[k] from rank k.
+    virtual void exchange(float* out, std::span<const i64> out_counts, const float* in,
+                          std::span<const i64> in_counts) const = 0;
+    virtual void exchange(i64* out, std::span<const i64> out_counts, const i64* in,
+                          std::span<const i64> in_counts) const = 0;
+    // in (size()·n, chunk k for rank k) -> out (size()·n, chunk k from rank k).
+    virtual void exchange_counts(i64* out, const i64* in, i64 n) const = 0;
+    virtual i64 token_base() const = 0;  // the running microbatch's first token in the batch
+    virtual std::span<const TokenNode> source_nodes(int rank) const = 0;
+};
+
 class GPT {
 public:
     GPT(const ModelConfig& mc, const Numerics& nx);                       // the whole model
@@ -257,6 +281,14 @@ public:
         context_ = std::move(context);
     }
     const ContextLayers* context() const { return context_.get(); }
+    // Expert parallelism (null: this part holds every expert and routes locally). The part's
+    // expert range must be the layers' rank's share. Before the first make_activations.
+    void set_experts(std::shared_ptr<const ExpertLayers> experts);
+    const ExpertLayers* experts() const { return experts_.get(); }
+    // Whether table entry e is one of the stacked expert tensors, which an expert-parallel part
+    // holds EL experts of (rows [expert_lo·R, (expert_lo + EL)·R) of the logical (E·R, cols)).
+    static bool expert_tensor(const TableEntry& e);
+    i64 expert_row_offset(const TableEntry& e) const;  // expert_lo·R (0 for any other tensor)
 
     const ModelConfig& config() const { return mc_; }
     const ModelPart& part() const { return part_; }
@@ -446,6 +478,7 @@ private:
     ModelPart part_;
     std::shared_ptr<const ParallelLayers> layers_;  // null: the plain kernels
     std::shared_ptr<const ContextLayers> context_;  // null: every token of each sequence
+    std::shared_ptr<const ExpertLayers> experts_;   // null: every expert here, routed locally
     bool sp_ = false;                               // layers_->sequence_parallel()
     TpDims dims_;                                   // local sizes (the whole model without layers_)
     DType act_dtype_;                               // of the activations it makes

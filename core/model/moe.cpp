@@ -99,6 +99,90 @@ void gather_rows(const Tensor& dst, const Tensor& src, const Dispatch& d, i64 K,
     }
 }
 
+// Expert parallelism: how one MoE layer's routed rows cross the ep group (model.h ExpertLayers).
+// A rank's kept slots in Dispatch order are its rows for owner 0's experts, then owner 1's, ...
+// (expert order, then token order); an owner takes its experts' rows expert by expert, each
+// expert's rows source by source. Sources own consecutive token ranges of the batch, so an
+// expert's rows are in batch token order, as on one device.
+struct ExpertRoute {
+    i64 P = 1, EL = 0;
+    std::vector<i64> sent;   // (P·EL): rows this rank sends to owner o's local expert e [o·EL + e]
+    std::vector<i64> got;    // (P·EL): rows source s sends to this rank's local expert e [s·EL + e]
+    std::vector<i64> at;     // (P·EL): where source s's rows of expert e start among this rank's
+    std::vector<i64> first;  // (EL + 1): this rank's rows of local expert e, [first[e], first[e+1])
+    i64 rows() const { return first.back(); }
+    i64 sent_to(i64 o) const { return sum(sent, o); }
+    i64 got_from(i64 s) const { return sum(got, s); }
+
+private:
+    i64 sum(const std::vector<i64>& v, i64 k) const {
+        i64 n = 0;
+        for (i64 e = 0; e < EL; e++) n += v[static_cast<size_t>(k * EL + e)];
+        return n;
+    }
+};
+
+ExpertRoute make_route(const ExpertLayers& x, const Dispatch& d, i64 E) {
+    ExpertRoute r;
+    r.P = x.size();
+    r.EL = E / r.P;
+    const size_t n = static_cast<size_t>(E);
+    r.sent.resize(n);
+    for (size_t e = 0; e < n; e++) r.sent[e] = d.first[e + 1] - d.first[e];
+    r.got.resize(n);
+    x.exchange_counts(r.got.data(), r.sent.data(), r.EL);
+    r.at.resize(n);
+    r.first.assign(static_cast<size_t>(r.EL) + 1, 0);
+    i64 row = 0;
+    for (i64 e = 0; e < r.EL; e++) {
+        r.first[static_cast<size_t>(e)] = row;
+        for (i64 s = 0; s < r.P; s++) {
+            r.at[static_cast<size_t>(s * r.EL + e)] = row;
+            row += r.got[static_cast<size_t>(s * r.EL + e)];
+        }
+    }
+    r.first.back() = row;
+    return r;
+}
+
+// src: this rank's routed rows in Dispatch order, w values each -> dst: the rows of this rank's
+// experts from every source, in expert-then-source order.
+template <class T>
+void to_owners(const ExpertLayers& x, const ExpertRoute& r, const T* src, i64 w, T* dst) {
+    std::vector<i64> in(static_cast<size_t>(r.P)), out(static_cast<size_t>(r.P));
+    for (i64 k = 0; k < r.P; k++) {
+        in[static_cast<size_t>(k)] = r.sent_to(k) * w;
+        out[static_cast<size_t>(k)] = r.got_from(k) * w;
+    }
+    std::vector<T> staged(static_cast<size_t>(r.rows() * w));  // source by source
+    x.exchange(staged.data(), out, src, in);
+    const T* at = staged.data();
+    for (i64 s = 0; s < r.P; s++)
+        for (i64 e = 0; e < r.EL; e++) {
+            const i64 n = r.got[static_cast<size_t>(s * r.EL + e)] * w;
+            std::copy(at, at + n, dst + r.at[static_cast<size_t>(s * r.EL + e)] * w);
+            at += n;
+        }
+}
+
+// The way back: src (this rank's experts' rows, expert-then-source order) -> dst (the rows this
+// rank routed, Dispatch order).
+void to_sources(const ExpertLayers& x, const ExpertRoute& r, const float* src, i64 w, float* dst) {
+    std::vector<i64> in(static_cast<size_t>(r.P)), out(static_cast<size_t>(r.P));
+    std::vector<float> staged(static_cast<size_t>(r.rows() * w));
+    float* at = staged.data();
+    for (i64 s = 0; s < r.P; s++) {
+        in[static_cast<size_t>(s)] = r.got_from(s) * w;
+        out[static_cast<size_t>(s)] = r.sent_to(s) * w;
+        for (i64 e = 0; e < r.EL; e++) {
+            const i64 n = r.got[static_cast<size_t>(s * r.EL + e)] * w;
+            const float* from = src + r.at[static_cast<size_t>(s * r.EL + e)] * w;
+            at = std::copy(from, from + n, at);
+        }
+    }
+    x.exchange(dst, out, staged.data(), in);
+}
+
 // dweight (OC,C) and dbias (OC) += the weight gradient of one expert over one token node: its
 // rows [lo, hi) (dout (rows,OC), inp (rows,C), tokens token_of[q] ascending, all inside the
 // node's tokens [t0, t1)), in the canonical order of moe.h: per block of the node's tokens, the
@@ -163,6 +247,8 @@ void expert_grads(const Numerics& nx, const Tensor& dweight, const Tensor& dbias
 
 void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool probed) const {
     PX_ASSERT(!layers_, "MoE layers run on whole tensors (layout.tp = 1)");
+    PX_ASSERT(mc_.moe_experts % (experts_ ? experts_->size() : 1) == 0,
+              "expert parallelism needs whole experts per rank");
     const i64 B = a.shape().B, T = a.shape().T, BT = B * T, C = mc_.hidden;
     const i64 E = mc_.moe_experts, K = mc_.moe_top_k, FE = mc_.expert_ffn();
     const Tensor ln2 = a.layer(LN2, i), probs = a.layer(ROUTER_PROBS, i);
@@ -223,29 +309,44 @@ void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool prob
         }
     }
 
-    // The experts on their gathered rows.
+    // The experts on their gathered rows: every expert here, or under expert parallelism this
+    // rank's experts on the rows every rank of the ep group routed to them (their outputs go
+    // back to the rank that routed each row).
     const Dispatch d = make_dispatch(route, BT * K, E);
+    const ExpertLayers* x = experts_.get();
     const Tensor in = a.tensor(EBUF_C), efch = a.layer(EFCH, i), efg = a.layer(EFCH_GELU, i);
     const Tensor eout = a.layer(EOUT, i);
-    gather_rows(in, ln2, d, K, C);
-    // One linear of every expert (stacked (E·R, I) weights, (E, R) biases) on its rows.
+    ExpertRoute r;
+    if (x) {
+        r = make_route(*x, d, E);
+        std::vector<float> mine(static_cast<size_t>(d.rows() * C));
+        gather_rows(view_f32(mine.data(), {d.rows(), C}), ln2, d, K, C);
+        to_owners(*x, r, mine.data(), C, in.f32());
+    } else {
+        gather_rows(in, ln2, d, K, C);
+    }
+    const std::vector<i64>& first = x ? r.first : d.first;
+    const i64 EL = x ? r.EL : E;
+    const Tensor yown = x ? a.tensor(EBUF_C2) : eout;  // the experts' outputs, their rows
+    // One linear of every expert held (stacked (EL·R, I) weights, (EL, R) biases) on its rows.
     auto experts_forward = [&](LayerParam wp, LayerParam bp, i64 R, const Tensor& out_rows,
-                               const Tensor& x) {
+                               const Tensor& xin) {
         const Tensor stacked = P(l, wp), biases = P(l, bp);
         const i64 I = stacked.shape[1];
-        for (i64 e = 0; e < E; e++) {
-            const i64 lo = d.first[static_cast<size_t>(e)];
-            const i64 hi = d.first[static_cast<size_t>(e) + 1];
+        for (i64 e = 0; e < EL; e++) {
+            const i64 lo = first[static_cast<size_t>(e)];
+            const i64 hi = first[static_cast<size_t>(e) + 1];
             if (hi == lo) continue;
             const Tensor b = expert_bias(biases, e);
-            ops::matmul_forward(nx_, rows_of(out_rows, R, lo, hi), rows_of(x, I, lo, hi),
+            ops::matmul_forward(nx_, rows_of(out_rows, R, lo, hi), rows_of(xin, I, lo, hi),
                                 expert_part(stacked, e, R), &b);
         }
     };
     experts_forward(EFCW, EFCB, FE, efch, in);
-    const i64 rows = d.rows();
+    const i64 rows = first.back();
     if (rows > 0) ops::gelu_forward(nx_, rows_of(efg, FE, 0, rows), rows_of(efch, FE, 0, rows));
-    experts_forward(EPROJW, EPROJB, C, eout, efg);
+    experts_forward(EPROJW, EPROJB, C, yown, efg);
+    if (x) to_sources(*x, r, yown.f32(), C, eout.f32());
 
     // The combine: out = fma(gate_j, expert_j, out) in k order, kept slots only.
     float* o = out.f32();
@@ -306,75 +407,129 @@ void GPT::moe_backward(Activations& a, std::span<const TokenNode> nodes, int l, 
     const float* gate = a.layer(MOE_GATES, i).f32();
     const std::int32_t* route = a.routes(i);
     const Dispatch d = make_dispatch(route, BT * K, E);
-    const i64 rows = d.rows();
-    std::vector<i64> token_of(static_cast<size_t>(rows));
-    for (i64 q = 0; q < rows; q++) token_of[static_cast<size_t>(q)] = d.slot_of[static_cast<size_t>(q)] / K;
+    const i64 rows = d.rows();  // the slots this rank routed (kept ones)
+    const ExpertLayers* x = experts_.get();
 
     const Tensor in = a.tensor(EBUF_C), dy = a.tensor(EBUF_C2), dh = a.tensor(EBUF_F);
     const Tensor dfc = a.tensor(EBUF_F2);
     const Tensor efch = a.layer(EFCH, i), efg = a.layer(EFCH_GELU, i), eout = a.layer(EOUT, i);
-    gather_rows(in, ln2, d, K, C);
+    // This rank's routed rows: their inputs and d(expert output), in the experts' buffers or,
+    // under expert parallelism, as [ln2 | d(expert output)] rows to send to the experts' owners.
+    std::vector<float> mine;
+    if (x) mine.resize(static_cast<size_t>(rows * 2 * C));
+    float* const xin = x ? mine.data() : in.f32();
+    float* const dyp = x ? mine.data() + C : dy.f32();
+    const i64 ld = x ? 2 * C : C;
+    const float* l2 = ln2.f32();
+#pragma omp parallel for schedule(static)
+    for (i64 q = 0; q < rows; q++) {
+        const float* row = l2 + (d.slot_of[static_cast<size_t>(q)] / K) * C;
+        std::copy(row, row + C, xin + q * ld);
+    }
 
     // The combine: d(expert output) = gate · dout, d(gate) = dout · expert output.
     const float* g_out = dout.f32();
     const float* y = eout.f32();
-    float* dyp = dy.f32();
     std::vector<float> dgate(static_cast<size_t>(BT * K), 0.0f);
 #pragma omp parallel for schedule(static)
     for (i64 q = 0; q < rows; q++) {
         const i64 s = d.slot_of[static_cast<size_t>(q)], r = s / K;
-        for (i64 c = 0; c < C; c++) dyp[q * C + c] = gate[s] * g_out[r * C + c];
+        for (i64 c = 0; c < C; c++) dyp[q * ld + c] = gate[s] * g_out[r * C + c];
         dgate[static_cast<size_t>(s)] = canonical_dot(g_out + r * C, y + q * C, C, nx_.block);
     }
 
+    // The rows this rank's experts take, each with its token (batch tokens under expert
+    // parallelism, whose token nodes are every source's), and the nodes their gradients go to.
+    ExpertRoute route_x;
+    std::vector<i64> token_of;
+    std::vector<TokenNode> all_nodes;
+    if (x) {
+        route_x = make_route(*x, d, E);
+        const i64 own = route_x.rows();
+        std::vector<float> got(static_cast<size_t>(own * 2 * C));
+        to_owners(*x, route_x, mine.data(), 2 * C, got.data());
+        float* pi = in.f32();
+        float* pd = dy.f32();
+#pragma omp parallel for schedule(static)
+        for (i64 q = 0; q < own; q++) {
+            const float* g = got.data() + q * 2 * C;
+            std::copy(g, g + C, pi + q * C);
+            std::copy(g + C, g + 2 * C, pd + q * C);
+        }
+        std::vector<i64> ids(static_cast<size_t>(rows));
+        for (i64 q = 0; q < rows; q++)
+            ids[static_cast<size_t>(q)] = x->token_base() + d.slot_of[static_cast<size_t>(q)] / K;
+        token_of.resize(static_cast<size_t>(own));
+        to_owners(*x, route_x, ids.data(), 1, token_of.data());
+        for (int s = 0; s < x->size(); s++) {
+            const std::span<const TokenNode> sn = x->source_nodes(s);
+            all_nodes.insert(all_nodes.end(), sn.begin(), sn.end());
+        }
+    } else {
+        token_of.resize(static_cast<size_t>(rows));
+        for (i64 q = 0; q < rows; q++)
+            token_of[static_cast<size_t>(q)] = d.slot_of[static_cast<size_t>(q)] / K;
+        all_nodes.assign(nodes.begin(), nodes.end());
+    }
+    const std::vector<i64>& first = x ? route_x.first : d.first;
+    const i64 EL = x ? route_x.EL : E;
+    const i64 own = first.back();
+
     // The experts, each on its rows; weight gradients per token node.
     auto G = [&](LayerParam pm, size_t n) {
-        return in_node(grad(nodes[0].grads, table_.layer_index(l, pm)), nodes, n);
+        return in_node(grad(all_nodes[0].grads, table_.layer_index(l, pm)), all_nodes, n);
     };
     auto node_grads = [&](i64 e, LayerParam wp, LayerParam bp, i64 R, const Tensor& dd,
-                          const Tensor& x, const Tensor& w) {
-        const i64 lo = d.first[static_cast<size_t>(e)], hi = d.first[static_cast<size_t>(e) + 1];
+                          const Tensor& xx, const Tensor& w) {
+        const i64 lo = first[static_cast<size_t>(e)], hi = first[static_cast<size_t>(e) + 1];
         auto at = [&](i64 t) {
             return std::lower_bound(token_of.begin() + lo, token_of.begin() + hi, t) -
                    token_of.begin();
         };
-        for (size_t n = 0; n < nodes.size(); n++)
-            expert_grads(nx_, expert_part(G(wp, n), e, R), expert_bias(G(bp, n), e), dd, x, w,
-                         token_of, at(nodes[n].lo), at(nodes[n].hi), nodes[n].lo, nodes[n].hi);
+        for (size_t n = 0; n < all_nodes.size(); n++)
+            expert_grads(nx_, expert_part(G(wp, n), e, R), expert_bias(G(bp, n), e), dd, xx, w,
+                         token_of, at(all_nodes[n].lo), at(all_nodes[n].hi), all_nodes[n].lo,
+                         all_nodes[n].hi);
     };
-    // One linear of every expert (stacked (E·R, I) weights): dinp (rows, I) += dout · w_e on the
-    // expert's rows, and its weight gradients per token node.
+    // One linear of every expert held (stacked (EL·R, I) weights): dinp (rows, I) += dout · w_e
+    // on the expert's rows, and its weight gradients per token node.
     auto experts_backward = [&](LayerParam wp, LayerParam bp, i64 R, const Tensor& dinp,
-                                const Tensor& dd, const Tensor& x) {
+                                const Tensor& dd, const Tensor& xx) {
         const Tensor stacked = P(l, wp);
         const i64 I = stacked.shape[1];
-        for (i64 e = 0; e < E; e++) {
-            const i64 lo = d.first[static_cast<size_t>(e)];
-            const i64 hi = d.first[static_cast<size_t>(e) + 1];
+        for (i64 e = 0; e < EL; e++) {
+            const i64 lo = first[static_cast<size_t>(e)];
+            const i64 hi = first[static_cast<size_t>(e) + 1];
             if (hi == lo) continue;
             const Tensor w = expert_part(stacked, e, R), di = rows_of(dinp, I, lo, hi);
             ops::matmul_backward(nx_, &di, nullptr, nullptr, rows_of(dd, R, lo, hi),
-                                 rows_of(x, I, lo, hi), w);
-            node_grads(e, wp, bp, R, dd, x, w);
+                                 rows_of(xx, I, lo, hi), w);
+            node_grads(e, wp, bp, R, dd, xx, w);
         }
     };
-    if (rows > 0) zero(rows_of(dh, FE, 0, rows));
+    if (own > 0) zero(rows_of(dh, FE, 0, own));
     experts_backward(EPROJW, EPROJB, C, dh, dy, efg);
-    if (rows > 0) {
-        zero(rows_of(dfc, FE, 0, rows));
-        ops::gelu_backward(nx_, rows_of(dfc, FE, 0, rows), rows_of(efch, FE, 0, rows),
-                           rows_of(dh, FE, 0, rows));
-        zero(rows_of(dy, C, 0, rows));  // d(expert input) from here on
+    if (own > 0) {
+        zero(rows_of(dfc, FE, 0, own));
+        ops::gelu_backward(nx_, rows_of(dfc, FE, 0, own), rows_of(efch, FE, 0, own),
+                           rows_of(dh, FE, 0, own));
+        zero(rows_of(dy, C, 0, own));  // d(expert input) from here on
     }
     experts_backward(EFCW, EFCB, FE, dy, dfc, in);
-    // d(ln2) += each kept slot's input gradient, in k order.
+    // d(ln2) += each kept slot's input gradient, in k order (back from the experts' owners).
+    std::vector<float> back;
+    if (x) {
+        back.resize(static_cast<size_t>(rows * C));
+        to_sources(*x, route_x, dy.f32(), C, back.data());
+    }
+    const float* dxp = x ? back.data() : dy.f32();
     float* dx = dln2.f32();
 #pragma omp parallel for schedule(static)
     for (i64 r = 0; r < BT; r++)
         for (i64 j = 0; j < K; j++) {
             const i64 q = d.row_of[static_cast<size_t>(r * K + j)];
             if (q < 0) continue;
-            for (i64 c = 0; c < C; c++) dx[r * C + c] = dx[r * C + c] + dyp[q * C + c];
+            for (i64 c = 0; c < C; c++) dx[r * C + c] = dx[r * C + c] + dxp[q * C + c];
         }
 
     // The router: d(probabilities) from the gates and the load-balancing loss, then through

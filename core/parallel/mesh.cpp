@@ -71,6 +71,7 @@ Layout make_layout(const LayoutConfig& lc, const ModelConfig& mc, const TrainCon
     l.pp = lc.pp;
     l.tp = lc.tp;
     l.cp = lc.cp;
+    l.ep = lc.ep;
     if (lc.cp_method == "ring")
         l.cp_method = CpMethod::ring;
     else if (lc.cp_method == "ulysses")
@@ -113,6 +114,8 @@ Layout make_layout(const LayoutConfig& lc, const ModelConfig& mc, const TrainCon
     l.heads = mc.heads;
     l.hidden = mc.hidden;
     l.ffn = mc.ffn;
+    l.experts = mc.moe_experts;
+    l.expert_ffn = mc.is_moe() ? mc.expert_ffn() : 0;
     l.batch_size = tc.batch_size;
     l.seq_len = mc.seq_len;
     l.block = nc.block;
@@ -162,9 +165,7 @@ void validate_layout(const Layout& l) {
     at_least("layout.pp", l.pp, 1);
     at_least("layout.tp", l.tp, 1);
     at_least("layout.cp", l.cp, 1);
-    if (l.ep != 1)
-        throw ConfigError("expert parallelism is not implemented yet: Layout::ep = " + str(l.ep) +
-                          " must be 1");
+    at_least("layout.ep", l.ep, 1);
     if (l.zero < 0 || l.zero > 3)
         throw ConfigError("layout.zero = " + str(l.zero) + " is out of range: must be in 0..3");
     at_least(M, l.microbatches, 1);
@@ -249,6 +250,39 @@ void validate_layout(const Layout& l) {
                               " is not implemented yet: context-parallel ranks reduce their "
                               "gradients over dp × cp, which ZeRO does not shard over; use "
                               "layout.zero = 0");
+    }
+
+    // Expert parallelism: groups of ep consecutive dp ranks share out whole experts, each rank's
+    // share of a stacked expert tensor whole blocks (its gradient norm's block sums are then one
+    // rank's each).
+    if (l.ep > 1) {
+        if (l.experts == 0)
+            throw ConfigError("layout.ep=" + str(l.ep) +
+                              " shares out a MoE layer's experts, but model.moe_experts = 0; "
+                              "use layout.ep = 1 or a MoE model");
+        if (l.dp % l.ep != 0)
+            throw ConfigError("layout.ep=" + str(l.ep) + " does not divide layout.dp=" + str(l.dp) +
+                              ": expert parallelism shares the experts over groups of ep "
+                              "consecutive data-parallel ranks; choose layout.ep among the "
+                              "divisors of layout.dp");
+        if (l.experts % l.ep != 0)
+            throw ConfigError("layout.ep=" + str(l.ep) + " does not divide model.moe_experts=" +
+                              str(l.experts) +
+                              ": each expert-parallel rank holds whole experts, the same number; "
+                              "choose layout.ep among the divisors of model.moe_experts");
+        const i64 EL = l.experts / l.ep;
+        if ((EL * l.expert_ffn) % l.block != 0 || (EL * l.hidden) % l.block != 0)
+            throw ConfigError(
+                "layout.ep=" + str(l.ep) + " gives each rank " + str(EL) +
+                " experts, whose biases hold " + str(EL * l.expert_ffn) + " and " +
+                str(EL * l.hidden) + " values (model.moe_ffn, model.hidden): not whole blocks of "
+                "numerics.block=" + str(l.block) +
+                ", which the gradient norm sums in; choose a smaller layout.ep or numerics.block");
+        if (l.zero > 0)
+            throw ConfigError("layout.zero=" + str(l.zero) + " with layout.ep=" + str(l.ep) +
+                              " is not implemented yet: the replicas of a dp group hold different "
+                              "experts, which ZeRO's shards of the local arrays do not allow for; "
+                              "use layout.zero = 0");
     }
 
     // Pipeline stages.
@@ -407,6 +441,27 @@ std::vector<int> Mesh::data_group(int rank) const {
     return g;
 }
 
+std::vector<int> Mesh::ep_group(int rank) const {
+    Coord c = coord_of(rank);
+    const int first = c.dp / l_.ep * l_.ep;
+    std::vector<int> g;
+    for (int d = first; d < first + l_.ep; d++) {
+        c.dp = d;
+        g.push_back(rank_of(c));
+    }
+    return g;
+}
+
+std::vector<int> Mesh::expert_data_group(int rank) const {
+    Coord c = coord_of(rank);
+    std::vector<int> g;
+    for (int d = c.dp % l_.ep; d < l_.dp; d += l_.ep) {
+        c.dp = d;
+        g.push_back(rank_of(c));
+    }
+    return g;
+}
+
 int Mesh::data_color(int rank) const {
     const Coord c = coord_of(rank);
     return c.pp * l_.tp + c.tp;
@@ -458,7 +513,11 @@ std::string Mesh::describe() const {
     std::string s = str(world_size()) + " ranks = pp " + str(l_.pp) + " × dp " + str(l_.dp) +
                     (l_.cp > 1 ? " × cp " + str(l_.cp) + " (" + cp_method_name(l_.cp_method) + ")"
                                : std::string()) +
-                    " × tp " + str(l_.tp) + " (tp innermost); ZeRO-" + str(l_.zero) + "; " +
+                    " × tp " + str(l_.tp) + " (tp innermost)" +
+                    (l_.ep > 1 ? "; ep " + str(l_.ep) + " (groups of consecutive dp ranks share "
+                                 "out the experts)"
+                               : std::string()) +
+                    "; ZeRO-" + str(l_.zero) + "; " +
                     str(l_.microbatches) + " microbatches of " + str(l_.microbatch_size()) +
                     " sequences per dp rank; schedule " + schedule_name(l_.schedule);
     if (l_.virtual_stages > 1) s += " with " + str(l_.virtual_stages) + " chunks per rank";
@@ -467,7 +526,11 @@ std::string Mesh::describe() const {
     for (int r = 0; r < world_size(); r++) {
         const Coord c = coord_of(r);
         s += "rank " + str(r) + ": pp " + str(c.pp) + ", dp " + str(c.dp) +
-             (l_.cp > 1 ? ", cp " + str(c.cp) : std::string()) + ", tp " + str(c.tp) + ", layers";
+             (l_.cp > 1 ? ", cp " + str(c.cp) : std::string()) + ", tp " + str(c.tp) +
+             (l_.ep > 1 ? ", experts [" + str(c.dp % l_.ep * (l_.experts / l_.ep)) + "," +
+                              str((c.dp % l_.ep + 1) * (l_.experts / l_.ep)) + ")"
+                        : std::string()) +
+             ", layers";
         for (int ch = 0; ch < l_.virtual_stages; ch++) {
             const LayerRange lr = layers(c.pp, ch);
             s += " [" + str(lr.lo) + "," + str(lr.hi) + ")";

@@ -21,8 +21,9 @@
 // a cp group strides by tp (it talks every layer too: the attention's keys and values), a dp
 // group by cp · tp, and a pipeline stage is one contiguous block of dp · cp · tp ranks. The dp
 // and cp ranks of a stage and tp shard together own the batch's tokens (data_group): weight
-// gradients reduce over them. Later ep divides dp (experts reuse the dp ranks); it is 1 now and
-// validate_layout says so if it is not.
+// gradients reduce over them. Expert parallelism reuses the dp ranks (as Megatron and TorchTitan
+// do): ep divides dp, and each ep consecutive dp ranks share out the experts, so an ep group's
+// token ranges are consecutive in the batch (ep_group, expert_data_group).
 //
 // Rules (validate_layout, in this order):
 //   ranges        dp, pp, tp, microbatches, virtual_stages >= 1; zero in 0..3; timeout_s > 0
@@ -39,6 +40,9 @@
 //   cp            with cp > 1: model.seq_len cuts into 2·cp chunks of whole numerics.block blocks
 //                 (zig-zag: a rank's tokens are whole blocks of the token tree); "ulysses" needs
 //                 cp to divide model.heads / layout.tp; no ZeRO yet
+//   ep            with ep > 1: divides dp and model.moe_experts; a rank's EL = E/ep experts hold
+//                 whole blocks of numerics.block in each stacked tensor (EL·FE and EL·C are
+//                 multiples of it: the gradient norm's blocks lie whole on one rank); no ZeRO yet
 //   tokens        every (dp rank, microbatch) and every dp rank (microbatch-major: every
 //                 microbatch range) owns whole token blocks forming one node of the canonical
 //                 tree over the batch's blocks (token_ranges)
@@ -71,7 +75,7 @@ struct Layout {
     bool sequence_parallel = false;  // layout.sequence_parallel with tp > 1
     int cp = 1;            // context-parallel ranks (zig-zag chunks of every sequence)
     CpMethod cp_method = CpMethod::ring;  // layout.cp_method
-    int ep = 1;            // expert parallel, dividing dp: not yet (must be 1)
+    int ep = 1;            // expert parallel: groups of ep consecutive dp ranks share the experts
     int zero = 0;          // ZeRO stage over the dp group: 1 optimizer state, 2 + grads, 3 + params
     int microbatches = 1;  // per dp rank and step (resolved)
     std::string microbatches_key = "train.microbatches";  // the key it came from, for messages
@@ -84,6 +88,7 @@ struct Layout {
 
     // What the layout is checked against (model, train, numerics).
     i64 layers = 2, heads = 4, hidden = 64, ffn = 256;  // L, NH, C, F
+    i64 experts = 0, expert_ffn = 0;                    // model.moe_experts, an expert's FE
     i64 batch_size = 8;                                 // sequences per step (global batch)
     i64 seq_len = 128;                                  // T, tokens per sequence
     int block = 64;                                     // numerics.block
@@ -195,6 +200,15 @@ public:
     std::vector<int> data_group(int rank) const;
     int data_color(int rank) const;  // pp · tp + tp
     int data_index(int rank) const;  // its index in data_group
+    // Expert parallelism: rank's ep group, the ep consecutive dp ranks d with the same d / ep (and
+    // the same pp, cp, tp), which share out the experts (index d % ep holds experts
+    // [(d % ep)·E/ep, (d % ep + 1)·E/ep)); and its expert-data group, the dp ranks with the same
+    // d % ep, which hold the same experts and reduce their gradients. Colors for split: the
+    // world rank of the group's first member.
+    std::vector<int> ep_group(int rank) const;
+    std::vector<int> expert_data_group(int rank) const;
+    int ep_color(int rank) const { return ep_group(rank).front(); }
+    int expert_data_color(int rank) const { return expert_data_group(rank).front(); }
     // ConfigError when `ranks` processes or threads were started for a layout of another size.
     void require_world_size(int ranks) const;
 

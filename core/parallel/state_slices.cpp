@@ -76,8 +76,11 @@ std::vector<StatePiece> state_pieces(const GPT& model, Range floats,
         const i64 a = std::max(floats.lo, e.offset) - e.offset;
         const i64 b = std::min(floats.hi, e.offset + e.numel()) - e.offset;
         if (a >= b) continue;
+        // An expert-parallel part's stacked expert tensors: its experts' rows (never tp-split).
         const std::vector<Run> rows =
-            runs_of(tpl ? tpl->row_split(e) : nullptr, tpl ? tpl->rank() : 0, e.rows);
+            GPT::expert_tensor(e)
+                ? std::vector<Run>{Run{0, model.expert_row_offset(e), e.rows}}
+                : runs_of(tpl ? tpl->row_split(e) : nullptr, tpl ? tpl->rank() : 0, e.rows);
         const std::vector<Run> cols =
             runs_of(tpl ? tpl->col_split(e) : nullptr, tpl ? tpl->rank() : 0, e.cols);
         const i64 C = e.cols;

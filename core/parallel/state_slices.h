@@ -20,7 +20,8 @@
 //   column-parallel rows (c_fc, and qkv's three row blocks of the rank's heads), row-parallel
 //   column blocks (attn.c_proj, mlp.c_proj), vocabulary rows of wte, column ranges of the
 //   column-parallel biases; everything else is replicated (LayerNorms, wpe, row-parallel biases).
-// A ZeRO shard (zero.h) is a flat range [lo, hi) of that local array, cut on block edges; it may
+// An expert-parallel part (expert_parallel.h) holds rows [expert_lo·R, (expert_lo + EL)·R) of each
+// stacked expert tensor (E·R, cols). A ZeRO shard (zero.h) is a flat range [lo, hi) of that local array, cut on block edges; it may
 // start and end inside a row. The pieces of a flat range are therefore: per column range, the
 // partial first row, the whole rows between, the partial last row, each cut at the row ranges'
 // edges. A piece is one 2-D slab of the logical tensor (a 1-D tensor is one row), and its rows
@@ -33,6 +34,8 @@
 //        split the I/O instead of one writing it all;
 //   tp   a tp-sharded tensor by every tp rank (its own elements); a replicated one only by tp
 //        rank (tensor id mod tp), which spreads the small tensors over the group;
+//   ep   (no ZeRO) the replicated tensors by dp rank 0, a stacked expert tensor's rows by the
+//        first ep group (dp ranks 0 .. ep-1, each its own experts);
 //   pp   a tensor by the stage that owns it: the tied wte by the first stage (the last stage's
 //        copy holds the same bits and is read back, not written).
 // Who reads what: every rank reads exactly the local elements it holds between steps, whatever

@@ -11,6 +11,7 @@
 #include "core/model/data.h"
 #include "core/base/error.h"
 #include "core/parallel/context_parallel.h"
+#include "core/parallel/expert_parallel.h"
 #include "core/parallel/pipeline.h"
 #include "core/parallel/tp_model.h"
 #include "core/parallel/zero.h"
@@ -99,6 +100,14 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
     dp_rank_ = rank_in(groups_.dp);
     tp_rank_ = rank_in(groups_.tp);
     cp_rank_ = rank_in(groups_.cp);
+    ep_rank_ = dp_rank_ % layout_.ep;
+    if (layout_.ep > 1 && (size_of(groups_.ep) != layout_.ep ||
+                           size_of(groups_.expert_data) != layout_.dp / layout_.ep))
+        throw ConfigError("the ep group has " + std::to_string(size_of(groups_.ep)) +
+                          " ranks and the expert-data group " +
+                          std::to_string(size_of(groups_.expert_data)) + " but layout.ep = " +
+                          std::to_string(layout_.ep) + " of layout.dp = " +
+                          std::to_string(layout_.dp));
     if (layout_.cp > 1 && size_of(groups_.data) != layout_.dp * layout_.cp)
         throw ConfigError("the data group has " + std::to_string(size_of(groups_.data)) +
                           " ranks but layout.dp × layout.cp = " +
@@ -183,6 +192,7 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
         for (int c = 0; c < model_->num_chunks(); c++)
             acc_.emplace_back(nb, leaves, grads_.f32(), model_->grad_layout().total,
                               model_->grad_span(c));
+        if (layout_.ep > 1) build_ep();  // job_ep.cpp
     }
     if (zero_ == 3) shards_->release_params(model_->param_arena());
     const size_t chunks = static_cast<size_t>(model_->num_chunks());
@@ -207,7 +217,9 @@ Job::~Job() = default;
 // is cut over one; its weights from model.init_from (whole logical tensors: this rank keeps its
 // part) or the Philox initialisation (a part draws exactly what the whole model has there).
 void Job::build_model() {
-    const ModelPart& part = parts_[static_cast<size_t>(pp_rank_)];
+    // Expert parallelism: the stage's part with this rank's share of the experts.
+    const ModelPart part = expert_part(parts_[static_cast<size_t>(pp_rank_)], cfg_.model,
+                                       layout_.ep, ep_rank_);
     std::shared_ptr<const TpLayers> tpl;
     if (layout_.tp > 1)
         tpl = std::make_shared<const TpLayers>(*groups_.tp, nx_, cfg_.model,
@@ -348,8 +360,9 @@ void Job::set_probe_rows(int m) {
 void Job::microbatch_grad(int m, float* grads, i64 lo, i64 hi) {
     for (const StepHooks& h : hooks_)
         if (h.microbatch_grad) h.microbatch_grad(step_ + 1, m, grads, lo, hi);
-    // Under cp a rank's microbatch gradient is its part of a node only: no "mgrad" probe.
-    if (probes_ && layout_.cp == 1)
+    // Under cp a rank's microbatch gradient is its part of a node only, and under ep its experts'
+    // gradients are other ranks' nodes: no "mgrad" probe.
+    if (probes_ && layout_.cp == 1 && layout_.ep == 1)
         model_->probe_params(*probes_, step_ + 1, "mgrad", "param", grads + lo, lo, hi,
                              first_row(m) / micro_B_, cfg_.train.batch_size / micro_B_);
 }
@@ -368,7 +381,9 @@ void Job::backward(Slot& slot, int c, int m) {
     const std::vector<Range>& rows = leaf_rows_[static_cast<size_t>(m)];
     std::vector<TokenNode> nodes;
     for (size_t i = 0; i < bufs.size(); i++) nodes.push_back({rows[i].lo, rows[i].hi, bufs[i]});
+    if (ep_) ep_begin_backward(c, m);
     model_->backward(slot.acts, c, nodes, tokens(m), targets(m), dloss);
+    if (ep_) ep_end_backward(c, m);
     // The hooks and the "mgrad" probe see the microbatch's first node (all of it when it is one).
     const GradSpan span = model_->grad_span(c);
     microbatch_grad(m, bufs[0], span.lo, span.hi);
@@ -460,6 +475,7 @@ void Job::reduce_grads(float* g) {
     } else if (data_group()) {
         data_group()->all_reduce(g, model_->grad_layout().total, layout_.algo);
     }
+    if (ep_) reduce_expert_grads(g);  // job_ep.cpp: over the expert-data group
     exchange_tied_grads(g);
 }
 
@@ -580,6 +596,7 @@ std::vector<float> Job::tensor_sums_of_squares(const float* g, bool sharded) {
             if (owned[i])
                 sums[i] = ops::sum_squares(nx_, m.grad(const_cast<float*>(g), static_cast<int>(i)));
     }
+    if (groups_.ep) ep_sum_squares(m, g, *groups_.ep, sums);  // the experts' shares
     std::vector<float> mine(static_cast<size_t>(n), 0.0f);
     for (size_t i = 0; i < owned.size(); i++)
         if (owned[i]) mine[static_cast<size_t>(m.table().entries[i].id)] = sums[i];
@@ -694,6 +711,8 @@ StepMetrics Job::step() {
         localise(cp_targets_.data(), targets_.data(), local_B_);
     }
     for (TreeAccumulator& a : acc_) a.reset();
+    for (auto& per_source : ep_acc_)
+        for (TreeAccumulator& a : per_source) a.reset();
     if (fp8_) fp8_->begin_step();
     if (watch_logits_) {
         std::fill(logit_max_.begin(), logit_max_.end(), -std::numeric_limits<float>::infinity());

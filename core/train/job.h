@@ -51,6 +51,7 @@ class TokenSource;
 class ZeroShards;
 class ZeroUnits;
 class TreeAccumulator;
+class EpExchange;  // core/parallel/expert_parallel.h
 class CheckpointReader;  // core/io/checkpoint.h
 struct RankState;        // core/parallel/state_slices.h
 
@@ -65,6 +66,10 @@ struct RankGroups {
     // The dp × cp ranks of this stage and tp shard, ordered by (dp, cp) (Mesh::data_group): the
     // owners of the batch's tokens, over which gradients and losses reduce when cp > 1.
     comm::Communicator* data = nullptr;
+    // Expert parallelism (layout.ep > 1; Mesh::ep_group, expert_data_group): the ep consecutive
+    // dp ranks that share out the experts, and the dp ranks that hold the same experts.
+    comm::Communicator* ep = nullptr;
+    comm::Communicator* expert_data = nullptr;
 };
 
 // Bytes a rank holds, by what they are for (core/parallel: per-rank memory accounting).
@@ -400,6 +405,22 @@ private:
     void localise(int* out, const int* full, i64 B) const;
     void gather_cp_losses(std::vector<float>& all, const std::vector<float>& local, i64 batches);
     comm::Communicator* data_group() const { return layout_.cp > 1 ? groups_.data : groups_.dp; }
+    // Expert parallelism (core/train/job_ep.cpp): the model's expert layers over the ep group,
+    // per chunk and ep-group rank (source) an accumulator of the gradients of this rank's experts
+    // over that source's token nodes, and after backward their combination over the sources and
+    // the expert-data group (the owners of the same experts), written over g's expert tensors.
+    void build_ep();
+    void ep_begin_backward(int chunk, int m);
+    void ep_end_backward(int chunk, int m);
+    void reduce_expert_grads(float* g);
+    int ep_rank_ = 0;
+    std::shared_ptr<EpExchange> ep_;
+    std::vector<Arena> ep_grads_;                      // per source: its first target's buffer
+    std::vector<std::vector<TreeAccumulator>> ep_acc_;  // per chunk, per source
+    // Per source and microbatch: its token nodes as batch tokens [lo, hi).
+    std::vector<std::vector<std::vector<Range>>> ep_leaf_tokens_;
+    NodePlan ep_plan_;  // per expert-data rank: its sources' targets, source after source
+    std::vector<float> ep_values_;
     double bytes_sent() const;
     double cp_bytes_sent() const;  // in the cp group
     double cp_sent_ = 0;           // training steps' cp traffic so far (this process)

@@ -4,6 +4,7 @@
 #include "core/train/job.h"
 
 #include "core/parallel/context_parallel.h"
+#include "core/parallel/expert_parallel.h"
 
 #include "core/base/error.h"
 #include "core/io/checkpoint.h"
@@ -100,7 +101,9 @@ void Job::gather_full(std::vector<float>* params, std::vector<float>* m, std::ve
     std::vector<std::vector<ParamTable>> tables(static_cast<size_t>(tp));
     std::vector<i64> tp_counts(static_cast<size_t>(tp), 0);
     for (int t = 0; t < tp; t++)
-        for (const ModelPart& p : parts_) {
+        for (const ModelPart& stage : parts_) {
+            // under ep, this rank's experts of every stage (its pp group shares its ep index)
+            const ModelPart p = expert_part(stage, cfg_.model, layout_.ep, ep_rank_);
             tables[static_cast<size_t>(t)].push_back(
                 tpl ? ParamTable::build(cfg_.model, p,
                                         TpDims{tp, tpl->shards().vocabulary.local(t)})
@@ -134,7 +137,10 @@ void Job::gather_full(std::vector<float>* params, std::vector<float>* m, std::ve
                 const ParamTable& table = tables[static_cast<size_t>(t)][static_cast<size_t>(r)];
                 for (const TableEntry& e : table.entries) {
                     const float* src = gathered.data() + base + e.offset;
-                    float* dst = out->data() + full.entries[static_cast<size_t>(e.id)].offset;
+                    const i64 expert_at =  // an ep rank's experts sit further down their tensor
+                        GPT::expert_tensor(e) && layout_.ep > 1 ? ep_rank_ * e.numel() : 0;
+                    float* dst =
+                        out->data() + full.entries[static_cast<size_t>(e.id)].offset + expert_at;
                     const size_t at = static_cast<size_t>(e.id) * static_cast<size_t>(tp) +
                                       static_cast<size_t>(t);
                     std::vector<i64> idx;
@@ -153,6 +159,13 @@ void Job::gather_full(std::vector<float>* params, std::vector<float>* m, std::ve
                 base += table.total;
             }
         }
+        if (groups_.ep)  // every ep rank's experts, from the rank that holds them
+            for (const TableEntry& e : full.entries) {
+                if (!GPT::expert_tensor(e)) continue;
+                const i64 share = e.numel() / layout_.ep;
+                for (int q = 0; q < layout_.ep; q++)
+                    groups_.ep->broadcast(out->data() + e.offset + q * share, share, q);
+            }
     };
     // ZeRO: the stage's whole moments from the replicas' shards first.
     auto whole_moments = [&](std::vector<float>& whole, const float* shard) -> const float* {
@@ -201,7 +214,14 @@ RankState Job::rank_state() {
         const TableEntry& e = t.entries[i];
         const bool mine_over_tp = (tpl && tpl->sharded(e)) || e.id % layout_.tp == tp_rank_;
         s.writes_entry[i] = owner_[static_cast<size_t>(e.id)] == pp_rank_ && mine_over_tp;
+        // Expert parallelism (no ZeRO): the replicas of a dp group hold different experts, so
+        // they do not split the writing by the flat cut: the first ep group writes the experts
+        // (each rank its own), dp rank 0 everything else.
+        if (layout_.ep > 1)
+            s.writes_entry[i] = s.writes_entry[i] &&
+                                (GPT::expert_tensor(e) ? dp_rank_ < layout_.ep : dp_rank_ == 0);
     }
+    if (layout_.ep > 1) s.writes = Range{0, t.total};
     return s;
 }
 
@@ -278,7 +298,12 @@ bool absorb(LogicalState& state, const Job& job) {
     for (const TableEntry& e : model.table().entries) {
         std::vector<i64> idx;
         if (tpl) idx = logical_indices(*tpl, e, job.config().model);
-        const i64* at = tpl ? idx.data() : nullptr;
+        if (model.expert_row_offset(e) > 0) {  // an ep rank's experts: rows further down
+            idx.resize(static_cast<size_t>(e.numel()));
+            for (i64 j = 0; j < e.numel(); j++)
+                idx[static_cast<size_t>(j)] = model.expert_row_offset(e) * e.cols + j;
+        }
+        const i64* at = idx.empty() ? nullptr : idx.data();
         const float* w = model.params() + e.offset;
         agree = state.put(e.id, e.numel(), at, w, nullptr, nullptr) && agree;
         // The moments of this rank's ZeRO slice [lo, hi) of the table.

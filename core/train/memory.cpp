@@ -24,6 +24,7 @@ struct Sizes {
     double cp;                 // context-parallel ranks: replicas of the weights, each with T/cp
                                // tokens of a sequence (estimated as whole sequences: an upper
                                // bound)
+    double ep;                 // expert-parallel ranks: E/ep experts each, rows from ep ranks
     int zero;                  // effective ZeRO stage (0 with one replica)
     double M;                  // microbatches per replica and step
     double B, micro_B, local_B, VB;
@@ -49,6 +50,7 @@ Sizes sizes_of(const Config& c) {
     s.tp = c.layout.tp, s.pp = c.layout.pp, s.v = c.layout.virtual_stages, s.S = s.pp * s.v;
     s.dp = c.layout.dp;
     s.cp = c.layout.cp;
+    s.ep = c.layout.ep;
     s.zero = c.layout.dp > 1 ? c.layout.zero : 0;
     s.M = double(c.layout.microbatches > 0 ? c.layout.microbatches : c.train.microbatches);
     s.B = double(c.train.batch_size);
@@ -107,10 +109,16 @@ double dim(Dim d, const Sizes& s, double B) {
             return s.E;
         case Dim::FE:
             return s.FE;
+        case Dim::EL:
+            return s.E / s.ep;
         case Dim::EFE:
-            return s.E * s.FE;
+            return s.E / s.ep * s.FE;
         case Dim::EC:
-            return s.E * s.C;
+            return s.E / s.ep * s.C;
+        case Dim::RFE:
+            return s.ep * s.K * s.FE;
+        case Dim::RC:
+            return s.ep * s.K * s.C;
         case Dim::FS:
             return s.FS;
         case Dim::K:

@@ -83,10 +83,18 @@ RankRun::RankRun(const Config& cfg, comm::Communicator& world,
     }
     if (layout.cp > 1)
         data_ = world.split(mesh.data_color(r), mesh.data_index(r), "data");
+    //    With ep > 1 the ep groups (consecutive dp ranks) and, when dp > ep, the expert-data
+    //    groups (the dp ranks holding the same experts).
+    if (layout.ep > 1) {
+        ep_ = world.split(mesh.ep_color(r), at.dp % layout.ep, "ep");
+        if (layout.dp > layout.ep)
+            expert_data_ = world.split(mesh.expert_data_color(r), at.dp / layout.ep, "edp");
+    }
     // 4. The rank's job.
     job_ = std::make_unique<Job>(cfg, layout,
                                  RankGroups{&world, group_[0].get(), group_[1].get(),
-                                            group_[2].get(), group_[3].get(), data_.get()});
+                                            group_[2].get(), group_[3].get(), data_.get(),
+                                            ep_.get(), expert_data_.get()});
     // 5.-6. Checkpoints (resume from the logical state any layout wrote, save every N steps)
     //    and faults (the injector, the replica check), rank_guards.h.
     guards_ = std::make_unique<RankGuards>(cfg, world, *job_);

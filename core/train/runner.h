@@ -101,6 +101,7 @@ private:
     RunHooks hooks_;
     std::unique_ptr<comm::Communicator> group_[4];  // pp, dp, tp, cp; null: a group of one
     std::unique_ptr<comm::Communicator> data_;      // dp × cp when cp > 1 (RankGroups::data)
+    std::unique_ptr<comm::Communicator> ep_, expert_data_;  // ep > 1 (RankGroups::ep, ...)
     std::unique_ptr<Job> job_;
     std::unique_ptr<RankGuards> guards_;
 };
