@@ -92,3 +92,102 @@ TEST_CASE("expert-parallel layouts are bit-identical to the single device") {
         CHECK(values.got == ref_values.got);
     }
 }
+
+TEST_CASE("an ep2 checkpoint resumes under ep4 and on one device, bit-identical to the uninterrupted run") {
+    Config c = ep_job();
+    c.train.steps = 6;
+    c.train.eval_every = 3;
+    const LogicalState ref = test::single_device(c);
+    const std::string dir = test::temp_dir("ep_resume");
+    Config w = c;  // dp2 · ep2 writes step 3
+    w.layout.dp = 2;
+    w.layout.ep = 2;
+    w.checkpoint.dir = dir;
+    w.checkpoint.every = 3;
+    run_layout(w);
+    const std::string ckpt = checkpoint_path(dir, 3);
+    REQUIRE(std::filesystem::exists(ckpt));
+    struct L {
+        int dp, ep, pp;
+    };
+    for (const L l : {L{4, 4, 1}, L{1, 1, 1}, L{4, 2, 1}, L{2, 2, 2}}) {
+        Config r = c;
+        r.layout.dp = l.dp, r.layout.ep = l.ep, r.layout.pp = l.pp;
+        r.layout.microbatches = l.pp > 1 ? 2 : 1;
+        r.checkpoint.resume = ckpt;
+        INFO("resumed as dp" << l.dp << " ep" << l.ep << " pp" << l.pp);
+        LogicalState got;
+        run_layout(r, {}, test::inspecting([&](Job& job) { absorb(got, job); }));
+        REQUIRE(got.history.size() == 6);
+        test::check_same_bits(ref, got);
+    }
+    // And one written under ep4 with pp2 resumes as ep2.
+    const std::string dir4 = test::temp_dir("ep4_resume");
+    w.layout.dp = 4, w.layout.ep = 4, w.layout.pp = 2, w.layout.microbatches = 1;
+    w.checkpoint.dir = dir4;
+    run_layout(w);
+    Config r = c;
+    r.layout.dp = 2, r.layout.ep = 2;
+    r.checkpoint.resume = checkpoint_path(dir4, 3);
+    LogicalState got;
+    run_layout(r, {}, test::inspecting([&](Job& job) { absorb(got, job); }));
+    test::check_same_bits(ref, got);
+}
+
+TEST_CASE("expert-parallel layouts that cannot run say which keys to change") {
+    Config c = ep_job();
+    c.layout.dp = 3;
+    c.layout.ep = 2;
+    CHECK_THAT(test::error_of<ConfigError>([&] { make_layout(c); }),
+               Catch::Contains("layout.ep=2 does not divide layout.dp=3"));
+    c.layout.dp = 6;
+    c.layout.ep = 3;
+    CHECK_THAT(test::error_of<ConfigError>([&] { make_layout(c); }),
+               Catch::Contains("layout.ep=3 does not divide model.moe_experts=4"));
+    c.layout.dp = 4;
+    c.layout.ep = 4;
+    c.model.moe_ffn = 40;  // one expert's 40-wide bias is not whole blocks of 16
+    CHECK_THAT(test::error_of<ConfigError>([&] { make_layout(c); }),
+               Catch::Contains("numerics.block=16"));
+    c.model.moe_ffn = 48;
+    c.layout.zero = 1;
+    CHECK_THAT(test::error_of<ConfigError>([&] { make_layout(c); }),
+               Catch::Contains("layout.zero = 0"));
+    c.layout.zero = 0;
+    c.validate.replica_check_every = 2;
+    CHECK_THAT(test::error_of<ConfigError>([&] { validate_config(c); }),
+               Catch::Contains("validate.replica_check_every = 0 or layout.ep = 1"));
+    c.validate.replica_check_every = 0;
+    c.model.moe_experts = 0;
+    CHECK_THAT(test::error_of<ConfigError>([&] { make_layout(c); }),
+               Catch::Contains("model.moe_experts = 0"));
+    Config bad = ep_job();
+    bad.layout.ep = 0;
+    CHECK_THAT(test::error_of<ConfigError>([&] { validate_config(bad); }),
+               Catch::Contains("layout.ep"));
+}
+
+TEST_CASE("the ep all-to-alls send the formula's bytes when routing is even") {
+    // Every token goes to every expert (top-k = E, dropless): each rank sends exactly (ep-1)/ep
+    // of its routed rows away, the formula's even spread.
+    for (const int ep : {2, 4})
+        for (const char* recompute : {"none", "full"}) {
+            Config c = ep_job();
+            c.model.moe_top_k = 4;
+            c.model.moe_capacity_factor = 0;
+            c.layout.dp = 4;
+            c.layout.ep = ep;
+            c.layout.microbatches = 2;
+            c.layout.recompute = recompute;
+            INFO("ep" << ep << " recompute " << recompute);
+            std::vector<EpStats> got(4);
+            run_layout(c, {}, test::inspecting([&](Job& job) {
+                           got[static_cast<size_t>(job.dp_rank())] = job.ep_stats();
+                       }));
+            for (const EpStats& s : got) {
+                CHECK(s.ep == ep);
+                CHECK(s.comm_bytes_per_step > 0);
+                CHECK(s.comm_bytes_per_step == s.comm_bytes_formula);
+            }
+        }
+}

@@ -40,6 +40,16 @@ ModelPart expert_part(ModelPart stage, const ModelConfig& mc, int ep, int r) {
     return stage;
 }
 
+double ep_comm_bytes(const ModelConfig& mc, int ep, i64 moe_layers, i64 micro_B, int microbatches,
+                     bool recompute) {
+    if (ep <= 1 || !mc.is_moe()) return 0;
+    const double S = double(micro_B) * double(mc.seq_len) * double(mc.moe_top_k) * (ep - 1) / ep;
+    const double C = double(mc.hidden), f = sizeof(float), id = sizeof(i64);
+    const double counts = double(ep - 1) * double(mc.moe_experts / ep) * sizeof(i64);
+    const double fwd = 2 * S * C * f + counts, bwd = S * (3 * C * f + id) + counts;
+    return double(moe_layers) * microbatches * ((recompute ? 2 : 1) * fwd + bwd);
+}
+
 void ep_sum_squares(const GPT& model, const float* grads, comm::Communicator& ep,
                     std::vector<float>& sums) {
     const Numerics& nx = model.numerics();

@@ -58,6 +58,14 @@ private:
 // The part of `stage` (a pipeline stage's part, or the whole model) that ep rank r of ep holds.
 ModelPart expert_part(ModelPart stage, const ModelConfig& mc, int ep, int r);
 
+// A rank's bytes sent in its ep group per training step when routing spreads evenly and no slot
+// drops: per MoE layer of its stage and microbatch, with S = micro_B·T·K·(ep-1)/ep rows leaving
+// the rank (and as many arriving), forward S·C floats out and S·C back, backward S·2C floats and
+// S ids out and S·C back, each exchange preceded by (ep-1)·E/ep counts; recomputation runs the
+// forward's twice. (Measured bytes differ by the routing's imbalance and drops.)
+double ep_comm_bytes(const ModelConfig& mc, int ep, i64 moe_layers, i64 micro_B, int microbatches,
+                     bool recompute);
+
 // sums[i] = the canonical Σg² (ops::sum_squares of the logical tensor) of every stacked expert
 // tensor of model's table (GPT::expert_tensor): this rank's blocks of it (its share is whole
 // blocks, mesh.h) with the other ep ranks', exchanged as block vectors in which the others

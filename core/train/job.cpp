@@ -686,6 +686,7 @@ StepMetrics Job::step() {
     const auto t0 = std::chrono::steady_clock::now();
     const double sent0 = bytes_sent();
     const double cp0 = layout_.cp > 1 ? cp_bytes_sent() : 0;
+    const double ep0 = layout_.ep > 1 ? ep_bytes_sent() : 0;
     const TrainConfig& tc = cfg_.train;
     const i64 N = tc.batch_size * T_;
 
@@ -791,8 +792,9 @@ StepMetrics Job::step() {
 
     const double secs = seconds_since(t0);
     m.comm_bytes = bytes_sent() - sent0;
-    if (layout_.cp > 1) {
-        cp_sent_ += cp_bytes_sent() - cp0;
+    if (layout_.cp > 1 || layout_.ep > 1) {
+        cp_sent_ += layout_.cp > 1 ? cp_bytes_sent() - cp0 : 0;
+        ep_sent_ += layout_.ep > 1 ? ep_bytes_sent() - ep0 : 0;
         cp_steps_++;
     }
     m.step_ms = secs * 1e3;

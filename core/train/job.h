@@ -96,6 +96,14 @@ struct CpStats {
     double attention_bytes_formula = 0;  // cp_costs
 };
 
+// Expert parallelism's traffic on a rank, measured against ep_comm_bytes' formula
+// (core/parallel/expert_parallel.h); ep = 1: nothing.
+struct EpStats {
+    int ep = 1;
+    double comm_bytes_per_step = 0;  // measured: the ep group's all-to-alls, mean over steps
+    double comm_bytes_formula = 0;   // ep_comm_bytes: evenly spread routing, every slot kept
+};
+
 // What observers may read of a running job. Observers are called on the job's thread, between
 // steps; nothing here may be read from another thread while the job runs (core/job_view.h is
 // the thread-safe view). Observers see world rank 0.
@@ -111,6 +119,7 @@ public:
     virtual double loss_floor() const = 0;    // minimal loss on validation windows (else -1)
     virtual MemoryStats memory() const = 0;   // this rank's
     virtual CpStats cp_stats() const { return {}; }  // this rank's (layout.cp > 1)
+    virtual EpStats ep_stats() const { return {}; }  // this rank's (layout.ep > 1)
 };
 
 // What a StepHooks::judge decides about a step's update.
@@ -344,6 +353,7 @@ public:
     const std::vector<StepMetrics>& history() const override { return history_; }
     MemoryStats memory() const override;
     CpStats cp_stats() const override;  // job_cp.cpp
+    EpStats ep_stats() const override;  // job_ep.cpp
     int pp_rank() const { return pp_rank_; }
     int pp_size() const { return layout_.pp; }
     int dp_rank() const { return dp_rank_; }
@@ -424,7 +434,9 @@ private:
     double bytes_sent() const;
     double cp_bytes_sent() const;  // in the cp group
     double cp_sent_ = 0;           // training steps' cp traffic so far (this process)
-    i64 cp_steps_ = 0;             // training steps it covers
+    i64 cp_steps_ = 0;             // training steps it covers (cp or ep)
+    double ep_bytes_sent() const;  // by the ep group's all-to-alls
+    double ep_sent_ = 0;           // training steps' ep traffic so far (this process)
 
     Config cfg_;
     Layout layout_;

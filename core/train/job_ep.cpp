@@ -129,4 +129,27 @@ void Job::reduce_expert_grads(float* g) {
     }
 }
 
+// The all-to-alls' bytes (the gradient norm's block exchange over the group is not counted).
+double Job::ep_bytes_sent() const {
+    if (!groups_.ep) return 0;
+    double b = 0;
+    for (const comm::StatRow& r : groups_.ep->stats_book()->rows())
+        if (r.group == "ep" && (r.op == "all_to_all" || r.op == "all_to_all_v"))
+            b += static_cast<double>(r.bytes_sent);
+    return b;
+}
+
+EpStats Job::ep_stats() const {
+    EpStats s;
+    if (layout_.ep <= 1) return s;
+    s.ep = layout_.ep;
+    s.comm_bytes_per_step = cp_steps_ > 0 ? ep_sent_ / static_cast<double>(cp_steps_) : 0;
+    i64 moe_layers = 0;
+    for (const LayerSpan& c : model_->part().chunks)
+        for (int l = c.lo; l < c.hi; l++) moe_layers += cfg_.model.moe_layer(l) ? 1 : 0;
+    s.comm_bytes_formula = ep_comm_bytes(cfg_.model, layout_.ep, moe_layers, micro_B_,
+                                         layout_.microbatches, recompute_);
+    return s;
+}
+
 }  // namespace px

@@ -217,6 +217,10 @@ void RunFileObserver::on_end(const RunView& job) {
         file_->set_attr("cp_attention_bytes", cp.attention_bytes);
         file_->set_attr("cp_attention_bytes_formula", cp.attention_bytes_formula);
     }
+    if (const EpStats ep = job.ep_stats(); ep.ep > 1) {
+        file_->set_attr("ep_comm_bytes_per_step", ep.comm_bytes_per_step);
+        file_->set_attr("ep_comm_bytes_per_step_formula", ep.comm_bytes_formula);
+    }
     if (job.entropy_rate() >= 0) file_->set_attr("entropy_rate", job.entropy_rate());
     if (job.loss_floor() >= 0) file_->set_attr("loss_floor", job.loss_floor());
     file_->flush();
