@@ -10,9 +10,12 @@
 #include "core/io/checkpoint.h"
 #include "core/io/state.h"
 #include "tests/test_util.h"
+#include "validators/trace.h"
+#include "validators/validate.h"
 
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <vector>
@@ -190,4 +193,104 @@ TEST_CASE("the ep all-to-alls send the formula's bytes when routing is even") {
                 CHECK(s.comm_bytes_per_step == s.comm_bytes_formula);
             }
         }
+}
+
+TEST_CASE("validate reads epN, and every ep layout matches the reference") {
+    const LayoutSpec l = parse_layout("ep2xdp4xpp2");
+    CHECK((l.ep == 2 && l.dp == 4 && l.pp == 2));
+    CHECK_THROWS_WITH(parse_layout("ep0"), Catch::Contains("\"ep0\" must be at least 1"));
+    CHECK_THROWS_WITH(parse_layout("ep2xmoe"), Catch::Contains("epN"));
+    const std::vector<LayoutSpec> axes = single_axis_parts(l);
+    REQUIRE(axes.size() == 3);
+    CHECK(axes[2].name == "ep2");
+    Config c = ep_job();
+    c.train.steps = 2;
+    const Config ep2 = with_layout(c, parse_layout("ep2"));  // ep2 alone: the experts over dp2
+    CHECK((ep2.layout.ep == 2 && ep2.layout.dp == 2));
+    const ValidationReport rep = validate_layouts(
+        c, {parse_layout("ep2"), parse_layout("ep4"), parse_layout("ep2xdp4xmb2"),
+            parse_layout("ep2xpp2xmb2")},
+        2);
+    REQUIRE(rep.layouts.size() == 4);
+    for (const LayoutResult& r : rep.layouts) {
+        INFO(r.layout << ": " << r.verdict << " " << r.error << " " << r.first_op_note);
+        CHECK(r.verdict == "match");
+        CHECK(r.steps == 2);
+    }
+}
+
+TEST_CASE("a golden trace of the single device checks ep layouts probe by probe") {
+    Config c = ep_job();
+    c.train.steps = 2;
+    c.train.eval_every = 0;
+    const std::string dir = test::temp_dir("ep_golden");
+    record_trace(c, {"**"}, 1, 2, dir + "/trace.h5");
+    const TraceReader trace(dir + "/trace.h5");
+    const ValidationReport rep = validate_golden(
+        c, {parse_layout("ep2"), parse_layout("ep4"), parse_layout("ep2xdp4")}, trace);
+    REQUIRE(rep.layouts.size() == 3);
+    for (const LayoutResult& r : rep.layouts) {
+        INFO(r.layout << ": " << r.verdict << " " << r.error << " " << r.first_op.text());
+        CHECK(r.verdict == "match");
+    }
+}
+
+namespace {
+
+// A planted bug in the dispatch: ep rank 1's first received all-to-all of rows (step 1, layer
+// 0's forward: the rows ep rank 0 routed to rank 1's experts) arrives with bit 20 of its first
+// element flipped.
+class FlipFirstRows : public comm::Decorator {
+public:
+    explicit FlipFirstRows(std::unique_ptr<comm::Communicator> inner)
+        : comm::Decorator(std::move(inner)) {}
+
+protected:
+    void run(comm::Request& req) override {
+        comm::Decorator::run(req);
+        if (req.op != comm::Op::all_to_all_v || req.dtype != comm::Dtype::f32 || rank() != 1 ||
+            done_)
+            return;
+        done_ = true;
+        std::uint32_t bits;
+        std::memcpy(&bits, req.out, sizeof bits);
+        bits ^= 1u << 20;
+        std::memcpy(req.out, &bits, sizeof bits);
+    }
+
+private:
+    bool done_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("validate names the first op a flipped bit in the dispatch reaches, and its rank") {
+    Config c = ep_job();
+    c.train.steps = 2;
+    RunHooks plant;
+    plant.wrap_ep_group = [](std::unique_ptr<comm::Communicator> g) {
+        return std::unique_ptr<comm::Communicator>(std::make_unique<FlipFirstRows>(std::move(g)));
+    };
+    const ValidationReport rep = validate_layouts(c, {parse_layout("ep2")}, 2, nullptr, plant);
+    REQUIRE(rep.layouts.size() == 1);
+    const LayoutResult& r = rep.layouts[0];
+    INFO(r.first_op.text() << " " << r.first_op_where << " " << r.first_op_note);
+    CHECK(r.verdict == "diverged");
+    CHECK(r.first_step == 1);
+    // The row came from dp rank 0, whose tokens the expert's output is combined into.
+    CHECK(r.first_op.name == "1/fwd/0/moe.combine/out");
+    CHECK(r.first_op_where == "pp0 dp0 tp0");
+}
+
+TEST_CASE("fast mode: ep layouts train within the reference's error budget") {
+    Config c = ep_job();
+    c.numerics.mode = Mode::fast;
+    c.train.steps = 3;
+    const ValidationReport rep =
+        validate_layouts(c, {parse_layout("ep2"), parse_layout("ep2xdp4")}, 3);
+    REQUIRE(rep.layouts.size() == 2);
+    for (const LayoutResult& r : rep.layouts) {
+        INFO(r.layout << ": " << r.verdict << " " << r.error);
+        CHECK(r.verdict == "within budget");
+    }
 }

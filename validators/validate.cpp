@@ -532,6 +532,14 @@ std::vector<LayoutSpec> single_axis_parts(const LayoutSpec& l) {
         p.name = "cp" + std::to_string(l.cp) + (l.ulysses ? "xulysses" : "");
         parts.push_back(p);
     }
+    if (l.ep > 1) {
+        LayoutSpec p;
+        p.ep = l.ep;
+        p.dp = l.ep;
+        p.zero = 0;
+        p.name = "ep" + std::to_string(l.ep);
+        parts.push_back(p);
+    }
     if (parts.size() < 2) parts.clear();
     return parts;
 }
@@ -553,6 +561,8 @@ LayoutSpec parse_layout(const std::string& item) {
             l.pp = n;
         else if (number_after(part, "cp", &n))
             l.cp = n;
+        else if (number_after(part, "ep", &n))
+            l.ep = n;
         else if (number_after(part, "mb", &n))
             l.microbatches = n;
         else if (number_after(part, "z", &n))
@@ -564,9 +574,10 @@ LayoutSpec parse_layout(const std::string& item) {
         else
             throw ConfigError("layout \"" + item + "\": \"" + part +
                               "\" is not a layout part; join "
-                              "dpN, tpN, ppN, cpN, zN (ZeRO stage), mbN (microbatches), sp "
-                              "(sequence parallelism) and ulysses (cp by all-to-all over heads) "
-                              "with 'x', e.g. dp2xtp2xpp2, dp4xz3 or cp2xtp2");
+                              "dpN, tpN, ppN, cpN, epN (experts over the dp ranks), zN (ZeRO "
+                              "stage), mbN (microbatches), sp (sequence parallelism) and ulysses "
+                              "(cp by all-to-all over heads) with 'x', e.g. dp2xtp2xpp2, dp4xz3, "
+                              "cp2xtp2 or ep2xdp4");
         // z0: ZeRO off, whatever the config says
         if (n == 0 && part != "sp" && part != "ulysses" && part != "z0")
             throw ConfigError("layout \"" + item + "\": \"" + part + "\" must be at least 1");
@@ -593,6 +604,8 @@ Config with_layout(Config cfg, const LayoutSpec& l) {
     cfg.layout.tp = l.tp;
     cfg.layout.pp = l.pp;
     cfg.layout.cp = l.cp;
+    cfg.layout.ep = l.ep;
+    if (l.ep > 1 && l.dp == 1) cfg.layout.dp = l.ep;  // "ep2": the experts over dp2
     if (l.ulysses) cfg.layout.cp_method = "ulysses";
     if (l.zero >= 0) cfg.layout.zero = l.zero;
     if (l.microbatches >= 0) cfg.layout.microbatches = l.microbatches;

@@ -85,20 +85,22 @@ struct LayoutSpec {
     int dp = 1, tp = 1, pp = 1;
     int cp = 1;                      // "cpN": context parallelism (layout.cp)
     bool ulysses = false;            // "ulysses": layout.cp_method = "ulysses" (else the config's)
+    int ep = 1;                      // "epN": expert parallelism (layout.ep; dp is N unless given)
     int zero = -1;                   // "zN"; -1: the config's layout.zero
     int microbatches = -1;           // "mbN"; -1: the config's layout.microbatches
     bool sequence_parallel = false;  // "sp"
 };
 
-// "dp2xtp2xpp2": parts joined by 'x' — dpN, tpN, ppN, cpN, zN (ZeRO stage), mbN (microbatches per
-// replica), sp (sequence parallelism), ulysses (cp's all-to-all method); parts not named keep the
-// config's. Throws ConfigError
+// "dp2xtp2xpp2": parts joined by 'x' — dpN, tpN, ppN, cpN, epN (expert parallelism over the dp
+// ranks: "ep2" alone is dp2 with ep2, "ep2xdp4" two ep groups), zN (ZeRO stage), mbN (microbatches
+// per replica), sp (sequence parallelism), ulysses (cp's all-to-all method); parts not named keep
+// the config's. Throws ConfigError
 // naming the part.
 LayoutSpec parse_layout(const std::string& text);
 // A comma-separated list of them: "dp2,tp2,pp2,dp2xtp2xpp2".
 std::vector<LayoutSpec> parse_layouts(const std::string& text);
 // The layout's parallelisms one at a time: dpN (with its zN and mbN), tpN (with sp), ppN (with
-// mbN), cpN (with ulysses), named as parse_layout reads them. Empty when the layout has fewer than
+// mbN), cpN (with ulysses), epN, named as parse_layout reads them. Empty when the layout has fewer than
 // two.
 std::vector<LayoutSpec> single_axis_parts(const LayoutSpec& l);
 // cfg with the layout's dp, tp, pp (and zero, microbatches, sp when given), validated as a

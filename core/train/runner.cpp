@@ -36,6 +36,7 @@ RunHooks chain(const RunHooks& first, RunHooks then) {
     then.each_step = both(first.each_step, std::move(then.each_step));
     then.inspect = both(first.inspect, std::move(then.inspect));
     if (first.wrap_group) then.wrap_group = first.wrap_group;
+    if (first.wrap_ep_group) then.wrap_ep_group = first.wrap_ep_group;
     return then;
 }
 
@@ -87,6 +88,7 @@ RankRun::RankRun(const Config& cfg, comm::Communicator& world,
     //    groups (the dp ranks holding the same experts).
     if (layout.ep > 1) {
         ep_ = world.split(mesh.ep_color(r), at.dp % layout.ep, "ep");
+        if (hooks.wrap_ep_group) ep_ = hooks.wrap_ep_group(std::move(ep_));
         if (layout.dp > layout.ep)
             expert_data_ = world.split(mesh.expert_data_color(r), at.dp / layout.ep, "edp");
     }

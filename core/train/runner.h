@@ -66,6 +66,9 @@ struct RunHooks {
     // not made, so never wrapped.
     std::function<std::unique_ptr<comm::Communicator>(MeshDim, std::unique_ptr<comm::Communicator>)>
         wrap_group;
+    // The same for the ep group (layout.ep > 1), which is not a mesh dimension of its own.
+    std::function<std::unique_ptr<comm::Communicator>(std::unique_ptr<comm::Communicator>)>
+        wrap_ep_group;
 };
 
 // `first`'s hooks run before `then`'s at each point; the group decorator is first's.
