@@ -96,6 +96,41 @@ TEST_CASE("expert-parallel layouts are bit-identical to the single device") {
     }
 }
 
+TEST_CASE("MoE under tensor parallelism, with and without ep, is bit-identical to the single device") {
+    // Every tp rank runs a MoE layer whole (router, experts and shared experts replicated over
+    // tp); the dense layers around it are tensor-parallel. Layer 0 dense, layer 1 MoE.
+    Config base = test::with_tp_shapes(ep_job());
+    base.model.moe_every = 2;
+    base.train.steps = 4;
+    LogicalState ref;
+    Values ref_values;
+    {
+        Job job(base);
+        job.add_observer(&ref_values);
+        job.run();
+        absorb(ref, job);
+    }
+    REQUIRE(ref_values.got.count("moe.h.1.drop_fraction") == 1);
+    REQUIRE(ref_values.got.count("moe.h.0.drop_fraction") == 0);
+    struct L {
+        int dp, ep, tp, pp;
+    };
+    for (const L l : {L{1, 1, 2, 1}, L{2, 2, 2, 1}, L{4, 2, 2, 1}, L{2, 2, 2, 2}}) {
+        Config c = base;
+        c.layout.dp = l.dp, c.layout.ep = l.ep, c.layout.tp = l.tp, c.layout.pp = l.pp;
+        c.layout.microbatches = l.pp > 1 ? 2 : 1;
+        INFO("dp" << l.dp << " ep" << l.ep << " tp" << l.tp << " pp" << l.pp);
+        LogicalState got;
+        Values values;
+        bool agree = true;
+        run_layout(c, {&values},
+                   test::inspecting([&](Job& job) { agree = absorb(got, job) && agree; }));
+        CHECK(agree);
+        test::check_same_bits(ref, got);
+        CHECK(values.got == ref_values.got);
+    }
+}
+
 TEST_CASE("an ep2 checkpoint resumes under ep4 and on one device, bit-identical to the uninterrupted run") {
     Config c = ep_job();
     c.train.steps = 6;

@@ -170,9 +170,11 @@ TEST_CASE("MoE configs that cannot run say which keys to change") {
                Catch::Contains("model.moe_top_k=5 exceeds model.moe_experts=4"));
     c.model.moe_top_k = 2;
     c.layout.tp = 2;
+    c.layout.sequence_parallel = true;
     CHECK_THAT(test::error_of<ConfigError>([&] { validate_config(c); }),
-               Catch::Contains("layout.tp = 1"));
+               Catch::Contains("set layout.sequence_parallel = false"));
     c.layout.tp = 1;
+    c.layout.sequence_parallel = false;
     c.precision.activations = "bf16";
     CHECK_THAT(test::error_of<ConfigError>([&] { validate_config(c); }),
                Catch::Contains("precision.activations = \"fp32\""));

@@ -72,9 +72,12 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, const TpDims& tp) {
     case Dim::V: return tp.vocab >= 0 ? tp.vocab : mc.vocab;
     case Dim::C3:
     case Dim::F:
-    case Dim::FM:
     case Dim::NH:
     case Dim::CA: return resolve_dim(d, mc) / tp.tp;
+    case Dim::FM: {  // a dense layer's ffn shard, or a MoE layer's shared experts (held whole)
+        const bool dense = !mc.is_moe() || mc.moe_every > 1;
+        return std::max(dense ? mc.ffn / tp.tp : 0, resolve_dim(Dim::FS, mc));
+    }
     case Dim::EL: return tp.experts >= 0 ? tp.experts : mc.moe_experts;
     case Dim::EFE: return resolve_dim(Dim::EL, mc, tp) * resolve_dim(Dim::FE, mc);
     case Dim::EC: return resolve_dim(Dim::EL, mc, tp) * mc.hidden;

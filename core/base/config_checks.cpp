@@ -212,12 +212,13 @@ void check_moe_across(const Config& c) {
                       "output.export_llmc = " + quote(c.output.export_llmc) +
                           " with model.moe_experts=" + std::to_string(c.model.moe_experts) +
                           ": llm.c checkpoints hold dense MLPs only; set output.export_llmc = \"\""};
-    if (c.layout.tp > 1)
-        throw Problem{{"model.moe_experts", "layout.tp"},
-                      "model.moe_experts=" + std::to_string(c.model.moe_experts) + " with layout.tp=" +
-                          std::to_string(c.layout.tp) +
-                          ": the experts are not tensor-parallel; use layout.tp = 1 (dp, ep, pp, ZeRO "
-                          "and microbatches all compose with MoE)"};
+    if (c.layout.tp > 1 && c.layout.sequence_parallel)
+        throw Problem{{"model.moe_experts", "layout.sequence_parallel"},
+                      "model.moe_experts=" + std::to_string(c.model.moe_experts) +
+                          " with layout.tp=" + std::to_string(c.layout.tp) +
+                          " and layout.sequence_parallel = true: a MoE layer runs whole on every "
+                          "tensor-parallel rank (its experts are replicated over tp, not split), "
+                          "on every token of the microbatch; set layout.sequence_parallel = false"};
 }
 
 void check_precision_across(const PrecisionConfig& pr, const NumericsConfig& n) {

@@ -256,10 +256,10 @@ GradSpan GPT::grad_span(int chunk) const {
 }
 
 void GPT::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
-                         const Tensor* bias, bool record) const {
+                         const Tensor* bias, bool record, bool whole) const {
     if (const int g = fp8_ ? fp8_->gemm_of(weight.id) : -1; g >= 0)
         fp8_linear_forward(g, l, out, inp, weight, bias, record);
-    else if (layers_)
+    else if (layers_ && !whole)
         layers_->linear_forward(nx_, l, out, inp, weight, bias);
     else
         ops::matmul_forward(nx_, out, inp, weight, bias);
@@ -267,19 +267,20 @@ void GPT::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const T
 
 void GPT::linear_backward(std::span<const TokenNode> nodes, Linear l, const Tensor& dinp,
                           const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
-                          const Tensor& inp, const Tensor& weight) const {
+                          const Tensor& inp, const Tensor& weight, bool whole) const {
     if (const int g = fp8_ ? fp8_->gemm_of(weight.id) : -1; g >= 0)
         fp8_linear_backward(g, nodes, l, dinp, dweight, dbias, dout, inp, weight);
     else
-        linear_backward_rows(nx_, nodes, l, &dinp, dweight, dbias, dout, inp, weight);
+        linear_backward_rows(nx_, nodes, l, &dinp, dweight, dbias, dout, inp, weight, whole);
 }
 
 void GPT::linear_backward_rows(const Numerics& nx, std::span<const TokenNode> nodes, Linear l,
                                const Tensor* dinp, const Tensor& dweight, const Tensor* dbias,
-                               const Tensor& dout, const Tensor& inp, const Tensor& weight) const {
+                               const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                               bool whole) const {
     auto backward = [&](const Tensor* di, const Tensor* dw, const Tensor* db, const Tensor& d,
                         const Tensor& i) {
-        if (layers_)
+        if (layers_ && !whole)
             layers_->linear_backward(nx, l, di, dw, db, d, i, weight);
         else
             ops::matmul_backward(nx, di, dw, db, d, i, weight);
@@ -480,11 +481,14 @@ void GPT::mlp_forward(Activations& a, int l, int i, const Tensor& out, bool prob
     const i64 F = table_.entries[static_cast<size_t>(table_.layer_index(l, FCW))].rows;
     const Tensor fch = mlp_act(a.layer(FCH, i), F), fch_gelu = mlp_act(a.layer(FCH_GELU, i), F);
     const Tensor fcb = P(l, FCB), fcprojb = P(l, FCPROJB);
-    linear_forward(Linear::fc, fch, a.layer(LN2, i), P(l, FCW), &fcb, probed);
-    if (probed) probe("fwd", l, "mlp.fc", "out", fch, ProbeSplit::ffn);
+    // A MoE layer's shared experts run whole on every tensor-parallel rank.
+    const bool whole = mc_.moe_layer(l);
+    const ProbeSplit ffn = whole ? ProbeSplit::whole : ProbeSplit::ffn;
+    linear_forward(Linear::fc, fch, a.layer(LN2, i), P(l, FCW), &fcb, probed, whole);
+    if (probed) probe("fwd", l, "mlp.fc", "out", fch, ffn);
     ops::gelu_forward(nx_, fch_gelu, fch);
-    if (probed) probe("fwd", l, "mlp.gelu", "out", fch_gelu, ProbeSplit::ffn);
-    linear_forward(Linear::fc_proj, out, fch_gelu, P(l, FCPROJW), &fcprojb, probed);
+    if (probed) probe("fwd", l, "mlp.gelu", "out", fch_gelu, ffn);
+    linear_forward(Linear::fc_proj, out, fch_gelu, P(l, FCPROJW), &fcprojb, probed, whole);
     if (probed) probe("fwd", l, "mlp.proj", "out", out, ProbeSplit::tokens);
 }
 
@@ -496,14 +500,17 @@ void GPT::mlp_backward(Activations& a, std::span<const TokenNode> nodes, int l, 
     const i64 F = table_.entries[static_cast<size_t>(table_.layer_index(l, FCW))].rows;
     const Tensor dfch_gelu = mlp_act(a.tensor(DBUF_F), F), dfch = mlp_act(a.tensor(DBUF_F2), F);
     const Tensor dfcprojb = G(FCPROJB), dfcb = G(FCB);
+    const bool whole = mc_.moe_layer(l);  // as in mlp_forward
+    const ProbeSplit ffn = whole ? ProbeSplit::whole : ProbeSplit::ffn;
     zero(dfch_gelu);
     linear_backward(nodes, Linear::fc_proj, dfch_gelu, G(FCPROJW), &dfcprojb, dout,
-                    mlp_act(a.layer(FCH_GELU, i), F), P(l, FCPROJW));
-    probe("bwd", l, "mlp.proj", "dinp", dfch_gelu, ProbeSplit::ffn);
+                    mlp_act(a.layer(FCH_GELU, i), F), P(l, FCPROJW), whole);
+    probe("bwd", l, "mlp.proj", "dinp", dfch_gelu, ffn);
     zero(dfch);
     ops::gelu_backward(nx_, dfch, mlp_act(a.layer(FCH, i), F), dfch_gelu);
-    probe("bwd", l, "mlp.gelu", "dinp", dfch, ProbeSplit::ffn);
-    linear_backward(nodes, Linear::fc, dln2, G(FCW), &dfcb, dfch, a.layer(LN2, i), P(l, FCW));
+    probe("bwd", l, "mlp.gelu", "dinp", dfch, ffn);
+    linear_backward(nodes, Linear::fc, dln2, G(FCW), &dfcb, dfch, a.layer(LN2, i), P(l, FCW),
+                    whole);
 }
 
 // dresidual holds d(residual3) on entry and d(x) on return.

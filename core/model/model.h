@@ -416,11 +416,13 @@ private:
                         float dloss) const;
     // ParallelLayers' linear, or ops::matmul_* when there is none. record: an fp8 linear records
     // its casts' amaxes (false when backward recomputes a block: the same values again).
+    // whole: the kernels on whole tensors even under ParallelLayers (a MoE layer, which every tp
+    // rank runs whole: its router, experts and shared experts are not tensor-parallel).
     void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
-                        const Tensor* bias, bool record = true) const;
+                        const Tensor* bias, bool record = true, bool whole = false) const;
     void linear_backward(std::span<const TokenNode> nodes, Linear l, const Tensor& dinp,
                          const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
-                         const Tensor& inp, const Tensor& weight) const;
+                         const Tensor& inp, const Tensor& weight, bool whole = false) const;
     // The same on the fp8 casts of inp, weight (and dout) as fp32 tensors (core/model/fp8.cpp):
     // each cast once over all rows, then linear_backward_rows on the casts.
     void fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor& inp,
@@ -438,7 +440,8 @@ private:
     // the node's rows, in nx (the model's numerics, or the fp8 linears').
     void linear_backward_rows(const Numerics& nx, std::span<const TokenNode> nodes, Linear l,
                               const Tensor* dinp, const Tensor& dweight, const Tensor* dbias,
-                              const Tensor& dout, const Tensor& inp, const Tensor& weight) const;
+                              const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                              bool whole = false) const;
     // Sequence parallelism (see ParallelLayers): the LayerNorm forward/backward and a residual
     // add on this rank's token rows; plain ops on whole tensors otherwise.
     void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,

@@ -246,7 +246,7 @@ void expert_grads(const Numerics& nx, const Tensor& dweight, const Tensor& dbias
 }  // namespace
 
 void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool probed) const {
-    PX_ASSERT(!layers_, "MoE layers run on whole tensors (layout.tp = 1)");
+    PX_ASSERT(!sp_, "MoE layers run on whole tensors (no sequence parallelism)");
     PX_ASSERT(mc_.moe_experts % (experts_ ? experts_->size() : 1) == 0,
               "expert parallelism needs whole experts per rank");
     const i64 B = a.shape().B, T = a.shape().T, BT = B * T, C = mc_.hidden;
@@ -572,7 +572,7 @@ void GPT::moe_backward(Activations& a, std::span<const TokenNode> nodes, int l, 
     probe("bwd", l, "moe.router", "dinp", dlogits);
     linear_backward_rows(nx_, nodes, Linear::fc, &dln2,
                          grad(nodes[0].grads, table_.layer_index(l, ROUTERW)), nullptr, dlogits,
-                         ln2, P(l, ROUTERW));
+                         ln2, P(l, ROUTERW), /*whole=*/true);
 }
 
 }  // namespace px

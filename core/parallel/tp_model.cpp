@@ -104,9 +104,14 @@ void TpLayers::layernorm_backward(const Tensor* dinp, const Tensor* dweight, con
                               weight.f32(), mean.f32() + lo, rstd.f32() + lo, node, C);
 }
 
+// A MoE layer's MLP tensors (shared experts, router, experts) are held whole by every tp rank.
+bool TpLayers::whole_moe(const TableEntry& e) const {
+    return e.layer >= 0 && mc_.moe_layer(e.layer) && e.spec - kFirstLayerSpec >= FCW;
+}
+
 const tp::DimSplit* TpLayers::row_split(const TableEntry& e) const {
     if (e.spec == 0) return &shards_.vocabulary;  // wte
-    if (e.layer < 0) return nullptr;
+    if (e.layer < 0 || whole_moe(e)) return nullptr;
     switch (e.spec - kFirstLayerSpec) {
         case QKVW:
             return &shards_.qkv;
@@ -118,7 +123,7 @@ const tp::DimSplit* TpLayers::row_split(const TableEntry& e) const {
 }
 
 const tp::DimSplit* TpLayers::col_split(const TableEntry& e) const {
-    if (e.layer < 0) return nullptr;
+    if (e.layer < 0 || whole_moe(e)) return nullptr;
     switch (e.spec - kFirstLayerSpec) {
         case QKVB:
             return &shards_.qkv;  // vectors are (1, n)
@@ -138,7 +143,7 @@ TpDims TpLayers::dims() const {
 
 void TpLayers::fill_normal(float* p, const TableEntry& e, float std, std::uint64_t seed) const {
     const ParamSpec& s = kGpt2Params[e.spec];
-    const i64 cols = resolve_dim(s.cols, mc_);
+    const i64 cols = col_split(e) ? resolve_dim(s.cols, mc_) : e.cols;
     const std::vector<i64> rows = index_map(row_split(e), rank_, e.rows);
     const std::vector<i64> cmap = index_map(col_split(e), rank_, e.cols);
     const u32 id = static_cast<u32>(e.id);
@@ -312,7 +317,9 @@ ColumnShard TpLayers::probe_columns(ProbeSplit s) const {
 ShardSpec TpLayers::param_shard(const TableEntry& e) const {
     const ParamSpec& ps = kGpt2Params[e.spec];
     const bool vector = ps.rows == Dim::one;
-    const i64 R = vector ? 1 : resolve_dim(ps.rows, mc_), C = resolve_dim(ps.cols, mc_);
+    // (a tensor held whole has its local shape: a MoE layer's are FS or expert-parallel wide)
+    const i64 R = vector ? 1 : row_split(e) ? resolve_dim(ps.rows, mc_) : e.rows;
+    const i64 C = col_split(e) ? resolve_dim(ps.cols, mc_) : e.cols;
     auto ranges = [&](const tp::DimSplit* d, i64 n) {
         return d ? d->ranges[static_cast<size_t>(rank_)] : std::vector<Range>{Range{0, n}};
     };
@@ -348,7 +355,7 @@ std::unique_ptr<GPT> make_tp_model(comm::Communicator& tp, const Numerics& nx,
 std::vector<i64> logical_indices(const TpLayers& tp, const TableEntry& e, const ModelConfig& mc,
                                  int rank) {
     if (rank < 0) rank = tp.rank();
-    const i64 cols = resolve_dim(kGpt2Params[e.spec].cols, mc);
+    const i64 cols = tp.col_split(e) ? resolve_dim(kGpt2Params[e.spec].cols, mc) : e.cols;
     const std::vector<i64> rows = index_map(tp.row_split(e), rank, e.rows);
     const std::vector<i64> cmap = index_map(tp.col_split(e), rank, e.cols);
     std::vector<i64> out(static_cast<size_t>(e.numel()));

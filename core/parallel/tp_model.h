@@ -18,6 +18,8 @@
 //   attn.c_proj      (C, C/tp)    the columns of those heads; bias replicated (row parallel)
 //   mlp.c_fc         (F/tp, C)    ffn rows; its bias likewise
 //   mlp.c_proj       (C, F/tp)    ffn columns; bias replicated (row parallel)
+//   a MoE layer's router, experts and shared experts (mlp.*): whole, replicated; every tp rank
+//   runs the layer on the whole ln2 (no sequence parallelism) and gets the same bits
 // Sequence parallelism (layout.sequence_parallel): between a row-parallel output and the next
 // column-parallel input rank r holds only tokens tp::token_split(BT)[r] of each microbatch
 // (residual stream, LayerNorms); row-parallel outputs are reduce-scattered by tokens, LayerNorm
@@ -62,6 +64,7 @@ public:
     const tp::DimSplit* row_split(const TableEntry& e) const;
     const tp::DimSplit* col_split(const TableEntry& e) const;
     bool sharded(const TableEntry& e) const { return row_split(e) || col_split(e); }
+    bool whole_moe(const TableEntry& e) const;  // a MoE layer's MLP tensor: held whole
 
     TpDims dims() const override;
     bool sequence_parallel() const override { return sp_ && shards_.tp > 1; }

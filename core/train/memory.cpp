@@ -127,8 +127,8 @@ double dim(Dim d, const Sizes& s, double B) {
             return s.K * s.FE;
         case Dim::KC:
             return s.K * s.C;
-        case Dim::FM:
-            return s.FM / s.tp;
+        case Dim::FM:  // a dense layer's ffn shard, or the shared experts held whole
+            return std::max(s.moe_layers < s.L ? s.F / s.tp : 0.0, s.FS);
         case Dim::B:
             return B;
         case Dim::L:

@@ -320,7 +320,7 @@ TEST_CASE("training under MPI equals the single device and the in-process run, b
         check_layout({"layout.dp=4", "layout.zero=3"}, moe);
         check_layout({"layout.pp=2", "layout.dp=2", "layout.microbatches=2"}, moe);
     }
-    SECTION("expert parallelism: ep4, ep2 x dp2, and ep2 x pp2") {
+    SECTION("expert parallelism: ep4, ep2 x dp2, ep2 x pp2 and ep2 x tp2") {
         // blocks of 16: an ep4 rank's one expert of 32 channels is whole blocks
         const std::vector<std::string> moe = {"model.moe_experts=4", "model.moe_top_k=2",
                                               "model.moe_ffn=32", "model.moe_capacity_factor=1",
@@ -328,6 +328,7 @@ TEST_CASE("training under MPI equals the single device and the in-process run, b
         check_layout({"layout.dp=4", "layout.ep=4"}, moe);
         check_layout({"layout.dp=4", "layout.ep=2", "layout.microbatches=2"}, moe);
         check_layout({"layout.dp=2", "layout.ep=2", "layout.pp=2", "layout.microbatches=2"}, moe);
+        check_layout({"layout.dp=2", "layout.ep=2", "layout.tp=2"}, moe);
     }
 }
 
