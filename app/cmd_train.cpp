@@ -106,6 +106,12 @@ public:
                         "%lld tokens of every sequence\n",
                         c.layout.cp, c.layout.cp_method.c_str(),
                         static_cast<long long>(c.model.seq_len / (2 * c.layout.cp)));
+        if (c.layout.ep > 1)
+            std::printf("expert parallel: ep%d, each group of %d consecutive dp ranks shares out "
+                        "the %lld experts of every MoE layer, %lld each (all-to-all dispatch and "
+                        "combine)\n",
+                        c.layout.ep, c.layout.ep, static_cast<long long>(c.model.moe_experts),
+                        static_cast<long long>(c.model.moe_experts / c.layout.ep));
         print_matmul_paths(c);
         if (job.entropy_rate() >= 0)
             std::printf(

@@ -23,6 +23,7 @@ py::dict layout_of(const Config& cfg) {
     d["pp"] = l.pp;
     d["cp"] = l.cp;
     d["cp_method"] = cp_method_name(l.cp_method);
+    d["ep"] = l.ep;
     d["zero"] = l.zero;
     d["microbatches"] = l.microbatches;
     d["microbatch_size"] = l.microbatch_size();
@@ -51,6 +52,10 @@ py::dict layout_of(const Config& cfg) {
         rank["tp_group"] = mesh.tp_group(r);
         rank["pp_group"] = mesh.pp_group(r);
         rank["cp_group"] = mesh.cp_group(r);
+        rank["ep_group"] = mesh.ep_group(r);  // [r] without expert parallelism
+        if (l.experts > 0)  // the experts of every MoE layer this rank holds, [lo, hi)
+            rank["experts"] = py::make_tuple(c.dp % l.ep * (l.experts / l.ep),
+                                             (c.dp % l.ep + 1) * (l.experts / l.ep));
         ranks.append(rank);
     }
     d["ranks"] = ranks;
@@ -252,11 +257,11 @@ void bind_layout(py::module_& m) {
         },
         py::arg("config") = py::none(), py::kw_only(), py::arg("explore") = false, R"doc(
 The layout a config makes, checked once as a job checks it (ConfigError naming the keys when it
-does not fit the model, the batch or the numerics): a dict with dp, tp, pp, cp, cp_method, zero,
+does not fit the model, the batch or the numerics): a dict with dp, tp, pp, cp, cp_method, ep, zero,
 microbatches,
 microbatch_size, schedule, virtual_stages, recompute, sequence_parallel, world_size, text (the
-mesh in words), ranks (per world rank: pp, dp, tp, cp, layers, and the world ranks of its dp, tp,
-pp and cp groups) and token_ranges (per dp rank and microbatch: its sequences and token blocks of
+mesh in words), ranks (per world rank: pp, dp, tp, cp, layers, the world ranks of its dp, tp,
+pp, cp and ep groups, and for a MoE model the experts [lo, hi) it holds) and token_ranges (per dp rank and microbatch: its sequences and token blocks of
 the batch's canonical tree). Ranks are numbered tp innermost, then cp, dp and pp:
 rank = ((pp·dp + dp_rank)·cp + cp_rank)·tp + tp_rank.
 

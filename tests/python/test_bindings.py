@@ -508,6 +508,13 @@ def test_layouts_and_schedules_as_data():
     r5 = lay["ranks"][5]
     assert (r5["pp"], r5["dp"], r5["tp"]) == (1, 0, 1) and r5["tp_group"] == [4, 5]
     assert "rank 5: pp 1, dp 0, tp 1" in lay["text"]
+    # expert parallelism: ep consecutive dp ranks share out the experts
+    moe = parallax.layout(layout={"dp": 4, "ep": 2},
+                          model={"moe_experts": 4, "moe_top_k": 2, "moe_ffn": 64})
+    assert moe["ep"] == 2 and moe["world_size"] == 4
+    assert [r["ep_group"] for r in moe["ranks"]] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [tuple(r["experts"]) for r in moe["ranks"]] == [(0, 2), (2, 4), (0, 2), (2, 4)]
+    assert "rank 3: pp 0, dp 3, tp 0, experts [2,4)" in moe["text"]
     for pp, m in ((2, 4), (4, 8), (4, 4)):
         for kind in ("gpipe", "1f1b"):
             s = parallax.schedule(kind, pp=pp, microbatches=m)
