@@ -642,8 +642,9 @@ and bytes, and memory per rank beside the admission estimate.)doc")
                 return rank_view(*j.run, r, self);
             },
             py::arg("rank"), R"doc(
-World rank r's own memory, as views (no copy): a dict with rank, pp, dp, tp, layers (its
-chunks' layer ranges), and for each of weights, grads, adam_m, adam_v a dict {name: array} of the
+World rank r's own memory, as views (no copy): a dict with rank, pp, dp, tp, cp, layers (its
+chunks' layer ranges), for a MoE model experts (the [lo, hi) of every MoE layer's experts it holds:
+all of them, or under expert parallelism its share), and for each of weights, grads, adam_m, adam_v a dict {name: array} of the
 local tensors it holds whole (a tp shard's local shape), `<what>_flat` (everything it holds of
 it, flat) and `<what>_range` (those floats' range in its local table: a ZeRO shard).)doc")
         .def(

@@ -103,7 +103,6 @@ py::dict logical_tensors(SteppedRun& run, What what, const py::handle& owner) {
         Job& job = run.job(r);
         const RankState s = job.rank_state();
         const Local l = local_of(job, s, what);
-        const TpLayers* tpl = tp_layers(job);
         const ParamTable& t = job.model().table();
         for (size_t i = 0; i < t.entries.size(); i++) {
             const TableEntry& e = t.entries[i];
@@ -111,13 +110,10 @@ py::dict logical_tensors(SteppedRun& run, What what, const py::handle& owner) {
             const i64 a = std::max({e.offset, s.writes.lo, l.lo});
             const i64 b = std::min({e.offset + e.numel(), s.writes.hi, l.hi});
             if (a >= b) continue;
-            std::vector<i64> idx;
-            if (tpl) idx = logical_indices(*tpl, e, run.config().model);
+            const std::vector<i64> idx = logical_indices(job.model(), e);  // tp, ep, whole
             float* dst = data[static_cast<size_t>(e.id)];
-            for (i64 k = a; k < b; k++) {
-                const i64 j = k - e.offset;
-                dst[tpl ? idx[static_cast<size_t>(j)] : j] = l.base[k - l.lo];
-            }
+            for (i64 k = a; k < b; k++)
+                dst[idx[static_cast<size_t>(k - e.offset)]] = l.base[k - l.lo];
         }
     }
     for (size_t i = 0; i < full.entries.size(); i++) out[py::str(full.entries[i].name)] = arrays[i];
@@ -133,6 +129,12 @@ py::dict rank_view(SteppedRun& run, int rank, const py::handle& owner) {
     out["pp"] = c.pp;
     out["dp"] = c.dp;
     out["tp"] = c.tp;
+    out["cp"] = c.cp;
+    const ModelPart& part = job.model().part();
+    if (job.config().model.is_moe())  // the experts of every MoE layer it holds, [lo, hi)
+        out["experts"] = py::make_tuple(part.expert_lo, part.all_experts()
+                                                            ? job.config().model.moe_experts
+                                                            : part.expert_hi);
     py::list layers;
     for (int ch = 0; ch < run.layout().virtual_stages; ch++) {
         const LayerRange lr = run.mesh().layers(c.pp, ch);
@@ -168,8 +170,8 @@ py::list shard_map(SteppedRun& run) {
             const TableEntry& e = t.entries[i];
             const TableEntry& whole = full.entries[static_cast<size_t>(e.id)];
             std::vector<i64> rws, cls;
-            if (tpl) {
-                for (const i64 k : logical_indices(*tpl, e, mc)) {
+            if (tpl || job.model().expert_row_offset(e) > 0) {  // a tp shard, an ep rank's experts
+                for (const i64 k : logical_indices(job.model(), e)) {
                     rws.push_back(k / whole.cols);
                     cls.push_back(k % whole.cols);
                 }

@@ -366,6 +366,16 @@ std::vector<i64> logical_indices(const TpLayers& tp, const TableEntry& e, const 
     return out;
 }
 
+std::vector<i64> logical_indices(const GPT& model, const TableEntry& e) {
+    if (const auto* tpl = dynamic_cast<const TpLayers*>(model.parallel_layers());
+        tpl && !GPT::expert_tensor(e))
+        return logical_indices(*tpl, e, model.config());
+    std::vector<i64> out(static_cast<size_t>(e.numel()));
+    const i64 at = model.expert_row_offset(e) * e.cols;
+    for (i64 j = 0; j < e.numel(); j++) out[static_cast<size_t>(j)] = at + j;
+    return out;
+}
+
 void load_logical(const TpLayers& tp, GPT& model, const ParamTable& table, const float* full,
                   float* local) {
     for (const TableEntry& e : model.table().entries) {

@@ -136,6 +136,10 @@ std::vector<float> tp_sum_squares(const TpLayers& tp, const GPT& model, const fl
 std::vector<i64> logical_indices(const TpLayers& tp, const TableEntry& e, const ModelConfig& mc,
                                  int rank = -1);
 
+// The same for any model: a tp shard's (above), an expert-parallel part's stacked expert tensors
+// (their rows start at GPT::expert_row_offset), identity for a tensor held whole.
+std::vector<i64> logical_indices(const GPT& model, const TableEntry& e);
+
 // model's parameters = its slices of the logical parameters `full` (laid out as `table`, the whole
 // model's): loading a checkpoint into a shard. No communication.
 // `local` (an array laid out as the model's table, e.g. Adam moments): the same for it instead.

@@ -296,13 +296,9 @@ bool absorb(LogicalState& state, const Job& job) {
     const auto* tpl = dynamic_cast<const TpLayers*>(model.parallel_layers());
     bool agree = state.begin_part(job.config().model, job.history());
     for (const TableEntry& e : model.table().entries) {
+        // tp shards' and ep parts' elements at their logical places
         std::vector<i64> idx;
-        if (tpl) idx = logical_indices(*tpl, e, job.config().model);
-        if (model.expert_row_offset(e) > 0) {  // an ep rank's experts: rows further down
-            idx.resize(static_cast<size_t>(e.numel()));
-            for (i64 j = 0; j < e.numel(); j++)
-                idx[static_cast<size_t>(j)] = model.expert_row_offset(e) * e.cols + j;
-        }
+        if (tpl || model.expert_row_offset(e) > 0) idx = logical_indices(model, e);
         const i64* at = idx.empty() ? nullptr : idx.data();
         const float* w = model.params() + e.offset;
         agree = state.put(e.id, e.numel(), at, w, nullptr, nullptr) && agree;

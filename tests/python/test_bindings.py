@@ -215,6 +215,24 @@ def test_logical_state_under_a_layout_equals_the_single_device(layout):
               {k: v for k, v in job.metrics().items() if k in ("loss", "grad_norm")})
 
 
+def test_expert_parallel_ranks_hold_their_experts_and_the_logical_state_is_the_single_device_s():
+    moe = dict(model={"moe_experts": 4, "moe_top_k": 2, "moe_ffn": 32, "moe_every": 2},
+               numerics={"block": 16})
+    ref = parallax.Job(**small(**moe))
+    job = parallax.Job(**small(layout={"dp": 4, "ep": 2}, **moe))
+    ref.step(2)
+    job.step(2)
+    for what in ("weights", "grads", "adam_m", "adam_v"):
+        same_bits(getattr(ref, what)(), getattr(job, what)())
+    r1, r2 = job.rank(1), job.rank(2)
+    assert r1["experts"] == (2, 4) and r2["experts"] == (0, 2) and job.rank(0)["cp"] == 0
+    name = "h.1.moe.experts.c_fc.weight"  # (E·moe_ffn, C): rank 1 holds experts 2 and 3
+    assert r1["weights"][name].shape == (64, 64)
+    assert np.array_equal(r1["weights"][name], job.weights()[name][64:128])
+    by = {r["tensor"]: r for r in job.shard_map() if r["rank"] == 1}
+    assert by[name]["slice"] == name + "[64:128, :]"
+
+
 def test_each_rank_s_pieces_are_views_and_the_shard_map_says_what_they_are():
     job = parallax.Job(**small(layout={"dp": 2, "tp": 2, "zero": 1}))
     job.step()
