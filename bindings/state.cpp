@@ -170,7 +170,7 @@ py::list shard_map(SteppedRun& run) {
             const TableEntry& e = t.entries[i];
             const TableEntry& whole = full.entries[static_cast<size_t>(e.id)];
             std::vector<i64> rws, cls;
-            if (tpl || job.model().expert_row_offset(e) > 0) {  // a tp shard, an ep rank's experts
+            if (tpl || job.model().expert_share(e)) {  // a tp shard, an ep rank's experts
                 for (const i64 k : logical_indices(job.model(), e)) {
                     rws.push_back(k / whole.cols);
                     cls.push_back(k % whole.cols);

@@ -65,19 +65,22 @@ TEST_CASE("the estimate follows what the ranks of a layout hold", "[memory]") {
         const char* name;
         int dp, pp, tp, zero, microbatches;
         const char* schedule;
+        int ep = 1;
     };
     const Layout layouts[] = {
         {"single device", 1, 1, 1, 0, 1, "1f1b"},  {"dp2", 2, 1, 1, 0, 1, "1f1b"},
         {"dp2 zero1", 2, 1, 1, 1, 1, "1f1b"},      {"dp2 zero3 mb2", 2, 1, 1, 3, 2, "1f1b"},
         {"dp2 mb4", 2, 1, 1, 0, 4, "1f1b"},        {"pp2 1f1b mb4", 1, 2, 1, 0, 4, "1f1b"},
         {"pp2 gpipe mb4", 1, 2, 1, 0, 4, "gpipe"}, {"tp2", 1, 1, 2, 0, 1, "1f1b"},
+        {"dp2 ep2", 2, 1, 1, 0, 1, "1f1b", 2},     {"dp4 ep4 mb2", 4, 1, 1, 0, 2, "1f1b", 4},
+        {"dp2 ep2 tp2", 2, 1, 2, 0, 1, "1f1b", 2},
     };
-    // The dense model under every layout, and a MoE one (4 experts, top-2, a shared expert,
-    // MoE every 2nd layer) under those MoE runs in (tp = 1).
+    // The dense model under every layout but ep, and a MoE one (4 experts, top-2, a shared
+    // expert, MoE every 2nd layer) under every layout.
     std::vector<std::pair<bool, Layout>> runs;
-    for (const Layout& l : layouts) runs.push_back({false, l});
     for (const Layout& l : layouts)
-        if (l.tp == 1) runs.push_back({true, l});
+        if (l.ep == 1) runs.push_back({false, l});
+    for (const Layout& l : layouts) runs.push_back({true, l});
     for (const auto& [moe, l] : runs) {
         Config c = job();
         if (moe) {
@@ -94,6 +97,7 @@ TEST_CASE("the estimate follows what the ranks of a layout hold", "[memory]") {
         c.layout.zero = l.zero;
         c.layout.microbatches = l.microbatches;
         c.layout.schedule = l.schedule;
+        c.layout.ep = l.ep;
         const MemoryEstimate e = estimate_memory(c, MemoryScope::process);
         const MemoryStats m = measured(c);
         INFO((moe ? "MoE " : "") << l.name << ": estimated weights " << item(e, "weights")

@@ -289,6 +289,10 @@ public:
     // holds EL experts of (rows [expert_lo·R, (expert_lo + EL)·R) of the logical (E·R, cols)).
     static bool expert_tensor(const TableEntry& e);
     i64 expert_row_offset(const TableEntry& e) const;  // expert_lo·R (0 for any other tensor)
+    // e is an expert tensor of which this part holds only some experts' rows.
+    bool expert_share(const TableEntry& e) const {
+        return expert_tensor(e) && !part_.all_experts();
+    }
 
     const ModelConfig& config() const { return mc_; }
     const ModelPart& part() const { return part_; }

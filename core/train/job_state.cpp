@@ -266,6 +266,9 @@ MemoryStats Job::memory() const {
     m.params = model_->table().total * static_cast<i64>(sizeof(float));
     m.grads = grads_.bytes();
     for (const TreeAccumulator& a : acc_) m.grads += a.bytes();
+    for (const Arena& a : ep_grads_) m.grads += a.bytes();  // expert parallelism, per source
+    for (const auto& per_source : ep_acc_)
+        for (const TreeAccumulator& a : per_source) m.grads += a.bytes();
     m.peak_params = m.params;
     m.peak_grads = m.grads;
     if (zero_ == 3) m.params = model_->param_arena().resident_bytes();
@@ -298,7 +301,7 @@ bool absorb(LogicalState& state, const Job& job) {
     for (const TableEntry& e : model.table().entries) {
         // tp shards' and ep parts' elements at their logical places
         std::vector<i64> idx;
-        if (tpl || model.expert_row_offset(e) > 0) idx = logical_indices(model, e);
+        if (tpl || model.expert_share(e)) idx = logical_indices(model, e);
         const i64* at = idx.empty() ? nullptr : idx.data();
         const float* w = model.params() + e.offset;
         agree = state.put(e.id, e.numel(), at, w, nullptr, nullptr) && agree;

@@ -242,11 +242,13 @@ void add_group(std::vector<MemoryItem>& items, const Sizes& s, const Params& p, 
         add(kWeights, kFloat * (P / s.dp + 2 * unit * g.ranks));
     else
         add(kWeights, kFloat * P);
-    // gradients: the buffer, and the microbatch tree's partial buffers
+    // gradients: the buffer, and the microbatch tree's partial buffers; under ep also one buffer
+    // (and tree) per rank of the ep group for its token nodes of this rank's experts
     if (s.zero >= 2 && s.microbatch_major)
         add(kGradients, kFloat * (P / s.dp + 2 * unit * g.ranks));
     else
-        add(kGradients, kFloat * P * (1 + (s.M > 1 ? std::ceil(std::log2(s.M)) : 0)));
+        add(kGradients, kFloat * P * (1 + (s.M > 1 ? std::ceil(std::log2(s.M)) : 0)) *
+                            (1 + (s.ep > 1 ? s.ep : 0)));
     // AdamW moments
     add(kMoments, 2 * kFloat * P / (s.zero >= 1 ? s.dp : 1));
     // activations

@@ -231,6 +231,8 @@ def test_expert_parallel_ranks_hold_their_experts_and_the_logical_state_is_the_s
     assert np.array_equal(r1["weights"][name], job.weights()[name][64:128])
     by = {r["tensor"]: r for r in job.shard_map() if r["rank"] == 1}
     assert by[name]["slice"] == name + "[64:128, :]"
+    assert [r["slice"] for r in job.shard_map() if r["rank"] == 2 and r["tensor"] == name] == \
+        [name + "[0:64, :]"]
 
 
 def test_each_rank_s_pieces_are_views_and_the_shard_map_says_what_they_are():
