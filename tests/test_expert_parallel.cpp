@@ -65,15 +65,18 @@ TEST_CASE("expert-parallel layouts are bit-identical to the single device") {
     struct L {
         int dp, ep, pp, mb;
         const char* recompute;
+        int zero = 0;
     };
     for (const L l : {L{2, 2, 1, 1, "none"}, L{4, 4, 1, 1, "none"}, L{4, 2, 1, 1, "none"},
-                      L{2, 2, 2, 2, "none"}, L{2, 2, 1, 2, "full"}, L{4, 2, 1, 2, "none"}}) {
+                      L{2, 2, 2, 2, "none"}, L{2, 2, 1, 2, "full"}, L{4, 2, 1, 2, "none"},
+                      L{4, 2, 1, 1, "none", 1}, L{4, 2, 2, 2, "full", 1}}) {
         Config c = base;
         c.layout.dp = l.dp, c.layout.ep = l.ep, c.layout.pp = l.pp;
         c.layout.microbatches = l.mb;
         c.layout.recompute = l.recompute;
+        c.layout.zero = l.zero;
         INFO("dp" << l.dp << " ep" << l.ep << " pp" << l.pp << " mb" << l.mb << " "
-                  << l.recompute);
+                  << l.recompute << " zero" << l.zero);
         LogicalState got;
         Values values;
         bool agree = true;
@@ -159,17 +162,26 @@ TEST_CASE("an ep2 checkpoint resumes under ep4 and on one device, bit-identical 
         REQUIRE(got.history.size() == 6);
         test::check_same_bits(ref, got);
     }
-    // And one written under ep4 with pp2 resumes as ep2.
-    const std::string dir4 = test::temp_dir("ep4_resume");
-    w.layout.dp = 4, w.layout.ep = 4, w.layout.pp = 2, w.layout.microbatches = 1;
-    w.checkpoint.dir = dir4;
-    run_layout(w);
-    Config r = c;
-    r.layout.dp = 2, r.layout.ep = 2;
-    r.checkpoint.resume = checkpoint_path(dir4, 3);
-    LogicalState got;
-    run_layout(r, {}, test::inspecting([&](Job& job) { absorb(got, job); }));
-    test::check_same_bits(ref, got);
+    // And one written under ep4 with pp2 resumes as ep2, one of ep2×dp2 with ZeRO-1 as ep4.
+    struct W {
+        int dp, ep, pp, zero;
+        const char* name;
+        int r_dp, r_ep;
+    };
+    for (const W x : {W{4, 4, 2, 0, "ep4_pp2_resume", 2, 2}, W{4, 2, 1, 1, "ep2_z1_resume", 4, 4}}) {
+        INFO("written under " << x.name);
+        const std::string d = test::temp_dir(x.name);
+        w.layout.dp = x.dp, w.layout.ep = x.ep, w.layout.pp = x.pp, w.layout.zero = x.zero;
+        w.layout.microbatches = 1;
+        w.checkpoint.dir = d;
+        run_layout(w);
+        Config r = c;
+        r.layout.dp = x.r_dp, r.layout.ep = x.r_ep;
+        r.checkpoint.resume = checkpoint_path(d, 3);
+        LogicalState got;
+        run_layout(r, {}, test::inspecting([&](Job& job) { absorb(got, job); }));
+        test::check_same_bits(ref, got);
+    }
 }
 
 TEST_CASE("expert-parallel layouts that cannot run say which keys to change") {
@@ -188,9 +200,9 @@ TEST_CASE("expert-parallel layouts that cannot run say which keys to change") {
     CHECK_THAT(test::error_of<ConfigError>([&] { make_layout(c); }),
                Catch::Contains("numerics.block=16"));
     c.model.moe_ffn = 48;
-    c.layout.zero = 1;
+    c.layout.zero = 2;
     CHECK_THAT(test::error_of<ConfigError>([&] { make_layout(c); }),
-               Catch::Contains("layout.zero = 0"));
+               Catch::Contains("layout.zero = 0 or 1"));
     c.layout.zero = 0;
     c.validate.replica_check_every = 2;
     CHECK_THAT(test::error_of<ConfigError>([&] { validate_config(c); }),

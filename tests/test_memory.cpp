@@ -73,7 +73,7 @@ TEST_CASE("the estimate follows what the ranks of a layout hold", "[memory]") {
         {"dp2 mb4", 2, 1, 1, 0, 4, "1f1b"},        {"pp2 1f1b mb4", 1, 2, 1, 0, 4, "1f1b"},
         {"pp2 gpipe mb4", 1, 2, 1, 0, 4, "gpipe"}, {"tp2", 1, 1, 2, 0, 1, "1f1b"},
         {"dp2 ep2", 2, 1, 1, 0, 1, "1f1b", 2},     {"dp4 ep4 mb2", 4, 1, 1, 0, 2, "1f1b", 4},
-        {"dp2 ep2 tp2", 2, 1, 2, 0, 1, "1f1b", 2},
+        {"dp2 ep2 tp2", 2, 1, 2, 0, 1, "1f1b", 2},  {"dp4 ep2 zero1", 4, 1, 1, 1, 1, "1f1b", 2},
     };
     // The dense model under every layout but ep, and a MoE one (4 experts, top-2, a shared
     // expert, MoE every 2nd layer) under every layout.

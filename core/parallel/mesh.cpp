@@ -278,11 +278,12 @@ void validate_layout(const Layout& l) {
                 str(EL * l.hidden) + " values (model.moe_ffn, model.hidden): not whole blocks of "
                 "numerics.block=" + str(l.block) +
                 ", which the gradient norm sums in; choose a smaller layout.ep or numerics.block");
-        if (l.zero > 0)
+        if (l.zero > 1)
             throw ConfigError("layout.zero=" + str(l.zero) + " with layout.ep=" + str(l.ep) +
-                              " is not implemented yet: the replicas of a dp group hold different "
-                              "experts, which ZeRO's shards of the local arrays do not allow for; "
-                              "use layout.zero = 0");
+                              " is not implemented yet: the ranks of a dp group hold different "
+                              "experts, so ZeRO shards each rank's state over the dp/ep ranks "
+                              "holding the same experts, which is built for the optimizer state "
+                              "only; use layout.zero = 0 or 1");
     }
 
     // Pipeline stages.

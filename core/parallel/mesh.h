@@ -42,7 +42,8 @@
 //                 cp to divide model.heads / layout.tp; no ZeRO yet
 //   ep            with ep > 1: divides dp and model.moe_experts; a rank's EL = E/ep experts hold
 //                 whole blocks of numerics.block in each stacked tensor (EL·FE and EL·C are
-//                 multiples of it: the gradient norm's blocks lie whole on one rank); no ZeRO yet
+//                 multiples of it: the gradient norm's blocks lie whole on one rank); ZeRO-1 at
+//                 most (sharded over the dp/ep ranks holding the same experts)
 //   tokens        every (dp rank, microbatch) and every dp rank (microbatch-major: every
 //                 microbatch range) owns whole token blocks forming one node of the canonical
 //                 tree over the batch's blocks (token_ranges)

@@ -147,11 +147,13 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
     }
 
     // ZeRO: each replica keeps the AdamW moments of one shard of its parameters and updates
-    // only that shard (core/parallel/zero.h).
-    zero_ = layout_.dp > 1 ? layout_.zero : 0;
+    // only that shard (core/parallel/zero.h). Under expert parallelism the replicas of a local
+    // array are the expert-data group's ranks (ZeRO-1 only: the optimizer state).
+    const int zero_ranks = layout_.dp / layout_.ep;
+    zero_ = zero_ranks > 1 ? layout_.zero : 0;
     grads_ = Arena(bytes_of(DType::f32, model_->grad_layout().total));
     if (zero_ >= 1) {
-        shards_ = std::make_unique<ZeroShards>(*model_, layout_.dp, dp_rank_);
+        shards_ = std::make_unique<ZeroShards>(*model_, zero_ranks, dp_rank_ / layout_.ep);
         opt_ = std::make_unique<AdamW>(*model_, shards_->lo(), shards_->hi());
     } else {
         opt_ = std::make_unique<AdamW>(*model_);
@@ -770,7 +772,7 @@ StepMetrics Job::step() {
     }
     // ZeRO-1/2: every replica updated its shard. ZeRO-3 holds only its shard between steps
     // (under ZeroUnits each unit's weights are gathered when it runs).
-    if (zero_ == 1 || zero_ == 2) shards_->all_gather_params(*groups_.dp, model_->params());
+    if (zero_ == 1 || zero_ == 2) shards_->all_gather_params(*zero_group(), model_->params());
     if (zero_ == 3 && !units_) shards_->release_params(model_->param_arena());
     if (zero_ >= 2 && !units_) {
         // Between steps a replica holds only its shard of the gradient; the microbatch partials

@@ -415,6 +415,11 @@ private:
     void localise(int* out, const int* full, i64 B) const;
     void gather_cp_losses(std::vector<float>& all, const std::vector<float>& local, i64 batches);
     comm::Communicator* data_group() const { return layout_.cp > 1 ? groups_.data : groups_.dp; }
+    // The replicas that shard ZeRO's state: the dp group, or under expert parallelism the
+    // expert-data group (the dp ranks whose local arrays are the same: same experts).
+    comm::Communicator* zero_group() const {
+        return layout_.ep > 1 ? groups_.expert_data : groups_.dp;
+    }
     // Expert parallelism (core/train/job_ep.cpp): the model's expert layers over the ep group,
     // per chunk and ep-group rank (source) an accumulator of the gradients of this rank's experts
     // over that source's token nodes, and after backward their combination over the sources and

@@ -73,7 +73,7 @@ void Job::check_updates() {
     // The owner's state now (zeros, or what a resume read): its shard, gathered once.
     std::vector<float> whole(static_cast<size_t>(model_->table().total));
     auto take = [&](const float* mine, float* out) {
-        shards_->all_gather_shards(*groups_.dp, whole.data(), mine);
+        shards_->all_gather_shards(*zero_group(), whole.data(), mine);
         std::copy(whole.begin() + lo, whole.begin() + hi, out);
     };
     checked_w_.resize(static_cast<size_t>(hi - lo));
@@ -171,14 +171,14 @@ void Job::gather_full(std::vector<float>* params, std::vector<float>* m, std::ve
     auto whole_moments = [&](std::vector<float>& whole, const float* shard) -> const float* {
         if (!shards_) return shard;
         whole.resize(static_cast<size_t>(model_->table().total));
-        shards_->all_gather_shards(*groups_.dp, whole.data(), shard);
+        shards_->all_gather_shards(*zero_group(), whole.data(), shard);
         return whole.data();
     };
     std::vector<float> whole_m, whole_v;
     const float* stage_m = m ? whole_moments(whole_m, opt_->m()) : nullptr;
     const float* stage_v = v ? whole_moments(whole_v, opt_->v()) : nullptr;
     const bool gather = params && zero_ == 3;  // between steps ZeRO-3 holds only its shard
-    if (gather) shards_->all_gather_params(*groups_.dp, model_->params());
+    if (gather) shards_->all_gather_params(*zero_group(), model_->params());
     assemble(params, model_->params(), "weights");
     if (gather) shards_->release_params(model_->param_arena());
     assemble(m, stage_m, "Adam m");
@@ -187,10 +187,10 @@ void Job::gather_full(std::vector<float>* params, std::vector<float>* m, std::ve
 
 void Job::unshard() {
     if (!shards_) return;
-    if (zero_ == 3) shards_->all_gather_params(*groups_.dp, model_->params());
+    if (zero_ == 3) shards_->all_gather_params(*zero_group(), model_->params());
     auto whole = std::make_unique<AdamW>(*model_);
-    shards_->all_gather_shards(*groups_.dp, whole->m(), opt_->m());
-    shards_->all_gather_shards(*groups_.dp, whole->v(), opt_->v());
+    shards_->all_gather_shards(*zero_group(), whole->m(), opt_->m());
+    shards_->all_gather_shards(*zero_group(), whole->v(), opt_->v());
     opt_ = std::move(whole);
     checked_opt_.reset();
     checked_w_.clear();
@@ -203,9 +203,12 @@ void Job::unshard() {
 // ---- per-rank checkpoints (core/parallel/state_slices.h) ------------------------------------
 
 RankState Job::rank_state() {
-    // The replicas (and under cp the context ranks, which hold the same state) split the writing.
-    RankState s = replica_state(*model_, model_->params(), *opt_, layout_.dp * layout_.cp,
-                                dp_rank_ * layout_.cp + cp_rank_, zero_ == 3);
+    // The replicas (and under cp the context ranks, which hold the same state) split the writing;
+    // under ep the replicas of a local array are the expert-data group's ranks (ZeRO's, too).
+    const bool ep = layout_.ep > 1;
+    RankState s = replica_state(
+        *model_, model_->params(), *opt_, ep ? layout_.dp / layout_.ep : layout_.dp * layout_.cp,
+        ep ? dp_rank_ / layout_.ep : dp_rank_ * layout_.cp + cp_rank_, zero_ == 3);
     // The stage that owns a tensor writes it (wte: the first); over tp, a sharded tensor every
     // tp rank, a replicated one tp rank (id mod tp).
     const ParamTable& t = model_->table();
@@ -214,14 +217,11 @@ RankState Job::rank_state() {
         const TableEntry& e = t.entries[i];
         const bool mine_over_tp = (tpl && tpl->sharded(e)) || e.id % layout_.tp == tp_rank_;
         s.writes_entry[i] = owner_[static_cast<size_t>(e.id)] == pp_rank_ && mine_over_tp;
-        // Expert parallelism (no ZeRO): the replicas of a dp group hold different experts, so
-        // they do not split the writing by the flat cut: the first ep group writes the experts
-        // (each rank its own), dp rank 0 everything else.
-        if (layout_.ep > 1)
-            s.writes_entry[i] = s.writes_entry[i] &&
-                                (GPT::expert_tensor(e) ? dp_rank_ < layout_.ep : dp_rank_ == 0);
+        // Expert parallelism: every ep index writes its experts' rows (its cut of them), the
+        // replicated tensors only ep index 0 (the other ep indices hold the same values).
+        if (ep && !GPT::expert_tensor(e))
+            s.writes_entry[i] = s.writes_entry[i] && dp_rank_ % layout_.ep == 0;
     }
-    if (layout_.ep > 1) s.writes = Range{0, t.total};
     return s;
 }
 

@@ -51,7 +51,7 @@ Sizes sizes_of(const Config& c) {
     s.dp = c.layout.dp;
     s.cp = c.layout.cp;
     s.ep = c.layout.ep;
-    s.zero = c.layout.dp > 1 ? c.layout.zero : 0;
+    s.zero = c.layout.dp / std::max(c.layout.ep, 1) > 1 ? c.layout.zero : 0;
     s.M = double(c.layout.microbatches > 0 ? c.layout.microbatches : c.train.microbatches);
     s.B = double(c.train.batch_size);
     s.local_B = s.B / s.dp;
@@ -250,7 +250,7 @@ void add_group(std::vector<MemoryItem>& items, const Sizes& s, const Params& p, 
         add(kGradients, kFloat * P * (1 + (s.M > 1 ? std::ceil(std::log2(s.M)) : 0)) *
                             (1 + (s.ep > 1 ? s.ep : 0)));
     // AdamW moments
-    add(kMoments, 2 * kFloat * P / (s.zero >= 1 ? s.dp : 1));
+    add(kMoments, 2 * kFloat * P / (s.zero >= 1 ? s.dp / s.ep : 1));  // ep: over dp/ep replicas
     // activations
     add(kActivations, slots(s) * activation_bytes(s, g.layers, g.chunks, g.heads));
     // the batch: windows, inputs, targets, losses, every token's loss, the replicas' gathered
