@@ -183,12 +183,15 @@ void Arena::Free::operator()(std::byte* p) const {
     munmap(p, bytes);
 }
 
-Arena::Arena(i64 bytes) : bytes_(bytes) {
+Arena::Arena(i64 bytes, Pages pages) : bytes_(bytes) {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t want = static_cast<size_t>(align_up_bytes(bytes > 0 ? bytes : 1));
     const size_t mapped = (want + page - 1) / page * page;
-    // Anonymous private pages: zero on first touch, and only touched pages use memory.
-    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    // Anonymous private pages: zero on first touch, and only touched pages use memory; or all
+    // of them faulted in here, in bulk (MAP_POPULATE).
+    const int populate = pages == Pages::now ? MAP_POPULATE : 0;
+    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | populate,
+                   -1, 0);
     if (p == MAP_FAILED)
         throw Error("out of memory: could not map " + std::to_string(mapped >> 20) +
                     " MiB for an arena; reduce the model size or batch");

@@ -190,8 +190,12 @@ struct ParamTable {
 // The arena has no element type: its tables say what lives where, and view() types each piece.
 class Arena {
 public:
+    // Whether the pages are mapped now (one bulk fault-in: every page is used from the first
+    // step, so its first touch is not paid one fault at a time inside that step) or on first
+    // touch (an arena only parts of which may ever be used, or whose parts are handed back).
+    enum class Pages : std::uint8_t { on_touch, now };
     Arena() = default;
-    explicit Arena(i64 bytes);
+    explicit Arena(i64 bytes, Pages pages = Pages::on_touch);
     void* data() const { return data_.get(); }
     // The arena as floats, for arenas whose table holds fp32 data only (master weights,
     // gradients, optimizer moments, fp32 scratch).

@@ -563,13 +563,6 @@ void check(const Config& c) {
                       "checkpoint.every=" + std::to_string(c.checkpoint.every) +
                           " needs checkpoint.dir: set it to a folder for the checkpoints, or "
                           "checkpoint.every = 0"};
-    if (c.validate.replica_check_every > 0 && l.ep > 1)
-        throw Problem{{"validate.replica_check_every", "layout.ep"},
-                      "validate.replica_check_every=" + std::to_string(c.validate.replica_check_every) +
-                          " compares the data-parallel replicas' weights, but with layout.ep=" +
-                          std::to_string(l.ep) +
-                          " the replicas hold different experts: not implemented yet; use "
-                          "validate.replica_check_every = 0 or layout.ep = 1"};
     if (c.validate.replica_check_every > 0 && l.dp < 2)
         throw Problem{{"validate.replica_check_every", "layout.dp"},
                       "validate.replica_check_every=" + std::to_string(c.validate.replica_check_every) +

@@ -212,6 +212,13 @@ void check_moe_across(const Config& c) {
                       "output.export_llmc = " + quote(c.output.export_llmc) +
                           " with model.moe_experts=" + std::to_string(c.model.moe_experts) +
                           ": llm.c checkpoints hold dense MLPs only; set output.export_llmc = \"\""};
+    if (c.validate.replica_check_every > 0 && c.layout.ep > 1)
+        throw Problem{{"validate.replica_check_every", "layout.ep"},
+                      "validate.replica_check_every=" + std::to_string(c.validate.replica_check_every) +
+                          " compares the data-parallel replicas' weights, but with layout.ep=" +
+                          std::to_string(c.layout.ep) +
+                          " the replicas hold different experts: not implemented yet; use "
+                          "validate.replica_check_every = 0 or layout.ep = 1"};
     if (c.layout.tp > 1 && c.layout.sequence_parallel)
         throw Problem{{"model.moe_experts", "layout.sequence_parallel"},
                       "model.moe_experts=" + std::to_string(c.model.moe_experts) +

@@ -25,7 +25,11 @@ i64 align16(i64 n) {
 // ---- activations -----------------------------------------------------------------------------
 
 Activations::Activations(const ModelConfig& mc, const ActShape& shape)
-    : mc_(mc), shape_(shape), table_(ActTable::build(mc, shape)), arena_(table_.total) {
+    // (a step writes nearly all of its activations: mapped now, not in the first step)
+    : mc_(mc),
+      shape_(shape),
+      table_(ActTable::build(mc, shape)),
+      arena_(table_.total, Arena::Pages::now) {
     if (mc.is_moe())
         routes_.assign(static_cast<size_t>(resolve_dim(Dim::LS, mc, shape) * shape.B * shape.T *
                                            mc.moe_top_k),

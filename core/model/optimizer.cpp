@@ -45,7 +45,11 @@ float global_grad_norm(const Numerics& nx, const GPT& model, float* grads) {
 }
 
 AdamW::AdamW(const GPT& model, i64 lo, i64 hi)
-    : lo_(lo), hi_(hi), m_(bytes_of(DType::f32, hi - lo)), v_(bytes_of(DType::f32, hi - lo)) {
+    // (every moment is updated every step: mapped now, not in the first step's update)
+    : lo_(lo),
+      hi_(hi),
+      m_(bytes_of(DType::f32, hi - lo), Arena::Pages::now),
+      v_(bytes_of(DType::f32, hi - lo), Arena::Pages::now) {
     PX_ASSERT(0 <= lo && lo <= hi && hi <= model.table().total, "AdamW shard out of range");
 }
 

@@ -151,7 +151,11 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
     // array are the expert-data group's ranks (ZeRO-1 only: the optimizer state).
     const int zero_ranks = layout_.dp / layout_.ep;
     zero_ = zero_ranks > 1 ? layout_.zero : 0;
-    grads_ = Arena(bytes_of(DType::f32, model_->grad_layout().total));
+    // The gradient buffer is written whole every step, except under ZeRO-2/3, which hand its
+    // pages back between units and steps.
+    grads_ = Arena(bytes_of(DType::f32, model_->grad_layout().total),
+                   layout_.zero >= 2 && layout_.dp / layout_.ep > 1 ? Arena::Pages::on_touch
+                                                                   : Arena::Pages::now);
     if (zero_ >= 1) {
         shards_ = std::make_unique<ZeroShards>(*model_, zero_ranks, dp_rank_ / layout_.ep);
         opt_ = std::make_unique<AdamW>(*model_, shards_->lo(), shards_->hi());
@@ -201,6 +205,8 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
     slots_.resize(chunks);
     free_.resize(chunks);
     live_.assign(chunks, std::vector<Slot*>(static_cast<size_t>(layout_.microbatches), nullptr));
+    // Every chunk's first activation set now, its pages mapped: not inside the first step.
+    for (int c = 0; c < static_cast<int>(chunks); c++) release(c, acquire(c));
 
     windows_.resize(static_cast<size_t>(local_B_ * (T_ + 1)));
     inputs_.resize(static_cast<size_t>(local_B_ * T_));
@@ -316,17 +322,6 @@ Job::Slot* Job::acquire(int chunk) {
     slot->acts = model_->make_activations(chunk, micro_B_, Tl_, recompute_);
     slots_[static_cast<size_t>(chunk)].push_back(std::move(slot));
     return slots_[static_cast<size_t>(chunk)].back().get();
-}
-
-int Job::activation_sets(int chunk) const {
-    return static_cast<int>(slots_[static_cast<size_t>(chunk)].size());
-}
-
-i64 Job::activation_bytes() const {
-    i64 n = 0;
-    for (const auto& chunk : slots_)
-        for (const auto& s : chunk) n += s->acts.bytes();
-    return n;
 }
 
 void Job::release(int chunk, Slot* s) {

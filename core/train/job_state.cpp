@@ -256,6 +256,18 @@ void Job::restore_local(const CheckpointReader& file, const std::vector<StepMetr
 
 // ---- memory ----------------------------------------------------------------------------------
 
+int Job::activation_sets(int chunk) const {
+    return static_cast<int>(slots_[static_cast<size_t>(chunk)].size());
+}
+
+i64 Job::activation_bytes() const {
+    i64 n = 0;
+    for (const auto& chunk : slots_)
+        for (const auto& s : chunk) n += s->acts.bytes();
+    return n;
+}
+
+
 // Under ZeRO-2/3 the weights (ZeRO-3) and gradients are measured: the shards, and under
 // ZeroUnits the most that one unit in flight mapped. A pipeline stage gathers its ZeRO-3 weights
 // once per step and keeps them through the schedule, and reduce-scatters its gradient after the
