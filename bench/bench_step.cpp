@@ -67,6 +67,7 @@ struct StepRunner {
           B(B_),
           T(T_) {
         model.init_random(1337, 0.02);
+        model.prepare(B, T);  // the activations made and mapped now, as the trainer does
         if (recipe != "off") {
             PrecisionConfig pc;
             pc.activations = "bf16";

@@ -784,9 +784,13 @@ void GPT::offer_probe(const char* phase, int layer, const char* op, const char* 
 void GPT::forward(const int* tokens, const int* targets, i64 B, i64 T) {
     PX_ASSERT(num_chunks() == 1 && part_.embedding && part_.head,
               "the single-device forward needs the whole model");
+    prepare(B, T);
+    forward(acts_, 0, tokens, targets);
+}
+
+void GPT::prepare(i64 B, i64 T) {
     const ActShape& s = acts_.shape();
     if (acts_.bytes() == 0 || s.B != B || s.T != T) acts_ = make_activations(0, B, T);
-    forward(acts_, 0, tokens, targets);
 }
 
 void GPT::backward(float* grads, const int* tokens, const int* targets, float dloss) {

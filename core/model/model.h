@@ -381,6 +381,8 @@ public:
     // it is a reduction over the whole batch). Activations are kept for backward.
     void forward(const int* tokens, const int* targets, i64 B, i64 T);
     const float* losses() const { return acts_.losses().f32(); }
+    // Makes the activations for B sequences of T tokens now (the first forward would otherwise).
+    void prepare(i64 B, i64 T);
 
     // Adds this microbatch's gradients into `grads` (a GradLayout buffer, zeroed by the caller
     // before its first microbatch). dloss is d(mean loss)/d(token loss) = 1/(tokens in the batch).
