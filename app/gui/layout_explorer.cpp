@@ -139,13 +139,14 @@ ExplorerResult explore_layout(const Config& cfg) {
         r.tensors.push_back(std::move(t));
     }
     r.memory.resize(static_cast<size_t>(n));
+    r.experts.resize(static_cast<size_t>(n));
 
     Collector collector;
     OpNamer namer(collector);
     std::mutex mu;
     RunHooks hooks;
     hooks.setup = [&](Job& job) {
-        t_rank = mesh.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank()});
+        t_rank = mesh.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank(), job.cp_rank()});
         t_pending.clear();
         job.stop_after(1);
         job.set_probes(&namer);
@@ -158,6 +159,11 @@ ExplorerResult explore_layout(const Config& cfg) {
         const std::vector<StatePiece> m = state_pieces(*s.model, s.moments);
         std::lock_guard lk(mu);
         r.memory[static_cast<size_t>(rank)] = job.memory();
+        const ModelPart& part = job.model().part();
+        const int experts = static_cast<int>(c.model.moe_experts);
+        r.experts[static_cast<size_t>(rank)] = part.all_experts()
+                                                   ? ExpertRange{0, experts}
+                                                   : ExpertRange{part.expert_lo, part.expert_hi};
         for (const StatePiece& p : w)
             r.tensors[static_cast<size_t>(p.id)].weights.push_back({rank, p.slab});
         for (const StatePiece& p : m)

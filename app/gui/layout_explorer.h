@@ -12,6 +12,7 @@
 //
 // Index
 //   HeldPiece, TensorHolding   one rank's slab of one tensor; every rank's slabs of one tensor
+//   ExpertRange                the experts of every MoE layer that one rank holds
 //   CollectiveUse              one collective of one op: group, op, bytes, calls, ranks
 //   ExplorerResult             everything the panel draws
 //   LayoutExplorer             explore(cfg) on a thread; busy(); result()
@@ -45,6 +46,14 @@ struct TensorHolding {
     std::vector<HeldPiece> moments;  // the Adam moments each rank holds
 };
 
+// Experts [lo, hi) of every MoE layer: an expert-parallel rank's share (Mesh::ep_group), or all
+// of them without ep; empty (0, 0) for a dense model.
+struct ExpertRange {
+    int lo = 0, hi = 0;
+    int size() const { return hi - lo; }
+    bool operator==(const ExpertRange&) const = default;
+};
+
 struct CollectiveUse {
     std::string phase;       // "fwd", "bwd", "mgrad", "grad", "optim", or "end" (after the update)
     int layer = -1;          // -1: the embedding, the head, or the whole model
@@ -63,6 +72,7 @@ struct ExplorerResult {
     Layout layout;
     std::vector<Coord> coords;               // per world rank
     std::vector<LayerRange> layers;          // per world rank: its stage's layers (chunk 0)
+    std::vector<ExpertRange> experts;        // per world rank, as its job's model part holds
     std::vector<TensorHolding> tensors;      // the whole model's table order
     std::vector<CollectiveUse> collectives;  // in the order the ops run
     std::vector<MemoryStats> memory;         // per world rank, after the step
