@@ -354,6 +354,11 @@ TEST_CASE("Layout explorer: ep2 shares out the experts, each rank its experts' r
     i64 held = 0;
     for (const HeldPiece& p : t->weights) held += p.slab.rows;
     CHECK(held == t->rows);  // each expert row on one rank only
+    const bool ep_all_to_all =
+        std::any_of(r.collectives.begin(), r.collectives.end(), [](const CollectiveUse& u) {
+            return u.group == "ep" && u.collective.find("all_to_all") == 0 && u.bytes > 0;
+        });
+    CHECK(ep_all_to_all);  // the routed rows go to their experts' ranks and back
 
     c.model.moe_experts = 0;  // dense: ep has nothing to share, the runtime's sentence says so
     const ExplorerResult bad = explore_layout(c);

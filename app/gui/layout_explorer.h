@@ -1,12 +1,15 @@
 // The layout explorer's model (a teaching view): for a config's layout, who holds what and who
 // says what to whom. Nothing is re-implemented: it runs one step of the layout on in-process
 // ranks with the runtime itself (run_layout) and reads the answers off the real ranks —
-//   which rank holds which block of every weight matrix and of its Adam moments: each rank's
-//     checkpoint pieces (core/parallel/state_slices.h state_pieces over Job::rank_state), the
-//     same slabs a checkpoint writes;
+//   which rank holds which block of every weight matrix and of its Adam moments (under ep, its
+//     experts' rows of each stacked expert tensor): each rank's checkpoint pieces
+//     (core/parallel/state_slices.h state_pieces over Job::rank_state), the same slabs a
+//     checkpoint writes;
 //   which collective each layer issues, in forward and backward, with its bytes: a decorator
-//     around every group records each collective, and a probe sink that captures nothing names
-//     the op that runs next (a collective belongs to the op whose probe follows it);
+//     around every mesh group and the ep group records each collective (RunHooks wraps no other:
+//     the data group of cp > 1 and the expert-data group of dp > ep go unrecorded), and a probe
+//     sink that captures nothing names the op that runs next (a collective belongs to the op
+//     whose probe follows it);
 //   memory per rank: Job::memory() after the step, beside the estimate (core/train/memory.h)
 //     that the job was admitted by.
 //
@@ -58,7 +61,7 @@ struct CollectiveUse {
     std::string phase;       // "fwd", "bwd", "mgrad", "grad", "optim", or "end" (after the update)
     int layer = -1;          // -1: the embedding, the head, or the whole model
     std::string op;          // the op whose probe follows it: "attn.c_proj", "param"
-    std::string group;       // "dp", "tp", "pp"
+    std::string group;       // "dp", "tp", "pp", "cp", "ep"
     std::string collective;  // "all_reduce", "send", ...
     i64 bytes = 0;           // per call, this rank's sent + received
     int calls = 0;           // in the step, on one rank (microbatches repeat it)
