@@ -1,9 +1,10 @@
 // The workbench's models, without a window (app/gui: the data model apart from the drawing):
 // the layout-check panel's lockstep grid (a fast-mode check within budget; a planted mutation,
 // tests/mutations.h, turns its cell red at the right step and the first op is named), the config
-// editor's errors beside their keys, the layout explorer on the runtime's own ranks, the job
-// controller, the measured pipeline timeline, the teaching models, and the views of the FP8,
-// spike and MoE router panels.
+// editor's errors beside their keys, the layout explorer on the runtime's own ranks (with cp, and
+// with ep: a rank's experts and its rows of a stacked expert tensor), the job controller, the
+// measured pipeline timeline, the teaching models, and the views of the FP8, spike and MoE router
+// panels.
 #include "app/gui/config_editor.h"
 #include "app/gui/fp8_view.h"
 #include "app/gui/job_controller.h"
@@ -259,6 +260,109 @@ TEST_CASE("Layout explorer: tp2 holds each attention matrix in two row blocks an
     c.layout.tp = 3;  // does not divide the heads
     const ExplorerResult bad = explore_layout(c);
     CHECK(bad.error.find("layout.tp") != std::string::npos);
+}
+
+TEST_CASE("Config editor: cp, its attention and ep are keys; ep needs experts", "[gui]") {
+    ConfigEditor e(small_job());
+    REQUIRE(e.field("layout.cp"));
+    REQUIRE(e.field("layout.ep"));
+    REQUIRE(e.field("model.moe_ffn"));
+    CHECK(e.field("layout.cp_method")->text == "ring");  // a string, without quotes
+    e.set("layout.cp", "2");
+    e.set("layout.cp_method", "ulysses");
+    e.set("numerics.block", "16");
+    std::optional<Config> c = e.build();
+    INFO(e.general_error());
+    REQUIRE(c.has_value());
+    CHECK(c->layout.cp == 2);
+    CHECK(c->layout.cp_method == "ulysses");
+
+    e.set("layout.cp", "1");
+    e.set("layout.dp", "2");
+    e.set("layout.ep", "2");  // a dense model: no experts to share out
+    CHECK(!e.build().has_value());
+    CHECK(e.field("layout.ep")->error.find("layout.ep") != std::string::npos);
+
+    e.set("model.moe_experts", "4");
+    e.set("model.moe_top_k", "2");
+    e.set("model.moe_ffn", "32");
+    c = e.build();
+    INFO(e.general_error());
+    REQUIRE(c.has_value());
+    CHECK(c->layout.ep == 2);
+    CHECK(c->model.moe_ffn == 32);
+    CHECK(!e.has_error());
+}
+
+TEST_CASE("Layout explorer: cp2 ranks are told apart; each holds every weight", "[gui]") {
+    Config c = small_job();
+    c.numerics.block = 16;
+    c.layout.cp = 2;
+    const ExplorerResult r = explore_layout(c);
+    INFO(r.error);
+    REQUIRE(r.error.empty());
+    CHECK(r.layout.world_size() == 2);
+    REQUIRE(r.coords.size() == 2);
+    CHECK(r.coords[0].cp == 0);
+    CHECK(r.coords[1].cp == 1);
+    const auto t = std::find_if(r.tensors.begin(), r.tensors.end(), [](const TensorHolding& h) {
+        return h.name == "h.0.attn.c_attn.weight";
+    });
+    REQUIRE(t != r.tensors.end());
+    std::vector<int> holders;
+    for (const HeldPiece& p : t->weights) {
+        holders.push_back(p.rank);
+        CHECK(p.slab.rows == t->rows);
+    }
+    std::sort(holders.begin(), holders.end());
+    CHECK(holders == std::vector<int>{0, 1});  // a replica each, not one rank twice
+    const bool cp_traffic =
+        std::any_of(r.collectives.begin(), r.collectives.end(),
+                    [](const CollectiveUse& u) { return u.group == "cp" && u.bytes > 0; });
+    CHECK(cp_traffic);
+}
+
+TEST_CASE("Layout explorer: ep2 shares out the experts, each rank its experts' rows", "[gui]") {
+    Config c = small_job();
+    c.model.moe_experts = 4;
+    c.model.moe_top_k = 2;
+    c.model.moe_ffn = 32;
+    c.numerics.block = 16;
+    c.layout.dp = 2;
+    c.layout.ep = 2;
+    const ExplorerResult r = explore_layout(c);
+    INFO(r.error);
+    REQUIRE(r.error.empty());
+    CHECK(r.layout.world_size() == 2);
+    CHECK(r.layout.ep == 2);
+    CHECK(r.experts == std::vector<ExpertRange>{{0, 2}, {2, 4}});
+    const auto t = std::find_if(r.tensors.begin(), r.tensors.end(), [](const TensorHolding& h) {
+        return h.name == "h.0.moe.experts.c_fc.weight";
+    });
+    REQUIRE(t != r.tensors.end());
+    CHECK(t->rows == 4 * 32);  // (E·moe_ffn, hidden)
+    CHECK(t->cols == 32);
+    std::map<int, std::pair<i64, i64>> rows;  // rank -> [first, last + 1) of the rows it holds
+    for (const HeldPiece& p : t->weights) {
+        CHECK(p.slab.col0 == 0);
+        CHECK(p.slab.cols == t->cols);
+        auto [it, fresh] = rows.emplace(p.rank, std::make_pair(p.slab.row0, p.slab.row0));
+        it->second.first = std::min(it->second.first, p.slab.row0);
+        it->second.second = std::max(it->second.second, p.slab.row0 + p.slab.rows);
+    }
+    CHECK(rows == std::map<int, std::pair<i64, i64>>{{0, {0, 64}}, {1, {64, 128}}});
+    i64 held = 0;
+    for (const HeldPiece& p : t->weights) held += p.slab.rows;
+    CHECK(held == t->rows);  // each expert row on one rank only
+    const bool ep_all_to_all =
+        std::any_of(r.collectives.begin(), r.collectives.end(), [](const CollectiveUse& u) {
+            return u.group == "ep" && u.collective.find("all_to_all") == 0 && u.bytes > 0;
+        });
+    CHECK(ep_all_to_all);  // the routed rows go to their experts' ranks and back
+
+    c.model.moe_experts = 0;  // dense: ep has nothing to share, the runtime's sentence says so
+    const ExplorerResult bad = explore_layout(c);
+    CHECK(bad.error.find("layout.ep") != std::string::npos);
 }
 
 TEST_CASE("Job controller: a run steps, pauses, and its pipeline timeline is measured", "[gui]") {

@@ -17,7 +17,7 @@ namespace px::gui {
 namespace {
 
 struct Pending {
-    MeshDim dim;
+    const char* group;  // "dp", "tp", "pp", "cp", or "ep"
     comm::Op op;
     i64 bytes;
 };
@@ -39,16 +39,16 @@ struct Collector {
         if (t_pending.empty()) return;
         std::lock_guard lk(mu);
         for (const Pending& p : t_pending) {
-            auto key = std::make_tuple(std::string(phase), layer, std::string(op),
-                                       std::string(dim_name(p.dim)),
-                                       std::string(comm::op_name(p.op)), p.bytes);
+            auto key =
+                std::make_tuple(std::string(phase), layer, std::string(op), std::string(p.group),
+                                std::string(comm::op_name(p.op)), p.bytes);
             auto [it, fresh] = index.emplace(key, uses.size());
             if (fresh) {
                 CollectiveUse u;
                 u.phase = phase;
                 u.layer = layer;
                 u.op = op;
-                u.group = dim_name(p.dim);
+                u.group = p.group;
                 u.collective = comm::op_name(p.op);
                 u.bytes = p.bytes;
                 uses.push_back(std::move(u));
@@ -80,8 +80,8 @@ private:
 
 class Recorder : public comm::Decorator {
 public:
-    Recorder(std::unique_ptr<comm::Communicator> inner, MeshDim dim)
-        : Decorator(std::move(inner)), dim_(dim) {}
+    Recorder(std::unique_ptr<comm::Communicator> inner, const char* group)
+        : Decorator(std::move(inner)), group_(group) {}
 
 protected:
     void run(comm::Request& req) override {
@@ -97,9 +97,9 @@ private:
     void note(const comm::Request& req) {
         if (req.op == comm::Op::split) return;
         const comm::Traffic t = comm::traffic(req, inner().rank(), inner().size());
-        t_pending.push_back({dim_, req.op, t.sent + t.recv});
+        t_pending.push_back({group_, req.op, t.sent + t.recv});
     }
-    MeshDim dim_;
+    const char* group_;
 };
 
 }  // namespace
@@ -139,13 +139,14 @@ ExplorerResult explore_layout(const Config& cfg) {
         r.tensors.push_back(std::move(t));
     }
     r.memory.resize(static_cast<size_t>(n));
+    r.experts.resize(static_cast<size_t>(n));
 
     Collector collector;
     OpNamer namer(collector);
     std::mutex mu;
     RunHooks hooks;
     hooks.setup = [&](Job& job) {
-        t_rank = mesh.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank()});
+        t_rank = mesh.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank(), job.cp_rank()});
         t_pending.clear();
         job.stop_after(1);
         job.set_probes(&namer);
@@ -158,6 +159,11 @@ ExplorerResult explore_layout(const Config& cfg) {
         const std::vector<StatePiece> m = state_pieces(*s.model, s.moments);
         std::lock_guard lk(mu);
         r.memory[static_cast<size_t>(rank)] = job.memory();
+        const ModelPart& part = job.model().part();
+        const int experts = static_cast<int>(c.model.moe_experts);
+        r.experts[static_cast<size_t>(rank)] = part.all_experts()
+                                                   ? ExpertRange{0, experts}
+                                                   : ExpertRange{part.expert_lo, part.expert_hi};
         for (const StatePiece& p : w)
             r.tensors[static_cast<size_t>(p.id)].weights.push_back({rank, p.slab});
         for (const StatePiece& p : m)
@@ -167,7 +173,11 @@ ExplorerResult explore_layout(const Config& cfg) {
     hooks.wrap_group =
         [](MeshDim d,
            std::unique_ptr<comm::Communicator> g) -> std::unique_ptr<comm::Communicator> {
-        return std::make_unique<Recorder>(std::move(g), d);
+        return std::make_unique<Recorder>(std::move(g), dim_name(d));
+    };
+    hooks.wrap_ep_group =
+        [](std::unique_ptr<comm::Communicator> g) -> std::unique_ptr<comm::Communicator> {
+        return std::make_unique<Recorder>(std::move(g), "ep");
     };
     const auto t0 = std::chrono::steady_clock::now();
     try {

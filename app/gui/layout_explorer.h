@@ -1,17 +1,21 @@
 // The layout explorer's model (a teaching view): for a config's layout, who holds what and who
 // says what to whom. Nothing is re-implemented: it runs one step of the layout on in-process
 // ranks with the runtime itself (run_layout) and reads the answers off the real ranks —
-//   which rank holds which block of every weight matrix and of its Adam moments: each rank's
-//     checkpoint pieces (core/parallel/state_slices.h state_pieces over Job::rank_state), the
-//     same slabs a checkpoint writes;
+//   which rank holds which block of every weight matrix and of its Adam moments (under ep, its
+//     experts' rows of each stacked expert tensor): each rank's checkpoint pieces
+//     (core/parallel/state_slices.h state_pieces over Job::rank_state), the same slabs a
+//     checkpoint writes;
 //   which collective each layer issues, in forward and backward, with its bytes: a decorator
-//     around every group records each collective, and a probe sink that captures nothing names
-//     the op that runs next (a collective belongs to the op whose probe follows it);
+//     around every mesh group and the ep group records each collective (RunHooks wraps no other:
+//     the data group of cp > 1 and the expert-data group of dp > ep go unrecorded), and a probe
+//     sink that captures nothing names the op that runs next (a collective belongs to the op
+//     whose probe follows it);
 //   memory per rank: Job::memory() after the step, beside the estimate (core/train/memory.h)
 //     that the job was admitted by.
 //
 // Index
 //   HeldPiece, TensorHolding   one rank's slab of one tensor; every rank's slabs of one tensor
+//   ExpertRange                the experts of every MoE layer that one rank holds
 //   CollectiveUse              one collective of one op: group, op, bytes, calls, ranks
 //   ExplorerResult             everything the panel draws
 //   LayoutExplorer             explore(cfg) on a thread; busy(); result()
@@ -45,11 +49,19 @@ struct TensorHolding {
     std::vector<HeldPiece> moments;  // the Adam moments each rank holds
 };
 
+// Experts [lo, hi) of every MoE layer: an expert-parallel rank's share (Mesh::ep_group), or all
+// of them without ep; empty (0, 0) for a dense model.
+struct ExpertRange {
+    int lo = 0, hi = 0;
+    int size() const { return hi - lo; }
+    bool operator==(const ExpertRange&) const = default;
+};
+
 struct CollectiveUse {
     std::string phase;       // "fwd", "bwd", "mgrad", "grad", "optim", or "end" (after the update)
     int layer = -1;          // -1: the embedding, the head, or the whole model
     std::string op;          // the op whose probe follows it: "attn.c_proj", "param"
-    std::string group;       // "dp", "tp", "pp"
+    std::string group;       // "dp", "tp", "pp", "cp", "ep"
     std::string collective;  // "all_reduce", "send", ...
     i64 bytes = 0;           // per call, this rank's sent + received
     int calls = 0;           // in the step, on one rank (microbatches repeat it)
@@ -63,6 +75,7 @@ struct ExplorerResult {
     Layout layout;
     std::vector<Coord> coords;               // per world rank
     std::vector<LayerRange> layers;          // per world rank: its stage's layers (chunk 0)
+    std::vector<ExpertRange> experts;        // per world rank, as its job's model part holds
     std::vector<TensorHolding> tensors;      // the whole model's table order
     std::vector<CollectiveUse> collectives;  // in the order the ops run
     std::vector<MemoryStats> memory;         // per world rank, after the step

@@ -1,6 +1,7 @@
-// Layout explorer (teaching view): pick dp / tp / pp / ZeRO / sp and see, from one step the
-// runtime itself runs (LayoutExplorer), which rank holds which block of a weight matrix, which
-// collectives each layer issues with their bytes, and the memory per rank.
+// Layout explorer (teaching view): pick dp / tp / pp / cp / ep / ZeRO / sp and see, from one step
+// the runtime itself runs (LayoutExplorer), which rank holds which block of a weight matrix (under
+// ep, which experts' rows of a stacked expert tensor), which collectives each layer issues with
+// their bytes, and the memory per rank.
 #include "app/gui/panels.h"
 
 #include "core/train/memory.h"
@@ -80,12 +81,23 @@ void draw_holding(const TensorHolding& t, bool moments, ImVec2 size) {
 
 void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
     if (s.explorer && s.explorer->version() != s.seen) {
+        // The matrix shown stays by name: another model's table numbers its tensors otherwise.
+        const std::string shown =
+            s.tensor >= 0 && s.tensor < static_cast<int>(s.result.tensors.size())
+                ? s.result.tensors[static_cast<size_t>(s.tensor)].name
+                : std::string();
         s.result = s.explorer->result();
         s.seen = s.explorer->version();
+        s.tensor = -1;
+        for (size_t i = 0; i < s.result.tensors.size(); i++)
+            if (s.result.tensors[i].name == shown) s.tensor = static_cast<int>(i);
         if (s.result.ready && s.result.error.empty()) {
             s.dp = s.result.layout.dp;
             s.tp = s.result.layout.tp;
             s.pp = s.result.layout.pp;
+            s.cp = s.result.layout.cp;
+            s.ulysses = s.result.layout.cp_method == CpMethod::ulysses;
+            s.ep = s.result.layout.ep;
             s.zero = s.result.layout.zero;
             s.sp = s.result.config.layout.sequence_parallel;
         }
@@ -100,6 +112,20 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
     pick("dp", &s.dp, 1, 64);
     pick("tp", &s.tp, 1, 64);
     pick("pp", &s.pp, 1, 64);
+    pick("cp", &s.cp, 1, 64);
+    if (s.cp > 1) {
+        ImGui::SetNextItemWidth(fw);
+        int method = s.ulysses ? 1 : 0;
+        ImGui::Combo("cp attention", &method, "ring\0ulysses\0");
+        s.ulysses = method == 1;
+        ImGui::SameLine();
+    }
+    const bool dense = s.experts == 0;
+    if (dense) s.ep = 1;  // a dense model has no experts to share out
+    ImGui::BeginDisabled(dense);
+    pick("ep", &s.ep, 1, 64);
+    ImGui::EndDisabled();
+    if (d.rects) d.rects->mark("explorer_ep");
     pick("ZeRO", &s.zero, 0, 3);
     ImGui::Checkbox("sp", &s.sp);
     ImGui::SameLine();
@@ -107,6 +133,7 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
     if (ImGui::Button(busy ? "Running one step..." : "Explore") && !busy)
         s.explore_requested = true;
     if (d.rects) d.rects->mark("explore");
+    if (dense) empty_state("ep stays 1: a dense model (model.moe_experts = 0) has no experts");
     const ExplorerResult& r = s.result;
     if (!r.ready) {
         empty_state(
@@ -120,10 +147,17 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
         return;
     }
     const Layout& l = r.layout;
+    const std::string cp =
+        l.cp > 1 ? " x cp " + std::to_string(l.cp) + " (" + cp_method_name(l.cp_method) + ")"
+                 : std::string();
+    const std::string ep = l.ep > 1 ? " (ep " + std::to_string(l.ep) +
+                                          ": experts shared out over groups of " +
+                                          std::to_string(l.ep) + " dp ranks)"
+                                    : std::string();
     ImGui::Text(
-        "world of %d ranks: dp %d x pp %d x tp %d, ZeRO-%d, %d microbatches%s (one step traced in "
-        "%.2f s)",
-        l.world_size(), l.dp, l.pp, l.tp, l.zero, l.microbatches,
+        "world of %d ranks: dp %d x pp %d%s x tp %d%s, ZeRO-%d, %d microbatches%s (one step "
+        "traced in %.2f s)",
+        l.world_size(), l.dp, l.pp, cp.c_str(), l.tp, ep.c_str(), l.zero, l.microbatches,
         r.config.layout.sequence_parallel ? ", sequence parallel" : "", r.seconds);
     // The ranks.
     for (int k = 0; k < l.world_size(); k++) {
@@ -134,8 +168,15 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
         ImGui::GetWindowDrawList()->AddRectFilled(p, ImVec2(p.x + h, p.y + h), rank_colour(k));
         ImGui::Dummy(ImVec2(h, h));
         ImGui::SameLine();
-        ImGui::Text("rank %d: pp%d dp%d tp%d, layers %d..%d", k, c.pp, c.dp, c.tp, lr.lo,
-                    lr.hi - 1);
+        std::string line = "rank " + std::to_string(k) + ": pp" + std::to_string(c.pp) + " dp" +
+                           std::to_string(c.dp) +
+                           (l.cp > 1 ? " cp" + std::to_string(c.cp) : std::string()) + " tp" +
+                           std::to_string(c.tp) + ", layers " + std::to_string(lr.lo) + ".." +
+                           std::to_string(lr.hi - 1);
+        const ExpertRange e = r.experts[static_cast<size_t>(k)];
+        if (e.size() > 0)
+            line += ", experts " + std::to_string(e.lo) + ".." + std::to_string(e.hi - 1);
+        ImGui::TextUnformatted(line.c_str());
         if (k % 3 != 2 && k + 1 < l.world_size()) ImGui::SameLine(0, 24);
     }
     if (d.rects) d.rects->mark("explorer_ranks");
@@ -144,10 +185,12 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
     for (size_t i = 0; i < r.tensors.size(); i++)
         if (r.tensors[i].rows > 1) matrices.push_back(static_cast<int>(i));
     if (s.tensor < 0 || s.tensor >= static_cast<int>(r.tensors.size())) {
+        // The first attention matrix; under ep the first stacked expert matrix, whose rows the
+        // ep ranks share out.
+        const char* first = l.ep > 1 ? "moe.experts.c_fc.weight" : "attn.c_attn.weight";
         s.tensor = matrices.empty() ? 0 : matrices.front();
         for (int i : matrices)
-            if (r.tensors[static_cast<size_t>(i)].name.find("attn.c_attn.weight") !=
-                std::string::npos) {
+            if (r.tensors[static_cast<size_t>(i)].name.find(first) != std::string::npos) {
                 s.tensor = i;
                 break;
             }

@@ -122,10 +122,13 @@ void draw_events_panel(const RunData& d, EventsPanelState& s);
 struct LayoutExplorerPanelState {
     LayoutExplorer* explorer = nullptr;
     int dp = 1, tp = 1, pp = 1, zero = 0;
+    int cp = 1, ep = 1;
+    bool ulysses = false;  // layout.cp_method: "ulysses", else "ring"
     bool sp = false;
+    i64 experts = 0;        // model.moe_experts of the config Explore runs (0: dense, ep stays 1)
     ExplorerResult result;  // refreshed when the model's version changes
     std::uint64_t seen = 0;
-    int tensor = -1;  // the weight matrix shown; -1: the first attention matrix
+    int tensor = -1;  // the weight matrix shown; -1: the first attention (ep: expert) matrix
     bool show_moments = false;
     bool explore_requested = false;
 };

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -91,6 +92,7 @@ private:
     void act();
     void print_state();
     Config current_config();
+    i64 explored_experts();
 
     WorkbenchOptions opt_;
     GLFWwindow* window_ = nullptr;
@@ -196,6 +198,17 @@ Config Workbench::current_config() {
     return job_s_.editor.base();
 }
 
+// model.moe_experts of the config Explore runs (current_config), read every frame without
+// building the editor: the job's, else the edited text when it is a number, else the base's.
+i64 Workbench::explored_experts() {
+    if (job_.status() != JobStatus::none) return job_.config().model.moe_experts;
+    const EditorField* f = job_s_.editor.field("model.moe_experts");
+    if (f && !f->text.empty() &&
+        std::all_of(f->text.begin(), f->text.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+        return std::strtoll(f->text.c_str(), nullptr, 10);
+    return job_s_.editor.base().model.moe_experts;
+}
+
 void Workbench::start_job(bool run) {
     std::optional<Config> cfg = job_s_.editor.build();
     if (!cfg) {
@@ -241,6 +254,7 @@ void Workbench::draw_panel(Panel p) {
             draw_events_panel(data_, events_s_);
             break;
         case Panel::layout_explorer:
+            expl_s_.experts = explored_experts();
             draw_layout_explorer_panel(data_, expl_s_);
             break;
         case Panel::schedule:
@@ -332,6 +346,9 @@ void Workbench::act() {
         c.layout.dp = expl_s_.dp;
         c.layout.tp = expl_s_.tp;
         c.layout.pp = expl_s_.pp;
+        c.layout.cp = expl_s_.cp;
+        c.layout.cp_method = expl_s_.ulysses ? "ulysses" : "ring";
+        c.layout.ep = c.model.moe_experts > 0 ? expl_s_.ep : 1;  // dense: no experts to share
         c.layout.zero = expl_s_.zero;
         c.layout.sequence_parallel = expl_s_.sp;
         explorer_.explore(c);  // waits behind a running exploration, never on it
@@ -350,6 +367,11 @@ void Workbench::print_state() {
     j["explorer_busy"] = explorer_.busy();
     j["explorer_ranks"] = r.ready && r.error.empty() ? r.layout.world_size() : 0;
     j["explorer_error"] = r.error;
+    j["explorer_ep"] = r.ready && r.error.empty() ? r.layout.ep : 0;
+    nlohmann::json experts = nlohmann::json::array();  // per rank: [lo, hi) of every MoE layer
+    if (r.ready && r.error.empty())
+        for (const ExpertRange& e : r.experts) experts.push_back({e.lo, e.hi});
+    j["explorer_experts"] = experts;
     j["job_tp"] = job_.status() != JobStatus::none ? job_.config().layout.tp : 0;
     nlohmann::json errors = nlohmann::json::object();
     for (const EditorField& f : job_s_.editor.fields())

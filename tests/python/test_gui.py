@@ -442,7 +442,9 @@ def test_the_router_panel_driven_by_real_input(display, moe_config, tmp_path):
 
 def test_a_dense_job_until_experts_are_set(display, config):
     """The router panel of a dense job holds nothing (its empty state); model.moe_experts typed
-    into the editor and Restart: the same model with 4 experts per layer, its router filling in."""
+    into the editor and Restart: the same model with 4 experts per layer, its router filling in.
+    Then dp 2 and ep 2 typed in and Restart: the layout explorer follows the job, each of its two
+    ranks holding two of the experts."""
     w = Window(display, config)
     try:
         s = w.state()
@@ -456,5 +458,13 @@ def test_a_dense_job_until_experts_are_set(display, config):
         s = w.wait_for(lambda s: s["router"]["steps"] >= 2)
         assert s["router"]["layers"] == [0, 1] and s["router"]["experts"] == 4, s["router"]
         assert s["editor_errors"] == {}
+
+        w.type_into("layout.dp", "2")
+        w.type_into("layout.ep", "2")
+        w.click("restart")
+        w.click("tab:layout_explorer")
+        s = w.wait_for(lambda s: not s["explorer_busy"] and s["explorer_ep"] == 2)
+        assert s["explorer_ranks"] == 2 and s["explorer_experts"] == [[0, 2], [2, 4]], s
+        assert "explorer_ep" in s["rects"] and s["editor_errors"] == {}
     finally:
         w.close()
