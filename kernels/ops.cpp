@@ -5,7 +5,9 @@
 #include "kernels/cpu/casts.h"
 
 #include <initializer_list>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace px::ops {
 
@@ -270,6 +272,20 @@ void sum_squares_blocks(const Numerics& nx, const Tensor& part, const Tensor& x)
     const Backend& b = dispatch(nx, Op::sum_squares, {{S, &part}, {G, &x}});
     PX_ASSERT(part.numel() == num_blocks(x.numel(), nx.block), "sum_squares_blocks shapes");
     b.sum_squares_blocks(nx, part, x);
+}
+
+void warm_up_matmul(const Numerics& nx) {
+    if (nx.mode != Mode::fast) return;
+    static std::once_flag done;
+    std::call_once(done, [&] {
+        const i64 M = 256, K = 768;  // a GPT-2 small linear's shape class
+        std::vector<float> x(M * K, 0.5f), w(K * K, 0.25f), y(M * K), dx(M * K), dw(K * K), db(K);
+        const Tensor inp = view_f32(x.data(), {M, K}), weight = view_f32(w.data(), {K, K});
+        const Tensor out = view_f32(y.data(), {M, K}), dinp = view_f32(dx.data(), {M, K});
+        const Tensor dweight = view_f32(dw.data(), {K, K}), dbias = view_f32(db.data(), {K});
+        matmul_forward(nx, out, inp, weight, nullptr);
+        matmul_backward(nx, &dinp, &dweight, &dbias, out, inp, weight);
+    });
 }
 
 std::string matmul_path(const Numerics& nx, Device device, DType dtype) {

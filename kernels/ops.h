@@ -13,6 +13,7 @@
 //   row_max, exp_sub, row_sum   the pieces of a softmax whose rows are split between ranks
 //   adamw_update, sum_squares, sum_squares_blocks
 //   matmul_path             which kernel and hardware path a dtype's matmuls take (reports)
+//   warm_up_matmul          the fast matmul's one-time setup, before the first step
 //   fake_quant, fake_quant_tiles   fp8 casts read back to fp32 (vectorised, bit-exact)
 //
 // Shapes use the letters of core/base/shapes.h; leading dimensions are flattened into BT. Operands
@@ -157,6 +158,10 @@ void sum_squares_blocks(const Numerics& nx, const Tensor& part, const Tensor& x)
 // "oneDNN avx512_core_amx (brg:avx512_core_amx_bf16; cpuid: amx_bf16 avx512_bf16)", "fp32 sgemm
 // on bf16 values (...)". Empty when no backend is registered for them.
 std::string matmul_path(const Numerics& nx, Device device, DType dtype);
+// Once per process: an fp32 matmul forward and backward in fast mode on small operands, so that
+// the fast path's one-time setup (oneDNN generating its sgemm code) is paid when a model is made,
+// not inside its first step. Nothing in bitwise mode, whose kernels have no such setup.
+void warm_up_matmul(const Numerics& nx);
 
 // FP8 casts read back to fp32 (core/model/fp8.h), on the CPU (nx.isa picks the vector path; every
 // path gives the bits of core/base/dtype.h's scalar casts).

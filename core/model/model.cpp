@@ -789,6 +789,7 @@ void GPT::forward(const int* tokens, const int* targets, i64 B, i64 T) {
 }
 
 void GPT::prepare(i64 B, i64 T) {
+    ops::warm_up_matmul(nx_);
     const ActShape& s = acts_.shape();
     if (acts_.bytes() == 0 || s.B != B || s.T != T) acts_ = make_activations(0, B, T);
 }

@@ -381,7 +381,8 @@ public:
     // it is a reduction over the whole batch). Activations are kept for backward.
     void forward(const int* tokens, const int* targets, i64 B, i64 T);
     const float* losses() const { return acts_.losses().f32(); }
-    // Makes the activations for B sequences of T tokens now (the first forward would otherwise).
+    // Makes the activations for B sequences of T tokens now (the first forward would otherwise),
+    // and the fast matmul's one-time setup (ops::warm_up_matmul).
     void prepare(i64 B, i64 T);
 
     // Adds this microbatch's gradients into `grads` (a GradLayout buffer, zeroed by the caller

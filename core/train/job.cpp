@@ -205,8 +205,10 @@ Job::Job(const Config& cfg, const Layout& layout, RankGroups groups)
     slots_.resize(chunks);
     free_.resize(chunks);
     live_.assign(chunks, std::vector<Slot*>(static_cast<size_t>(layout_.microbatches), nullptr));
-    // Every chunk's first activation set now, its pages mapped: not inside the first step.
+    // Every chunk's first activation set now, its pages mapped, and the fast matmul's one-time
+    // setup: not inside the first step.
     for (int c = 0; c < static_cast<int>(chunks); c++) release(c, acquire(c));
+    ops::warm_up_matmul(nx_);
 
     windows_.resize(static_cast<size_t>(local_B_ * (T_ + 1)));
     inputs_.resize(static_cast<size_t>(local_B_ * T_));
