@@ -87,15 +87,14 @@ Tensor expert_bias(const Tensor& biases, i64 e) {
     return subview(biases, e * cols, {cols});
 }
 
-// In[q] = src[token of row q] for every gathered row (C values each).
-void gather_rows(const Tensor& dst, const Tensor& src, const Dispatch& d, i64 K, i64 C) {
+// dst[q·ld ..] = src[token of row q] for every gathered row (C values each; rows ld apart).
+void gather_rows(float* dst, i64 ld, const Tensor& src, const Dispatch& d, i64 K, i64 C) {
     const float* s = src.f32();
-    float* o = dst.f32();
     const i64 rows = d.rows();
 #pragma omp parallel for schedule(static)
     for (i64 q = 0; q < rows; q++) {
         const float* row = s + (d.slot_of[static_cast<size_t>(q)] / K) * C;
-        std::copy(row, row + C, o + q * C);
+        std::copy(row, row + C, dst + q * ld);
     }
 }
 
@@ -320,10 +319,10 @@ void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool prob
     if (x) {
         r = make_route(*x, d, E);
         std::vector<float> mine(static_cast<size_t>(d.rows() * C));
-        gather_rows(view_f32(mine.data(), {d.rows(), C}), ln2, d, K, C);
+        gather_rows(mine.data(), C, ln2, d, K, C);
         to_owners(*x, r, mine.data(), C, in.f32());
     } else {
-        gather_rows(in, ln2, d, K, C);
+        gather_rows(in.f32(), C, ln2, d, K, C);
     }
     const std::vector<i64>& first = x ? r.first : d.first;
     const i64 EL = x ? r.EL : E;
@@ -420,12 +419,7 @@ void GPT::moe_backward(Activations& a, std::span<const TokenNode> nodes, int l, 
     float* const xin = x ? mine.data() : in.f32();
     float* const dyp = x ? mine.data() + C : dy.f32();
     const i64 ld = x ? 2 * C : C;
-    const float* l2 = ln2.f32();
-#pragma omp parallel for schedule(static)
-    for (i64 q = 0; q < rows; q++) {
-        const float* row = l2 + (d.slot_of[static_cast<size_t>(q)] / K) * C;
-        std::copy(row, row + C, xin + q * ld);
-    }
+    gather_rows(xin, ld, ln2, d, K, C);
 
     // The combine: d(expert output) = gate · dout, d(gate) = dout · expert output.
     const float* g_out = dout.f32();
