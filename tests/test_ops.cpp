@@ -745,7 +745,7 @@ TEST_CASE("vecmath: every routine gives identical bits on every ISA, bodies and 
           "[vecmath]") {
     const auto& s = cpu::vecmath(Isa::scalar);
     Rng r(9);
-    for (i64 n : {1, 7, 15, 16, 17, 63, 64, 100, 1029}) {
+    for (i64 n : {1, 7, 15, 16, 17, 63, 64, 100, 1029, 4100}) {
         const Vec x = randv(r, n, -30.0f, 30.0f), y = randv(r, n), z = randv(r, n, 0.0f, 2.0f);
         // Elementwise maps, including special values in the tail.
         Vec xs = x;
@@ -793,7 +793,9 @@ TEST_CASE("vecmath: every routine gives identical bits on every ISA, bodies and 
             CHECK(first_diff(p1, p2) == -1);
             CHECK(first_diff(m1, m2) == -1);
             CHECK(first_diff(v1, v2) == -1);
-            for (int blk : {1, 8, 64}) {
+            // Blocks shorter than, equal to and between multiples of a vector: full groups are
+            // transposed in registers, the rest gathered; x·x is the sum of squares' own path.
+            for (int blk : {1, 8, 16, 24, 64}) {
                 const i64 nb = num_blocks(n, blk);
                 Vec pa(nb), pb(nb);
                 s.block_sums(pa.data(), x.data(), n, blk);
@@ -805,6 +807,11 @@ TEST_CASE("vecmath: every routine gives identical bits on every ISA, bodies and 
                 CHECK(first_diff(pa, pb) == -1);
                 CHECK(bits(tree_sum(pb.data(), nb)) ==
                       bits(canonical_dot(x.data(), y.data(), n, blk)));
+                s.block_dots(pa.data(), x.data(), x.data(), n, blk);
+                v.block_dots(pb.data(), x.data(), x.data(), n, blk);
+                CHECK(first_diff(pa, pb) == -1);
+                CHECK(bits(tree_sum(pb.data(), nb)) ==
+                      bits(canonical_dot(x.data(), x.data(), n, blk)));
             }
         }
     }

@@ -123,12 +123,28 @@ void tile_narrow(const float* ap, const float* bp, i64 klen, i64 kb, i64 seg,
 
 }  // namespace
 
+// See StoreFn.
+void store_tile(float* c, i64 ldc, const float* s, int NR, int rows, int cols, bool accumulate,
+                const float* bias) {
+    for (int r = 0; r < rows; r++) {
+        float* cr = c + r * ldc;
+        const float* sr = s + r * NR;
+        if (bias != nullptr) {
+            for (int j = 0; j < cols; j++) cr[j] = sr[j] + bias[j];
+        } else if (accumulate) {
+            for (int j = 0; j < cols; j++) cr[j] = cr[j] + sr[j];
+        } else {
+            for (int j = 0; j < cols; j++) cr[j] = sr[j];
+        }
+    }
+}
+
 GemmKernel gemm_kernel() {
-    return {MR, NR, tile, pack};
+    return {MR, NR, tile, pack, store_tile};
 }
 
 GemmKernel narrow_gemm_kernel() {
-    return {MR, NR, tile_narrow, pack};
+    return {MR, NR, tile_narrow, pack, store_tile};
 }
 
 }  // namespace scalar
@@ -170,6 +186,7 @@ constexpr i64 kKC = 768;        // most K elements per chunk; GPT-2's C = 768 ru
 constexpr i64 kMC = 512;        // most rows per item when A is the shared operand
 constexpr i64 kNC = 1024;       // most columns per item when B is the shared operand
 constexpr i64 kItemPanels = 4;  // most local panels per item (one shared panel meets them in L1)
+constexpr i64 kItemBytes = 256 << 10;  // ... or more, while they fit this much (L2)
 
 // narrow: the narrow accumulator's kernels (Numerics::fp8_promote > 0).
 const GemmKernel& kernel_for(Isa isa, bool narrow = false) {
@@ -192,30 +209,31 @@ const GemmKernel& kernel_for(const Numerics& nx) {
     return kernel_for(nx.isa, nx.fp8_promote > 0);
 }
 
-// c (rows,cols) with leading dimension ldc from the tile result s (MR,NR):
-// c = s (+ bias[j]) or c += s.
-void write_tile(float* c, i64 ldc, const float* s, int NR, int rows, int cols, bool accumulate,
-                const float* bias) {
-    for (int r = 0; r < rows; r++) {
-        float* cr = c + r * ldc;
-        const float* sr = s + r * NR;
-        if (accumulate) {
-            for (int j = 0; j < cols; j++) cr[j] = cr[j] + sr[j];
-        } else if (bias != nullptr) {
-            for (int j = 0; j < cols; j++) cr[j] = sr[j] + bias[j];
-        } else {
-            for (int j = 0; j < cols; j++) cr[j] = sr[j];
-        }
-    }
-}
-
 // Prefetch an output tile (rows, cols) for writing while its last chunk computes: write_tile
 // would otherwise wait on memory (dweight accumulates into a matrix of several MB).
 void prefetch_tile(float* c, i64 ldc, int rows, int cols) {
     for (int r = 0; r < rows; r++) {
         const char* p = reinterpret_cast<const char*>(c + r * ldc);
-        for (int off = 0; off < cols * 4; off += 64) __builtin_prefetch(p + off, 1, 3);
-        __builtin_prefetch(p + cols * 4 - 1, 1, 3);
+        for (int off = 0; off < cols * 4; off += 64) __builtin_prefetch(p + off, 1, 1);
+        __builtin_prefetch(p + cols * 4 - 1, 1, 1);
+    }
+}
+
+// Pack panels [l0, l1) of one operand (panel l: lanes l·W .. of `extent`, lane stride ls, K
+// stride ks, klen elements from src) into consecutive panels at dst, each (klen, W). When the
+// lanes are contiguous (ls = 1: the rows of dout in dweight, of an activation in dinp) one
+// panel's K elements lie a whole row apart, so packing panel by panel would touch a new cache
+// line (and often a new page) for every 14 or 32 floats; short runs of K over all the panels
+// read each row's span in one go instead. The packed bytes are the same either way.
+void pack_panels(const GemmKernel& kr, float* dst, const float* src, i64 ls, i64 ks, int W,
+                 i64 extent, i64 l0, i64 l1, i64 klen) {
+    constexpr i64 kRun = 8;  // K elements per panel and pass
+    const i64 run = ls == 1 && l1 - l0 > 1 ? kRun : klen;
+    for (i64 k0 = 0; k0 < klen; k0 += run) {
+        const i64 n = std::min(run, klen - k0);
+        for (i64 l = l0; l < l1; l++)
+            kr.pack(dst + (l - l0) * W * klen + k0 * W, src + l * W * ls + k0 * ks, ls, ks,
+                    static_cast<int>(std::min<i64>(W, extent - l * W)), W, n);
     }
 }
 
@@ -286,13 +304,18 @@ void gemm_canonical(const GemmKernel& kr, i64 block, i64 seg, float* c, i64 ldc,
         const i64 groups = (panels + most - 1) / most;
         return (panels + groups - 1) / groups;
     };
+    // Local panels per item: kItemPanels, or as many as fit kItemBytes when K is short (the
+    // weight gradients), so that packing reads longer runs of each row.
+    auto item_most = [&](int w) {
+        return std::max<i64>(kItemPanels, kItemBytes / (w * max_klen * 4));
+    };
     i64 gm, gn;
     if (a_shared) {
         gm = balanced(mp, std::max<i64>(1, kMC / MR));
-        gn = balanced(np, std::clamp<i64>(np / (4 * nthreads_max), 1, kItemPanels));
+        gn = balanced(np, std::clamp<i64>(np / (4 * nthreads_max), 1, item_most(NR)));
     } else {
         gn = balanced(np, std::max<i64>(1, kNC / NR));
-        gm = balanced(mp, std::clamp<i64>(mp / (4 * nthreads_max), 1, kItemPanels));
+        gm = balanced(mp, std::clamp<i64>(mp / (4 * nthreads_max), 1, item_most(MR)));
     }
     const i64 items_m = (mp + gm - 1) / gm, items_n = (np + gn - 1) / gn;
     const i64 items = items_m * items_n;
@@ -329,19 +352,20 @@ void gemm_canonical(const GemmKernel& kr, i64 block, i64 seg, float* c, i64 ldc,
 
 #pragma omp parallel num_threads(nthreads)
     {
-#pragma omp for schedule(static)
-        for (i64 p = 0; p < shared_panels; p++) {
+        // The shared operand, whole, each thread a range of its panels.
+        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        {
+            const i64 s0 = shared_panels * tid / nth, s1 = shared_panels * (tid + 1) / nth;
+            const int sw = a_shared ? MR : NR;
             if (a_shared)
-                kr.pack(shared + p * MR * K, a + p * MR * rsa, rsa, csa,
-                        static_cast<int>(std::min<i64>(MR, M - p * MR)), MR, K);
+                pack_panels(kr, shared + s0 * MR * K, a, rsa, csa, sw, M, s0, s1, K);
             else
-                kr.pack(shared + p * NR * K, b + p * NR * csb, csb, rsb,
-                        static_cast<int>(std::min<i64>(NR, N - p * NR)), NR, K);
+                pack_panels(kr, shared + s0 * NR * K, b, csb, rsb, sw, N, s0, s1, K);
         }
+#pragma omp barrier
 
         // A static schedule over items, written out because each thread runs its items once per
         // chunk (chunks outermost, so a chunk of the shared operand stays in L2 across them).
-        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
         const i64 it0 = items * tid / nth, it1 = items * (tid + 1) / nth;
         float* const local = scratch + shared_floats + outer_floats + tid * thread_floats;
         float* const inner = local + local_floats;
@@ -355,11 +379,8 @@ void gemm_canonical(const GemmKernel& kr, i64 block, i64 seg, float* c, i64 ldc,
                 i64 p0, p1, q0, q1;
                 item_panels(it, p0, p1, q0, q1);
                 const i64 l0 = a_shared ? q0 : p0, l1 = a_shared ? q1 : p1;  // local panels
-                for (i64 l = l0; l < l1; l++)
-                    kr.pack(local + (l - l0) * local_w * klen,
-                            local_src + l * local_w * local_ls + k0 * local_ks, local_ls, local_ks,
-                            static_cast<int>(std::min<i64>(local_w, local_extent - l * local_w)),
-                            static_cast<int>(local_w), klen);
+                pack_panels(kr, local, local_src + k0 * local_ks, local_ls, local_ks,
+                            static_cast<int>(local_w), local_extent, l0, l1, klen);
 
                 auto run_tile = [&](i64 p, i64 q) {
                     const float* ap =
@@ -380,8 +401,8 @@ void gemm_canonical(const GemmKernel& kr, i64 block, i64 seg, float* c, i64 ldc,
                             nchunks == 1 ? 0 : plan.outer_sp[ch],
                             nchunks == 1 ? 0 : plan.outer[ch]);
                     if (last)
-                        write_tile(c + i0 * ldc + j0, ldc, os, NR, rows, cols, accumulate,
-                                   bias != nullptr ? bias + j0 : nullptr);
+                        kr.store(c + i0 * ldc + j0, ldc, os, NR, rows, cols, accumulate,
+                                 bias != nullptr ? bias + j0 : nullptr);
                 };
                 // A panel of the shared operand stays in L1 while it meets the item's few local
                 // panels (L1/L2).

@@ -202,11 +202,11 @@ void pack(float* dst, const float* src, i64 ls, i64 ks, int lanes, int W, i64 kl
 }  // namespace
 
 GemmKernel gemm_kernel() {
-    return {MR, NR, tile, pack};
+    return {MR, NR, tile, pack, scalar::store_tile};
 }
 
 GemmKernel narrow_gemm_kernel() {
-    return {NMR, NR, tile_narrow, pack};
+    return {NMR, NR, tile_narrow, pack, scalar::store_tile};
 }
 
 }  // namespace px::cpu::avx2

@@ -209,14 +209,33 @@ void pack(float* dst, const float* src, i64 ls, i64 ks, int lanes, int W, i64 kl
         for (int l = 0; l < W; l++) dst[k * W + l] = l < lanes ? src[l * ls + k * ks] : 0.0f;
 }
 
+// See StoreFn: 16 columns per vector, masked at the tile's right edge.
+void store(float* c, i64 ldc, const float* s, int nr, int rows, int cols, bool accumulate,
+           const float* bias) {
+    for (int r = 0; r < rows; r++) {
+        float* cr = c + r * ldc;
+        const float* sr = s + r * nr;
+        for (int j = 0; j < cols; j += 16) {
+            const __mmask16 m =
+                static_cast<__mmask16>(cols - j >= 16 ? 0xFFFFu : (1u << (cols - j)) - 1);
+            __m512 v = _mm512_maskz_loadu_ps(m, sr + j);
+            if (bias != nullptr)
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + j));
+            else if (accumulate)
+                v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, cr + j), v);
+            _mm512_mask_storeu_ps(cr + j, m, v);
+        }
+    }
+}
+
 }  // namespace
 
 GemmKernel gemm_kernel() {
-    return {MR, NR, tile, pack};
+    return {MR, NR, tile, pack, store};
 }
 
 GemmKernel narrow_gemm_kernel() {
-    return {NMR, NR, tile_narrow, pack};
+    return {NMR, NR, tile_narrow, pack, store};
 }
 
 }  // namespace px::cpu::avx512

@@ -2,7 +2,7 @@
 // (matmul_avx2.cpp, matmul_avx512.cpp, matmul_fast.cpp). Not for use outside kernels/cpu.
 //
 // Index
-//   TileFn, PackFn, GemmKernel   what one ISA path provides to the canonical GEMM driver
+//   TileFn, PackFn, StoreFn, GemmKernel   what one ISA path provides to the canonical GEMM driver
 //   scalar/avx2/avx512::gemm_kernel          fp32 block sums
 //   scalar/avx2/avx512::narrow_gemm_kernel   the narrow accumulator (Numerics::fp8_promote)
 //   kNarrowKeep                  the bits of an fp32 sum the narrow accumulator keeps
@@ -46,16 +46,25 @@ constexpr std::uint32_t kNarrowKeep = 0xFFFFFC00u;
 // for k < klen. ls is the stride between lanes, ks the stride along K.
 using PackFn = void (*)(float* dst, const float* src, i64 ls, i64 ks, int lanes, int W, i64 klen);
 
+// Write a finished tile s (rows of nr floats) to c (rows, cols), leading dimension ldc:
+// c = s + bias[j] when bias is given, else c = c + s when accumulate, else c = s. One rounding
+// per element, so every path gives the same bits.
+using StoreFn = void (*)(float* c, i64 ldc, const float* s, int nr, int rows, int cols,
+                         bool accumulate, const float* bias);
+
 struct GemmKernel {
-    int mr;       // rows of a tile (A panel width)
-    int nr;       // columns of a tile (B panel width)
-    TileFn tile;  // microkernel
-    PackFn pack;  // panel packing (vectorised copy / transpose)
+    int mr;         // rows of a tile (A panel width)
+    int nr;         // columns of a tile (B panel width)
+    TileFn tile;    // microkernel
+    PackFn pack;    // panel packing (vectorised copy / transpose)
+    StoreFn store;  // tile write-out
 };
 
 namespace scalar {
 GemmKernel gemm_kernel();
 GemmKernel narrow_gemm_kernel();
+void store_tile(float* c, i64 ldc, const float* s, int nr, int rows, int cols, bool accumulate,
+                const float* bias);
 }  // namespace scalar
 namespace avx2 {
 GemmKernel gemm_kernel();

@@ -112,6 +112,7 @@ extern const VecMath table;
 //   iload(const int32_t*)                int vector
 //   igt(I, I) -> M                       int compare
 //   gather(base, I idx), mask_gather(base, I idx, M)   base[idx] (masked lanes: 0, not read)
+//   transpose(F r[W])                    r[j] lane l ← r[l] lane j (a W×W transpose in registers)
 namespace px::cpu::impl {
 
 inline constexpr float kGeluS = 0x1.988454p-1f;   // float(sqrt(2/pi))
@@ -282,8 +283,11 @@ void fma_elem_n(float* acc, const float* a, const float* b, i64 n) {
     });
 }
 
-// Lane l of a group handles block g+l: its element i is base[l·block + i], gathered. Lanes
-// whose block is shorter (the last block) or absent are masked and keep their sum.
+// Lane l of a group handles block g+l: its element i is base[l·block + i]. A full group reads W
+// consecutive elements of each of its W blocks and transposes them in registers (gathers are slow
+// on CPUs with the gather-data-sampling mitigation); what a block's length leaves over, and a
+// partial group, is gathered. Lanes whose block is shorter (the last block) or absent are masked
+// and keep their sum. Either way a lane's chain is its block's elements in index order.
 template <class S, bool Dot>
 void block_reduce_n(float* part, const float* x, const float* y, i64 n, int block) {
     constexpr int W = S::W;
@@ -314,7 +318,25 @@ void block_reduce_n(float* part, const float* x, const float* y, i64 n, int bloc
         }
         auto acc = S::set(0.0f);
         if (full) {
-            for (int i = 0; i < block; i++) {
+            int i = 0;
+            for (; i + W <= block; i += W) {
+                typename S::F xr[W];
+                for (int l = 0; l < W; l++) xr[l] = S::load(xb + i64(l) * block + i);
+                S::transpose(xr);
+                if constexpr (Dot) {
+                    if (yb == xb) {  // a sum of squares
+                        for (int j = 0; j < W; j++) acc = S::fma(xr[j], xr[j], acc);
+                    } else {
+                        typename S::F yr[W];
+                        for (int l = 0; l < W; l++) yr[l] = S::load(yb + i64(l) * block + i);
+                        S::transpose(yr);
+                        for (int j = 0; j < W; j++) acc = S::fma(xr[j], yr[j], acc);
+                    }
+                } else {
+                    for (int j = 0; j < W; j++) acc = S::add(acc, xr[j]);
+                }
+            }
+            for (; i < block; i++) {
                 const auto idx = S::iadd(offv, S::iset(i));
                 if constexpr (Dot)
                     acc = S::fma(S::gather(xb, idx), S::gather(yb, idx), acc);

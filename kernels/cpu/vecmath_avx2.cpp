@@ -61,6 +61,23 @@ struct Ops {
     static F mask_gather(const float* base, I idx, M m) {
         return _mm256_mask_i32gather_ps(_mm256_setzero_ps(), base, idx, m, 4);
     }
+    static void transpose(F* r) {  // 8×8: unpack pairs, then quads, then swap 128-bit halves
+        F t[8], u[8];
+        for (int i = 0; i < 8; i += 2) {
+            t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 8; i += 4) {
+            u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+            u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+            u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+            u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+        }
+        for (int i = 0; i < 4; i++) {
+            r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+            r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+        }
+    }
 };
 
 }  // namespace

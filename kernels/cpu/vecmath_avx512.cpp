@@ -61,6 +61,33 @@ struct Ops {
     static F mask_gather(const float* base, I idx, M m) {
         return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, base, 4);
     }
+    static void transpose(F* r) {  // 16×16: unpack pairs, then quads, then 128-bit lanes twice
+        F t[16], u[16];
+        for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 16; i += 4) {
+            u[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+            u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+            u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+            u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+        }
+        // Now u[4q + c] holds in its 128-bit lane k column 4k + c of rows 4q..4q+3; two rounds of
+        // 128-bit lane shuffles bring the four quarters of column j together in r[j].
+        for (int i = 0; i < 4; i++) {
+            t[i] = _mm512_shuffle_f32x4(u[i], u[i + 4], _MM_SHUFFLE(2, 0, 2, 0));
+            t[i + 4] = _mm512_shuffle_f32x4(u[i], u[i + 4], _MM_SHUFFLE(3, 1, 3, 1));
+            t[i + 8] = _mm512_shuffle_f32x4(u[i + 8], u[i + 12], _MM_SHUFFLE(2, 0, 2, 0));
+            t[i + 12] = _mm512_shuffle_f32x4(u[i + 8], u[i + 12], _MM_SHUFFLE(3, 1, 3, 1));
+        }
+        for (int i = 0; i < 4; i++) {
+            r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], _MM_SHUFFLE(2, 0, 2, 0));
+            r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], _MM_SHUFFLE(3, 1, 3, 1));
+            r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], _MM_SHUFFLE(2, 0, 2, 0));
+            r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], _MM_SHUFFLE(3, 1, 3, 1));
+        }
+    }
 };
 
 }  // namespace

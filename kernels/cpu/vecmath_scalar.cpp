@@ -25,6 +25,7 @@ struct Ops : mathfun::ScalarOps {
     static F mask_gather(const float* base, I idx, M m) {
         return m ? base[static_cast<int32_t>(idx)] : 0.0f;
     }
+    static void transpose(F* /*r*/) {}  // one lane
 };
 
 }  // namespace
