@@ -2,11 +2,14 @@
 #include "app/commands.h"
 #include "core/comm/mpi.h"
 #include "core/base/error.h"
+#include "core/base/wait_policy.h"
 
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
+
+PX_OPENMP_PASSIVE_BY_DEFAULT
 
 namespace {
 

@@ -5,9 +5,10 @@
 //   build/bench/bench_matmul [--quick] [--reps N] [--threads N]
 //
 // For every shape it prints GFLOP/s of the canonical (bitwise) GEMM on the best ISA path (and
-// on AVX2 when the best is AVX-512, unless --quick), of oneDNN, and the bitwise rate as a share
-// of peak and as a ratio to oneDNN. The host is noisy (±30% between identical runs), so the
-// programs alternate within each repetition and the best of N counts.
+// on AVX2 when the best is AVX-512, unless --quick) and of oneDNN, each as a share of peak, and
+// their ratio; then each kind of op's share of peak (forward, input and weight gradients). The
+// host is noisy (±30% between identical runs), so the programs alternate within each repetition
+// and the best of N counts.
 //
 // It also checks its results (a benchmark that is fast and wrong is worth nothing):
 //   * every bitwise run, and the AVX2 run, equals the first bitwise run bit for bit;
@@ -23,6 +24,7 @@
 #include "core/base/dtype.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/matmul_bf16.h"
+#include "core/base/wait_policy.h"
 
 #include <omp.h>
 
@@ -38,6 +40,8 @@
 #include <vector>
 
 using namespace px;
+
+PX_OPENMP_PASSIVE_BY_DEFAULT
 
 namespace {
 
@@ -273,10 +277,12 @@ int main(int argc, char** argv) {
 
     std::printf("bench_matmul: BT=%lld, %d threads, best ISA %s, best of %d, block %d\n",
                 (long long)BT, threads, isa_name(best), reps, bit.block);
-    std::printf("%-17s %-15s %9s %9s %7s %7s %9s %7s\n", "op", "MxNxK", "bitwise", "fast", "%peak",
-                "bit/fast", with_avx2 ? "bit-avx2" : "", with_avx2 ? "%peak2" : "");
+    std::printf("%-17s %-15s %9s %7s %9s %7s %8s %9s %7s\n", "op", "MxNxK", "bitwise", "%peak",
+                "fast", "%peak", "bit/fast", with_avx2 ? "bit-avx2" : "", with_avx2 ? "%peak2" : "");
 
     double sum_bit = 0, sum_fast = 0;  // time-weighted totals
+    // Per kind of op (forward, dinp, dweight): FLOPs and times, for the share of peak of each.
+    double kind_flops[3] = {}, kind_bit[3] = {}, kind_fast[3] = {};
     for (const Case& cs : kCases) {
         if (quick && cs.OC == 50257 && cs.op != Op::forward) continue;
         const Problem pb(cs);
@@ -325,10 +331,15 @@ int main(int argc, char** argv) {
                      g2 = pb.flops() / t2 / 1e9;
         sum_bit += tb;
         sum_fast += tf;
+        const int kind = static_cast<int>(cs.op);
+        kind_flops[kind] += pb.flops();
+        kind_bit[kind] += tb;
+        kind_fast[kind] += tf;
         char c2[32] = "";
         if (with_avx2) std::snprintf(c2, sizeof c2, "%9.1f %6.1f%%", g2, 100 * g2 / peak2);
-        std::printf("%-17s %-15s %9.1f %9.1f %6.1f%% %7.2f %s   (err %.2g of bound)\n", cs.name,
-                    pb.shape(), gb, gf, 100 * gb / peak, gb / gf, c2, worst);
+        std::printf("%-17s %-15s %9.1f %6.1f%% %9.1f %6.1f%% %8.2f %s   (err %.2g of bound)\n",
+                    cs.name, pb.shape(), gb, 100 * gb / peak, gf, 100 * gf / peak, gb / gf, c2,
+                    worst);
         std::fflush(stdout);
     }
     std::printf("fp32 FMA peak (%d threads, register-only loop): %s %.1f GFLOP/s", threads,
@@ -336,6 +347,13 @@ int main(int argc, char** argv) {
     if (best == Isa::avx512) std::printf(", avx2 %.1f GFLOP/s", peak2);
     std::printf("\nall shapes: bitwise/fast time ratio %.2f (fast time / bitwise time)\n",
                 sum_fast / sum_bit);
+    const char* kind_names[3] = {"forward", "input gradients", "weight gradients"};
+    for (int k = 0; k < 3; k++)
+        if (kind_flops[k] > 0)
+            std::printf("%-17s share of peak (all its shapes, time-weighted): bitwise %.1f%%, "
+                        "fast %.1f%%\n",
+                        kind_names[k], 100 * kind_flops[k] / kind_bit[k] / 1e9 / peak,
+                        100 * kind_flops[k] / kind_fast[k] / 1e9 / peak);
     if (failures > 0) {
         std::printf("%d check(s) FAILED\n", failures);
         return 1;

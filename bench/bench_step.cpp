@@ -29,6 +29,7 @@
 #include "core/model/optimizer.h"
 #include "kernels/ops.h"
 #include "validators/budget.h"
+#include "core/base/wait_policy.h"
 
 #include <omp.h>
 #include <sched.h>
@@ -47,6 +48,8 @@
 #include <vector>
 
 using namespace px;
+
+PX_OPENMP_PASSIVE_BY_DEFAULT
 
 namespace {
 

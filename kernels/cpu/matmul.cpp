@@ -352,21 +352,22 @@ void gemm_canonical(const GemmKernel& kr, i64 block, i64 seg, float* c, i64 ldc,
 
 #pragma omp parallel num_threads(nthreads)
     {
-        // The shared operand, whole, each thread a range of its panels.
-        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-        {
-            const i64 s0 = shared_panels * tid / nth, s1 = shared_panels * (tid + 1) / nth;
-            const int sw = a_shared ? MR : NR;
+        // The shared operand, whole, in groups of panels that go to whichever thread is free.
+        const int tid = omp_get_thread_num();
+        constexpr i64 kPackGroup = 8;
+#pragma omp for schedule(dynamic, 1)
+        for (i64 s0 = 0; s0 < shared_panels; s0 += kPackGroup) {
+            const i64 s1 = std::min(shared_panels, s0 + kPackGroup);
             if (a_shared)
-                pack_panels(kr, shared + s0 * MR * K, a, rsa, csa, sw, M, s0, s1, K);
+                pack_panels(kr, shared + s0 * MR * K, a, rsa, csa, MR, M, s0, s1, K);
             else
-                pack_panels(kr, shared + s0 * NR * K, b, csb, rsb, sw, N, s0, s1, K);
+                pack_panels(kr, shared + s0 * NR * K, b, csb, rsb, NR, N, s0, s1, K);
         }
-#pragma omp barrier
 
-        // A static schedule over items, written out because each thread runs its items once per
-        // chunk (chunks outermost, so a chunk of the shared operand stays in L2 across them).
-        const i64 it0 = items * tid / nth, it1 = items * (tid + 1) / nth;
+        // Chunks outermost, so a chunk of the shared operand stays in L2 across the items. Items
+        // go to whichever thread is free (a thread that shares its core with another process
+        // takes fewer); an item's tiles keep their state between chunks in `outer`, and the
+        // loop's barrier orders the chunks. Which thread computes a tile changes no bit.
         float* const local = scratch + shared_floats + outer_floats + tid * thread_floats;
         float* const inner = local + local_floats;
 
@@ -375,7 +376,8 @@ void gemm_canonical(const GemmKernel& kr, i64 block, i64 seg, float* c, i64 ldc,
             const i64 klen = std::min(K, (plan.first[ch] + plan.count[ch]) * block) - k0;
             const unsigned char* merges = plan.inner.data() + plan.first[ch];
             const bool last = ch == nchunks - 1;
-            for (i64 it = it0; it < it1; it++) {
+#pragma omp for schedule(dynamic, 1)
+            for (i64 it = 0; it < items; it++) {
                 i64 p0, p1, q0, q1;
                 item_panels(it, p0, p1, q0, q1);
                 const i64 l0 = a_shared ? q0 : p0, l1 = a_shared ? q1 : p1;  // local panels
@@ -432,7 +434,7 @@ void column_sums_accumulate(i64 block, float* dbias, const float* dout, i64 BT, 
 #pragma omp parallel num_threads(nthreads)
     {
         float* const stack = stacks.data() + omp_get_thread_num() * ms.depth * W;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
         for (i64 it = 0; it < items; it++) {
             const i64 o0 = it * W, w = std::min(W, OC - o0);
             int sp = 0;
