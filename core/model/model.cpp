@@ -805,7 +805,7 @@ void GPT::combine_tied_grads(float* grads) const {
     float* dwte = grads + e.offset;
     const float* head = grads + glayout_.head_offset;
     const i64 n = e.numel();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1 << 16)
     for (i64 i = 0; i < n; i++) dwte[i] = dwte[i] + head[i];
 }
 

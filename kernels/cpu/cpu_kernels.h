@@ -22,6 +22,9 @@
 //   * In Mode::bitwise every reduction follows the canonical order of core/base/numerics.h, so the
 //     result does not depend on the thread count, the ISA path, or where a vector ends: threads
 //     split outputs, never a reduction.
+//   * Parallel loops hand their tasks to whichever thread is free (schedule(dynamic)): on a
+//     shared host the thread whose core is also running another process takes fewer, instead of
+//     every other thread waiting for it. Which thread runs a task changes no bit.
 //   * Token reductions (weight gradients) run over the kernel's own BT rows as the tree over
 //     [0, BT). A caller that splits a batch (microbatches, data parallelism) hands each kernel a
 //     row range that is one node of the global tree, so the local tree is that node's subtree.

@@ -32,7 +32,7 @@ void crossentropy_forward(const Numerics& nx, float* losses, float* probs, const
 #pragma omp parallel
     {
         std::vector<float> part;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 2)
         for (i64 r = 0; r < BT; r++) {
             const float* l = logits + r * V;
             float* p = probs + r * V;
@@ -50,7 +50,7 @@ void crossentropy_forward(const Numerics& nx, float* losses, float* probs, const
 void crossentropy_backward(const Numerics&, float* dlogits, const float* probs, const int* targets,
                            float dloss, i64 BT, i64 V) {
     for (i64 r = 0; r < BT; r++) check_target(targets[r], r, V);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 2)
     for (i64 r = 0; r < BT; r++) {
         const float* p = probs + r * V;
         float* d = dlogits + r * V;

@@ -16,7 +16,7 @@ constexpr i64 kChunk = 1 << 14;  // elements per parallel task
 void gelu_forward(const Numerics& nx, float* out, const float* inp, i64 N) {
     const VecMath& vm = vecmath(nx.isa);
     const i64 nc = (N + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1)
     for (i64 c = 0; c < nc; c++) {
         const i64 lo = c * kChunk;
         vm.gelu_forward(out + lo, inp + lo, std::min(kChunk, N - lo));
@@ -27,7 +27,7 @@ void gelu_forward(const Numerics& nx, float* out, const float* inp, i64 N) {
 void gelu_backward(const Numerics& nx, float* dinp, const float* inp, const float* dout, i64 N) {
     const VecMath& vm = vecmath(nx.isa);
     const i64 nc = (N + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1)
     for (i64 c = 0; c < nc; c++) {
         const i64 lo = c * kChunk;
         vm.gelu_backward(dinp + lo, inp + lo, dout + lo, std::min(kChunk, N - lo));

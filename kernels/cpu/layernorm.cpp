@@ -32,7 +32,7 @@ void layernorm_forward(const Numerics& nx, float* out, float* mean, float* rstd,
 #pragma omp parallel
     {
         std::vector<float> part;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 8)
         for (i64 t = 0; t < BT; t++) {
             const float* x = inp + t * C;
             float* o = out + t * C;
@@ -61,7 +61,7 @@ void layernorm_backward(const Numerics& nx, float* dinp, float* dweight, float* 
 #pragma omp parallel
     {
         std::vector<float> norm(C), dnorm(C), part;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 8)
         for (i64 jb = 0; jb < nb; jb++) {
             float* aw = dweight ? pw.data() + jb * C : nullptr;
             float* ab = dbias ? pb.data() + jb * C : nullptr;

@@ -5,13 +5,13 @@ namespace px::cpu {
 
 // out, inp1, inp2 (N)
 void residual_forward(const Numerics&, float* out, const float* inp1, const float* inp2, i64 N) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1 << 14)
     for (i64 i = 0; i < N; i++) out[i] = inp1[i] + inp2[i];
 }
 
 // dinp1, dinp2 (N) += dout (N)
 void residual_backward(const Numerics&, float* dinp1, float* dinp2, const float* dout, i64 N) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1 << 14)
     for (i64 i = 0; i < N; i++) {
         dinp1[i] += dout[i];
         dinp2[i] += dout[i];
