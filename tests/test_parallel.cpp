@@ -10,6 +10,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <sched.h>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -205,4 +207,30 @@ TEST_CASE("ZeRO-2 and ZeRO-3 hold only their shards between steps, and one unit 
     CHECK(z3.peak_params > z3.params);        // a unit's gathered weights while it runs
     CHECK(z3.peak_params < P / 2);            // never the whole model
     CHECK(z3.grads <= GS + slop);
+}
+
+TEST_CASE("the default thread count follows the CPUs this process may run on") {
+    cpu_set_t all;
+    REQUIRE(sched_getaffinity(0, sizeof all, &all) == 0);
+    const int n = usable_cores();
+    CHECK(n >= 1);
+    CHECK(n <= CPU_COUNT(&all));
+    // Pinned to one CPU (as taskset or srun's binding would), a rank gets one thread, not the
+    // machine's count.
+    int first = 0;
+    while (!CPU_ISSET(first, &all)) first++;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+    Config c = test::small_job();
+    c.train.threads = 0;
+    const int pinned = usable_cores(), per_rank = threads_per_rank(c, 1);
+    c.train.threads = 3;
+    const int chosen = threads_per_rank(c, 1);
+    REQUIRE(sched_setaffinity(0, sizeof all, &all) == 0);
+    CHECK(pinned == 1);
+    CHECK(per_rank == 1);
+    CHECK(chosen == 3);  // train.threads, when set, is taken as it is
+    CHECK(usable_cores() == n);
 }

@@ -6,10 +6,16 @@
 #include "core/base/error.h"
 #include "core/train/rank_guards.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace px {
 
@@ -17,10 +23,49 @@ int world_size(const LayoutConfig& layout) {
     return layout.dp * layout.pp * layout.cp * layout.tp;  // < 2^31: validate_config
 }
 
+namespace {
+
+// A cgroup's CPU quota in cores, rounded up; 0 when it has none. v2: "<quota|max> <period>" in
+// cpu.max of the process's cgroup (the path after "0::" in /proc/self/cgroup, or the namespace's
+// root); v1: cpu.cfs_quota_us (-1: none) over cpu.cfs_period_us.
+int cgroup_quota_cores() {
+    auto quota_of = [](double quota, double period) {
+        return quota > 0 && period > 0 ? static_cast<int>(std::ceil(quota / period)) : 0;
+    };
+    std::vector<std::string> v2 = {"/sys/fs/cgroup/cpu.max"};
+    std::ifstream self("/proc/self/cgroup");
+    for (std::string line; std::getline(self, line);)
+        if (line.rfind("0::", 0) == 0 && line.size() > 4)
+            v2.insert(v2.begin(), "/sys/fs/cgroup" + line.substr(3) + "/cpu.max");
+    for (const std::string& path : v2) {
+        std::ifstream f(path);
+        std::string quota;
+        double period = 0;
+        if (f >> quota >> period) {
+            if (quota == "max") return 0;
+            return quota_of(std::strtod(quota.c_str(), nullptr), period);
+        }
+    }
+    std::ifstream q("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), p("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+    double quota = -1, period = 0;
+    if (q >> quota && p >> period) return quota_of(quota, period);
+    return 0;
+}
+
+}  // namespace
+
+int usable_cores() {
+    int n = static_cast<int>(std::thread::hardware_concurrency());
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+    if (const int quota = cgroup_quota_cores(); quota > 0) n = std::min(n, quota);
+    return std::max(1, n);
+}
+
 int threads_per_rank(const Config& cfg, int ranks_on_node) {
     if (cfg.train.threads > 0) return static_cast<int>(cfg.train.threads);
-    const int hw = static_cast<int>(std::thread::hardware_concurrency());
-    return std::max(1, hw / std::max(1, ranks_on_node));
+    return std::max(1, usable_cores() / std::max(1, ranks_on_node));
 }
 
 RunHooks chain(const RunHooks& first, RunHooks then) {

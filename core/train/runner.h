@@ -3,7 +3,9 @@
 //
 // Index
 //   world_size        dp × pp × tp of a config's layout
-//   threads_per_rank  OpenMP threads of one rank: train.threads, else the node's cores shared out
+//   usable_cores      the cores this process may run on: its affinity mask, under its cgroup's
+//                     CPU quota
+//   threads_per_rank  OpenMP threads of one rank: train.threads, else the usable cores shared out
 //   RunHooks          what a caller does with each rank's job: setup, each step, inspect, and
 //                     decorators around the rank's groups
 //   chain             two RunHooks as one (a caller's decorators around a harness's hooks)
@@ -46,8 +48,14 @@ int world_size(const LayoutConfig& layout);  // dp × pp × tp of a config's lay
 // refuses more, naming train.threads and the layout, before starting any).
 inline constexpr i64 kMaxThreadsPerProcess = 4096;
 
-// train.threads when set, else the hardware threads divided by the ranks on this node (at
-// least 1): the ranks of a node together use its cores once.
+// The CPUs in this thread's affinity mask (taskset, srun's CPU binding, a cpuset), capped by
+// the CPU quota of the process's cgroup rounded up (a container's --cpus: cgroup v2 cpu.max or
+// v1 cfs_quota_us / cfs_period_us); at least 1. More threads than this only queue behind each
+// other at every barrier.
+int usable_cores();
+
+// train.threads when set, else the usable cores divided by the ranks on this node (at least 1):
+// the ranks of a node together use its cores once.
 int threads_per_rank(const Config& cfg, int ranks_on_node);
 
 // What a caller does with each rank's job, on that rank's thread; every member may be empty.
