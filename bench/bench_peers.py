@@ -20,9 +20,9 @@ unmodified in a scratch folder holding what its main() opens: gpt2_124M.bin (a r
 here in its format), the token files at its tiny_shakespeare paths and a stand-in tokenizer file
 (its main() samples at step 20 from the tokenizer's end-of-text token). Its main() prints a
 step's own time ("step N: train loss X (took Y ms)"); between its steps it is stopped with
-SIGSTOP while the others run, and the stopped time is taken off the step it fell in. Its step
-has no gradient clipping and a single-threaded update (as written), and it runs 41 steps, so
---steps above 20 gives it fewer.
+SIGSTOP while the others run (50 ms after its step line, inside its next step), and the stopped
+time is taken off the step it fell in. Its step has no gradient clipping and a single-threaded
+update (as written), and it runs 41 steps, so --steps above 20 gives it fewer.
 
 Checks its results: every program's first loss on random tokens is within 0.3 of ln(50257) and
 every loss is finite; a failed check is printed and the exit status is 1. PyTorch is only needed
@@ -315,13 +315,18 @@ class Llmc:
             m = self.STEP.search(self._line())
             if m:
                 break
+        # Stopped a moment after its step line, so that the stop lands inside the next step's
+        # timed region (its clock starts just after the line), or in the validation pass that
+        # comes first every 10th step; those 50 ms run in this turn.
+        time.sleep(0.05)
         os.kill(self.p.pid, signal.SIGSTOP)
         self.stopped_at = time.perf_counter()
         k, loss, ms = int(m.group(1)), float(m.group(2)), float(m.group(3))
-        # The stop landed inside step k's timed region unless a validation pass (every 10th step)
-        # ran before it: then it stopped there, outside the step.
         if k % 10 != 0:
             ms -= stopped * 1e3
+            if ms <= 0:
+                raise RuntimeError(f"step {k} took {ms + stopped * 1e3:.0f} ms by its clock, less than the "
+                                   f"{stopped * 1e3:.0f} ms it was stopped: the stop fell outside the step")
         self.next = k + 1
         return ms, loss
 
@@ -432,6 +437,7 @@ def main():
                 r[key].append(ms)
             time.sleep(0.05)  # idle OpenMP threads of the program before stop spinning
 
+        t0 = time.perf_counter()
         for p in list(live):
             turn(p, "first")
         for i in range(args.steps):
@@ -443,6 +449,8 @@ def main():
                 else:
                     for p in list(live):
                         turn(p, key)
+            print(f"  {i + 1}/{args.steps} quiet and contended steps of each program "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
         for p in progs:
             p.close()
         log.seek(0)
