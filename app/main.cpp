@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-PX_OPENMP_PASSIVE_BY_DEFAULT
-
 namespace {
 
 // Runs the chosen command; under MPI the messages say which rank speaks.
@@ -84,6 +82,7 @@ int run_main(int argc, char** argv, const px::comm::MpiEnvironment* mpi) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    px::openmp_passive_by_default(argv);  // idle OpenMP threads sleep (core/base/wait_policy.h)
     // Under mpirun / srun this process is one rank: MPI starts before anything else and ends
     // after the command (every rank returns its own exit code; mpirun reports the first non-zero).
     std::unique_ptr<px::comm::MpiEnvironment> mpi;

@@ -41,8 +41,6 @@
 
 using namespace px;
 
-PX_OPENMP_PASSIVE_BY_DEFAULT
-
 namespace {
 
 enum class Op { forward, dinp, dweight };
@@ -239,6 +237,7 @@ struct Bf16Problem {
 }  // namespace
 
 int main(int argc, char** argv) {
+    px::openmp_passive_by_default(argv);  // idle OpenMP threads sleep (core/base/wait_policy.h)
     bool quick = false;
     int reps = 5;
     for (int i = 1; i < argc; i++) {

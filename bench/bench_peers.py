@@ -24,6 +24,10 @@ SIGSTOP while the others run (50 ms after its step line, inside its next step), 
 time is taken off the step it fell in. Its step has no gradient clipping and a single-threaded
 update (as written), and it runs 41 steps, so --steps above 20 gives it fewer.
 
+Parallax's workers get OMP_WAIT_POLICY=passive, as the parallax program sets it for itself (idle
+threads sleep; README, Running), unless the caller set OMP_WAIT_POLICY or GOMP_SPINCOUNT; the
+peers run with their own defaults.
+
 Checks its results: every program's first loss on random tokens is within 0.3 of ln(50257) and
 every loss is finite; a failed check is printed and the exit status is 1. PyTorch is only needed
 for this benchmark (pip install torch); without it its columns are skipped.
@@ -204,8 +208,13 @@ class Worker:
         self.name = name
         cmd = [sys.executable, __file__, "--worker", name, "--tokens", args.tokens, "--steps", str(args.steps),
                "--threads", str(args.threads), "--layers", str(args.layers), "--build", args.build]
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+        if name.startswith("parallax") and "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
+            # What the parallax program does for itself (core/base/wait_policy.h); a Python
+            # process has to be given it before the module loads the OpenMP runtime.
+            env["OMP_WAIT_POLICY"] = "passive"
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                                  bufsize=1, env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+                                  bufsize=1, env=env)
 
     def ready(self):
         line = self.p.stdout.readline().strip()

@@ -49,8 +49,6 @@
 
 using namespace px;
 
-PX_OPENMP_PASSIVE_BY_DEFAULT
-
 namespace {
 
 // One model in one precision: its weights, gradients, optimizer and fp8 scaling (if any).
@@ -168,6 +166,7 @@ struct Variant {
 }  // namespace
 
 int main(int argc, char** argv) {
+    px::openmp_passive_by_default(argv);  // idle OpenMP threads sleep (core/base/wait_policy.h)
     int steps = 5;
     ModelConfig mc;
     mc.vocab = 50257;
