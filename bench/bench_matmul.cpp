@@ -22,9 +22,9 @@
 // Failures are printed and make the exit status 1.
 #include "bench/peak.h"
 #include "core/base/dtype.h"
+#include "core/base/wait_policy.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/matmul_bf16.h"
-#include "core/base/wait_policy.h"
 
 #include <omp.h>
 

@@ -24,12 +24,12 @@
 //     with numerics.block = 128; ‖a − r‖/√2, floored at 2^-24·‖r‖) and σ̂_p = ‖r − fp32 bitwise‖.
 #include "bench/peak.h"
 #include "core/base/rng.h"
+#include "core/base/wait_policy.h"
 #include "core/model/fp8.h"
 #include "core/model/model.h"
 #include "core/model/optimizer.h"
 #include "kernels/ops.h"
 #include "validators/budget.h"
-#include "core/base/wait_policy.h"
 
 #include <omp.h>
 #include <sched.h>

@@ -267,7 +267,6 @@ i64 Job::activation_bytes() const {
     return n;
 }
 
-
 // Under ZeRO-2/3 the weights (ZeRO-3) and gradients are measured: the shards, and under
 // ZeroUnits the most that one unit in flight mapped. A pipeline stage gathers its ZeRO-3 weights
 // once per step and keeps them through the schedule, and reduce-scatters its gradient after the

@@ -124,11 +124,11 @@ void tile_narrow(const float* ap, const float* bp, i64 klen, i64 kb, i64 seg,
 }  // namespace
 
 // See StoreFn.
-void store_tile(float* c, i64 ldc, const float* s, int NR, int rows, int cols, bool accumulate,
+void store_tile(float* c, i64 ldc, const float* s, int nr, int rows, int cols, bool accumulate,
                 const float* bias) {
     for (int r = 0; r < rows; r++) {
         float* cr = c + r * ldc;
-        const float* sr = s + r * NR;
+        const float* sr = s + r * nr;
         if (bias != nullptr) {
             for (int j = 0; j < cols; j++) cr[j] = sr[j] + bias[j];
         } else if (accumulate) {
@@ -209,13 +209,13 @@ const GemmKernel& kernel_for(const Numerics& nx) {
     return kernel_for(nx.isa, nx.fp8_promote > 0);
 }
 
-// Prefetch an output tile (rows, cols) for writing while its last chunk computes: write_tile
-// would otherwise wait on memory (dweight accumulates into a matrix of several MB).
+// Prefetch an output tile (rows, cols) for writing while its last chunk computes: the tile's
+// store would otherwise wait on memory (dweight accumulates into a matrix of several MB).
 void prefetch_tile(float* c, i64 ldc, int rows, int cols) {
     for (int r = 0; r < rows; r++) {
         const char* p = reinterpret_cast<const char*>(c + r * ldc);
-        for (int off = 0; off < cols * 4; off += 64) __builtin_prefetch(p + off, 1, 1);
-        __builtin_prefetch(p + cols * 4 - 1, 1, 1);
+        for (int off = 0; off < cols * 4; off += 64) __builtin_prefetch(p + off, 1, 3);
+        __builtin_prefetch(p + cols * 4 - 1, 1, 3);
     }
 }
 
