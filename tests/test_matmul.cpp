@@ -469,13 +469,26 @@ TEST_CASE("matmul: fast mode against the fp64 reference", "[matmul]") {
         check_bound(o.dbias, ref_gemm(L.dw_a(), View{ones.data(), 1, 0}, s.OC, 1, s.BT, &L.dbias0),
                     static_cast<double>(s.BT + 1), s.BT, tag + " dbias");
     }
-    // A larger case where oneDNN's own blocking and threading are in play.
+    // Larger cases, cut into items that the threads take (matmul_fast.cpp): by columns, and by
+    // rows when the output is taller than wide (a weight gradient of 128 tokens, 200 → 900,
+    // whose A is doutᵀ); the last item narrower than the others.
     const Linear L(96, 700, 300, 71);
     const auto o = L.run(fx);
     check_bound(o.dinp, ref_gemm(L.dinp_a(), L.dinp_b(), 96, 700, 300, &L.dinp0), 301, 300,
                 "fast large dinp");
     check_bound(o.dweight, ref_gemm(L.dw_a(), L.dw_b(), 300, 700, 96, &L.dweight0), 97, 96,
                 "fast large dweight");
+    const Linear T(128, 200, 900, 72);
+    const auto t = T.run(fx);
+    std::vector<float> bias_rows(static_cast<size_t>(128 * 900));
+    for (i64 m = 0; m < 128; m++)
+        std::copy(T.bias.begin(), T.bias.end(), bias_rows.begin() + m * 900);
+    check_bound(t.out, ref_gemm(T.fwd_a(), T.fwd_b(), 128, 900, 200, &bias_rows), 201, 200,
+                "fast tall out");
+    check_bound(t.dinp, ref_gemm(T.dinp_a(), T.dinp_b(), 128, 200, 900, &T.dinp0), 901, 900,
+                "fast tall dinp");
+    check_bound(t.dweight, ref_gemm(T.dw_a(), T.dw_b(), 900, 200, 128, &T.dweight0), 129, 128,
+                "fast tall dweight (items by rows)");
 }
 
 TEST_CASE("gemm: long K is chunked without changing a bit", "[matmul]") {
