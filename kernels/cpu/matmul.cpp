@@ -337,10 +337,22 @@ void gemm_canonical(const GemmKernel& kr, i64 block, i64 seg, float* c, i64 ldc,
     const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
     const int nthreads = work < 1 << 18 ? 1 : static_cast<int>(std::min<i64>(nthreads_max, items));
 
-    // Scratch: the shared operand; when K has several chunks, the outer stacks of all tiles (by
-    // item); then one area per thread for its local panels of a chunk and one tile's chunk stack.
+    // The shared operand is packed whole when K is one chunk. With several chunks, each chunk's
+    // slice of it is packed just before its items, into one of two buffers: it is then still in
+    // cache when the items read it (the LM head's input gradient would otherwise write and read
+    // back a 51 MB packed copy), and a thread done with its items of one chunk packs the next
+    // chunk's slice while the others finish (the items leave no barrier; the pack's barrier
+    // orders a tile's chunks, and two buffers keep a slice alive until every item has used it).
+    const bool sliced = nchunks > 1;
+    const int shared_w = a_shared ? MR : NR;
+    const i64 slice_floats = shared_panels * shared_w * max_klen;
+
+    // Scratch: the shared operand (whole, or two slices); when K has several chunks, the outer
+    // stacks of all tiles (by item); then one area per thread for its local panels of a chunk and
+    // one tile's chunk stack.
     auto round16 = [](i64 n) { return (n + 15) / 16 * 16; };  // keep areas 64-byte aligned
-    const i64 shared_floats = round16(shared_panels * (a_shared ? MR : NR) * K);
+    const i64 shared_floats =
+        sliced ? 2 * round16(slice_floats) : round16(shared_panels * shared_w * K);
     const i64 item_outer = nchunks > 1 ? gm * gn * plan.outer_depth * T : 0;
     const i64 outer_floats = round16(items * item_outer);
     const i64 local_floats = round16((a_shared ? gn : gm) * local_w * max_klen);
@@ -352,22 +364,28 @@ void gemm_canonical(const GemmKernel& kr, i64 block, i64 seg, float* c, i64 ldc,
 
 #pragma omp parallel num_threads(nthreads)
     {
-        // The shared operand, whole, in groups of panels that go to whichever thread is free.
-        const int tid = omp_get_thread_num();
+        // Pack the shared operand's K range [k0, k0 + klen) into dst, panel s at s·W·klen, in
+        // groups of panels that go to whichever thread is free; the loop's barrier ends it.
         constexpr i64 kPackGroup = 8;
+        auto pack_shared = [&](float* dst, i64 k0, i64 klen) {
 #pragma omp for schedule(dynamic, 1)
-        for (i64 s0 = 0; s0 < shared_panels; s0 += kPackGroup) {
-            const i64 s1 = std::min(shared_panels, s0 + kPackGroup);
-            if (a_shared)
-                pack_panels(kr, shared + s0 * MR * K, a, rsa, csa, MR, M, s0, s1, K);
-            else
-                pack_panels(kr, shared + s0 * NR * K, b, csb, rsb, NR, N, s0, s1, K);
-        }
+            for (i64 s0 = 0; s0 < shared_panels; s0 += kPackGroup) {
+                const i64 s1 = std::min(shared_panels, s0 + kPackGroup);
+                if (a_shared)
+                    pack_panels(kr, dst + s0 * MR * klen, a + k0 * csa, rsa, csa, MR, M, s0, s1,
+                                klen);
+                else
+                    pack_panels(kr, dst + s0 * NR * klen, b + k0 * rsb, csb, rsb, NR, N, s0, s1,
+                                klen);
+            }
+        };
+        if (!sliced) pack_shared(shared, 0, K);
 
         // Chunks outermost, so a chunk of the shared operand stays in L2 across the items. Items
         // go to whichever thread is free (a thread that shares its core with another process
-        // takes fewer); an item's tiles keep their state between chunks in `outer`, and the
-        // loop's barrier orders the chunks. Which thread computes a tile changes no bit.
+        // takes fewer); an item's tiles keep their state between chunks in `outer`. Which thread
+        // computes a tile changes no bit.
+        const int tid = omp_get_thread_num();
         float* const local = scratch + shared_floats + outer_floats + tid * thread_floats;
         float* const inner = local + local_floats;
 
@@ -376,7 +394,11 @@ void gemm_canonical(const GemmKernel& kr, i64 block, i64 seg, float* c, i64 ldc,
             const i64 klen = std::min(K, (plan.first[ch] + plan.count[ch]) * block) - k0;
             const unsigned char* merges = plan.inner.data() + plan.first[ch];
             const bool last = ch == nchunks - 1;
-#pragma omp for schedule(dynamic, 1)
+            // Panel s of the shared operand's chunk: at s·W·sk + soff.
+            float* const sbuf = sliced ? shared + (ch % 2) * round16(slice_floats) : shared;
+            const i64 sk = sliced ? klen : K, soff = sliced ? 0 : k0;
+            if (sliced) pack_shared(sbuf, k0, klen);
+#pragma omp for schedule(dynamic, 1) nowait
             for (i64 it = 0; it < items; it++) {
                 i64 p0, p1, q0, q1;
                 item_panels(it, p0, p1, q0, q1);
@@ -385,10 +407,10 @@ void gemm_canonical(const GemmKernel& kr, i64 block, i64 seg, float* c, i64 ldc,
                             static_cast<int>(local_w), local_extent, l0, l1, klen);
 
                 auto run_tile = [&](i64 p, i64 q) {
-                    const float* ap =
-                        a_shared ? shared + p * MR * K + k0 * MR : local + (p - p0) * MR * klen;
-                    const float* bp =
-                        a_shared ? local + (q - q0) * NR * klen : shared + q * NR * K + k0 * NR;
+                    const float* ap = a_shared ? sbuf + p * MR * sk + soff * MR
+                                               : local + (p - p0) * MR * klen;
+                    const float* bp = a_shared ? local + (q - q0) * NR * klen
+                                               : sbuf + q * NR * sk + soff * NR;
                     const i64 i0 = p * MR, j0 = q * NR;
                     const int rows = static_cast<int>(std::min<i64>(MR, M - i0));
                     const int cols = static_cast<int>(std::min<i64>(NR, N - j0));
