@@ -489,6 +489,13 @@ TEST_CASE("matmul: fast mode against the fp64 reference", "[matmul]") {
                 "fast tall dinp");
     check_bound(t.dweight, ref_gemm(T.dw_a(), T.dw_b(), 900, 200, 128, &T.dweight0), 129, 128,
                 "fast tall dweight (items by rows)");
+    // More tokens than outputs: the forward's items are rows, each starting from the bias.
+    const Linear R(512, 128, 100, 73);
+    const auto r = R.run(fx);
+    std::vector<float> bias_r(static_cast<size_t>(512 * 100));
+    for (i64 m = 0; m < 512; m++) std::copy(R.bias.begin(), R.bias.end(), bias_r.begin() + m * 100);
+    check_bound(r.out, ref_gemm(R.fwd_a(), R.fwd_b(), 512, 100, 128, &bias_r), 129, 128,
+                "fast out, items by rows");
 }
 
 TEST_CASE("gemm: long K is chunked without changing a bit", "[matmul]") {

@@ -506,15 +506,11 @@ void matmul_forward(const Numerics& nx, float* out, const float* inp, const floa
     if (BT <= 0 || OC <= 0) return;
     // out = inp · weightᵀ: b[k][j] = weight[j][k], so B's row stride is 1 and its column stride C.
     if (nx.mode == Mode::fast && nx.fp8_promote == 0 && C > 0) {
-        // Start from the bias and let sgemm accumulate (any order is allowed in fast mode).
-        if (bias != nullptr) {
-#pragma omp parallel for schedule(static) if (BT * OC >= 1 << 18)
-            for (i64 m = 0; m < BT; m++) std::copy(bias, bias + OC, out + m * OC);
-        }
-        if (gemm_fast(out, OC, inp, C, 1, weight, 1, C, BT, OC, C, bias != nullptr)) return;
-        // Not expressible for oneDNN: canonical path on top of the bias already in place.
+        // sgemm accumulates onto the bias, each item onto its own block (any order is allowed).
+        if (gemm_fast(out, OC, inp, C, 1, weight, 1, C, BT, OC, C, false, bias)) return;
+        // Not expressible for oneDNN: the canonical path, the bias fused into its tile write.
         gemm_canonical(kernel_for(nx), nx.block, 0, out, OC, inp, C, 1, weight, 1, C, BT, OC, C,
-                       bias != nullptr, nullptr);
+                       false, bias);
         return;
     }
     if (C <= 0) {

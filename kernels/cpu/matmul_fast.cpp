@@ -46,15 +46,15 @@ constexpr double kSplitWork = 1 << 22;  // M·N·K below which one call is cheap
 
 }  // namespace
 
-// c (M,N) = a (M,K) · b (K,N), or += when accumulate
+// c (M,N) = a (M,K) · b (K,N), or += when accumulate, or = bias[j] + … when bias (N) is given
 bool gemm_fast(float* c, i64 ldc, const float* a, i64 rsa, i64 csa, const float* b, i64 rsb,
-               i64 csb, i64 M, i64 N, i64 K, bool accumulate) {
+               i64 csb, i64 M, i64 N, i64 K, bool accumulate, const float* bias) {
     char ta, tb;
     i64 lda, ldb;
     if (M == 1 && ldc < N) ldc = N;  // one row: the leading dimension is never used
     if (ldc < N || !as_sgemm(M, K, rsa, csa, ta, lda) || !as_sgemm(K, N, rsb, csb, tb, ldb))
         return false;
-    const float beta = accumulate ? 1.0f : 0.0f;
+    const float beta = accumulate || bias != nullptr ? 1.0f : 0.0f;
 
     // Items along the longer side of c, in multiples of 16 (a vector of columns, or of rows).
     const bool by_cols = N >= M;
@@ -70,6 +70,11 @@ bool gemm_fast(float* c, i64 ldc, const float* a, i64 rsa, i64 csa, const float*
     std::atomic<int> failed{dnnl_success};
     auto run_item = [&](i64 it) {
         const i64 x0 = it * width, n = std::min(width, extent - x0);
+        if (bias != nullptr) {  // the item's block of c starts as the bias, then accumulates
+            const i64 rows = by_cols ? M : n, cols = by_cols ? n : N, j0 = by_cols ? x0 : 0;
+            float* const c0 = by_cols ? c + x0 : c + x0 * ldc;
+            for (i64 i = 0; i < rows; i++) std::copy(bias + j0, bias + j0 + cols, c0 + i * ldc);
+        }
         dnnl_status_t st;
         if (by_cols) {  // columns x0.. of b and c
             const float* bi = tb == 'N' ? b + x0 : b + x0 * ldb;

@@ -75,11 +75,12 @@ GemmKernel gemm_kernel();
 GemmKernel narrow_gemm_kernel();
 }  // namespace avx512
 
-// c (M,N) = a·b (or +=) through oneDNN's sgemm, any summation order, cut into items that the
-// OpenMP threads take dynamically (matmul_fast.cpp). Returns false when the strides cannot be
-// expressed as a row-major sgemm (neither stride of an operand is 1); the caller then uses the
-// canonical path. Throws px::Error when oneDNN fails on valid arguments (out of memory).
+// c (M,N) = a·b (or +=, or bias[j] + … when bias (N) is given and accumulate is false) through
+// oneDNN's sgemm, any summation order, cut into items that the OpenMP threads take dynamically
+// (matmul_fast.cpp). Returns false when the strides cannot be expressed as a row-major sgemm
+// (neither stride of an operand is 1); the caller then uses the canonical path. Throws px::Error
+// when oneDNN fails on valid arguments (out of memory).
 bool gemm_fast(float* c, i64 ldc, const float* a, i64 rsa, i64 csa, const float* b, i64 rsb,
-               i64 csb, i64 M, i64 N, i64 K, bool accumulate);
+               i64 csb, i64 M, i64 N, i64 K, bool accumulate, const float* bias = nullptr);
 
 }  // namespace px::cpu
