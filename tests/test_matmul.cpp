@@ -204,6 +204,13 @@ const Shape kShapes[] = {
 
 }  // namespace
 
+// The bias repeated on every row (BT, OC): the forward's starting value as ref_gemm takes it.
+std::vector<float> bias_rows(const Linear& L) {
+    std::vector<float> r(static_cast<size_t>(L.BT * L.OC));
+    for (i64 m = 0; m < L.BT; m++) std::copy(L.bias.begin(), L.bias.end(), r.begin() + m * L.OC);
+    return r;
+}
+
 TEST_CASE("matmul: forward and backward against an fp64 reference", "[matmul]") {
     for (Isa isa : supported_isas())
         for (int block : {64, 1, 7, 1000})
@@ -214,12 +221,8 @@ TEST_CASE("matmul: forward and backward against an fp64 reference", "[matmul]") 
                                         std::to_string(block) + " shape " + std::to_string(s.BT) +
                                         "x" + std::to_string(s.C) + "x" + std::to_string(s.OC);
                 // out = a·b + bias: the bias is one more term and one more rounding.
-                std::vector<float> bias_rows(static_cast<size_t>(s.BT * s.OC));
-                for (i64 m = 0; m < s.BT; m++)
-                    for (i64 j = 0; j < s.OC; j++)
-                        bias_rows[static_cast<size_t>(m * s.OC + j)] =
-                            L.bias[static_cast<size_t>(j)];
-                check_bound(o.out, ref_gemm(L.fwd_a(), L.fwd_b(), s.BT, s.OC, s.C, &bias_rows),
+                const std::vector<float> rows = bias_rows(L);
+                check_bound(o.out, ref_gemm(L.fwd_a(), L.fwd_b(), s.BT, s.OC, s.C, &rows),
                             canonical_roundings(s.C, block) + 1, s.C, tag + " out");
                 check_bound(o.dinp, ref_gemm(L.dinp_a(), L.dinp_b(), s.BT, s.C, s.OC, &L.dinp0),
                             canonical_roundings(s.OC, block) + 1, s.OC, tag + " dinp");
@@ -454,12 +457,9 @@ TEST_CASE("matmul: fast mode against the fp64 reference", "[matmul]") {
                                 "x" + std::to_string(s.OC);
         const Linear L(s.BT, s.C, s.OC, 70);
         const auto o = L.run(fx);
-        std::vector<float> bias_rows(static_cast<size_t>(s.BT * s.OC));
-        for (i64 m = 0; m < s.BT; m++)
-            for (i64 j = 0; j < s.OC; j++)
-                bias_rows[static_cast<size_t>(m * s.OC + j)] = L.bias[static_cast<size_t>(j)];
+        const std::vector<float> rows = bias_rows(L);
         // Any summation order: n = K + 1 roundings (K products, then the bias or the old value).
-        check_bound(o.out, ref_gemm(L.fwd_a(), L.fwd_b(), s.BT, s.OC, s.C, &bias_rows),
+        check_bound(o.out, ref_gemm(L.fwd_a(), L.fwd_b(), s.BT, s.OC, s.C, &rows),
                     static_cast<double>(s.C + 1), s.C, tag + " out");
         check_bound(o.dinp, ref_gemm(L.dinp_a(), L.dinp_b(), s.BT, s.C, s.OC, &L.dinp0),
                     static_cast<double>(s.OC + 1), s.OC, tag + " dinp");
@@ -480,10 +480,8 @@ TEST_CASE("matmul: fast mode against the fp64 reference", "[matmul]") {
                 "fast large dweight");
     const Linear T(128, 200, 900, 72);
     const auto t = T.run(fx);
-    std::vector<float> bias_rows(static_cast<size_t>(128 * 900));
-    for (i64 m = 0; m < 128; m++)
-        std::copy(T.bias.begin(), T.bias.end(), bias_rows.begin() + m * 900);
-    check_bound(t.out, ref_gemm(T.fwd_a(), T.fwd_b(), 128, 900, 200, &bias_rows), 201, 200,
+    const std::vector<float> t_rows = bias_rows(T);
+    check_bound(t.out, ref_gemm(T.fwd_a(), T.fwd_b(), 128, 900, 200, &t_rows), 201, 200,
                 "fast tall out");
     check_bound(t.dinp, ref_gemm(T.dinp_a(), T.dinp_b(), 128, 200, 900, &T.dinp0), 901, 900,
                 "fast tall dinp");
@@ -492,9 +490,8 @@ TEST_CASE("matmul: fast mode against the fp64 reference", "[matmul]") {
     // More tokens than outputs: the forward's items are rows, each starting from the bias.
     const Linear R(512, 128, 100, 73);
     const auto r = R.run(fx);
-    std::vector<float> bias_r(static_cast<size_t>(512 * 100));
-    for (i64 m = 0; m < 512; m++) std::copy(R.bias.begin(), R.bias.end(), bias_r.begin() + m * 100);
-    check_bound(r.out, ref_gemm(R.fwd_a(), R.fwd_b(), 512, 100, 128, &bias_r), 129, 128,
+    const std::vector<float> r_rows = bias_rows(R);
+    check_bound(r.out, ref_gemm(R.fwd_a(), R.fwd_b(), 512, 100, 128, &r_rows), 129, 128,
                 "fast out, items by rows");
 }
 

@@ -22,12 +22,11 @@ namespace {
 // Elements per parallel task; tasks go to whichever thread is free, 8 at a time (a thread that
 // shares its core with another process takes fewer). Which thread runs a task changes no bit.
 constexpr i64 kChunk = 1 << 14;
-constexpr i64 kTasksPerGrab = 8;
 // A tensor of at most one grab of tasks (most of a GPT's tensors: the layernorms and biases) runs
 // on the calling thread: waking the others would give them nothing to do, and a sleeping thread
 // takes tens of µs to wake (measured on a 2-core VM: ~46 µs per parallel region; a GPT-2 step
 // called 296 regions here, one per tensor in the update and again in the grad norm).
-constexpr i64 kParallelTasks = kTasksPerGrab;
+constexpr i64 kTasksPerGrab = 8;
 
 double pow_int(double b, int t) {
     double r = 1.0;
@@ -56,7 +55,7 @@ void adamw_update(const Numerics& nx, float* param, float* m, float* v, const fl
                         float(1.0 - pow_int(double(beta1), t)),
                         float(1.0 - pow_int(double(beta2), t))};
     const i64 nc = (N + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(dynamic, kTasksPerGrab) if (nc > kParallelTasks)
+#pragma omp parallel for schedule(dynamic, kTasksPerGrab) if (nc > kTasksPerGrab)
     for (i64 k = 0; k < nc; k++) {
         const i64 lo = k * kChunk;
         vm.adamw(param + lo, m + lo, v + lo, grad + lo, std::min(kChunk, N - lo), c);
@@ -71,7 +70,7 @@ float sum_squares(const Numerics& nx, const float* x, i64 N) {
         // Fixed chunks, each a vector dot, added in double: accurate and still run-to-run stable.
         const i64 nc = (N + kChunk - 1) / kChunk;
         std::vector<float> part(nc);
-#pragma omp parallel for schedule(dynamic, kTasksPerGrab) if (nc > kParallelTasks)
+#pragma omp parallel for schedule(dynamic, kTasksPerGrab) if (nc > kTasksPerGrab)
         for (i64 k = 0; k < nc; k++) {
             const i64 lo = k * kChunk;
             part[k] = vm.fast_dot(x + lo, x + lo, std::min(kChunk, N - lo));
@@ -93,7 +92,7 @@ void sum_squares_blocks(const Numerics& nx, float* part, const float* x, i64 N) 
     const i64 nb = num_blocks(N, blk);
     const i64 per = std::max<i64>(1, kChunk / blk);  // blocks per parallel task
     const i64 ntask = (nb + per - 1) / per;
-#pragma omp parallel for schedule(dynamic, kTasksPerGrab) if (ntask > kParallelTasks)
+#pragma omp parallel for schedule(dynamic, kTasksPerGrab) if (ntask > kTasksPerGrab)
     for (i64 k = 0; k < ntask; k++) {
         const i64 b0 = k * per, b1 = std::min(nb, b0 + per);
         const i64 lo = b0 * blk, hi = std::min(N, b1 * blk);

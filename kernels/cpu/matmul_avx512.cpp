@@ -155,7 +155,8 @@ inline void transpose8(const float* p, i64 ls, int valid, float* d, i64 dstride,
     } else {
         for (int i = 0; i < 4; i++) {
             const __m256 a = i < valid ? _mm256_loadu_ps(p + i * ls) : _mm256_setzero_ps();
-            const __m256 b = i + 4 < valid ? _mm256_loadu_ps(p + (i + 4) * ls) : _mm256_setzero_ps();
+            const __m256 b =
+                i + 4 < valid ? _mm256_loadu_ps(p + (i + 4) * ls) : _mm256_setzero_ps();
             r[i] = _mm256_permute2f128_ps(a, b, 0x20);      // a.lo | b.lo
             r[i + 4] = _mm256_permute2f128_ps(a, b, 0x31);  // a.hi | b.hi
         }
