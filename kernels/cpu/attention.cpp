@@ -83,6 +83,70 @@ void rows_reduce(const VecMath& vm, float* op, unsigned char* present, const flo
     tree_combine_rows(op, nkb, HS, present);
 }
 
+// dots_across for m <= kFmaRowsGroup rows at once: row q's x at x + q·xs, its n_max outputs (the
+// longest row's; a shorter row reads only its first n) at sp + q·nhb·n_max, each output the chain
+// dots_across gives it. sp holds m·nhb·n_max floats.
+void dots_across_group(const VecMath& vm, float* sp, int m, const float* x, i64 xs,
+                       const float* mt, i64 HS, i64 T, i64 n_max, int blk) {
+    const i64 nhb = num_blocks(HS, blk), stride = nhb * n_max;
+    for (i64 hb = 0; hb < nhb; hb++) {
+        for (int q = 0; q < m; q++) std::fill_n(sp + q * stride + hb * n_max, n_max, 0.0f);
+        const i64 i0 = hb * blk;
+        vm.fma_rows_group(sp + hb * n_max, stride, m, x + i0, xs, 1, mt + i0 * T, T,
+                          std::min<i64>(blk, HS - i0), n_max);
+    }
+    if (nhb > 1)
+        for (int q = 0; q < m; q++) tree_combine_rows(sp + q * stride, nhb, n_max);
+}
+
+// rows_reduce for m <= kFmaRowsGroup outputs at once: output q (HS, at op + q·nkb·HS) sums
+// coef[q·cq + r·cs]·x_r over its rows [r0[q], r1[q]). In each block a row's chain runs in index
+// order as rows_reduce's: the rows no other output of the group has alone, the rows all of them
+// have together, then the rest alone. present holds m·nkb flags (output q's at q·nkb).
+void rows_reduce_group(const VecMath& vm, float* op, unsigned char* present, int m,
+                       const float* coef, i64 cq, i64 cs, const float* x, i64 ldx, const i64* r0,
+                       const i64* r1, i64 HS, i64 nkb, int blk) {
+    const auto alone = [&](int q, i64 a, i64 b, i64 kb) {
+        if (a < b)
+            vm.fma_rows(op + (q * nkb + kb) * HS, coef + q * cq + a * cs, cs, x + a * ldx, ldx,
+                        b - a, HS);
+    };
+    for (i64 kb = 0; kb < nkb; kb++) {
+        i64 a[kFmaRowsGroup], b[kFmaRowsGroup];
+        for (int q = 0; q < m; q++) {
+            a[q] = std::max(r0[q], kb * blk);
+            b[q] = std::min(r1[q], (kb + 1) * blk);
+            present[q * nkb + kb] = a[q] < b[q];
+            if (a[q] < b[q]) std::fill_n(op + (q * nkb + kb) * HS, HS, 0.0f);
+        }
+        // Runs of consecutive outputs present in this block.
+        for (int lo = 0; lo < m;) {
+            if (a[lo] >= b[lo]) {
+                lo++;
+                continue;
+            }
+            int hi = lo + 1;
+            while (hi < m && a[hi] < b[hi]) hi++;
+            i64 ja = a[lo], jb = b[lo];  // the rows every output of the run has
+            for (int q = lo; q < hi; q++) {
+                ja = std::max(ja, a[q]);
+                jb = std::min(jb, b[q]);
+            }
+            if (ja >= jb) {
+                for (int q = lo; q < hi; q++) alone(q, a[q], b[q], kb);
+            } else {
+                for (int q = lo; q < hi; q++) alone(q, a[q], ja, kb);
+                vm.fma_rows_group(op + (lo * nkb + kb) * HS, nkb * HS, hi - lo,
+                                  coef + lo * cq + ja * cs, cq, cs, x + ja * ldx, ldx, jb - ja,
+                                  HS);
+                for (int q = lo; q < hi; q++) alone(q, jb, b[q], kb);
+            }
+            lo = hi;
+        }
+    }
+    for (int q = 0; q < m; q++) tree_combine_rows(op + q * nkb * HS, nkb, HS, present + q * nkb);
+}
+
 }  // namespace
 
 namespace {
@@ -101,15 +165,20 @@ inline void score_row(const VecMath& vm, float* sp, float* pre, const float* qt,
 // The rest of a query row of n keys once its scores pre[0..n) are in: masked scores zero, the
 // softmax into a (max, exp, the sum over key blocks, divide), and out (HS) = P·V over the key
 // blocks. vb: the row's sequence's v of this head, rows ldv apart.
-inline void softmax_row(const Numerics& nx, const VecMath& vm, float* out, float* pre, float* a,
-                        const float* vb, i64 ldv, i64 n, i64 T, i64 HS, i64 nkb, int blk, float* ep,
-                        float* op, unsigned char* present) {
+inline void softmax_probs(const Numerics& nx, const VecMath& vm, float* pre, float* a, i64 n,
+                          i64 T, i64 nkb, float* ep, unsigned char* present) {
     std::fill(pre + n, pre + T, 0.0f);
     const float mx = vm.max(pre, n);
     vm.exp_sub(a, pre, mx, n);
     const float sum = causal_reduce(nx, vm, a, nullptr, n, nkb, ep, present);
     for (i64 j = 0; j < n; j++) a[j] = a[j] / sum;
     std::fill(a + n, a + T, 0.0f);
+}
+
+inline void softmax_row(const Numerics& nx, const VecMath& vm, float* out, float* pre, float* a,
+                        const float* vb, i64 ldv, i64 n, i64 T, i64 HS, i64 nkb, int blk, float* ep,
+                        float* op, unsigned char* present) {
+    softmax_probs(nx, vm, pre, a, n, T, nkb, ep, present);
     rows_reduce(vm, op, present, a, 1, vb, ldv, 0, n, HS, nkb, blk);
     std::copy(op, op + HS, out);
 }
@@ -134,23 +203,39 @@ void forward_rows(const Numerics& nx, float* out, float* preatt, float* att, con
     const i64 nkb = num_blocks(T, blk);
 #pragma omp parallel
     {
-        std::vector<float> kt(HS * T), sp(num_blocks(HS, blk) * T), ep(nkb), op(nkb * HS);
-        std::vector<unsigned char> present(nkb);
+        constexpr int G = kFmaRowsGroup;  // query rows at a time
+        const i64 nhb = num_blocks(HS, blk);
+        std::vector<float> kt(HS * T), sp(G * nhb * T), ep(nkb), op(G * nkb * HS);
+        std::vector<unsigned char> present(G * nkb);
+        i64 r0[G] = {}, r1[G];
 #pragma omp for collapse(2) schedule(dynamic)
         for (i64 b = 0; b < B; b++) {
             for (i64 h = 0; h < NH; h++) {
                 const float* base = kv + b * T * C3;
                 const float* qb = q + b * Tq * C3;
+                float* pre0 = preatt + (b * NH + h) * Tq * T;
+                float* att0 = att + (b * NH + h) * Tq * T;
                 keys_transposed(kt.data(), base, 0, T, C, HS, h);
-                for (i64 r = 0; r < Tq; r++) {
-                    const i64 n = pos[r] + 1;
-                    float* pre = preatt + ((b * NH + h) * Tq + r) * T;
-                    float* a = att + ((b * NH + h) * Tq + r) * T;
-                    score_row(vm, sp.data(), pre, qb + r * C3 + h * HS, kt.data(), HS, T, 0, n, blk,
-                              scale);
-                    softmax_row(nx, vm, out + (b * Tq + r) * C + h * HS, pre, a,
-                                base + 2 * C + h * HS, C3, n, T, HS, nkb, blk, ep.data(), op.data(),
-                                present.data());
+                for (i64 r = 0; r < Tq; r += G) {
+                    const int m = static_cast<int>(std::min<i64>(G, Tq - r));
+                    i64 n_max = 0;
+                    for (int g = 0; g < m; g++) {
+                        r1[g] = pos[r + g] + 1;
+                        n_max = std::max(n_max, r1[g]);
+                    }
+                    dots_across_group(vm, sp.data(), m, qb + r * C3 + h * HS, C3, kt.data(), HS,
+                                      T, n_max, blk);
+                    for (int g = 0; g < m; g++) {
+                        const float* dots = sp.data() + g * nhb * n_max;
+                        float* pre = pre0 + (r + g) * T;
+                        for (i64 j = 0; j < r1[g]; j++) pre[j] = dots[j] * scale;
+                        softmax_probs(nx, vm, pre, att0 + (r + g) * T, r1[g], T, nkb, ep.data(),
+                                      present.data());
+                    }
+                    rows_reduce_group(vm, op.data(), present.data(), m, att0 + r * T, T, 1,
+                                      base + 2 * C + h * HS, C3, r0, r1, HS, nkb, blk);
+                    for (int g = 0; g < m; g++)
+                        std::copy_n(op.data() + g * nkb * HS, HS, out + (b * Tq + r + g) * C + h * HS);
                 }
             }
         }
@@ -169,8 +254,11 @@ void backward_query_rows(const Numerics& nx, float* dq, float* dpreatt, float* d
     const i64 nkb = num_blocks(T, blk);
 #pragma omp parallel
     {
-        std::vector<float> vt(HS * T), sp(num_blocks(HS, blk) * T), ep(nkb), op(nkb * HS);
-        std::vector<unsigned char> present(nkb);
+        constexpr int G = kFmaRowsGroup;  // query rows at a time
+        const i64 nhb = num_blocks(HS, blk);
+        std::vector<float> vt(HS * T), sp(G * nhb * T), ep(nkb), op(G * nkb * HS);
+        std::vector<unsigned char> present(G * nkb);
+        i64 r0[G] = {}, r1[G];
 #pragma omp for collapse(2) schedule(dynamic)
         for (i64 b = 0; b < B; b++) {
             for (i64 h = 0; h < NH; h++) {
@@ -182,21 +270,34 @@ void backward_query_rows(const Numerics& nx, float* dq, float* dpreatt, float* d
                 float* dpb = dpreatt + (b * NH + h) * Tq * T;
                 for (i64 j = 0; j < T; j++)
                     for (i64 i = 0; i < HS; i++) vt[i * T + j] = base[j * C3 + 2 * C + h * HS + i];
-                for (i64 r = 0; r < Tq; r++) {
-                    const i64 n = pos[r] + 1;
-                    const float* a = ab + r * T;
-                    float* da = dab + r * T;
-                    float* dp = dpb + r * T;
-                    dots_across(vm, sp.data(), dob + r * C, vt.data(), HS, T, n, blk);
-                    std::copy(sp.begin(), sp.begin() + n, da);
-                    std::fill(da + n, da + T, 0.0f);
-                    const float s = causal_reduce(nx, vm, a, da, n, nkb, ep.data(), present.data());
-                    for (i64 j = 0; j < n; j++) dp[j] = a[j] * (da[j] - s);
-                    std::fill(dp + n, dp + T, 0.0f);
-                    rows_reduce(vm, op.data(), present.data(), dp, 1, base + C + h * HS, C3, 0, n,
-                                HS, nkb, blk);
-                    float* dqt = dqb + r * C3 + h * HS;
-                    for (i64 i = 0; i < HS; i++) dqt[i] += op[i] * scale;
+                for (i64 r = 0; r < Tq; r += G) {
+                    const int m = static_cast<int>(std::min<i64>(G, Tq - r));
+                    i64 n_max = 0;
+                    for (int g = 0; g < m; g++) {
+                        r1[g] = pos[r + g] + 1;
+                        n_max = std::max(n_max, r1[g]);
+                    }
+                    dots_across_group(vm, sp.data(), m, dob + r * C, C, vt.data(), HS, T, n_max,
+                                      blk);
+                    for (int g = 0; g < m; g++) {
+                        const i64 n = r1[g];
+                        const float* a = ab + (r + g) * T;
+                        float* da = dab + (r + g) * T;
+                        float* dp = dpb + (r + g) * T;
+                        std::copy_n(sp.data() + g * nhb * n_max, n, da);
+                        std::fill(da + n, da + T, 0.0f);
+                        const float s =
+                            causal_reduce(nx, vm, a, da, n, nkb, ep.data(), present.data());
+                        for (i64 j = 0; j < n; j++) dp[j] = a[j] * (da[j] - s);
+                        std::fill(dp + n, dp + T, 0.0f);
+                    }
+                    rows_reduce_group(vm, op.data(), present.data(), m, dpb + r * T, T, 1,
+                                      base + C + h * HS, C3, r0, r1, HS, nkb, blk);
+                    for (int g = 0; g < m; g++) {
+                        float* dqt = dqb + (r + g) * C3 + h * HS;
+                        const float* o = op.data() + g * nkb * HS;
+                        for (i64 i = 0; i < HS; i++) dqt[i] += o[i] * scale;
+                    }
                 }
             }
         }
@@ -230,8 +331,10 @@ void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* 
     const i64 nkb = num_blocks(T, blk);
 #pragma omp parallel
     {
-        std::vector<float> op(nkb * HS);
-        std::vector<unsigned char> present(nkb);
+        constexpr int G = kFmaRowsGroup;  // keys at a time
+        std::vector<float> op(G * nkb * HS);
+        std::vector<unsigned char> present(G * nkb);
+        i64 r0[G], r1[G];
 #pragma omp for collapse(2) schedule(dynamic)
         for (i64 b = 0; b < B; b++) {
             for (i64 h = 0; h < NH; h++) {
@@ -241,15 +344,26 @@ void attention_backward(const Numerics& nx, float* dqkv, float* dpreatt, float* 
                 const float* ab = att + (b * NH + h) * T * T;
                 const float* dpb = dpreatt + (b * NH + h) * T * T;
                 // Keys: dk_j and dv_j reduce over the queries t >= j.
-                for (i64 j = 0; j < T; j++) {
-                    float* dk = dbase + j * C3 + C + h * HS;
-                    float* dv = dbase + j * C3 + 2 * C + h * HS;
-                    rows_reduce(vm, op.data(), present.data(), dpb + j, T, base + h * HS, C3, j, T,
-                                HS, nkb, blk);
-                    for (i64 i = 0; i < HS; i++) dk[i] += op[i] * scale;
-                    rows_reduce(vm, op.data(), present.data(), ab + j, T, dob, C, j, T, HS, nkb,
-                                blk);
-                    for (i64 i = 0; i < HS; i++) dv[i] += op[i];
+                for (i64 j = 0; j < T; j += G) {
+                    const int m = static_cast<int>(std::min<i64>(G, T - j));
+                    for (int g = 0; g < m; g++) {
+                        r0[g] = j + g;
+                        r1[g] = T;
+                    }
+                    rows_reduce_group(vm, op.data(), present.data(), m, dpb + j, 1, T,
+                                      base + h * HS, C3, r0, r1, HS, nkb, blk);
+                    for (int g = 0; g < m; g++) {
+                        float* dk = dbase + (j + g) * C3 + C + h * HS;
+                        const float* o = op.data() + g * nkb * HS;
+                        for (i64 i = 0; i < HS; i++) dk[i] += o[i] * scale;
+                    }
+                    rows_reduce_group(vm, op.data(), present.data(), m, ab + j, 1, T, dob, C, r0,
+                                      r1, HS, nkb, blk);
+                    for (int g = 0; g < m; g++) {
+                        float* dv = dbase + (j + g) * C3 + 2 * C + h * HS;
+                        const float* o = op.data() + g * nkb * HS;
+                        for (i64 i = 0; i < HS; i++) dv[i] += o[i];
+                    }
                 }
             }
         }

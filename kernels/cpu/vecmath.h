@@ -47,6 +47,12 @@ struct VecMath {
     // The sequential in-block part of a canonical reduction, vectorised across w outputs.
     void (*fma_rows)(float* acc, const float* coef, i64 cs, const float* x, i64 ldx, i64 rows,
                      i64 w);
+    // fma_rows on m <= kFmaRowsGroup accumulators sharing x: accumulator q (w) at acc + q·lacc
+    // takes its coefficients from coef + q·cq. Each output's chain is fma_rows' (the same bits);
+    // the group keeps m·w independent chains in flight where one row of short w is
+    // latency-bound (attention's rows: w <= T keys or HS channels).
+    void (*fma_rows_group)(float* acc, i64 lacc, int m, const float* coef, i64 cq, i64 cs,
+                           const float* x, i64 ldx, i64 rows, i64 w);
     // acc (n) = fma(a, b, acc) elementwise.
     void (*fma_elem)(float* acc, const float* a, const float* b, i64 n);
     // part (num_blocks(n, block)): part[j] = sequential fp32 sum from +0 of block j of x (n),
@@ -58,6 +64,8 @@ struct VecMath {
     float (*fast_sum)(const float* x, i64 n);
     float (*fast_dot)(const float* x, const float* y, i64 n);
 };
+
+inline constexpr int kFmaRowsGroup = 4;
 
 // The table for isa. Throws px::Error when this CPU cannot run it.
 const VecMath& vecmath(Isa isa);
@@ -276,6 +284,58 @@ void fma_rows_n(float* acc, const float* coef, i64 cs, const float* x, i64 ldx, 
     }
 }
 
+// fma_rows_n's chains for M accumulators at once, two vectors of outputs at a time (2·M
+// accumulators: within AVX2's 16 registers for M = 4).
+template <class S, int M>
+void fma_rows_m(float* acc, i64 lacc, const float* coef, i64 cq, i64 cs, const float* x, i64 ldx,
+                i64 rows, i64 w) {
+    constexpr i64 W = S::W;
+    i64 i = 0;
+    for (; i + 2 * W <= w; i += 2 * W) {
+        typename S::F a0[M], a1[M];
+        for (int q = 0; q < M; q++) {
+            a0[q] = S::load(acc + q * lacc + i);
+            a1[q] = S::load(acc + q * lacc + i + W);
+        }
+        for (i64 r = 0; r < rows; r++) {
+            const float* xr = x + r * ldx + i;
+            const auto x0 = S::load(xr), x1 = S::load(xr + W);
+            for (int q = 0; q < M; q++) {
+                const auto c = S::set(coef[q * cq + r * cs]);
+                a0[q] = S::fma(c, x0, a0[q]);
+                a1[q] = S::fma(c, x1, a1[q]);
+            }
+        }
+        for (int q = 0; q < M; q++) {
+            S::store(acc + q * lacc + i, a0[q]);
+            S::store(acc + q * lacc + i + W, a1[q]);
+        }
+    }
+    for (; i < w; i += W) {
+        const i64 k = std::min(W, w - i);
+        typename S::F a[M];
+        for (int q = 0; q < M; q++) a[q] = ld<S>(acc + q * lacc + i, k);
+        for (i64 r = 0; r < rows; r++) {
+            const auto xv = ld<S>(x + r * ldx + i, k);
+            for (int q = 0; q < M; q++) a[q] = S::fma(S::set(coef[q * cq + r * cs]), xv, a[q]);
+        }
+        for (int q = 0; q < M; q++) st<S>(acc + q * lacc + i, a[q], k);
+    }
+}
+
+template <class S>
+void fma_rows_group_n(float* acc, i64 lacc, int m, const float* coef, i64 cq, i64 cs,
+                      const float* x, i64 ldx, i64 rows, i64 w) {
+    static_assert(kFmaRowsGroup == 4);
+    switch (m) {
+        case 1: return fma_rows_m<S, 1>(acc, lacc, coef, cq, cs, x, ldx, rows, w);
+        case 2: return fma_rows_m<S, 2>(acc, lacc, coef, cq, cs, x, ldx, rows, w);
+        case 3: return fma_rows_m<S, 3>(acc, lacc, coef, cq, cs, x, ldx, rows, w);
+        case 4: return fma_rows_m<S, 4>(acc, lacc, coef, cq, cs, x, ldx, rows, w);
+        default: return;
+    }
+}
+
 template <class S>
 void fma_elem_n(float* acc, const float* a, const float* b, i64 n) {
     for_each_vec<S>(n, [&](i64 i, i64 k) {
@@ -292,17 +352,21 @@ template <class S, bool Dot>
 void block_reduce_n(float* part, const float* x, const float* y, i64 n, int block) {
     constexpr int W = S::W;
     const i64 nb = num_blocks(n, block);
-    if (i64(W) * block > INT32_MAX) {
-        // The gathers' offsets are 32-bit: blocks this long go one at a time, each the chain a
-        // lane computes (from +0, in index order, add or fma), so the bits are the same.
-        for (i64 b = 0; b < nb; b++) {
-            float acc = 0.0f;
-            for (i64 i = b * block, end = std::min(n, (b + 1) * block); i < end; i++)
-                acc = Dot ? std::fma(x[i], y[i], acc) : acc + x[i];
-            part[b] = acc;
-        }
+    // Block b alone: the chain a lane computes (from +0, in index order, add or fma), so the
+    // same bits.
+    const auto chain = [&](i64 b) {
+        float acc = 0.0f;
+        for (i64 i = b * block, end = std::min(n, (b + 1) * block); i < end; i++)
+            acc = Dot ? std::fma(x[i], y[i], acc) : acc + x[i];
+        part[b] = acc;
+    };
+    if (i64(W) * block > INT32_MAX) {  // the gathers' offsets are 32-bit: one block at a time
+        for (i64 b = 0; b < nb; b++) chain(b);
         return;
     }
+    // A last group of this few blocks runs them one at a time: its gathers would cost more than
+    // the chains' latency (a row of attention scores is one or two blocks).
+    constexpr i64 kChainBlocks = 4;
     alignas(64) int32_t off[64], len[64];
     for (int l = 0; l < W; l++) off[l] = l * block;
     const auto offv = S::iload(off);
@@ -311,6 +375,10 @@ void block_reduce_n(float* part, const float* x, const float* y, i64 n, int bloc
         const float* yb = Dot ? y + g * block : nullptr;
         const i64 rem = n - g * block;  // elements from this group's first block on
         bool full = rem >= i64(W) * block;
+        if (!full && nb - g <= kChainBlocks) {
+            for (i64 b = g; b < nb; b++) chain(b);
+            break;
+        }
         int maxlen = 0;
         for (int l = 0; l < W; l++) {
             len[l] = int(std::clamp<i64>(rem - i64(l) * block, 0, block));
@@ -417,8 +485,8 @@ constexpr VecMath make_table(Isa isa) {
     return VecMath{
         isa,           exp_n<S>,      log_n<S>,          tanh_n<S>,          erf_n<S>,
         exp_sub_n<S>,  max_n<S>,      gelu_forward_n<S>, gelu_backward_n<S>, adamw_n<S>,
-        fma_rows_n<S>, fma_elem_n<S>, block_sums_n<S>,   block_dots_n<S>,    fast_sum_n<S>,
-        fast_dot_n<S>};
+        fma_rows_n<S>, fma_rows_group_n<S>, fma_elem_n<S>, block_sums_n<S>, block_dots_n<S>,
+        fast_sum_n<S>, fast_dot_n<S>};
 }
 
 }  // namespace px::cpu::impl
