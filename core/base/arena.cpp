@@ -220,17 +220,19 @@ i64 Arena::resident_bytes() const {
     return n * static_cast<i64>(page);
 }
 
-void Arena::zero() {
-    // Arenas run to hundreds of MiB (GPT-2's gradients are 650 MiB): clear them on every core.
-    std::byte* p = data_.get();
-    if (!p) return;
+void zero_bytes(void* p, i64 n) {
+    std::byte* b = static_cast<std::byte*>(p);
     constexpr i64 kChunk = i64{1} << 20;
-    const i64 chunks = (bytes_ + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static)
+    const i64 chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
     for (i64 c = 0; c < chunks; c++) {
         const i64 lo = c * kChunk;
-        std::memset(p + lo, 0, static_cast<size_t>(std::min(kChunk, bytes_ - lo)));
+        std::memset(b + lo, 0, static_cast<size_t>(std::min(kChunk, n - lo)));
     }
+}
+
+void Arena::zero() {
+    if (data_) zero_bytes(data_.get(), bytes_);
 }
 
 Tensor Arena::view(DType t, i64 offset, const i64* dims, int ndim, const char* name) const {

@@ -205,7 +205,7 @@ public:
     // A contiguous tensor of dtype t over bytes [offset, offset + its bytes), on this device.
     Tensor view(DType t, i64 offset, std::initializer_list<i64> shape, const char* name = "") const;
     Tensor view(DType t, i64 offset, const i64* dims, int ndim, const char* name = "") const;
-    void zero();
+    void zero();  // every byte, on every core (zero_bytes)
     // Bytes [lo, hi): the whole pages inside it go back to the system and read as zero; the
     // partial pages at its ends keep their contents.
     void decommit(i64 lo, i64 hi);
@@ -221,6 +221,10 @@ private:
     std::unique_ptr<std::byte, Free> data_;
     i64 bytes_ = 0;
 };
+
+// n bytes from p set to zero on every core: gradient buffers run to hundreds of MiB (GPT-2's
+// are 650 MiB), more than one core's stores can fill at memory speed.
+void zero_bytes(void* p, i64 n);
 
 // Floats [lo, hi) of an arena that holds fp32 data (weights, gradients): decommit of their bytes.
 inline void decommit_f32(Arena& a, i64 lo, i64 hi) {

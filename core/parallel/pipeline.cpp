@@ -6,7 +6,6 @@
 #include "core/base/error.h"
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 
 namespace px {
@@ -123,7 +122,7 @@ std::vector<float*> TreeAccumulator::begin(int k) {
         } else {
             n.buf = take();
         }
-        std::memset(n.buf + span_.lo, 0, static_cast<size_t>(span_.hi - span_.lo) * sizeof(float));
+        zero_bytes(n.buf + span_.lo, bytes_of(DType::f32, span_.hi - span_.lo));
         bufs.push_back(n.buf);
     }
     return bufs;
