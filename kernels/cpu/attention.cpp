@@ -99,6 +99,16 @@ void dots_across_group(const VecMath& vm, float* sp, int m, const float* x, i64 
         for (int q = 0; q < m; q++) tree_combine_rows(sp + q * stride, nhb, n_max);
 }
 
+// The keys r1[g] = pos[g] + 1 that query rows g < m see; returns the most.
+i64 query_extents(i64* r1, const i64* pos, int m) {
+    i64 n_max = 0;
+    for (int g = 0; g < m; g++) {
+        r1[g] = pos[g] + 1;
+        n_max = std::max(n_max, r1[g]);
+    }
+    return n_max;
+}
+
 // rows_reduce for m <= kFmaRowsGroup outputs at once: output q (HS, at op + q·nkb·HS) sums
 // coef[q·cq + r·cs]·x_r over its rows [r0[q], r1[q]). In each block a row's chain runs in index
 // order as rows_reduce's: the rows no other output of the group has alone, the rows all of them
@@ -218,11 +228,7 @@ void forward_rows(const Numerics& nx, float* out, float* preatt, float* att, con
                 keys_transposed(kt.data(), base, 0, T, C, HS, h);
                 for (i64 r = 0; r < Tq; r += G) {
                     const int m = static_cast<int>(std::min<i64>(G, Tq - r));
-                    i64 n_max = 0;
-                    for (int g = 0; g < m; g++) {
-                        r1[g] = pos[r + g] + 1;
-                        n_max = std::max(n_max, r1[g]);
-                    }
+                    const i64 n_max = query_extents(r1, pos + r, m);
                     dots_across_group(vm, sp.data(), m, qb + r * C3 + h * HS, C3, kt.data(), HS,
                                       T, n_max, blk);
                     for (int g = 0; g < m; g++) {
@@ -272,11 +278,7 @@ void backward_query_rows(const Numerics& nx, float* dq, float* dpreatt, float* d
                     for (i64 i = 0; i < HS; i++) vt[i * T + j] = base[j * C3 + 2 * C + h * HS + i];
                 for (i64 r = 0; r < Tq; r += G) {
                     const int m = static_cast<int>(std::min<i64>(G, Tq - r));
-                    i64 n_max = 0;
-                    for (int g = 0; g < m; g++) {
-                        r1[g] = pos[r + g] + 1;
-                        n_max = std::max(n_max, r1[g]);
-                    }
+                    const i64 n_max = query_extents(r1, pos + r, m);
                     dots_across_group(vm, sp.data(), m, dob + r * C, C, vt.data(), HS, T, n_max,
                                       blk);
                     for (int g = 0; g < m; g++) {
