@@ -147,4 +147,14 @@ RunHooks plant(const Mutation& m) {
     return h;
 }
 
+void FlipFirstReceived::run(comm::Request& req) {
+    comm::Decorator::run(req);
+    if (done_ || rank() != rank_ || !hits_(req)) return;
+    done_ = true;
+    std::uint32_t bits;
+    std::memcpy(&bits, req.out, sizeof bits);
+    bits ^= 1u << 20;
+    std::memcpy(req.out, &bits, sizeof bits);
+}
+
 }  // namespace px::test::mutation

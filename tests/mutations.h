@@ -72,4 +72,22 @@ private:
     i64 lo_ = 0, hi_ = 0, n_ = -1;
 };
 
+// A group whose rank `rank` receives, in the first request `hits` accepts, its first element
+// with bit 20 flipped (a low bit could round away); every other request passes through. The
+// planted bug of a received message: a K/V block of the cp ring, rows of the ep dispatch.
+class FlipFirstReceived : public comm::Decorator {
+public:
+    FlipFirstReceived(std::unique_ptr<comm::Communicator> inner, int rank,
+                      bool (*hits)(const comm::Request&))
+        : comm::Decorator(std::move(inner)), rank_(rank), hits_(hits) {}
+
+protected:
+    void run(comm::Request& req) override;
+
+private:
+    int rank_;
+    bool (*hits_)(const comm::Request&);
+    bool done_ = false;
+};
+
 }  // namespace px::test::mutation

@@ -12,6 +12,7 @@
 #include "core/train/checkpointing.h"
 #include "core/train/job.h"
 #include "core/train/runner.h"
+#include "tests/mutations.h"
 #include "tests/test_util.h"
 #include "validators/trace.h"
 #include "validators/validate.h"
@@ -299,32 +300,6 @@ TEST_CASE(
         }
 }
 
-namespace {
-
-// A planted bug in the ring: cp rank 1's first received K/V block (step 1, layer 0's forward)
-// arrives with bit 20 of its first element flipped (a low bit can round away).
-class FlipFirstRecv : public comm::Decorator {
-public:
-    explicit FlipFirstRecv(std::unique_ptr<comm::Communicator> inner)
-        : comm::Decorator(std::move(inner)) {}
-
-protected:
-    void run(comm::Request& req) override {
-        comm::Decorator::run(req);
-        if (req.op != comm::Op::recv || rank() != 1 || done_) return;
-        done_ = true;
-        std::uint32_t bits;
-        std::memcpy(&bits, req.out, sizeof bits);
-        bits ^= 1u << 20;
-        std::memcpy(req.out, &bits, sizeof bits);
-    }
-
-private:
-    bool done_ = false;
-};
-
-}  // namespace
-
 TEST_CASE("validate names the first op a flipped K/V bit in the ring reaches, and its rank",
           "[cp]") {
     Config c = cp_job();
@@ -334,7 +309,9 @@ TEST_CASE("validate names the first op a flipped K/V bit in the ring reaches, an
         [](MeshDim d,
            std::unique_ptr<comm::Communicator> g) -> std::unique_ptr<comm::Communicator> {
         if (d != MeshDim::cp) return g;
-        return std::make_unique<FlipFirstRecv>(std::move(g));
+        // cp rank 1's first received K/V block (step 1, layer 0's forward)
+        return std::make_unique<test::mutation::FlipFirstReceived>(
+            std::move(g), 1, [](const comm::Request& r) { return r.op == comm::Op::recv; });
     };
     const ValidationReport rep = validate_layouts(c, {parse_layout("cp2")}, 2, nullptr, plant);
     REQUIRE(rep.layouts.size() == 1);

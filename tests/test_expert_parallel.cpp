@@ -9,6 +9,7 @@
 #include "core/train/runner.h"
 #include "core/io/checkpoint.h"
 #include "core/io/state.h"
+#include "tests/mutations.h"
 #include "tests/test_util.h"
 #include "validators/trace.h"
 #include "validators/validate.h"
@@ -27,33 +28,17 @@ namespace {
 // Four experts of 48 channels (an ep rank's share of each stacked tensor is whole blocks of 16
 // up to ep4), top-2 with capacity 1 (tokens do drop), a shared expert, both auxiliary losses.
 Config ep_job() {
-    Config c = test::small_job();
-    c.model.moe_experts = 4;
-    c.model.moe_top_k = 2;
-    c.model.moe_ffn = 48;
-    c.model.moe_capacity_factor = 1.0;
-    c.model.moe_shared_experts = 1;
+    Config c = test::small_moe_job(48);
     c.model.moe_aux_loss = 0.01;
     c.model.moe_z_loss = 0.001;
-    c.numerics.block = 16;
-    c.train.eval_every = 5;
-    c.train.val_batches = 2;
-    c.train.threads = 1;
     return c;
 }
-
-struct Values : Observer {
-    std::map<std::string, std::vector<double>> got;
-    void on_values(const RunView&, i64, const std::vector<NamedValue>& v) override {
-        for (const NamedValue& x : v) got[x.name].push_back(x.value);
-    }
-};
 
 }  // namespace
 
 TEST_CASE("expert-parallel layouts are bit-identical to the single device") {
     const Config base = ep_job();
-    Values ref_values;
+    test::ValueLog ref_values;
     LogicalState ref;
     {
         Job job(base);
@@ -78,7 +63,7 @@ TEST_CASE("expert-parallel layouts are bit-identical to the single device") {
         INFO("dp" << l.dp << " ep" << l.ep << " pp" << l.pp << " mb" << l.mb << " "
                   << l.recompute << " zero" << l.zero);
         LogicalState got;
-        Values values;
+        test::ValueLog values;
         bool agree = true;
         bool sharded = true;
         RunHooks h = test::inspecting([&](Job& job) {
@@ -106,7 +91,7 @@ TEST_CASE("MoE under tensor parallelism, with and without ep, is bit-identical t
     base.model.moe_every = 2;
     base.train.steps = 4;
     LogicalState ref;
-    Values ref_values;
+    test::ValueLog ref_values;
     {
         Job job(base);
         job.add_observer(&ref_values);
@@ -124,7 +109,7 @@ TEST_CASE("MoE under tensor parallelism, with and without ep, is bit-identical t
         c.layout.microbatches = l.pp > 1 ? 2 : 1;
         INFO("dp" << l.dp << " ep" << l.ep << " tp" << l.tp << " pp" << l.pp);
         LogicalState got;
-        Values values;
+        test::ValueLog values;
         bool agree = true;
         run_layout(c, {&values},
                    test::inspecting([&](Job& job) { agree = absorb(got, job) && agree; }));
@@ -282,41 +267,18 @@ TEST_CASE("a golden trace of the single device checks ep layouts probe by probe"
     }
 }
 
-namespace {
-
-// A planted bug in the dispatch: ep rank 1's first received all-to-all of rows (step 1, layer
-// 0's forward: the rows ep rank 0 routed to rank 1's experts) arrives with bit 20 of its first
-// element flipped.
-class FlipFirstRows : public comm::Decorator {
-public:
-    explicit FlipFirstRows(std::unique_ptr<comm::Communicator> inner)
-        : comm::Decorator(std::move(inner)) {}
-
-protected:
-    void run(comm::Request& req) override {
-        comm::Decorator::run(req);
-        if (req.op != comm::Op::all_to_all_v || req.dtype != comm::Dtype::f32 || rank() != 1 ||
-            done_)
-            return;
-        done_ = true;
-        std::uint32_t bits;
-        std::memcpy(&bits, req.out, sizeof bits);
-        bits ^= 1u << 20;
-        std::memcpy(req.out, &bits, sizeof bits);
-    }
-
-private:
-    bool done_ = false;
-};
-
-}  // namespace
-
 TEST_CASE("validate names the first op a flipped bit in the dispatch reaches, and its rank") {
     Config c = ep_job();
     c.train.steps = 2;
     RunHooks plant;
+    // ep rank 1's first received all-to-all of rows (step 1, layer 0's forward: the rows ep rank
+    // 0 routed to rank 1's experts)
     plant.wrap_ep_group = [](std::unique_ptr<comm::Communicator> g) {
-        return std::unique_ptr<comm::Communicator>(std::make_unique<FlipFirstRows>(std::move(g)));
+        return std::unique_ptr<comm::Communicator>(
+            std::make_unique<test::mutation::FlipFirstReceived>(
+                std::move(g), 1, [](const comm::Request& r) {
+                    return r.op == comm::Op::all_to_all_v && r.dtype == comm::Dtype::f32;
+                }));
     };
     const ValidationReport rep = validate_layouts(c, {parse_layout("ep2")}, 2, nullptr, plant);
     REQUIRE(rep.layouts.size() == 1);

@@ -186,33 +186,13 @@ TEST_CASE("MoE configs that cannot run say which keys to change") {
 
 namespace {
 
-Config moe_job() {
-    Config c = test::small_job();
-    c.model.moe_experts = 4;
-    c.model.moe_top_k = 2;
-    c.model.moe_ffn = 40;
-    c.model.moe_capacity_factor = 1.0;
-    c.model.moe_shared_experts = 1;
-    c.numerics.block = 16;  // four token blocks per sequence
-    c.train.eval_every = 5;
-    c.train.val_batches = 2;
-    c.train.threads = 1;
-    return c;
-}
-
-// The router statistics each step offers, by name and step.
-struct Values : Observer {
-    std::map<std::string, std::vector<double>> got;
-    void on_values(const RunView&, i64, const std::vector<NamedValue>& v) override {
-        for (const NamedValue& x : v) got[x.name].push_back(x.value);
-    }
-};
+Config moe_job() { return test::small_moe_job(40); }
 
 }  // namespace
 
 TEST_CASE("MoE layouts are bit-identical to the single device, router statistics included") {
     const Config base = moe_job();
-    Values ref_values;
+    test::ValueLog ref_values;
     LogicalState ref;
     {
         Job job(base);
@@ -235,7 +215,7 @@ TEST_CASE("MoE layouts are bit-identical to the single device, router statistics
         INFO("dp" << l.dp << " pp" << l.pp << " zero" << l.zero << " mb" << l.mb << " "
                   << l.recompute);
         LogicalState got;
-        Values values;
+        test::ValueLog values;
         bool agree = true;
         RunHooks h = test::inspecting([&](Job& job) { agree = absorb(got, job) && agree; });
         run_layout(c, {&values}, h);

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,31 @@ inline Config small_job() {
     c.layout.timeout_s = 30;
     return c;
 }
+
+// small_job with MoE layers: four experts of `ffn` channels, top-2 with capacity 1 (tokens do
+// drop), one shared expert, token blocks of 16 (four per sequence), one thread, and an eval every
+// 5 steps over 2 batches.
+inline Config small_moe_job(i64 ffn) {
+    Config c = small_job();
+    c.model.moe_experts = 4;
+    c.model.moe_top_k = 2;
+    c.model.moe_ffn = ffn;
+    c.model.moe_capacity_factor = 1.0;
+    c.model.moe_shared_experts = 1;
+    c.numerics.block = 16;
+    c.train.eval_every = 5;
+    c.train.val_batches = 2;
+    c.train.threads = 1;
+    return c;
+}
+
+// The named values (router statistics and the like) a job offers, by name, in step order.
+struct ValueLog : Observer {
+    std::map<std::string, std::vector<double>> got;
+    void on_values(const RunView&, i64, const std::vector<NamedValue>& v) override {
+        for (const NamedValue& x : v) got[x.name].push_back(x.value);
+    }
+};
 
 // c with shapes whose tensor-parallel shares are whole blocks of 16 at tp = 2 and 4: C = 64,
 // 4 heads, F = 128, V = 64 (one vocabulary block per rank at tp = 4), T = 32.

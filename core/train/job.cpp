@@ -294,16 +294,20 @@ bool Job::is_last_virtual(int chunk) const {
     return stage_of(pp_rank_, chunk, layout_.pp) == layout_.num_stages() - 1;
 }
 
-double Job::bytes_sent() const {
-    // Every communicator of a rank shares one book (comm.h): any group's counts all of them.
-    const comm::Communicator* c = groups_.world ? groups_.world
-                                  : groups_.pp  ? groups_.pp
-                                  : groups_.dp  ? groups_.dp
-                                                : groups_.tp;
+double Job::book_bytes_sent(const comm::Communicator* c, bool (*keep)(const comm::StatRow&)) {
     if (!c) return 0;
     double b = 0;
-    for (const comm::StatRow& r : c->stats_book()->rows()) b += static_cast<double>(r.bytes_sent);
+    for (const comm::StatRow& r : c->stats_book()->rows())
+        if (!keep || keep(r)) b += static_cast<double>(r.bytes_sent);
     return b;
+}
+
+double Job::bytes_sent() const {
+    // Every communicator of a rank shares one book (comm.h): any group's counts all of them.
+    return book_bytes_sent(groups_.world ? groups_.world
+                           : groups_.pp  ? groups_.pp
+                           : groups_.dp  ? groups_.dp
+                                         : groups_.tp);
 }
 
 // ---- activation sets -------------------------------------------------------------------------
@@ -794,7 +798,7 @@ StepMetrics Job::step() {
     if (layout_.cp > 1 || layout_.ep > 1) {
         cp_sent_ += layout_.cp > 1 ? cp_bytes_sent() - cp0 : 0;
         ep_sent_ += layout_.ep > 1 ? ep_bytes_sent() - ep0 : 0;
-        cp_steps_++;
+        accounted_steps_++;
     }
     m.step_ms = secs * 1e3;
     m.tokens_per_s = static_cast<double>(N) / secs;

@@ -436,10 +436,13 @@ private:
     std::vector<std::vector<std::vector<Range>>> ep_leaf_tokens_;
     NodePlan ep_plan_;  // per expert-data rank: its sources' targets, source after source
     std::vector<float> ep_values_;
+    // Bytes this rank has sent, over the rows of c's book that keep accepts (all when null).
+    static double book_bytes_sent(const comm::Communicator* c,
+                                  bool (*keep)(const comm::StatRow&) = nullptr);
     double bytes_sent() const;
     double cp_bytes_sent() const;  // in the cp group
     double cp_sent_ = 0;           // training steps' cp traffic so far (this process)
-    i64 cp_steps_ = 0;             // training steps it covers (cp or ep)
+    i64 accounted_steps_ = 0;      // training steps cp_sent_ and ep_sent_ cover
     double ep_bytes_sent() const;  // by the ep group's all-to-alls
     double ep_sent_ = 0;           // training steps' ep traffic so far (this process)
 

@@ -78,11 +78,7 @@ void Job::gather_cp_losses(std::vector<float>& all, const std::vector<float>& lo
 }
 
 double Job::cp_bytes_sent() const {
-    if (!groups_.cp) return 0;
-    double b = 0;
-    for (const comm::StatRow& r : groups_.cp->stats_book()->rows())
-        if (r.group == "cp") b += static_cast<double>(r.bytes_sent);
-    return b;
+    return book_bytes_sent(groups_.cp, [](const comm::StatRow& r) { return r.group == "cp"; });
 }
 
 CpStats Job::cp_stats() const {
@@ -90,7 +86,8 @@ CpStats Job::cp_stats() const {
     if (layout_.cp <= 1) return s;
     s.cp = layout_.cp;
     s.method = cp_method_name(layout_.cp_method);
-    s.comm_bytes_per_step = cp_steps_ > 0 ? cp_sent_ / static_cast<double>(cp_steps_) : 0;
+    s.comm_bytes_per_step =
+        accounted_steps_ > 0 ? cp_sent_ / static_cast<double>(accounted_steps_) : 0;
     i64 layers = 0;
     for (int c = 0; c < model_->num_chunks(); c++) layers += model_->part().chunks[c].size();
     const CpCosts f = cp_costs(layout_, layers, micro_B_);

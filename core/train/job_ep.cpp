@@ -131,19 +131,17 @@ void Job::reduce_expert_grads(float* g) {
 
 // The all-to-alls' bytes (the gradient norm's block exchange over the group is not counted).
 double Job::ep_bytes_sent() const {
-    if (!groups_.ep) return 0;
-    double b = 0;
-    for (const comm::StatRow& r : groups_.ep->stats_book()->rows())
-        if (r.group == "ep" && (r.op == "all_to_all" || r.op == "all_to_all_v"))
-            b += static_cast<double>(r.bytes_sent);
-    return b;
+    return book_bytes_sent(groups_.ep, [](const comm::StatRow& r) {
+        return r.group == "ep" && (r.op == "all_to_all" || r.op == "all_to_all_v");
+    });
 }
 
 EpStats Job::ep_stats() const {
     EpStats s;
     if (layout_.ep <= 1) return s;
     s.ep = layout_.ep;
-    s.comm_bytes_per_step = cp_steps_ > 0 ? ep_sent_ / static_cast<double>(cp_steps_) : 0;
+    s.comm_bytes_per_step =
+        accounted_steps_ > 0 ? ep_sent_ / static_cast<double>(accounted_steps_) : 0;
     i64 moe_layers = 0;
     for (const LayerSpan& c : model_->part().chunks)
         for (int l = c.lo; l < c.hi; l++) moe_layers += cfg_.model.moe_layer(l) ? 1 : 0;
