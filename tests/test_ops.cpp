@@ -786,6 +786,18 @@ TEST_CASE("vecmath: every routine gives identical bits on every ISA, bodies and 
             s.fma_rows(a.data(), coef.data(), 2, mat.data(), n + 3, 5, n);
             v.fma_rows(b.data(), coef.data(), 2, mat.data(), n + 3, 5, n);
             CHECK(first_diff(a, b) == -1);
+            // fma_rows_group: m accumulators (rows n + 1 apart) sharing those 5 rows, coefficients
+            // 3 apart: each the bits of its own fma_rows on the scalar table.
+            for (int m = 1; m <= cpu::kFmaRowsGroup; m++) {
+                const Vec coefs = randv(r, 3 * (m - 1) + 2 * 4 + 1);
+                Vec ga = randv(r, m * (n + 1)), gb = ga;
+                v.fma_rows_group(ga.data(), n + 1, m, coefs.data(), 3, 2, mat.data(), n + 3, 5, n);
+                for (int q = 0; q < m; q++)
+                    s.fma_rows(gb.data() + q * (n + 1), coefs.data() + 3 * q, 2, mat.data(), n + 3,
+                               5, n);
+                INFO("fma_rows_group m = " << m);
+                CHECK(first_diff(ga, gb) == -1);
+            }
             cpu::AdamWCoeffs c{1e-3f, 0.9f, 0.99f, 0.1f, 0.01f, 1e-8f, 0.1f, 0.5f, 0.3f, 0.05f};
             Vec p1 = x, m1 = y, v1 = z, p2 = x, m2 = y, v2 = z;
             s.adamw(p1.data(), m1.data(), v1.data(), y.data(), n, c);
