@@ -15,7 +15,9 @@
 // full T, whatever the row's causal extent, and combined in the canonical tree; blocks with no
 // unmasked element are absent (skipped), so query t's sums are the prefix subtree of the same
 // tree every query uses. Masked entries are written as exact zeros in preatt, att, datt, dpreatt.
-// Threads take whole (b, h) pairs; nothing of one sum is split.
+// Threads take whole (b, h) pairs; nothing of one sum is split. Query rows (and, for dk and dv,
+// keys) go four at a time through VecMath::fma_rows_group, which keeps every output's chain as
+// it is: one row's chain is latency-bound when the row is short, four rows' are not.
 //
 // Context parallelism (attention_scores_queries, attention_softmax_queries,
 // attention_backward_queries): a rank holds some query rows of each sequence (at logical positions
@@ -241,7 +243,8 @@ void forward_rows(const Numerics& nx, float* out, float* preatt, float* att, con
                     rows_reduce_group(vm, op.data(), present.data(), m, att0 + r * T, T, 1,
                                       base + 2 * C + h * HS, C3, r0, r1, HS, nkb, blk);
                     for (int g = 0; g < m; g++)
-                        std::copy_n(op.data() + g * nkb * HS, HS, out + (b * Tq + r + g) * C + h * HS);
+                        std::copy_n(op.data() + g * nkb * HS, HS,
+                                    out + (b * Tq + r + g) * C + h * HS);
                 }
             }
         }
