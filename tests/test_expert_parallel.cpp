@@ -16,9 +16,7 @@
 
 #include <catch2/catch.hpp>
 
-#include <cstring>
 #include <filesystem>
-#include <map>
 #include <vector>
 
 using namespace px;

@@ -17,7 +17,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <vector>
 
 using namespace px;

@@ -40,21 +40,6 @@ namespace px::cpu {
 
 namespace {
 
-// acc (n) = x (HS) · M[:, j] for j < n, M stored transposed as (HS, T): the HS dimension is cut
-// into blocks, each a sequential fma chain (vectorised across the n outputs), then the tree.
-// sp holds num_blocks(HS, block) rows of n.
-void dots_across(const VecMath& vm, float* sp, const float* x, const float* mt, i64 HS, i64 T,
-                 i64 n, int blk) {
-    const i64 nhb = num_blocks(HS, blk);
-    for (i64 hb = 0; hb < nhb; hb++) {
-        float* acc = sp + hb * n;
-        std::fill(acc, acc + n, 0.0f);
-        const i64 i0 = hb * blk;
-        vm.fma_rows(acc, x + i0, 1, mt + i0 * T, T, std::min<i64>(blk, HS - i0), n);
-    }
-    if (nhb > 1) tree_combine_rows(sp, nhb, n);
-}
-
 // Σ over j < n of x[j] (or x[j]·y[j]) with blocks over the full key range of nkb blocks; blocks
 // at or past num_blocks(n) are absent. present and ep hold nkb entries.
 float causal_reduce(const Numerics& nx, const VecMath& vm, const float* x, const float* y, i64 n,
@@ -70,24 +55,10 @@ float causal_reduce(const Numerics& nx, const VecMath& vm, const float* x, const
     return ep[0];
 }
 
-// acc (HS) = Σ_r coef[r·cs]·x_r over rows r in [r0, r1) of a (T, ldx) matrix, blocks of the full T
-// (row index r, block r / blk), rows outside [r0, r1) absent. op holds nkb rows of HS.
-void rows_reduce(const VecMath& vm, float* op, unsigned char* present, const float* coef, i64 cs,
-                 const float* x, i64 ldx, i64 r0, i64 r1, i64 HS, i64 nkb, int blk) {
-    for (i64 kb = 0; kb < nkb; kb++) {
-        const i64 a = std::max(r0, kb * blk), b = std::min(r1, (kb + 1) * blk);
-        present[kb] = a < b;
-        if (a >= b) continue;
-        float* acc = op + kb * HS;
-        std::fill(acc, acc + HS, 0.0f);
-        vm.fma_rows(acc, coef + a * cs, cs, x + a * ldx, ldx, b - a, HS);
-    }
-    tree_combine_rows(op, nkb, HS, present);
-}
-
-// dots_across for m <= kFmaRowsGroup rows at once: row q's x at x + q·xs, its n_max outputs (the
-// longest row's; a shorter row reads only its first n) at sp + q·nhb·n_max, each output the chain
-// dots_across gives it. sp holds m·nhb·n_max floats.
+// For m <= kFmaRowsGroup rows q at once (x + q·xs, HS channels), n_max outputs each at sp +
+// q·nhb·n_max: output j = x · M[:, j], M stored transposed as (HS, T). The HS dimension is cut
+// into blocks, each a sequential fma chain, then the tree; a shorter row reads only its first n
+// outputs. sp holds m·nhb·n_max floats (nhb = num_blocks(HS, block)).
 void dots_across_group(const VecMath& vm, float* sp, int m, const float* x, i64 xs,
                        const float* mt, i64 HS, i64 T, i64 n_max, int blk) {
     const i64 nhb = num_blocks(HS, blk), stride = nhb * n_max;
@@ -111,10 +82,11 @@ i64 query_extents(i64* r1, const i64* pos, int m) {
     return n_max;
 }
 
-// rows_reduce for m <= kFmaRowsGroup outputs at once: output q (HS, at op + q·nkb·HS) sums
-// coef[q·cq + r·cs]·x_r over its rows [r0[q], r1[q]). In each block a row's chain runs in index
-// order as rows_reduce's: the rows no other output of the group has alone, the rows all of them
-// have together, then the rest alone. present holds m·nkb flags (output q's at q·nkb).
+// For m <= kFmaRowsGroup outputs q at once: output q (HS, at op + q·nkb·HS) = Σ_r
+// coef[q·cq + r·cs]·x_r over its rows [r0[q], r1[q]) of a (T, ldx) matrix, blocks of the full T
+// (row r in block r / blk), rows outside the range absent. In each block a row's chain runs in
+// index order: the rows no other output of the group has alone, the rows all of them have
+// together, then the rest alone. present holds m·nkb flags (output q's at q·nkb).
 void rows_reduce_group(const VecMath& vm, float* op, unsigned char* present, int m,
                        const float* coef, i64 cq, i64 cs, const float* x, i64 ldx, const i64* r0,
                        const i64* r1, i64 HS, i64 nkb, int blk) {
@@ -157,6 +129,18 @@ void rows_reduce_group(const VecMath& vm, float* op, unsigned char* present, int
         }
     }
     for (int q = 0; q < m; q++) tree_combine_rows(op + q * nkb * HS, nkb, HS, present + q * nkb);
+}
+
+// One row of dots_across_group: sp holds num_blocks(HS, block) rows of n.
+void dots_across(const VecMath& vm, float* sp, const float* x, const float* mt, i64 HS, i64 T,
+                 i64 n, int blk) {
+    dots_across_group(vm, sp, 1, x, 0, mt, HS, T, n, blk);
+}
+
+// One output of rows_reduce_group: op holds nkb rows of HS.
+void rows_reduce(const VecMath& vm, float* op, unsigned char* present, const float* coef, i64 cs,
+                 const float* x, i64 ldx, i64 r0, i64 r1, i64 HS, i64 nkb, int blk) {
+    rows_reduce_group(vm, op, present, 1, coef, 0, cs, x, ldx, &r0, &r1, HS, nkb, blk);
 }
 
 }  // namespace
