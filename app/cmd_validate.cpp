@@ -86,7 +86,7 @@ ValidationReport validate_golden_mpi(const Config& cfg, const LayoutSpec& spec,
         throw;
     }
     const GoldenResult total =
-        combine_golden(compare_to_trace(trace, {&rec}, world->rank()), trace, rec, *world);
+        combine_golden(compare_to_trace(trace, {&rec}, world->rank(), false), trace, rec, *world);
     ValidationReport rep;
     rep.job = cfg.source_name + " against " + trace.path();
     rep.mode = "bitwise";

@@ -18,32 +18,6 @@ std::string shape_text(const std::vector<i64>& s) {
     return t;
 }
 
-// Calls f(logical_offset, local_offset, n) for each run along the last dimension of `slab` in
-// row-major order.
-template <class F>
-void for_each_run(const std::vector<i64>& shape, const Hyperslab& slab, F&& f) {
-    const size_t nd = shape.size();
-    if (nd == 0) {
-        f(0, 0, 1);
-        return;
-    }
-    if (slab.numel() == 0) return;
-    const i64 run = slab.hi[nd - 1] - slab.lo[nd - 1];
-    std::vector<i64> idx(slab.lo.begin(), slab.lo.end());
-    for (i64 local = 0;; local += run) {
-        i64 off = 0;
-        for (size_t d = 0; d < nd; d++) off = off * shape[d] + idx[d];
-        f(off, local, run);
-        // Next index over the leading dimensions (odometer).
-        size_t d = nd - 1;
-        while (d-- > 0) {
-            if (++idx[d] < slab.hi[d]) break;
-            idx[d] = slab.lo[d];
-        }
-        if (d == static_cast<size_t>(-1)) return;
-    }
-}
-
 bool same_slab(const Hyperslab& a, const Hyperslab& b) {
     return a.lo == b.lo && a.hi == b.hi;
 }
@@ -207,6 +181,27 @@ bool ProbeRecorder::complete(const std::string& name) const {
     } catch (const Error&) {
         return false;
     }
+}
+
+std::vector<ProbeRecorder::PieceView> ProbeRecorder::pieces(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<PieceView> out;
+    auto it = probes_.find(name);
+    if (it == probes_.end()) return out;
+    for (const Piece& q : it->second.pieces) out.push_back({&q.slab, q.data.data()});
+    return out;
+}
+
+std::vector<i64> ProbeRecorder::shape(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = probes_.find(name);
+    return it == probes_.end() ? std::vector<i64>{} : it->second.shape;
+}
+
+std::string ProbeRecorder::fault(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = probes_.find(name);
+    return it == probes_.end() ? std::string() : it->second.fault;
 }
 
 i64 ProbeRecorder::bytes() const {

@@ -12,7 +12,7 @@
 //
 // Index
 //   ProbeRecorder   patterns, a step stride; names() in capture order; unshard(); complete();
-//                   overlay() (its pieces over a reference tensor)
+//                   overlay() (its pieces over a reference tensor); pieces() (the pieces as held)
 #pragma once
 #include "core/model/probe.h"
 
@@ -22,6 +22,33 @@
 #include <vector>
 
 namespace px {
+
+// Calls f(logical_offset, local_offset, n) for each run of contiguous elements of `slab` (along
+// the last dimension of a row-major tensor of `shape`), in row-major order: the slab's elements
+// [local_offset, +n) sit at the logical tensor's [logical_offset, +n).
+template <class F>
+void for_each_run(const std::vector<i64>& shape, const Hyperslab& slab, F&& f) {
+    const size_t nd = shape.size();
+    if (nd == 0) {
+        f(0, 0, 1);
+        return;
+    }
+    if (slab.numel() == 0) return;
+    const i64 run = slab.hi[nd - 1] - slab.lo[nd - 1];
+    std::vector<i64> idx(slab.lo.begin(), slab.lo.end());
+    for (i64 local = 0;; local += run) {
+        i64 off = 0;
+        for (size_t d = 0; d < nd; d++) off = off * shape[d] + idx[d];
+        f(off, local, run);
+        // Next index over the leading dimensions (odometer).
+        size_t d = nd - 1;
+        while (d-- > 0) {
+            if (++idx[d] < slab.hi[d]) break;
+            idx[d] = slab.lo[d];
+        }
+        if (d == static_cast<size_t>(-1)) return;
+    }
+}
 
 class ProbeRecorder : public ProbeSink {
 public:
@@ -51,6 +78,19 @@ public:
     // differ, in logical coordinates (one recorder per rank names the rank). Throws px::Error
     // when the probe was never captured or base has another size.
     std::vector<float> overlay(const std::string& name, std::vector<float> base) const;
+    // A probe's pieces as this recorder holds them, each its slab of the logical tensor and the
+    // slab's elements (row-major), without a copy: valid until the probe is captured again or
+    // the recorder cleared (read a recorder the job has stopped writing). Empty when the probe
+    // was never captured.
+    struct PieceView {
+        const Hyperslab* slab;
+        const float* data;
+    };
+    std::vector<PieceView> pieces(const std::string& name) const;
+    std::vector<i64> shape(const std::string& name) const;  // logical; empty if never captured
+    // The first disagreement between this recorder's own captures of a probe (two captures of
+    // one piece, or two logical shapes); empty when there is none.
+    std::string fault(const std::string& name) const;
     i64 bytes() const;  // floats held, in bytes
     // Forgets every probe (patterns stay). Their buffers are kept and reused by the next
     // captures of the same sizes, so that a recorder cleared after every step (validate's

@@ -1,5 +1,7 @@
 #include "validators/trace.h"
 
+#include "validators/pieces.h"
+
 #include "core/io/checkpoint.h"  // checksum_f32
 #include "core/comm/comm.h"
 #include "core/model/data.h"
@@ -294,33 +296,35 @@ void check_trace_config(const TraceInfo& trace, const Config& cfg, const std::st
 }
 
 GoldenResult compare_to_trace(const TraceReader& trace,
-                              const std::vector<const ProbeRecorder*>& ranks, int rank0) {
+                              const std::vector<const ProbeRecorder*>& ranks, int rank0,
+                              bool whole) {
     GoldenResult g;
     const std::vector<std::string>& order = trace.info().order;
     for (size_t i = 0; i < order.size(); i++) {
         const std::string& name = order[i];
         bool seen = false;
-        std::vector<i64> shape;
-        std::vector<float> want;
-        for (size_t k = 0; k < ranks.size(); k++) {
-            if (!ranks[k]->has(name)) continue;
-            if (!seen) want = trace.read(name, &shape);
-            seen = true;
-            Comparison c = compare(name, want, ranks[k]->overlay(name, want), shape);
-            g.max_ulp = (c.max_ulp == kNoUlp || g.max_ulp == kNoUlp)
-                            ? kNoUlp
-                            : std::max(g.max_ulp, c.max_ulp);
-            if (!c.equal() && g.first_order < 0) {
-                g.first_order = static_cast<i64>(i);
-                g.rank = rank0 + static_cast<int>(k);
-                g.first = std::move(c);
-            }
-        }
-        if (seen)
-            g.probes++;
-        else
+        for (const ProbeRecorder* r : ranks) seen = seen || r->has(name);
+        if (!seen) {
             g.missing++;
-        if (g.first_order >= 0) break;  // what follows the first difference is its consequence
+            continue;
+        }
+        std::vector<i64> shape;
+        const std::vector<float> want = trace.read(name, &shape);
+        const PieceCheck c = check_pieces(name, name, want, shape, ranks);
+        g.max_ulp = (c.worst_ulp() == kNoUlp || g.max_ulp == kNoUlp)
+                        ? kNoUlp
+                        : std::max(g.max_ulp, c.worst_ulp());
+        if (whole && c.uncovered > 0) {  // elements no rank's pieces hold were not compared
+            g.partial++;
+            if (g.partial_probe.empty()) g.partial_probe = name;
+        }
+        g.probes++;
+        if (const RankPieces* d = c.first_differing()) {
+            g.first_order = static_cast<i64>(i);
+            g.rank = rank0 + d->rank;
+            g.first = d->cmp;
+            break;  // what follows the first difference is its consequence
+        }
     }
     return g;
 }

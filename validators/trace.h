@@ -93,12 +93,19 @@ struct GoldenResult {
     int rank = -1;             // the rank whose piece differs there
     Comparison first;          // in logical coordinates; name: the probe
     i64 missing = 0;           // probes of the trace that no rank recorded
+    // whole: probes of which some elements no rank's pieces hold (they were not compared), and
+    // the first of them.
+    i64 partial = 0;
+    std::string partial_probe;
 };
 
 // ranks[k] recorded world rank (rank0 + k). Every probe of the trace, in order, against every
-// recorder holding it.
+// recorder's pieces of it, each piece where it sits in the logical tensor (validators/pieces.h).
+// whole: the recorders are every rank of the layout, so together they must cover each probe
+// they record (false under mpirun, where a process holds one rank's).
 GoldenResult compare_to_trace(const TraceReader& trace,
-                              const std::vector<const ProbeRecorder*>& ranks, int rank0 = 0);
+                              const std::vector<const ProbeRecorder*>& ranks, int rank0 = 0,
+                              bool whole = true);
 
 // One process per rank (mpirun): this rank's result `mine` (compare_to_trace of its recorder
 // `rec`) combined over `world`, a collective: the earliest differing probe over the ranks (then

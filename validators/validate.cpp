@@ -9,6 +9,7 @@
 #include "validators/budget.h"
 #include "validators/probes.h"
 #include "validators/trace.h"
+#include "validators/validate_steps.h"
 
 #include <algorithm>
 #include <chrono>
@@ -42,252 +43,6 @@ bool number_after(const std::string& part, const char* prefix, int* out) {
         return false;
     *out = std::stoi(digits);
     return true;
-}
-
-std::int64_t worse(std::int64_t a, std::int64_t b) {
-    if (a == kNoUlp || b == kNoUlp) return kNoUlp;
-    return std::max(a, b);
-}
-
-// Lockstep (validate.h): the runs take turns by step. Run k may begin step s once every run has
-// finished step s - 1 and every run before it in the order has finished step s, so exactly one
-// run computes at a time and step s of every run comes before step s + 1 of any.
-class Pacer {
-public:
-    explicit Pacer(int runs)
-        : done_(static_cast<size_t>(runs), 0), seconds_(static_cast<size_t>(runs), 0.0) {}
-
-    // Blocks until run k's turn at `step`. Ends by throwing when the turns were aborted, or when
-    // `failed` (polled while waiting: the run's own job failed elsewhere, a rank that threw or
-    // a collective that timed out) returns a message.
-    void wait_turn(int k, i64 step, const std::function<std::string()>& failed = {}) {
-        std::unique_lock lk(mu_);
-        while (true) {
-            if (!aborted_.empty()) throw Error(aborted_);
-            if (turn(k, step)) return;
-            if (failed) {
-                const std::string why = failed();
-                if (!why.empty()) throw Error(why);
-            }
-            cv_.wait_for(lk, std::chrono::milliseconds(20));
-        }
-    }
-    // Run k finished `step` (every rank of it): the time since the last turn ended is its.
-    void finished(int k, i64 step) {
-        std::lock_guard lk(mu_);
-        done_[static_cast<size_t>(k)] = step;
-        const auto now = Clock::now();
-        seconds_[static_cast<size_t>(k)] += std::chrono::duration<double>(now - last_).count();
-        last_ = now;
-        cv_.notify_all();
-    }
-    // Run k ended (its last step, or a failure): nobody waits for it any more.
-    void retire(int k) {
-        std::lock_guard lk(mu_);
-        done_[static_cast<size_t>(k)] = std::numeric_limits<i64>::max();
-        last_ = Clock::now();
-        cv_.notify_all();
-    }
-    void abort(const std::string& why) {
-        std::lock_guard lk(mu_);
-        aborted_ = why;
-        cv_.notify_all();
-    }
-    double seconds(int k) const {
-        std::lock_guard lk(mu_);
-        return seconds_[static_cast<size_t>(k)];
-    }
-
-private:
-    bool turn(int k, i64 step) const {
-        for (size_t j = 0; j < done_.size(); j++)
-            if (done_[j] < (static_cast<int>(j) < k ? step : step - 1)) return false;
-        return true;
-    }
-    mutable std::mutex mu_;
-    std::condition_variable cv_;
-    std::vector<i64> done_;  // the last step each run finished; i64 max: ended
-    std::vector<double> seconds_;
-    Clock::time_point last_ = Clock::now();
-    std::string aborted_;
-};
-
-// A run's place in the turns; a null pacer: the run goes alone.
-struct Turn {
-    Pacer* pacer = nullptr;
-    int run = 0;
-};
-
-// Fast mode: a single-device run that sizes the reference's own rounding error (budget.h), taking
-// its turns beside the layouts: after its step s, its state and reduced gradients of step s.
-struct Alternate {
-    Config cfg;
-    LogicalState state;
-    ProbeRecorder grads{std::vector<std::string>{"*/grad/**"}};
-    std::exception_ptr error;
-};
-
-// What a layout's step is judged against in fast mode: the alternates and the finer run (budget.h
-// error_budget's), each at the same step as the layout.
-struct Budgets {
-    std::vector<const Alternate*> alternates;
-    const Alternate* finer = nullptr;
-};
-
-std::vector<double> widened(const std::vector<float>& v) {
-    return std::vector<double>(v.begin(), v.end());
-}
-
-// One reduced gradient's error / budget at its step (tensor_budget over the whole tensor); -1
-// when an alternate did not record it.
-double grad_ratio(const std::string& name, const std::vector<float>& want,
-                  const std::vector<float>& got, const Budgets& b) {
-    std::vector<std::vector<double>> alts;
-    for (const Alternate* a : b.alternates) {
-        if (!a->grads.has(name)) return -1;
-        alts.push_back(widened(a->grads.unshard(name)));
-    }
-    std::vector<double> fine;
-    if (b.finer != nullptr) {
-        if (!b.finer->grads.has(name)) return -1;
-        fine = widened(b.finer->grads.unshard(name));
-    }
-    return tensor_budget(name, widened(want), widened(got), alts, fine).ratio;
-}
-
-// Each state comparison's error / budget (error_budget of the layout's state against the
-// alternates' at the same step), in cmp's order; -1 for a comparison without a row.
-std::vector<double> state_ratios(const LogicalState& ref, const LogicalState& got, const Budgets& b,
-                                 const std::vector<Comparison>& cmp) {
-    std::vector<const LogicalState*> alts;
-    for (const Alternate* a : b.alternates) alts.push_back(&a->state);
-    const BudgetReport rep =
-        error_budget(ref, alts, got, b.finer != nullptr ? &b.finer->state : nullptr);
-    std::map<std::string, double> by;
-    for (const TensorBudget& t : rep.rows) {
-        const std::string w = "weights/";  // compare_states calls them "params/"
-        by[t.name.compare(0, w.size(), w) == 0 ? "params/" + t.name.substr(w.size()) : t.name] =
-            t.ratio;
-    }
-    std::vector<double> out;
-    for (const Comparison& c : cmp) {
-        auto it = by.find(c.name);
-        out.push_back(it == by.end() ? -1 : it->second);
-    }
-    return out;
-}
-
-// The layout's state after each step, gathered on every one of its ranks and compared there:
-// a rank whose state departs from the others' (a replica that disagrees) is seen at the step it
-// happens. The earliest step wins, then the lowest world rank.
-struct Checker {
-    const std::vector<LogicalState>& reference;  // after step s at [s-1]
-    LayoutResult& result;
-    const ValidateWatch* watch;  // null: nobody watches
-    const Budgets* budgets;      // fast mode's per-step budgets; null: none
-    i64 steps;                   // the grid's columns
-    std::mutex mu;
-    LogicalState last;  // world rank 0's state after the last step compared
-
-    // grads: this rank's reduced gradients of the step, compared already (they come first: the
-    // update reads them); grad_ratios: their error / budget (fast mode), else empty.
-    void compare_step(LogicalState&& got, int rank, std::vector<Comparison> grads,
-                      std::vector<double> grad_ratios) {
-        const i64 step = static_cast<i64>(got.history.size());
-        const LogicalState& ref = reference.at(static_cast<size_t>(step - 1));
-        std::vector<Comparison> states = compare_states(ref, got);
-        std::vector<double> ratios;
-        if (budgets != nullptr) {
-            ratios = std::move(grad_ratios);
-            for (double q : state_ratios(ref, got, *budgets, states)) ratios.push_back(q);
-        }
-        std::vector<Comparison> cmp = std::move(grads);
-        for (Comparison& c : states) cmp.push_back(std::move(c));
-        if (watch && watch->layout_step) watch->layout_step(result.layout, step, rank, cmp, ratios);
-        std::vector<Comparison> differing;
-        for (const Comparison& c : cmp)
-            if (!c.equal()) differing.push_back(c);
-        std::lock_guard lk(mu);  // ranks are threads
-        note_grid(step, cmp, ratios);
-        result.steps = std::max(result.steps, step);
-        for (const Comparison& c : cmp) result.max_ulp = worse(result.max_ulp, c.max_ulp);
-        const bool earlier = result.first_step < 0 || step < result.first_step ||
-                             (step == result.first_step && rank < result.first_rank);
-        if (!differing.empty() && earlier) {
-            result.first_step = step;
-            result.first_rank = rank;
-            result.first = differing.front();
-            result.differing = std::move(differing);
-        }
-        if (rank == 0) {
-            result.final_step = std::move(cmp);
-            last = std::move(got);
-        }
-    }
-
-    // Under mu: the step's comparisons into the grid, worst over the ranks.
-    void note_grid(i64 step, const std::vector<Comparison>& cmp,
-                   const std::vector<double>& ratios) {
-        if (step < 1 || step > steps) return;
-        const size_t col = static_cast<size_t>(step - 1);
-        for (size_t i = 0; i < cmp.size(); i++) {
-            auto it =
-                std::find(result.grid_tensors.begin(), result.grid_tensors.end(), cmp[i].name);
-            const size_t row = static_cast<size_t>(it - result.grid_tensors.begin());
-            if (it == result.grid_tensors.end()) {
-                result.grid_tensors.push_back(cmp[i].name);
-                result.grid_ulp.emplace_back(static_cast<size_t>(steps), kGridNotRun);
-                if (budgets != nullptr)
-                    result.grid_ratio.emplace_back(static_cast<size_t>(steps), -1.0);
-            }
-            std::int64_t& u = result.grid_ulp[row][col];
-            u = u == kGridNotRun ? cmp[i].max_ulp : worse(u, cmp[i].max_ulp);
-            if (budgets != nullptr && i < ratios.size())
-                result.grid_ratio[row][col] = std::max(result.grid_ratio[row][col], ratios[i]);
-        }
-    }
-};
-
-// The grid's rows in the reference's order (the reduced gradients as the reference recorded
-// them, then compare_states' order), whatever order the ranks' threads arrived in.
-void order_grid(LayoutResult& r, const ProbeRecorder& ref_grads, const LogicalState& ref) {
-    std::vector<std::string> order;
-    for (const std::string& name : ref_grads.names())
-        if (name.compare(0, 2, "1/") == 0) order.push_back(name.substr(2));
-    for (const Comparison& c : compare_states(ref, ref)) order.push_back(c.name);
-    auto rank_of = [&](const std::string& name) {
-        return static_cast<size_t>(std::find(order.begin(), order.end(), name) - order.begin());
-    };
-    std::vector<size_t> idx(r.grid_tensors.size());
-    for (size_t i = 0; i < idx.size(); i++) idx[i] = i;
-    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
-        return rank_of(r.grid_tensors[a]) < rank_of(r.grid_tensors[b]);
-    });
-    LayoutResult sorted;
-    for (size_t i : idx) {
-        sorted.grid_tensors.push_back(std::move(r.grid_tensors[i]));
-        sorted.grid_ulp.push_back(std::move(r.grid_ulp[i]));
-        if (i < r.grid_ratio.size()) sorted.grid_ratio.push_back(std::move(r.grid_ratio[i]));
-    }
-    r.grid_tensors = std::move(sorted.grid_tensors);
-    r.grid_ulp = std::move(sorted.grid_ulp);
-    r.grid_ratio = std::move(sorted.grid_ratio);
-}
-
-LogicalState gathered(const Config& cfg, std::vector<float>&& p, std::vector<float>&& m,
-                      std::vector<float>&& v, const std::vector<StepMetrics>& history) {
-    LogicalState s;
-    s.table = ParamTable::build(cfg.model);
-    s.params = std::move(p);
-    s.m = std::move(m);
-    s.v = std::move(v);
-    s.history = history;
-    return s;
-}
-
-// The world rank of a rank's job.
-int world_rank(const Mesh& mesh, const Job& job) {
-    return mesh.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank(), job.cp_rank()});
 }
 
 // Runs layout config c to step `last` (of c's schedule) with ranks[world rank] as each rank's
@@ -405,92 +160,6 @@ LogicalState single_device(const Config& cfg, const Cancel& cancel, ProbeRecorde
     LogicalState s;
     absorb(s, job);
     return s;
-}
-
-// This rank's pieces of the reduced gradients of `step` (rec) against the reference's
-// (ref_grads), each named "grad/<layer>/param/<tensor>"; rec is emptied for the next step. With
-// budgets (fast mode), each one's error / budget goes to `ratios`.
-std::vector<Comparison> compare_grads(const ProbeRecorder& ref_grads, ProbeRecorder& rec, i64 step,
-                                      const Budgets* budgets, std::vector<double>* ratios) {
-    std::vector<Comparison> out;
-    const std::string prefix = std::to_string(step) + "/";
-    for (const std::string& name : ref_grads.names()) {
-        if (name.compare(0, prefix.size(), prefix) != 0 || !rec.has(name)) continue;
-        std::vector<i64> shape;
-        const std::vector<float> want = ref_grads.unshard(name, &shape);
-        const std::vector<float> got = rec.overlay(name, want);
-        if (budgets != nullptr) ratios->push_back(grad_ratio(name, want, got, *budgets));
-        out.push_back(compare(name.substr(prefix.size()), want, got, shape));
-    }
-    rec.clear();
-    return out;
-}
-
-// The ranks of one layout arriving at the end of a step: the last one ends the layout's turn.
-struct Arrivals {
-    Turn turn;
-    int ranks = 0;
-    std::mutex mu;
-    int arrived = 0;
-    void arrive(i64 step) {
-        bool last = false;
-        {
-            std::lock_guard lk(mu);
-            last = ++arrived == ranks;
-            if (last) arrived = 0;
-        }
-        if (last) turn.pacer->finished(turn.run, step);
-    }
-};
-
-// Runs layout config c (its schedule of train.steps), stopping after `steps`; after every step
-// each rank gathers the logical state and compares it, and its pieces of the reduced gradients,
-// with the reference (Checker) into r. With a pacer, each step waits for its turn (the reference
-// and the alternates have then finished that step: reference[step - 1] and the budgets' states
-// are there). `cancel` is asked after every step. Returns world rank 0's last state.
-LogicalState lockstep(const Config& c, const std::vector<LogicalState>& reference,
-                      const ProbeRecorder& ref_grads, LayoutResult& r, i64 steps,
-                      const RunHooks& decorate, const Cancel& cancel,
-                      const ValidateWatch* watch = nullptr, const Budgets* budgets = nullptr,
-                      Turn turn = {}) {
-    const Mesh mesh(make_layout(c));
-    Checker check{reference, r, watch, budgets, steps, {}, {}};
-    const int n = c.layout.dp * c.layout.tp * c.layout.pp * c.layout.cp;
-    Arrivals arrivals{turn, n, {}, 0};
-    std::vector<std::unique_ptr<ProbeRecorder>> grads;
-    for (int k = 0; k < n; k++)
-        grads.push_back(std::make_unique<ProbeRecorder>(std::vector<std::string>{"*/grad/**"}));
-    // A rank waiting for its turn learns from its world that another rank of its job failed.
-    auto failure_of = [](Job& job) {
-        return
-            [&job] { return job.groups().world ? job.groups().world->failure() : std::string(); };
-    };
-    RunHooks hooks;
-    hooks.setup = [&](Job& job) {
-        job.stop_after(steps);
-        job.set_probes(grads[static_cast<size_t>(world_rank(mesh, job))].get());
-        if (turn.pacer) turn.pacer->wait_turn(turn.run, 1, failure_of(job));
-    };
-    hooks.each_step = [&](Job& job) {
-        const int rank = world_rank(mesh, job);
-        const i64 step = job.steps_done();
-        std::vector<float> p, m, v;
-        job.gather_full(&p, &m, &v);
-        std::vector<double> ratios;
-        std::vector<Comparison> g =
-            compare_grads(ref_grads, *grads[static_cast<size_t>(rank)], step, budgets, &ratios);
-        check.compare_step(gathered(c, std::move(p), std::move(m), std::move(v), job.history()),
-                           rank, std::move(g), std::move(ratios));
-        if (!turn.pacer) return;
-        arrivals.arrive(step);
-        if (step < steps) turn.pacer->wait_turn(turn.run, step + 1, failure_of(job));
-    };
-    run_layout(c, {}, chain(decorate, chain(hooks, cancel.hooks())));
-    if (r.steps != steps)
-        throw InternalError("the layout compared " + std::to_string(r.steps) + " of " +
-                            std::to_string(steps) + " steps");
-    order_grid(r, ref_grads, reference.front());
-    return std::move(check.last);
 }
 
 }  // namespace
@@ -676,9 +345,9 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
         std::exception_ptr error;
     };
     std::vector<LayoutRun> runs(layouts.size());
-    std::vector<LogicalState> reference;
-    reference.reserve(static_cast<size_t>(steps));  // read by the layouts while it grows
-    ProbeRecorder ref_grads({"*/grad/**"});         // the reduced gradients of every step
+    ReferenceRun ref;
+    ref.states.reserve(static_cast<size_t>(steps));  // read by the layouts while it grows
+    std::vector<LogicalState>& reference = ref.states;
     std::vector<std::thread> threads;
     for (size_t i = 0; i < alternates.size(); i++)
         threads.emplace_back([&, i] {
@@ -705,15 +374,15 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
             try {
                 run.config = with_layout(cfg, layouts[i]);
                 if (fast) run.config.numerics.mode = Mode::fast;
-                run.last = lockstep(run.config, reference, ref_grads, run.result, steps, decorate,
-                                    cancel, &watch, fast ? &budgets : nullptr, Turn{&pacer, k});
+                run.last = lockstep(run.config, ref, run.result, steps, decorate, cancel, &watch,
+                                    fast ? &budgets : nullptr, Turn{&pacer, k});
             } catch (...) {
                 run.error = std::current_exception();
             }
             pacer.retire(k);
         });
     try {
-        single_device(ref_cfg, cancel, &ref_grads, Turn{&pacer, 0}, {}, [&](Job& job) {
+        single_device(ref_cfg, cancel, &ref.probes, Turn{&pacer, 0}, {}, [&](Job& job) {
             if (watch.reference_step) watch.reference_step(job.steps_done());
             LogicalState s;
             absorb(s, job);
@@ -749,7 +418,11 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
                                      budgets.finer != nullptr ? &budgets.finer->state : nullptr);
                     r.budget_ratio = b.max_ratio;
                     r.budget_worst = b.worst;
-                    r.verdict = b.within ? "within budget" : "over budget";
+                    // Replicas run the same kernels on the same inputs: twins that disagree are
+                    // a divergence whatever the budget says.
+                    r.verdict = r.replica_step >= 0 ? "diverged"
+                                : b.within          ? "within budget"
+                                                    : "over budget";
                     return;
                 }
                 r.verdict = r.first_step < 0 ? "match" : "diverged";
@@ -772,8 +445,7 @@ ValidationReport validate_layouts(const Config& base, const std::vector<LayoutSp
                 for (const LayoutSpec& part : single_axis_parts(spec)) {
                     LayoutResult p;
                     try {
-                        lockstep(with_layout(cfg, part), reference, ref_grads, p, r.first_step,
-                                 decorate, cancel);
+                        lockstep(with_layout(cfg, part), ref, p, r.first_step, decorate, cancel);
                         r.axes.push_back(
                             {part.name, p.first_step < 0 ? "match" : "diverged", p.first_step, ""});
                     } catch (const Cancelled&) {
@@ -798,6 +470,11 @@ void set_golden_result(LayoutResult& r, const GoldenResult& g, i64 steps) {
             r.error = std::to_string(g.missing) + " of the trace's " +
                       std::to_string(g.missing + g.probes) +
                       " probes were not recorded by this layout";
+        } else if (g.partial > 0) {  // elements no rank held were not checked: not a match
+            r.verdict = "error";
+            r.error = std::to_string(g.partial) + " of the trace's probes (first: " +
+                      g.partial_probe +
+                      ") have elements that no rank's pieces hold, so they were not compared";
         }
         return;
     }
@@ -808,6 +485,8 @@ void set_golden_result(LayoutResult& r, const GoldenResult& g, i64 steps) {
     r.first_op = g.first;
     r.first_op_rank = g.rank;
     r.first_op_ranks = {g.rank};
+    r.first_rank = g.rank;
+    r.first_ranks = {g.rank};
 }
 
 ValidationReport validate_golden(const Config& base, const std::vector<LayoutSpec>& layouts,

@@ -113,10 +113,25 @@ struct LayoutResult {
     i64 steps = 0;             // steps compared
     std::int64_t max_ulp = 0;  // over every element of every step (kNoUlp: a NaN mismatch)
     i64 first_step = -1;       // the first step with a difference; -1: none
-    int first_rank = -1;       // the lowest world rank whose state differs at first_step
-    Comparison first;          // its first differing tensor
-    std::vector<Comparison> differing;   // every differing tensor of the first such step
-    std::vector<Comparison> final_step;  // every comparison after the last step
+    // The first differing tensor of first_step, in the order a step makes them (the reduced
+    // gradients, then each parameter's weights and Adam moments, fp8's scales and histories, the
+    // loss scale, the metrics): the lowest world rank whose pieces of it differ, its comparison
+    // (in logical coordinates), and every world rank whose pieces of it differ.
+    int first_rank = -1;
+    Comparison first;
+    std::vector<int> first_ranks;
+    // Every differing tensor of first_step (each its lowest differing rank's comparison).
+    std::vector<Comparison> differing;
+    // Every comparison after the last step: a tensor's lowest differing rank's, else its
+    // agreement over the whole logical tensor; max_ulp the worst over the ranks.
+    std::vector<Comparison> final_step;
+    // Replicas that disagree with their twins (the same piece on several ranks with other bits;
+    // checked in fast mode, where every rank differs from the reference): the first step it
+    // happened, the tensor, the odd ranks and a twin they differ from. A divergence in any mode.
+    i64 replica_step = -1;
+    std::string replica_tensor;
+    std::vector<int> replica_ranks;
+    int replica_twin = -1;
     // The first-divergence search (bitwise mode, layouts with probes: the single device, data and
     // pipeline parallelism for now): the first probe, in the single device's execution order over
     // the step before first_step and first_step, where a rank's piece differs from the reference;

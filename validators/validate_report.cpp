@@ -45,13 +45,17 @@ std::string first_text(const LayoutResult& r) {
     if (!r.error.empty()) return r.error;
     if (r.first_step < 0) return "-";
     const Comparison& c = r.first;
-    std::string s = "step " + std::to_string(r.first_step);
-    if (r.first_rank > 0) s += " (rank " + std::to_string(r.first_rank) + "'s state)";
-    s += ", ";
-    s += c.name;
+    std::string s;
+    if (r.replica_step >= 0)  // fast mode: twins that disagree come first
+        s += "step " + std::to_string(r.replica_step) + ", replicas disagree: " + r.replica_tensor +
+             " on " + ranks_text(r.replica_ranks) + " differs from rank " +
+             std::to_string(r.replica_twin) + "'s; ";
+    s += "step " + std::to_string(r.first_step) + ", " + c.name;
+    std::vector<int> where = r.first_ranks;
+    if (where.empty() && r.first_rank >= 0) where = {r.first_rank};
+    if (!where.empty()) s += " on " + ranks_text(where);
     const bool same = r.first_op_rank >= 0 && r.first_op.name == c.name;  // a golden trace's probe
-    if (same) s += " on rank " + std::to_string(r.first_op_rank) + " ";
-    s += "[";
+    s += " [";
     for (size_t i = 0; i < c.first_index.size(); i++) {
         if (i) s += ", ";
         s += std::to_string(c.first_index[i]);
@@ -135,6 +139,12 @@ std::string ValidationReport::to_json() const {
         l["first_op_where"] = r.first_op_where;
         l["first_op_note"] = r.first_op_note;
         l["first_rank"] = r.first_rank;
+        l["first_ranks"] = r.first_ranks;
+        l["replicas"] = r.replica_step < 0 ? json(nullptr)
+                                           : json{{"step", r.replica_step},
+                                                  {"tensor", r.replica_tensor},
+                                                  {"ranks", r.replica_ranks},
+                                                  {"twin", r.replica_twin}};
         l["axes"] = json::array();
         for (const LayoutResult::Axis& a : r.axes)
             l["axes"].push_back({{"layout", a.layout},

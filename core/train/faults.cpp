@@ -93,6 +93,24 @@ void FaultInjector::attach(Job& job) {
                               std::to_string(f_.rank) + "'s piece of " + f_.tensor + ", which has " +
                               std::to_string(e.numel()) + " elements: choose an index below that");
         offset_ = e.offset + f_.element;
+        // Under ZeRO-2/3 a rank reduces only its shard of the gradient (the rest reads 0 and is
+        // never used), under ZeRO-3 it keeps only its shard of the weights: a flip elsewhere
+        // would change nothing.
+        const bool sharded = job.zero_stage() >= (f_.kind == "flip_grad" ? 2 : 3);
+        const Range mine = job.update_range();
+        if (sharded && (offset_ < mine.lo || offset_ >= mine.hi)) {
+            const i64 lo = std::max(mine.lo, e.offset) - e.offset;
+            const i64 hi = std::min(mine.hi, e.offset + e.numel()) - e.offset;
+            throw ConfigError(
+                "fault.element = " + std::to_string(f_.element) + " of " + f_.tensor +
+                " is outside world rank " + std::to_string(f_.rank) + "'s ZeRO-" +
+                std::to_string(job.zero_stage()) + " shard of its " +
+                (f_.kind == "flip_grad" ? "reduced gradient" : "weights") +
+                (lo < hi ? ", elements " + std::to_string(lo) + ".." + std::to_string(hi - 1)
+                         : ", which holds none of that tensor") +
+                " (a flip outside the shard would change nothing): choose an element inside it, "
+                "or another fault.rank or fault.tensor");
+        }
     }
     StepHooks h;
     h.before = [this](i64 step) { before(step); };

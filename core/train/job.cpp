@@ -785,13 +785,7 @@ StepMetrics Job::step() {
     step_++;
     for (const StepHooks& h : hooks_)
         if (h.updated) h.updated(step_);
-    if (probing) {  // ZeRO-3 holds only its shard of the weights; ZeRO-1..3 of the moments
-        const i64 lo = zero_ == 3 ? shards_->lo() : 0;
-        model_->probe_params(*probes_, step_, "optim", "param", model_->params() + lo, lo,
-                             zero_ == 3 ? shards_->hi() : total);
-        model_->probe_params(*probes_, step_, "optim", "adam.m", opt_->m(), opt_->lo(), opt_->hi());
-        model_->probe_params(*probes_, step_, "optim", "adam.v", opt_->v(), opt_->lo(), opt_->hi());
-    }
+    if (probing) probe_update();  // job_state.cpp
 
     const double secs = seconds_since(t0);
     m.comm_bytes = bytes_sent() - sent0;

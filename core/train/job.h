@@ -258,7 +258,13 @@ public:
     // pieces are the flat shard [lo, hi) of the arena cut into slabs (flat_shard), of the tp
     // shard's pieces under tensor parallelism (ParallelLayers::param_shard); a stage offers the
     // tensors it holds (the tied wte from both stages that hold it). Evaluation is never probed.
+    // "optim" also holds what else the step leaves that must be the same under every layout:
+    // precision.fp8's delayed scales and amax histories ("optim/-/fp8/scale", (gemms, roles);
+    // "optim/-/fp8/amax_history", (gemms · roles, history_len)) and fp16's dynamic loss scale
+    // ("optim/-/loss_scaler/state": the next step's scale and its growth tracker), every rank a
+    // whole copy.
     void set_probes(ProbeSink* sink) { probes_ = sink; }
+    ProbeSink* probes() const { return probes_; }  // null: none
     // This rank's state between steps, and back (no communication; every rank of the job must
     // rewind to the same step before the next one).
     void snapshot(LocalSnapshot& into) const;
@@ -338,6 +344,7 @@ public:
     // all), and whether that is a shard.
     Range update_range() const;
     bool zero_sharded() const { return shards_ != nullptr; }
+    int zero_stage() const { return zero_; }  // the ZeRO stage this rank runs (0 when unsharded)
     // Max over the tp, dp and pp groups, in place (exact in any order).
     void all_reduce_max(float* v, i64 n);
     // Max attention logit per layer of the whole model (-inf: none) over the step's forwards,
@@ -384,6 +391,7 @@ private:
     void compute_hooks(const Action& a, bool done);  // StepHooks::compute of every hook
     void backward(Slot& slot, int chunk, int m);
     void microbatch_grad(int m, float* grads, i64 lo, i64 hi);  // probes and hooks
+    void probe_update();  // the "optim" probes of the step just done
     void set_probe_rows(int m);
     i64 first_row(int m) const;  // microbatch m's first sequence in the step's batch
     void reduce_grads(float* g);

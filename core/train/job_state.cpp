@@ -63,6 +63,35 @@ void Job::rewind(const LocalSnapshot& s) {
     if (fp8_) fp8_->restore(s.fp8);
 }
 
+void Job::probe_update() {
+    // ZeRO-3 holds only its shard of the weights between steps; ZeRO-1..3 only theirs of the
+    // moments.
+    const i64 lo = zero_ == 3 ? shards_->lo() : 0;
+    model_->probe_params(*probes_, step_, "optim", "param", model_->params() + lo, lo,
+                         zero_ == 3 ? shards_->hi() : model_->table().total);
+    model_->probe_params(*probes_, step_, "optim", "adam.m", opt_->m(), opt_->lo(), opt_->hi());
+    model_->probe_params(*probes_, step_, "optim", "adam.v", opt_->v(), opt_->lo(), opt_->hi());
+    // The scaling state the next step starts from, whole on every rank.
+    auto whole = [&](const char* op, const char* tensor, const float* data,
+                     std::vector<i64> shape) {
+        const ProbeKey key{step_, "optim", -1, op, tensor};
+        if (!probes_->wants(key)) return;
+        i64 n = 1;
+        for (i64 d : shape) n *= d;
+        probes_->capture(key, data, flat_shard(shape, 0, n));
+    };
+    if (fp8_ && fp8_->delayed() && fp8_->gemms() > 0) {
+        const i64 roles = Fp8Scaling::kRoles, slots = fp8_->gemms() * roles;
+        whole("fp8", "scale", fp8_->scales().data(), {fp8_->gemms(), roles});
+        whole("fp8", "amax_history", fp8_->histories().data(), {slots, fp8_->history_len()});
+    }
+    if (scaler_.dynamic()) {  // the growth tracker stays below the growth interval: exact
+        const float st[2] = {scaler_.state().scale,
+                             static_cast<float>(scaler_.state().growth_tracker)};
+        whole("loss_scaler", "state", st, {2});
+    }
+}
+
 void Job::check_updates() {
     if (!shards_ || checked_opt_) return;
     shards_->check_next();

@@ -58,20 +58,21 @@ def test_injected_weight_flip_is_named_with_step_tensor_and_element(tmp_path):
                  "--set", "fault.kind=flip_weight", "--set", "fault.step=3", "--set", "fault.tensor=wpe",
                  "--set", "fault.element=5")
     assert r.returncode == 6, r.stdout + r.stderr
-    assert "step 3, params/wpe[0, 5]" in r.stdout
+    assert "step 3, params/wpe on rank 0 [0, 5]" in r.stdout
     rep = report(tmp_path)
     assert rep["all_ok"] is False
     for l in rep["layouts"]:
         assert l["verdict"] == "diverged" and l["first_step"] == 3
+        assert l["first_rank"] == 0 and l["first_ranks"] == [0]
         assert l["first"]["name"] == "params/wpe" and l["first"]["first_index"] == [0, 5]
         check_comparison(l["first"])
         assert l["first"]["first_reference_bits"] != l["first"]["first_candidate_bits"]
 
 
 def test_first_divergence_search_names_step_op_rank_and_element(tmp_path):
-    # The flip strikes rank 1's weights after step 3's update: rank 1's state differs from step 3
-    # on (every rank compares its own), and the probes of steps 2..3 name the first op. Under tp2,
-    # rank 1 is tp rank 1, whose copy of the replicated wpe flips.
+    # The flip strikes rank 1's weights after step 3's update: rank 1's piece of the state differs
+    # from step 3 on (every rank's pieces are compared), and the probes of steps 2..3 name the
+    # first op. Under tp2, rank 1 is tp rank 1, whose copy of the replicated wpe flips.
     r = validate(tmp_path, "--steps", "5", "--layouts", "dp2,dp4xz1xmb2,tp2", "--set", "train.batch_size=16",
                  "--set", "fault.kind=flip_weight", "--set", "fault.rank=1", "--set", "fault.step=3",
                  "--set", "fault.tensor=wpe", "--set", "fault.element=5")
@@ -84,11 +85,11 @@ def test_first_divergence_search_names_step_op_rank_and_element(tmp_path):
         assert l["first_op_rank"] == 1 and l["first_op_ranks"] == [1] and l["first_op_note"] == ""
         assert l["first_op"]["name"] == "3/optim/-/param/wpe" and l["first_op"]["first_index"] == [0, 5]
         check_comparison(l["first_op"])
-    # dp replicas gather their own weights: only rank 1's state differs. Under tp the gathered
-    # state takes the replicated wpe from the tp ranks' arenas, so rank 0's shows it too.
-    assert dp2["first_rank"] == 1 and dp4["first_rank"] == 1 and tp2["first_rank"] == 0
+    # Every replica's copy is compared on its own: only rank 1's differs, in every layout.
+    for l in (dp2, dp4, tp2):
+        assert l["first_rank"] == 1 and l["first_ranks"] == [1] and l["first"]["name"] == "params/wpe"
     assert dp2["first_op_where"] == "pp0 dp1 tp0" and tp2["first_op_where"] == "pp0 dp0 tp1"
-    assert "step 3 (rank 1's state)" in r.stdout
+    assert "step 3, params/wpe on rank 1 [0, 5]" in r.stdout
     assert "First op that differs: `3/optim/-/param/wpe" in (tmp_path / "validate.md").read_text()
 
 
