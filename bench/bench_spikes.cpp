@@ -5,11 +5,19 @@
 // one-rank SteppedRun advanced one step at a time, the two alternating so that a noisy host
 // hits both alike.
 //
-//   build/bench/bench_spikes [--steps N] [--layers L] [--vocab V] [--threads N]
+//   build/bench/bench_spikes [--steps N] [--layers L] [--vocab V] [--threads N] [--trials N]
 //
 // Prints ms/step (best and median of N) of each and the guard's cost per step. Checks its
 // results: both runs' losses and weights are the same bits (the guard never changes a step).
+//
+// Then the detector's false-alarm rate against the history it judges by (spikes.h, "How much
+// history a verdict needs"): for windows of n = 3 .. 50 steps of steady standard-normal noise
+// (the project's counter-based normals), the share of next values whose robust z exceeds 6 (the
+// default spikes.z_threshold), over --trials windows each (default 1e6). Checks that it falls
+// with n and is below 1e-3 at kSpikeMinHistory.
 #include "core/base/config.h"
+#include "core/base/rng.h"
+#include "core/train/spikes.h"
 #include "core/train/stepped_run.h"
 
 #include <algorithm>
@@ -30,6 +38,43 @@ double median(std::vector<double> v) {
     return v[v.size() / 2];
 }
 
+// The share of `trials` windows of n standard normals whose next normal has a robust z above
+// `threshold`, as SpikeGuard judges a step.
+double false_alarm_rate(i64 n, i64 trials, double threshold) {
+    i64 alarms = 0;
+#pragma omp parallel for reduction(+ : alarms) schedule(static)
+    for (i64 t = 0; t < trials; t++) {
+        std::vector<double> w(static_cast<size_t>(n));
+        const u64 base = static_cast<u64>(t) * static_cast<u64>(n + 1);
+        for (i64 i = 0; i < n; i++)
+            w[static_cast<size_t>(i)] = normal_at(7, static_cast<u32>(n), base + static_cast<u64>(i));
+        const double x = normal_at(7, static_cast<u32>(n), base + static_cast<u64>(n));
+        if (robust_stats(std::move(w)).z(x) > threshold) alarms++;
+    }
+    return static_cast<double>(alarms) / static_cast<double>(trials);
+}
+
+// The table of false_alarm_rate by window length; false when it does not fall with n or is not
+// below 1e-3 at kSpikeMinHistory.
+bool false_alarm_table(i64 trials) {
+    const double threshold = SpikesConfig{}.z_threshold;
+    std::printf("false alarms of robust z > %.0f on steady Gaussian noise (%lld windows each)\n",
+                threshold, static_cast<long long>(trials));
+    bool ok = true;
+    double last = 1.0;
+    for (i64 n : {3, 4, 6, 8, 10, 12, 16, 20, 30, 50}) {
+        const double rate = false_alarm_rate(n, trials, threshold);
+        std::printf("  history %3lld steps  %8.4f%% of steps%s\n", static_cast<long long>(n),
+                    100.0 * rate, n == kSpikeMinHistory ? "   <- the fewest judged against" : "");
+        ok = ok && rate <= last;
+        if (n == kSpikeMinHistory) ok = ok && rate < 1e-3;
+        last = rate;
+    }
+    std::printf("  falls with the history and is below 0.1%% at %lld steps: %s\n",
+                static_cast<long long>(kSpikeMinHistory), ok ? "yes" : "NO");
+    return ok;
+}
+
 }  // namespace
 
 int run(int argc, char** argv);
@@ -45,7 +90,7 @@ int main(int argc, char** argv) {
 
 int run(int argc, char** argv) {
     int steps = 6, layers = 3, threads = 0;
-    i64 vocab = 50257;
+    i64 vocab = 50257, trials = 1000000;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i];
         if (a == "--steps")
@@ -56,8 +101,11 @@ int run(int argc, char** argv) {
             vocab = std::atoll(argv[i + 1]);
         else if (a == "--threads")
             threads = std::atoi(argv[i + 1]);
+        else if (a == "--trials")
+            trials = std::atoll(argv[i + 1]);
         else {
-            std::fprintf(stderr, "unknown option %s; use --steps, --layers, --vocab, --threads\n",
+            std::fprintf(stderr,
+                         "unknown option %s; use --steps, --layers, --vocab, --threads, --trials\n",
                          a.c_str());
             return 2;
         }
@@ -112,5 +160,6 @@ int run(int argc, char** argv) {
     std::printf("  guard cost per step %+.1f ms (%+.1f%% of the median step)\n",
                 median(tb) - median(ta), 100.0 * (median(tb) - median(ta)) / median(ta));
     std::printf("  same losses and weights, bit for bit: %s\n", same ? "yes" : "NO");
-    return same ? 0 : 1;
+    const bool table = false_alarm_table(trials);
+    return same && table ? 0 : 1;
 }

@@ -185,6 +185,11 @@ class LayoutResult:
     first_step: int
     first_rank: int
     first: Comparison
+    first_ranks: List[int]
+    replica_step: int
+    replica_tensor: str
+    replica_ranks: List[int]
+    replica_twin: int
     differing: List[Comparison]
     final_step: List[Comparison]
     first_op_rank: int

@@ -85,8 +85,17 @@ void bind_validate(py::module_& m) {
         .def_readonly("steps", &LayoutResult::steps)
         .def_readonly("max_ulp", &LayoutResult::max_ulp)
         .def_readonly("first_step", &LayoutResult::first_step, "first step that differs; -1: none")
-        .def_readonly("first_rank", &LayoutResult::first_rank)
+        .def_readonly("first_rank", &LayoutResult::first_rank,
+                      "the lowest world rank whose pieces of `first` differ; -1: none")
         .def_readonly("first", &LayoutResult::first, "the first differing tensor of first_step")
+        .def_readonly("first_ranks", &LayoutResult::first_ranks,
+                      "every world rank whose pieces of `first` differ")
+        .def_readonly("replica_step", &LayoutResult::replica_step,
+                      "the first step a replica's copy of a piece differed from its twins'; -1: none")
+        .def_readonly("replica_tensor", &LayoutResult::replica_tensor)
+        .def_readonly("replica_ranks", &LayoutResult::replica_ranks,
+                      "the world ranks whose copy differs from their twins'")
+        .def_readonly("replica_twin", &LayoutResult::replica_twin)
         .def_readonly("differing", &LayoutResult::differing)
         .def_readonly("final_step", &LayoutResult::final_step,
                       "every tensor's comparison after the last step")
@@ -134,6 +143,7 @@ void bind_validate(py::module_& m) {
                     d["first_step"] = r.first_step;
                     d["first_tensor"] = r.first_step >= 0 ? py::object(py::str(r.first.name))
                                                           : py::object(py::none());
+                    d["first_rank"] = r.first_rank;
                     d["first_op"] = r.first_op_rank >= 0 ? py::object(py::str(r.first_op.name))
                                                          : py::object(py::none());
                     d["first_op_rank"] = r.first_op_rank;

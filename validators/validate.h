@@ -22,16 +22,19 @@
 // leaves the turns; the others go on. The verdicts are those of running each alone: a run's
 // numbers do not depend on when it runs.
 //
-// What is compared. After every step each rank's pieces of the reduced gradients (its "grad"
-// probes, placed over the reference's tensors) are compared with the reference's, then the
-// layout's logical state is gathered on every rank (Job::gather_full / PipelineJob::gather_full,
-// collectives of the layout: the ZeRO shards over dp, the tp shards to their logical places, the
-// stages over pp) and compared with the reference's state after the same step (compare_states,
-// validators/compare.h): every weight, both Adam moments of every parameter, the loss and grad
-// norm of every step so far. A gradient difference that the update rounds away (a flipped
-// lowest bit) is still seen at its step. The reference's states and gradients are kept for every
-// step: memory is steps × 4 × the model, which suits the small jobs validation is run on (use
-// --steps to bound it for larger ones).
+// What is compared. After every step, every rank's pieces of the step's state are compared with
+// the reference's after the same step, piece by piece where each sits in the logical tensor
+// (validators/pieces.h; nothing is gathered): the reduced gradients (each rank's "grad" probes:
+// its stage's tensors, under ZeRO-2/3 its shard, its tp columns, its experts), every weight and
+// both Adam moments of every parameter (its ZeRO shard of them, its stage's, its tp piece), fp8's
+// scales and amax histories and the loss scaler's state where the precision has them, and each
+// rank's loss and grad norm of every step so far. A tensor held by several ranks (dp replicas, tp
+// ranks' copies of a replicated tensor, the two stages' wte, cp ranks) is compared on every one
+// of them, and the ranks' pieces must cover the tensor and hold what each rank's job holds
+// (Holdings): a rank whose pieces are missing makes the layout "error", never "match". A gradient
+// difference that the update rounds away (a flipped lowest bit) is still seen at its step. The
+// reference's states and gradients are kept for every step: memory is steps × 4 × the model,
+// which suits the small jobs validation is run on (use --steps to bound it for larger ones).
 //
 // First divergence. When a layout diverges in bitwise mode, the reference and the layout are run
 // again with probes (core/model/probe.h) on every op of the step before the first differing step
@@ -52,17 +55,21 @@
 // first differing step: the parts that diverge alone name the parallelism that introduces the
 // difference; when none does, only their combination does.
 //
-// Every rank compares. Each rank gathers the logical state and compares it: a replica that
-// departs from the others is seen at the step it does (first_rank names it).
+// Every rank, named. The first divergence is the first tensor, in the order a step makes them,
+// where some rank's pieces differ, with the lowest such rank (first_rank) and all of them
+// (first_ranks): a fault on any rank, stage, shard or expert is named there. In fast mode, where
+// every rank differs from the reference by design, the copies of each replicated piece are also
+// compared with each other: a replica that disagrees with its twins is a divergence of its own
+// (replica_step, replica_ranks).
 //
 // Verdicts. bitwise mode: "match" when every comparison of every step (on every rank) is
-// bit-identical, else
-// "diverged", naming the first step with a difference and, in it, the first differing tensor
-// (parameters, then first moments, then second moments, then the metrics), its element (flat
-// and per dimension) and both values. fast mode: the per-step comparisons are reported the same
-// way, and the verdict is the error budget of the final state (validators/budget.h; in a
-// precision coarser than fp32 also against the same job in fp32, run once): "within
-// budget" or "over budget". A layout that cannot run (a config error, a failed collective) is
+// bit-identical, else "diverged", naming the first step with a difference and, in it, the first
+// differing tensor (the reduced gradients, then the weights, the first moments, the second
+// moments, the scaling state, the metrics), its ranks, its element (flat and per dimension) and both values.
+// fast mode: the per-step comparisons are reported the same way, and the verdict is the error
+// budget of the final state (validators/budget.h; in a precision coarser than fp32 also against
+// the same job in fp32, run once): "within budget" or "over budget", or "diverged" when replicas
+// disagreed with their twins. A layout that cannot run (a config error, a failed collective) is
 // "error" with its message; the other layouts still run. The reference runs without the config's
 // [fault] and [validate] settings: an injected fault (core/train/faults.h) strikes the layouts
 // only, which is how the harness itself is shown to find one.
@@ -114,8 +121,8 @@ struct LayoutResult {
     std::int64_t max_ulp = 0;  // over every element of every step (kNoUlp: a NaN mismatch)
     i64 first_step = -1;       // the first step with a difference; -1: none
     // The first differing tensor of first_step, in the order a step makes them (the reduced
-    // gradients, then each parameter's weights and Adam moments, fp8's scales and histories, the
-    // loss scale, the metrics): the lowest world rank whose pieces of it differ, its comparison
+    // gradients, then every weight, every first moment, every second moment, fp8's scales and
+    // histories, the loss scale, the metrics): the lowest world rank whose pieces of it differ, its comparison
     // (in logical coordinates), and every world rank whose pieces of it differ.
     int first_rank = -1;
     Comparison first;

@@ -246,7 +246,8 @@ void Checker::compare_step(i64 step, const std::vector<std::vector<StepMetrics>>
     record(step, items);
 }
 
-// Each parameter's weights and Adam moments (compare_states' order), then fp8's scales and
+// Every parameter's weights, then every first moment, then every second moment (compare_states'
+// order), then fp8's scales and
 // histories and the loss scale; in fast mode the state is put together for its budgets.
 void Checker::state_items(i64 step, const std::vector<const ProbeRecorder*>& view,
                           std::vector<Item>& items) {
@@ -260,9 +261,9 @@ void Checker::state_items(i64 step, const std::vector<const ProbeRecorder*>& vie
     } kinds[] = {{"params/", "param", &LogicalState::params},
                  {"adam/m/", "adam.m", &LogicalState::m},
                  {"adam/v/", "adam.v", &LogicalState::v}};
-    for (const TableEntry& e : table_.entries) {
-        const std::string layer = e.layer < 0 ? "-" : std::to_string(e.layer);
-        for (const auto& k : kinds) {
+    for (const auto& k : kinds) {
+        for (const TableEntry& e : table_.entries) {
+            const std::string layer = e.layer < 0 ? "-" : std::to_string(e.layer);
             const std::string probe =
                 at + layer + "/" + k.op + "/" + kGpt2Params[e.spec].name;
             const std::span<const float> ref(

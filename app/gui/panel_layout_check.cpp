@@ -88,12 +88,14 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
     if (g.finished && g.result.first_step >= 0 && v.mode == "fast") {
         // Fast mode differs in its bits by design; the verdict is the budget's.
         ImGui::TextDisabled(
-            "first bit difference: step %lld, %s (fast mode is judged by the error budget)",
-            static_cast<long long>(g.result.first_step), g.result.first.name.c_str());
+            "first bit difference: step %lld, %s on rank %d (fast mode is judged by the error budget)",
+            static_cast<long long>(g.result.first_step), g.result.first.name.c_str(),
+            g.result.first_rank);
     } else if (g.finished && g.result.first_step >= 0) {
         const LayoutResult& r = g.result;
-        ImGui::TextColored(ImVec4(1, 0.5f, 0.45f, 1), "first divergence: step %lld, %s",
-                           static_cast<long long>(r.first_step), r.first.name.c_str());
+        ImGui::TextColored(ImVec4(1, 0.5f, 0.45f, 1), "first divergence: step %lld, %s on rank %d",
+                           static_cast<long long>(r.first_step), r.first.name.c_str(),
+                           r.first_rank);
         if (r.first_op_rank >= 0)
             ImGui::TextColored(ImVec4(1, 0.5f, 0.45f, 1),
                                "first op: %s on rank %d (%s), %.9g vs %.9g",

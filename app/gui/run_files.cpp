@@ -254,6 +254,16 @@ CheckView check_from_report(const std::string& path) {
         r.max_ulp = l.value("max_ulp", std::int64_t{0});
         r.first_step = l.value("first_step", i64{-1});
         r.first_rank = l.value("first_rank", -1);
+        if (l.contains("first_ranks") && l["first_ranks"].is_array())
+            r.first_ranks = l["first_ranks"].get<std::vector<int>>();
+        if (l.contains("replicas") && l["replicas"].is_object()) {
+            const json& rep = l["replicas"];
+            r.replica_step = rep.value("step", i64{-1});
+            r.replica_tensor = rep.value("tensor", "");
+            if (rep.contains("ranks") && rep["ranks"].is_array())
+                r.replica_ranks = rep["ranks"].get<std::vector<int>>();
+            r.replica_twin = rep.value("twin", -1);
+        }
         r.first = comparison(l["first"]);
         for (const json& c : l["differing"]) r.differing.push_back(comparison(c));
         for (const json& c : l["final_step"]) r.final_step.push_back(comparison(c));

@@ -207,12 +207,16 @@ struct FaultConfig {
     bool operator==(const FaultConfig&) const = default;
 };
 
+// The fewest steps of history a spike may be judged against (spikes.min_history's floor; the
+// rule and its false-alarm rates are in core/train/spikes.h).
+inline constexpr i64 kSpikeMinHistory = 20;
+
 // Loss spikes (core/train/spikes.h): detection by a robust z-score of the loss and of the global
 // gradient norm over a trailing window, per-layer evidence every step, and what to do about one.
 struct SpikesConfig {
     std::string action = "off";  // "off", "log", "skip", "clip" or "rollback"
     i64 window = 50;             // trailing steps the median and MAD are taken over
-    i64 min_history = 10;        // steps in the window before anything is judged
+    i64 min_history = 20;        // steps in the window before anything is judged (at least 20)
     double z_threshold = 6.0;    // robust z above which the loss or the grad norm is a spike
     double clip_z = 2.5;         // "clip": the grad norm is clipped to median + clip_z * 1.4826 MAD
     i64 snapshot_every = 10;     // in-memory snapshot every N steps (rollback and replay start)
