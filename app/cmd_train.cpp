@@ -350,7 +350,7 @@ std::function<int()> add_train_command(CLI::App& app, const comm::MpiEnvironment
     auto opt = std::make_shared<TrainOptions>();
     CLI::App* sub = app.add_subcommand(
         "train", "Train a GPT on a job config (the embedded default job when CONFIG is omitted).");
-    sub->add_option("config", opt->config_path, "TOML job config (see README: Config keys)")
+    sub->add_option("config", opt->config_path, "TOML job config (every key: docs/config.md, or parallax config)")
         ->check(CLI::ExistingFile);
     sub->add_option("--set", opt->sets, "Override a config key: --set section.key=value (repeatable)")
         ->type_name("KEY=VALUE");

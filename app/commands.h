@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
 
 namespace px::comm {
 class MpiEnvironment;
@@ -41,5 +42,10 @@ std::function<int()> add_check_command(CLI::App& app);  // parallax check determ
 std::function<int()> add_validate_command(CLI::App& app, const comm::MpiEnvironment* mpi = nullptr);
 std::function<int()> add_record_command(CLI::App& app);  // parallax record [CONFIG] --out TRACE.h5
 std::function<int()> add_gui_command(CLI::App& app);     // parallax gui [CONFIG] [--screenshot DIR]
+std::function<int()> add_config_command(CLI::App& app);  // parallax config [--keys | --markdown]
+
+// The key reference as docs/config.md holds it: one Markdown table per section, from the key
+// registry (parallax config --markdown).
+std::string config_reference_markdown();
 
 }  // namespace px::app

@@ -35,6 +35,8 @@ int run_main(int argc, char** argv, const px::comm::MpiEnvironment* mpi) {
     commands.emplace_back(app.get_subcommand("record"), run_record);
     auto run_gui = px::app::add_gui_command(app);
     commands.emplace_back(app.get_subcommand("gui"), run_gui);
+    auto run_config = px::app::add_config_command(app);
+    commands.emplace_back(app.get_subcommand("config"), run_config);
 
     try {
         app.parse(argc, argv);

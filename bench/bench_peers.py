@@ -25,7 +25,7 @@ time is taken off the step it fell in. Its step has no gradient clipping and a s
 update (as written), and it runs 41 steps, so --steps above 20 gives it fewer.
 
 Parallax's workers get OMP_WAIT_POLICY=passive, as the parallax program sets it for itself (idle
-threads sleep; README, Running), unless the caller set OMP_WAIT_POLICY or GOMP_SPINCOUNT; the
+threads sleep; docs/command-line.md), unless the caller set OMP_WAIT_POLICY or GOMP_SPINCOUNT; the
 peers run with their own defaults.
 
 Checks its results: every program's first loss on random tokens is within 0.3 of ln(50257) and

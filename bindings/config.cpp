@@ -113,7 +113,7 @@ Config make_config(const py::object& source, const py::dict& sections) {
 void bind_config(py::module_& m) {
     py::class_<PyConfig>(m, "Config", R"doc(
 A job config: the sections [model] [layout] [train] [data] [numerics] [precision] [output]
-[checkpoint] [validate] [fault] of the README's "Config keys".
+[checkpoint] [validate] [fault] [spikes] [fp8_monitor] of docs/config.md.
 
 Config(source=None, **sections)
     source    None: the embedded default job (examples/tiny.toml); a path to a TOML file; a dict

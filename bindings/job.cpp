@@ -488,7 +488,7 @@ The FP8 drift monitor's rows (fp8_monitor.every > 0; empty arrays otherwise), on
 tensor, recipe and monitored step, as numpy columns: step, count, nonfinite, alerts (int64),
 tensor ("h.1.attn.c_attn/x"), recipe ("delayed", "block", or a comparison: "current") (str),
 amax, scale, scale_ratio, saturated, underflow, dynamic_range, mse, sqnr_db (float64). The same
-on every layout, bit for bit; README [fp8_monitor] says what each column measures.)doc")
+on every layout, bit for bit; docs/precision.md says what each column measures.)doc")
         .def(
             "fp8_state",
             [](py::object self) {

@@ -1,5 +1,5 @@
 // The Python module `parallax`: jobs, state as numpy arrays, layouts and schedules, validation,
-// checkpoints and run files (README "Python"). Each part is bound by its own file (common.h).
+// checkpoints and run files (docs/python.md). Each part is bound by its own file (common.h).
 #include "bindings/common.h"
 
 namespace px::py_bind {

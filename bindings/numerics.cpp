@@ -58,7 +58,7 @@ nodes of the tree.)doc");
         py::arg("blocks"), py::arg("lo"), py::arg("hi"), R"doc(
 The maximal nodes [a, b) of the canonical tree over `blocks` blocks that lie inside blocks
 [lo, hi): the partials a rank owning those blocks computes alone. E.g. tree_nodes(12, 4, 8) ==
-[(4, 5), (5, 6), (6, 8)] (DESIGN.md's tp=3 example).)doc");
+[(4, 5), (5, 6), (6, 8)]: rank 1's nodes when 12 blocks are cut over tp = 3.)doc");
     m.def(
         "tree_split", [](i64 lo, i64 hi) { return tree_mid(lo, hi); }, py::arg("lo"), py::arg("hi"),
         "Where the tree splits the node [lo, hi) of blocks: lo + ceil((hi - lo) / 2).");

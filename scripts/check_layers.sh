@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The layering rule of the library (README "Layout of the tree"), checked on the sources:
+# The layering rule of the library (docs/tree.md), checked on the sources:
 #   1. layers, bottom to top: core/base, kernels, core/model, core/comm, core/io, core/parallel,
 #      core/train, validators, app (and bindings); a file includes its own layer and lower ones;
 #   2. no call of the CPU kernels (px::cpu::) outside kernels/: kernels/ops.h is the only door;

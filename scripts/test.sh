@@ -19,7 +19,7 @@ else
     failed=$((failed + 1))
 fi
 
-# The layering rule (README "Layout of the tree"): includes, kernel calls, test-only hooks, lengths.
+# The layering rule (docs/tree.md): includes, kernel calls, test-only hooks, lengths.
 if scripts/check_layers.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 
 PYTHON="${PYTHON:-python3}"
@@ -44,7 +44,7 @@ if [ $tsan_ok -eq 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1));
 # smaller budget, after the deterministic cases of what it found (test_bad_inputs.py): any
 # sanitizer report fails the case. Unoptimised with line tables only
 # (-O0 -g1): the first build takes about 3 minutes on 2 cores, where -O1 -g took more than
-# twice the CPU time (measured; README "Tests"), and every report still has file:line. HDF5's
+# twice the CPU time (measured; docs/tests.md), and every report still has file:line. HDF5's
 # own leaks on damaged files are suppressed (tests/lsan.supp says why); Parallax's are reported.
 asan_ok=0
 if [ -f build-asan/build.ninja ] ||

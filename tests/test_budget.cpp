@@ -1,4 +1,4 @@
-// The fast-mode error budget (validators/budget.h, DESIGN.md §2): every fast-mode layout of the
+// The fast-mode error budget (validators/budget.h, docs/numerics.md): every fast-mode layout of the
 // matrix stays within a budget derived from the reference's own rounding error after 5 steps,
 // and a deliberately wrong run does not.
 //

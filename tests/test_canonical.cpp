@@ -1,5 +1,5 @@
-// The canonical reduction tree of DESIGN.md §2.1, checked against its worked example and
-// against the stack program that kernels use to build it.
+// The canonical reduction tree (docs/numerics.md), checked against a worked example of 12 blocks
+// and against the stack program that kernels use to build it.
 #include "core/base/numerics.h"
 
 #include <catch2/catch.hpp>
@@ -26,7 +26,7 @@ bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 }  // namespace
 
-TEST_CASE("tree_sum follows the worked example of DESIGN.md (12 blocks)") {
+TEST_CASE("tree_sum follows the canonical tree over 12 blocks") {
     const auto p = awkward(12, 1);
     const float expect = (((p[0] + p[1]) + p[2]) + ((p[3] + p[4]) + p[5])) +
                          (((p[6] + p[7]) + p[8]) + ((p[9] + p[10]) + p[11]));

@@ -105,8 +105,8 @@ TEST_CASE("canonical all_reduce is the canonical tree over ranks, bit for bit, a
 }
 
 TEST_CASE("canonical all_reduce of one tree node per rank is the single-device canonical sum") {
-    // DESIGN.md §2.1's example: K = 768 in blocks of 64 (12 blocks); at tp = 4 each rank owns
-    // one node of three blocks, and the all-reduce adds the four nodes in the tree above them.
+    // K = 768 in blocks of 64 (12 blocks); at tp = 4 each rank owns one node of three blocks, and
+    // the all-reduce adds the four nodes in the tree above them.
     const int block = 64, tp = 4;
     const auto v = awkward(768, 42);
     const float single = canonical_sum(v.data(), 768, block);
@@ -383,7 +383,7 @@ TEST_CASE("split: an 8-rank world as a 2x4 mesh; dp and tp collectives don't int
     run_ranks(world, kTimeout, [&](Communicator& c) {
         const int r = c.rank();
         Seen& s = seen[r];
-        // tp innermost (DESIGN.md §3): tp groups are {0..3} {4..7}, dp groups {0,4} {1,5} ...
+        // tp innermost (docs/layouts.md): tp groups are {0..3} {4..7}, dp groups {0,4} {1,5} ...
         auto tp = c.split(r / tpn, r % tpn, "tp");
         auto dp = c.split(r % tpn, r / tpn, "dp");
         auto none = c.split(r == 5 ? 0 : -1, 0, "solo");

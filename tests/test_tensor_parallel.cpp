@@ -150,7 +150,7 @@ Vec node_values(const Vec& leaves, i64 w, const NodePlan& plan, int r) {
 // tree_exchange
 // =============================================================================================
 
-TEST_CASE("maximal_nodes: DESIGN.md's worked example, K = 768 in blocks of 64 at tp = 3") {
+TEST_CASE("maximal_nodes: K = 768 in blocks of 64 at tp = 3") {
     using R = std::vector<Range>;
     CHECK(maximal_nodes(12, 0, 4) == R{{0, 3}, {3, 4}});
     CHECK(maximal_nodes(12, 4, 8) == R{{4, 5}, {5, 6}, {6, 8}});

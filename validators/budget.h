@@ -1,4 +1,4 @@
-// The fast-mode error budget (DESIGN.md §2, fast mode): a candidate run's error against the
+// The fast-mode error budget (docs/numerics.md, fast mode): a candidate run's error against the
 // bitwise single-device reference, tensor by tensor, judged against a budget derived from the
 // reference's own rounding error, never against a hand-picked tolerance.
 //
@@ -27,9 +27,9 @@
 // alternates must therefore include an ordering as different as the candidates' kernels — the
 // fast single device — and σ̂ pools them.
 //
-// The requirement. DESIGN.md: the candidate's error against the exact run may not exceed k times
-// the reference's, ‖c − x‖ ≤ k·σ. We measure c against r, not against x: with c = x + e_c and e_c
-// independent of e_r, E‖c − r‖² = ‖e_c‖² + σ² ≤ (k² + 1)·σ², so the measurable statement is
+// The requirement (docs/numerics.md): the candidate's error against the exact run may not exceed k
+// times the reference's, ‖c − x‖ ≤ k·σ. We measure c against r, not against x: with c = x + e_c and
+// e_c independent of e_r, E‖c − r‖² = ‖e_c‖² + σ² ≤ (k² + 1)·σ², so the measurable statement is
 //     ‖c − r‖ ≤ √(k² + 1) · σ.
 // k = 2 (kBudgetK): a fast-mode layout composes at most twice the reference's rounding — its own
 // kernels' rounding (same size as the fast single device's) plus the ring collectives' partial

@@ -1,4 +1,4 @@
-// Comparing a candidate tensor with its reference, element by element (DESIGN.md §4): bitwise
+// Comparing a candidate tensor with its reference, element by element (docs/validation.md): bitwise
 // equality, the distance in units in the last place (count, maximum, a histogram), the largest
 // absolute and relative errors, and the first element that differs, with its index (flat and
 // per dimension) and both values. The harness (parallax validate, golden traces, first-divergence

@@ -1,4 +1,4 @@
-// Run-twice determinism and checkpoint-resume checks (DESIGN.md §4): a job run twice in one
+// Run-twice determinism and checkpoint-resume checks (docs/validation.md): a job run twice in one
 // process under one layout must end in the same bits, and a run interrupted after step k and
 // resumed from its checkpoint (under the same layout or another) must end in the bits of the
 // uninterrupted run. Both compare final LogicalStates tensor by tensor (validators/compare.h).

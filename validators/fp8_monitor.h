@@ -1,7 +1,7 @@
-// The FP8 drift monitor (DESIGN.md §5; [fp8_monitor] in README): every fp8_monitor.every steps,
-// statistics of every fp8-scaled tensor (each fp8 matmul's input X, weight W and output gradient
-// dY) as that step cast it, reported to the job's observers (the run file's /fp8, the job view,
-// the workbench, Python) with alerts when a scale jumps, saturation climbs or the SQNR falls.
+// The FP8 drift monitor (docs/precision.md; its keys in docs/config.md): every fp8_monitor.every
+// steps, statistics of every fp8-scaled tensor (each fp8 matmul's input X, weight W and output
+// gradient dY) as that step cast it, reported to the job's observers (the run file's /fp8, the job
+// view, the workbench, Python) with alerts when a scale jumps, saturation climbs or the SQNR falls.
 //
 // What a row measures (core/base/metrics.h Fp8Stat). The tensor is the logical one: every
 // microbatch of the step and every rank's piece, each element once (a tensor that tensor

@@ -1,4 +1,4 @@
-// Gradient checks in fp64 (DESIGN.md §4): every CPU op's fp32 backward against central finite
+// Gradient checks in fp64 (docs/validation.md): every CPU op's fp32 backward against central finite
 // differences of an fp64 forward of the same op, within a bound derived from fp32 rounding, and
 // the whole model's loss gradient against central differences of a plain fp64 GPT-2. Used by
 // `parallax gradcheck`, tests/test_ops.cpp, tests/test_model.cpp and tests/test_validators.cpp.

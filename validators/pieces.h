@@ -1,5 +1,5 @@
-// Every rank's pieces of a logical tensor against the reference's (DESIGN.md §4: the harness
-// compares logical tensors, put together from every rank that holds a piece of one). This is the
+// Every rank's pieces of a logical tensor against the reference's (the harness compares logical
+// tensors, put together from every rank that holds a piece of one; docs/validation.md). This is the
 // one comparison parallax validate makes after every step of a layout, for every reduced
 // gradient, weight, Adam moment, fp8 scale and history and loss scale: each rank's pieces (its
 // pipeline stage's tensors, its ZeRO shards, its tp columns, its experts) are compared where they

@@ -1,5 +1,5 @@
-// Golden traces (DESIGN.md §4): the single-device reference's probes recorded to one HDF5 file,
-// so that a layout — on a cluster, under mpirun — is checked against it later without running
+// Golden traces (docs/validation.md): the single-device reference's probes recorded to one HDF5
+// file, so that a layout — on a cluster, under mpirun — is checked against it later without running
 // the reference (parallax record, parallax validate --golden).
 //
 // Index

@@ -1,5 +1,5 @@
 // parallax validate: the single-device reference and each parallel layout of one job, compared
-// step by step (DESIGN.md §4), with a table, a JSON report and a Markdown report.
+// step by step (docs/validation.md), with a table, a JSON report and a Markdown report.
 //
 // Index
 //   LayoutSpec        one layout of the matrix: "dp2", "tp2", "pp2", "cp2", "dp2xtp2xpp2",

@@ -3,6 +3,7 @@
 #include "core/base/config.h"
 
 #include "core/base/config_checks.h"
+#include "core/base/config_registry.h"
 #include "core/base/error.h"
 #include "core/base/files.h"
 
@@ -32,153 +33,8 @@ using namespace config_checks;
 
 namespace {
 
-// ---- the key table ----
-
-using FieldRef = std::variant<i64*, int*, double*, std::uint64_t*, std::string*, bool*, Mode*>;
-
-struct KeyDef {
-    const char* section;
-    const char* name;
-    FieldRef (*field)(Config&);
-    const char* doc;  // one line, for the embedded default job
-};
-
-struct SectionDef {
-    const char* name;
-    const char* doc;
-};
-
-constexpr std::array<SectionDef, 12> kSections = {{
-    {"model", "The GPT: sizes and initialisation."},
-    {"layout", "The parallel layout: dp x pp x tp ranks, ZeRO, microbatches, pipeline schedule (DESIGN.md section 3)."},
-    {"train", "Optimisation: steps, batch, AdamW and the learning-rate schedule."},
-    {"data", "Where tokens come from."},
-    {"numerics", "How reductions are computed (see DESIGN.md section 2)."},
-    {"precision", "The dtypes tensors are kept in (DESIGN.md section 5); master weights, gradients and optimizer state are always fp32."},
-    {"output", "What the run writes."},
-    {"checkpoint", "Checkpoints: logical, layout-free HDF5 files to resume from under any layout."},
-    {"validate", "Checks beside training: silent data corruption across data-parallel replicas."},
-    {"fault", "Fault injection, to prove that failures are caught and named (off unless kind is set)."},
-    {"spikes", "Loss spikes: detected by a robust z-score, recorded with per-layer evidence, attributed by replay, and logged, skipped, clipped or rolled back (off unless action is set)."},
-    {"fp8_monitor", "The FP8 drift monitor: per fp8-scaled tensor statistics every N steps, and alerts (off unless every is set)."},
-}};
-
-#define PX_KEY(sec, key, doc) \
-    KeyDef { #sec, #key, [](Config& c) -> FieldRef { return &c.sec.key; }, doc }
-
-const std::array kKeys = {
-    PX_KEY(model, vocab, "V, tokens in the vocabulary (>= 2)"),
-    PX_KEY(model, seq_len, "maximum T, tokens per sequence (rows of wpe); the data's sequence length"),
-    PX_KEY(model, layers, "L, transformer blocks"),
-    PX_KEY(model, heads, "NH, attention heads; must divide hidden"),
-    PX_KEY(model, hidden, "C, hidden size"),
-    PX_KEY(model, ffn, "F, MLP inner size (GPT-2: 4 * hidden)"),
-    PX_KEY(model, init_std, "std of the normal init of weights (residual projections scaled by 1/sqrt(2L))"),
-    PX_KEY(model, init_from, "weights to start from instead of random init: an llm.c GPT-2 checkpoint (.bin) or a Parallax checkpoint (.h5; its weights only: step 0, fresh optimizer); the model keys must match the file's; \"\" for none"),
-    PX_KEY(model, moe_experts, "E, experts of a mixture-of-experts feed-forward; 0: every layer a dense MLP"),
-    PX_KEY(model, moe_top_k, "k, the experts each token is routed to (1 <= k <= moe_experts), by the router's softmax"),
-    PX_KEY(model, moe_ffn, "inner size of one expert's MLP; 0: model.ffn"),
-    PX_KEY(model, moe_shared_experts, "experts every token goes to besides its top k (DeepSeek's shared experts: one MLP of moe_shared_experts x moe_ffn channels); 0: none"),
-    PX_KEY(model, moe_every, "MoE on every n-th layer: layer l (0-based) is MoE when (l + 1) % moe_every == 0, the others dense"),
-    PX_KEY(model, moe_capacity_factor, "tokens an expert takes per sequence: ceil(factor * seq tokens * k / E); the rest are dropped, first choices first, in token order; 0: dropless"),
-    PX_KEY(model, moe_norm_topk, "gates: the chosen experts' router probabilities renormalised to sum to 1 (Mixtral); false: the probabilities as they are (Switch)"),
-    PX_KEY(model, moe_aux_loss, "load-balancing loss coefficient: E * sum_i f_i * P_i per sequence (f_i the share of its routed slots, P_i the mean router probability of expert i), averaged over sequences and summed over MoE layers"),
-    PX_KEY(model, moe_z_loss, "router z-loss coefficient: the mean over tokens of logsumexp(router logits)^2, summed over MoE layers"),
-    PX_KEY(layout, dp, "data-parallel replicas; world size = dp * pp * cp * tp"),
-    PX_KEY(layout, pp, "pipeline stages, each a contiguous run of layers (at most model.layers)"),
-    PX_KEY(layout, tp, "tensor-parallel ranks; must divide model.heads and model.ffn"),
-    PX_KEY(layout, cp, "context-parallel ranks: each holds chunks r and 2cp-1-r of every sequence cut into 2cp (zig-zag, causal load balance); the chunks must be whole blocks of numerics.block"),
-    PX_KEY(layout, cp_method, "context-parallel attention: \"ring\" (K/V blocks around the ring) or \"ulysses\" (all-to-all to whole heads; cp must divide model.heads / layout.tp)"),
-    PX_KEY(layout, ep, "expert-parallel ranks: each group of ep consecutive data-parallel ranks shares out every MoE layer's experts (E/ep each) and sends each routed token to its expert's rank and back (all-to-all); must divide layout.dp and model.moe_experts"),
-    PX_KEY(layout, zero, "ZeRO stage over the dp ranks: 0 none, 1 optimizer state, 2 also gradients, 3 also parameters"),
-    PX_KEY(layout, microbatches, "microbatches per step on each dp rank; when > 0 overrides train.microbatches (0: use it); dp * microbatches must divide train.batch_size"),
-    PX_KEY(layout, schedule, "pipeline schedule: \"gpipe\", \"1f1b\" or \"interleaved\""),
-    PX_KEY(layout, virtual_stages, "v, model chunks per pipeline rank; >= 2 exactly when schedule = \"interleaved\""),
-    PX_KEY(layout, recompute, "activation recomputation: \"none\" or \"full\" (each block's forward again in its backward)"),
-    PX_KEY(layout, sequence_parallel, "with tp > 1, keep the residual stream and the LayerNorms sharded by tokens (Megatron sequence parallelism: all-gather before and reduce-scatter after the tp linears instead of all-reduce); batch tokens per microbatch must give each tp rank whole blocks"),
-    PX_KEY(layout, comm, "reducing collectives: \"auto\" (canonical in bitwise mode, ring in fast), \"canonical\" or \"ring\""),
-    PX_KEY(layout, timeout_s, "seconds a collective waits for its peers before the job fails (> 0)"),
-    PX_KEY(train, steps, "optimizer steps"),
-    PX_KEY(train, batch_size, "sequences per optimizer step (global batch)"),
-    PX_KEY(train, microbatches, "gradient-accumulation microbatches per step (per dp rank); must divide batch_size"),
-    PX_KEY(train, lr, "peak learning rate"),
-    PX_KEY(train, min_lr, "learning rate at the end of the cosine decay (0 <= min_lr <= lr)"),
-    PX_KEY(train, warmup_steps, "linear warm-up steps"),
-    PX_KEY(train, weight_decay, "AdamW decoupled weight decay (not applied to biases and norms)"),
-    PX_KEY(train, beta1, "AdamW first-moment decay, in [0, 1)"),
-    PX_KEY(train, beta2, "AdamW second-moment decay, in [0, 1)"),
-    PX_KEY(train, eps, "AdamW epsilon (> 0)"),
-    PX_KEY(train, grad_clip, "global-norm clipping threshold; 0 disables"),
-    PX_KEY(train, seed, "init and sampling seed (0 .. 2^63-1)"),
-    PX_KEY(train, eval_every, "validation loss every N steps (and at the last step); 0 disables"),
-    PX_KEY(train, val_batches, "validation batches of batch_size sequences"),
-    PX_KEY(train, threads, "OpenMP threads per rank, at most 1024; 0 means all cores"),
-    PX_KEY(train, max_memory_gib, "memory (GiB) this process may use, checked against an estimate before anything is allocated; 0: what the machine has available (MemAvailable, the cgroup's limit)"),
-    PX_KEY(train, lr_jump_step, "provoke drift: from this step (1-based) the learning rate is multiplied by lr_jump_factor for lr_jump_steps steps; 0: off"),
-    PX_KEY(train, lr_jump_factor, "the learning-rate jump's factor (> 0)"),
-    PX_KEY(train, lr_jump_steps, "steps the learning-rate jump lasts (>= 1)"),
-    PX_KEY(data, source, "\"markov\", \"mixture\" or \"copy\" (built-in, need no files) or \"bin\" (llm.c token files)"),
-    PX_KEY(data, markov_order, "k, the order of the Markov chain (vocab^k states, at most 2^22)"),
-    PX_KEY(data, markov_alpha, "concentration of the random transition rows (smaller: lower entropy)"),
-    PX_KEY(data, markov_seed, "seed of the transition table (0 .. 2^63-1)"),
-    PX_KEY(data, markov_vocab, "symbols of the chain (<= model.vocab); 0 means model.vocab"),
-    PX_KEY(data, mixture_chains, "mixture: Markov chains, each over its own markov_vocab / N symbols, one drawn per sequence"),
-    PX_KEY(data, copy_distance, "copy: each window repeats its first D tokens (0: model.seq_len / 2; D > seq_len: no copy in sight, the short-context baseline)"),
-    PX_KEY(data, train_path, "llm.c .bin token file for training (source = \"bin\")"),
-    PX_KEY(data, val_path, "llm.c .bin token file for validation (source = \"bin\"); \"\": none"),
-    PX_KEY(data, corrupt_step, "provoke a loss spike: the training batch first drawn at this step (1-based) is corrupted; 0: none"),
-    PX_KEY(data, corrupt_kind, "how the batch of data.corrupt_step is corrupted: \"repeat\" (each sequence one token repeated) or \"shuffle\" (its tokens through a random permutation of the vocabulary)"),
-    PX_KEY(numerics, mode, "\"bitwise\" (equal to the single-device reference, bit for bit) or \"fast\""),
-    PX_KEY(numerics, block, "canonical reduction block size"),
-    PX_KEY(numerics, isa, "vector path: \"auto\", \"avx512\", \"avx2\" or \"scalar\""),
-    PX_KEY(precision, activations, "dtype of the activations: \"fp32\", \"bf16\" or \"fp16\" (fp16 with dynamic loss scaling)"),
-    PX_KEY(precision, loss_scale_init, "fp16: the loss scale of the first step (> 0)"),
-    PX_KEY(precision, loss_scale_growth_interval, "fp16: steps in a row without inf/NaN gradients before the loss scale grows (>= 1)"),
-    PX_KEY(precision, loss_scale_growth_factor, "fp16: what the loss scale is multiplied by when it grows (> 1)"),
-    PX_KEY(precision, loss_scale_backoff_factor, "fp16: what the loss scale is multiplied by when a step is skipped for inf/NaN gradients (in (0, 1))"),
-    PX_KEY(precision, fp8, "FP8 matmuls over bf16 activations: \"off\", \"delayed\" (per-tensor delayed scaling: e4m3 inputs and weights, e5m2 output gradients) or \"block\" (current scaling per 1 x fp8_block_size activation tile and fp8_block_size^2 weight block, e4m3); needs activations = \"bf16\""),
-    PX_KEY(precision, fp8_block_size, "fp8 block: the edge of the activation tiles and weight blocks (>= 1; DeepSeek-V3: 128)"),
-    PX_KEY(precision, fp8_amax_history_len, "fp8 delayed: steps of amax history per tensor (>= 1)"),
-    PX_KEY(precision, fp8_amax_compute_algo, "fp8 delayed: the amax a scale is made from: \"max\" of the history or \"most_recent\""),
-    PX_KEY(precision, fp8_margin, "fp8 delayed: scale = fp8_max / amax / 2^margin (>= 0)"),
-    PX_KEY(precision, fp8_keep_ends_bf16, "fp8: the first and last blocks' matmuls stay in bf16 (when fp8_layers is \"\")"),
-    PX_KEY(precision, fp8_layers, "fp8: the blocks whose linears run in fp8: \"\" (as fp8_keep_ends_bf16 says), \"all\", \"none\", or 0-based block indices and inclusive ranges, e.g. \"1-4,6\""),
-    PX_KEY(precision, fp8_lm_head, "fp8: the LM head's matmul (ln_f output times wte) in fp8 too; the embedding (a lookup) never is"),
-    PX_KEY(precision, fp8_accumulator_promote, "fp8: N > 0 emulates Hopper's FP8 accumulator: products summed in 13 mantissa bits (truncated) and promoted to fp32 every N products (DeepSeek-V3: 128; at most numerics.block); 0: fp32 sums"),
-    PX_KEY(output, dir, "where run.h5 and exports go (--out overrides)"),
-    PX_KEY(output, run_file, "write <dir>/run.h5"),
-    PX_KEY(output, export_llmc, "if set, write the final weights as an llm.c checkpoint here"),
-    PX_KEY(output, progress, "progress bar on a terminal"),
-    PX_KEY(checkpoint, dir, "folder of the checkpoints (ckpt-<step>.h5); \"\" turns checkpoints off"),
-    PX_KEY(checkpoint, every, "write a checkpoint every N steps and at the end; 0: only at the end"),
-    PX_KEY(checkpoint, keep, "keep the newest K checkpoints (>= 1); older ones are deleted after a new one is committed"),
-    PX_KEY(checkpoint, resume, "\"\": start fresh; \"auto\": resume from the newest valid checkpoint in checkpoint.dir (fresh if none); else a checkpoint file to resume from"),
-    PX_KEY(validate, replica_check_every, "each step the data-parallel replicas hash their reduced gradient, weights and metrics, and every N steps (and before each checkpoint) compare them; under ZeRO each rank also keeps a second copy of the next rank's shard to compare with its owner's; a mismatch re-runs the steps since the last check to tell a transient fault from a persistent one; needs layout.dp >= 2; 0: off"),
-    PX_KEY(fault, kind, "\"\": none; \"kill\": the rank dies; \"stall\": it stops for fault.stall_s; \"flip_grad\" / \"flip_weight\": one bit of its reduced gradient / its weights flips"),
-    PX_KEY(fault, rank, "the world rank the fault strikes"),
-    PX_KEY(fault, step, "the step (1-based) the fault strikes in: before it (kill, stall), before its update (flip_grad) or after it (flip_weight)"),
-    PX_KEY(fault, tensor, "flip_*: the parameter whose element flips (GPT-2 name, e.g. \"h.0.attn.c_attn.weight\")"),
-    PX_KEY(fault, element, "flip_*: index of the element in the rank's piece of fault.tensor (its tensor-parallel shard)"),
-    PX_KEY(fault, bit, "flip_*: the bit that flips, 0 (lowest mantissa bit) .. 31 (sign)"),
-    PX_KEY(fault, stall_s, "stall: seconds the rank stops for; 0: until the other ranks give up on it (layout.timeout_s)"),
-    PX_KEY(fault, persistent, "flip_*: strike again whenever the step is re-run (a faulty unit); false: once (a transient upset)"),
-    PX_KEY(spikes, action, "\"off\"; \"log\": record spikes; \"skip\": and skip their update; \"clip\": clip every gradient to an adaptive norm (ZClip); \"rollback\": go back to a snapshot and skip the batch"),
-    PX_KEY(spikes, window, "trailing steps whose median and MAD of the loss and grad norm a step is judged against (>= 20, and >= min_history)"),
-    PX_KEY(spikes, min_history, "steps in the window before anything is judged (20 .. window: fewer make chance spikes)"),
-    PX_KEY(spikes, z_threshold, "robust z-score, (x - median) / (1.4826 MAD), above which the loss or the grad norm is a spike (> 0)"),
-    PX_KEY(spikes, clip_z, "clip: the gradient is clipped to the norm median + clip_z * 1.4826 MAD of the window (> 0)"),
-    PX_KEY(spikes, snapshot_every, "in-memory snapshot of every rank's state every N steps: where a rollback and a replay start (>= 1)"),
-    PX_KEY(spikes, rollback_to, "rollback: \"memory\" (the newest snapshot before the spike) or \"checkpoint\" (the newest checkpoint before it; needs checkpoint.dir)"),
-    PX_KEY(spikes, skip, "rollback: the batches not drawn again: \"spike\" (the spike step's) or \"since_snapshot\" (every batch after the state rolled back to, as PaLM did)"),
-    PX_KEY(spikes, replay, "attribute a spike by re-running its step from the snapshot (same bits: data or state, else a named rank) and with a neighbour's batch (data or state)"),
-    PX_KEY(fp8_monitor, every, "statistics of every fp8-scaled tensor (amax, scale and its change, saturated and underflowed fractions, dynamic range, MSE, SQNR) every N steps, to the run file's /fp8 and the job view; 0: off"),
-    PX_KEY(fp8_monitor, compare, "other recipes measured on the same tensors: \"\", \"current\" (per-tensor current scaling from the step's amax), \"block\" (1 x fp8_block_size tiles, fp8_block_size^2 weight blocks) or \"current,block\"; the run's own recipe is always measured"),
-    PX_KEY(fp8_monitor, scale_jump, "alert when a tensor's scale changed by more than this factor from the step before (> 1; 0: off)"),
-    PX_KEY(fp8_monitor, saturation_max, "alert when a tensor's fraction of saturated values is above this (0 .. 1)"),
-    PX_KEY(fp8_monitor, sqnr_min_db, "alert when a tensor's quantisation SQNR is below this many dB"),
-};
-
-#undef PX_KEY
+// The key table: core/base/config_registry.h.
+using namespace config_registry;
 
 std::string full_name(const KeyDef& d) { return std::string(d.section) + "." + d.name; }
 
@@ -843,6 +699,20 @@ std::vector<std::string> config_keys() {
     std::vector<std::string> v;
     for (const auto& d : kKeys) v.push_back(full_name(d));
     return v;
+}
+
+std::vector<SectionDoc> config_reference() {
+    Config defaults;
+    std::vector<SectionDoc> out;
+    for (const auto& s : kSections) {
+        SectionDoc sd{s.name, s.doc, {}};
+        for (const auto& d : kKeys)
+            if (std::strcmp(d.section, s.name) == 0)
+                sd.keys.push_back({d.name, d.type, format_field(d.field(defaults), full_name(d)),
+                                   d.doc});
+        out.push_back(std::move(sd));
+    }
+    return out;
 }
 
 const char* default_config_toml() {

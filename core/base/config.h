@@ -1,11 +1,12 @@
 // The job config: TOML with sections [model] [layout] [train] [data] [numerics] [precision]
-// [output] [checkpoint] [validate] [fault] [fp8_monitor].
-// Every key is documented in README.md ("Config keys"); the defaults below are the embedded
-// default job (a tiny GPT on the built-in Markov source, which needs no files).
+// [output] [checkpoint] [validate] [fault] [spikes] [fp8_monitor].
+// Every key is documented in its registry (core/base/config_registry.h), from which
+// docs/config.md's tables are made (`parallax config --markdown`); the defaults below are the
+// embedded default job (a tiny GPT on the built-in Markov source, which needs no files).
 //
 // Index
 //   ModelConfig .. CheckpointConfig   one struct per section, one field per key
-//                                 (LayoutConfig: the parallel layout, DESIGN.md §3)
+//                                 (LayoutConfig: the parallel layout, docs/layouts.md)
 //   Config                        the whole job
 //   activation_dtype              the dtype precision.activations resolves to
 //   parse_config                  TOML text -> Config; errors name the key (ConfigError)
@@ -13,6 +14,7 @@
 //   apply_override(s)             "section.key=value" from --set
 //   validate_config               ranges and cross-key constraints of a Config built in code
 //   config_keys                   every "section.key", in file order
+//   config_reference              every section and key with its type, default and meaning
 //   default_config_toml           the embedded default job, as TOML text
 //   config_to_toml                a Config back to TOML (stored in run files)
 #pragma once
@@ -141,7 +143,7 @@ struct NumericsConfig {
     bool operator==(const NumericsConfig&) const = default;
 };
 
-// The dtypes tensors are kept in (DESIGN.md §5). Master weights, gradients and optimizer state
+// The dtypes tensors are kept in (docs/precision.md). Master weights, gradients and optimizer state
 // are fp32 whatever this says.
 struct PrecisionConfig {
     std::string activations = "fp32";  // the activations' dtype: "fp32", "bf16" or "fp16"
@@ -279,6 +281,22 @@ void apply_override(Config& cfg, const std::string& assignment);  // "section.ke
 void apply_overrides(Config& cfg, const std::vector<std::string>& assignments);
 void validate_config(const Config& cfg);  // throws ConfigError naming cfg.source_name and the key
 std::vector<std::string> config_keys();   // "model.vocab", ..., "checkpoint.resume"
+
+// The key reference, from the registry: every section in file order with what it holds and its
+// keys, each with its type and range as the docs write them ("int ≥ 2"), its default as TOML
+// writes it ("32", "\"markov\"", "true") and what it means.
+struct KeyDoc {
+    std::string name;  // "vocab"
+    std::string type;
+    std::string default_value;
+    std::string meaning;
+};
+struct SectionDoc {
+    std::string name;  // "model"
+    std::string doc;
+    std::vector<KeyDoc> keys;
+};
+std::vector<SectionDoc> config_reference();
 const char* default_config_toml();         // the struct defaults, one comment line per key
 std::string config_to_toml(const Config& cfg);  // complete and exact: parse_config gives cfg back
 Numerics make_numerics(const NumericsConfig& nc);  // resolves isa "auto"; errors if unsupported here

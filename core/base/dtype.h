@@ -7,7 +7,7 @@
 //   round_to                          float -> narrow -> float in one call (the value a cast keeps)
 //   kE4M3Max, kE5M2Max, ...           the largest finite value of each narrow type
 //
-// Rules (DESIGN.md §2.6):
+// Rules (part of the numerics contract, docs/numerics.md):
 //   bf16, fp16: round to nearest even; overflow goes to infinity; NaN stays NaN (quiet).
 //   fp8 e4m3 (OCP): no infinity; max finite 448; out-of-range values and infinities saturate to
 //                   +-448; NaN maps to the NaN pattern S.1111.111.

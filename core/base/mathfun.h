@@ -1,4 +1,4 @@
-// The project's own exp, log, tanh and erf in fp32 (DESIGN.md §2.4).
+// The project's own exp, log, tanh and erf in fp32, identical on every path (docs/numerics.md).
 //
 // Index
 //   exp_t, log_t, tanh_t, erf_t   the algorithms, written once as templates over a SIMD-ops type S

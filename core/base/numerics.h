@@ -1,4 +1,4 @@
-// Numerics modes and the canonical reduction order (DESIGN.md §2).
+// Numerics modes and the canonical reduction order (docs/numerics.md).
 //
 // Index
 //   Mode, Isa, Numerics      what a kernel is told about how to compute

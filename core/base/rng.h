@@ -1,7 +1,7 @@
 // Counter-based random numbers: Philox 4x32-10 (Salmon et al., SC'11).
 //
 // Every random number is a pure function of (seed, tensor id, logical element index, stream), so a
-// shard of a tensor draws exactly the numbers the whole tensor would (DESIGN.md §2.3).
+// shard of a tensor draws exactly the numbers the whole tensor would (docs/numerics.md).
 //
 // Index
 //   philox4x32_10      the raw block function

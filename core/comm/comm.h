@@ -79,7 +79,7 @@ const char* algo_name(Algo algo);  // "canonical", "ring"
 // f32, f64, i64: any collective. b16 and b8 are 16- and 8-bit floats (bf16, fp16; fp8 e4m3, e5m2)
 // moved as their bits: every collective that moves data (pipeline messages, sequence-parallel
 // gathers, ZeRO-3 gathers of a cast weight), none that adds. The numerics contract sums in fp32
-// (DESIGN.md §2.1), so a 16-bit tensor's partial sums travel as f32 and are rounded once after.
+// (docs/numerics.md), so a 16-bit tensor's partial sums travel as f32 and are rounded once after.
 enum class Dtype : std::uint8_t { f32, f64, i64, b16, b8 };
 const char* dtype_name(Dtype dt);  // "f32", "f64", "i64", "b16", "b8"
 i64 dtype_size(Dtype dt);          // bytes per element

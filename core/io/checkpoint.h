@@ -1,4 +1,4 @@
-// Checkpoints: the logical, layout-free state of a run in one HDF5 file (DESIGN.md §6), written
+// Checkpoints: the logical, layout-free state of a run in one HDF5 file (docs/files.md), written
 // piecewise by the ranks that hold it and loadable under any other layout.
 //
 // Index

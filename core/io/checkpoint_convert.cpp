@@ -1,5 +1,6 @@
-// Converting GPT-2 weights (parallax convert IN --to OUT, parallax.convert): GPT-2 weights between llm.c's checkpoint format and Parallax
-// checkpoints (DESIGN.md §6), in either direction; OUT's extension says which.
+// Converting GPT-2 weights (parallax convert IN --to OUT, parallax.convert): GPT-2 weights
+// between llm.c's checkpoint format and Parallax checkpoints (docs/files.md), in either
+// direction; OUT's extension says which.
 //
 // Index
 //   has_suffix, file_name   small helpers

@@ -1,5 +1,5 @@
-// Converting GPT-2 weights between llm.c's checkpoint format and Parallax checkpoints (DESIGN.md
-// §6), in either direction: the work of `parallax convert` and `parallax.convert`.
+// Converting GPT-2 weights between llm.c's checkpoint format and Parallax checkpoints
+// (docs/files.md), in either direction: the work of `parallax convert` and `parallax.convert`.
 #pragma once
 #include <string>
 

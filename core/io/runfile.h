@@ -1,4 +1,4 @@
-// The run file: an HDF5 file with the job's config, its metrics and its events (DESIGN.md §6).
+// The run file: an HDF5 file with the job's config, its metrics and its events (docs/files.md).
 //
 // Layout
 //   /                      attributes: config (the job's TOML text), parallax_version, created

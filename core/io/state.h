@@ -1,5 +1,5 @@
 // The logical state of a run: the unsharded weights, Adam moments and per-step metrics that every
-// layout must reproduce bit for bit (DESIGN.md §2), and the dump file that holds them.
+// layout must reproduce bit for bit (docs/numerics.md), and the dump file that holds them.
 //
 // Index
 //   LogicalState   flat weights and moments laid out as the full model's ParamTable

@@ -15,8 +15,8 @@
 // Determinism. Window i of step s of a split is a pure function of (seed, split, s, i): it
 // never depends on which other windows were drawn, in which order, or by whom. A microbatch or
 // a data-parallel rank that takes the sample range [first, first+count) gets exactly the rows the
-// single run gets at those indices (DESIGN.md §2.3). All draws come from Philox (core/base/rng.h),
-// keyed as follows (the tensor ids are far above the model's parameter ids):
+// single run gets at those indices (docs/numerics.md). All draws come from Philox
+// (core/base/rng.h), keyed as follows (the tensor ids are far above the model's parameter ids):
 //   Markov windows   uniform_at(seed, kMarkovWindowId + split, (sample << 32) | position, step)
 //   Markov table     uniform_at(markov_seed, kMarkovTableId, (entry << 16) | draw)
 //   copy windows     uniform_at(seed, kCopyWindowId + split, (sample << 32) | position, step)

@@ -230,9 +230,9 @@ public:
 // One node of the batch's token tree that a microbatch's rows cover: token rows [lo, hi) of the
 // microbatch (B·T rows), whose weight gradients go to their own GradLayout buffer `grads`. A
 // microbatch whose tokens are one node has one; one whose range is not a node of the tree (a dp
-// rank's or microbatch's range cut at a point the tree does not split at, DESIGN.md §2.1) has its
-// maximal nodes, and the caller combines their gradients in the tree (core/parallel/pipeline.h
-// TreeAccumulator, then across replicas core/parallel/tree_exchange.h).
+// rank's or microbatch's range cut at a point the tree does not split at; a node of n blocks
+// splits at ceil(n/2)) has its maximal nodes, and the caller combines their gradients in the tree
+// (core/parallel/pipeline.h TreeAccumulator, then across replicas core/parallel/tree_exchange.h).
 struct TokenNode {
     i64 lo = 0, hi = 0;
     float* grads = nullptr;

@@ -13,7 +13,7 @@
 // Every decision is a function of one sequence's tokens, so the same slots drop, and every
 // expert sees the same rows, however the batch is cut into ranks and microbatches.
 //
-// The canonical order of an expert's weight gradient (DESIGN.md §2): the batch's token axis cut
+// The canonical order of an expert's weight gradient (docs/numerics.md): the batch's token axis cut
 // into blocks of numerics.block tokens as for any weight gradient; inside a block the sum runs
 // over the tokens routed to the expert, in token order; blocks combine in the canonical tree,
 // blocks without such a token being absent subtrees. A token node (model.h TokenNode) then

@@ -1,7 +1,7 @@
-// Probes (DESIGN.md §4): named capture points on the tensors of a training step. A probe names a
-// tensor at a point, `step/phase/layer/op/tensor` (e.g. "3/bwd/2/attn.qkv/dinp"), and comes with
-// the tensor's logical shape and the shard spec that maps this rank's local piece back into it,
-// so that a harness can gather the pieces of every rank and compare logical tensors across
+// Probes (docs/validation.md): named capture points on the tensors of a training step. A probe
+// names a tensor at a point, `step/phase/layer/op/tensor` (e.g. "3/bwd/2/attn.qkv/dinp"), and comes
+// with the tensor's logical shape and the shard spec that maps this rank's local piece back into
+// it, so that a harness can gather the pieces of every rank and compare logical tensors across
 // layouts. The model and the Job call a ProbeSink; they never store anything themselves, and a
 // run without a sink costs one null-pointer test per op (the bits never change either way).
 //

@@ -1,4 +1,4 @@
-// Context parallelism (DESIGN.md §3 CP) over a cp group: every sequence is cut into 2·cp chunks
+// Context parallelism (docs/layouts.md) over a cp group: every sequence is cut into 2·cp chunks
 // of T/(2·cp) tokens and cp rank r holds chunks r and 2·cp-1-r (zig-zag: under the causal mask
 // each rank then has the same attention work). The model runs on a rank's T/cp tokens of every
 // sequence (core/model/model.h ContextLayers); everything but attention is per token.

@@ -1,4 +1,4 @@
-// Expert parallelism (DESIGN.md §3 EP): groups of layout.ep consecutive data-parallel ranks share
+// Expert parallelism (docs/layouts.md): groups of layout.ep consecutive data-parallel ranks share
 // out every MoE layer's experts, and each routed token row travels to its expert's rank and back
 // (all-to-alls over the ep group), bit-identical to the single device in Mode::bitwise.
 //

@@ -340,9 +340,8 @@ std::vector<TokenRange> token_ranges(const Layout& l) {
                             " with train.batch_size=" + str(l.batch_size) +
                             ", model.seq_len=" + str(T) + " and numerics.block=" + str(l.block);
     const std::string why =
-        " (DESIGN.md §2.1: a weight gradient reduces over the batch's tokens in blocks of "
-        "numerics.block, each block summed sequentially, so a block cannot be split between "
-        "owners)";
+        " (a weight gradient reduces over the batch's tokens in blocks of numerics.block, each "
+        "block summed sequentially, so a block cannot be split between owners)";
     const std::string fix_block =
         "; choose fewer microbatches, or a numerics.block that divides the tokens of a "
         "microbatch (" +

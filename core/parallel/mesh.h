@@ -1,4 +1,4 @@
-// The parallel layout and its rank mesh (DESIGN.md §3): dp × pp × cp × tp ranks (ep comes
+// The parallel layout and its rank mesh (docs/layouts.md): dp × pp × cp × tp ranks (ep comes
 // later), the ZeRO stage, microbatches, the pipeline schedule and recomputation. A Layout is the
 // [layout] section resolved against the model, the batch and the numerics; it validates itself at
 // construction, throwing ConfigError with a sentence that names the keys and the product or
@@ -125,7 +125,7 @@ void validate_layout(const Layout& l);  // throws ConfigError: one sentence nami
 // ---- token ranges ----------------------------------------------------------------------------
 
 // The weight gradient reduces over the tokens of the global batch in the canonical tree over
-// blocks of numerics.block tokens (DESIGN.md §2.1); DP ranks and microbatches are owners of token
+// blocks of numerics.block tokens (docs/numerics.md); DP ranks and microbatches are owners of token
 // ranges. dp rank d owns sequences [d·B/dp, (d+1)·B/dp) and its microbatch k the k-th equal part
 // of that (dp-major), so a rank's microbatches combine locally (a subtree) and the dp all-reduce
 // adds one node per rank; when every rank's range is a node the canonical tree over rank indices

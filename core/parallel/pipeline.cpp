@@ -73,7 +73,7 @@ TreeAccumulator::TreeAccumulator(i64 nb, std::vector<std::vector<Range>> leaves,
     target_bufs_[0] = result_;
 }
 
-// Node [lo, hi) of token blocks; it splits at ceil(n/2) (DESIGN.md §2.1) until it is a leaf.
+// Node [lo, hi) of token blocks; it splits at ceil(n/2) (docs/numerics.md) until it is a leaf.
 // leftmost_of: the target whose leftmost path this node is on (else -1).
 int TreeAccumulator::build(i64 nb, i64 lo, i64 hi, int parent, int leftmost_of) {
     const int id = static_cast<int>(nodes_.size());

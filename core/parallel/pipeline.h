@@ -1,4 +1,4 @@
-// Pipeline parallelism (DESIGN.md §3, PP) on the pp group: each pp rank holds the layers of its
+// Pipeline parallelism (docs/layouts.md) on the pp group: each pp rank holds the layers of its
 // virtual stages as one GPT over a ModelPart (core/model/model.h) and runs its schedule's action
 // list (core/parallel/schedule.h) with point-to-point messages (the trainer, core/train/job.h,
 // executes it; with pp = 1 the list is the single device's: forward, backward, for each
@@ -18,7 +18,7 @@
 // N = the tokens of the whole batch). Messages are (B,T,C) hidden states in the activation dtype
 // (under sequence parallelism a tp rank's token rows of them, 10.), copied bit for bit.
 //
-// Why every bit equals the single device's (DESIGN.md §2):
+// Why every bit equals the single device's (docs/numerics.md):
 //   1. A stage runs the single device's kernels on the single device's inputs: messages move
 //      bits, they never add. Recompute "full" reruns a block's forward from its kept input:
 //      same inputs, same kernels, same bits.
@@ -88,11 +88,11 @@ ModelPart stage_part(const Mesh& mesh, int pp_rank);
 
 // ---- gradient accumulation -------------------------------------------------------------------
 
-// The microbatch gradients of one model chunk, combined in the canonical token tree (DESIGN.md
-// §2.1). Microbatch k covers one or several nodes of the batch's tree over `nb` token blocks (its
-// leaves, ascending: the maximal nodes of its block range); the rank's microbatches together
-// cover its targets (the maximal nodes of all their blocks: one node when the rank's range is
-// one). A node below a target is left + right once both children are in. Microbatches may finish
+// The microbatch gradients of one model chunk, combined in the canonical token tree
+// (docs/numerics.md). Microbatch k covers one or several nodes of the batch's tree over `nb` token
+// blocks (its leaves, ascending: the maximal nodes of its block range); the rank's microbatches
+// together cover its targets (the maximal nodes of all their blocks: one node when the rank's range
+// is one). A node below a target is left + right once both children are in. Microbatches may finish
 // in any order (every schedule here runs a chunk's backwards in increasing microbatch order,
 // which makes this a stack: about log2(m)+1 partials per target); the result is the same bits
 // either way. Each target's value ends in the buffer of its leftmost leaf: `result` for target 0,

@@ -1,4 +1,4 @@
-// Pipeline schedules (DESIGN.md §3, PP): plain functions that produce, for every pipeline rank,
+// Pipeline schedules (docs/layouts.md): plain functions that produce, for every pipeline rank,
 // the list of actions it executes in order. The runtime executes the lists (one thread or
 // process per rank), the workbench and `parallax schedule` draw them, and check_schedule
 // simulates them to prove they are complete and cannot deadlock.

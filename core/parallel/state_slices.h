@@ -1,5 +1,5 @@
-// One rank's local state as pieces of the logical checkpoint (DESIGN.md §6: "written by every
-// rank into its hyperslab"): where the rank's weights and Adam moments sit in /model/<name>,
+// One rank's local state as pieces of the logical checkpoint, which every rank writes into its
+// own hyperslab (docs/files.md): where the rank's weights and Adam moments sit in /model/<name>,
 // /optim/m/<name> and /optim/v/<name>, which of them it writes so that every logical element is
 // written by exactly one rank of the world, and which it reads back on resume. Nothing here
 // communicates, and no rank ever holds more than its own arrays plus one piece of staging.

@@ -1,4 +1,4 @@
-// Tensor parallelism (DESIGN.md §3 TP): Megatron-LM's column- and row-parallel linears, the
+// Tensor parallelism (docs/layouts.md): Megatron-LM's column- and row-parallel linears, the
 // vocabulary-parallel embedding and cross-entropy, and sequence parallelism (SP), every one
 // bit-identical to the single-device kernels in Mode::bitwise.
 //

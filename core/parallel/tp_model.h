@@ -1,4 +1,4 @@
-// Tensor parallelism applied to the GPT model (DESIGN.md §3 TP): the model's ParallelLayers over
+// Tensor parallelism applied to the GPT model (docs/layouts.md): the model's ParallelLayers over
 // a tp group, built from the bit-exact layers of core/parallel/tensor_parallel.h, and what the
 // trainer and the logical state need around them (the exact gradient norm, logical positions).
 //

@@ -1,6 +1,6 @@
-// Tree exchange: the canonical reduction of DESIGN.md §2.1 when its blocks are spread over ranks.
-// "A rank computes the maximal subtrees that lie in its shard; subtrees that cross shards combine
-// after the exact partials are exchanged."
+// Tree exchange: the canonical reduction (docs/numerics.md) when its blocks are spread over ranks.
+// A rank computes the maximal subtrees that lie in its shard; subtrees that cross shards combine
+// after the exact partials are exchanged.
 //
 // Index
 //   Range                  a half-open range [lo, hi) of blocks (or of elements)

@@ -1,4 +1,4 @@
-// ZeRO over a data-parallel group (DESIGN.md §3): the flat parameter arena is cut into one
+// ZeRO over a data-parallel group (docs/layouts.md): the flat parameter arena is cut into one
 // contiguous shard per dp rank, and each rank keeps and updates only its shard of
 //   ZeRO-1  the optimizer state                       (gradients all-reduced, weights all-gathered)
 //   ZeRO-2  + the gradients                           (reduce-scatter instead of all-reduce)
@@ -12,7 +12,7 @@
 // freed as soon as the unit is done (ZeroUnits, called by the model through UnitHooks).
 //
 // Microbatches under ZeRO-2/3. Replicas and microbatches are owners of token ranges of the
-// batch's canonical tree (DESIGN.md §2.1); any assignment that makes each owner's range a node
+// batch's canonical tree (docs/numerics.md); any assignment that makes each owner's range a node
 // gives the single device's bits. ZeRO-0/1 give each replica one contiguous range and split it
 // into microbatches (the replica's partial is complete after its last microbatch and is reduced
 // once). ZeRO-2/3 instead cut the batch into microbatch ranges first and give every replica a
@@ -24,8 +24,8 @@
 // Shard edges fall on the canonical blocks of the tensors (numerics.block elements from each
 // tensor's start), so every block of a gradient has one owner. The global gradient norm is then
 // exact under sharding: owners compute the sequential sums of their blocks, exchange them, and
-// every rank forms the same per-tensor trees as the single device (DESIGN.md §2.1: "subtrees
-// that cross shards combine after the exact partials are exchanged").
+// every rank forms the same per-tensor trees as the single device (subtrees that cross shards
+// combine after the exact partials are exchanged; docs/numerics.md).
 //
 // Index
 //   zero_shard_edges           dp+1 cuts of a (whole or stage) parameter table on block edges

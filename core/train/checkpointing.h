@@ -1,8 +1,8 @@
-// Checkpoints during a run of any layout, and resuming from one (DESIGN.md §6, core/io/checkpoint.h
-// for the file). A checkpoint holds the logical state, so a run may resume under another layout:
-// dp, tp, pp or ZeRO stage changed (resharding), and in bitwise mode it continues bit for bit as
-// an uninterrupted run of the new layout would, because every layout computes the single
-// device's bits from the same state.
+// Checkpoints during a run of any layout, and resuming from one (docs/files.md,
+// core/io/checkpoint.h for the file). A checkpoint holds the logical state, so a run may resume
+// under another layout: dp, tp, pp or ZeRO stage changed (resharding), and in bitwise mode it
+// continues bit for bit as an uninterrupted run of the new layout would, because every layout
+// computes the single device's bits from the same state.
 //
 // Index
 //   RunCheckpoints        one rank's view: resume at the start, save after the steps that are due

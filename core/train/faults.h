@@ -59,7 +59,7 @@
 //     rank throws CorruptionError naming the ranks and the step; the app exits with the code
 //     that tells a cluster script to take those nodes out (app/commands.h).
 // Not with dp = 1 (the config refuses it: nothing to compare with). What it cannot see is listed
-// in README.md ("Faults that cannot be detected").
+// in docs/faults.md ("Faults that cannot be detected").
 #pragma once
 #include "core/comm/comm.h"
 #include "core/base/config.h"

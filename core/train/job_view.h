@@ -1,5 +1,6 @@
-// A thread-safe view of a running job (DESIGN.md §1, §8): the job publishes what it does as it
-// goes, and a GUI thread or a Python interpreter takes a snapshot at any moment, by value.
+// A thread-safe view of a running job (docs/watching.md): the job publishes
+// what it does as it goes, and a GUI thread or a Python interpreter takes a snapshot at any
+// moment, by value.
 //
 // The job never waits for a reader's copy. The job's side keeps the run's state and, after every
 // change, publishes an immutable copy of it by swapping one pointer; a reader takes that pointer

@@ -1,4 +1,4 @@
-// The run file of a training run, written as the job's steps finish (DESIGN.md §6; the file's
+// The run file of a training run, written as the job's steps finish (docs/files.md; the file's
 // layout is core/io/runfile.h's).
 #pragma once
 #include "core/base/config.h"
@@ -11,7 +11,7 @@
 
 namespace px {
 
-// Writes the metrics to <dir>/run.h5 (DESIGN.md §6; core/io/runfile.h, implemented there). Nothing
+// Writes the metrics to <dir>/run.h5 (docs/files.md; core/io/runfile.h, implemented there). Nothing
 // is opened before the run starts. A fresh run (steps_done() == 0) creates the file, replacing an
 // old one. A resumed run (steps_done() == k) continues the run file that is there: its rows after
 // step k are dropped and a "resume" event is logged; when there is none (or it is not a run file)

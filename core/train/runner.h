@@ -14,7 +14,7 @@
 //   run_rank          one rank's part of a run, on whatever communicator it is given
 //   run_layout        trains a config on its in-process ranks; observers see rank 0
 //
-// Parallelism is applied in fixed steps (DESIGN.md §1), each commented where it happens:
+// Parallelism is applied in fixed steps, each commented where it happens:
 //   1. ranks: one thread per rank of the mesh (run_layout), or one process per rank (MPI), with
 //      the OpenMP threads divided among the ranks of a node;
 //   2. the layout: made and validated once (mesh.h make_layout), then only read;

@@ -1,4 +1,4 @@
-// Matmul, forward and backward, on one GEMM with two modes (DESIGN.md §2).
+// Matmul, forward and backward, on one GEMM with two modes (docs/numerics.md).
 //
 // Mode::bitwise — the canonical GEMM. Every c[i][j] is the canonical tree over K: K is cut into
 // blocks of nx.block; inside a block acc = +0, acc = fma(a[i][k], b[k][j], acc) in k order; the

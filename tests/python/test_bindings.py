@@ -552,7 +552,7 @@ def test_the_canonical_sum_is_the_documented_tree_and_shares_of_its_nodes_agree(
     rng = np.random.default_rng(0)
     x = rng.standard_normal(768).astype(np.float32) * np.float32(1e3)
 
-    def blocks_then_tree(v, block):  # README "The numerics contract, in short"
+    def blocks_then_tree(v, block):  # docs/numerics.md, "The canonical reduction order"
         sums = []
         for b in range(0, len(v), block):
             acc = np.float32(0)
@@ -570,7 +570,7 @@ def test_the_canonical_sum_is_the_documented_tree_and_shares_of_its_nodes_agree(
     total = parallax.canonical_sum(x, 64)
     assert np.float32(total) == blocks_then_tree(x, 64)
     assert parallax.tree_split(0, 12) == 6 and parallax.tree_split(0, 3) == 2
-    # tp=3 over 12 blocks (DESIGN.md's example): rank 1 owns [4,8) = nodes [4,5) [5,6) [6,8).
+    # tp=3 over 12 blocks (K = 768 in blocks of 64): rank 1 owns [4,8) = nodes [4,5) [5,6) [6,8).
     assert parallax.tree_nodes(12, 4, 8) == [(4, 5), (5, 6), (6, 8)]
     assert parallax.tree_nodes(12, 0, 12) == [(0, 12)]
     partial = {(a, b): parallax.canonical_sum(x[a * 64:b * 64], 64)

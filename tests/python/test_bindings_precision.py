@@ -85,7 +85,7 @@ def test_fp8_casts_are_ml_dtypes_bits_in_range_and_saturate_beyond(dtype, top):
     assert finite.sum() > 10000
     assert np.array_equal(bits(got)[finite], bits(want)[finite])
     # Beyond the largest finite value ml_dtypes gives NaN (e4m3fn) or inf (e5m2); the library
-    # saturates to ±top, infinities included (OCP saturating mode, DESIGN.md §2.6).
+    # saturates to ±top, infinities included (OCP saturating mode, core/base/dtype.h).
     over = ~finite
     assert over.sum() > 100
     g = got.astype(np.float32)

@@ -1,9 +1,9 @@
 """The fuzz suite: seeded, bounded in time. It mutates job configs (keys, values, types, TOML text,
 --set), llm.c token files, llm.c GPT-2 checkpoints and HDF5 checkpoints, and runs `parallax
 train`, `validate`, `inspect`, `convert` and resumes on them with tiny models. Every run must end
-within a per-case time limit, by exit 0 or a code of README's exit-code table other than the
-internal error (1, "a bug in Parallax"), never by a signal or a sanitizer report; and a bad-input
-exit (2) must name a config key or a file.
+within a per-case time limit, by exit 0 or a code of the documented exit-code table
+(docs/faults.md) other than the internal error (1, "a bug in Parallax"), never by a signal or a
+sanitizer report; and a bad-input exit (2) must name a config key or a file.
 
 Environment: PARALLAX_EXE (the executable), PARALLAX_FUZZ_SEED (default below, printed),
 PARALLAX_FUZZ_BUDGET_S (wall-clock budget of the whole suite, default 75 s),
@@ -32,17 +32,16 @@ MAX_CASES = int(os.environ.get("PARALLAX_FUZZ_CASES", "1000000"))
 CASE_TIMEOUT_S = float(os.environ.get("PARALLAX_FUZZ_CASE_TIMEOUT_S", "30"))
 ONLY = [int(x) for x in os.environ.get("PARALLAX_FUZZ_ONLY", "").split(",") if x.strip()]
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG_PAGE = ROOT / "docs" / "config.md"  # the key tables (made from the key registry)
 TOKEN_MAGIC, CKPT_MAGIC = 20240520, 20240326
 
 
-# ---- what the README promises ------------------------------------------------------------------
+# ---- what the docs promise ---------------------------------------------------------------------
 
 def readme_keys():
-    """{"model.vocab": "int ≥ 2", ...} from the tables under "## Config keys"."""
-    text = README.read_text()
-    body = text[text.index("## Config keys"):]
-    body = body[:body.index("\n## ", 5)]
+    """{"model.vocab": "int ≥ 2", ...} from docs/config.md's key tables."""
+    body = CONFIG_PAGE.read_text()
     keys, section = {}, None
     for line in body.splitlines():
         m = re.match(r"### `\[(\w+)\]`", line)
@@ -57,8 +56,10 @@ def readme_keys():
 
 
 def readme_exit_codes():
-    """The documented exit codes, and those that mean a bug (the internal error)."""
-    text = README.read_text()
+    """The documented exit codes, and those that mean a bug (the internal error): the table of
+    the docs page that holds it."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    text = next(p.read_text() for p in pages if "| code | meaning |" in p.read_text())
     table = text[text.index("| code | meaning |"):]
     codes, bugs = set(), set()
     for line in table.splitlines()[2:]:
@@ -252,7 +253,7 @@ def random_value(rng, key, base, case):
         return rng.choice(FLOATS + [rng.uniform(-2, 2)])
     if kind == "bool":
         return rng.choice([True, False])
-    quoted = re.findall(r'"(\w+)"', KEYS[key])  # the README's allowed values, and others
+    quoted = re.findall(r'"(\w+)"', KEYS[key])  # the documented allowed values, and others
     return rng.choice(quoted + STRINGS if quoted else STRINGS)
 
 
@@ -593,7 +594,7 @@ def run_case(case):
 
 
 def test_fuzz(base, tmp_path, capsys):
-    assert KEYS and CODES, "README's config keys or exit codes were not found"
+    assert KEYS and CODES, "the config keys (docs/config.md) or exit codes were not found"
     t0 = time.monotonic()
     failures, counts, slowest, slowest_case = [], {}, 0.0, -1
     numbers = ONLY or range(MAX_CASES)

@@ -1,6 +1,6 @@
 """The run file as a user reads it: run `parallax train` for three steps, open run.h5 with h5py.
 
-Contract (core/io/runfile.h, DESIGN.md §6): the root attribute `config` holds the job's TOML, and
+Contract (core/io/runfile.h, docs/files.md): the root attribute `config` holds the job's TOML, and
 each metric is a group /metrics/<name> with two 1-D extendible datasets, `step` (int64, 1-based
 optimizer steps) and `value` (float64), one row per logged step. A run resumed from a checkpoint
 into the same output folder continues the file (or writes it anew from the checkpoint's steps
