@@ -221,7 +221,7 @@ TEST_CASE("a bad batch is caught, attributed to the data by replay, rolled back 
     // gradient norm is what spikes.
     CHECK_THAT(msg, Contains("gradient-norm spike at step 40"));
     CHECK_THAT(msg, Contains("verdict: data"));
-    CHECK_THAT(msg, Contains("batch 39 caused it"));
+    CHECK_THAT(msg, Contains("batch 39 (the one step 40 drew; batches count from 0) caused it"));
     CHECK_THAT(msg, Contains("rolled back to step 30, batch 39 skipped"));
     CHECK(skipped == std::vector<i64>{39});
 

@@ -298,16 +298,18 @@ bool SpikeGuard::after_step(Job& job) {
         case Phase::swap: {
             const StepMetrics& m = job.history().back();
             const i64 batch = job.batch_index(target_ - 1);
+            // Batches count from 0 and steps from 1, and skipped batches shift the rest.
+            const std::string which = "batch " + std::to_string(batch) + " (the one step " +
+                                      std::to_string(target_) + " drew; batches count from 0)";
             if (spiked_)
                 verdict_ = "state: from the state before it, the next step's batch spikes too (loss " +
                            fmt("%.4g", m.loss) + ", z " + z_text(loss_z_) + "; grad norm z " +
-                           z_text(grad_z_) + "), so the model's state, not batch " +
-                           std::to_string(batch) + ", is the cause";
+                           z_text(grad_z_) + "), so the model's state, not " + which +
+                           ", is the cause";
             else
                 verdict_ = "data: the replay gave the same bits, and from the state before it the next "
                            "step's batch trains normally (loss " + fmt("%.4g", m.loss) + ", z " +
-                           z_text(loss_z_) + "), so batch " + std::to_string(batch) +
-                           " caused it";
+                           z_text(loss_z_) + "), so " + which + " caused it";
             phase_ = Phase::normal;
             return act(job, true);
         }

@@ -46,7 +46,7 @@ def test_cli_run_file_holds_the_spike_and_its_evidence(tmp_path):
     assert len(spikes) == 1
     step, msg, evidence = spikes[0]
     assert step == 30
-    assert "verdict: data" in msg and "batch 29 caused it" in msg
+    assert "verdict: data" in msg and "batch 29 (the one step 30 drew; batches count from 0) caused it" in msg
     assert "rolled back to step 20, batch 29 skipped" in msg
     values = dict(item.split("=") for item in evidence.split(";"))
     assert float(values["layer.h.0.grad_norm"]) > 0 and "spike.grad_norm_z" in values
