@@ -34,15 +34,15 @@ for entry in "${PY_MODULES[@]}"; do
 done
 if ((${#pymissing[@]})); then
     echo "setup: installing Python packages: ${pymissing[*]}"
+    # meson-python goes last: installed first, its missing PyPI meson would make every later pip
+    # install print a resolver ERROR about it (a warning: Debian's meson is the one used).
     others=()
+    mesonpy=0
     for p in "${pymissing[@]}"; do
-        if [ "$p" = meson-python ]; then
-            "$PYTHON" -m pip install -q --no-deps meson-python
-        else
-            others+=("$p")
-        fi
+        if [ "$p" = meson-python ]; then mesonpy=1; else others+=("$p"); fi
     done
     if ((${#others[@]})); then "$PYTHON" -m pip install -q "${others[@]}"; fi
+    if ((mesonpy)); then "$PYTHON" -m pip install -q --no-deps meson-python; fi
 fi
 
 # The Python module is built in build/ with everything else, for this interpreter (a native file

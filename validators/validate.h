@@ -100,9 +100,9 @@ struct LayoutSpec {
 
 // "dp2xtp2xpp2": parts joined by 'x' — dpN, tpN, ppN, cpN, epN (expert parallelism over the dp
 // ranks: "ep2" alone is dp2 with ep2, "ep2xdp4" two ep groups), zN (ZeRO stage), mbN (microbatches
-// per replica), sp (sequence parallelism), ulysses (cp's all-to-all method); parts not named keep
-// the config's. Throws ConfigError
-// naming the part.
+// per replica), sp (sequence parallelism), ulysses (cp's all-to-all method). An axis not named
+// is 1 (the layout is the string, whatever the config's layout.dp/tp/pp/cp/ep say); zN, mbN, sp
+// and ulysses not named keep the config's. Throws ConfigError naming the part.
 LayoutSpec parse_layout(const std::string& text);
 // A comma-separated list of them: "dp2,tp2,pp2,dp2xtp2xpp2".
 std::vector<LayoutSpec> parse_layouts(const std::string& text);
