@@ -410,3 +410,24 @@ TEST_CASE("A rank whose pieces are left out of the comparison fails it, named", 
     // Unplanted, the same layout matches: the failure is the missing pieces'.
     CHECK(validate_one(c, spec).verdict == "match");
 }
+
+TEST_CASE("A flip outside the rank's ZeRO shard is refused, naming the shard", "[every_rank]") {
+    // Under ZeRO-2 rank 0 reduces only its shard of the gradient: an element of rank 1's shard
+    // would flip a value nothing reads.
+    const Config base = dense_job();
+    const LayoutSpec spec = parse_layout("dp2xz2");
+    const std::vector<Held> held = holdings(with_layout(base, spec));
+    const Target theirs = target_on(held[1], true);  // in rank 1's shard, so outside rank 0's
+    Config c = base;
+    c.fault.kind = "flip_grad";
+    c.fault.rank = 0;
+    c.fault.step = kStep;
+    c.fault.tensor = theirs.entry.name;
+    c.fault.element = theirs.element;
+    const LayoutResult res = validate_one(c, spec);
+    INFO(res.error);
+    CHECK(res.verdict == "error");
+    CHECK_THAT(res.error, Catch::Contains("fault.element = " + std::to_string(theirs.element)) &&
+                              Catch::Contains("outside world rank 0's ZeRO-2 shard") &&
+                              Catch::Contains("choose an element inside it"));
+}

@@ -6,6 +6,7 @@
 //
 // Index
 //   ulp_distance      the number of fp32 values between two floats (0: the same value)
+//   worse_ulp         the worse of two max-ULP figures (kNoUlp, a NaN mismatch, is the worst)
 //   kUlpBuckets       the histogram's buckets: 0, 1, 2-3, 4-7, ..., 2^29-2^30-1, >= 2^30, NaN
 //   ulp_bucket_label  a bucket's range as text ("4-7"), as text() and reports print it
 //   Comparison        one tensor's comparison; equal(), text(), to_json()
@@ -40,6 +41,10 @@ struct LogicalState;
 inline constexpr std::int64_t kNoUlp = -1;  // a NaN against a number, or NaNs with other bits
 std::int64_t ulp_distance(float a, float b);
 std::int64_t ulp_distance(double a, double b);  // the same on doubles (distances >= 2^63: kNoUlp)
+// The worse of two max-ULP figures: kNoUlp (a NaN mismatch) is worse than any distance.
+inline std::int64_t worse_ulp(std::int64_t a, std::int64_t b) {
+    return a == kNoUlp || b == kNoUlp ? kNoUlp : (a > b ? a : b);
+}
 
 // Bucket k (1 <= k <= 31) holds distances in [2^(k-1), 2^k); bucket 0 distance 0 with other bits
 // (+0 / -0); bucket 31 also every distance >= 2^30; bucket 32: kNoUlp.

@@ -60,10 +60,7 @@ const RankPieces* PieceCheck::first_differing() const {
 
 std::int64_t PieceCheck::worst_ulp() const {
     std::int64_t w = 0;
-    for (const RankPieces& h : holders) {
-        if (h.cmp.max_ulp == kNoUlp) return kNoUlp;
-        w = std::max(w, h.cmp.max_ulp);
-    }
+    for (const RankPieces& h : holders) w = worse_ulp(w, h.cmp.max_ulp);
     return w;
 }
 
@@ -74,8 +71,6 @@ i64 numel_of(const std::vector<i64>& shape) {
     for (i64 d : shape) n *= d;
     return n;
 }
-
-bool same_slab(const Hyperslab& a, const Hyperslab& b) { return a.lo == b.lo && a.hi == b.hi; }
 
 bool disjoint(const Hyperslab& a, const Hyperslab& b) {
     for (size_t d = 0; d < a.lo.size(); d++)
@@ -107,7 +102,7 @@ i64 uncovered(const std::vector<i64>& shape,
     for (const auto& ps : all)
         for (const ProbeRecorder::PieceView& p : ps) {
             bool seen = false;
-            for (const Hyperslab* d : distinct) seen = seen || same_slab(*d, *p.slab);
+            for (const Hyperslab* d : distinct) seen = seen || *d == *p.slab;
             if (!seen) distinct.push_back(p.slab);
         }
     i64 sum = 0;
@@ -146,7 +141,7 @@ void find_odd_replicas(const std::vector<int>& ranks,
         for (const ProbeRecorder::PieceView& p : all[k]) {
             const std::uint64_t h = hash_floats(p.data, p.slab->numel());
             auto it = std::find_if(groups.begin(), groups.end(),
-                                   [&](const auto& g) { return same_slab(*g.first, *p.slab); });
+                                   [&](const auto& g) { return *g.first == *p.slab; });
             if (it == groups.end()) {
                 groups.push_back({p.slab, {}});
                 it = groups.end() - 1;

@@ -18,10 +18,6 @@ std::string shape_text(const std::vector<i64>& s) {
     return t;
 }
 
-bool same_slab(const Hyperslab& a, const Hyperslab& b) {
-    return a.lo == b.lo && a.hi == b.hi;
-}
-
 }  // namespace
 
 ProbeRecorder::ProbeRecorder(std::vector<std::string> patterns, i64 step_stride)
@@ -63,7 +59,7 @@ void ProbeRecorder::capture(const ProbeKey& key, const float* local, const Shard
         at += n;
         bool replica = false;
         for (const Piece& q : p.pieces) {
-            if (!same_slab(q.slab, s)) continue;
+            if (q.slab != s) continue;
             replica = true;
             if (p.fault.empty() &&
                 std::memcmp(q.data.data(), data, static_cast<size_t>(n) * sizeof(float)) != 0) {

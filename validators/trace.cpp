@@ -311,9 +311,7 @@ GoldenResult compare_to_trace(const TraceReader& trace,
         std::vector<i64> shape;
         const std::vector<float> want = trace.read(name, &shape);
         const PieceCheck c = check_pieces(name, name, want, shape, ranks);
-        g.max_ulp = (c.worst_ulp() == kNoUlp || g.max_ulp == kNoUlp)
-                        ? kNoUlp
-                        : std::max(g.max_ulp, c.worst_ulp());
+        g.max_ulp = worse_ulp(g.max_ulp, c.worst_ulp());
         if (whole && c.uncovered > 0) {  // elements no rank's pieces hold were not compared
             g.partial++;
             if (g.partial_probe.empty()) g.partial_probe = name;

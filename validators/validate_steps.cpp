@@ -73,11 +73,6 @@ ReferenceRun::ReferenceRun() : probes(kReferencePatterns) {}
 
 namespace {
 
-std::int64_t worse(std::int64_t a, std::int64_t b) {
-    if (a == kNoUlp || b == kNoUlp) return kNoUlp;
-    return std::max(a, b);
-}
-
 std::vector<double> widened(std::span<const float> v) {
     return std::vector<double>(v.begin(), v.end());
 }
@@ -377,7 +372,7 @@ void Checker::record(i64 step, const std::vector<Item>& items) {
             merged.count = it.numel;
         }
         merged.max_ulp = it.check.worst_ulp();
-        r.max_ulp = worse(r.max_ulp, merged.max_ulp);
+        r.max_ulp = worse_ulp(r.max_ulp, merged.max_ulp);
         final_step.push_back(std::move(merged));
         if (!it.check.odd_replicas.empty() && r.replica_step < 0) {
             r.replica_step = step;

@@ -13,11 +13,6 @@ namespace px::gui {
 
 namespace {
 
-std::int64_t worse(std::int64_t a, std::int64_t b) {
-    if (a == kNoUlp || b == kNoUlp) return kNoUlp;
-    return std::max(a, b);
-}
-
 std::uint32_t rgba(int r, int g, int b) {
     return 0xFF000000u | (static_cast<std::uint32_t>(b) << 16) |
            (static_cast<std::uint32_t>(g) << 8) | static_cast<std::uint32_t>(r);
@@ -192,7 +187,7 @@ void LayoutCheck::on_step(const std::string& layout, i64 step, int rank,
         if (col >= line.size()) continue;
         CheckCell& cell = line[col];
         cell.done = true;
-        cell.max_ulp = worse(cell.max_ulp, c.max_ulp);
+        cell.max_ulp = worse_ulp(cell.max_ulp, c.max_ulp);
         if (i < ratios.size()) cell.ratio = std::max(cell.ratio, ratios[i]);
         if (!c.equal() && (cell.rank < 0 || rank < cell.rank)) {
             cell.rank = rank;

@@ -61,6 +61,7 @@ struct ProbeKey {
 struct Hyperslab {
     std::vector<i64> lo, hi;
     i64 numel() const;  // product of hi - lo
+    bool operator==(const Hyperslab&) const = default;  // the same slab
 };
 
 // The local tensor, row-major, is the concatenation of `pieces`, each a slab of the logical
