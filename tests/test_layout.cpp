@@ -725,6 +725,7 @@ TEST_CASE("layout: tensor-parallel shares must be whole canonical blocks in bitw
     c.model.heads = 4;
     c.model.ffn = 384;
     c.layout.tp = 4;  // 24 channels per rank, blocks of 64
+    c.numerics.block = 64;
     CHECK_THROWS_WITH(make_layout(c), Catch::Contains("not whole blocks of numerics.block=64"));
     c.numerics.block = 8;  // 3 blocks per rank: fine
     CHECK_NOTHROW(make_layout(c));

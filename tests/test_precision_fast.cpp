@@ -483,7 +483,7 @@ TEST_CASE("fp8_accumulator_promote: config checks name the key", "[precision]") 
     c.precision.fp8 = "off";  // no fp8 matmuls: nothing to promote, nothing to refuse
     CHECK_NOTHROW(validate_config(c));
     const std::string toml =
-        "[precision]\nactivations = \"bf16\"\nfp8 = \"delayed\"\n"
+        "[numerics]\nblock = 64\n[precision]\nactivations = \"bf16\"\nfp8 = \"delayed\"\n"
         "fp8_accumulator_promote = 64\n";
     CHECK(parse_config(toml, "t").precision.fp8_accumulator_promote == 64);
     CHECK_THAT(test::error_of<ConfigError>(

@@ -39,6 +39,7 @@ inline Config small_job() {
     c.model.ffn = 80;
     c.train.batch_size = 8;
     c.train.microbatches = 1;
+    c.numerics.block = 64;  // one block per sequence: the suites' token-block arithmetic
     c.train.steps = 5;
     c.train.warmup_steps = 2;
     c.train.eval_every = 0;

@@ -30,7 +30,7 @@ namespace px {
 struct ModelConfig {
     i64 vocab = 32;           // V, tokens in the vocabulary
     i64 seq_len = 128;        // maximum T (rows of wpe); the data's sequence length
-    i64 layers = 2;           // L
+    i64 layers = 4;           // L
     i64 heads = 4;            // NH; must divide hidden
     i64 hidden = 64;          // C
     i64 ffn = 256;            // F, MLP inner size (GPT-2: 4*hidden)
@@ -137,7 +137,7 @@ struct DataConfig {
 
 struct NumericsConfig {
     Mode mode = Mode::bitwise;  // "bitwise" or "fast"
-    int block = 64;             // canonical reduction block size
+    int block = 16;             // canonical reduction block size
     std::string isa = "auto";   // "auto", "avx512", "avx2" or "scalar"
 
     bool operator==(const NumericsConfig&) const = default;

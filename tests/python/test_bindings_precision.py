@@ -8,7 +8,7 @@ import pytest
 
 import parallax
 
-SMALL = dict(model={"seq_len": 64}, train={"steps": 10, "threads": 1, "eval_every": 5},
+SMALL = dict(model={"seq_len": 64, "layers": 2}, train={"steps": 10, "threads": 1, "eval_every": 5},
              numerics={"block": 32})
 # Every block's linears in fp8 (the default model's two blocks would otherwise both stay bf16),
 # a short amax history.

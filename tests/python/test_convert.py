@@ -14,7 +14,8 @@ pytestmark = pytest.mark.skipif(not EXE, reason="PARALLAX_EXE is not set (run th
 
 STEPS = 3
 COMMON = ["--quiet", "--set", f"train.steps={STEPS}", "--set", "train.eval_every=0",
-          "--set", "train.batch_size=8", "--set", "model.seq_len=64", "--set", "train.threads=1"]
+          "--set", "train.batch_size=8", "--set", "model.seq_len=64", "--set", "model.layers=2",
+          "--set", "train.threads=1"]
 
 # llm.c's parameter tensors in file order: (name, shape in units of (L, C)), see checkpoint_llmc.h.
 LAYER_TENSORS = [("ln_1.weight", lambda C: (C,)), ("ln_1.bias", lambda C: (C,)),

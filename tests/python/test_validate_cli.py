@@ -10,7 +10,7 @@ import pytest
 EXE = os.environ.get("PARALLAX_EXE")
 pytestmark = pytest.mark.skipif(not EXE, reason="PARALLAX_EXE is not set (run through scripts/test.sh)")
 
-BASE = ["--set", "numerics.block=32", "--set", "train.threads=1"]
+BASE = ["--set", "numerics.block=32", "--set", "model.layers=2", "--set", "train.threads=1"]
 
 
 def validate(tmp_path, *args):
