@@ -1,5 +1,6 @@
 // parallax gui [CONFIG] [--set ...]                          the desktop workbench
-// parallax gui --screenshot DIR [--steps N] [CONFIG]         every panel to DIR/<panel>.png
+// parallax gui --screenshot DIR [--steps N] [CONFIG]         every panel to DIR/<panel>.png, after
+//                                                            N steps or the job's end
 // parallax gui --measure [--steps N] [CONFIG]                frame time and step-time slowdown
 // The window, its panels and its models are in app/gui/ (workbench.h).
 #include "app/commands.h"
@@ -38,7 +39,9 @@ int run_gui(const GuiOptions& opt) {
     w.screenshot_dir = opt.screenshot_dir;
     w.check_layouts = opt.layouts;
     w.measure = opt.measure;
-    if (opt.steps > 0) w.steps = w.measure_steps = opt.steps;
+    // Screenshots without --steps wait for the job to end.
+    w.steps = opt.steps > 0 ? opt.steps : cfg.train.steps;
+    if (opt.steps > 0) w.measure_steps = opt.steps;
     try {
         return gui::run_workbench(w);
     } catch (const gui::NoWindow& e) {
@@ -63,8 +66,8 @@ std::function<int()> add_gui_command(CLI::App& app) {
                     "Run the job --steps steps, a layout check and the layout explorer, write one "
                     "PNG per panel into this folder, and exit");
     sub->add_option("--steps", opt->steps,
-                    "Steps the job runs before the screenshots (default 20), or per measured run "
-                    "(default 30)");
+                    "Steps the job runs before the screenshots (default: the whole job, which "
+                    "they wait for), or per measured run (default 30)");
     sub->add_option("--layouts", opt->layouts, "The layout check's layouts for --screenshot")
         ->capture_default_str();
     sub->add_flag("--measure", opt->measure,

@@ -41,8 +41,16 @@ std::function<int()> add_gradcheck_command(CLI::App& app);  // parallax gradchec
 std::function<int()> add_check_command(CLI::App& app);  // parallax check determinism|resume [CONFIG]
 std::function<int()> add_validate_command(CLI::App& app, const comm::MpiEnvironment* mpi = nullptr);
 std::function<int()> add_record_command(CLI::App& app);  // parallax record [CONFIG] --out TRACE.h5
-std::function<int()> add_gui_command(CLI::App& app);     // parallax gui [CONFIG] [--screenshot DIR]
+// parallax gui [CONFIG] [--screenshot DIR]: the workbench's own executable, parallax-gui, has
+// the command; parallax's `gui` starts it with the same arguments (building it first in a build
+// tree where it is not built yet). `self`: this program's argv[0].
+std::function<int()> add_gui_command(CLI::App& app);
+std::function<int()> add_gui_launcher(CLI::App& app, const char* self);
 std::function<int()> add_config_command(CLI::App& app);  // parallax config [--keys | --markdown]
+
+// Runs a parsed command and maps what it throws to an exit code, with one line on stderr that
+// starts with `who` (e.g. "parallax (rank 1 of 4)") and says the kind of failure.
+int run_reporting(const std::string& who, const std::function<int()>& run);
 
 // The key reference as docs/config.md holds it: one Markdown table per section, from the key
 // registry (parallax config --markdown).

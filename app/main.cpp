@@ -33,7 +33,7 @@ int run_main(int argc, char** argv, const px::comm::MpiEnvironment* mpi) {
     commands.emplace_back(app.get_subcommand("validate"), run_validate);
     auto run_record = px::app::add_record_command(app);
     commands.emplace_back(app.get_subcommand("record"), run_record);
-    auto run_gui = px::app::add_gui_command(app);
+    auto run_gui = px::app::add_gui_launcher(app, argv[0]);
     commands.emplace_back(app.get_subcommand("gui"), run_gui);
     auto run_config = px::app::add_config_command(app);
     commands.emplace_back(app.get_subcommand("config"), run_config);
@@ -53,31 +53,8 @@ int run_main(int argc, char** argv, const px::comm::MpiEnvironment* mpi) {
         who += std::to_string(mpi->size());
         who += ")";
     }
-    for (auto& [sub, run] : commands) {
-        if (!sub->parsed()) continue;
-        try {
-            return run();
-        } catch (const px::ConfigError& e) {
-            std::fprintf(stderr, "%s: config error: %s\n", who.c_str(), e.what());
-            return px::app::kBadInput;
-        } catch (const px::DataError& e) {
-            std::fprintf(stderr, "%s: data error: %s\n", who.c_str(), e.what());
-            return px::app::kBadInput;
-        } catch (const px::comm::CommError& e) {
-            std::fprintf(stderr, "%s: communication failed, restart the job: %s\n", who.c_str(),
-                         e.what());
-            return px::app::kRestart;
-        } catch (const px::StorageError& e) {
-            std::fprintf(stderr, "%s: cannot write: %s\n", who.c_str(), e.what());
-            return px::app::kStorage;
-        } catch (const px::CorruptionError& e) {
-            std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
-            return px::app::kCorruption;
-        } catch (const std::exception& e) {
-            std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.what());
-            return px::app::kInternal;
-        }
-    }
+    for (auto& [sub, run] : commands)
+        if (sub->parsed()) return px::app::run_reporting(who, run);
     return px::app::kInternal;
 }
 

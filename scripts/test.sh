@@ -2,10 +2,14 @@
 # Quick start 2: set up, build, and run every test suite (Catch2 suites through meson, pytest,
 # the job view's suite under ThreadSanitizer, the fuzz suite under Address- and
 # UndefinedBehaviorSanitizer).
-# Ends with one line "N passed, N failed" counting suites.
+# Ends with the time each part took and one line "N passed, N failed" counting suites.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh || exit 1
+times=()
+t=$SECONDS
+lap() { times+=("$1 $((SECONDS - t)) s"); t=$SECONDS; }
+scripts/setup.sh --all || exit 1
+lap "set-up and build:"
 
 passed=0
 failed=0
@@ -18,14 +22,16 @@ if [ -f build/meson-logs/testlog.json ]; then
 else
     failed=$((failed + 1))
 fi
+lap "Catch2 suites (meson test):"
 
 # The layering rule (docs/tree.md): includes, kernel calls, test-only hooks, lengths.
 if scripts/check_layers.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 
 PYTHON="${PYTHON:-python3}"
-PARALLAX_EXE="$PWD/build/app/parallax" "$PYTHON" -m pytest -q tests/python
+PARALLAX_EXE="$PWD/build/app/parallax" "$PYTHON" -m pytest -q --durations=20 tests/python
 rc=$?
 if [ $rc -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+lap "layering check and pytest:"
 
 # The job view's suite once more under ThreadSanitizer, in its own build of only that target:
 # readers snapshot a running job from another thread, and TSan checks that they never touch
@@ -38,6 +44,7 @@ if [ -f build-tsan/build.ninja ] ||
     fi
 fi
 if [ $tsan_ok -eq 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+lap "ThreadSanitizer build and suite:"
 
 # The fuzz suite once more against AddressSanitizer (leaks included) and
 # UndefinedBehaviorSanitizer, in its own build of only the executable (build-asan), with a
@@ -61,6 +68,8 @@ if [ -f build-asan/build.ninja ] ||
     fi
 fi
 if [ $asan_ok -eq 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+lap "Address/UB sanitizer build and fuzz:"
 
+printf "time: %s\n" "${times[@]}"
 echo "suites: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,7 +1,7 @@
 // The workbench's models, without a window (app/gui: the data model apart from the drawing):
 // the layout-check panel's lockstep grid (a fast-mode check within budget; a planted mutation,
-// tests/mutations.h, turns its cell red at the right step and the first op is named), the config
-// editor's errors beside their keys, the layout explorer on the runtime's own ranks (with cp, and
+// tests/mutations.h, turns its cell red at the right step and the first op is named), the layout
+// explorer on the runtime's own ranks (with cp, and
 // with ep: a rank's experts and its rows of a stacked expert tensor), the job controller, the
 // measured pipeline timeline, the teaching models, and the views of the FP8, spike and MoE router
 // panels.
@@ -198,34 +198,6 @@ TEST_CASE("Layout check: a new check replaces a running one without waiting for 
     CHECK(v.steps == 2);
 }
 
-TEST_CASE("Config editor: an error is the library's message, beside the key it names", "[gui]") {
-    ConfigEditor e(small_job());
-    REQUIRE(e.field("layout.tp"));
-    CHECK(e.field("layout.tp")->text == "1");
-    CHECK(e.build().has_value());
-
-    e.set("layout.tp", "3");
-    CHECK(!e.build().has_value());
-    CHECK(e.field("layout.tp")->error.find("layout.tp") != std::string::npos);
-    CHECK(e.field("model.heads")->error.empty());
-
-    e.set("layout.tp", "1");
-    e.set("model.hidden", "abc");
-    CHECK(!e.build().has_value());
-    CHECK(e.field("model.hidden")->error.find("model.hidden") != std::string::npos);
-    CHECK(e.field("layout.tp")->error.empty());
-
-    e.set("model.hidden", "64");
-    e.set("model.ffn", "128");
-    e.set("layout.tp", "2");
-    e.set("numerics.block", "16");
-    const std::optional<Config> c = e.build();
-    INFO(e.general_error());
-    REQUIRE(c.has_value());
-    CHECK(c->layout.tp == 2);
-    CHECK(!e.has_error());
-}
-
 TEST_CASE("Layout explorer: tp2 holds each attention matrix in two row blocks and all-reduces",
           "[gui]") {
     Config c = with_tp_shapes(small_job());
@@ -260,38 +232,6 @@ TEST_CASE("Layout explorer: tp2 holds each attention matrix in two row blocks an
     c.layout.tp = 3;  // does not divide the heads
     const ExplorerResult bad = explore_layout(c);
     CHECK(bad.error.find("layout.tp") != std::string::npos);
-}
-
-TEST_CASE("Config editor: cp, its attention and ep are keys; ep needs experts", "[gui]") {
-    ConfigEditor e(small_job());
-    REQUIRE(e.field("layout.cp"));
-    REQUIRE(e.field("layout.ep"));
-    REQUIRE(e.field("model.moe_ffn"));
-    CHECK(e.field("layout.cp_method")->text == "ring");  // a string, without quotes
-    e.set("layout.cp", "2");
-    e.set("layout.cp_method", "ulysses");
-    e.set("numerics.block", "16");
-    std::optional<Config> c = e.build();
-    INFO(e.general_error());
-    REQUIRE(c.has_value());
-    CHECK(c->layout.cp == 2);
-    CHECK(c->layout.cp_method == "ulysses");
-
-    e.set("layout.cp", "1");
-    e.set("layout.dp", "2");
-    e.set("layout.ep", "2");  // a dense model: no experts to share out
-    CHECK(!e.build().has_value());
-    CHECK(e.field("layout.ep")->error.find("layout.ep") != std::string::npos);
-
-    e.set("model.moe_experts", "4");
-    e.set("model.moe_top_k", "2");
-    e.set("model.moe_ffn", "32");
-    c = e.build();
-    INFO(e.general_error());
-    REQUIRE(c.has_value());
-    CHECK(c->layout.ep == 2);
-    CHECK(c->model.moe_ffn == 32);
-    CHECK(!e.has_error());
 }
 
 TEST_CASE("Layout explorer: cp2 ranks are told apart; each holds every weight", "[gui]") {

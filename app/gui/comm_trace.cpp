@@ -8,10 +8,12 @@ namespace px::gui {
 // A group of one rank that records what passes through it.
 class TracingGroup : public comm::Decorator {
 public:
-    TracingGroup(std::unique_ptr<comm::Communicator> inner, CommTrace& trace, MeshDim dim)
+    TracingGroup(std::unique_ptr<comm::Communicator> inner, CommTrace& trace, MeshDim dim,
+                 const char* name)
         : Decorator(std::move(inner)),
           trace_(trace),
           dim_(dim),
+          name_(name),
           world_rank_(this->inner().stats_book()->world_rank()) {}
 
 protected:
@@ -33,6 +35,7 @@ private:
         const comm::Traffic t = comm::traffic(req, inner().rank(), inner().size());
         CommEvent e;
         e.dim = dim_;
+        e.group = name_;
         e.op = req.op;
         e.async = async;
         e.bytes = t.sent + t.recv;
@@ -40,6 +43,7 @@ private:
     }
     CommTrace& trace_;
     MeshDim dim_;
+    const char* name_;
     int world_rank_;
 };
 
@@ -49,7 +53,8 @@ CommTrace::CommTrace(const Mesh& mesh)
 RunHooks CommTrace::hooks() {
     RunHooks h;
     h.setup = [this](Job& job) {
-        const int r = mesh_.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank()});
+        // The world rank, not coordinates: a layout's every dimension (cp too) is in it.
+        const int r = job.groups().world->rank();
         StepHooks s;
         s.before = [this, r](i64 step) {
             std::lock_guard lk(mu_);
@@ -70,7 +75,8 @@ RunHooks CommTrace::hooks() {
                 k.spans.back().t1 = t;
             }
         };
-        s.updated = [this, r](i64 step) {
+        s.updated = [this, r, j = &job](i64 step) {
+            const MemoryStats mem = j->memory();
             std::lock_guard lk(mu_);
             Rank& k = ranks_[static_cast<size_t>(r)];
             k.last.step = step;
@@ -78,6 +84,7 @@ RunHooks CommTrace::hooks() {
             k.last.seconds = std::chrono::duration<double>(Clock::now() - k.start).count();
             k.last.events.swap(k.current);
             k.last.compute.swap(k.spans);
+            k.last.memory = mem;
             k.current.clear();
             k.spans.clear();
         };
@@ -86,17 +93,26 @@ RunHooks CommTrace::hooks() {
     h.wrap_group =
         [this](MeshDim d,
                std::unique_ptr<comm::Communicator> g) -> std::unique_ptr<comm::Communicator> {
-        {
-            std::lock_guard lk(mu_);
-            const std::shared_ptr<comm::StatsBook>& book = g->stats_book();
-            auto& books = ranks_[static_cast<size_t>(book->world_rank())].books;
-            bool known = false;
-            for (const auto& b : books) known = known || b == book;
-            if (!known) books.push_back(book);
-        }
-        return std::make_unique<TracingGroup>(std::move(g), *this, d);
+        return wrap(std::move(g), d, dim_name(d));
+    };
+    h.wrap_ep_group =
+        [this](std::unique_ptr<comm::Communicator> g) -> std::unique_ptr<comm::Communicator> {
+        return wrap(std::move(g), MeshDim::dp, "ep");  // ep groups are dp ranks
     };
     return h;
+}
+
+std::unique_ptr<comm::Communicator> CommTrace::wrap(std::unique_ptr<comm::Communicator> g,
+                                                    MeshDim d, const char* name) {
+    {
+        std::lock_guard lk(mu_);
+        const std::shared_ptr<comm::StatsBook>& book = g->stats_book();
+        auto& books = ranks_[static_cast<size_t>(book->world_rank())].books;
+        bool known = false;
+        for (const auto& b : books) known = known || b == book;
+        if (!known) books.push_back(book);
+    }
+    return std::make_unique<TracingGroup>(std::move(g), *this, d, name);
 }
 
 void CommTrace::record(int world_rank, const CommEvent& e, Clock::time_point t0,
@@ -113,6 +129,16 @@ std::vector<RankStep> CommTrace::last_steps() const {
     std::lock_guard lk(mu_);
     std::vector<RankStep> out;
     for (const Rank& k : ranks_) out.push_back(k.last);
+    return out;
+}
+
+std::vector<MemoryStats> CommTrace::memory() const {
+    std::lock_guard lk(mu_);
+    std::vector<MemoryStats> out;
+    for (const Rank& k : ranks_) {
+        if (k.last.step == 0) return {};
+        out.push_back(k.last.memory);
+    }
     return out;
 }
 
@@ -163,7 +189,9 @@ Timeline measured_timeline(const Mesh& mesh, const std::vector<RankStep>& steps,
         const RankStep& st = steps.at(static_cast<size_t>(w));
         const double off = same ? st.start - t_first : 0.0;
         tl.lanes.push_back("rank " + std::to_string(w) + ": pp" + std::to_string(c.pp) + " dp" +
-                           std::to_string(c.dp) + " tp" + std::to_string(c.tp));
+                           std::to_string(c.dp) +
+                           (l.cp > 1 ? " cp" + std::to_string(c.cp) : std::string()) + " tp" +
+                           std::to_string(c.tp));
         tl.lane_pp.push_back(c.pp);
         if (st.compute.empty()) {
             tl.problem = "rank " + std::to_string(w) + " measured no forward or backward";
@@ -197,7 +225,7 @@ Timeline measured_timeline(const Mesh& mesh, const std::vector<RankStep>& steps,
                 b.label = e.op == comm::Op::recv ? "recv" : "send";
             } else {
                 b.kind = TimelineBar::collective;
-                b.label = std::string(dim_name(e.dim)) + " " + comm::op_name(e.op);
+                b.label = std::string(e.group) + " " + comm::op_name(e.op);
             }
             tl.bars.push_back(b);
         }

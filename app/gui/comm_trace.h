@@ -3,7 +3,8 @@
 // message with its start and end, and step hooks mark each step's start and time each forward
 // and backward of a microbatch (StepHooks::compute, around the stage's work), so the pipeline
 // panel draws a measured timeline and the memory panel reads bytes and time per collective and
-// group. The library knows nothing of it; the job pays one short lock per collective and per
+// group, and every rank's memory after its step (a rank is its world rank: cp and ep ranks too).
+// The library knows nothing of it; the job pays one short lock per collective and per
 // microbatch's forward or backward.
 //
 // Index
@@ -28,7 +29,8 @@
 namespace px::gui {
 
 struct CommEvent {
-    MeshDim dim = MeshDim::dp;  // the group it ran in
+    MeshDim dim = MeshDim::dp;  // the group it ran in (ep: dp, whose ranks it reuses)
+    const char* group = "dp";   // its name: "pp", "dp", "cp", "tp" or "ep"
     comm::Op op = comm::Op::barrier;
     bool async = false;     // posted with start(): t1 is the post, not the completion
     i64 bytes = 0;          // this rank's sent + received (comm::traffic)
@@ -48,18 +50,21 @@ struct RankStep {
     double seconds = 0;                // from the step's start to its update
     std::vector<CommEvent> events;     // in issue order
     std::vector<ComputeSpan> compute;  // in the order the schedule ran them
+    MemoryStats memory;                // the rank's memory after the step (Job::memory)
 };
 
 class CommTrace {
 public:
     explicit CommTrace(const Mesh& mesh);
-    // The hooks a run needs (setup marks steps, wrap_group wraps every group); the trace must
-    // outlive the run's ranks.
+    // The hooks a run needs (setup marks steps, wrap_group and wrap_ep_group wrap the groups);
+    // the trace must outlive the run's ranks.
     RunHooks hooks();
     // Every world rank's last complete step (copies, under the trace's lock).
     std::vector<RankStep> last_steps() const;
     // Bytes and seconds per group and op, summed over the run, of every rank (StatsBook rows).
     std::vector<comm::StatRow> stat_rows() const;
+    // Every world rank's memory after its last complete step; empty until each rank has one.
+    std::vector<MemoryStats> memory() const;
     const Mesh& mesh() const { return mesh_; }
 
 private:
@@ -74,6 +79,8 @@ private:
         std::vector<std::shared_ptr<comm::StatsBook>> books;
     };
     void record(int world_rank, const CommEvent& e, Clock::time_point t0, Clock::time_point t1);
+    std::unique_ptr<comm::Communicator> wrap(std::unique_ptr<comm::Communicator> g, MeshDim d,
+                                             const char* name);
 
     Mesh mesh_;
     Clock::time_point made_ = Clock::now();
@@ -91,7 +98,7 @@ struct TimelineBar {
 };
 
 struct Timeline {
-    std::vector<std::string> lanes;  // "rank 0: pp0 dp0 tp0", ...
+    std::vector<std::string> lanes;  // "rank 0: pp0 dp0 tp0", ("cp1" too when cp > 1)
     std::vector<int> lane_pp;        // each lane's pipeline stage
     std::vector<TimelineBar> bars;
     i64 step = 0;         // the step measured
@@ -111,7 +118,7 @@ enum class TimelineRanks {
 // receive's bar is the time waited in it), the dp and tp collectives as bars of their own. The
 // ranks' clocks are the trace's, so lanes line up when every rank's last step is the same step
 // (else each lane starts at its own step's start). pp = 1 is one stage: the same forward,
-// backward and collectives without messages.
+// backward and collectives without messages. The collectives of the ep group show as "ep".
 Timeline measured_timeline(const Mesh& mesh, const std::vector<RankStep>& steps,
                            TimelineRanks ranks = TimelineRanks::all);
 

@@ -1,7 +1,9 @@
 // The job bar's config editor as data: the keys a person edits most (model sizes, the layout,
-// numerics, precision, steps), each as text, over a base config (a file or the embedded default).
-// build() applies the edits as `--set` would and checks the layout as a job does; an error is
-// the library's own message, placed beside the key it names.
+// numerics, precision, the FP8 monitor, the spike guard, steps) and every key a panel tells the
+// user to set, each as text, over a base config (a file or the embedded default). build()
+// applies the edits as `--set` would and checks the layout as a job does; every bad key gets its
+// own message, the library's problem text without its "--set ...:" or "<source>:" prefix,
+// beside the key it names.
 //
 // Index
 //   EditorField   one key: its text, the base config's text, its error
@@ -34,14 +36,19 @@ public:
     bool set(const std::string& key, const std::string& text);  // false: not a field
 
     // The base with every edited field applied (apply_overrides), validated as a job validates
-    // it (make_layout: the mesh's checks). On error: nullopt, and the message is kept on the
-    // field whose key it names first (general_error() when it names none of them).
+    // it (make_in_process_layout: the mesh's checks, threads and memory). On error: nullopt,
+    // and each bad edit's message on its field: an edit blamed is set aside and the others are
+    // tried again, so every bad key shows at once. A problem no edit is blamed for goes on the
+    // field it names first (general_error() when it names none). Cheap: run it on every edit.
     std::optional<Config> build();
     const std::string& general_error() const { return general_error_; }
     bool has_error() const;
+    int error_count() const;  // fields with a message, and the general one
     const Config& base() const { return base_; }
 
 private:
+    std::string problem_text(const std::string& msg) const;  // msg without where it came from
+
     Config base_;
     std::vector<EditorField> fields_;
     std::string general_error_;

@@ -48,10 +48,9 @@ void JobController::start(const Config& cfg, bool run, const RunHooks& hooks) {
     auto view = std::make_shared<JobView>();
     auto trace = std::make_shared<CommTrace>(Mesh(layout, Mesh::Validated{}));
     RunHooks mine = trace->hooks();
-    const Mesh mesh(layout, Mesh::Validated{});
     JobView* v = view.get();
-    mine.each_step = [v, mesh](Job& job) {  // other ranks' memory; rank 0's comes with on_step
-        const int r = mesh.rank_of(Coord{job.pp_rank(), job.dp_rank(), job.tp_rank()});
+    mine.each_step = [v](Job& job) {  // other ranks' memory; rank 0's comes with on_step
+        const int r = job.groups().world->rank();  // cp and ep ranks too: the world rank
         if (r != 0) v->set_memory(r, job.memory());
     };
     // The FP8 drift monitor on every rank when the config asks for it (fp8_monitor.every).

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
+#include <optional>
 #include <tuple>
 
 namespace px::gui {
@@ -190,6 +192,76 @@ ExplorerResult explore_layout(const Config& cfg) {
     for (CollectiveUse& u : r.collectives) std::sort(u.ranks.begin(), u.ranks.end());
     r.ready = true;
     return r;
+}
+
+std::vector<HeldBlock> held_blocks(const TensorHolding& t, bool moments) {
+    std::map<std::tuple<i64, i64, i64, i64>, HeldBlock> by;
+    for (const HeldPiece& p : moments ? t.moments : t.weights) {
+        HeldBlock& b = by[{p.slab.row0, p.slab.col0, p.slab.rows, p.slab.cols}];
+        b.slab = p.slab;
+        b.ranks.push_back(p.rank);
+    }
+    std::vector<HeldBlock> out;
+    for (auto& [k, b] : by) {
+        std::sort(b.ranks.begin(), b.ranks.end());
+        b.ranks.erase(std::unique(b.ranks.begin(), b.ranks.end()), b.ranks.end());
+        out.push_back(std::move(b));
+    }
+    return out;
+}
+
+namespace {
+
+// The field's text as a whole number in [lo, hi], else nullopt (empty, half-typed, too big).
+std::optional<int> field_int(const ConfigEditor& bar, const char* key, int lo, int hi) {
+    for (const EditorField& f : bar.fields()) {
+        if (f.key != key) continue;
+        if (f.text.empty() || f.text.size() > 6 ||
+            !std::all_of(f.text.begin(), f.text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+            return std::nullopt;
+        const int v = std::atoi(f.text.c_str());
+        if (v < lo || v > hi) return std::nullopt;
+        return v;
+    }
+    return std::nullopt;
+}
+
+const std::string* field_text(const ConfigEditor& bar, const char* key) {
+    for (const EditorField& f : bar.fields())
+        if (f.key == key) return &f.text;
+    return nullptr;
+}
+
+}  // namespace
+
+bool follow_job_bar(ExplorerPicks& p, const ConfigEditor& bar) {
+    if (!p.follow) return false;
+    const ExplorerPicks before = p;
+    const std::pair<const char*, int*> ints[] = {{"layout.dp", &p.dp}, {"layout.tp", &p.tp},
+                                                 {"layout.pp", &p.pp}, {"layout.cp", &p.cp},
+                                                 {"layout.ep", &p.ep}};
+    for (const auto& [key, v] : ints)
+        if (auto n = field_int(bar, key, 1, 64)) *v = *n;
+    if (auto n = field_int(bar, "layout.zero", 0, 3)) p.zero = *n;
+    if (auto n = field_int(bar, "numerics.block", 1, 1 << 16)) p.block = *n;
+    if (const std::string* t = field_text(bar, "layout.cp_method"))
+        if (*t == "ring" || *t == "ulysses") p.ulysses = *t == "ulysses";
+    if (const std::string* t = field_text(bar, "layout.sequence_parallel"))
+        if (*t == "true" || *t == "false") p.sp = *t == "true";
+    return !(p == before);
+}
+
+Config explored_config(const ExplorerPicks& p, Config c) {
+    c.layout.dp = p.dp;
+    c.layout.tp = p.tp;
+    c.layout.pp = p.pp;
+    c.layout.cp = p.cp;
+    c.layout.cp_method = p.ulysses ? "ulysses" : "ring";
+    c.layout.ep = c.model.moe_experts > 0 ? p.ep : 1;  // dense: no experts to share
+    c.layout.zero = p.zero;
+    c.layout.sequence_parallel = p.sp;
+    c.numerics.block = p.block;
+    return c;
 }
 
 LayoutExplorer::~LayoutExplorer() {

@@ -18,8 +18,12 @@
 //   ExpertRange                the experts of every MoE layer that one rank holds
 //   CollectiveUse              one collective of one op: group, op, bytes, calls, ranks
 //   ExplorerResult             everything the panel draws
+//   HeldBlock, held_blocks     a tensor's distinct blocks, each with every rank holding it whole
+//   ExplorerPicks              the layout the person explores: the job bar's until they pick
+//   follow_job_bar, explored_config   the picks from the job bar's fields; a config with them
 //   LayoutExplorer             explore(cfg) on a thread; busy(); result()
 #pragma once
+#include "app/gui/config_editor.h"
 #include "core/base/config.h"
 #include "core/io/checkpoint.h"
 #include "core/parallel/mesh.h"
@@ -82,6 +86,34 @@ struct ExplorerResult {
     MemoryEstimate estimate;                 // one rank's, as the job was admitted by
     double seconds = 0;                      // the traced step, wall time
 };
+
+// One block of a tensor and the ranks that hold it: one rank is a shard of it; several ranks
+// each hold the whole block (replicas: the dp ranks without ZeRO, the tp ranks of a weight that tp
+// does not cut), which is drawn as shared, never as split between them.
+struct HeldBlock {
+    Slab slab;
+    std::vector<int> ranks;  // ascending
+    bool replicated() const { return ranks.size() > 1; }
+};
+// The tensor's weights' (or Adam moments') blocks, in row-then-column order.
+std::vector<HeldBlock> held_blocks(const TensorHolding& t, bool moments);
+
+// The layout the explorer runs. It follows the job bar's fields as they are typed (no Start
+// needed) until the person picks a value of their own; then it keeps its picks, through a Start
+// too, until they follow the job bar again.
+struct ExplorerPicks {
+    int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0;
+    int block = 16;        // numerics.block
+    bool ulysses = false;  // layout.cp_method: "ulysses", else "ring"
+    bool sp = false;       // layout.sequence_parallel
+    bool follow = true;    // take the job bar's values
+    bool operator==(const ExplorerPicks&) const = default;
+};
+// When p.follow: p takes each field's value that reads as one (a half-typed field keeps the
+// last); returns whether p changed.
+bool follow_job_bar(ExplorerPicks& p, const ConfigEditor& bar);
+// base with p's layout and numerics.block (ep stays 1 for a dense model).
+Config explored_config(const ExplorerPicks& p, Config base);
 
 class LayoutExplorer {
 public:

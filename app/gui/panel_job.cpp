@@ -1,5 +1,6 @@
-// The job bar: the config editor (errors beside their keys, in the library's words), start /
-// pause / single step / stop / restart, and opening a finished run's file. It only records what
+// The job bar: the config editor (checked as typed: every bad key's message beside it, in the
+// library's words), start / pause / single step / stop / restart, and opening a finished run's
+// file. It only records what
 // was asked (JobPanelState::requested); the workbench acts on it after the frame.
 #include "app/gui/panels.h"
 
@@ -52,12 +53,18 @@ void draw_job_panel(const RunData& d, JobPanelState& s) {
     ImGui::Separator();
     ImGui::TextDisabled("config (%s); edits apply on Start / Restart",
                         s.editor.base().source_name.c_str());
+    if (const int n = s.editor.error_count(); n > 0) {
+        ImGui::TextColored(ImVec4(1.0f, 0.45f, 0.4f, 1.0f), "%d %s to fix before Start", n,
+                           n == 1 ? "problem" : "problems");
+        if (d.rects) d.rects->mark("editor_problems");
+    }
     if (ImGui::BeginTable("editor", 3, ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_RowBg)) {
         ImGui::TableSetupColumn("key", ImGuiTableColumnFlags_WidthFixed,
                                 ImGui::GetFontSize() * 12.0f);
         ImGui::TableSetupColumn("value", ImGuiTableColumnFlags_WidthFixed,
                                 ImGui::GetFontSize() * 6.0f);
         ImGui::TableSetupColumn("error", ImGuiTableColumnFlags_WidthStretch);
+        bool edited = false;
         for (EditorField& f : s.editor.fields()) {
             ImGui::TableNextRow();
             ImGui::TableNextColumn();
@@ -69,7 +76,7 @@ void draw_job_panel(const RunData& d, JobPanelState& s) {
             ImGui::TableNextColumn();
             ImGui::SetNextItemWidth(-1);
             ImGui::PushID(f.key.c_str());
-            ImGui::InputText("##v", &f.text);
+            edited |= ImGui::InputText("##v", &f.text);
             ImGui::PopID();
             if (d.rects) d.rects->mark("field:" + f.key);
             ImGui::TableNextColumn();
@@ -81,6 +88,8 @@ void draw_job_panel(const RunData& d, JobPanelState& s) {
             }
         }
         ImGui::EndTable();
+        // Checked as typed: every bad key shows its message, and a fixed one loses it at once.
+        if (edited) s.editor.build();
     }
     ImGui::Separator();
     ImGui::TextUnformatted("Open a run.h5, a validate.json or a golden trace (.h5):");

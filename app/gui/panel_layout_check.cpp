@@ -31,6 +31,36 @@ std::string budget_text(const CheckCell& k) {
     return b;
 }
 
+std::string ulp_text(std::int64_t ulp) {
+    return ulp == kNoUlp ? "NaN" : std::to_string(ulp);
+}
+
+// "step 6: params/wpe on rank 1", or "-" when every step matched.
+std::string first_divergence(const LayoutResult& r) {
+    if (r.first_step < 0) return r.verdict == "error" ? r.error : "-";
+    return "step " + std::to_string(r.first_step) + ": " + r.first.name + " on rank " +
+           std::to_string(r.first_rank);
+}
+
+// Why a layout's grid has no rows, in a sentence; "" when it has some.
+std::string empty_grid_reason(const CheckView& v, const LayoutGrid& g) {
+    if (!g.tensors.empty()) return "";
+    const bool golden = v.mode.rfind("golden trace", 0) == 0;
+    if (golden && !g.finished)
+        return g.name + ": running the trace's steps; its probes are compared when they are done";
+    if (golden)
+        return g.name +
+               ": a golden trace is compared probe by probe (the tensors the trace "
+               "recorded, in its order), not tensor by step: there is no grid to colour; "
+               "the verdict above is over every probe of the trace";
+    if (!g.finished) return g.name + ": no step compared yet";
+    if (g.result.verdict == "error")
+        return g.name + ": the layout did not run, so nothing was compared";
+    return g.name +
+           ": this report has no grid (written by an older parallax validate) and no "
+           "step differed, so there is no tensor to show";
+}
+
 }  // namespace
 
 void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
@@ -67,28 +97,49 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
                 static_cast<long long>(v.steps), static_cast<long long>(v.reference_steps),
                 static_cast<long long>(v.steps), v.running ? "  (running)" : "");
     if (!v.error.empty()) ImGui::TextColored(ImVec4(1, 0.45f, 0.4f, 1), "%s", v.error.c_str());
-    // One line per layout: its verdict as parallax validate prints it.
-    for (size_t i = 0; i < v.layouts.size(); i++) {
-        const LayoutGrid& g = v.layouts[i];
-        ImGui::PushID(static_cast<int>(i));
-        ImGui::PushStyleColor(ImGuiCol_Text, verdict_colour(g));
-        std::string line = g.finished ? g.summary
-                                      : g.name + "  " + std::to_string(g.steps_done) + " / " +
-                                            std::to_string(v.steps) + " steps compared";
-        if (ImGui::Selectable(line.c_str(), s.layout == static_cast<int>(i))) {
-            s.layout = static_cast<int>(i);
-            s.row = s.col = -1;
+    // One row per layout: its verdict under parallax validate's column headers.
+    const ImGuiTableFlags tf =
+        ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV;
+    if (ImGui::BeginTable("verdicts", 5, tf)) {
+        for (const char* c : {"layout", "steps", "verdict", "max ULP"}) ImGui::TableSetupColumn(c);
+        ImGui::TableSetupColumn("first divergence", ImGuiTableColumnFlags_WidthStretch);
+        ImGui::TableHeadersRow();
+        for (size_t i = 0; i < v.layouts.size(); i++) {
+            const LayoutGrid& g = v.layouts[i];
+            ImGui::PushID(static_cast<int>(i));
+            ImGui::TableNextRow();
+            ImGui::TableNextColumn();
+            ImGui::PushStyleColor(ImGuiCol_Text, verdict_colour(g));
+            if (ImGui::Selectable(g.name.c_str(), s.layout == static_cast<int>(i),
+                                  ImGuiSelectableFlags_SpanAllColumns)) {
+                s.layout = static_cast<int>(i);
+                s.row = s.col = -1;
+            }
+            if (d.rects) d.rects->mark("check_layout:" + g.name);
+            ImGui::TableNextColumn();
+            if (g.finished)
+                ImGui::Text("%lld", static_cast<long long>(g.result.steps));
+            else
+                ImGui::Text("%lld / %lld", static_cast<long long>(g.steps_done),
+                            static_cast<long long>(v.steps));
+            ImGui::TableNextColumn();
+            ImGui::TextUnformatted(g.finished ? g.result.verdict.c_str() : "comparing");
+            ImGui::TableNextColumn();
+            ImGui::TextUnformatted(g.finished ? ulp_text(g.result.max_ulp).c_str() : "");
+            ImGui::TableNextColumn();
+            ImGui::TextUnformatted(g.finished ? first_divergence(g.result).c_str() : "");
+            ImGui::PopStyleColor();
+            ImGui::PopID();
         }
-        ImGui::PopStyleColor();
-        if (d.rects) d.rects->mark("check_layout:" + g.name);
-        ImGui::PopID();
+        ImGui::EndTable();
     }
     if (s.layout >= static_cast<int>(v.layouts.size())) s.layout = 0;
     const LayoutGrid& g = v.layouts[static_cast<size_t>(s.layout)];
     if (g.finished && g.result.first_step >= 0 && v.mode == "fast") {
         // Fast mode differs in its bits by design; the verdict is the budget's.
         ImGui::TextDisabled(
-            "first bit difference: step %lld, %s on rank %d (fast mode is judged by the error budget)",
+            "first bit difference: step %lld, %s on rank %d (fast mode is judged by the error "
+            "budget)",
             static_cast<long long>(g.result.first_step), g.result.first.name.c_str(),
             g.result.first_rank);
     } else if (g.finished && g.result.first_step >= 0) {
@@ -107,6 +158,10 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
     if (g.finished && g.result.budget_ratio >= 0)
         ImGui::Text("error budget: worst tensor %s at %.3g of its budget",
                     g.result.budget_worst.c_str(), g.result.budget_ratio);
+    if (const std::string why = empty_grid_reason(v, g); !why.empty()) {
+        ImGui::TextWrapped("%s", why.c_str());
+        return;
+    }
     // Cell details.
     const float detail_h = ImGui::GetTextLineHeightWithSpacing() * 2.2f;
     plot::Heatmap h;

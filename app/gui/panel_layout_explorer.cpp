@@ -24,16 +24,28 @@ ImU32 rank_colour(int r) {
     return k[r % 8];
 }
 
-// The tensor's logical (rows, cols) as a rectangle, each slab in the colour of the ranks that
-// hold it (replicas share a slab: their ranks are listed on it).
+// Diagonal stripes of the holders' colours over [p0, p1]: each holds the whole block.
+void draw_replicated(ImDrawList* dl, ImVec2 p0, ImVec2 p1, const std::vector<int>& ranks) {
+    const float w = 7.0f, h = p1.y - p0.y;
+    dl->PushClipRect(p0, p1, true);
+    int i = 0;
+    for (float x = p0.x - h; x < p1.x; x += w, i++)
+        dl->AddQuadFilled(ImVec2(x, p1.y), ImVec2(x + w, p1.y), ImVec2(x + w + h, p0.y),
+                          ImVec2(x + h, p0.y),
+                          rank_colour(ranks[static_cast<size_t>(i) % ranks.size()]));
+    dl->PopClipRect();
+}
+
+// The tensor's logical (rows, cols) as a rectangle: a shard in its rank's colour, a block that
+// several ranks hold whole in diagonal stripes of their colours (never cut between them).
 void draw_holding(const TensorHolding& t, bool moments, ImVec2 size) {
-    const std::vector<HeldPiece>& pieces = moments ? t.moments : t.weights;
+    const std::vector<HeldBlock> blocks = held_blocks(t, moments);
     ImDrawList* dl = ImGui::GetWindowDrawList();
     const ImVec2 o = ImGui::GetCursorScreenPos();
     const float lh = ImGui::GetTextLineHeight();
     ImGui::Dummy(size);
     const float aspect = static_cast<float>(t.cols) / static_cast<float>(std::max<i64>(t.rows, 1));
-    float w = size.x - 10, h = size.y - lh * 1.6f;
+    float w = size.x - 10, h = size.y - lh * 2.8f;
     if (w / h > aspect * 6) w = std::max(h * aspect * 6, 120.0f);
     const ImVec2 a(o.x + 4, o.y + lh * 1.4f), b(a.x + w, a.y + h);
     char title[160];
@@ -41,38 +53,43 @@ void draw_holding(const TensorHolding& t, bool moments, ImVec2 size) {
                   moments ? " Adam moments" : "", static_cast<long long>(t.rows),
                   static_cast<long long>(t.cols));
     dl->AddText(o, IM_COL32(215, 215, 222, 255), title);
+    dl->AddText(ImVec2(o.x + 4, b.y + lh * 0.2f), IM_COL32(170, 170, 180, 255),
+                "one colour: that rank's shard; diagonal stripes: every striped rank holds the "
+                "whole block (replicated)");
     dl->AddRectFilled(a, b, IM_COL32(22, 24, 30, 255));
-    std::map<std::tuple<i64, i64, i64, i64>, std::vector<int>> by;
-    for (const HeldPiece& p : pieces)
-        by[{p.slab.row0, p.slab.rows, p.slab.col0, p.slab.cols}].push_back(p.rank);
     auto X = [&](i64 c) {
         return a.x + static_cast<float>(c) / static_cast<float>(t.cols) * (b.x - a.x);
     };
     auto Y = [&](i64 r) {
         return a.y + static_cast<float>(r) / static_cast<float>(t.rows) * (b.y - a.y);
     };
-    for (auto& [k, ranks] : by) {
-        std::sort(ranks.begin(), ranks.end());
-        const auto [r0, rows, c0, cols] = k;
-        const ImVec2 p0(X(c0), Y(r0)), p1(X(c0 + cols), Y(r0 + rows));
-        // Replicas: the slab split into stripes, one per holder.
-        const float sh = (p1.y - p0.y) / static_cast<float>(ranks.size());
-        for (size_t i = 0; i < ranks.size(); i++)
-            dl->AddRectFilled(ImVec2(p0.x, p0.y + i * sh), ImVec2(p1.x, p0.y + (i + 1) * sh),
-                              rank_colour(ranks[i]));
+    for (const HeldBlock& k : blocks) {
+        const ImVec2 p0(X(k.slab.col0), Y(k.slab.row0));
+        const ImVec2 p1(X(k.slab.col0 + k.slab.cols), Y(k.slab.row0 + k.slab.rows));
+        if (k.replicated())
+            draw_replicated(dl, p0, p1, k.ranks);
+        else
+            dl->AddRectFilled(p0, p1, rank_colour(k.ranks.front()));
         dl->AddRect(p0, p1, IM_COL32(10, 10, 14, 255));
         std::string label = "r";
-        for (size_t i = 0; i < ranks.size(); i++) {
+        for (size_t i = 0; i < k.ranks.size(); i++) {
             if (i) label += ',';
-            label += std::to_string(ranks[i]);
+            label += std::to_string(k.ranks[i]);
         }
+        if (k.replicated()) label += " (each whole)";
         const ImVec2 ts = ImGui::CalcTextSize(label.c_str());
-        if (ts.x + 4 < p1.x - p0.x && ts.y < p1.y - p0.y)
-            dl->AddText(ImVec2((p0.x + p1.x - ts.x) / 2, (p0.y + p1.y - ts.y) / 2),
-                        IM_COL32(10, 10, 14, 255), label.c_str());
+        if (ts.x + 4 < p1.x - p0.x && ts.y < p1.y - p0.y) {
+            const ImVec2 at((p0.x + p1.x - ts.x) / 2, (p0.y + p1.y - ts.y) / 2);
+            // On stripes: a dark plate under the label, so it reads over any colour.
+            if (k.replicated())
+                dl->AddRectFilled(ImVec2(at.x - 3, at.y - 1), ImVec2(at.x + ts.x + 3, at.y + ts.y),
+                                  IM_COL32(22, 24, 30, 230));
+            dl->AddText(at, k.replicated() ? IM_COL32(235, 235, 240, 255) : IM_COL32(10, 10, 14, 255),
+                        label.c_str());
+        }
     }
     dl->AddRect(a, b, IM_COL32(170, 170, 180, 255));
-    if (pieces.empty())
+    if (blocks.empty())
         dl->AddText(ImVec2(a.x + 8, a.y + 8), IM_COL32(170, 170, 180, 255),
                     "no rank holds it between steps");
 }
@@ -91,43 +108,50 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
         s.tensor = -1;
         for (size_t i = 0; i < s.result.tensors.size(); i++)
             if (s.result.tensors[i].name == shown) s.tensor = static_cast<int>(i);
-        if (s.result.ready && s.result.error.empty()) {
-            s.dp = s.result.layout.dp;
-            s.tp = s.result.layout.tp;
-            s.pp = s.result.layout.pp;
-            s.cp = s.result.layout.cp;
-            s.ulysses = s.result.layout.cp_method == CpMethod::ulysses;
-            s.ep = s.result.layout.ep;
-            s.zero = s.result.layout.zero;
-            s.sp = s.result.config.layout.sequence_parallel;
-        }
     }
-    const float fw = ImGui::GetFontSize() * 5.5f;
+    // The picks: the job bar's values while following it; a value picked here is the
+    // explorer's own from then on (through a Start too), until "follow the job bar".
+    ExplorerPicks& p = s.picks;
+    const ExplorerPicks before = p;
+    const float fw = ImGui::GetFontSize() * 3.0f;
+    // A typed field (no step buttons), its label apart: the marked rectangle is the field.
     auto pick = [&](const char* label, int* v, int lo, int hi) {
         ImGui::SetNextItemWidth(fw);
-        ImGui::InputInt(label, v);
+        ImGui::InputInt((std::string("##") + label).c_str(), v, 0, 0);
         *v = std::clamp(*v, lo, hi);
+        if (d.rects) d.rects->mark(std::string("explorer_") + label);
+        ImGui::SameLine(0, 4);
+        ImGui::TextUnformatted(label);
         ImGui::SameLine();
     };
-    pick("dp", &s.dp, 1, 64);
-    pick("tp", &s.tp, 1, 64);
-    pick("pp", &s.pp, 1, 64);
-    pick("cp", &s.cp, 1, 64);
-    if (s.cp > 1) {
-        ImGui::SetNextItemWidth(fw);
-        int method = s.ulysses ? 1 : 0;
+    pick("dp", &p.dp, 1, 64);
+    pick("tp", &p.tp, 1, 64);
+    pick("pp", &p.pp, 1, 64);
+    pick("cp", &p.cp, 1, 64);
+    if (p.cp > 1) {
+        ImGui::SetNextItemWidth(fw * 2.5f);
+        int method = p.ulysses ? 1 : 0;
         ImGui::Combo("cp attention", &method, "ring\0ulysses\0");
-        s.ulysses = method == 1;
+        p.ulysses = method == 1;
         ImGui::SameLine();
     }
     const bool dense = s.experts == 0;
-    if (dense) s.ep = 1;  // a dense model has no experts to share out
+    if (dense) p.ep = 1;  // a dense model has no experts to share out
     ImGui::BeginDisabled(dense);
-    pick("ep", &s.ep, 1, 64);
+    pick("ep", &p.ep, 1, 64);
     ImGui::EndDisabled();
-    if (d.rects) d.rects->mark("explorer_ep");
-    pick("ZeRO", &s.zero, 0, 3);
-    ImGui::Checkbox("sp", &s.sp);
+    pick("ZeRO", &p.zero, 0, 3);
+    ImGui::Checkbox("sp", &p.sp);
+    ImGui::SameLine();
+    pick("block", &p.block, 1, 1 << 16);  // numerics.block
+    if (!(p == before) && !(dense && before.ep != 1 && p.ep == 1)) p.follow = false;
+    if (p.follow) {
+        ImGui::TextDisabled("(the job bar's values)");
+    } else if (ImGui::Button("follow the job bar")) {
+        p.follow = true;  // the workbench takes the fields' values and explores them
+        s.explore_requested = true;
+    }
+    if (d.rects) d.rects->mark("explorer_follow");
     ImGui::SameLine();
     const bool busy = s.explorer && s.explorer->busy();
     if (ImGui::Button(busy ? "Running one step..." : "Explore") && !busy)

@@ -1,7 +1,9 @@
 // Memory and communication: each rank's bytes, stacked by what they hold (parameters,
 // gradients, optimizer state, activations, buffers), against the estimate the job was admitted
 // by (core/train/memory.h, which follows the ZeRO formulas); bytes and time per collective and
-// group, measured (CommTrace over the ranks' communication accounting).
+// group, measured (CommTrace over the ranks' communication accounting). A live job's memory per
+// rank is the trace's (every world rank after its step, whatever the layout); a file's is its
+// snapshot's (rank 0 at the run's end).
 #include "app/gui/panels.h"
 
 #include "core/base/error.h"
@@ -46,7 +48,7 @@ plot::StackedBars memory_bars(const std::vector<MemoryStats>& ranks, const Memor
 }
 
 void draw_memory_panel(const RunData& d, MemoryPanelState&) {
-    const std::vector<MemoryStats>& mem = d.snap.memory;
+    const std::vector<MemoryStats> mem = d.trace ? d.trace->memory() : d.snap.memory;
     MemoryEstimate est;
     try {
         est = estimate_memory(d.config, MemoryScope::one_rank);

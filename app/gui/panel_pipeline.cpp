@@ -1,6 +1,6 @@
 // Pipeline timeline: the last measured step of every rank (CommTrace: each microbatch's forward
-// and backward timed around the stage's work, the waits in its receives, its sends, its dp and
-// tp collectives; idle is what no bar covers) beside the schedule's plan in unit time
+// and backward timed around the stage's work, the waits in its receives, its sends, its dp,
+// tp, cp and ep collectives; idle is what no bar covers) beside the schedule's plan in unit time
 // (check_schedule), with the bubble measured, simulated and by formula. pp = 1 is one stage:
 // its forwards, backwards and collectives, with no bubble to speak of.
 #include "app/gui/panels.h"
@@ -38,7 +38,7 @@ void legend() {
         {TimelineBar::backward, "backward"},
         {TimelineBar::recv_wait, "waiting in a receive"},
         {TimelineBar::send, "send posted"},
-        {TimelineBar::collective, "dp / tp collective (thin band)"}};
+        {TimelineBar::collective, "collective of dp, tp, cp or ep (thin band)"}};
     // Idle: the gaps, in the plot's background.
     for (const auto& [k, name] : items) {
         const ImVec2 p = ImGui::GetCursorScreenPos();

@@ -121,10 +121,7 @@ void draw_events_panel(const RunData& d, EventsPanelState& s);
 // ---- teaching views --------------------------------------------------------------------------
 struct LayoutExplorerPanelState {
     LayoutExplorer* explorer = nullptr;
-    int dp = 1, tp = 1, pp = 1, zero = 0;
-    int cp = 1, ep = 1;
-    bool ulysses = false;  // layout.cp_method: "ulysses", else "ring"
-    bool sp = false;
+    ExplorerPicks picks;    // the job bar's layout until the person picks their own
     i64 experts = 0;        // model.moe_experts of the config Explore runs (0: dense, ep stays 1)
     ExplorerResult result;  // refreshed when the model's version changes
     std::uint64_t seen = 0;

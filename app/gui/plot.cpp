@@ -86,7 +86,35 @@ int draw_lines(const char* id, const LinePlot& p, PlotView& view, ImVec2 size) {
                                        [](const Series& s) { return s.right_axis && s.n > 0; });
     // Margins: y tick labels and the y label on the left, x ticks and the x label below.
     const float left = lh * 4.2f, right = has_right ? lh * 4.2f : lh * 0.8f;
-    const float top = p.title.empty() ? lh * 0.6f : lh * 1.6f, bottom = lh * 2.6f;
+    // The legend goes above the frame, so it covers no line: on the title's line when it fits
+    // beside it, else on lines of its own under the title, right-aligned.
+    const size_t ns = p.series.size();
+    std::vector<float> entry_w(ns);
+    float legend_w = 0;
+    for (size_t i = 0; i < ns; i++) {
+        entry_w[i] = 24 + ImGui::CalcTextSize(p.series[i].label.c_str()).x + lh * 0.9f;
+        legend_w += entry_w[i];
+    }
+    const float title_w = p.title.empty() ? 0 : ImGui::CalcTextSize(p.title.c_str()).x + lh;
+    const float avail_w = size.x - left - right;
+    const bool beside = ns == 0 || title_w + legend_w <= avail_w;
+    std::vector<int> entry_line(ns, 0);
+    int legend_lines = 0;
+    if (!beside) {
+        float x = 0;
+        legend_lines = 1;
+        for (size_t i = 0; i < ns; i++) {
+            if (x > 0 && x + entry_w[i] > avail_w) {
+                legend_lines++;
+                x = 0;
+            }
+            entry_line[i] = legend_lines - 1;
+            x += entry_w[i];
+        }
+    }
+    const bool title_line = !p.title.empty() || (ns > 0 && beside);
+    const float top = (title_line ? lh * 1.6f : lh * 0.6f) + legend_lines * (lh + 2);
+    const float bottom = lh * 2.6f;
     const ImVec2 a(o.x + left, o.y + top), b(o.x + size.x - right, o.y + size.y - bottom);
     ImGui::InvisibleButton("plot", size);
     const bool hovered = ImGui::IsItemHovered();
@@ -191,18 +219,21 @@ int draw_lines(const char* id, const LinePlot& p, PlotView& view, ImVec2 size) {
     const int ny = std::max(2, static_cast<int>((b.y - a.y) / (lh * 2.5f)));
     std::vector<double> yt;
     double ystep = 1;
-    if (log) {
-        yt = log_ticks(view.y0, view.y1);
-    } else {
+    // A log axis within one decade has no 1-2-5 ticks to label (2.3 .. 3.5): it takes
+    // linear ticks instead, still placed on the log scale.
+    bool log_labels = log;
+    if (log) yt = log_ticks(view.y0, view.y1);
+    if (!log || yt.size() < 2) {
         yt = nice_ticks(view.y0, view.y1, ny);
         ystep = yt.size() > 1 ? yt[1] - yt[0] : 1;
+        log_labels = false;
     }
     for (double v : yt) {
         const float y = Y(v);
         if (y < a.y - 1 || y > b.y + 1) continue;
         dl->AddLine(ImVec2(a.x, y), ImVec2(b.x, y), kGridLine);
         dl->AddLine(ImVec2(a.x - 4, y), ImVec2(a.x, y), kAxis);
-        const std::string s = log ? tick_text(v, v / 10) : tick_text(v, ystep);
+        const std::string s = log_labels ? tick_text(v, v / 10) : tick_text(v, ystep);
         const ImVec2 ts = ImGui::CalcTextSize(s.c_str());
         dl->AddText(ImVec2(a.x - 6 - ts.x, y - ts.y / 2), kText, s.c_str());
     }
@@ -297,19 +328,20 @@ int draw_lines(const char* id, const LinePlot& p, PlotView& view, ImVec2 size) {
         }
     }
     dl->PopClipRect();
-    // Legend, top right inside the frame.
-    float ly = a.y + 6;
-    float lw = 0;
-    for (const Series& s : p.series) lw = std::max(lw, ImGui::CalcTextSize(s.label.c_str()).x);
-    if (!p.series.empty()) {
-        const float lx = b.x - lw - 34;
-        dl->AddRectFilled(ImVec2(lx - 6, ly - 3),
-                          ImVec2(b.x - 4, ly + p.series.size() * (lh + 2) + 2),
-                          IM_COL32(0, 0, 0, 150));
-        for (const Series& s : p.series) {
-            dl->AddLine(ImVec2(lx, ly + lh / 2), ImVec2(lx + 18, ly + lh / 2), s.colour, 3);
-            dl->AddText(ImVec2(lx + 24, ly), kText, s.label.c_str());
-            ly += lh + 2;
+    // Legend, above the frame, each of its lines right-aligned to the frame's right edge.
+    const int lines = ns == 0 ? 0 : beside ? 1 : legend_lines;
+    for (int line = 0; line < lines; line++) {
+        float w = 0;
+        for (size_t i = 0; i < ns; i++)
+            if (beside || entry_line[i] == line) w += entry_w[i];
+        float x = b.x - w + lh * 0.9f;
+        const float y =
+            beside ? o.y + lh * 0.2f : o.y + (title_line ? lh * 1.4f : lh * 0.2f) + line * (lh + 2);
+        for (size_t i = 0; i < ns; i++) {
+            if (!beside && entry_line[i] != line) continue;
+            dl->AddLine(ImVec2(x, y + lh / 2), ImVec2(x + 18, y + lh / 2), p.series[i].colour, 3);
+            dl->AddText(ImVec2(x + 24, y), kText, p.series[i].label.c_str());
+            x += entry_w[i];
         }
     }
     if (empty) {
@@ -349,14 +381,19 @@ HeatmapHit draw_heatmap(const char* id, const Heatmap& h, ImVec2 size, int selec
                 const ImVec2 p0(a.x + c * cw, a.y + r * ch);
                 dl->AddRectFilled(p0, ImVec2(p0.x + cw - gap, p0.y + ch - gap), h.colour(r, c));
             }
-        // Row labels, thinned to fit.
+        // Row labels: every row whose label fits (lines may overlap by a tenth), else every
+        // few rows with a tick at each labelled row; the hovered and the selected row's label
+        // are drawn over them (below), so any row can be named.
+        int every = 1;
         if (h.row_label) {
-            const int every = std::max(1, static_cast<int>(std::ceil(lh / std::max(ch, 0.1f))));
+            every = std::max(1, static_cast<int>(std::ceil(lh * 0.9f / std::max(ch, 0.1f))));
             dl->PushClipRect(ImVec2(o.x, a.y - lh), ImVec2(a.x - 2, b.y + lh), true);
             for (int r = 0; r < h.rows; r += every) {
                 const std::string s = h.row_label(r);
                 const float w = ImGui::CalcTextSize(s.c_str()).x;
-                dl->AddText(ImVec2(a.x - 4 - w, a.y + r * ch + ch / 2 - lh / 2), kText, s.c_str());
+                const float y = a.y + r * ch + ch / 2;
+                dl->AddText(ImVec2(a.x - 7 - w, y - lh / 2), kText, s.c_str());
+                if (every > 1) dl->AddLine(ImVec2(a.x - 5, y), ImVec2(a.x - 1, y), kAxis);
             }
             dl->PopClipRect();
         }
@@ -394,6 +431,18 @@ HeatmapHit draw_heatmap(const char* id, const Heatmap& h, ImVec2 size, int selec
                 hit.clicked = ImGui::IsMouseClicked(ImGuiMouseButton_Left);
                 outline(hit.row, hit.col, IM_COL32(255, 255, 255, 180), 1);
             }
+        }
+        // The hovered row's label (else the selected row's), highlighted where its row is.
+        const int named = hit.row >= 0 ? hit.row : selected_row;
+        if (h.row_label && every > 1 && named >= 0 && named < h.rows) {
+            const std::string s = h.row_label(named);
+            const ImVec2 ts = ImGui::CalcTextSize(s.c_str());
+            const float y =
+                std::clamp(a.y + named * ch + ch / 2 - lh / 2, a.y - lh / 2, b.y - lh / 2);
+            const ImVec2 p0(std::max(o.x, a.x - 9 - ts.x), y - 1);
+            dl->AddRectFilled(p0, ImVec2(a.x - 1, y + lh + 1), IM_COL32(40, 40, 48, 255));
+            dl->AddRect(p0, ImVec2(a.x - 1, y + lh + 1), kYellow);
+            dl->AddText(ImVec2(a.x - 5 - ts.x, y), kYellow, s.c_str());
         }
     }
     dl->AddRect(a, b, kAxis);

@@ -122,4 +122,18 @@ std::vector<EvidenceRow> evidence_at(const SpikeModel& m, const RunEvent& spike,
     return rows;
 }
 
+std::vector<EventLine> fold_events(const std::vector<RunEvent>& events) {
+    std::vector<EventLine> lines;
+    for (size_t i = 0; i < events.size(); i++) {
+        const RunEvent& e = events[i];
+        if (!lines.empty() && lines.back().step == e.step && lines.back().kind == e.kind) {
+            lines.back().count++;
+            lines.back().last = e.message;
+            continue;
+        }
+        lines.push_back({e.step, e.kind, 1, e.message, "", static_cast<int>(i)});
+    }
+    return lines;
+}
+
 }  // namespace px::gui

@@ -8,6 +8,7 @@
 //   spike_model       from a snapshot's named values and events
 //   EvidenceRow       one layer group's evidence at one step
 //   evidence_at       the table of a step
+//   EventLine, fold_events   the Events panel's lines: repeats of a step's event folded
 #pragma once
 #include "core/train/job_view.h"
 
@@ -43,5 +44,17 @@ struct EvidenceRow {
 std::vector<EvidenceRow> evidence_at(const SpikeModel& m, const RunEvent& spike, int window);
 // One kind's value per group in a spike's evidence (NaN where it has none), for the plot.
 std::vector<double> spike_values(const SpikeModel& m, const RunEvent& spike, const std::string& kind);
+
+// One line of the Events panel: a run of events of one kind at one step (a step re-run again
+// and again, a step's many alerts) folded into one, "step 31 rerun ×12".
+struct EventLine {
+    i64 step = 0;
+    EventKind kind = EventKind::fault;
+    int count = 1;            // events folded into this line
+    std::string first, last;  // the first one's message and the last one's ("" when count 1)
+    int index = 0;            // of the first in the snapshot's events
+};
+// Consecutive events with the same step and kind become one line; order is kept.
+std::vector<EventLine> fold_events(const std::vector<RunEvent>& events);
 
 }  // namespace px::gui

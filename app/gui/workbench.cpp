@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 namespace px::gui {
@@ -212,7 +213,9 @@ i64 Workbench::explored_experts() {
 void Workbench::start_job(bool run) {
     std::optional<Config> cfg = job_s_.editor.build();
     if (!cfg) {
-        job_s_.message = "not started: the config has an error (beside its key)";
+        job_s_.message = job_s_.editor.error_count() > 1
+                             ? "not started: the config has errors (each beside its key)"
+                             : "not started: the config has an error (beside its key)";
         return;
     }
     try {
@@ -221,9 +224,11 @@ void Workbench::start_job(bool run) {
         data_.source = "live job";
         data_.config = *cfg;
         job_s_.message.clear();
-        // The explorer follows the job's layout, when one more step of it is small to hold.
-        if (estimate_memory(*cfg, MemoryScope::process).total < kAutoExploreBytes)
-            explorer_.explore(*cfg);
+        // The explorer explores the job with its picks (the job's layout while it follows the
+        // job bar), when one more step of it is small to hold.
+        const Config explored = explored_config(expl_s_.picks, *cfg);
+        if (estimate_memory(explored, MemoryScope::process).total < kAutoExploreBytes)
+            explorer_.explore(explored);
     } catch (const ConfigError& e) {
         job_s_.message = e.what();
         job_s_.editor.build();  // no field named: shown above the editor
@@ -340,18 +345,20 @@ void Workbench::act() {
             check_s_.message = e.what();
         }
     }
-    if (expl_s_.explore_requested) {
+    // The explorer follows the job bar's fields as they are typed, no Start needed.
+    const bool followed = follow_job_bar(expl_s_.picks, job_s_.editor);
+    if (expl_s_.explore_requested || followed) {
         expl_s_.explore_requested = false;
-        Config c = current_config();
-        c.layout.dp = expl_s_.dp;
-        c.layout.tp = expl_s_.tp;
-        c.layout.pp = expl_s_.pp;
-        c.layout.cp = expl_s_.cp;
-        c.layout.cp_method = expl_s_.ulysses ? "ulysses" : "ring";
-        c.layout.ep = c.model.moe_experts > 0 ? expl_s_.ep : 1;  // dense: no experts to share
-        c.layout.zero = expl_s_.zero;
-        c.layout.sequence_parallel = expl_s_.sp;
-        explorer_.explore(c);  // waits behind a running exploration, never on it
+        std::optional<Config> bar = job_s_.editor.build();
+        const Config c = explored_config(expl_s_.picks, bar ? *bar : current_config());
+        // Waits behind a running exploration, never on it; a typed layout only when small (a
+        // layout that cannot run is explored: the explorer shows the library's message).
+        bool small = true;
+        try {
+            small = estimate_memory(c, MemoryScope::process).total < kAutoExploreBytes;
+        } catch (const Error&) {
+        }
+        if (!followed || small) explorer_.explore(c);
     }
 }
 
@@ -372,6 +379,20 @@ void Workbench::print_state() {
     if (r.ready && r.error.empty())
         for (const ExpertRange& e : r.experts) experts.push_back({e.lo, e.hi});
     j["explorer_experts"] = experts;
+    const ExplorerPicks& pk = expl_s_.picks;
+    j["explorer_picks"] = {{"dp", pk.dp},     {"tp", pk.tp},         {"pp", pk.pp},
+                           {"cp", pk.cp},     {"ep", pk.ep},         {"zero", pk.zero},
+                           {"block", pk.block}, {"follow", pk.follow}};
+    j["explorer_block"] = r.ready && r.error.empty() ? r.config.numerics.block : 0;
+    nlohmann::json held = nlohmann::json::array();  // the shown matrix: each block's holders
+    if (r.ready && r.error.empty() && expl_s_.tensor >= 0 &&
+        expl_s_.tensor < static_cast<int>(r.tensors.size())) {
+        const TensorHolding& t = r.tensors[static_cast<size_t>(expl_s_.tensor)];
+        j["explorer_tensor"] = t.name;
+        for (const HeldBlock& b : held_blocks(t, expl_s_.show_moments))
+            held.push_back({{"ranks", b.ranks}, {"replicated", b.replicated()}});
+    }
+    j["explorer_held"] = held;
     j["job_tp"] = job_.status() != JobStatus::none ? job_.config().layout.tp : 0;
     nlohmann::json errors = nlohmann::json::object();
     for (const EditorField& f : job_s_.editor.fields())
@@ -382,6 +403,8 @@ void Workbench::print_state() {
     fields["open"] = job_s_.open_path;
     fields["check_layouts"] = check_s_.layouts;
     fields["check_steps"] = std::to_string(check_s_.steps);
+    fields["explorer_tp"] = std::to_string(expl_s_.picks.tp);
+    fields["explorer_block"] = std::to_string(expl_s_.picks.block);
     j["fields"] = fields;
     // What the panels hold: the layout check's grids, the FP8 rows, the spike evidence, memory.
     const CheckView cv = check_s_.from_file ? check_s_.view : check_.view();
@@ -437,6 +460,24 @@ void Workbench::print_state() {
                    {"expert", router_s_.expert},
                    {"load_max", load_max}};
     j["memory_ranks"] = data_.snap.memory.size();
+    // The pipeline and memory panels' measured data: per lane, its bars; per rank, its bytes.
+    nlohmann::json pipe = {{"lanes", nlohmann::json::array()}, {"problem", "no job"}};
+    nlohmann::json mem = nlohmann::json::array();
+    if (data_.trace) {
+        const Timeline tl = measured_timeline(data_.trace->mesh(), data_.trace->last_steps());
+        std::vector<int> bars(tl.lanes.size(), 0);
+        for (const TimelineBar& b : tl.bars)
+            if (b.kind == TimelineBar::forward || b.kind == TimelineBar::backward)
+                bars[static_cast<size_t>(b.lane)]++;
+        for (size_t i = 0; i < tl.lanes.size(); i++)
+            pipe["lanes"].push_back({{"name", tl.lanes[i]}, {"compute_bars", bars[i]}});
+        pipe["problem"] = tl.problem;
+        pipe["step"] = tl.step;
+        for (const MemoryStats& m : data_.trace->memory())
+            mem.push_back({{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer}});
+    }
+    j["pipeline"] = pipe;
+    j["memory_per_rank"] = mem;
     j["general_error"] = job_s_.editor.general_error();
     j["message"] = job_s_.message;
     nlohmann::json rects = nlohmann::json::object();
@@ -540,7 +581,8 @@ double median_step_ms(const RunSnapshot& s, i64 from) {
 }
 
 // Draws when needed: within 1/60 s of an input event (and two frames after it, so hover and
-// release settle), else every 100 ms while something may change, else every 500 ms.
+// release settle), else every 100 ms (or ten frame times, when longer) while something may
+// change, else every 500 ms.
 class Pacer {
 public:
     void wait_and_frame(Workbench& wb) {
@@ -549,7 +591,10 @@ public:
         const bool busy = wb.job().status() == JobStatus::running ||
                           wb.job().status() == JobStatus::starting || wb.check().busy() ||
                           wb.explorer().busy();
-        const double period = settle_ > 0 ? 16.6 : busy ? 100.0 : 500.0;
+        // While the job runs, a frame takes at most a tenth of a core: software OpenGL
+        // (llvmpipe) draws a frame in tens of ms, and a core it holds is one the job's OpenMP
+        // threads wait for at their barriers (the job must never wait on a frame).
+        const double period = settle_ > 0 ? 16.6 : busy ? std::max(100.0, 10 * frame_ms_) : 500.0;
         if (since < period) {
             glfwWaitEventsTimeout((period - since) / 1000.0);
             if (!wb.input_ && settle_ == 0 && ms_since(last_) < period) return;
@@ -560,11 +605,13 @@ public:
         if (settle_ > 0) settle_--;
         last_ = Clock::now();
         wb.frame();
+        frame_ms_ = ms_since(last_);
     }
 
 private:
     Clock::time_point last_{};
     int settle_ = 0;
+    double frame_ms_ = 0;  // the last frame's, events to swap
 };
 
 // Screenshots: frames as fast as 60 per second, the models' work is what is waited for.
@@ -590,8 +637,13 @@ int screenshots(const WorkbenchOptions& opt) {
     while (true) {
         const auto f0 = Clock::now();
         wb.frame();
-        const RunSnapshot& s = wb.data().snap;
-        const bool job_done = s.steps_done >= steps || wb.job().status() == JobStatus::failed;
+        // Shots of the job's end show it finished (its last step, the observers' on_end); of
+        // `steps` before it, paused there.
+        const JobStatus st = wb.job().status();
+        const bool at_steps = wb.data().snap.steps_done >= steps && st == JobStatus::paused;
+        const bool job_done = st == JobStatus::failed ||
+                              (steps >= opt.config.train.steps ? st == JobStatus::finished
+                                                               : at_steps);
         if (job_done && !wb.check().busy() && !wb.explorer().busy()) break;
         if (ms_since(t0) > 600e3)
             throw Error("the screenshot run did not finish within 10 minutes");
@@ -663,7 +715,7 @@ int measure(const WorkbenchOptions& opt) {
     std::printf(
         "frame time with the job running (events to swap): median %.2f ms, p95 %.2f ms, max %.2f "
         "ms "
-        "(%zu frames, drawn every 100 ms while the job runs)\n",
+        "(%zu frames, drawn every 100 ms or 10 frame times while the job runs)\n",
         pct(0.5), pct(0.95), pct(1.0), frames.size());
     std::printf("  of which the models and panels (before GL): median %.2f ms, p95 %.2f ms\n",
                 bpct(0.5), bpct(0.95));

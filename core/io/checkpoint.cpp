@@ -105,7 +105,10 @@ std::string meta_text(const CheckpointMeta& m, std::int64_t version) {
 
 std::string ckpt::join_batches(const std::vector<i64>& b) {
     std::string s;
-    for (size_t i = 0; i < b.size(); i++) s += (i ? "," : "") + std::to_string(b[i]);
+    for (size_t i = 0; i < b.size(); i++) {
+        if (i) s += ',';
+        s += std::to_string(b[i]);
+    }
     return s;
 }
 

@@ -3,7 +3,9 @@ checked for its content, and the real window driven with real X input events (xd
 Start and the loss moves; set tp to 2 and restart and the layout explorer shows two ranks; type a
 bad value and the editor shows the library's error beside the key, without crashing. The window
 is observed through the state line it prints on F12 (a real key event too). Then Stop, Step, Step
-and Resume: one step at a time, paused between."""
+and Resume: one step at a time, paused between. The default job runs with tp = 2 typed in and
+says "stopped" after Stop; four bad values show four messages at once, and a fixed one loses
+its message as it is typed."""
 import json
 import os
 import queue
@@ -137,7 +139,8 @@ class Window:
 
     def __init__(self, env, config):
         self.env = env
-        self.proc = subprocess.Popen([EXE, "gui", config], env=env, stdout=subprocess.PIPE,
+        args = [EXE, "gui"] + ([config] if config else [])  # None: the embedded default job
+        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -189,7 +192,7 @@ class Window:
             time.sleep(0.3)
             self.xdo("keyup", "a")
             self.xdo("keyup", "ctrl")
-            self.xdo("type", "--delay", "30", text)
+            self.xdo("type", "--delay", "30", "--", text)
             time.sleep(0.2)
             if self.state()["fields"][key] == text:
                 return
@@ -204,7 +207,7 @@ class Window:
             time.sleep(0.3)
             self.xdo("keyup", "a")
             self.xdo("keyup", "ctrl")
-            self.xdo("type", "--delay", "30", text)
+            self.xdo("type", "--delay", "30", "--", text)
             time.sleep(0.2)
             self.xdo("key", "Tab")  # an integer field takes its value when it loses focus
             time.sleep(0.2)
@@ -273,6 +276,70 @@ def test_the_window_driven_by_real_input(display, config):
         s = w.wait_for(lambda s: s["status"] == "paused" and s["steps_done"] == 2)
         w.click("resume", s)
         w.wait_for(lambda s: s["steps_done"] > 2)
+    finally:
+        w.close()
+
+
+def beside(s, key):
+    """The error's rectangle is right of its field and on the same line."""
+    fx, fy, fw, fh = s["rects"]["field:" + key]
+    ex, ey, ew, eh = s["rects"]["error:" + key]
+    return ex >= fx + fw and ey < fy + fh and ey + eh > fy
+
+
+def test_the_default_job_runs_with_tp2(display):
+    """The embedded default job (4 layers, reduction blocks of 16) with tp = 2 typed into the
+    editor: Start runs it on two ranks, the loss moves, and after Stop the header says so."""
+    w = Window(display, None)
+    try:
+        s = w.state()
+        assert s["status"] == "no job" and s["fields"]["layout.tp"] == "1", s["fields"]
+        w.type_into("layout.tp", "2")
+        s = w.state()
+        assert s["editor_errors"] == {} and s["general_error"] == "", s
+        w.click("start", s)
+        s = w.wait_for(lambda s: s["job_tp"] == 2 and s["loss_points"] >= 3, timeout=120)
+        assert s["status"] in ("running", "finished") and s["message"] == "", s
+        first = s["loss_points"]
+        s = w.wait_for(lambda s: s["loss_points"] > first)
+        w.click("stop", s)
+        s = w.wait_for(lambda s: s["status"] == "stopped")
+        time.sleep(1.0)  # and it stays stopped: no later frame takes it back to running
+        assert w.state()["status"] == "stopped"
+    finally:
+        w.close()
+
+
+def test_every_bad_key_shows_its_message(display, config):
+    """Four bad values typed in: four messages at once, each beside its key in one form (the
+    problem, naming the key), and Start refuses; a value fixed loses its message as it is typed,
+    the others stay."""
+    bad = {"model.hidden": "abc", "train.lr": "-1", "layout.schedule": "foo",
+           "spikes.action": "zz"}
+    w = Window(display, config)
+    try:
+        for key, text in bad.items():
+            w.type_into(key, text)
+        s = w.wait_for(lambda s: len(s["editor_errors"]) == 4)
+        assert set(s["editor_errors"]) == set(bad), s["editor_errors"]
+        for key, text in bad.items():
+            msg = s["editor_errors"][key]
+            assert msg.startswith(key) and text in msg and "--set" not in msg, (key, msg)
+            assert beside(s, key), key
+        assert "editor_problems" in s["rects"]
+        w.click("start", s)
+        s = w.wait_for(lambda s: s["message"].startswith("not started"))
+        assert s["status"] == "no job"
+
+        w.type_into("model.hidden", "64")  # fixed: its message goes without pressing anything
+        s = w.wait_for(lambda s: "model.hidden" not in s["editor_errors"])
+        assert set(s["editor_errors"]) == set(bad) - {"model.hidden"}, s["editor_errors"]
+        for key, text in {"train.lr": "0.003", "layout.schedule": "1f1b",
+                          "spikes.action": "off"}.items():
+            w.type_into(key, text)
+        s = w.wait_for(lambda s: s["editor_errors"] == {})
+        w.click("start", s)
+        w.wait_for(lambda s: s["loss_points"] >= 2)
     finally:
         w.close()
 
