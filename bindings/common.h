@@ -20,7 +20,10 @@
 //                               own, the GIL released, Ctrl-C cancelling it after a step
 //
 // Errors: the library's exceptions become Python ones (errors.cpp) with the library's own
-// messages: ConfigError is a ValueError, StorageError an OSError, all are ParallaxError.
+// messages: ConfigError is a ValueError, StorageError an OSError, all are ParallaxError; the
+// bindings' own below are also KeyError, IndexError or an OSError (docs/python.md, "Errors").
+//   KeyLookupError, IndexLookupError  a key or rank that is not there
+//   FileAccessError, with_files       a library error about a file that is missing or unreadable
 #pragma once
 #include "app/gui/layout_explorer.h"
 #include "core/base/config.h"
@@ -35,6 +38,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -51,6 +55,42 @@ void bind_job(py::module_& m);
 void bind_validate(py::module_& m);
 void bind_files(py::module_& m);
 void bind_precision(py::module_& m);
+
+// A ConfigError that Python also sees as a KeyError (Config()["nope"]), and one it also sees as
+// an IndexError (job.rank(99)).
+struct KeyLookupError : ConfigError {
+    using ConfigError::ConfigError;
+};
+struct IndexLookupError : ConfigError {
+    using ConfigError::ConfigError;
+};
+
+// A library error (`cause`, with its message) about a file that is missing or unreadable: Python
+// raises it as cause's class and as the OSError of `err` (FileNotFoundError for ENOENT,
+// PermissionError for EACCES), with errno and filename set.
+struct FileAccessError : Error {
+    FileAccessError(std::exception_ptr cause, const std::string& what, int err, std::string path)
+        : Error(what), cause(std::move(cause)), err(err), path(std::move(path)) {}
+    std::exception_ptr cause;
+    int err;
+    std::string path;
+};
+
+// 0 when `path` names something that is there and readable, else the errno that says why not.
+int file_errno(const std::string& path);
+// Inside a catch of the library's error e: throws FileAccessError when e names one of `paths`
+// (its message holds it) and that file is missing or unreadable; returns otherwise.
+void throw_if_file_error(const Error& e, const std::vector<std::string>& paths);
+// f(), with a library error about one of `paths` raised as FileAccessError (throw_if_file_error).
+template <class F>
+auto with_files(const std::vector<std::string>& paths, F&& f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (const Error& e) {
+        throw_if_file_error(e, paths);
+        throw;
+    }
+}
 
 struct PyConfig {
     Config cfg;

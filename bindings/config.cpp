@@ -99,7 +99,7 @@ Config make_config(const py::object& source, const py::dict& sections) {
         cfg = source.cast<const PyConfig&>().cfg;
     } else if (py::isinstance<py::str>(source) || py::hasattr(source, "__fspath__")) {
         const std::string path = py::str(py::module_::import("os").attr("fspath")(source));
-        cfg = load_config(path);
+        cfg = with_files({path}, [&] { return load_config(path); });
     } else {
         throw ConfigError("a config is a TOML file's path, a dict of sections or a parallax.Config, "
                           "not a Python " +
@@ -149,11 +149,11 @@ job or a validation starts (or with `layout()`).
                 const size_t dot = key.find('.');
                 const std::string section = key.substr(0, dot);
                 if (!d.contains(section))
-                    throw ConfigError("no config section \"" + section + "\"");
+                    throw KeyLookupError("no config section \"" + section + "\"");
                 py::dict s = d[section.c_str()];
                 if (dot == std::string::npos) return s;
                 const std::string k = key.substr(dot + 1);
-                if (!s.contains(k)) throw ConfigError("no config key \"" + key + "\"");
+                if (!s.contains(k)) throw KeyLookupError("no config key \"" + key + "\"");
                 return s[k.c_str()];
             },
             py::arg("key"), "A key's value (\"train.lr\") or a section's dict (\"train\").")

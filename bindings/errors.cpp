@@ -1,16 +1,29 @@
 // The library's exceptions as Python exceptions, with the library's messages:
-//   ParallaxError(RuntimeError)        px::Error, and everything below
+//   ParallaxError(RuntimeError)        px::Error, and everything below; also a call the job
+//                                      cannot take in its state (docs/python.md, "Errors")
 //   ConfigError(ParallaxError, ValueError)    a config key unknown, mistyped or out of range
+//   ConfigKeyError(ConfigError, KeyError)     Config()[key] of a key or section not there
+//   RankIndexError(ConfigError, IndexError)   job.rank(r) of a rank not in the layout
 //   DataError(ParallaxError, ValueError)      a malformed data, checkpoint or llm.c file
 //   CheckpointError(DataError)                a checkpoint that cannot be used
 //   CorruptionError(ParallaxError)            silent data corruption a re-run reproduced
 //   CommError(ParallaxError)                  a rank died, stalled or could not communicate
 //   StorageError(ParallaxError, OSError)      an output that could not be written
 //   InternalError(ParallaxError)              a bug in Parallax
+// A file that is missing or unreadable raises its error's class made also an OSError: a class
+// of both, e.g. CheckpointError and FileNotFoundError, named as the first (FileAccessError).
 #include "bindings/common.h"
 #include "core/base/error.h"
 #include "core/comm/comm.h"
 #include "core/io/checkpoint.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <utility>
 
 namespace px::py_bind {
 
@@ -20,6 +33,8 @@ namespace {
 // unloaded, and a static py::object would be released after the interpreter is gone).
 PyObject* g_parallax = nullptr;
 PyObject* g_config = nullptr;
+PyObject* g_config_key = nullptr;
+PyObject* g_rank_index = nullptr;
 PyObject* g_data = nullptr;
 PyObject* g_checkpoint = nullptr;
 PyObject* g_corruption = nullptr;
@@ -27,19 +42,100 @@ PyObject* g_comm = nullptr;
 PyObject* g_storage = nullptr;
 PyObject* g_internal = nullptr;
 
-PyObject* make_exception(py::module_& m, const char* name, const char* doc,
-                         std::initializer_list<PyObject*> bases) {
+// A class parallax.<name> of `bases`; str() of an instance is its message as given (KeyError's
+// own str() would quote it).
+PyObject* new_exception(const char* name, const char* doc, std::initializer_list<PyObject*> bases) {
     py::tuple b(bases.size());
     size_t i = 0;
     for (PyObject* base : bases) b[i++] = py::reinterpret_borrow<py::object>(base);
+    py::dict d;
+    d["__str__"] = py::reinterpret_borrow<py::object>(PyExc_BaseException).attr("__str__");
     const std::string qualified = std::string("parallax.") + name;
-    PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, b.ptr(), nullptr);
+    PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, b.ptr(), d.ptr());
     if (!type) throw py::error_already_set();
+    return type;
+}
+
+PyObject* make_exception(py::module_& m, const char* name, const char* doc,
+                         std::initializer_list<PyObject*> bases) {
+    PyObject* type = new_exception(name, doc, bases);
     m.add_object(name, py::reinterpret_borrow<py::object>(type));
     return type;
 }
 
+// The Python class of a library error (null: not one of the library's).
+PyObject* class_of(const std::exception_ptr& p) {
+    try {
+        std::rethrow_exception(p);
+    } catch (const KeyLookupError&) {
+        return g_config_key;
+    } catch (const IndexLookupError&) {
+        return g_rank_index;
+    } catch (const CheckpointError&) {
+        return g_checkpoint;
+    } catch (const ConfigError&) {
+        return g_config;
+    } catch (const DataError&) {
+        return g_data;
+    } catch (const CorruptionError&) {
+        return g_corruption;
+    } catch (const comm::CommError&) {
+        return g_comm;
+    } catch (const StorageError&) {
+        return g_storage;
+    } catch (const InternalError&) {
+        return g_internal;
+    } catch (const Error&) {
+        return g_parallax;
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+// `base` made also the OSError of `err`: one class per pair, made when first raised.
+PyObject* file_class(PyObject* base, int err) {
+    PyObject* os = err == ENOENT || err == ENOTDIR ? PyExc_FileNotFoundError
+                   : err == EACCES || err == EPERM ? PyExc_PermissionError
+                                                   : PyExc_OSError;
+    static std::map<std::pair<PyObject*, PyObject*>, PyObject*> made;  // kept, as the classes
+    PyObject*& cls = made[{base, os}];
+    if (!cls) {
+        const std::string name = py::str(py::handle(base).attr("__name__"));
+        const std::string doc = name + ", about a file, that is also a " +
+                                std::string(reinterpret_cast<PyTypeObject*>(os)->tp_name) + ".";
+        cls = new_exception(name.c_str(), doc.c_str(), {base, os});
+    }
+    return cls;
+}
+
+void raise_file_error(const FileAccessError& e) {
+    PyObject* base = class_of(e.cause);
+    PyObject* cls = file_class(base ? base : g_parallax, e.err);
+    py::object inst = py::reinterpret_borrow<py::object>(cls)(e.what());
+    inst.attr("errno") = e.err;
+    inst.attr("strerror") = std::strerror(e.err);
+    inst.attr("filename") = e.path;
+    PyErr_SetObject(cls, inst.ptr());
+}
+
 }  // namespace
+
+int file_errno(const std::string& path) {
+    struct stat st{};
+    if (::stat(path.c_str(), &st) != 0) return errno;
+    if (::access(path.c_str(), R_OK) != 0) return errno;
+    return 0;
+}
+
+void throw_if_file_error(const Error& e, const std::vector<std::string>& paths) {
+    if (dynamic_cast<const FileAccessError*>(&e)) return;
+    const std::string what = e.what();
+    for (const std::string& path : paths) {
+        if (path.empty() || what.find(path) == std::string::npos) continue;
+        if (const int err = file_errno(path); err != 0)
+            throw FileAccessError(std::current_exception(), what, err, path);
+    }
+}
 
 void bind_errors(py::module_& m) {
     g_parallax = make_exception(m, "ParallaxError",
@@ -50,6 +146,14 @@ void bind_errors(py::module_& m) {
                               "A job config key is unknown, mistyped or out of range, or a layout "
                               "the job cannot take; the message names the key.",
                               {g_parallax, PyExc_ValueError});
+    g_config_key = make_exception(m, "ConfigKeyError",
+                                  "Config()[key] of a section or key the config does not have; "
+                                  "also a KeyError.",
+                                  {g_config, PyExc_KeyError});
+    g_rank_index = make_exception(m, "RankIndexError",
+                                  "A rank the job's layout does not have (job.rank(r)); also an "
+                                  "IndexError.",
+                                  {g_config, PyExc_IndexError});
     g_data = make_exception(m, "DataError",
                             "A data, checkpoint or llm.c file is malformed; the message names the "
                             "file.",
@@ -76,22 +180,10 @@ void bind_errors(py::module_& m) {
         if (!p) return;
         try {
             std::rethrow_exception(p);
-        } catch (const CheckpointError& e) {
-            PyErr_SetString(g_checkpoint, e.what());
-        } catch (const ConfigError& e) {
-            PyErr_SetString(g_config, e.what());
-        } catch (const DataError& e) {
-            PyErr_SetString(g_data, e.what());
-        } catch (const CorruptionError& e) {
-            PyErr_SetString(g_corruption, e.what());
-        } catch (const comm::CommError& e) {
-            PyErr_SetString(g_comm, e.what());
-        } catch (const StorageError& e) {
-            PyErr_SetString(g_storage, e.what());
-        } catch (const InternalError& e) {
-            PyErr_SetString(g_internal, e.what());
+        } catch (const FileAccessError& e) {
+            raise_file_error(e);
         } catch (const Error& e) {
-            PyErr_SetString(g_parallax, e.what());
+            PyErr_SetString(class_of(p), e.what());
         }
     });
 }

@@ -49,30 +49,32 @@ void bind_files(py::module_& m) {
         "inspect_checkpoint",
         [](const py::object& path) {
             const std::string p = path_of(path);
-            py::gil_scoped_release nogil;
-            const CheckpointReader r(p);
-            const std::vector<DatasetCheck> checks = r.check_all();
-            py::gil_scoped_acquire gil;
-            py::list datasets;
-            bool ok = true;
-            for (const DatasetCheck& c : checks) {
-                py::dict d;
-                d["path"] = c.info.path;
-                d["shape"] = py::tuple(py::cast(c.info.shape));
-                d["dtype"] = c.info.dtype;
-                d["checksum"] = c.info.checksum;
-                d["computed"] = c.computed;
-                d["ok"] = c.ok;
-                d["problem"] = c.problem;
-                datasets.append(d);
-                ok = ok && c.ok;
-            }
-            py::dict d = meta_dict(r.meta());
-            d["fp8"] = fp8_checkpoint_dict(r.meta(), nullptr);
-            d["path"] = p;
-            d["datasets"] = datasets;
-            d["ok"] = ok;
-            return d;
+            return with_files({p}, [&] {
+                py::gil_scoped_release nogil;
+                const CheckpointReader r(p);
+                const std::vector<DatasetCheck> checks = r.check_all();
+                py::gil_scoped_acquire gil;
+                py::list datasets;
+                bool ok = true;
+                for (const DatasetCheck& c : checks) {
+                    py::dict d;
+                    d["path"] = c.info.path;
+                    d["shape"] = py::tuple(py::cast(c.info.shape));
+                    d["dtype"] = c.info.dtype;
+                    d["checksum"] = c.info.checksum;
+                    d["computed"] = c.computed;
+                    d["ok"] = c.ok;
+                    d["problem"] = c.problem;
+                    datasets.append(d);
+                    ok = ok && c.ok;
+                }
+                py::dict d = meta_dict(r.meta());
+                d["fp8"] = fp8_checkpoint_dict(r.meta(), nullptr);
+                d["path"] = p;
+                d["datasets"] = datasets;
+                d["ok"] = ok;
+                return d;
+            });
         },
         py::arg("path"), R"doc(
 Opens a checkpoint and verifies every dataset's checksum, as `parallax inspect`: a dict with its
@@ -85,35 +87,37 @@ left empty), datasets (path, shape, dtype, stored and computed checksum, ok, pro
         "read_checkpoint",
         [](const py::object& path) {
             const std::string p = path_of(path);
-            std::unique_ptr<CheckpointReader> r;
-            {
-                py::gil_scoped_release nogil;
-                r = std::make_unique<CheckpointReader>(p);
-                r->verify_all();
-            }
-            const Config cfg = parse_config(r->meta().config_toml, p + " (its config)");
-            const ModelConfig& mc = cfg.model;
-            r->check_model(mc);
-            const ParamTable table = ParamTable::build(mc);
-            py::dict weights, m1, m2;
-            for (const TableEntry& e : table.entries) {
-                const auto read = [&](const std::string& dataset) {
-                    std::vector<py::ssize_t> dims;
-                    for (const i64 d : e.shape()) dims.push_back(d);
-                    py::array_t<float> a(dims);
-                    r->read(dataset, a.mutable_data());
-                    return a;
-                };
-                weights[py::str(e.name)] = read(model_dataset(e.name));
-                m1[py::str(e.name)] = read(moment_dataset('m', e.name));
-                m2[py::str(e.name)] = read(moment_dataset('v', e.name));
-            }
-            py::dict d = meta_dict(r->meta());
-            d["fp8"] = fp8_checkpoint_dict(r->meta(), &cfg);
-            d["weights"] = weights;
-            d["adam_m"] = m1;
-            d["adam_v"] = m2;
-            return d;
+            return with_files({p}, [&] {
+                std::unique_ptr<CheckpointReader> r;
+                {
+                    py::gil_scoped_release nogil;
+                    r = std::make_unique<CheckpointReader>(p);
+                    r->verify_all();
+                }
+                const Config cfg = parse_config(r->meta().config_toml, p + " (its config)");
+                const ModelConfig& mc = cfg.model;
+                r->check_model(mc);
+                const ParamTable table = ParamTable::build(mc);
+                py::dict weights, m1, m2;
+                for (const TableEntry& e : table.entries) {
+                    const auto read = [&](const std::string& dataset) {
+                        std::vector<py::ssize_t> dims;
+                        for (const i64 d : e.shape()) dims.push_back(d);
+                        py::array_t<float> a(dims);
+                        r->read(dataset, a.mutable_data());
+                        return a;
+                    };
+                    weights[py::str(e.name)] = read(model_dataset(e.name));
+                    m1[py::str(e.name)] = read(moment_dataset('m', e.name));
+                    m2[py::str(e.name)] = read(moment_dataset('v', e.name));
+                }
+                py::dict d = meta_dict(r->meta());
+                d["fp8"] = fp8_checkpoint_dict(r->meta(), &cfg);
+                d["weights"] = weights;
+                d["adam_m"] = m1;
+                d["adam_v"] = m2;
+                return d;
+            });
         },
         py::arg("path"), R"doc(
 A checkpoint's logical state, every checksum verified first: its meta (as inspect_checkpoint)
@@ -126,8 +130,10 @@ state as Job.fp8_state() gives it (gemms: the fp8 matmuls' names, roles, history
         "convert",
         [](const py::object& in, const py::object& out) {
             const std::string a = path_of(in), b = path_of(out);
-            py::gil_scoped_release nogil;
-            return convert_weights(a, b);
+            return with_files({a}, [&] {
+                py::gil_scoped_release nogil;
+                return convert_weights(a, b);
+            });
         },
         py::arg("input"), py::arg("output"), R"doc(
 Converts GPT-2 weights between llm.c and Parallax, as `parallax convert IN --to OUT`: OUT's
@@ -140,43 +146,46 @@ DataError naming the file on bad input.)doc");
         "read_run_file",
         [](const py::object& path) {
             const std::string p = path_of(path);
-            RunRecords rec;
-            {
-                py::gil_scoped_release nogil;
-                rec = read_run_records(p);
-            }
-            py::dict metrics;
-            for (const auto& [name, rows] : rec.metrics) {
-                py::array_t<std::int64_t> steps(static_cast<py::ssize_t>(rows.steps.size()));
-                py::array_t<double> values(static_cast<py::ssize_t>(rows.values.size()));
-                std::copy(rows.steps.begin(), rows.steps.end(), steps.mutable_data());
-                std::copy(rows.values.begin(), rows.values.end(), values.mutable_data());
-                metrics[py::str(name)] = py::make_tuple(steps, values);
-            }
-            py::list events;
-            for (const RunRecords::Event& e : rec.events) {
-                py::dict d;
-                d["step"] = e.step;
-                d["kind"] = e.kind;
-                d["message"] = e.message;
-                py::dict ev;  // "name=value;..." as a dict
-                for (size_t at = 0; at < e.evidence.size();) {
-                    const size_t end = std::min(e.evidence.find(';', at), e.evidence.size());
-                    const std::string item = e.evidence.substr(at, end - at);
-                    const size_t eq = item.find('=');
-                    if (eq != std::string::npos)
-                        ev[py::str(item.substr(0, eq))] = std::strtod(item.c_str() + eq + 1, nullptr);
-                    at = end + 1;
+            return with_files({p}, [&] {
+                RunRecords rec;
+                {
+                    py::gil_scoped_release nogil;
+                    rec = read_run_records(p);
                 }
-                d["evidence"] = ev;
-                events.append(d);
-            }
-            py::dict d;
-            d["config"] = rec.config_toml;
-            d["metrics"] = metrics;
-            d["events"] = events;
-            d["fp8"] = fp8_dict(rec.fp8);
-            return d;
+                py::dict metrics;
+                for (const auto& [name, rows] : rec.metrics) {
+                    py::array_t<std::int64_t> steps(static_cast<py::ssize_t>(rows.steps.size()));
+                    py::array_t<double> values(static_cast<py::ssize_t>(rows.values.size()));
+                    std::copy(rows.steps.begin(), rows.steps.end(), steps.mutable_data());
+                    std::copy(rows.values.begin(), rows.values.end(), values.mutable_data());
+                    metrics[py::str(name)] = py::make_tuple(steps, values);
+                }
+                py::list events;
+                for (const RunRecords::Event& e : rec.events) {
+                    py::dict d;
+                    d["step"] = e.step;
+                    d["kind"] = e.kind;
+                    d["message"] = e.message;
+                    py::dict ev;  // "name=value;..." as a dict
+                    for (size_t at = 0; at < e.evidence.size();) {
+                        const size_t end = std::min(e.evidence.find(';', at), e.evidence.size());
+                        const std::string item = e.evidence.substr(at, end - at);
+                        const size_t eq = item.find('=');
+                        if (eq != std::string::npos)
+                            ev[py::str(item.substr(0, eq))] =
+                                std::strtod(item.c_str() + eq + 1, nullptr);
+                        at = end + 1;
+                    }
+                    d["evidence"] = ev;
+                    events.append(d);
+                }
+                py::dict d;
+                d["config"] = rec.config_toml;
+                d["metrics"] = metrics;
+                d["events"] = events;
+                d["fp8"] = fp8_dict(rec.fp8);
+                return d;
+            });
         },
         py::arg("path"), R"doc(
 A run file's records (<out>/run.h5 of parallax train or Job(out=...)): config (TOML text),

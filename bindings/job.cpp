@@ -35,14 +35,75 @@ struct PyJob {
     std::unique_ptr<RunFileObserver> run_file;
     std::vector<py::object> observers;  // called after each step, the ranks paused
     std::unique_ptr<ProbeRecorder> probes;  // shared by every rank; null: no probes
+    bool failure_raised = false;        // the call that saw the job fail raised its error
     std::unique_ptr<SteppedRun> run;    // last: destroyed first, while what its ranks use lives
 };
 
-// A failed run: the view says so, and its error is raised.
+// An ended job (finished or failed) lets go of its folders and its run file at once, not when
+// Python collects it: h5py can open run.h5, and a new job can take the same out=. A finished
+// run closed its run file at its end (RunFileObserver::on_end); a failed one's ranks have left,
+// so nothing writes to it any more.
+void release(PyJob& j) {
+    const SteppedRun::Status s = j.run->status();
+    if (s != SteppedRun::Status::finished && s != SteppedRun::Status::failed) return;
+    j.locks.clear();
+    if (s == SteppedRun::Status::failed) j.run_file.reset();
+}
+
+// The error e was thrown as, with another message.
+[[noreturn]] void rethrow_as(const std::exception_ptr& e, const std::string& msg) {
+    try {
+        std::rethrow_exception(e);
+    } catch (const comm::CommError&) {
+        throw comm::CommError(msg);
+    } catch (const CheckpointError&) {
+        throw CheckpointError(msg);
+    } catch (const ConfigError&) {
+        throw ConfigError(msg);
+    } catch (const DataError&) {
+        throw DataError(msg);
+    } catch (const CorruptionError&) {
+        throw CorruptionError(msg);
+    } catch (const StorageError&) {
+        throw StorageError(msg);
+    } catch (...) {
+        throw Error(msg);
+    }
+}
+
+// A job another thread is stepping takes no other call (a usage error, not a bug); a failed
+// job raises its error: as it was thrown from the call that saw it fail, and from every later
+// call as a sentence that says the job failed before that call, and why.
 void raise_if_failed(PyJob& j) {
-    if (j.run->status() != SteppedRun::Status::failed) return;
+    const SteppedRun::Status s = j.run->status();
+    if (s == SteppedRun::Status::running || s == SteppedRun::Status::starting)
+        throw Error("parallax.Job: another thread is running this job's steps; one thread at a "
+                    "time drives a job (step(), run(), finish()), and any other call waits until "
+                    "that one returns");
+    if (s != SteppedRun::Status::failed) return;
+    release(j);
     if (j.view.snapshot().state != RunState::failed) j.view.fail(j.run->error());
-    j.run->rethrow();
+    if (!j.failure_raised) {
+        j.failure_raised = true;
+        j.run->rethrow();
+    }
+    std::exception_ptr e;
+    try {
+        j.run->rethrow();
+    } catch (...) {
+        e = std::current_exception();
+    }
+    // What happened is the error's first sentence; the advice after it was for the call that
+    // saw it (raise a timeout, look for a missing call), not for a job whose ranks are gone.
+    std::string why = j.run->error();
+    if (const size_t end = why.find(". "); end != std::string::npos) why.resize(end + 1);
+    rethrow_as(e, "parallax.Job: this job failed after step " +
+                      std::to_string(j.run->steps_done()) +
+                      ", before this call, and its ranks have stopped: it takes no more steps "
+                      "and its state cannot be read. It failed because " +
+                      why +
+                      " Start a new parallax.Job (with checkpoint.dir set, checkpoint={\"resume\": "
+                      "\"auto\"} goes on from its last checkpoint).");
 }
 
 // Until the ranks pause (Ctrl-C: held at a step boundary, and KeyboardInterrupt raised); a run
@@ -54,12 +115,9 @@ void wait(PyJob& j) {
 
 void require_paused(PyJob& j, const char* what) {
     raise_if_failed(j);
-    const SteppedRun::Status s = j.run->status();
-    if (s == SteppedRun::Status::finished)
+    if (j.run->status() == SteppedRun::Status::finished)
         throw Error(std::string(what) + ": the job has finished (finish(), run() or close()); "
                                         "start a new parallax.Job to train again");
-    if (s != SteppedRun::Status::paused)
-        throw InternalError(std::string(what) + ": the job is " + stepped_status_name(s));
 }
 
 py::dict last_row(PyJob& j) {
@@ -92,10 +150,19 @@ py::dict step(PyJob& j, i64 n) {
 
 void finish(PyJob& j) {
     raise_if_failed(j);
-    if (j.run->status() == SteppedRun::Status::finished) return;
-    require_paused(j, "finish");
-    j.run->finish();
-    wait(j);
+    if (j.run->status() != SteppedRun::Status::finished) {
+        j.run->finish();
+        wait(j);
+    }
+    release(j);
+}
+
+// close() and leaving a `with` block: finish() a paused job; an ended one lets go of its files.
+void close(PyJob& j) {
+    const SteppedRun::Status s = j.run->status();
+    if (s == SteppedRun::Status::paused) finish(j);
+    else if (s == SteppedRun::Status::finished || s == SteppedRun::Status::failed) release(j);
+    else raise_if_failed(j);  // another thread steps it
 }
 
 std::string save_checkpoint(PyJob& j, const py::object& where) {
@@ -252,6 +319,9 @@ error (CommError, CheckpointError, ...) from the call that waits for it.
                          i64 probe_stride, const py::kwargs& sections) {
                  auto j = std::make_unique<PyJob>();
                  j->cfg = make_config(config, sections);
+                 const std::vector<std::string> inputs{
+                     j->cfg.model.init_from, j->cfg.data.train_path, j->cfg.data.val_path,
+                     j->cfg.checkpoint.resume == "auto" ? "" : j->cfg.checkpoint.resume};
                  if (out.is_none()) {
                      j->cfg.output.run_file = false;
                  } else {
@@ -265,8 +335,13 @@ error (CommError, CheckpointError, ...) from the call that waits for it.
                      const std::string at =
                          std::filesystem::weakly_canonical(dir.empty() ? "." : dir).string();
                      if (std::find(locked.begin(), locked.end(), at) != locked.end()) return;
-                     j->locks.push_back(std::make_unique<FolderLock>(dir, key));
+                     std::vector<std::string> notes;  // a dead process's lock taken over
+                     j->locks.push_back(std::make_unique<FolderLock>(
+                         dir, key, [&](const std::string& s) { notes.push_back(s); }));
                      locked.push_back(at);
+                     for (const std::string& n : notes)
+                         if (PyErr_WarnEx(PyExc_RuntimeWarning, n.c_str(), 1) != 0)
+                             throw py::error_already_set();
                  };
                  if (j->cfg.output.run_file) lock(j->cfg.output.dir, "output.dir");
                  if (!j->cfg.checkpoint.dir.empty()) lock(j->cfg.checkpoint.dir, "checkpoint.dir");
@@ -288,9 +363,12 @@ error (CommError, CheckpointError, ...) from the call that waits for it.
                      hooks.setup = [rec = j->probes.get()](Job& job) { job.set_probes(rec); };
                  }
                  // The FP8 drift monitor on every rank when the config asks for it.
-                 j->run = std::make_unique<SteppedRun>(j->cfg, observers,
-                                                       chain(fp8_monitor_hooks(j->cfg), hooks));
-                 wait(*j);  // every rank built (and resumed) and paused before its next step
+                 // A missing or unreadable input file is also an OSError (with_files).
+                 with_files(inputs, [&] {
+                     j->run = std::make_unique<SteppedRun>(
+                         j->cfg, observers, chain(fp8_monitor_hooks(j->cfg), hooks));
+                     wait(*j);  // every rank built (and resumed) and paused before its next step
+                 });
                  return j;
              }),
              py::arg("config") = py::none(), py::kw_only(), py::arg("out") = py::none(),
@@ -313,14 +391,26 @@ error (CommError, CheckpointError, ...) from the call that waits for it.
             "status", [](const PyJob& j) { return stepped_status_name(j.run->status()); },
             "\"paused\" between steps, \"finished\" after finish(), \"failed\" after an error.")
         .def_property_readonly(
-            "num_params", [](PyJob& j) { return j.run->job(0).num_params(); },
+            "num_params",
+            [](PyJob& j) {
+                raise_if_failed(j);
+                return j.run->job(0).num_params();
+            },
             "Parameters of the whole model.")
         .def_property_readonly(
-            "loss_floor", [](PyJob& j) { return j.run->job(0).loss_floor(); },
+            "loss_floor",
+            [](PyJob& j) {
+                raise_if_failed(j);
+                return j.run->job(0).loss_floor();
+            },
             "The least expected validation loss (nats per target) any model can reach on the "
             "job's synthetic source for windows of seq_len + 1 tokens; -1 for token files.")
         .def_property_readonly(
-            "entropy_rate", [](PyJob& j) { return j.run->job(0).entropy_rate(); },
+            "entropy_rate",
+            [](PyJob& j) {
+                raise_if_failed(j);
+                return j.run->job(0).entropy_rate();
+            },
             "Nats per token of the synthetic source's process; -1 where it has none (token "
             "files, the copy source).")
         .def("step", &step, py::arg("n") = 1, R"doc(
@@ -344,14 +434,16 @@ Ends the run at the steps done, as the CLI's run ends: the llm.c export (output.
 written and observers see the end. Each rank then holds its whole state (ZeRO shards gathered);
 the state stays readable, but the job takes no more steps.)doc")
         .def(
-            "close", [](PyJob& j) { if (j.run->status() == SteppedRun::Status::paused) finish(j); },
-            "finish() if the job is paused. Its memory is freed when the last array that views it "
-            "and the job itself are gone.")
+            "close", &close,
+            "finish() if the job is paused; a finished or failed job lets go of its output "
+            "folders and its run file (also done by finish() and run() themselves, and by the "
+            "call that saw it fail). Its memory is freed when the last array that views it and "
+            "the job itself are gone.")
         .def("__enter__", [](py::object self) { return self; })
-        .def("__exit__",
-             [](PyJob& j, const py::object& type, const py::object&, const py::object&) {
-                 if (type.is_none() && j.run->status() == SteppedRun::Status::paused) finish(j);
-             })
+        .def(
+            "__exit__",
+            [](PyJob& j, const py::object&, const py::object&, const py::object&) { close(j); },
+            "close(), also when the block raised (a failed job stays failed).")
         .def(
             "add_observer",
             [](PyJob& j, const py::function& fn) { j.observers.push_back(fn); },
@@ -639,6 +731,10 @@ and bytes, and memory per rank beside the admission estimate.)doc")
             [](py::object self, int r) {
                 PyJob& j = self.cast<PyJob&>();
                 raise_if_failed(j);
+                if (r < 0 || r >= j.run->world_size())
+                    throw IndexLookupError("rank(" + std::to_string(r) +
+                                           "): not a rank of this layout (0 .. " +
+                                           std::to_string(j.run->world_size() - 1) + ")");
                 return rank_view(*j.run, r, self);
             },
             py::arg("rank"), R"doc(

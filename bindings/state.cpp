@@ -7,7 +7,7 @@
 // layout no rank holds a logical tensor whole in one place (tp shards, ZeRO shards, stages), so
 // the logical tensors are assembled, copied, from every rank's pieces (each logical element from
 // the one rank that checkpoints write it from: core/parallel/state_slices.h), with no
-// communication. A rank's own pieces are views again.
+// communication; the copies are read-only as the views are. A rank's own pieces are views again.
 #include "bindings/state.h"
 
 #include "core/base/error.h"
@@ -116,7 +116,14 @@ py::dict logical_tensors(SteppedRun& run, What what, const py::handle& owner) {
                 dst[idx[static_cast<size_t>(k - e.offset)]] = l.base[k - l.lo];
         }
     }
-    for (size_t i = 0; i < full.entries.size(); i++) out[py::str(full.entries[i].name)] = arrays[i];
+    // Read-only like the single device's views, so that code written against one layout runs
+    // under every other: a write would change only this copy, never the job (arr.copy() for one
+    // to change).
+    for (size_t i = 0; i < full.entries.size(); i++) {
+        auto* proxy = py::detail::array_proxy(arrays[i].ptr());
+        proxy->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+        out[py::str(full.entries[i].name)] = arrays[i];
+    }
     return out;
 }
 

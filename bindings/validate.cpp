@@ -176,9 +176,11 @@ void bind_validate(py::module_& m) {
             ValidationReport report;
             if (!golden.is_none()) {
                 const std::string path = py::str(py::module_::import("os").attr("fspath")(golden));
-                run_interruptibly([&](const Cancel& cancel) {
-                    const TraceReader trace(path);
-                    report = validate_golden(cfg, specs, trace, nullptr, cancel);
+                with_files({path}, [&] {
+                    run_interruptibly([&](const Cancel& cancel) {
+                        const TraceReader trace(path);
+                        report = validate_golden(cfg, specs, trace, nullptr, cancel);
+                    });
                 });
                 return report;
             }
@@ -241,8 +243,8 @@ Trace(path): info (dict: config, patterns, stride, steps, order, data_hash), nam
 in the reference's order of execution), read(name) (a probe's logical tensor, its checksum
 verified: a numpy array that owns the data read).)doc")
         .def(py::init([](const py::object& path) {
-                 return std::make_unique<TraceReader>(
-                     py::str(py::module_::import("os").attr("fspath")(path)));
+                 const std::string p = py::str(py::module_::import("os").attr("fspath")(path));
+                 return with_files({p}, [&] { return std::make_unique<TraceReader>(p); });
              }),
              py::arg("path"))
         .def_property_readonly("path", &TraceReader::path)

@@ -5,9 +5,12 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -96,34 +99,120 @@ void check_run_outputs(const Config& cfg, const std::string& dump) {
     if (!dump.empty()) check_output_file(dump, "--dump");
 }
 
-FolderLock::FolderLock(const std::string& folder, const std::string& key) {
-    const std::string path = (fs::path(folder.empty() ? "." : folder) / ".parallax-lock").string();
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) {
-        const int err = errno;
-        throw ConfigError(quoted(key, folder) + ": cannot create its lock file " + path + " (" +
-                          std::strerror(err) + ")");
+namespace {
+
+// Who holds a lock file, as its holder wrote it: "<pid> <host>" (pid 0: nothing readable).
+struct Holder {
+    long pid = 0;
+    std::string host;
+};
+
+Holder read_holder(int fd) {
+    char text[300] = "";
+    const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
+    if (n <= 0) return {};
+    text[n] = 0;
+    Holder h;
+    char host[256] = "";
+    if (std::sscanf(text, "%ld %255s", &h.pid, host) < 1) return {};
+    h.host = host;
+    return h;
+}
+
+std::string this_host() {
+    char host[256] = "";
+    if (::gethostname(host, sizeof host - 1) != 0) return "";
+    return host;
+}
+
+// A holder that is known to be gone: a process of this host that no longer runs. A holder on
+// another host (a folder shared across hosts) or one without a host cannot be judged from here.
+bool gone(const Holder& h) {
+    if (h.pid <= 0 || h.host.empty() || h.host != this_host()) return false;
+    return ::kill(static_cast<pid_t>(h.pid), 0) != 0 && errno == ESRCH;
+}
+
+bool same_file(int fd, const std::string& path) {
+    struct stat a{}, b{};
+    return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
+}  // namespace
+
+FolderLock::FolderLock(const std::string& folder, const std::string& key,
+                       const std::function<void(const std::string&)>& note) {
+    path_ = (fs::path(folder.empty() ? "." : folder) / ".parallax-lock").string();
+    const auto tell = [&](const std::string& s) {
+        if (note) {
+            note(s);
+        } else {
+            std::fprintf(stderr, "parallax: %s\n", s.c_str());
+            std::fflush(stderr);
+        }
+    };
+    // A few rounds: a run that releases or takes over the lock removes the file between our
+    // open and our flock, and the lock then taken is on a file no other run will see.
+    for (int round = 0; round < 20; round++) {
+        fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd_ < 0) {
+            const int err = errno;
+            throw ConfigError(quoted(key, folder) + ": cannot create its lock file " + path_ +
+                              " (" + std::strerror(err) + ")");
+        }
+        if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+            const Holder h = read_holder(fd_);
+            if (gone(h) && same_file(fd_, path_)) {
+                // The lock lives on in a process the dead holder forked (a data loader's worker,
+                // say), which inherited it: the folder is free, so the file is replaced.
+                ::unlink(path_.c_str());
+                ::close(fd_);
+                fd_ = -1;
+                tell(quoted(key, folder) + ": taking over the lock " + path_ +
+                     " of process " + std::to_string(h.pid) +
+                     ", which no longer runs (a process it started still held the lock)");
+                continue;
+            }
+            ::close(fd_);
+            fd_ = -1;
+            if (h.pid == ::getpid() && h.host == this_host())
+                throw ConfigError(quoted(key, folder) +
+                                  " is in use by another job of this process, which is still "
+                                  "open; end that one first (in Python: its close(), finish() or "
+                                  "run(), or the end of its `with` block), or give this job "
+                                  "another folder");
+            throw ConfigError(quoted(key, folder) + " is in use by another run" +
+                              (h.pid > 0 ? " (process " + std::to_string(h.pid) +
+                                               (h.host.empty() ? "" : " on " + h.host) + ")"
+                                         : std::string()) +
+                              ", which holds " + path_ +
+                              "; wait for it to end, or give this run another folder");
+        }
+        if (!same_file(fd_, path_)) {  // removed by its last holder as we opened it
+            ::close(fd_);
+            fd_ = -1;
+            continue;
+        }
+        // A holder recorded in a file nobody locks was killed before it could remove it.
+        if (const Holder h = read_holder(fd_); gone(h) && h.pid != ::getpid())
+            tell(quoted(key, folder) + ": taking over the lock " + path_ + " left by process " +
+                 std::to_string(h.pid) + ", which no longer runs");
+        // The holder only names itself in another run's message; the lock is what counts.
+        const std::string me = std::to_string(::getpid()) + " " + this_host() + "\n";
+        if (::ftruncate(fd_, 0) == 0) {
+            [[maybe_unused]] const ssize_t written = ::pwrite(fd_, me.data(), me.size(), 0);
+        }
+        return;
     }
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-        char holder[32] = "";
-        const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
-        if (n > 0) holder[n] = 0;
-        ::close(fd_);
-        fd_ = -1;
-        throw ConfigError(quoted(key, folder) + " is in use by another run" +
-                          (holder[0] ? std::string(" (process ") + holder + ")" : std::string()) +
-                          ", which holds " + path +
-                          "; wait for it to end, or give this run another folder");
-    }
-    // The pid only names the holder in another run's message; the lock is what counts.
-    const std::string pid = std::to_string(::getpid());
-    if (::ftruncate(fd_, 0) == 0) {
-        [[maybe_unused]] const ssize_t written = ::pwrite(fd_, pid.data(), pid.size(), 0);
-    }
+    throw ConfigError(quoted(key, folder) + ": its lock file " + path_ +
+                      " keeps being replaced by other runs; give this run another folder");
 }
 
 FolderLock::~FolderLock() {
-    if (fd_ >= 0) ::close(fd_);  // releases the lock
+    if (fd_ < 0) return;
+    // Removed while still locked: a run that opened it meanwhile sees it gone and opens anew.
+    if (same_file(fd_, path_)) ::unlink(path_.c_str());
+    ::close(fd_);  // releases the lock
 }
 
 }  // namespace px

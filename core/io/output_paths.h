@@ -7,10 +7,11 @@
 //   check_output_file    a file a run writes: not a folder, and its folder writable
 //   check_run_outputs    every output of a training config (run file, checkpoints, llm.c export)
 //   FolderLock           one run at a time in an output folder (an advisory lock, held until the
-//   end)
+//                        run ends; a dead holder's is taken over)
 #pragma once
 #include "core/base/config.h"
 
+#include <functional>
 #include <string>
 
 namespace px {
@@ -28,15 +29,22 @@ void check_run_outputs(const Config& cfg, const std::string& dump = "");
 // An exclusive advisory lock (flock) on <folder>/.parallax-lock for as long as it lives, so that a
 // second run started into the folder of a running one stops with a ConfigError naming the
 // folder and the process that holds it, instead of writing over its run file and checkpoints.
-// The lock goes with the process, also when it is killed.
+// The file records "<pid> <host>" of its holder and is removed when the lock is released.
+// A lock left by a process of this host that no longer runs is taken over, and `note` is told
+// so in a sentence (stderr by default): the process was killed before it removed its file, or a
+// child it forked still holds the lock it inherited. The lock goes with the process, also when
+// it is killed. A second lock of the same folder in one process is refused with its own sentence
+// (an earlier job of the process, a notebook's, still holds it).
 class FolderLock {
 public:
-    FolderLock(const std::string& folder, const std::string& key);
-    ~FolderLock();
+    FolderLock(const std::string& folder, const std::string& key,
+               const std::function<void(const std::string&)>& note = {});
+    ~FolderLock();  // releases: removes the file, then unlocks
     FolderLock(const FolderLock&) = delete;
     FolderLock& operator=(const FolderLock&) = delete;
 
 private:
+    std::string path_;
     int fd_ = -1;
 };
 

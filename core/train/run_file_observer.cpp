@@ -223,7 +223,9 @@ void RunFileObserver::on_end(const RunView& job) {
     }
     if (job.entropy_rate() >= 0) file_->set_attr("entropy_rate", job.entropy_rate());
     if (job.loss_floor() >= 0) file_->set_attr("loss_floor", job.loss_floor());
-    file_->flush();
+    // Closed at the run's end, not when the observer goes: a finished parallax.Job lives on in
+    // a notebook, and h5py (another copy of HDF5) cannot open a file this process holds open.
+    file_.reset();
 }
 
 }  // namespace px

@@ -18,10 +18,10 @@ namespace px {
 // a new one starts with the k restored steps of history(). A run file that is there but cannot be
 // opened read-write is an error, never replaced. A step reported again (a re-run) replaces its
 // rows and drops the later ones. Either way the file holds each step once, in order, with its
-// latest values; it is flushed after every step. Named values (on_values) are metrics of their
-// own. Events reported through the job (alerts, spikes) go to /events as they come, with their
-// evidence; the FP8 drift monitor's rows of a step go to /fp8 with that step's metrics
-// (replaced alike when the step is run again).
+// latest values; it is flushed after every step and closed at the run's end (on_end). Named
+// values (on_values) are metrics of their own. Events reported through the job (alerts, spikes)
+// go to /events as they come, with their evidence; the FP8 drift monitor's rows of a step go to
+// /fp8 with that step's metrics (replaced alike when the step is run again).
 class RunFileObserver : public Observer {
 public:
     RunFileObserver(const std::string& path, const Config& cfg);  // opens nothing yet

@@ -21,8 +21,8 @@ import parallax
 ROOT = Path(__file__).resolve().parents[2]
 EXE = os.environ.get("PARALLAX_EXE", str(ROOT / "build" / "app" / "parallax"))
 
-# A small job: the default model on 64-token sequences, one OpenMP thread per rank.
-SMALL = dict(model={"seq_len": 64}, train={"steps": 10, "threads": 1, "eval_every": 5},
+# A small job: the default model with 2 layers on 64-token sequences, one OpenMP thread per rank.
+SMALL = dict(model={"seq_len": 64, "layers": 2}, train={"steps": 10, "threads": 1, "eval_every": 5},
              numerics={"block": 32})
 
 
@@ -291,7 +291,7 @@ def test_probes_of_a_layout_put_together_equal_the_single_device_s():
 
 @pytest.mark.parametrize("layout", [{}, {"dp": 2, "tp": 2, "zero": 2}], ids=["single", "dp2xtp2xz2"])
 def test_a_ten_step_job_from_python_gives_the_cli_dump_s_bits(tmp_path, layout):
-    sets = ["model.seq_len=64", "train.steps=10", "train.threads=1", "train.eval_every=5",
+    sets = ["model.seq_len=64", "model.layers=2", "train.steps=10", "train.threads=1", "train.eval_every=5",
             "numerics.block=32"] + [f"layout.{k}={v}" for k, v in layout.items()]
     dump = tmp_path / "cli.h5"
     subprocess.run([EXE, "train", "--quiet", "--out", str(tmp_path / "cli"), "--dump", str(dump),
@@ -595,7 +595,7 @@ def test_the_canonical_sum_is_the_documented_tree_and_shares_of_its_nodes_agree(
 
 
 def test_the_stub_names_exactly_what_the_module_has():
-    stub = ast.parse((ROOT / "bindings" / "parallax.pyi").read_text())
+    stub = ast.parse((ROOT / "bindings" / "typing" / "parallax-stubs" / "__init__.pyi").read_text())
     declared = {n.name for n in stub.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     declared |= {t.id for n in stub.body if isinstance(n, ast.AnnAssign) for t in [n.target]}
     public = {n for n in dir(parallax) if not n.startswith("_")} | {"__version__"}
