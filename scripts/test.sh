@@ -28,7 +28,9 @@ lap "Catch2 suites (meson test):"
 if scripts/check_layers.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 
 PYTHON="${PYTHON:-python3}"
-PARALLAX_EXE="$PWD/build/app/parallax" "$PYTHON" -m pytest -q --durations=20 tests/python
+# The fuzz suite's budget here is 45 s: it runs again below, under the sanitizers, for 60 s.
+PARALLAX_EXE="$PWD/build/app/parallax" PARALLAX_FUZZ_BUDGET_S="${PARALLAX_FUZZ_BUDGET_S:-45}" \
+    "$PYTHON" -m pytest -q --durations=20 tests/python
 rc=$?
 if [ $rc -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 lap "layering check and pytest:"
@@ -36,9 +38,11 @@ lap "layering check and pytest:"
 # The job view's suite once more under ThreadSanitizer, in its own build of only that target:
 # readers snapshot a running job from another thread, and TSan checks that they never touch
 # memory the job writes (the suite runs one OpenMP thread per rank: OpenMP is not instrumented).
+# -O1 with line tables only (-g1): every report still has file:line, for less compile time.
 tsan_ok=0
 if [ -f build-tsan/build.ninja ] ||
-    meson setup build-tsan --buildtype=debugoptimized -Db_sanitize=thread >/dev/null; then
+    meson setup build-tsan -Doptimization=1 -Ddebug=true -Dcpp_args=-g1 \
+        -Db_sanitize=thread >/dev/null; then
     if ninja -C build-tsan tests/test_job_view >/dev/null || ninja -C build-tsan tests/test_job_view; then
         TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_job_view && tsan_ok=1
     fi

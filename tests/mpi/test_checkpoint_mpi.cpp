@@ -7,9 +7,10 @@
 //
 // Every rank runs every test case (Catch2 with MPI initialised in main); each computes the small
 // job's trained state itself (deterministic, milliseconds).
-#define CATCH_CONFIG_RUNNER
 #include "core/io/checkpoint.h"
 #include "tests/test_util.h"
+
+#include "tests/mpi/catch_runner.h"
 
 #include <catch2/catch.hpp>
 
@@ -174,8 +175,7 @@ int main(int argc, char** argv) {
         return 1;
     }
     trained();  // every rank, before the first collective
-    Catch::Session session;
-    const int rc = session.run(argc, argv);
+    const int rc = px::test::run_catch(argc, argv);
     int worst = rc;
     MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     MPI_Finalize();

@@ -8,7 +8,6 @@
 // Every rank runs every test case (Catch2 with MPI initialised in main). References that need
 // no MPI (in-process runs, single device) are computed by rank 0 while the others wait in a
 // barrier, which polls and sleeps, so oversubscribed ranks leave it the cores.
-#define CATCH_CONFIG_RUNNER
 #include "core/comm/comm.h"
 #include "core/comm/inproc.h"
 #include "core/comm/mpi.h"
@@ -20,6 +19,8 @@
 #include "core/train/runner.h"
 #include "core/io/state.h"
 #include "tests/test_util.h"
+
+#include "tests/mpi/catch_runner.h"
 
 #include <catch2/catch.hpp>
 
@@ -437,7 +438,6 @@ int main(int argc, char** argv) {
                          g_mpi->size());
         return 1;
     }
-    Catch::Session session;
-    const int rc = session.run(argc, argv);
+    const int rc = px::test::run_catch(argc, argv);
     return rc;
 }

@@ -8,7 +8,6 @@
 // Every rank runs every test case (Catch2, MPI initialised in main by MpiEnvironment). References
 // that need no MPI (the in-process run, the single device) are computed by rank 0 while the
 // others wait in a barrier, which polls and sleeps, so oversubscribed ranks leave it the cores.
-#define CATCH_CONFIG_RUNNER
 #include "core/io/checkpoint.h"
 #include "core/comm/mpi.h"
 #include "core/base/config.h"
@@ -18,6 +17,8 @@
 #include "tests/test_util.h"
 
 #include <hdf5.h>
+#include "tests/mpi/catch_runner.h"
+
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -179,6 +180,5 @@ int main(int argc, char** argv) {
                          kRanks, g_mpi->size());
         return 1;
     }
-    Catch::Session session;
-    return session.run(argc, argv);
+    return px::test::run_catch(argc, argv);
 }
