@@ -20,7 +20,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 
 
 def train_ms(exe, config, steps, sets):
@@ -36,10 +35,11 @@ def train_ms(exe, config, steps, sets):
     return statistics.median(ms)
 
 
-def gui_ms(exe, config, steps, sets, env):
-    args = [exe, "gui", "--measure", "--steps", str(steps), *([config] if config else []),
+def gui_ms(exe, config, steps, sets):
+    # A fresh X server per run, on a free display (as the tests' `parallax gui --screenshot`).
+    args = ["xvfb-run", "-a", "-s", "-screen 0 1600x1000x24", exe, "gui", "--measure", "--steps", str(steps), *([config] if config else []),
             "--set", "output.run_file=false", "train.eval_every=0", *sets[1::2]]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=1800, env=env)
+    r = subprocess.run(args, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError("parallax gui --measure failed: " + (r.stdout + r.stderr)[-2000:])
     m = re.search(r"headless ([\d.]+) ms, with the workbench ([\d.]+) ms", r.stdout)
@@ -47,19 +47,6 @@ def gui_ms(exe, config, steps, sets, env):
     if not m:
         raise RuntimeError("parallax gui --measure printed no step times:\n" + r.stdout)
     return float(m.group(1)), float(m.group(2)), float(f.group(1)) if f else float("nan")
-
-
-def xvfb():
-    for n in range(90, 140):
-        if not os.path.exists(f"/tmp/.X{n}-lock") and not os.path.exists(f"/tmp/.X11-unix/X{n}"):
-            break
-    proc = subprocess.Popen(["Xvfb", f":{n}", "-screen", "0", "1600x1000x24", "-nolisten", "tcp"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        if os.path.exists(f"/tmp/.X11-unix/X{n}"):
-            break
-        time.sleep(0.05)
-    return proc, dict(os.environ, DISPLAY=f":{n}")
 
 
 def main():
@@ -71,43 +58,38 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="train.threads (0: the default)")
     ap.add_argument("--load", choices=["both", "quiet", "loaded"], default="both")
     a = ap.parse_args()
-    if not shutil.which("Xvfb"):
-        print("Xvfb is needed (scripts/setup.sh --gui installs it)")
+    if not shutil.which("xvfb-run"):
+        print("xvfb-run is needed (scripts/setup.sh --all installs it)")
         return 1
     sets = ["--set", f"train.threads={a.threads}"] if a.threads else []
-    server, env = xvfb()
     ok = True
-    try:
-        for load in (["quiet", "loaded"] if a.load == "both" else [a.load]):
-            rows = []
-            for k in range(a.rounds):
-                busy = None
-                if load == "loaded":  # another user's work on one core, for the whole round
-                    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                try:
-                    with open("/proc/loadavg") as f:
-                        avg = float(f.read().split()[0])
-                    t = train_ms(a.exe, a.config, a.steps, sets)
-                    h, g, frame = gui_ms(a.exe, a.config, a.steps, sets, env)
-                    rows.append((t, h, g, frame))
-                    print(f"{load:6s} round {k + 1}: train {t:7.2f} ms/step | gui --measure: "
-                          f"headless {h:7.2f}, attached {g:7.2f} ms/step, frame median "
-                          f"{frame:.1f} ms | attached/train {g / t:.3f}, attached/headless "
-                          f"{g / h:.3f} (load average {avg:.1f})", flush=True)
-                except RuntimeError as e:
-                    print(f"{load} round {k + 1}: {e}")
-                    ok = False
-                finally:
-                    if busy:
-                        busy.kill()
-                        busy.wait()
-            if rows:
-                print(f"{load:6s} median over {len(rows)} rounds: attached/train "
-                      f"{statistics.median(r[2] / r[0] for r in rows):.3f}, attached/headless "
-                      f"{statistics.median(r[2] / r[1] for r in rows):.3f}", flush=True)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    for load in (["quiet", "loaded"] if a.load == "both" else [a.load]):
+        rows = []
+        for k in range(a.rounds):
+            busy = None
+            if load == "loaded":  # another user's work on one core, for the whole round
+                busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            try:
+                with open("/proc/loadavg") as f:
+                    avg = float(f.read().split()[0])
+                t = train_ms(a.exe, a.config, a.steps, sets)
+                h, g, frame = gui_ms(a.exe, a.config, a.steps, sets)
+                rows.append((t, h, g, frame))
+                print(f"{load:6s} round {k + 1}: train {t:7.2f} ms/step | gui --measure: "
+                      f"headless {h:7.2f}, attached {g:7.2f} ms/step, frame median "
+                      f"{frame:.1f} ms | attached/train {g / t:.3f}, attached/headless "
+                      f"{g / h:.3f} (load average {avg:.1f})", flush=True)
+            except RuntimeError as e:
+                print(f"{load} round {k + 1}: {e}")
+                ok = False
+            finally:
+                if busy:
+                    busy.kill()
+                    busy.wait()
+        if rows:
+            print(f"{load:6s} median over {len(rows)} rounds: attached/train "
+                  f"{statistics.median(r[2] / r[0] for r in rows):.3f}, attached/headless "
+                  f"{statistics.median(r[2] / r[1] for r in rows):.3f}", flush=True)
     return 0 if ok else 1
 
 

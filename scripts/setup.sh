@@ -42,7 +42,7 @@ t_phase=$SECONDS
 phase() { echo "setup: $*"; t_phase=$SECONDS; }
 took() { echo "setup:   done in $((SECONDS - t_phase)) s"; }
 
-deb=("${DEB_CORE[@]}")
+deb=()  # beyond DEB_CORE
 ((want_gui)) && deb+=("${DEB_GUI[@]}")
 ((want_all)) && deb+=("${DEB_TESTS[@]}")
 PYTHON="${PYTHON:-python3}"
@@ -77,7 +77,7 @@ apt_install() {
 # The executable's packages without Debian's recommendations (documentation, optional tools):
 # the quick start's download. The workbench's and the tests' with them (Xvfb needs its fonts).
 apt_install --no-install-recommends "${DEB_CORE[@]}"
-apt_install "" "${deb[@]:${#DEB_CORE[@]}}"
+apt_install "" ${deb[@]+"${deb[@]}"}
 
 if ((want_python)); then
     export PIP_ROOT_USER_ACTION=ignore  # CI runs as root, outside a virtual environment

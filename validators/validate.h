@@ -8,6 +8,7 @@
 //   single_axis_parts a layout's dp, tp, pp and cp parts, each alone
 //   with_layout       a config run under a layout
 //   LayoutResult      one layout's outcome: verdict, steps, max ULP, first divergence
+//   max_ulp_text, first_divergence_text   the table's cells
 //   ValidationReport  every layout's; table(), to_json(), to_markdown()
 //   ValidateWatch     what a watcher is told as validation goes (the workbench's live heatmap)
 //   validate_layouts  runs the reference and every layout in lockstep, comparing after every step
@@ -170,6 +171,12 @@ struct LayoutResult {
     double seconds = 0;
     bool ok() const { return verdict == "match" || verdict == "within budget"; }
 };
+
+// The table's cells, as `parallax validate` prints them (the workbench's verdict table too): a
+// max ULP ("NaN" for kNoUlp), and the first divergence (step, tensor, ranks, element, both
+// values, the first op, the parallelism at fault; the error of a layout that did not run; "-").
+std::string max_ulp_text(std::int64_t ulp);
+std::string first_divergence_text(const LayoutResult& r);
 
 struct ValidationReport {
     std::string job;   // the config's source

@@ -13,10 +13,6 @@ namespace px {
 
 namespace {
 
-std::string ulp_text(std::int64_t u) {
-    return u == kNoUlp ? "NaN" : std::to_string(u);
-}
-
 std::string ranks_text(const std::vector<int>& ranks) {
     std::string s = ranks.size() == 1 ? "rank " : "ranks ";
     for (size_t i = 0; i < ranks.size(); i++) {
@@ -41,7 +37,13 @@ std::string axes_text(const LayoutResult& r) {
     return "; parallelism: " + bad + (good.empty() ? "" : " (" + good + " match)");
 }
 
-std::string first_text(const LayoutResult& r) {
+}  // namespace
+
+std::string max_ulp_text(std::int64_t u) {
+    return u == kNoUlp ? "NaN" : std::to_string(u);
+}
+
+std::string first_divergence_text(const LayoutResult& r) {
     if (!r.error.empty()) return r.error;
     if (r.first_step < 0) return "-";
     const Comparison& c = r.first;
@@ -78,8 +80,6 @@ std::string first_text(const LayoutResult& r) {
     return s + axes_text(r);
 }
 
-}  // namespace
-
 bool ValidationReport::all_ok() const {
     return std::all_of(layouts.begin(), layouts.end(),
                        [](const LayoutResult& r) { return r.ok(); });
@@ -101,9 +101,9 @@ std::string ValidationReport::table() const {
     for (const LayoutResult& r : layouts) {
         std::snprintf(line, sizeof line, "%-*s  %5lld  %-13s  %7s  ", static_cast<int>(w),
                       r.layout.c_str(), static_cast<long long>(r.steps), r.verdict.c_str(),
-                      ulp_text(r.max_ulp).c_str());
+                      max_ulp_text(r.max_ulp).c_str());
         out += line;
-        out += first_text(r);
+        out += first_divergence_text(r);
         out += "\n";
     }
     return out;
@@ -189,10 +189,10 @@ std::string ValidationReport::to_markdown() const {
           " steps, every layout against the single-device reference after every step.\n\n";
     md += "| layout | steps | verdict | max ULP | first divergence |\n|---|---|---|---|---|\n";
     for (const LayoutResult& r : layouts) {
-        std::string first = first_text(r);
+        std::string first = first_divergence_text(r);
         std::replace(first.begin(), first.end(), '|', '/');
         md += "| " + r.layout + " | " + std::to_string(r.steps) + " | " + r.verdict + " | " +
-              ulp_text(r.max_ulp) + " | " + first + " |\n";
+              max_ulp_text(r.max_ulp) + " | " + first + " |\n";
     }
     for (const LayoutResult& r : layouts) {
         if (r.differing.empty() && r.budget_ratio < 0) continue;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <sstream>
+#include <utility>
 
 namespace px::gui {
 
@@ -77,10 +78,14 @@ void ConfigEditor::load_base(const Config& base) {
     }
 }
 
-EditorField* ConfigEditor::field(const std::string& key) {
-    for (EditorField& f : fields_)
+const EditorField* ConfigEditor::field(const std::string& key) const {
+    for (const EditorField& f : fields_)
         if (f.key == key) return &f;
     return nullptr;
+}
+
+EditorField* ConfigEditor::field(const std::string& key) {
+    return const_cast<EditorField*>(std::as_const(*this).field(key));
 }
 
 bool ConfigEditor::set(const std::string& key, const std::string& text) {

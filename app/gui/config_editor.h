@@ -33,6 +33,7 @@ public:
     std::vector<EditorField>& fields() { return fields_; }
     const std::vector<EditorField>& fields() const { return fields_; }
     EditorField* field(const std::string& key);                 // null when not edited here
+    const EditorField* field(const std::string& key) const;
     bool set(const std::string& key, const std::string& text);  // false: not a field
 
     // The base with every edited field applied (apply_overrides), validated as a job validates

@@ -214,22 +214,13 @@ namespace {
 
 // The field's text as a whole number in [lo, hi], else nullopt (empty, half-typed, too big).
 std::optional<int> field_int(const ConfigEditor& bar, const char* key, int lo, int hi) {
-    for (const EditorField& f : bar.fields()) {
-        if (f.key != key) continue;
-        if (f.text.empty() || f.text.size() > 6 ||
-            !std::all_of(f.text.begin(), f.text.end(), [](char c) { return c >= '0' && c <= '9'; }))
-            return std::nullopt;
-        const int v = std::atoi(f.text.c_str());
-        if (v < lo || v > hi) return std::nullopt;
-        return v;
-    }
-    return std::nullopt;
-}
-
-const std::string* field_text(const ConfigEditor& bar, const char* key) {
-    for (const EditorField& f : bar.fields())
-        if (f.key == key) return &f.text;
-    return nullptr;
+    const EditorField* f = bar.field(key);
+    if (!f || f->text.empty() || f->text.size() > 6 ||
+        !std::all_of(f->text.begin(), f->text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return std::nullopt;
+    const int v = std::atoi(f->text.c_str());
+    if (v < lo || v > hi) return std::nullopt;
+    return v;
 }
 
 }  // namespace
@@ -244,10 +235,10 @@ bool follow_job_bar(ExplorerPicks& p, const ConfigEditor& bar) {
         if (auto n = field_int(bar, key, 1, 64)) *v = *n;
     if (auto n = field_int(bar, "layout.zero", 0, 3)) p.zero = *n;
     if (auto n = field_int(bar, "numerics.block", 1, 1 << 16)) p.block = *n;
-    if (const std::string* t = field_text(bar, "layout.cp_method"))
-        if (*t == "ring" || *t == "ulysses") p.ulysses = *t == "ulysses";
-    if (const std::string* t = field_text(bar, "layout.sequence_parallel"))
-        if (*t == "true" || *t == "false") p.sp = *t == "true";
+    if (const EditorField* f = bar.field("layout.cp_method"))
+        if (f->text == "ring" || f->text == "ulysses") p.ulysses = f->text == "ulysses";
+    if (const EditorField* f = bar.field("layout.sequence_parallel"))
+        if (f->text == "true" || f->text == "false") p.sp = f->text == "true";
     return !(p == before);
 }
 

@@ -31,17 +31,6 @@ std::string budget_text(const CheckCell& k) {
     return b;
 }
 
-std::string ulp_text(std::int64_t ulp) {
-    return ulp == kNoUlp ? "NaN" : std::to_string(ulp);
-}
-
-// "step 6: params/wpe on rank 1", or "-" when every step matched.
-std::string first_divergence(const LayoutResult& r) {
-    if (r.first_step < 0) return r.verdict == "error" ? r.error : "-";
-    return "step " + std::to_string(r.first_step) + ": " + r.first.name + " on rank " +
-           std::to_string(r.first_rank);
-}
-
 // Why a layout's grid has no rows, in a sentence; "" when it has some.
 std::string empty_grid_reason(const CheckView& v, const LayoutGrid& g) {
     if (!g.tensors.empty()) return "";
@@ -125,9 +114,9 @@ void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s) {
             ImGui::TableNextColumn();
             ImGui::TextUnformatted(g.finished ? g.result.verdict.c_str() : "comparing");
             ImGui::TableNextColumn();
-            ImGui::TextUnformatted(g.finished ? ulp_text(g.result.max_ulp).c_str() : "");
+            ImGui::TextUnformatted(g.finished ? max_ulp_text(g.result.max_ulp).c_str() : "");
             ImGui::TableNextColumn();
-            ImGui::TextUnformatted(g.finished ? first_divergence(g.result).c_str() : "");
+            ImGui::TextUnformatted(g.finished ? first_divergence_text(g.result).c_str() : "");
             ImGui::PopStyleColor();
             ImGui::PopID();
         }
