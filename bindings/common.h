@@ -1,4 +1,5 @@
-// The Python module `parallax` (pybind11): what its files share.
+// The extension module parallax._core (pybind11), under the package bindings/python/parallax:
+// what its files share.
 //
 // Index
 //   bind_errors .. bind_files   each file's part of the module, called by module.cpp in order

@@ -1,5 +1,6 @@
-// The Python module `parallax`: jobs, state as numpy arrays, layouts and schedules, validation,
-// checkpoints and run files (docs/python.md). Each part is bound by its own file (common.h).
+// The extension module parallax._core: jobs, state as numpy arrays, layouts and schedules,
+// validation, checkpoints and run files (docs/python.md). Each part is bound by its own file
+// (common.h); the package bindings/python/parallax is its public face, in Python.
 #include "bindings/common.h"
 
 namespace px::py_bind {
@@ -69,21 +70,9 @@ py::dict fp8_dict(const std::vector<Fp8Stat>& rows) {
 
 }  // namespace px::py_bind
 
-PYBIND11_MODULE(parallax, m) {
+PYBIND11_MODULE(_core, m) {
     using namespace px::py_bind;
-    m.doc() = R"doc(Parallax from Python: a GPT training runtime whose every parallel layout
-computes the single device's bits.
-
-  Config       a job config (TOML file, dict or keyword sections)
-  Job          a training job driven a few steps at a time; metrics and state as numpy arrays
-  validate     the single-device reference against parallel layouts, step by step
-  schedule     a pipeline schedule as data (actions per rank) and its simulation
-  canonical_sum, tree_nodes   the canonical reduction order itself
-  checkpoints  save (Job.save_checkpoint), read_checkpoint, inspect_checkpoint, convert (llm.c)
-  read_run_file the metrics, events and FP8 drift monitor rows of a run file
-  cast, fp8_cast  the library's casts: bf16 and fp8 arrays as ml_dtypes dtypes, fp8 codes and scales
-Errors are parallax.ParallaxError subclasses (ConfigError is also a ValueError) carrying the
-library's own messages.)doc";
+    m.doc() = "The extension module under the package parallax (bindings/python/parallax).";
     m.attr("__version__") = PARALLAX_VERSION;
     bind_errors(m);
     bind_config(m);

@@ -157,7 +157,7 @@ fi
 # packages above and Debian's meson.
 if ((want_python)); then
     where=$("$PYTHON" -c \
-        'import os, parallax; print(os.path.realpath(os.path.dirname(parallax.__file__)))' \
+        'import os, parallax._core as c; print(os.path.realpath(os.path.dirname(c.__file__)))' \
         2>/dev/null || true)
     if [ "$where" != "$(pwd -P)/build/bindings" ]; then
         phase "installing the Python module parallax (editable, over build/)"
@@ -165,22 +165,25 @@ if ((want_python)); then
         "$PYTHON" -c "import parallax" || { echo "setup: import parallax fails"; exit 1; }
         took
     fi
-    # The type stub is a stub-only package (bindings/typing/parallax-stubs), which a wheel
-    # installs beside the module; type checkers cannot see through the editable install's import
-    # hook, so a .pth file in site-packages puts the checkout's copy on their path (mypy and
-    # pyright read .pth files; at run time the folder holds nothing importable).
-    "$PYTHON" - "$(pwd -P)/bindings/typing" <<'PY'
+    # The package is typed (bindings/python/parallax, py.typed). Type checkers cannot see
+    # through the editable install's import hook, so a .pth file in site-packages puts the
+    # checkout's package folder on their path (mypy and pyright read .pth files; at run time the
+    # import hook comes first, and loads the same files).
+    "$PYTHON" - "$(pwd -P)/bindings/python" <<'PY'
 import os, site, sys, sysconfig
 folder = sysconfig.get_paths()["purelib"]
 if not os.access(folder, os.W_OK):
     folder = site.getusersitepackages()
     os.makedirs(folder, exist_ok=True)
-pth = os.path.join(folder, "parallax-stubs.pth")
+old = os.path.join(folder, "parallax-stubs.pth")  # the stub-only package an older set-up named
+if os.path.exists(old):
+    os.remove(old)
+pth = os.path.join(folder, "parallax-typing.pth")
 line = sys.argv[1] + "\n"
 if not os.path.exists(pth) or open(pth).read() != line:
     with open(pth, "w") as f:
         f.write(line)
-    print("setup: the type stub (bindings/typing) is on type checkers' path: " + pth)
+    print("setup: the typed package (bindings/python) is on type checkers' path: " + pth)
 PY
 fi
 echo "setup: ready ($((SECONDS - t_all)) s)"

@@ -4,7 +4,9 @@ the CLI's --dump, errors as Python exceptions, interruption by Ctrl-C, validatio
 checkpoints and run files."""
 import _thread
 import ast
+import inspect
 import os
+import pydoc
 import re
 import signal
 import subprocess
@@ -44,7 +46,8 @@ def same_bits(a, b):
 
 
 def test_module_is_this_tree_and_version_matches_the_cli():
-    assert Path(parallax.__file__).resolve().parent == (ROOT / "build" / "bindings").resolve()
+    assert Path(parallax.__file__).resolve().parent == (ROOT / "bindings" / "python" / "parallax")
+    assert Path(parallax._core.__file__).resolve().parent == (ROOT / "build" / "bindings").resolve()
     out = subprocess.run([EXE, "--version"], capture_output=True, text=True, check=True).stdout
     assert parallax.__version__ in out
 
@@ -182,7 +185,8 @@ def test_single_device_state_views_the_library_memory_and_sees_the_next_update()
     assert fc.shape == (256, 64) and fc.dtype == np.float32
     for d in (w, g, m, v):
         for a in d.values():
-            assert a.base is job  # the job owns the memory; the array keeps it alive
+            # The job's extension object owns the memory; the array keeps it alive.
+            assert a.base is job._impl
             assert not a.flags.writeable and not a.flags.owndata
     assert np.shares_memory(fc, job.weights()["h.0.mlp.c_fc.weight"])  # the same memory again
     before = {k: d["h.1.attn.c_attn.weight"].copy() for k, d in zip("wgmv", (w, g, m, v))}
@@ -241,9 +245,9 @@ def test_each_rank_s_pieces_are_views_and_the_shard_map_says_what_they_are():
     r3 = job.rank(3)
     assert (r3["dp"], r3["tp"], r3["pp"], r3["layers"]) == (1, 1, 0, [(0, 2)])
     fc = r3["weights"]["h.0.mlp.c_fc.weight"]
-    assert fc.shape == (128, 64) and fc.base is job  # its tp shard: half the ffn rows
+    assert fc.shape == (128, 64) and fc.base is job._impl  # its tp shard: half the ffn rows
     lo, hi = r3["adam_m_range"]
-    assert r3["adam_m_flat"].shape == (hi - lo,) and r3["adam_m_flat"].base is job
+    assert r3["adam_m_flat"].shape == (hi - lo,) and r3["adam_m_flat"].base is job._impl
     # ZeRO-1: the two replicas hold the two halves of the moments of their tp shard.
     assert job.rank(1)["adam_m_range"] == (0, lo) and r3["weights_range"][0] == 0
     logical = job.weights()["h.0.mlp.c_fc.weight"]
@@ -594,20 +598,44 @@ def test_the_canonical_sum_is_the_documented_tree_and_shares_of_its_nodes_agree(
 # ---- the stub -----------------------------------------------------------------------------
 
 
-def test_the_stub_names_exactly_what_the_module_has():
-    stub = ast.parse((ROOT / "bindings" / "typing" / "parallax-stubs" / "__init__.pyi").read_text())
-    declared = {n.name for n in stub.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    declared |= {t.id for n in stub.body if isinstance(n, ast.AnnAssign) for t in [n.target]}
-    public = {n for n in dir(parallax) if not n.startswith("_")} | {"__version__"}
-    assert declared == public
-    for cls in ("Job", "Config", "Schedule", "ValidationReport", "LayoutResult", "Comparison",
-                "Trace"):
-        node = next(n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == cls)
-        methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
-        methods |= {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
-        real = {n for n in dir(getattr(parallax, cls)) if not n.startswith("_")}
-        assert methods - {"__init__", "__enter__", "__exit__", "__getitem__", "__eq__"} == real, cls
-        assert getattr(parallax, cls).__doc__
+def public(obj):
+    return {n for n in dir(obj) if not n.startswith("_")}
+
+
+def test_the_package_faces_exactly_what_the_extension_has():
+    """Every public class and function of the extension has its typed Python face, member for
+    member, with a docstring; nothing else is public beside the error classes."""
+    core = parallax._core
+    errors = {n for n in parallax.errors.__all__}
+    assert set(parallax.__all__) == public(core) | errors
+    assert errors <= public(parallax) and public(core) <= public(parallax)
+    for name in public(core):
+        face, native = getattr(parallax, name), getattr(core, name)
+        assert face is not native and face.__module__ == "parallax", name
+        assert face.__doc__, name
+        if not isinstance(native, type):
+            continue
+        assert public(face) == public(native), name
+        for member in public(face):
+            attr = inspect.getattr_static(face, member)
+            has_doc = parallax._facade.native_doc(getattr(native, member)) is not None
+            assert attr.__doc__ or not has_doc, f"{name}.{member}"
+
+
+def test_help_shows_parallax_names_only():
+    """help() of the package and of every class and function: no pybind11 base, metaclass or
+    signature types (`self: parallax._core.Job`), and each signature is Python's own."""
+    def text(obj):
+        return pydoc.render_doc(obj, renderer=pydoc.plaintext)
+
+    texts = {"parallax": text(parallax)} | {n: text(getattr(parallax, n)) for n in parallax.__all__}
+    for name, text in texts.items():
+        assert "pybind11" not in text, name
+        assert "_core." not in text, name
+        assert "self: " not in text, name
+    assert "class Job(builtins.object)" in texts["Job"]
+    assert "step(self, n: 'int' = 1) -> 'Dict[str, float]'" in texts["Job"]
+    assert "class ConfigKeyError(ConfigError, builtins.KeyError)" in texts["ConfigKeyError"]
 
 
 def test_explore_layout_says_who_holds_what_and_who_sends_what():

@@ -4,7 +4,7 @@
   its output folder's lock and of its run file at once: h5py opens run.h5 and a new job takes the
   same out= in the same process. A lock left by a process that no longer runs is taken over with
   a warning, never refused.
-- mypy finds the type stub (the stub-only package parallax-stubs) in the install set-up made.
+- mypy sees the package's types (it is typed, PEP 561) in the install set-up made.
 - Errors follow one rule: usage errors are ParallaxError, never InternalError; a missing file is
   also a FileNotFoundError, Config()[key] also a KeyError, job.rank(r) also an IndexError; a call
   after a rank died says the job failed and why.
@@ -162,7 +162,7 @@ def test_a_lock_held_by_a_live_process_is_refused_naming_it(tmp_path):
         holder.wait()
 
 
-# ---- the type stub reaches mypy ------------------------------------------------------------
+# ---- the package's types reach mypy ---------------------------------------------------------
 
 QUICK_START = """\
 import parallax
@@ -175,7 +175,7 @@ reveal_type(job.weights())
 """
 
 
-def test_mypy_sees_the_stub_in_the_installed_module(tmp_path):
+def test_mypy_sees_the_types_in_the_installed_package(tmp_path):
     pytest.importorskip("mypy", reason="mypy is not installed: pip install mypy")
     (tmp_path / "quick.py").write_text(QUICK_START)
     # Outside the repository, with no MYPYPATH: only what the install put on the path.
@@ -183,23 +183,37 @@ def test_mypy_sees_the_stub_in_the_installed_module(tmp_path):
     r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir",
                         str(tmp_path / "cache"), "quick.py"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert 'Revealed type is "parallax.Job"' in r.stdout, (
-        "mypy does not see parallax's stub: an editable install needs the folder "
-        "bindings/typing (the stub-only package parallax-stubs) on the path, e.g. a .pth file "
-        "in site-packages naming it (docs/python.md)\n" + r.stdout + r.stderr)
+    assert 'Revealed type is "parallax._job.Job"' in r.stdout, (
+        "mypy does not see parallax's types: an editable install needs the folder "
+        "bindings/python (the typed package) on the path, e.g. a .pth file in site-packages "
+        "naming it (docs/python.md)\n" + r.stdout + r.stderr)
     assert 'Revealed type is "builtins.dict[builtins.str, builtins.float]"' in r.stdout or \
         'Revealed type is "dict[str, float]"' in r.stdout, r.stdout
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_a_wheel_installs_the_stub_as_a_stub_only_package():
-    plan = Path(parallax.__file__).resolve().parents[1] / "meson-info" / "intro-install_plan.json"
+def test_a_wheel_installs_the_typed_package_over_its_extension():
+    build = Path(parallax._core.__file__).resolve().parents[1]
+    plan = build / "meson-info" / "intro-install_plan.json"
     if not plan.exists():
         pytest.skip(f"no meson build tree beside the module ({plan})")
     import json
-    dests = [v["destination"] for group in json.loads(plan.read_text()).values()
-             for v in group.values()]
-    assert "{py_purelib}/parallax-stubs/__init__.pyi" in dests, dests
+    dests = {v["destination"] for group in json.loads(plan.read_text()).values()
+             for v in group.values()}
+    package = Path(parallax.__file__).parent
+    for source in package.iterdir():
+        if source.suffix == ".py" or source.name == "py.typed":
+            assert "{py_purelib}/parallax/" + source.name in dests, (source.name, dests)
+    assert any(d.startswith("{py_platlib}/parallax/_core.") for d in dests), dests
+
+
+def test_the_package_passes_mypy_with_every_def_typed(tmp_path):
+    pytest.importorskip("mypy", reason="mypy is not installed: pip install mypy")
+    r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir",
+                        str(tmp_path / "cache"), "--disallow-untyped-defs",
+                        "--disallow-incomplete-defs", "-p", "parallax"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 # ---- one rule for the error classes -----------------------------------------------------------
