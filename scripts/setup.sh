@@ -35,7 +35,7 @@ DEB_TESTS=(catch2 xvfb xdotool openssh-client)
 # reconfigure every build tree with another meson version); its other dependencies are listed.
 PY_MODULE=(numpy ml_dtypes pybind11 packaging pyproject_metadata:pyproject-metadata
            mesonpy:meson-python)
-PY_TESTS=(h5py pytest nbformat nbclient ipykernel matplotlib mypy)
+PY_TESTS=(h5py pytest xdist:pytest-xdist nbformat nbclient ipykernel matplotlib mypy)
 
 t_all=$SECONDS
 t_phase=$SECONDS

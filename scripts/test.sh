@@ -11,8 +11,30 @@ lap() { times+=("$1 $((SECONDS - t)) s"); t=$SECONDS; }
 scripts/setup.sh --all || exit 1
 lap "set-up and build:"
 
+PYTHON="${PYTHON:-python3}"
 passed=0
 failed=0
+count() { if [ "$1" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi; }
+
+# The sanitizers' build trees, each building only what it runs: the job view's suite under
+# ThreadSanitizer (-O1 with line tables only, -g1: every report still has file:line, for less
+# compile time) and the executable under Address- and UndefinedBehaviorSanitizer (-O0 -g1: -O1 -g
+# took more than twice the CPU time, measured; docs/tests.md). They build in the background at
+# the lowest CPU priority while the suites below run, on what the suites leave idle (about a
+# quarter of 2 cores), and the rest after them; their output is in build/sanitizers.log.
+sanitizer_builds() {
+    { [ -f build-tsan/build.ninja ] ||
+        meson setup build-tsan -Doptimization=1 -Ddebug=true -Dcpp_args=-g1 \
+            -Db_sanitize=thread >/dev/null; } &&
+        nice -n 19 ninja -C build-tsan tests/test_job_view || return 1
+    { [ -f build-asan/build.ninja ] ||
+        meson setup build-asan -Doptimization=0 -Ddebug=true -Dcpp_args=-g1 \
+            -Db_sanitize=address,undefined >/dev/null; } &&
+        nice -n 19 ninja -C build-asan app/parallax
+}
+sanitizer_builds > build/sanitizers.log 2>&1 &
+sanitizers_pid=$!
+
 meson test -C build --print-errorlogs --num-processes 2
 if [ -f build/meson-logs/testlog.json ]; then
     p=$(grep -c '"result": "OK"' build/meson-logs/testlog.json || true)
@@ -25,54 +47,50 @@ fi
 lap "Catch2 suites (meson test):"
 
 # The layering rule (docs/tree.md): includes, kernel calls, test-only hooks, lengths.
-if scripts/check_layers.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+scripts/check_layers.sh
+count $?
 
-PYTHON="${PYTHON:-python3}"
-# The fuzz suite's budget here is 45 s: it runs again below, under the sanitizers, for 60 s.
-PARALLAX_EXE="$PWD/build/app/parallax" PARALLAX_FUZZ_BUDGET_S="${PARALLAX_FUZZ_BUDGET_S:-45}" \
-    "$PYTHON" -m pytest -q --durations=20 tests/python
-rc=$?
-if [ $rc -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+# pytest on every core (pytest-xdist; each test has its own folders and display). The fuzz suite
+# runs once, below, under the sanitizers: they see every crash and exit code the normal build
+# would, and memory errors besides. The deterministic bad-input cases run in both builds: the
+# optimised build is the one users run, and its behaviour on them is checked as such.
+PARALLAX_EXE="$PWD/build/app/parallax" \
+    "$PYTHON" -m pytest -q -n "${PARALLAX_TEST_JOBS:-auto}" --durations=20 tests/python \
+    --ignore=tests/python/test_fuzz.py
+count $?
 lap "layering check and pytest:"
 
-# The job view's suite once more under ThreadSanitizer, in its own build of only that target:
-# readers snapshot a running job from another thread, and TSan checks that they never touch
-# memory the job writes (the suite runs one OpenMP thread per rank: OpenMP is not instrumented).
-# -O1 with line tables only (-g1): every report still has file:line, for less compile time.
-tsan_ok=0
-if [ -f build-tsan/build.ninja ] ||
-    meson setup build-tsan -Doptimization=1 -Ddebug=true -Dcpp_args=-g1 \
-        -Db_sanitize=thread >/dev/null; then
-    if ninja -C build-tsan tests/test_job_view >/dev/null || ninja -C build-tsan tests/test_job_view; then
-        TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_job_view && tsan_ok=1
-    fi
-fi
-if [ $tsan_ok -eq 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-lap "ThreadSanitizer build and suite:"
+wait "$sanitizers_pid"
+sanitizers_built=$?
+[ $sanitizers_built -eq 0 ] || { echo "test: a sanitizer build failed:"; tail -40 build/sanitizers.log; }
+lap "sanitizer builds (the part after the suites):"
 
-# The fuzz suite once more against AddressSanitizer (leaks included) and
-# UndefinedBehaviorSanitizer, in its own build of only the executable (build-asan), with a
-# smaller budget, after the deterministic cases of what it found (test_bad_inputs.py): any
-# sanitizer report fails the case. Unoptimised with line tables only
-# (-O0 -g1): the first build takes about 3 minutes on 2 cores, where -O1 -g took more than
-# twice the CPU time (measured; docs/tests.md), and every report still has file:line. HDF5's
-# own leaks on damaged files are suppressed (tests/lsan.supp says why); Parallax's are reported.
-asan_ok=0
-if [ -f build-asan/build.ninja ] ||
-    meson setup build-asan -Doptimization=0 -Ddebug=true -Dcpp_args=-g1 \
-        -Db_sanitize=address,undefined >/dev/null; then
-    if ninja -C build-asan app/parallax >/dev/null || ninja -C build-asan app/parallax; then
-        ASAN_OPTIONS="detect_leaks=1" \
-        LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0" \
-        UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
-        PARALLAX_EXE="$PWD/build-asan/app/parallax" \
-        PARALLAX_FUZZ_BUDGET_S="${PARALLAX_ASAN_FUZZ_BUDGET_S:-60}" PARALLAX_FUZZ_CASE_TIMEOUT_S=120 \
-            "$PYTHON" -m pytest -q tests/python/test_bad_inputs.py tests/python/test_fuzz.py &&
-            asan_ok=1
-    fi
+# The job view's suite once more under ThreadSanitizer: readers snapshot a running job from
+# another thread, and TSan checks that they never touch memory the job writes (the suite runs one
+# OpenMP thread per rank: OpenMP is not instrumented).
+tsan_ok=1
+if [ $sanitizers_built -eq 0 ]; then
+    TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_job_view && tsan_ok=0
 fi
-if [ $asan_ok -eq 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-lap "Address/UB sanitizer build and fuzz:"
+count $tsan_ok
+lap "ThreadSanitizer suite:"
+
+# The fuzz suite against AddressSanitizer (leaks included) and UndefinedBehaviorSanitizer, after
+# the deterministic cases of what it found (test_bad_inputs.py): any sanitizer report fails the
+# case. HDF5's own leaks on damaged files are suppressed (tests/lsan.supp says why); Parallax's
+# are reported.
+asan_ok=1
+if [ $sanitizers_built -eq 0 ]; then
+    ASAN_OPTIONS="detect_leaks=1" \
+    LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0" \
+    UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+    PARALLAX_EXE="$PWD/build-asan/app/parallax" \
+    PARALLAX_FUZZ_BUDGET_S="${PARALLAX_ASAN_FUZZ_BUDGET_S:-60}" PARALLAX_FUZZ_CASE_TIMEOUT_S=120 \
+        "$PYTHON" -m pytest -q tests/python/test_bad_inputs.py tests/python/test_fuzz.py &&
+        asan_ok=0
+fi
+count $asan_ok
+lap "Address/UB sanitizer bad inputs and fuzz:"
 
 printf "time: %s\n" "${times[@]}"
 echo "suites: $passed passed, $failed failed"
