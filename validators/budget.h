@@ -62,7 +62,7 @@
 // measurable condition comes from the triangle inequality, with no independence assumed:
 //     ‖c − x‖ ≤ ‖c − r‖ + ‖r − x‖ ≤ k·σ_p   whenever   ‖c − r‖ ≤ (k − 1)·σ_p,
 // and with the same confidence factor, budget_p = q · (k − 1) · σ̂_p = 3.24 σ̂_p. Both budgets are
-// sufficient conditions for DESIGN's requirement, each from an estimate of σ that can only miss
+// sufficient conditions for the requirement above, each from an estimate of σ that can only miss
 // part of it (the alternates miss the casts), so a tensor's budget is the larger of the two. A
 // fast candidate of the same precision sits far inside it (its casts are r's); a wrong one (a
 // layer that reads the wrong weights, a dropped microbatch, a cast to the wrong format) does not

@@ -203,7 +203,7 @@ def test_a_wheel_installs_the_typed_package_over_its_extension():
     package = Path(parallax.__file__).parent
     for source in package.iterdir():
         if source.suffix == ".py" or source.name == "py.typed":
-            assert "{py_purelib}/parallax/" + source.name in dests, (source.name, dests)
+            assert "{py_platlib}/parallax/" + source.name in dests, (source.name, dests)
     assert any(d.startswith("{py_platlib}/parallax/_core.") for d in dests), dests
 
 
