@@ -14,7 +14,7 @@
 #include "core/train/run_file_observer.h"
 #include "core/train/runner.h"
 #include "kernels/ops.h"
-#include "validators/fp8_monitor.h"
+#include "core/train/fp8_monitor.h"
 
 #include <omp.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// bench_fp8_monitor: what the FP8 drift monitor (validators/fp8_monitor.h) costs. One optimizer
+// bench_fp8_monitor: what the FP8 drift monitor (core/train/fp8_monitor.h) costs. One optimizer
 // step of a GPT-2-small-shaped stack (C = 768, 12 heads, F = 3072, T = 64, B = 4, bf16
 // activations, fp8 delayed scaling on every block's linears, bitwise) with the monitor off, on
 // every step, on every step with both comparisons (current and block scaling), and every 10th
@@ -14,7 +14,7 @@
 // changes the computation), and the monitored jobs' rows of the run's recipe agree bit for bit.
 #include "core/base/config.h"
 #include "core/train/job.h"
-#include "validators/fp8_monitor.h"
+#include "core/train/fp8_monitor.h"
 
 #include <omp.h>
 

@@ -13,7 +13,7 @@
 #include "core/base/config.h"
 #include "core/train/job.h"
 #include "core/base/numerics.h"
-#include "validators/probes.h"
+#include "core/train/probe_recorder.h"
 
 #include <omp.h>
 

@@ -11,8 +11,8 @@
 #include "core/model/data.h"
 #include "core/train/checkpointing.h"
 #include "core/train/run_file_observer.h"
-#include "validators/fp8_monitor.h"
-#include "validators/probes.h"
+#include "core/train/fp8_monitor.h"
+#include "core/train/probe_recorder.h"
 
 #include <algorithm>
 #include <atomic>

@@ -20,17 +20,18 @@ count() { if [ "$1" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed 
 # ThreadSanitizer (-O1 with line tables only, -g1: every report still has file:line, for less
 # compile time) and the executable under Address- and UndefinedBehaviorSanitizer (-O0 -g1: -O1 -g
 # took more than twice the CPU time, measured; docs/tests.md). They build in the background at
-# the lowest CPU priority while the suites below run, on what the suites leave idle (about a
-# quarter of 2 cores), and the rest after them; their output is in build/sanitizers.log.
+# the idle CPU priority (SCHED_IDLE: only on a core no suite wants; nice 19 without chrt) while
+# the suites below run, and the rest after them; their output is in build/sanitizers.log.
+idle() { if command -v chrt >/dev/null; then chrt --idle 0 "$@"; else nice -n 19 "$@"; fi; }
 sanitizer_builds() {
     { [ -f build-tsan/build.ninja ] ||
         meson setup build-tsan -Doptimization=1 -Ddebug=true -Dcpp_args=-g1 \
             -Db_sanitize=thread >/dev/null; } &&
-        nice -n 19 ninja -C build-tsan tests/test_job_view || return 1
+        idle ninja -C build-tsan tests/test_job_view || return 1
     { [ -f build-asan/build.ninja ] ||
         meson setup build-asan -Doptimization=0 -Ddebug=true -Dcpp_args=-g1 \
             -Db_sanitize=address,undefined >/dev/null; } &&
-        nice -n 19 ninja -C build-asan app/parallax
+        idle ninja -C build-asan app/parallax
 }
 sanitizer_builds > build/sanitizers.log 2>&1 &
 sanitizers_pid=$!

@@ -6,7 +6,7 @@
 #include "core/parallel/mesh.h"
 #include "core/train/job.h"
 #include "test_util.h"
-#include "validators/probes.h"
+#include "core/train/probe_recorder.h"
 #include "validators/validate.h"
 #include "validators/validate_steps.h"
 

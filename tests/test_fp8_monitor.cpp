@@ -1,4 +1,4 @@
-// The FP8 drift monitor (validators/fp8_monitor.h): its statistics of a known tensor against a
+// The FP8 drift monitor (core/train/fp8_monitor.h): its statistics of a known tensor against a
 // plainly written computation (counts exactly, MSE and SQNR against fp64); its rows identical on
 // every layout, bit for bit; a run with it on ends in the bits of the run with it off; its rows
 // and alerts reach the run file's /fp8 and /events and the job view; and its alerts fire on a
@@ -17,7 +17,7 @@
 #include "core/train/run_file_observer.h"
 #include "core/train/runner.h"
 #include "tests/test_util.h"
-#include "validators/fp8_monitor.h"
+#include "core/train/fp8_monitor.h"
 
 #include <catch2/catch.hpp>
 

@@ -18,7 +18,7 @@
 #include "core/train/run_file_observer.h"
 #include "test_util.h"
 #include "tests/mutations.h"
-#include "validators/fp8_monitor.h"
+#include "core/train/fp8_monitor.h"
 #include "validators/trace.h"
 
 #include <algorithm>

@@ -1,8 +1,8 @@
-// Probes (core/model/probe.h, validators/probes.h): the pattern language, the shard specs, and that a
+// Probes (core/model/probe.h, core/train/probe_recorder.h): the pattern language, the shard specs, and that a
 // data-parallel run's probes, unsharded, are bit for bit the single device's at every op.
 #include "core/train/runner.h"
 #include "test_util.h"
-#include "validators/probes.h"
+#include "core/train/probe_recorder.h"
 
 #include <algorithm>
 

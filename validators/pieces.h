@@ -31,7 +31,7 @@
 //                 names what a rank's recorder lacks of them
 #pragma once
 #include "validators/compare.h"
-#include "validators/probes.h"
+#include "core/train/probe_recorder.h"
 
 #include <map>
 #include <memory>

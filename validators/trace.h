@@ -28,7 +28,7 @@
 #include "core/base/config.h"
 #include "core/train/runner.h"
 #include "validators/compare.h"
-#include "validators/probes.h"
+#include "core/train/probe_recorder.h"
 
 #include <memory>
 #include <string>

@@ -7,7 +7,7 @@
 #include "core/train/runner.h"
 #include "core/io/state.h"
 #include "validators/budget.h"
-#include "validators/probes.h"
+#include "core/train/probe_recorder.h"
 #include "validators/trace.h"
 #include "validators/validate_steps.h"
 

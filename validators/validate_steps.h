@@ -13,7 +13,7 @@
 #include "core/base/config.h"
 #include "core/io/state.h"
 #include "core/train/runner.h"
-#include "validators/probes.h"
+#include "core/train/probe_recorder.h"
 #include "validators/validate.h"
 
 #include <chrono>

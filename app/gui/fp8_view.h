@@ -1,5 +1,5 @@
 // The FP8 panel's model: the FP8 drift monitor's rows of a run (RunSnapshot::fp8, from the live
-// job or an opened run.h5; validators/fp8_monitor.h) arranged for drawing, with no window: the
+// job or an opened run.h5; core/train/fp8_monitor.h) arranged for drawing, with no window: the
 // scaled tensors, their histories of amax and scale (the run's recipe, and the comparisons'
 // scales beside it), the tensors × steps grids of saturation and underflow, and the alerts with
 // their evidence (the alert event's sentence and the row it fired on).

@@ -1,6 +1,6 @@
 #include "app/gui/job_controller.h"
 
-#include "validators/fp8_monitor.h"
+#include "core/train/fp8_monitor.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-// FP8 and spikes. The FP8 half reads the FP8 drift monitor's rows (validators/fp8_monitor.h, via
+// FP8 and spikes. The FP8 half reads the FP8 drift monitor's rows (core/train/fp8_monitor.h, via
 // the Fp8View model): the chosen tensor's amax and scale by step (with current scaling's scale
 // beside the run's, when compared), a tensors × steps heatmap of the saturated and of the
 // underflowed fraction, and the alerts with their evidence; a click on a cell or an alert

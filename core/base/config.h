@@ -230,7 +230,7 @@ struct SpikesConfig {
     bool operator==(const SpikesConfig&) const = default;
 };
 
-// The FP8 drift monitor (validators/fp8_monitor.h): statistics of every fp8-scaled tensor every
+// The FP8 drift monitor (core/train/fp8_monitor.h): statistics of every fp8-scaled tensor every
 // N steps, and alerts when a scale jumps, saturation climbs or the cast's SQNR falls.
 struct Fp8MonitorConfig {
     i64 every = 0;            // monitor every N steps (steps N, 2N, ...); 0: off

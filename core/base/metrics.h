@@ -1,5 +1,5 @@
 // What one optimizer step reports: the trainer (core/train/job.h) fills it, observers, run files
-// and checkpoints (core/io) keep it. And what the FP8 drift monitor (validators/fp8_monitor.h)
+// and checkpoints (core/io) keep it. And what the FP8 drift monitor (core/train/fp8_monitor.h)
 // reports of one fp8-scaled tensor at one step: the job view and the run file's /fp8 keep it.
 #pragma once
 #include "core/base/shapes.h"

@@ -12,7 +12,7 @@
 //   /events/evidence       string, "name=value;..." (a spike's per-layer values as the first run
 //                          saw them: the rows of a rolled-back step are replaced); only once an
 //                          event had evidence, "" for the others
-//   /fp8/<column>          the FP8 drift monitor's table (validators/fp8_monitor.h), one row
+//   /fp8/<column>          the FP8 drift monitor's table (core/train/fp8_monitor.h), one row
 //                          per fp8-scaled tensor and monitored step, extendible, in step order:
 //                          step, count, nonfinite, alerts (int64); tensor, recipe (string);
 //                          amax, scale, scale_ratio, saturated, underflow, dynamic_range, mse,

@@ -238,7 +238,7 @@ public:
     Job& operator=(const Job&) = delete;
 
     void add_observer(Observer* obs) { observers_.push_back(obs); }
-    // A tool beside the job (validators/fp8_monitor.h, core/train/spikes.h) reports to the job's
+    // A tool beside the job (core/train/fp8_monitor.h, core/train/spikes.h) reports to the job's
     // observers: world rank 0's (other ranks have none). On the job's thread, between a step's
     // update and its on_step (a StepHooks `updated`), or after the step (RankGuards).
     void report_event(const RunEvent& e);

@@ -82,7 +82,7 @@ struct RunSnapshot {
     MetricColumns metrics;
     std::vector<RunEvent> events;     // in the order they happened, never dropped
     std::vector<StepValues> values;   // steps with named values, in step order (as metrics)
-    // The FP8 drift monitor's rows (validators/fp8_monitor.h), step by step; empty when off.
+    // The FP8 drift monitor's rows (core/train/fp8_monitor.h), step by step; empty when off.
     std::vector<Fp8Stat> fp8;
     std::vector<MemoryStats> memory;  // per world rank; zeros until that rank reports
 };

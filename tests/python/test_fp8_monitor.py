@@ -1,4 +1,4 @@
-"""The FP8 drift monitor from Python and the CLI (validators/fp8_monitor.h): Job.fp8() gives the
+"""The FP8 drift monitor from Python and the CLI (core/train/fp8_monitor.h): Job.fp8() gives the
 rows as numpy columns, the same bits on a dp2 x tp2 layout as on one device; the provoked drift of
 examples/fp8_drift.toml raises alerts at its learning-rate jump and none without it; the run
 file's /fp8 table holds the rows Job.fp8() gave (read_run_file and h5py alike), `parallax train`

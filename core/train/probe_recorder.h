@@ -1,5 +1,6 @@
-// Recording probes (core/model/probe.h) and putting their pieces back together. A ProbeRecorder is the
-// ProbeSink a test or the harness attaches to every rank's job (in-process ranks are threads
+// Recording probes (core/model/probe.h) and putting their pieces back together: a run-time
+// feature beside the spike guard and the FP8 drift monitor. A ProbeRecorder is the ProbeSink a
+// test, the harness or a front end attaches to every rank's job (in-process ranks are threads
 // sharing one recorder): it keeps the probes its patterns select, piece by piece as each rank
 // captured them, and unshards a probe into its logical tensor, which can then be compared with
 // the single device's (validators/compare.h).

@@ -1,4 +1,4 @@
-#include "validators/probes.h"
+#include "core/train/probe_recorder.h"
 
 #include "core/base/error.h"
 

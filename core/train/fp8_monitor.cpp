@@ -1,4 +1,4 @@
-#include "validators/fp8_monitor.h"
+#include "core/train/fp8_monitor.h"
 
 #include "core/base/dtype.h"
 #include "core/base/error.h"
