@@ -29,9 +29,7 @@ struct CheckOptions {
 };
 
 Config load(const CheckOptions& opt) {
-    Config cfg = opt.config_path.empty() ? parse_config(default_config_toml(), "<embedded default>")
-                                         : load_config(opt.config_path);
-    apply_overrides(cfg, opt.sets);
+    Config cfg = job_config(opt.config_path, opt.sets);
     return cfg;
 }
 

@@ -47,9 +47,7 @@ int run_gradcheck(const GradcheckOptions& opt) {
         ops.push_back(name);
     }
 
-    Config cfg = opt.config_path.empty() ? parse_config(default_config_toml(), "<embedded default>")
-                                         : load_config(opt.config_path);
-    apply_overrides(cfg, opt.sets);
+    Config cfg = job_config(opt.config_path, opt.sets);
     const Numerics nx = make_numerics(cfg.numerics);
     if (!opt.json.empty()) check_output_file(opt.json, "--json");  // before the checks run
 

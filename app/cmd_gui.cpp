@@ -26,9 +26,7 @@ struct GuiOptions {
 };
 
 int run_gui(const GuiOptions& opt) {
-    Config cfg = opt.config_path.empty() ? parse_config(default_config_toml(), "<embedded default>")
-                                         : load_config(opt.config_path);
-    apply_overrides(cfg, opt.sets);
+    Config cfg = job_config(opt.config_path, opt.sets);
     if (opt.steps != -1 && (opt.steps < 1 || opt.steps > cfg.train.steps))
         throw ConfigError("--steps " + std::to_string(opt.steps) + " must be in 1..train.steps (" +
                           std::to_string(cfg.train.steps) + ")");

@@ -208,7 +208,7 @@ private:
 // One rank of an MPI launch: this process trains its rank of the layout; rank 0 reports.
 int run_train_mpi(const Config& cfg, const TrainOptions& opt, const comm::MpiEnvironment& mpi) {
     const bool root = mpi.rank() == 0;
-    const std::string run_path = (std::filesystem::path(cfg.output.dir) / "run.h5").string();
+    const std::string run_path = run_file_path(cfg);
     Console console(opt.quiet || !cfg.output.progress, run_path);
     std::vector<Observer*> observers;
     std::unique_ptr<RunFileObserver> run_file;
@@ -283,12 +283,10 @@ std::vector<std::string> fault_sets(const std::string& spec) {
 }
 
 int run_train(const TrainOptions& opt, const comm::MpiEnvironment* mpi) {
-    Config cfg = opt.config_path.empty() ? parse_config(default_config_toml(), "<embedded default>")
-                                         : load_config(opt.config_path);
     std::vector<std::string> sets = opt.sets;
     if (!opt.fault.empty())
         for (std::string& f : fault_sets(opt.fault)) sets.push_back(std::move(f));
-    apply_overrides(cfg, sets);
+    Config cfg = job_config(opt.config_path, sets);
     if (!opt.out_dir.empty()) cfg.output.dir = opt.out_dir;
     // Every output path is checked before step 1: a run never computes for nothing. Then the
     // folders it writes are locked for it (by one process of an MPI job), so that a second run
@@ -313,7 +311,7 @@ int run_train(const TrainOptions& opt, const comm::MpiEnvironment* mpi) {
     }
     if (mpi) return run_train_mpi(cfg, opt, *mpi);
 
-    const std::string run_path = (std::filesystem::path(cfg.output.dir) / "run.h5").string();
+    const std::string run_path = run_file_path(cfg);
     Console console(opt.quiet || !cfg.output.progress, run_path);
     std::vector<Observer*> observers{&console};
     std::unique_ptr<RunFileObserver> run_file;

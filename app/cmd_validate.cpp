@@ -101,11 +101,9 @@ ValidationReport validate_golden_mpi(const Config& cfg, const LayoutSpec& spec,
 }
 
 int run_validate(const ValidateOptions& opt, const comm::MpiEnvironment* mpi) {
-    Config cfg = opt.config_path.empty() ? parse_config(default_config_toml(), "<embedded default>")
-                                         : load_config(opt.config_path);
     std::vector<std::string> sets = opt.sets;
     if (!opt.mode.empty()) sets.push_back("numerics.mode=" + opt.mode);
-    apply_overrides(cfg, sets);
+    Config cfg = job_config(opt.config_path, sets);
     if (!opt.out_dir.empty()) cfg.output.dir = opt.out_dir;
     if (opt.steps < 1)
         throw ConfigError("--steps " + std::to_string(opt.steps) + ": validate at least one step");

@@ -90,7 +90,7 @@ Config make_config(const py::object& source, const py::dict& sections) {
     Config cfg;
     std::vector<std::string> sets;
     if (source.is_none() || py::isinstance<py::dict>(source)) {
-        cfg = parse_config(default_config_toml(), "<embedded default>");
+        cfg = job_config("");
         if (!source.is_none()) {
             assignments(source, "", sets);
             cfg.source_name = "<dict>";

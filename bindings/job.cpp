@@ -347,8 +347,7 @@ error (CommError, CheckpointError, ...) from the call that waits for it.
                  if (!j->cfg.checkpoint.dir.empty()) lock(j->cfg.checkpoint.dir, "checkpoint.dir");
                  std::vector<Observer*> observers{&j->view};
                  if (j->cfg.output.run_file) {
-                     j->run_file = std::make_unique<RunFileObserver>(
-                         (std::filesystem::path(j->cfg.output.dir) / "run.h5").string(), j->cfg);
+                     j->run_file = std::make_unique<RunFileObserver>(run_file_path(j->cfg), j->cfg);
                      observers.push_back(j->run_file.get());
                  }
                  RunHooks hooks;

@@ -90,6 +90,22 @@ TEST_CASE("defaults: an empty file, the embedded default job and missing section
     CHECK(def.layout.timeout_s == 60.0);
 }
 
+TEST_CASE("a job's config: the default job or a file, then the overrides together", "[config]") {
+    const Config def = job_config("");
+    CHECK(def.source_name == "<embedded default>");
+    CHECK(same_job(def, parse_config(default_config_toml(), "x")));
+
+    const Config tiny = job_config("examples/tiny.toml", {"model.heads=3", "model.hidden=96"});
+    Config want = load_config("examples/tiny.toml");
+    want.model.heads = 3;
+    want.model.hidden = 96;
+    CHECK(tiny == want);  // heads before hidden: validated after both, as apply_overrides does
+    CHECK(tiny.source_name == "examples/tiny.toml");
+
+    CHECK_THROWS_WITH(job_config("", {"train.lr=-1"}), Catch::Contains("--set train.lr=-1"));
+    CHECK_THROWS_WITH(job_config("no/such.toml"), Catch::Contains("no/such.toml"));
+}
+
 TEST_CASE("the embedded default job documents every key with a comment line", "[config]") {
     const std::string text = default_config_toml();
     std::istringstream in(text);

@@ -677,6 +677,13 @@ Config load_config(const std::string& path) {
 
 void apply_override(Config& cfg, const std::string& assignment) { apply_overrides(cfg, {assignment}); }
 
+Config job_config(const std::string& path, const std::vector<std::string>& sets) {
+    Config cfg = path.empty() ? parse_config(default_config_toml(), "<embedded default>")
+                              : load_config(path);
+    apply_overrides(cfg, sets);
+    return cfg;
+}
+
 void apply_overrides(Config& cfg, const std::vector<std::string>& assignments) {
     Config next = cfg;
     std::map<std::string, std::string> set_by;  // key -> the last assignment that set it

@@ -12,6 +12,8 @@
 //   parse_config                  TOML text -> Config; errors name the key (ConfigError)
 //   load_config                   a file -> Config
 //   apply_override(s)             "section.key=value" from --set
+//   job_config                    the embedded default job or a file, then --set overrides: how
+//                                 every front end (CLI, Python, workbench) makes a job's config
 //   validate_config               ranges and cross-key constraints of a Config built in code
 //   config_keys                   every "section.key", in file order
 //   config_reference              every section and key with its type, default and meaning
@@ -279,6 +281,9 @@ void apply_override(Config& cfg, const std::string& assignment);  // "section.ke
 // Several --set at once, validated after all of them (so `model.heads=3 model.hidden=96` works in
 // either order).
 void apply_overrides(Config& cfg, const std::vector<std::string>& assignments);
+// The config of a job: the embedded default job (path empty) or the file at `path`, then `sets`
+// applied together as apply_overrides applies them.
+Config job_config(const std::string& path, const std::vector<std::string>& sets = {});
 void validate_config(const Config& cfg);  // throws ConfigError naming cfg.source_name and the key
 std::vector<std::string> config_keys();   // "model.vocab", ..., "checkpoint.resume"
 

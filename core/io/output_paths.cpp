@@ -88,10 +88,14 @@ void check_output_file(const std::string& path, const std::string& key) {
     }
 }
 
+std::string run_file_path(const Config& cfg) {
+    return (fs::path(cfg.output.dir) / "run.h5").string();
+}
+
 void check_run_outputs(const Config& cfg, const std::string& dump) {
     if (cfg.output.run_file) {
         check_output_folder(cfg.output.dir, "output.dir");
-        check_output_file((fs::path(cfg.output.dir) / "run.h5").string(), "the run file");
+        check_output_file(run_file_path(cfg), "the run file");
     }
     if (!cfg.checkpoint.dir.empty()) check_output_folder(cfg.checkpoint.dir, "checkpoint.dir");
     if (!cfg.output.export_llmc.empty())

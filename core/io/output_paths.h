@@ -3,6 +3,7 @@
 // key or option that gave it.
 //
 // Index
+//   run_file_path        where a training run's run file is: <output.dir>/run.h5
 //   check_output_folder  a folder a run writes into: created if missing, must be a writable folder
 //   check_output_file    a file a run writes: not a folder, and its folder writable
 //   check_run_outputs    every output of a training config (run file, checkpoints, llm.c export)
@@ -15,6 +16,9 @@
 #include <string>
 
 namespace px {
+
+// <output.dir>/run.h5: the one place the run file's name is composed.
+std::string run_file_path(const Config& cfg);
 
 // ConfigError naming `key` ("output.dir", "--dump", ...) and what to do when `path` is a file,
 // cannot be created, or cannot be written (a read-only folder or file system: a file is
