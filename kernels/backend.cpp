@@ -3,6 +3,7 @@
 
 #include "core/base/error.h"
 
+#include <algorithm>
 #include <array>
 #include <string>
 
@@ -44,6 +45,16 @@ constexpr auto kTable = [] {
     return t;
 }();
 
+// How many entries each op has in op_list.h: an op with none would pass Backend::has for every
+// backend and have nothing to call.
+constexpr auto kEntries = [] {
+    std::array<int, static_cast<size_t>(Op::kCount)> n{};
+#define PX_ENTRY(op, entry, ret, params) n[static_cast<size_t>(Op::op)]++;
+#include "kernels/op_list.h"
+    return n;
+}();
+static_assert(std::ranges::find(kEntries, 0) == kEntries.end(), "an op of op_list.h has no entry");
+
 }  // namespace
 
 const char* role_name(Role r) {
@@ -79,40 +90,10 @@ DType Operands::of(Role r) const {
 }
 
 bool Backend::has(Op op) const {
-    switch (op) {
-        case Op::matmul:
-            return matmul_forward && matmul_backward;
-        case Op::gemm:
-            return gemm;
-        case Op::layernorm:
-            return layernorm_forward && layernorm_backward;
-        case Op::gelu:
-            return gelu_forward && gelu_backward;
-        case Op::attention:
-            return attention_forward && attention_backward;
-        case Op::attention_queries:
-            return attention_queries_scores && attention_queries_softmax &&
-                   attention_queries_backward;
-        case Op::residual:
-            return residual_forward && residual_backward;
-        case Op::embedding:
-            return embedding_forward && embedding_backward;
-        case Op::crossentropy:
-            return crossentropy_forward && crossentropy_backward;
-        case Op::row_max:
-            return row_max;
-        case Op::exp_sub:
-            return exp_sub;
-        case Op::row_sum:
-            return row_sum;
-        case Op::adamw:
-            return adamw_update;
-        case Op::sum_squares:
-            return sum_squares && sum_squares_blocks;
-        case Op::kCount:
-            break;
-    }
-    return false;
+#define PX_ENTRY(of, entry, ret, params) \
+    if (op == Op::of && entry == nullptr) return false;
+#include "kernels/op_list.h"
+    return op < Op::kCount;
 }
 
 const Backend* find_backend(Device device, DType dtype, Mode mode) {

@@ -1,7 +1,10 @@
 // The backend table behind kernels/ops.h. Not for use outside kernels/.
 //
 // Index
-//   Backend           the kernels of one backend: one entry per op direction, null where none
+//   Backend           the kernels of one backend: one entry per op direction (kernels/op_list.h),
+//                     null where it has none
+//   backend_from      a Backend whose entries are the static functions of a class, by name
+//   op_of             the op an entry serves
 //   Role, Operands    the part an operand plays in an op, and the dtype a backend wants for each
 //   find_backend      the backend registered for a device, dtype and numerics mode (null: none)
 //   last_dim, rows    sizes read from an operand
@@ -13,14 +16,17 @@
 // ops.cpp checks every operand (shapes, device, dtype, layout) before it calls an entry, so an
 // entry only reads its sizes from the tensors and runs. A backend is keyed by the dtype of its
 // activations; its other operands may differ (bf16 activations with fp32 LayerNorm statistics and
-// weight gradients), as its Operands say. A backend serves any set of (device,
-// dtype, mode) keys: the CPU fp32 kernels handle both modes themselves; a cuBLAS backend would
-// register for fast mode only. Adding a backend or a dtype is a Backend value and its lines in
-// kRegistry (backend.cpp).
+// weight gradients), as its Operands say. A backend serves any set of (device, dtype, mode) keys:
+// the CPU fp32 kernels handle both modes themselves; a cuBLAS backend would register for fast
+// mode only. Adding a backend or a dtype is a class with one static function per entry of
+// op_list.h (or a nullptr constant where it has none), its Backend value from backend_from, and
+// its lines in kRegistry (backend.cpp). The members of Backend come from op_list.h, so a new op
+// adds no line here (the steps: kernels/ops.h).
 #pragma once
 #include "kernels/ops.h"
 
 #include <string>
+#include <type_traits>
 
 namespace px::ops {
 
@@ -40,62 +46,41 @@ struct Operands {
 };
 
 struct Backend {
-    const char* name;  // "cpu f32"
+    const char* name;   // "cpu f32"
     Operands operands;  // the dtype of each role; a backend's key dtype is operands.act
-    void (*matmul_forward)(const Numerics&, const Tensor& out, const Tensor& inp,
-                           const Tensor& weight, const Tensor* bias);
-    void (*matmul_backward)(const Numerics&, const Tensor* dinp, const Tensor* dweight,
-                            const Tensor* dbias, const Tensor& dout, const Tensor& inp,
-                            const Tensor& weight);
-    void (*gemm)(const Numerics&, const Tensor& c, const Tensor& a, const Tensor& b,
-                 bool accumulate);
-    void (*layernorm_forward)(const Numerics&, const Tensor& out, const Tensor& mean,
-                              const Tensor& rstd, const Tensor& inp, const Tensor& weight,
-                              const Tensor& bias);
-    void (*layernorm_backward)(const Numerics&, const Tensor* dinp, const Tensor* dweight,
-                               const Tensor* dbias, const Tensor& dout, const Tensor& inp,
-                               const Tensor& weight, const Tensor& mean, const Tensor& rstd);
-    void (*gelu_forward)(const Numerics&, const Tensor& out, const Tensor& inp);
-    void (*gelu_backward)(const Numerics&, const Tensor& dinp, const Tensor& inp,
-                          const Tensor& dout);
-    void (*attention_forward)(const Numerics&, const Tensor& out, const Tensor& preatt,
-                              const Tensor& att, const Tensor& qkv, i64 NH);
-    void (*attention_backward)(const Numerics&, const Tensor& dqkv, const Tensor& dpreatt,
-                               const Tensor& datt, const Tensor& dout, const Tensor& qkv,
-                               const Tensor& att, i64 NH);
-    void (*attention_queries_scores)(const Numerics&, const Tensor& preatt, const Tensor& q,
-                                     const Tensor& kv, const i64* pos, i64 key_lo, i64 key_hi,
-                                     i64 NH);
-    void (*attention_queries_softmax)(const Numerics&, const Tensor& out, const Tensor& preatt,
-                                      const Tensor& att, const Tensor& kv, const i64* pos, i64 NH);
-    void (*attention_queries_backward)(const Numerics&, const Tensor& dq, const Tensor& parts,
-                                       const Tensor& dpreatt, const Tensor& datt,
-                                       const Tensor& dout, const Tensor& q, const Tensor& kv,
-                                       const Tensor& att, const i64* pos, const i64* node_lo,
-                                       const i64* node_hi, i64 K, i64 NH);
-    void (*residual_forward)(const Numerics&, const Tensor& out, const Tensor& a, const Tensor& b);
-    void (*residual_backward)(const Numerics&, const Tensor& da, const Tensor& db,
-                              const Tensor& dout);
-    void (*embedding_forward)(const Numerics&, const Tensor& out, const int* tokens,
-                              const Tensor& wte, const Tensor& wpe);
-    void (*embedding_backward)(const Numerics&, const Tensor* dwte, const Tensor* dwpe,
-                               const Tensor& dout, const int* tokens, i64 row_lo, i64 row_hi);
-    void (*crossentropy_forward)(const Numerics&, const Tensor& losses, const Tensor& probs,
-                                 const Tensor& logits, const int* targets);
-    void (*crossentropy_backward)(const Numerics&, const Tensor& dlogits, const Tensor& probs,
-                                  const int* targets, float dloss);
-    void (*row_max)(const Numerics&, const Tensor& out, const Tensor& x);
-    void (*exp_sub)(const Numerics&, const Tensor& out, const Tensor& x, const Tensor& shift);
-    void (*row_sum)(const Numerics&, const Tensor& out, const Tensor& x);
-    void (*adamw_update)(const Numerics&, const Tensor& param, const Tensor& m, const Tensor& v,
-                         const Tensor& grad, const AdamWStep& s);
-    float (*sum_squares)(const Numerics&, const Tensor& x);
-    void (*sum_squares_blocks)(const Numerics&, const Tensor& part, const Tensor& x);
+    // One function pointer per entry of op_list.h, named after it:
+    //   void (*matmul_forward)(const Numerics&, const Tensor& out, ...);
+#define PX_ENTRY(op, entry, ret, params) ret(*entry) params;
+#include "kernels/op_list.h"
     // Which kernel runs the matmuls in nx's mode, on which hardware path (ops::matmul_path).
     std::string (*matmul_path)(const Numerics&) = nullptr;
 
-    bool has(Op op) const;  // every direction of op is there
+    bool has(Op op) const;  // every entry of op is there
 };
+
+// The Backend whose entries are K's static functions (or nullptr constants) named after them,
+// with K::operands and K::matmul_path. A K lacking an entry does not compile: each backend says.
+template <class K>
+constexpr Backend backend_from(const char* name) {
+    return Backend{
+        .name = name,
+        .operands = K::operands,
+#define PX_ENTRY(op, entry, ret, params) .entry = K::entry,
+#include "kernels/op_list.h"
+        .matmul_path = K::matmul_path,
+    };
+}
+
+// The op an entry serves: op_of(&Backend::gelu_backward) is Op::gelu (Op::kCount for none).
+template <class Fn>
+constexpr Op op_of(Fn Backend::*entry) {
+    // Only entries of entry's type compare with it.
+#define PX_ENTRY(op, name, ret, params)              \
+    if constexpr (std::is_same_v<Fn, ret(*) params>) \
+        if (entry == &Backend::name) return Op::op;
+#include "kernels/op_list.h"
+    return Op::kCount;
+}
 
 const Backend* find_backend(Device device, DType dtype, Mode mode);
 

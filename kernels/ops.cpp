@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace px::ops {
@@ -14,10 +15,18 @@ namespace px::ops {
 namespace {
 
 constexpr const char* kOpNames[] = {
-    "matmul",  "gemm",    "layernorm", "gelu",  "attention",  "attention_queries", "residual",
-    "embedding", "crossentropy", "row_max", "exp_sub", "row_sum", "adamw", "sum_squares"};
+#define PX_OP(op) #op,
+#include "kernels/op_list.h"
+};
 static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == static_cast<size_t>(Op::kCount),
               "kOpNames must match Op");
+
+// Each entry has the signature of the public function of its name (ops.h), so that a wrapper
+// hands its arguments on unchanged. A static_cast to the entry's type picks that overload, and
+// does not compile when there is none.
+#define PX_ENTRY(op, entry, ret, params) \
+    static_assert(std::is_same_v<decltype(static_cast<ret(*) params>(&ops::entry)), ret(*) params>);
+#include "kernels/op_list.h"
 
 enum class Layout : std::uint8_t {
     contiguous,  // every operand
@@ -79,6 +88,14 @@ const Backend& dispatch(const Numerics& nx, Op op, std::initializer_list<Arg> op
     return *b;
 }
 
+// Entry `entry` of the backend for its op, once the operands are checked (dispatch). The wrapper
+// checks its shapes, then calls it.
+template <class Fn>
+Fn kernel(const Numerics& nx, Fn Backend::*entry, std::initializer_list<Arg> operands,
+          Layout layout = Layout::contiguous) {
+    return dispatch(nx, op_of(entry), operands, layout).*entry;
+}
+
 }  // namespace
 
 const char* op_name(Op op) { return kOpNames[static_cast<int>(op)]; }
@@ -90,92 +107,100 @@ bool supports(Op op, Device device, DType dtype, Mode mode) {
 
 void matmul_forward(const Numerics& nx, const Tensor& out, const Tensor& inp, const Tensor& weight,
                     const Tensor* bias) {
-    const Backend& b = dispatch(nx, Op::matmul, {{A, &out}, {A, &inp}, {W, &weight}, {W, bias}});
+    const auto run =
+        kernel(nx, &Backend::matmul_forward, {{A, &out}, {A, &inp}, {W, &weight}, {W, bias}});
     const i64 C = last_dim(inp), BT = rows(inp), OC = weight.shape[0];
     PX_ASSERT(weight.shape[1] == C && rows(out) == BT && last_dim(out) == OC, "matmul shapes");
-    b.matmul_forward(nx, out, inp, weight, bias);
+    run(nx, out, inp, weight, bias);
 }
 
 void matmul_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
                      const Tensor* dbias, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight) {
-    const Backend& b = dispatch(nx, Op::matmul, {{A, &dout}, {A, &inp}, {W, &weight}, {A, dinp}, {G, dweight}, {G, dbias}});
+    const auto run = kernel(nx, &Backend::matmul_backward,
+                            {{A, &dout}, {A, &inp}, {W, &weight}, {A, dinp}, {G, dweight},
+                             {G, dbias}});
     const i64 BT = rows(inp), OC = weight.shape[0];
     PX_ASSERT(rows(dout) == BT && last_dim(dout) == OC, "matmul_backward shapes");
-    b.matmul_backward(nx, dinp, dweight, dbias, dout, inp, weight);
+    run(nx, dinp, dweight, dbias, dout, inp, weight);
 }
 
 void gemm(const Numerics& nx, const Tensor& c, const Tensor& a, const Tensor& b, bool accumulate) {
-    const Backend& be = dispatch(nx, Op::gemm, {{S, &c}, {A, &a}, {W, &b}}, Layout::any);
+    const auto run = kernel(nx, &Backend::gemm, {{S, &c}, {A, &a}, {W, &b}}, Layout::any);
     PX_ASSERT(a.ndim == 2 && b.ndim == 2 && c.ndim == 2 && a.shape[1] == b.shape[0] &&
                   c.shape[0] == a.shape[0] && c.shape[1] == b.shape[1],
               "gemm shapes");
     PX_ASSERT(c.shape[1] <= 1 || c.strides[1] == 1, "gemm: the rows of c must be contiguous");
-    be.gemm(nx, c, a, b, accumulate);
+    run(nx, c, a, b, accumulate);
 }
 
 void layernorm_forward(const Numerics& nx, const Tensor& out, const Tensor& mean,
                        const Tensor& rstd, const Tensor& inp, const Tensor& weight,
                        const Tensor& bias) {
-    const Backend& b = dispatch(nx, Op::layernorm, {{A, &out}, {S, &mean}, {S, &rstd}, {A, &inp}, {W, &weight}, {W, &bias}});
+    const auto run = kernel(nx, &Backend::layernorm_forward,
+                            {{A, &out}, {S, &mean}, {S, &rstd}, {A, &inp}, {W, &weight},
+                             {W, &bias}});
     const i64 C = last_dim(inp), BT = rows(inp);
     PX_ASSERT(weight.numel() == C && mean.numel() == BT, "layernorm shapes");
-    b.layernorm_forward(nx, out, mean, rstd, inp, weight, bias);
+    run(nx, out, mean, rstd, inp, weight, bias);
 }
 
 void layernorm_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
                         const Tensor* dbias, const Tensor& dout, const Tensor& inp,
                         const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
-    const Backend& b =
-        dispatch(nx, Op::layernorm, {{A, &dout}, {A, &inp}, {W, &weight}, {S, &mean}, {S, &rstd}, {A, dinp}, {G, dweight}, {G, dbias}});
-    b.layernorm_backward(nx, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+    kernel(nx, &Backend::layernorm_backward,
+           {{A, &dout}, {A, &inp}, {W, &weight}, {S, &mean}, {S, &rstd}, {A, dinp}, {G, dweight},
+            {G, dbias}})(nx, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
 }
 
 void gelu_forward(const Numerics& nx, const Tensor& out, const Tensor& inp) {
-    const Backend& b = dispatch(nx, Op::gelu, {{A, &out}, {A, &inp}});
+    const auto run = kernel(nx, &Backend::gelu_forward, {{A, &out}, {A, &inp}});
     PX_ASSERT(out.numel() == inp.numel(), "gelu shapes");
-    b.gelu_forward(nx, out, inp);
+    run(nx, out, inp);
 }
 
 void gelu_backward(const Numerics& nx, const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
-    dispatch(nx, Op::gelu, {{A, &dinp}, {A, &inp}, {A, &dout}}).gelu_backward(nx, dinp, inp, dout);
+    kernel(nx, &Backend::gelu_backward, {{A, &dinp}, {A, &inp}, {A, &dout}})(nx, dinp, inp, dout);
 }
 
 void attention_forward(const Numerics& nx, const Tensor& out, const Tensor& preatt,
                        const Tensor& att, const Tensor& qkv, i64 NH) {
-    const Backend& b = dispatch(nx, Op::attention, {{A, &out}, {A, &preatt}, {A, &att}, {A, &qkv}});
+    const auto run =
+        kernel(nx, &Backend::attention_forward, {{A, &out}, {A, &preatt}, {A, &att}, {A, &qkv}});
     const i64 B = qkv.shape[0], T = qkv.shape[1];
     PX_ASSERT(att.numel() == B * NH * T * T && preatt.numel() >= att.numel(), "attention shapes");
-    b.attention_forward(nx, out, preatt, att, qkv, NH);
+    run(nx, out, preatt, att, qkv, NH);
 }
 
 void attention_backward(const Numerics& nx, const Tensor& dqkv, const Tensor& dpreatt,
                         const Tensor& datt, const Tensor& dout, const Tensor& qkv,
                         const Tensor& att, i64 NH) {
-    dispatch(nx, Op::attention, {{A, &dqkv}, {A, &dpreatt}, {A, &datt}, {A, &dout}, {A, &qkv}, {A, &att}})
-        .attention_backward(nx, dqkv, dpreatt, datt, dout, qkv, att, NH);
+    kernel(nx, &Backend::attention_backward,
+           {{A, &dqkv}, {A, &dpreatt}, {A, &datt}, {A, &dout}, {A, &qkv}, {A, &att}})(
+        nx, dqkv, dpreatt, datt, dout, qkv, att, NH);
 }
 
 void attention_queries_scores(const Numerics& nx, const Tensor& preatt, const Tensor& q,
                               const Tensor& kv, const i64* pos, i64 key_lo, i64 key_hi, i64 NH) {
-    const Backend& b = dispatch(nx, Op::attention_queries, {{A, &preatt}, {A, &q}, {A, &kv}});
+    const auto run =
+        kernel(nx, &Backend::attention_queries_scores, {{A, &preatt}, {A, &q}, {A, &kv}});
     const i64 B = q.shape[0], Tq = q.shape[1], T = kv.shape[1];
     PX_ASSERT(kv.shape[0] == B && kv.shape[2] == q.shape[2] && preatt.numel() >= B * NH * Tq * T &&
                   0 <= key_lo && key_lo <= key_hi && key_hi <= T,
               "attention_queries shapes");
-    b.attention_queries_scores(nx, preatt, q, kv, pos, key_lo, key_hi, NH);
+    run(nx, preatt, q, kv, pos, key_lo, key_hi, NH);
 }
 
 void attention_queries_softmax(const Numerics& nx, const Tensor& out, const Tensor& preatt,
                                const Tensor& att, const Tensor& kv, const i64* pos, i64 NH) {
-    const Backend& b =
-        dispatch(nx, Op::attention_queries, {{A, &out}, {A, &preatt}, {A, &att}, {A, &kv}});
+    const auto run = kernel(nx, &Backend::attention_queries_softmax,
+                            {{A, &out}, {A, &preatt}, {A, &att}, {A, &kv}});
     const i64 B = kv.shape[0], T = kv.shape[1], C = kv.shape[2] / 3;
     PX_ASSERT(B > 0 && C > 0 && out.numel() % (B * C) == 0 &&
                   att.numel() == B * NH * (out.numel() / (B * C)) * T &&
                   preatt.numel() >= att.numel(),
               "attention_queries shapes");
-    b.attention_queries_softmax(nx, out, preatt, att, kv, pos, NH);
+    run(nx, out, preatt, att, kv, pos, NH);
 }
 
 void attention_queries_backward(const Numerics& nx, const Tensor& dq, const Tensor& parts,
@@ -183,33 +208,32 @@ void attention_queries_backward(const Numerics& nx, const Tensor& dq, const Tens
                                 const Tensor& q, const Tensor& kv, const Tensor& att,
                                 const i64* pos, const i64* node_lo, const i64* node_hi, i64 K,
                                 i64 NH) {
-    const Backend& b = dispatch(nx, Op::attention_queries,
-                                {{A, &dq}, {A, &parts}, {A, &dpreatt}, {A, &datt}, {A, &dout},
-                                 {A, &q}, {A, &kv}, {A, &att}});
+    const auto run = kernel(nx, &Backend::attention_queries_backward,
+                            {{A, &dq}, {A, &parts}, {A, &dpreatt}, {A, &datt}, {A, &dout},
+                             {A, &q}, {A, &kv}, {A, &att}});
     const i64 B = q.shape[0], T = kv.shape[1], C = q.shape[2] / 3;
     PX_ASSERT(dq.numel() == q.numel() && parts.numel() >= B * T * C * K * 2 &&
                   datt.numel() >= att.numel() && dpreatt.numel() >= att.numel(),
               "attention_queries shapes");
-    b.attention_queries_backward(nx, dq, parts, dpreatt, datt, dout, q, kv, att, pos, node_lo,
-                                 node_hi, K, NH);
+    run(nx, dq, parts, dpreatt, datt, dout, q, kv, att, pos, node_lo, node_hi, K, NH);
 }
 
 void residual_forward(const Numerics& nx, const Tensor& out, const Tensor& a, const Tensor& b) {
-    const Backend& be = dispatch(nx, Op::residual, {{A, &out}, {A, &a}, {A, &b}});
+    const auto run = kernel(nx, &Backend::residual_forward, {{A, &out}, {A, &a}, {A, &b}});
     PX_ASSERT(a.numel() == b.numel() && out.numel() == a.numel(), "residual shapes");
-    be.residual_forward(nx, out, a, b);
+    run(nx, out, a, b);
 }
 
 void residual_backward(const Numerics& nx, const Tensor& da, const Tensor& db, const Tensor& dout) {
-    dispatch(nx, Op::residual, {{A, &da}, {A, &db}, {A, &dout}}).residual_backward(nx, da, db, dout);
+    kernel(nx, &Backend::residual_backward, {{A, &da}, {A, &db}, {A, &dout}})(nx, da, db, dout);
 }
 
 void embedding_forward(const Numerics& nx, const Tensor& out, const int* tokens, const Tensor& wte,
                        const Tensor& wpe) {
-    const Backend& b = dispatch(nx, Op::embedding, {{A, &out}, {W, &wte}, {W, &wpe}});
+    const auto run = kernel(nx, &Backend::embedding_forward, {{A, &out}, {W, &wte}, {W, &wpe}});
     const i64 T = out.shape[1], C = out.shape[2];
     PX_ASSERT(wpe.shape[0] >= T && wte.shape[1] == C, "embedding shapes");
-    b.embedding_forward(nx, out, tokens, wte, wpe);
+    run(nx, out, tokens, wte, wpe);
 }
 
 void embedding_backward(const Numerics& nx, const Tensor* dwte, const Tensor* dwpe,
@@ -219,59 +243,61 @@ void embedding_backward(const Numerics& nx, const Tensor* dwte, const Tensor* dw
     PX_ASSERT(0 <= row_lo && row_lo <= row_hi && row_hi <= BT,
               "embedding_backward: rows [" + std::to_string(row_lo) + ", " +
                   std::to_string(row_hi) + ") outside the " + std::to_string(BT) + " tokens");
-    dispatch(nx, Op::embedding, {{A, &dout}, {G, dwte}, {G, dwpe}})
-        .embedding_backward(nx, dwte, dwpe, dout, tokens, row_lo, row_hi);
+    kernel(nx, &Backend::embedding_backward, {{A, &dout}, {G, dwte}, {G, dwpe}})(
+        nx, dwte, dwpe, dout, tokens, row_lo, row_hi);
 }
 
 void crossentropy_forward(const Numerics& nx, const Tensor& losses, const Tensor& probs,
                           const Tensor& logits, const int* targets) {
-    const Backend& b = dispatch(nx, Op::crossentropy, {{S, &losses}, {A, &probs}, {A, &logits}});
+    const auto run =
+        kernel(nx, &Backend::crossentropy_forward, {{S, &losses}, {A, &probs}, {A, &logits}});
     PX_ASSERT(losses.numel() == rows(logits), "crossentropy shapes");
-    b.crossentropy_forward(nx, losses, probs, logits, targets);
+    run(nx, losses, probs, logits, targets);
 }
 
 void crossentropy_backward(const Numerics& nx, const Tensor& dlogits, const Tensor& probs,
                            const int* targets, float dloss) {
-    dispatch(nx, Op::crossentropy, {{A, &dlogits}, {A, &probs}})
-        .crossentropy_backward(nx, dlogits, probs, targets, dloss);
+    kernel(nx, &Backend::crossentropy_backward, {{A, &dlogits}, {A, &probs}})(nx, dlogits, probs,
+                                                                              targets, dloss);
 }
 
 void row_max(const Numerics& nx, const Tensor& out, const Tensor& x) {
-    const Backend& b = dispatch(nx, Op::row_max, {{S, &out}, {A, &x}});
+    const auto run = kernel(nx, &Backend::row_max, {{S, &out}, {A, &x}});
     PX_ASSERT(x.ndim == 2 && out.numel() == x.shape[0], "row_max shapes");
-    b.row_max(nx, out, x);
+    run(nx, out, x);
 }
 
 void exp_sub(const Numerics& nx, const Tensor& out, const Tensor& x, const Tensor& shift) {
-    const Backend& b = dispatch(nx, Op::exp_sub, {{A, &out}, {A, &x}, {S, &shift}});
+    const auto run = kernel(nx, &Backend::exp_sub, {{A, &out}, {A, &x}, {S, &shift}});
     PX_ASSERT(x.ndim == 2 && out.numel() == x.numel() && shift.numel() == x.shape[0],
               "exp_sub shapes");
-    b.exp_sub(nx, out, x, shift);
+    run(nx, out, x, shift);
 }
 
 void row_sum(const Numerics& nx, const Tensor& out, const Tensor& x) {
-    const Backend& b = dispatch(nx, Op::row_sum, {{S, &out}, {A, &x}}, Layout::rows);
+    const auto run = kernel(nx, &Backend::row_sum, {{S, &out}, {A, &x}}, Layout::rows);
     PX_ASSERT(x.ndim == 2 && out.ndim == 1 && out.shape[0] == x.shape[0], "row_sum shapes");
-    b.row_sum(nx, out, x);
+    run(nx, out, x);
 }
 
 void adamw_update(const Numerics& nx, const Tensor& param, const Tensor& m, const Tensor& v,
                   const Tensor& grad, const AdamWStep& s) {
-    const Backend& b = dispatch(nx, Op::adamw, {{M, &param}, {M, &m}, {M, &v}, {G, &grad}});
+    const auto run =
+        kernel(nx, &Backend::adamw_update, {{M, &param}, {M, &m}, {M, &v}, {G, &grad}});
     PX_ASSERT(
         m.numel() == param.numel() && v.numel() == param.numel() && grad.numel() == param.numel(),
         "adamw shapes");
-    b.adamw_update(nx, param, m, v, grad, s);
+    run(nx, param, m, v, grad, s);
 }
 
 float sum_squares(const Numerics& nx, const Tensor& x) {
-    return dispatch(nx, Op::sum_squares, {{G, &x}}).sum_squares(nx, x);
+    return kernel(nx, &Backend::sum_squares, {{G, &x}})(nx, x);
 }
 
 void sum_squares_blocks(const Numerics& nx, const Tensor& part, const Tensor& x) {
-    const Backend& b = dispatch(nx, Op::sum_squares, {{S, &part}, {G, &x}});
+    const auto run = kernel(nx, &Backend::sum_squares_blocks, {{S, &part}, {G, &x}});
     PX_ASSERT(part.numel() == num_blocks(x.numel(), nx.block), "sum_squares_blocks shapes");
-    b.sum_squares_blocks(nx, part, x);
+    run(nx, part, x);
 }
 
 void warm_up_matmul(const Numerics& nx) {

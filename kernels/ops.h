@@ -4,8 +4,8 @@
 // callers do not change.
 //
 // Index
-//   Op, op_name, supports   the ops a backend may provide; whether one does for a device,
-//                           dtype and mode
+//   Op, op_name, supports   the ops a backend may provide (kernels/op_list.h); whether one does
+//                           for a device, dtype and mode
 //   matmul_*                out = inp · weightᵀ + bias
 //   gemm                    c = a · b on strided views (partial products over a slice of K)
 //   layernorm_*, gelu_*, attention_*, residual_*, embedding_*, crossentropy_*
@@ -23,6 +23,15 @@
 // keep fp32 LayerNorm statistics, losses and weight gradients without a caller changing.
 // Semantics (activations assign, gradients accumulate) are those of kernels/cpu/cpu_kernels.h;
 // a backward's optional outputs are pointers, and a null one is not computed.
+//
+// Adding an op:
+//   1. its kernel: kernels/cpu/<op>.cpp, declared in kernels/cpu/cpu_kernels.h;
+//   2. its lines in kernels/op_list.h: the op, and one entry per direction with its signature;
+//   3. its public function here (the entry's signature, checked) and its shape checks in ops.cpp;
+//   4. each backend's function of that name (kernels/cpu/backend.cpp adapts the fp32 kernel;
+//      the 16-bit backends' or an explicit nullptr: the build stops until every backend says);
+//   5. its fp64 reference, struct and one line in op_table() of the gradient check
+//      (validators/gradcheck_math.h, validators/gradcheck_ops.cpp).
 #pragma once
 #include "core/base/numerics.h"
 #include "core/base/tensor.h"
@@ -31,21 +40,10 @@
 
 namespace px::ops {
 
+// The ops, in the order of kernels/op_list.h.
 enum class Op : std::uint8_t {
-    matmul,
-    gemm,
-    layernorm,
-    gelu,
-    attention,
-    attention_queries,
-    residual,
-    embedding,
-    crossentropy,
-    row_max,
-    exp_sub,
-    row_sum,
-    adamw,
-    sum_squares,
+#define PX_OP(op) op,
+#include "kernels/op_list.h"
     kCount
 };
 const char* op_name(Op op);
@@ -60,8 +58,9 @@ void matmul_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweig
                      const Tensor& weight);
 
 // c (M,N) fp32 sums = a (M,K) activations · b (K,N) weights, or c += when accumulate. a and b may
-// have any strides (a column slice, a transpose); c's rows are contiguous. In bitwise mode each c[i][j] is the canonical tree
-// over the K given, so a slice of K that is one node of a longer tree computes that node.
+// have any strides (a column slice, a transpose); c's rows are contiguous. In bitwise mode each
+// c[i][j] is the canonical tree over the K given, so a slice of K that is one node of a longer
+// tree computes that node.
 void gemm(const Numerics& nx, const Tensor& c, const Tensor& a, const Tensor& b, bool accumulate);
 
 // out (BT,C), mean (BT), rstd (BT), inp (BT,C), weight (C), bias (C)

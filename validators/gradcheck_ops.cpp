@@ -1,5 +1,5 @@
 // The op table of the gradient check: every op, once. An op is a struct with
-//   name       its name in the table and in reports
+//   op         the op of kernels/ops.h it checks, whose name (op_name) the table and reports use
 //   draw       its inputs, R, output buffers and gradients' prior contents for one shape
 //   forward    the fp64 / EB reference forward (gradcheck_math.h) on an Io
 //   backward   the reference backward (absent: the op has no backward and is checked by value)
@@ -84,7 +84,7 @@ template <class Op>
 OpProblem make_problem(const OpShape& s) {
     Draw d = Op::draw(s);
     OpProblem p;
-    p.op = Op::name;
+    p.op = ops::op_name(Op::op);
     p.label = describe(p.op, s);
     p.shape = s;
     p.block = s.block;
@@ -132,7 +132,7 @@ Tensor view(std::vector<float>& v, std::initializer_list<i64> shape) {
 
 // out (BT,C), mean (BT), rstd (BT) = layernorm(inp (BT,C), weight (C), bias (C))
 struct Layernorm {
-    static constexpr const char* name = "layernorm";
+    static constexpr ops::Op op = ops::Op::layernorm;
     static Draw draw(const OpShape& s) {
         const i64 BT = s.B * s.T, C = s.C;
         Rng r(11 + BT * 7 + C);
@@ -170,7 +170,7 @@ struct Layernorm {
 
 // out (N) = gelu(inp (N))
 struct Gelu {
-    static constexpr const char* name = "gelu";
+    static constexpr ops::Op op = ops::Op::gelu;
     static Draw draw(const OpShape& s) {
         const i64 N = s.N;
         Rng r(23 + N);
@@ -205,7 +205,7 @@ struct Gelu {
 
 // out (B,T,C), preatt, att (B,NH,T,T) = causal attention(qkv (B,T,3C))
 struct Attention {
-    static constexpr const char* name = "attention";
+    static constexpr ops::Op op = ops::Op::attention;
     static Draw draw(const OpShape& s) {
         const i64 B = s.B, Tn = s.T, C = s.C, C3 = 3 * C, TT = B * s.NH * Tn * Tn;
         Rng r(37 + B * 131 + Tn * 17 + C);
@@ -241,7 +241,7 @@ struct Attention {
 
 // out (N) = inp1 (N) + inp2 (N)
 struct Residual {
-    static constexpr const char* name = "residual";
+    static constexpr ops::Op op = ops::Op::residual;
     static Draw draw(const OpShape& s) {
         const i64 N = s.N;
         Rng r(41 + N);
@@ -270,7 +270,7 @@ struct Residual {
 
 // out (B,T,C) = wte (V,C)[tokens (B,T)] + wpe (T,C)
 struct Embedding {
-    static constexpr const char* name = "embedding";
+    static constexpr ops::Op op = ops::Op::embedding;
     static Draw draw(const OpShape& s) {
         const i64 B = s.B, Tn = s.T, C = s.C, V = s.V;
         Rng r(53 + B * 7 + Tn + V);
@@ -306,7 +306,7 @@ struct Embedding {
 // losses (BT), probs (BT,V) = softmax cross-entropy(logits (BT,V), targets (BT)); the loss is
 // their mean, so R is 1/BT everywhere and the backward assigns dlogits.
 struct Crossentropy {
-    static constexpr const char* name = "crossentropy";
+    static constexpr ops::Op op = ops::Op::crossentropy;
     static float dloss(const OpShape& s) { return 1.0f / float(s.B * s.T); }
     static Draw draw(const OpShape& s) {
         const i64 BT = s.B * s.T, V = s.V;
@@ -342,7 +342,7 @@ struct Crossentropy {
 // out (BT,OC) = inp (BT,C)·weight (OC,C)ᵀ + bias (OC). The shape's C is the input width, V the
 // output width OC.
 struct Matmul {
-    static constexpr const char* name = "matmul";
+    static constexpr ops::Op op = ops::Op::matmul;
     static Draw draw(const OpShape& s) {
         const i64 BT = s.B * s.T, C = s.C, OC = s.V;
         Rng r(83 + BT * 13 + C * 3 + OC);
@@ -376,7 +376,7 @@ struct Matmul {
 
 // param, m, v (N) after one AdamW step from grad (N); the shape's T is the step. No backward.
 struct Adamw {
-    static constexpr const char* name = "adamw";
+    static constexpr ops::Op op = ops::Op::adamw;
     static Draw draw(const OpShape& s) {
         const i64 N = s.N;
         Rng r(71 + N + s.T);
@@ -401,7 +401,7 @@ struct Adamw {
 
 // sumsq (1) = Σ x² over x (N). No backward.
 struct SumSquares {
-    static constexpr const char* name = "sum_squares";
+    static constexpr ops::Op op = ops::Op::sum_squares;
     static Draw draw(const OpShape& s) {
         Rng r(79 + s.N);
         Draw d;
@@ -420,7 +420,7 @@ struct SumSquares {
 
 template <class Op>
 OpDef entry(std::vector<OpShape> shapes, OpShape small) {
-    return {Op::name, std::move(shapes), small, make_problem<Op>};
+    return {ops::op_name(Op::op), std::move(shapes), small, make_problem<Op>};
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The CPU fp32 backend: kernels/ops.h's entries on the kernels of this folder. Each entry reads
 // the sizes of its (already checked) operands and calls the kernel; the kernels choose their
-// order from nx.mode, so one backend serves bitwise and fast mode.
+// order from nx.mode, so one backend serves bitwise and fast mode. It has every entry of
+// kernels/op_list.h: they are declared from the list, so a new op's is missing until defined here.
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -17,176 +18,165 @@ float* f32_or_null(const Tensor* t) {
     return t != nullptr ? t->f32() : nullptr;
 }
 
-void matmul_fwd(const Numerics& nx, const Tensor& out, const Tensor& inp, const Tensor& weight,
-                const Tensor* bias) {
-    matmul_forward(nx, out.f32(), inp.f32(), weight.f32(), f32_or_null(bias), rows(inp),
-                   last_dim(inp), weight.shape[0]);
+// The entries, named after op_list.h's; a kernel they call is cpu::<name>, since the entry of the
+// same name hides it.
+struct F32 {
+    static constexpr ops::Operands operands{};  // fp32 in every role
+#define PX_ENTRY(op, entry, ret, params) static ret entry params;
+#include "kernels/op_list.h"
+    static std::string matmul_path(const Numerics& nx);
+};
+
+void F32::matmul_forward(const Numerics& nx, const Tensor& out, const Tensor& inp,
+                         const Tensor& weight, const Tensor* bias) {
+    cpu::matmul_forward(nx, out.f32(), inp.f32(), weight.f32(), f32_or_null(bias), rows(inp),
+                        last_dim(inp), weight.shape[0]);
 }
 
-void matmul_bwd(const Numerics& nx, const Tensor* dinp, const Tensor* dweight, const Tensor* dbias,
-                const Tensor& dout, const Tensor& inp, const Tensor& weight) {
-    matmul_backward(nx, f32_or_null(dinp), f32_or_null(dweight), f32_or_null(dbias), dout.f32(),
-                    inp.f32(), weight.f32(), rows(inp), last_dim(inp), weight.shape[0]);
+void F32::matmul_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
+                          const Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                          const Tensor& weight) {
+    cpu::matmul_backward(nx, f32_or_null(dinp), f32_or_null(dweight), f32_or_null(dbias),
+                         dout.f32(), inp.f32(), weight.f32(), rows(inp), last_dim(inp),
+                         weight.shape[0]);
 }
 
-void gemm_of(const Numerics& nx, const Tensor& c, const Tensor& a, const Tensor& b,
-             bool accumulate) {
-    gemm(nx, c.f32(), c.strides[0], a.f32(), a.strides[0], a.strides[1], b.f32(), b.strides[0],
-         b.strides[1], c.shape[0], c.shape[1], a.shape[1], accumulate);
+void F32::gemm(const Numerics& nx, const Tensor& c, const Tensor& a, const Tensor& b,
+               bool accumulate) {
+    cpu::gemm(nx, c.f32(), c.strides[0], a.f32(), a.strides[0], a.strides[1], b.f32(), b.strides[0],
+              b.strides[1], c.shape[0], c.shape[1], a.shape[1], accumulate);
 }
 
-void layernorm_fwd(const Numerics& nx, const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                   const Tensor& inp, const Tensor& weight, const Tensor& bias) {
-    layernorm_forward(nx, out.f32(), mean.f32(), rstd.f32(), inp.f32(), weight.f32(), bias.f32(),
-                      rows(inp), last_dim(inp));
+void F32::layernorm_forward(const Numerics& nx, const Tensor& out, const Tensor& mean,
+                            const Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                            const Tensor& bias) {
+    cpu::layernorm_forward(nx, out.f32(), mean.f32(), rstd.f32(), inp.f32(), weight.f32(),
+                           bias.f32(), rows(inp), last_dim(inp));
 }
 
-void layernorm_bwd(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
-                   const Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                   const Tensor& mean, const Tensor& rstd) {
-    layernorm_backward(nx, f32_or_null(dinp), f32_or_null(dweight), f32_or_null(dbias), dout.f32(),
-                       inp.f32(), weight.f32(), mean.f32(), rstd.f32(), rows(inp), last_dim(inp));
+void F32::layernorm_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
+                             const Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                             const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+    cpu::layernorm_backward(nx, f32_or_null(dinp), f32_or_null(dweight), f32_or_null(dbias),
+                            dout.f32(), inp.f32(), weight.f32(), mean.f32(), rstd.f32(), rows(inp),
+                            last_dim(inp));
 }
 
-void gelu_fwd(const Numerics& nx, const Tensor& out, const Tensor& inp) {
-    gelu_forward(nx, out.f32(), inp.f32(), inp.numel());
+void F32::gelu_forward(const Numerics& nx, const Tensor& out, const Tensor& inp) {
+    cpu::gelu_forward(nx, out.f32(), inp.f32(), inp.numel());
 }
 
-void gelu_bwd(const Numerics& nx, const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
-    gelu_backward(nx, dinp.f32(), inp.f32(), dout.f32(), inp.numel());
+void F32::gelu_backward(const Numerics& nx, const Tensor& dinp, const Tensor& inp,
+                        const Tensor& dout) {
+    cpu::gelu_backward(nx, dinp.f32(), inp.f32(), dout.f32(), inp.numel());
 }
 
-void attention_fwd(const Numerics& nx, const Tensor& out, const Tensor& preatt, const Tensor& att,
-                   const Tensor& qkv, i64 NH) {
-    attention_forward(nx, out.f32(), preatt.f32(), att.f32(), qkv.f32(), qkv.shape[0], qkv.shape[1],
-                      qkv.shape[2] / 3, NH);
+void F32::attention_forward(const Numerics& nx, const Tensor& out, const Tensor& preatt,
+                            const Tensor& att, const Tensor& qkv, i64 NH) {
+    cpu::attention_forward(nx, out.f32(), preatt.f32(), att.f32(), qkv.f32(), qkv.shape[0],
+                           qkv.shape[1], qkv.shape[2] / 3, NH);
 }
 
-void attention_bwd(const Numerics& nx, const Tensor& dqkv, const Tensor& dpreatt,
-                   const Tensor& datt, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                   i64 NH) {
-    attention_backward(nx, dqkv.f32(), dpreatt.f32(), datt.f32(), dout.f32(), qkv.f32(), att.f32(),
-                       qkv.shape[0], qkv.shape[1], qkv.shape[2] / 3, NH);
+void F32::attention_backward(const Numerics& nx, const Tensor& dqkv, const Tensor& dpreatt,
+                             const Tensor& datt, const Tensor& dout, const Tensor& qkv,
+                             const Tensor& att, i64 NH) {
+    cpu::attention_backward(nx, dqkv.f32(), dpreatt.f32(), datt.f32(), dout.f32(), qkv.f32(),
+                            att.f32(), qkv.shape[0], qkv.shape[1], qkv.shape[2] / 3, NH);
 }
 
-void attention_queries_scores_of(const Numerics& nx, const Tensor& preatt, const Tensor& q,
-                                 const Tensor& kv, const i64* pos, i64 key_lo, i64 key_hi,
-                                 i64 NH) {
+void F32::attention_queries_scores(const Numerics& nx, const Tensor& preatt, const Tensor& q,
+                                   const Tensor& kv, const i64* pos, i64 key_lo, i64 key_hi,
+                                   i64 NH) {
     attention_scores_queries(nx, preatt.f32(), q.f32(), kv.f32(), pos, key_lo, key_hi, q.shape[0],
                              q.shape[1], kv.shape[1], q.shape[2] / 3, NH);
 }
 
-void attention_queries_softmax_of(const Numerics& nx, const Tensor& out, const Tensor& preatt,
-                                  const Tensor& att, const Tensor& kv, const i64* pos, i64 NH) {
+void F32::attention_queries_softmax(const Numerics& nx, const Tensor& out, const Tensor& preatt,
+                                    const Tensor& att, const Tensor& kv, const i64* pos, i64 NH) {
     const i64 B = kv.shape[0], T = kv.shape[1], C = kv.shape[2] / 3;
     attention_softmax_queries(nx, out.f32(), preatt.f32(), att.f32(), kv.f32(), pos, B,
                               out.numel() / (B * C), T, C, NH);
 }
 
-void attention_queries_bwd(const Numerics& nx, const Tensor& dq, const Tensor& parts,
-                           const Tensor& dpreatt, const Tensor& datt, const Tensor& dout,
-                           const Tensor& q, const Tensor& kv, const Tensor& att, const i64* pos,
-                           const i64* node_lo, const i64* node_hi, i64 K, i64 NH) {
+void F32::attention_queries_backward(const Numerics& nx, const Tensor& dq, const Tensor& parts,
+                                     const Tensor& dpreatt, const Tensor& datt, const Tensor& dout,
+                                     const Tensor& q, const Tensor& kv, const Tensor& att,
+                                     const i64* pos, const i64* node_lo, const i64* node_hi, i64 K,
+                                     i64 NH) {
     attention_backward_queries(nx, dq.f32(), parts.f32(), dpreatt.f32(), datt.f32(), dout.f32(),
                                q.f32(), kv.f32(), att.f32(), pos, node_lo, node_hi, K, q.shape[0],
                                q.shape[1], kv.shape[1], q.shape[2] / 3, NH);
 }
 
-void residual_fwd(const Numerics& nx, const Tensor& out, const Tensor& a, const Tensor& b) {
-    residual_forward(nx, out.f32(), a.f32(), b.f32(), a.numel());
+void F32::residual_forward(const Numerics& nx, const Tensor& out, const Tensor& a,
+                           const Tensor& b) {
+    cpu::residual_forward(nx, out.f32(), a.f32(), b.f32(), a.numel());
 }
 
-void residual_bwd(const Numerics& nx, const Tensor& da, const Tensor& db, const Tensor& dout) {
-    residual_backward(nx, da.f32(), db.f32(), dout.f32(), dout.numel());
+void F32::residual_backward(const Numerics& nx, const Tensor& da, const Tensor& db,
+                            const Tensor& dout) {
+    cpu::residual_backward(nx, da.f32(), db.f32(), dout.f32(), dout.numel());
 }
 
-void embedding_fwd(const Numerics& nx, const Tensor& out, const int* tokens, const Tensor& wte,
-                   const Tensor& wpe) {
-    embedding_forward(nx, out.f32(), tokens, wte.f32(), wpe.f32(), out.shape[0], out.shape[1],
-                      out.shape[2]);
+void F32::embedding_forward(const Numerics& nx, const Tensor& out, const int* tokens,
+                            const Tensor& wte, const Tensor& wpe) {
+    cpu::embedding_forward(nx, out.f32(), tokens, wte.f32(), wpe.f32(), out.shape[0], out.shape[1],
+                           out.shape[2]);
 }
 
 // V only bounds the token ids of dwte's rows, so it is unused without dwte.
-void embedding_bwd(const Numerics& nx, const Tensor* dwte, const Tensor* dwpe, const Tensor& dout,
-                   const int* tokens, i64 row_lo, i64 row_hi) {
-    embedding_backward(nx, f32_or_null(dwte), f32_or_null(dwpe), dout.f32(), tokens, dout.shape[0],
-                       dout.shape[1], dout.shape[2], dwte != nullptr ? dwte->shape[0] : 0, row_lo,
-                       row_hi);
+void F32::embedding_backward(const Numerics& nx, const Tensor* dwte, const Tensor* dwpe,
+                             const Tensor& dout, const int* tokens, i64 row_lo, i64 row_hi) {
+    cpu::embedding_backward(nx, f32_or_null(dwte), f32_or_null(dwpe), dout.f32(), tokens,
+                            dout.shape[0], dout.shape[1], dout.shape[2],
+                            dwte != nullptr ? dwte->shape[0] : 0, row_lo, row_hi);
 }
 
-void crossentropy_fwd(const Numerics& nx, const Tensor& losses, const Tensor& probs,
-                      const Tensor& logits, const int* targets) {
-    crossentropy_forward(nx, losses.f32(), probs.f32(), logits.f32(), targets, rows(logits),
-                         last_dim(logits));
+void F32::crossentropy_forward(const Numerics& nx, const Tensor& losses, const Tensor& probs,
+                               const Tensor& logits, const int* targets) {
+    cpu::crossentropy_forward(nx, losses.f32(), probs.f32(), logits.f32(), targets, rows(logits),
+                              last_dim(logits));
 }
 
-void crossentropy_bwd(const Numerics& nx, const Tensor& dlogits, const Tensor& probs,
-                      const int* targets, float dloss) {
-    crossentropy_backward(nx, dlogits.f32(), probs.f32(), targets, dloss, rows(probs),
-                          last_dim(probs));
+void F32::crossentropy_backward(const Numerics& nx, const Tensor& dlogits, const Tensor& probs,
+                                const int* targets, float dloss) {
+    cpu::crossentropy_backward(nx, dlogits.f32(), probs.f32(), targets, dloss, rows(probs),
+                               last_dim(probs));
 }
 
-void row_max_of(const Numerics& nx, const Tensor& out, const Tensor& x) {
-    row_max(nx, out.f32(), x.f32(), x.shape[0], x.shape[1]);
+void F32::row_max(const Numerics& nx, const Tensor& out, const Tensor& x) {
+    cpu::row_max(nx, out.f32(), x.f32(), x.shape[0], x.shape[1]);
 }
 
-void exp_sub_of(const Numerics& nx, const Tensor& out, const Tensor& x, const Tensor& shift) {
-    exp_sub(nx, out.f32(), x.f32(), shift.f32(), x.shape[0], x.shape[1]);
+void F32::exp_sub(const Numerics& nx, const Tensor& out, const Tensor& x, const Tensor& shift) {
+    cpu::exp_sub(nx, out.f32(), x.f32(), shift.f32(), x.shape[0], x.shape[1]);
 }
 
-void row_sum_of(const Numerics& nx, const Tensor& out, const Tensor& x) {
-    row_sum(nx, out.f32(), x.f32(), x.strides[0], x.shape[0], x.shape[1]);
+void F32::row_sum(const Numerics& nx, const Tensor& out, const Tensor& x) {
+    cpu::row_sum(nx, out.f32(), x.f32(), x.strides[0], x.shape[0], x.shape[1]);
 }
 
-void adamw_of(const Numerics& nx, const Tensor& param, const Tensor& m, const Tensor& v,
-              const Tensor& grad, const ops::AdamWStep& s) {
-    adamw_update(nx, param.f32(), m.f32(), v.f32(), grad.f32(), param.numel(), s.lr, s.beta1,
-                 s.beta2, s.eps, s.weight_decay, s.grad_scale, s.t);
+void F32::adamw_update(const Numerics& nx, const Tensor& param, const Tensor& m, const Tensor& v,
+                       const Tensor& grad, const ops::AdamWStep& s) {
+    cpu::adamw_update(nx, param.f32(), m.f32(), v.f32(), grad.f32(), param.numel(), s.lr, s.beta1,
+                      s.beta2, s.eps, s.weight_decay, s.grad_scale, s.t);
 }
 
-float sum_squares_of(const Numerics& nx, const Tensor& x) {
-    return sum_squares(nx, x.f32(), x.numel());
+float F32::sum_squares(const Numerics& nx, const Tensor& x) {
+    return cpu::sum_squares(nx, x.f32(), x.numel());
 }
 
-void sum_squares_blocks_of(const Numerics& nx, const Tensor& part, const Tensor& x) {
-    sum_squares_blocks(nx, part.f32(), x.f32(), x.numel());
+void F32::sum_squares_blocks(const Numerics& nx, const Tensor& part, const Tensor& x) {
+    cpu::sum_squares_blocks(nx, part.f32(), x.f32(), x.numel());
 }
 
-std::string matmul_path_of(const Numerics& nx) {
+std::string F32::matmul_path(const Numerics& nx) {
     if (nx.mode == Mode::fast) return "oneDNN sgemm";
     return std::string("canonical GEMM, ") + isa_name(nx.isa) + " microkernel";
 }
 
 }  // namespace
 
-const ops::Backend f32_backend{
-    .name = "cpu f32",
-    .operands = {},  // fp32 in every role
-    .matmul_forward = matmul_fwd,
-    .matmul_backward = matmul_bwd,
-    .gemm = gemm_of,
-    .layernorm_forward = layernorm_fwd,
-    .layernorm_backward = layernorm_bwd,
-    .gelu_forward = gelu_fwd,
-    .gelu_backward = gelu_bwd,
-    .attention_forward = attention_fwd,
-    .attention_backward = attention_bwd,
-    .attention_queries_scores = attention_queries_scores_of,
-    .attention_queries_softmax = attention_queries_softmax_of,
-    .attention_queries_backward = attention_queries_bwd,
-    .residual_forward = residual_fwd,
-    .residual_backward = residual_bwd,
-    .embedding_forward = embedding_fwd,
-    .embedding_backward = embedding_bwd,
-    .crossentropy_forward = crossentropy_fwd,
-    .crossentropy_backward = crossentropy_bwd,
-    .row_max = row_max_of,
-    .exp_sub = exp_sub_of,
-    .row_sum = row_sum_of,
-    .adamw_update = adamw_of,
-    .sum_squares = sum_squares_of,
-    .sum_squares_blocks = sum_squares_blocks_of,
-    .matmul_path = matmul_path_of,
-};
+constinit const ops::Backend f32_backend = ops::backend_from<F32>("cpu f32");
 
 }  // namespace px::cpu
