@@ -3,7 +3,7 @@
 #include "core/base/arena.h"
 #include "core/base/error.h"
 #include "core/base/widened.h"
-#include "core/model/model.h"
+#include "core/model/layer_ops.h"
 #include "kernels/ops.h"
 
 #include <algorithm>
@@ -187,7 +187,7 @@ void Fp8Scaling::restore(const std::vector<float>& s) {
 
 }  // namespace px
 
-// ---- the model's fp8 linears -----------------------------------------------------------------
+// ---- Fp8Linears -----------------------------------------------------------------------------
 
 namespace px {
 
@@ -221,14 +221,14 @@ Numerics fp8_numerics(const Numerics& nx, const Fp8Scaling& fp8) {
 
 // out = cast(inp) · cast(weight)ᵀ + bias on the fp32 kernels (or the tensor-parallel layers),
 // out rounded once into its dtype (bf16): the bf16 backend's rule with fp8 cast points.
-void GPT::fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor& inp,
-                             const Tensor& weight, const Tensor* bias, bool record) const {
+void Fp8Linears::forward(int gemm, Linear l, const Tensor& out, const Tensor& inp,
+                         const Tensor& weight, const Tensor* bias, bool record) const {
     float* const xq = cast_buffer(0, inp.numel());
     float* const wq = cast_buffer(1, weight.numel());
-    fp8_->cast(gemm, Fp8Scaling::x, inp, xq, record);
-    fp8_->cast(gemm, Fp8Scaling::w, weight, wq, record);
+    fp8_.cast(gemm, Fp8Scaling::x, inp, xq, record);
+    fp8_.cast(gemm, Fp8Scaling::w, weight, wq, record);
     const Tensor x = f32_like(inp, xq), w = f32_like(weight, wq);
-    const Numerics fx = fp8_numerics(nx_, *fp8_);
+    const Numerics fx = fp8_numerics(nx_, fp8_);
     const Widened o(&out);
     if (layers_)
         layers_->linear_forward(fx, l, *o, x, w, bias);
@@ -239,28 +239,29 @@ void GPT::fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor
 
 // Backward: dY cast to e5m2 (recorded), X and W cast again with the forward's scales (their
 // amaxes were recorded in forward); dinp accumulates in fp32 and is rounded once.
-void GPT::fp8_linear_backward(int gemm, std::span<const TokenNode> nodes, Linear l,
-                              const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
-                              const Tensor& dout, const Tensor& inp, const Tensor& weight) const {
+void Fp8Linears::backward(int gemm, std::span<const TokenNode> nodes, Linear l,
+                          const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
+                          const Tensor& dout, const Tensor& inp, const Tensor& weight) const {
     float* const dq = cast_buffer(2, dout.numel());
     float* const xq = cast_buffer(0, inp.numel());
     float* const wq = cast_buffer(1, weight.numel());
-    fp8_->cast(gemm, Fp8Scaling::dy, dout, dq, true);
-    fp8_->cast(gemm, Fp8Scaling::x, inp, xq, false);
-    fp8_->cast(gemm, Fp8Scaling::w, weight, wq, false);
+    fp8_.cast(gemm, Fp8Scaling::dy, dout, dq, true);
+    fp8_.cast(gemm, Fp8Scaling::x, inp, xq, false);
+    fp8_.cast(gemm, Fp8Scaling::w, weight, wq, false);
     const Tensor d = f32_like(dout, dq), x = f32_like(inp, xq), w = f32_like(weight, wq);
     const Widened di(&dinp);
-    linear_backward_rows(fp8_numerics(nx_, *fp8_), nodes, l, di.get(), dweight, dbias, d, x, w);
+    linear_backward_rows(layers_, fp8_numerics(nx_, fp8_), nodes, l, di.get(), dweight, dbias, d,
+                         x, w);
     di.store();
 }
 
 // The LM head: logits = cast(lnf) · cast(wte)ᵀ on the fp32 kernels (or the vocabulary-parallel
 // layers), rounded once into probs.
-void GPT::fp8_head_logits(const Tensor& probs, const Tensor& lnf, const Tensor& wte) const {
-    const int g = fp8_->head_gemm();
+void Fp8Linears::head_logits(const Tensor& probs, const Tensor& lnf, const Tensor& wte) const {
+    const int g = fp8_.head_gemm();
     std::vector<float> xq(static_cast<size_t>(lnf.numel())), wq(static_cast<size_t>(wte.numel()));
-    fp8_->cast(g, Fp8Scaling::x, lnf, xq.data(), true);
-    fp8_->cast(g, Fp8Scaling::w, wte, wq.data(), true);
+    fp8_.cast(g, Fp8Scaling::x, lnf, xq.data(), true);
+    fp8_.cast(g, Fp8Scaling::w, wte, wq.data(), true);
     const Tensor x = f32_like(lnf, xq.data()), w = f32_like(wte, wq.data());
     const Widened o(&probs);
     if (layers_)
@@ -270,14 +271,14 @@ void GPT::fp8_head_logits(const Tensor& probs, const Tensor& lnf, const Tensor& 
     o.store();
 }
 
-void GPT::fp8_head_casts(std::vector<float> (&buf)[3], Tensor& dlogits, Tensor& lnf,
-                         Tensor& wte) const {
-    const int g = fp8_->head_gemm();
+void Fp8Linears::head_casts(std::vector<float> (&buf)[3], Tensor& dlogits, Tensor& lnf,
+                            Tensor& wte) const {
+    const int g = fp8_.head_gemm();
     Tensor* t[3] = {&dlogits, &lnf, &wte};
     const Fp8Scaling::Role role[3] = {Fp8Scaling::dy, Fp8Scaling::x, Fp8Scaling::w};
     for (int k = 0; k < 3; k++) {
         buf[k].resize(static_cast<size_t>(t[k]->numel()));
-        fp8_->cast(g, role[k], *t[k], buf[k].data(), k == 0);
+        fp8_.cast(g, role[k], *t[k], buf[k].data(), k == 0);
         *t[k] = f32_like(*t[k], buf[k].data());
     }
 }

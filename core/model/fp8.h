@@ -43,6 +43,7 @@
 //   Fp8CastObserver told of every first cast of a step's tensor (the drift monitor)
 //   Fp8Scaling      the scales, histories and step amaxes of every fp8 matmul of the whole model
 //   fp8_encode, fp8_encode_tiles   the fp8 codes behind a cast (delayed, block), with its scales
+//   Fp8Linears      the model's linears that run on fp8 casts, and its fp8 LM head
 //
 // No fp8 byte is kept anywhere: a cast is read back to fp32 at once. fp8_encode gives the codes a
 // cast reads back, for tools that show them (the Python module's fp8_cast).
@@ -51,10 +52,17 @@
 #include "core/base/numerics.h"
 #include "core/base/tensor.h"
 
+#include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 namespace px {
+
+// Of core/model/model.h, which includes this header (Fp8Linears takes them).
+class ParallelLayers;
+struct TokenNode;
+enum class Linear : std::uint8_t;
 
 // One fp8 matmul of the whole model.
 struct Fp8Gemm {
@@ -172,6 +180,40 @@ public:
     virtual ~Fp8CastObserver() = default;
     virtual void on_cast(const Fp8Scaling& fp8, int gemm, Fp8Scaling::Role r, const Tensor& src,
                          const float* dst) = 0;
+};
+
+// The linears of the model whose matmul runs in fp8 (Fp8Scaling::gemm_of), on the fp8 casts of
+// their operands read back as fp32 tensors: the matmul then runs on the fp32 kernels (or the
+// tensor-parallel layers), in the model's numerics with the narrow accumulator when asked for
+// (accumulator_promote), and its output (or dinp) is rounded once into its dtype (bf16): the
+// bf16 backend's rule with fp8 cast points. The model's LayerOps hands them every linear whose
+// weight is an fp8 matmul's.
+class Fp8Linears {
+public:
+    // layers: null for the plain kernels. Not owned; they outlive the Fp8Linears.
+    Fp8Linears(Fp8Scaling& fp8, const Numerics& nx, const ParallelLayers* layers)
+        : fp8_(fp8), nx_(nx), layers_(layers) {}
+
+    // out = cast(inp) · cast(weight)ᵀ + bias, as ParallelLayers::linear_forward. record: the
+    // casts' amaxes join the step's (false when backward recomputes a block: the same values).
+    void forward(int gemm, Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
+                 const Tensor* bias, bool record) const;
+    // Backward: dY cast to e5m2 (recorded), X and W cast again with the forward's scales; each
+    // cast once over all rows, then linear_backward_rows (core/model/layer_ops.h) on the casts.
+    void backward(int gemm, std::span<const TokenNode> nodes, Linear l, const Tensor& dinp,
+                  const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
+                  const Tensor& inp, const Tensor& weight) const;
+    // The LM head (tied to wte), when precision.fp8_lm_head: the logits into probs; in
+    // backward, dlogits, lnf and wte become fp32 views of their casts (held in buf), on which
+    // the head's backward then runs as on any operands.
+    void head_logits(const Tensor& probs, const Tensor& lnf, const Tensor& wte) const;
+    void head_casts(std::vector<float> (&buf)[3], Tensor& dlogits, Tensor& lnf,
+                    Tensor& wte) const;
+
+private:
+    Fp8Scaling& fp8_;
+    const Numerics& nx_;
+    const ParallelLayers* layers_;
 };
 
 }  // namespace px

@@ -1,5 +1,7 @@
 #include "core/model/model.h"
 
+#include "core/model/gpt2_block.h"
+#include "core/model/layer_ops.h"
 #include "core/model/model_rows.h"
 
 #include "core/base/error.h"
@@ -10,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 namespace px {
 
@@ -75,6 +76,13 @@ Tensor Activations::layer(int a, int i) const {
 
 Tensor Activations::output() const {
     return shape_.layers > 0 ? layer(RESIDUAL3, shape_.layers - 1) : input();
+}
+
+std::int32_t* Activations::routes(int i) const {
+    PX_ASSERT(!routes_.empty(), "MoE routes of a model without MoE layers");
+    PX_ASSERT(i >= 0 && i < shape_.layers, "Activations::routes: layer out of range");
+    const i64 per_layer = shape_.B * shape_.T * mc_.moe_top_k;
+    return routes_.data() + (shape_.recompute ? 0 : i) * per_layer;
 }
 
 // ---- parameters ------------------------------------------------------------------------------
@@ -259,118 +267,6 @@ GradSpan GPT::grad_span(int chunk) const {
     return s;
 }
 
-void GPT::linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
-                         const Tensor* bias, bool record, bool whole) const {
-    if (const int g = fp8_ ? fp8_->gemm_of(weight.id) : -1; g >= 0)
-        fp8_linear_forward(g, l, out, inp, weight, bias, record);
-    else if (layers_ && !whole)
-        layers_->linear_forward(nx_, l, out, inp, weight, bias);
-    else
-        ops::matmul_forward(nx_, out, inp, weight, bias);
-}
-
-void GPT::linear_backward(std::span<const TokenNode> nodes, Linear l, const Tensor& dinp,
-                          const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
-                          const Tensor& inp, const Tensor& weight, bool whole) const {
-    if (const int g = fp8_ ? fp8_->gemm_of(weight.id) : -1; g >= 0)
-        fp8_linear_backward(g, nodes, l, dinp, dweight, dbias, dout, inp, weight);
-    else
-        linear_backward_rows(nx_, nodes, l, &dinp, dweight, dbias, dout, inp, weight, whole);
-}
-
-void GPT::linear_backward_rows(const Numerics& nx, std::span<const TokenNode> nodes, Linear l,
-                               const Tensor* dinp, const Tensor& dweight, const Tensor* dbias,
-                               const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                               bool whole) const {
-    auto backward = [&](const Tensor* di, const Tensor* dw, const Tensor* db, const Tensor& d,
-                        const Tensor& i) {
-        if (layers_ && !whole)
-            layers_->linear_backward(nx, l, di, dw, db, d, i, weight);
-        else
-            ops::matmul_backward(nx, di, dw, db, d, i, weight);
-    };
-    if (nodes.size() == 1) {
-        backward(dinp, &dweight, dbias, dout, inp);
-        return;
-    }
-    backward(dinp, nullptr, nullptr, dout, inp);
-    const i64 BT = inp.numel() / inp.shape[inp.ndim - 1];
-    for (size_t n = 0; n < nodes.size(); n++) {
-        const Tensor dw = in_node(dweight, nodes, n);
-        const Tensor db = dbias ? in_node(*dbias, nodes, n) : Tensor{};
-        backward(nullptr, &dw, dbias ? &db : nullptr, node_rows(dout, nodes[n].lo, nodes[n].hi, BT),
-                 node_rows(inp, nodes[n].lo, nodes[n].hi, BT));
-    }
-}
-
-// Under sequence parallelism these run on this rank's token rows only (BT from mean/rstd's and
-// a's (B,T) token count).
-void GPT::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                            const Tensor& inp, const Tensor& weight, const Tensor& bias) const {
-    if (!sp_) {
-        ops::layernorm_forward(nx_, out, mean, rstd, inp, weight, bias);
-        return;
-    }
-    const i64 BT = mean.numel();
-    const TokenRows r = layers_->token_rows(BT);
-    ops::layernorm_forward(nx_, token_view(out, r, BT), token_view(mean, r, BT),
-                           token_view(rstd, r, BT), token_view(inp, r, BT), weight, bias);
-}
-
-void GPT::layernorm_backward(std::span<const TokenNode> nodes, const Tensor& dinp,
-                             const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                             const Tensor& inp, const Tensor& weight, const Tensor& mean,
-                             const Tensor& rstd) const {
-    const i64 BT = mean.numel();
-    if (nodes.size() == 1) {
-        if (sp_)
-            layers_->layernorm_backward(&dinp, &dweight, &dbias, dout, inp, weight, mean, rstd, 0,
-                                        BT);
-        else
-            ops::layernorm_backward(nx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
-        return;
-    }
-    if (sp_)  // whole tensors and a row range: the tp ranks hold different rows of them
-        layers_->layernorm_backward(&dinp, nullptr, nullptr, dout, inp, weight, mean, rstd, 0, BT);
-    else
-        ops::layernorm_backward(nx_, &dinp, nullptr, nullptr, dout, inp, weight, mean, rstd);
-    for (size_t n = 0; n < nodes.size(); n++) {
-        const i64 lo = nodes[n].lo, hi = nodes[n].hi;
-        const Tensor dw = in_node(dweight, nodes, n), db = in_node(dbias, nodes, n);
-        if (sp_)
-            layers_->layernorm_backward(nullptr, &dw, &db, dout, inp, weight, mean, rstd, lo, hi);
-        else
-            ops::layernorm_backward(nx_, nullptr, &dw, &db, node_rows(dout, lo, hi, BT),
-                                    node_rows(inp, lo, hi, BT), weight, node_rows(mean, lo, hi, BT),
-                                    node_rows(rstd, lo, hi, BT));
-    }
-}
-
-void GPT::residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) const {
-    if (!sp_) {
-        ops::residual_forward(nx_, out, a, b);
-        return;
-    }
-    const i64 BT = out.numel() / mc_.hidden;
-    const TokenRows r = layers_->token_rows(BT);
-    ops::residual_forward(nx_, token_view(out, r, BT), token_view(a, r, BT), token_view(b, r, BT));
-}
-
-// The largest unmasked entry of preatt (B,NH,T,T): row t of a head holds keys 0..t (the rest
-// are masked zeros), so each row's max is taken over its first t+1 entries.
-float GPT::causal_logit_max(const Tensor& preatt) const {
-    const i64 T = preatt.shape[preatt.ndim - 1];
-    const i64 rows = preatt.numel() / T;
-    float best = -std::numeric_limits<float>::infinity(), row = 0;
-    const Tensor out = view_f32(&row, {1}, "logit_max");
-    for (i64 r = 0; r < rows; r++) {
-        const i64 t = r % T;
-        ops::row_max(nx_, out, subview(preatt, r * T, {1, t + 1}));
-        best = std::max(best, row);
-    }
-    return best;
-}
-
 // Context parallelism: each run of a sequence's rows is a sequence of its own whose positions
 // start at the run's (a view of wpe from there), so the kernels, which take position t from the
 // row, see logical positions. Without it, the whole tensor at once.
@@ -426,187 +322,57 @@ void GPT::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tenso
     run(view_f32(d.data(), {seqs, T, C}, "dencoded"), tok.data(), first - base, first - base + n);
 }
 
-// Block l: residual2 = x + attn(ln1(x)), residual3 = residual2 + mlp(ln2(residual2)).
-void GPT::block_forward(Activations& a, int l, int i, bool probed) const {
-    const Numerics& nx = nx_;
-    auto out = [&](const char* op, const Tensor& t, ProbeSplit split) {
-        if (probed) probe("fwd", l, op, "out", t, split);
-    };
-    const Tensor residual = i == 0 ? a.tensor(ENCODED) : a.layer(RESIDUAL3, i - 1);
-    const Tensor ln1 = a.layer(LN1, i), qkv = a.layer(QKV, i), atty = a.layer(ATTY, i);
-    const Tensor att = a.layer(ATT, i), residual2 = a.layer(RESIDUAL2, i);
-    const Tensor ln2 = a.layer(LN2, i), residual3 = a.layer(RESIDUAL3, i);
-    // The attention output projection and the MLP output reuse the backward scratch of
-    // the same shape as their staging buffer (it is free during the forward pass).
-    const Tensor proj = a.tensor(DBUF_C);
-    const Tensor qkvb = P(l, QKVB), attprojb = P(l, ATTPROJB);
-
-    // Sequence parallelism: the LayerNorms and residual adds on this rank's tokens; all-gather
-    // before each column-parallel linear, reduce-scatter in each row-parallel one.
-    layernorm_forward(ln1, a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i), residual, P(l, LN1W),
-                      P(l, LN1B));
-    sp_gather(ln1);
-    out("ln_1", ln1, ProbeSplit::whole);
-    linear_forward(Linear::qkv, qkv, ln1, P(l, QKVW), &qkvb, probed);
-    out("attn.qkv", qkv, ProbeSplit::qkv);
-    const i64 NH = resolve_dim(Dim::NH, mc_, dims_);
-    if (context_)
-        context_->attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, NH);
-    else
-        ops::attention_forward(nx, atty, a.tensor(DPREATT), att, qkv, NH);
-    if (logit_max_)
-        logit_max_[l] = std::max(logit_max_[l], context_
-                                                    ? context_->logit_max(nx, a.tensor(DPREATT), NH)
-                                                    : causal_logit_max(a.tensor(DPREATT)));
-    out("attn.core", atty, ProbeSplit::channels);
-    linear_forward(Linear::attn_proj, proj, atty, P(l, ATTPROJW), &attprojb, probed);
-    out("attn.proj", proj, ProbeSplit::tokens);
-    residual_forward(residual2, residual, proj);
-    out("residual_1", residual2, ProbeSplit::tokens);
-    layernorm_forward(ln2, a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i), residual2, P(l, LN2W),
-                      P(l, LN2B));
-    sp_gather(ln2);
-    out("ln_2", ln2, ProbeSplit::whole);
-    if (!mc_.moe_layer(l)) {
-        mlp_forward(a, l, i, proj, probed);
-    } else {  // shared experts (if any), then the routed ones added to their output
-        if (table_.layer_index(l, FCW) >= 0)
-            mlp_forward(a, l, i, proj, probed);
-        else
-            zero(proj);
-        moe_forward(a, l, i, proj, probed);
-    }
-    residual_forward(residual3, residual2, proj);
-    out("residual_2", residual3, ProbeSplit::tokens);
-}
-
-// out (B,T,C) = the plain MLP of layer l on ln2 (F channels: a MoE layer's shared experts').
-void GPT::mlp_forward(Activations& a, int l, int i, const Tensor& out, bool probed) const {
-    const i64 F = table_.entries[static_cast<size_t>(table_.layer_index(l, FCW))].rows;
-    const Tensor fch = mlp_act(a.layer(FCH, i), F), fch_gelu = mlp_act(a.layer(FCH_GELU, i), F);
-    const Tensor fcb = P(l, FCB), fcprojb = P(l, FCPROJB);
-    // A MoE layer's shared experts run whole on every tensor-parallel rank.
-    const bool whole = mc_.moe_layer(l);
-    const ProbeSplit ffn = whole ? ProbeSplit::whole : ProbeSplit::ffn;
-    linear_forward(Linear::fc, fch, a.layer(LN2, i), P(l, FCW), &fcb, probed, whole);
-    if (probed) probe("fwd", l, "mlp.fc", "out", fch, ffn);
-    ops::gelu_forward(nx_, fch_gelu, fch);
-    if (probed) probe("fwd", l, "mlp.gelu", "out", fch_gelu, ffn);
-    linear_forward(Linear::fc_proj, out, fch_gelu, P(l, FCPROJW), &fcprojb, probed, whole);
-    if (probed) probe("fwd", l, "mlp.proj", "out", out, ProbeSplit::tokens);
-}
-
-// dln2 (zeroed by the caller) += d(ln2) of the plain MLP of layer l, whose output gradient is
-// dout (under sequence parallelism all-gathered already).
-void GPT::mlp_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
-                       const Tensor& dout, const Tensor& dln2) const {
-    auto G = [&](LayerParam p) { return grad(nodes[0].grads, table_.layer_index(l, p)); };
-    const i64 F = table_.entries[static_cast<size_t>(table_.layer_index(l, FCW))].rows;
-    const Tensor dfch_gelu = mlp_act(a.tensor(DBUF_F), F), dfch = mlp_act(a.tensor(DBUF_F2), F);
-    const Tensor dfcprojb = G(FCPROJB), dfcb = G(FCB);
-    const bool whole = mc_.moe_layer(l);  // as in mlp_forward
-    const ProbeSplit ffn = whole ? ProbeSplit::whole : ProbeSplit::ffn;
-    zero(dfch_gelu);
-    linear_backward(nodes, Linear::fc_proj, dfch_gelu, G(FCPROJW), &dfcprojb, dout,
-                    mlp_act(a.layer(FCH_GELU, i), F), P(l, FCPROJW), whole);
-    probe("bwd", l, "mlp.proj", "dinp", dfch_gelu, ffn);
-    zero(dfch);
-    ops::gelu_backward(nx_, dfch, mlp_act(a.layer(FCH, i), F), dfch_gelu);
-    probe("bwd", l, "mlp.gelu", "dinp", dfch, ffn);
-    linear_backward(nodes, Linear::fc, dln2, G(FCW), &dfcb, dfch, a.layer(LN2, i), P(l, FCW),
-                    whole);
-}
-
-// dresidual holds d(residual3) on entry and d(x) on return.
-void GPT::block_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
-                         float dloss) const {
-    const Numerics& nx = nx_;
-    auto G = [&](LayerParam p) { return grad(nodes[0].grads, table_.layer_index(l, p)); };
-    auto dinp = [&](const char* op, const Tensor& t, ProbeSplit split) {
-        probe("bwd", l, op, "dinp", t, split);
-    };
-    const Tensor residual = i == 0 ? a.tensor(ENCODED) : a.layer(RESIDUAL3, i - 1);
-    const Tensor dresidual = a.tensor(DRESIDUAL), dbuf_c = a.tensor(DBUF_C);
-    const Tensor dqkv = a.tensor(DBUF_C3);
-    const Tensor dattprojw = G(ATTPROJW), dattprojb = G(ATTPROJB), dqkvw = G(QKVW),
-                 dqkvb = G(QKVB);
-
-    // residual3 = residual2 + mlp(ln2(residual2)): dresidual flows to both branches.
-    // (Sequence parallelism: this rank's rows of d(residual3), all-gathered for fc_proj.)
-    // A MoE layer: its shared experts' MLP (if any), then the routed experts and the router.
-    sp_gather(dresidual);
-    zero(dbuf_c);
-    if (table_.layer_index(l, FCW) >= 0) mlp_backward(a, nodes, l, i, dresidual, dbuf_c);
-    if (mc_.moe_layer(l)) moe_backward(a, nodes, l, i, dresidual, dbuf_c, dloss);
-    dinp("mlp.fc", dbuf_c, ProbeSplit::tokens);
-    layernorm_backward(nodes, dresidual, G(LN2W), G(LN2B), dbuf_c, a.layer(RESIDUAL2, i), P(l, LN2W),
-                       a.layer(LN2_MEAN, i), a.layer(LN2_RSTD, i));
-    sp_gather(dresidual);
-    dinp("ln_2", dresidual,
-         ProbeSplit::whole);  // the LayerNorm's input gradient plus the skip path: d(residual_1)
-
-    // residual2 = residual + attn(ln1(residual)).
-    const Tensor datty = a.layer(ATTY, i);  // d(atty) staged in dbuf_c, sized like atty
-    const Tensor dbuf_a = subview(dbuf_c, 0, {datty.shape[0], datty.shape[1], datty.shape[2]});
-    zero(dbuf_a);
-    linear_backward(nodes, Linear::attn_proj, dbuf_a, dattprojw, &dattprojb, dresidual, a.layer(ATTY, i),
-                    P(l, ATTPROJW));
-    dinp("attn.proj", dbuf_a, ProbeSplit::channels);
-    zero(dqkv);
-    const i64 NH = resolve_dim(Dim::NH, mc_, dims_);
-    if (context_)
-        context_->attention_backward(nx, dqkv, a.tensor(DPREATT), a.tensor(DATT), dbuf_a,
-                                     a.layer(QKV, i), a.layer(ATT, i), NH);
-    else
-        ops::attention_backward(nx, dqkv, a.tensor(DPREATT), a.tensor(DATT), dbuf_a,
-                                a.layer(QKV, i), a.layer(ATT, i), NH);
-    dinp("attn.core", dqkv, ProbeSplit::qkv);
-    zero(dbuf_c);
-    linear_backward(nodes, Linear::qkv, dbuf_c, dqkvw, &dqkvb, dqkv, a.layer(LN1, i), P(l, QKVW));
-    dinp("attn.qkv", dbuf_c, ProbeSplit::tokens);
-    layernorm_backward(nodes, dresidual, G(LN1W), G(LN1B), dbuf_c, residual, P(l, LN1W),
-                       a.layer(LN1_MEAN, i), a.layer(LN1_RSTD, i));
-    dinp("ln_1", dresidual, ProbeSplit::tokens);  // with the skip path: d(block input)
+LayerOps GPT::layer_ops() const {
+    return LayerOps(*this, {.dims = dims_,
+                            .layers = layers_.get(),
+                            .sp = sp_,
+                            .context = context_.get(),
+                            .fp8 = fp8_.get(),
+                            .probes = probes_,
+                            .probe_ctx = probe_ctx_});
 }
 
 void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targets) const {
     const Numerics& nx = nx_;
+    const LayerOps ops = layer_ops();
+    const MoeLayer moe(ops, experts_.get(), router_stats_);
+    const Gpt2Block block(ops, moe, logit_max_);
     const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];
     PX_ASSERT(a.shape().layers == layers.size() && a.shape().head == has_head(chunk),
               "activations made for another chunk");
     if (has_embedding(chunk)) {
         before_forward({Unit::embedding});
         embedding_forward(a.tensor(ENCODED), tokens);
-        probe("fwd", -1, "embed", "out", a.tensor(ENCODED));
+        ops.probe("fwd", -1, "embed", "out", a.tensor(ENCODED));
         after_forward({Unit::embedding});
     }
     for (int l = layers.lo; l < layers.hi; l++) {
         before_forward({Unit::block, l});
-        block_forward(a, l, l - layers.lo);
+        block.forward(a, l, l - layers.lo);
         after_forward({Unit::block, l});
     }
     if (!has_head(chunk)) return;
     before_forward({Unit::head});
     const Tensor last = a.output();
-    layernorm_forward(a.tensor(LNF), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD), last,
-                      param(table_.lnfw), param(table_.lnfb));
-    sp_gather(a.tensor(LNF));
-    probe("fwd", -1, "ln_f", "out", a.tensor(LNF));
+    ops.layernorm_forward(a.tensor(LNF), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD), last,
+                          param(table_.lnfw), param(table_.lnfb));
+    ops.sp_gather(a.tensor(LNF));
+    ops.probe("fwd", -1, "ln_f", "out", a.tensor(LNF));
     // LM head tied to wte: logits (B,T,V) = lnf · wteᵀ, written into probs, then softmax in place.
     const Tensor probs = a.tensor(PROBS);
     if (fp8_ && fp8_->head_gemm() >= 0)
-        fp8_head_logits(probs, a.tensor(LNF), param(table_.wte));
+        ops.fp8_linears().head_logits(probs, a.tensor(LNF), param(table_.wte));
     else if (layers_)
         layers_->head_logits(probs, a.tensor(LNF), param(table_.wte));
     else
         ops::matmul_forward(nx, probs, a.tensor(LNF), param(table_.wte), nullptr);
     // The logits, before softmax runs in place.
-    probe("fwd", -1, "head", "out", probs, ProbeSplit::vocabulary);
+    ops.probe("fwd", -1, "head", "out", probs, ProbeSplit::vocabulary);
     if (layers_)
         layers_->head_loss(a.tensor(LOSSES), probs, targets);
     else
         ops::crossentropy_forward(nx, a.tensor(LOSSES), probs, probs, targets);
-    probe("fwd", -1, "loss", "out", a.tensor(LOSSES));
+    ops.probe("fwd", -1, "loss", "out", a.tensor(LOSSES));
     after_forward({Unit::head});
 }
 
@@ -619,6 +385,9 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
 void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, const int* tokens,
                    const int* targets, float dloss) const {
     const Numerics& nx = nx_;
+    const LayerOps ops = layer_ops();
+    const MoeLayer moe(ops, experts_.get(), router_stats_);
+    const Gpt2Block block(ops, moe, logit_max_);
     const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];
     PX_ASSERT(a.shape().layers == layers.size() && a.shape().head == has_head(chunk),
               "activations made for another chunk");
@@ -642,13 +411,13 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
             layers_->head_dlogits(probs, targets, dloss);
         else
             ops::crossentropy_backward(nx, probs, probs, targets, dloss);  // probs: dlogits
-        probe("bwd", -1, "loss", "dinp", probs, ProbeSplit::vocabulary);
+        ops.probe("bwd", -1, "loss", "dinp", probs, ProbeSplit::vocabulary);
         // An fp8 LM head: the same on the casts of dlogits, lnf and wte, dlnf summed in fp32 and
         // rounded once (as an fp8 linear's dinp).
         const bool head8 = fp8_ && fp8_->head_gemm() >= 0;
         std::vector<float> casts[3];
         Tensor dlogits = probs, lnf = a.tensor(LNF), wte = param(table_.wte);
-        if (head8) fp8_head_casts(casts, dlogits, lnf, wte);
+        if (head8) ops.fp8_linears().head_casts(casts, dlogits, lnf, wte);
         const Widened dl(head8 ? &dbuf_c : nullptr);
         const Tensor dlnf = head8 ? *dl : dbuf_c;
         // dlnf over all rows; the head's dwte over each node's rows (all rows when one node).
@@ -670,25 +439,26 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
             }
         }
         if (head8) dl.store();
-        probe("bwd", -1, "head", "dinp", dbuf_c, ProbeSplit::tokens);
+        ops.probe("bwd", -1, "head", "dinp", dbuf_c, ProbeSplit::tokens);
         zero(dresidual);
         const Tensor last = a.output();
-        layernorm_backward(nodes, dresidual, grad(grads, table_.lnfw), grad(grads, table_.lnfb), dbuf_c,
-                           last, param(table_.lnfw), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD));
-        probe("bwd", -1, "ln_f", "dinp", dresidual, ProbeSplit::tokens);
+        ops.layernorm_backward(nodes, dresidual, grad(grads, table_.lnfw),
+                               grad(grads, table_.lnfb), dbuf_c, last, param(table_.lnfw),
+                               a.tensor(LNF_MEAN), a.tensor(LNF_RSTD));
+        ops.probe("bwd", -1, "ln_f", "dinp", dresidual, ProbeSplit::tokens);
         after_backward({Unit::head}, grads);
     }
     for (int l = layers.hi - 1; l >= layers.lo; l--) {
         before_backward({Unit::block, l}, grads);
         // Recompute: the block's internals were not kept; its forward from the kept input
         // refills them bit for bit (its output, written again, is unchanged).
-        if (a.shape().recompute) block_forward(a, l, l - layers.lo, false);
-        block_backward(a, nodes, l, l - layers.lo, dloss);
+        if (a.shape().recompute) block.forward(a, l, l - layers.lo, false);
+        block.backward(a, nodes, l, l - layers.lo, dloss);
         after_backward({Unit::block, l}, grads);
     }
     if (has_embedding(chunk)) {
         before_backward({Unit::embedding}, grads);
-        sp_gather(dresidual);  // sequence parallelism: d(encoded) of every token
+        ops.sp_gather(dresidual);  // sequence parallelism: d(encoded) of every token
         for (size_t n = 0; n < nodes.size(); n++) {
             const Tensor dwte = in_node(grad(grads, table_.wte), nodes, n);
             const Tensor dwpe = in_node(grad(grads, table_.wpe), nodes, n);
@@ -696,87 +466,6 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
         }
         after_backward({Unit::embedding}, grads);
     }
-}
-
-// ---- probes ----------------------------------------------------------------------------------
-
-// Context parallelism: a spec over the rank's (B, T/cp, ...) rows becomes one over the logical
-// (B, T, ...) sequences. Each piece is cut by sequence and by run of positions; in that order the
-// sub-pieces hold the piece's elements in its own row-major order (runs ascend in local rows).
-ShardSpec GPT::context_pieces(const ShardSpec& local) const {
-    PX_ASSERT(local.logical_shape.size() >= 2, "a context-parallel probe needs (B, T, ...)");
-    const i64 Tl = local.logical_shape[1];
-    ShardSpec out;
-    out.logical_shape = local.logical_shape;
-    out.logical_shape[1] = context_->keys(Tl);
-    const std::vector<PositionRun> runs = context_->runs(Tl);
-    for (const Hyperslab& p : local.pieces)
-        for (i64 b = p.lo[0]; b < p.hi[0]; b++)
-            for (const PositionRun& r : runs) {
-                const i64 lo = std::max(p.lo[1], r.lo), hi = std::min(p.hi[1], r.hi);
-                if (lo >= hi) continue;
-                Hyperslab s = p;
-                s.lo[0] = b;
-                s.hi[0] = b + 1;
-                s.lo[1] = r.pos + (lo - r.lo);
-                s.hi[1] = r.pos + (hi - r.lo);
-                out.pieces.push_back(std::move(s));
-            }
-    return out;
-}
-
-// t is a microbatch's (B,T,...) tensor: logically rows [batch_lo, batch_lo + B) of the batch's;
-// under ParallelLayers this rank's piece of it, as `split` says.
-void GPT::offer_probe(const char* phase, int layer, const char* op, const char* tensor,
-                      const Tensor& t, ProbeSplit split) const {
-    const ProbeKey key{probe_ctx_ ? probe_ctx_->step : 0, phase, layer, op, tensor, t.dtype};
-    if (!probes_->wants(key)) return;
-    PX_ASSERT(t.contiguous() && t.ndim >= 1, "a probed tensor must be contiguous");
-    std::vector<i64> shape(t.shape.begin(), t.shape.begin() + t.ndim);
-    const i64 w = shape.back();
-    i64 rows = 1;  // B·T (also when w is 0: a tp rank past the last vocabulary block)
-    for (size_t d = 0; d + 1 < shape.size(); d++) rows *= shape[d];
-    std::vector<float> widened;  // a narrower activation, read exactly as fp32 (core/base/dtype.h)
-    if (t.dtype != DType::f32) {
-        widened.resize(static_cast<size_t>(t.numel()));
-        convert(widened.data(), DType::f32, t.data, t.dtype, widened.size());
-    }
-    const float* data = t.dtype == DType::f32 ? t.f32() : widened.data();
-    std::vector<float> staged;  // the pieces back to back, when the local layout interleaves them
-    ShardSpec spec;
-    if (!layers_ || split == ProbeSplit::whole) {
-        spec.logical_shape = shape;
-        spec.pieces.push_back({std::vector<i64>(shape.size(), 0), shape});
-    } else if (split == ProbeSplit::tokens) {  // this rank's token rows (all of them without SP)
-        const TokenRows r = layers_->token_rows(rows);
-        spec = flat_shard(shape, r.lo * w, r.hi * w);
-        data += r.lo * w;
-    } else {  // columns: each range a slab of every row; several ranges are staged piece by piece
-        const ColumnShard cols = layers_->probe_columns(split);
-        spec.logical_shape = shape;
-        spec.logical_shape.back() = cols.n;
-        i64 at = 0;
-        for (const TokenRows& c : cols.ranges) {
-            Hyperslab p;
-            for (size_t d = 0; d + 1 < shape.size(); d++) {
-                p.lo.push_back(0);
-                p.hi.push_back(shape[d]);
-            }
-            p.lo.push_back(c.lo);
-            p.hi.push_back(c.hi);
-            spec.pieces.push_back(std::move(p));
-            if (cols.ranges.size() > 1)
-                for (i64 i = 0; i < rows; i++)
-                    staged.insert(staged.end(), data + i * w + at, data + i * w + at + c.hi - c.lo);
-            at += c.hi - c.lo;
-        }
-        PX_ASSERT(at == w, "a probe's column ranges do not cover its local tensor");
-        if (!staged.empty()) data = staged.data();
-    }
-    if (context_) spec = context_pieces(spec);
-    if (probe_ctx_ && probe_ctx_->batch_total > 0)
-        offset_rows(spec, probe_ctx_->batch_lo, probe_ctx_->batch_total);
-    probes_->capture(key, data, spec);
 }
 
 // ---- the whole model on one device -----------------------------------------------------------

@@ -1,9 +1,11 @@
 // The GPT-2 model: token and learned position embeddings, L pre-LayerNorm blocks (causal
 // multi-head attention, GELU-tanh MLP), a final LayerNorm and an LM head tied to wte.
-// Forward and backward are written out per layer, as llm.c does. This file knows nothing of
-// parallelism; layouts wrap it from core/parallel. A GPT may hold only part of the model
-// (ModelPart: some runs of layers, with or without the embedding and the head), which is what a
-// pipeline stage is; the whole model is the part with everything, and runs exactly as before.
+// Forward and backward are written out per layer, as llm.c does: the embedding and the head
+// here (model.cpp), a block in gpt2_block.h, a MoE layer's routed experts in moe.h, all on the
+// ops of layer_ops.h. This file knows nothing of parallelism; layouts wrap it from
+// core/parallel. A GPT may hold only part of the model (ModelPart: some runs of layers, with or
+// without the embedding and the head), which is what a pipeline stage is; the whole model is
+// the part with everything, and runs exactly as before.
 //
 // Index
 //   GradLayout    where each parameter's gradient lives in a gradient buffer
@@ -32,6 +34,8 @@
 #include <span>
 
 namespace px {
+
+class LayerOps;  // core/model/layer_ops.h
 
 // A gradient buffer holds one gradient per parameter, laid out as the ParamTable, then the LM
 // head's contribution to wte kept apart (V,C): wte is used twice, and the two token reductions
@@ -395,72 +399,15 @@ public:
     i64 activation_bytes() const { return acts_.bytes(); }
 
 private:
-    Tensor P(int l, LayerParam p) const { return param(table_.layer_index(l, p)); }
     bool has_embedding(int chunk) const { return chunk == 0 && part_.embedding; }
     bool has_head(int chunk) const { return chunk == num_chunks() - 1 && part_.head; }
-    // Block l of the model, local layer i of the chunk's activations.
-    // (probed: false when backward recomputes the block, whose forward was probed already and
-    // its fp8 casts recorded)
-    void block_forward(Activations& a, int l, int i, bool probed = true) const;
-    float causal_logit_max(const Tensor& preatt) const;
+    // The ops its layers run on (core/model/layer_ops.h), from the current settings.
+    LayerOps layer_ops() const;
     // The embedding of the rows of `out` (B,T,C) / its backward over one token node, at their
     // logical positions (context parallelism: runs of the sequence; otherwise rows mod T).
     void embedding_forward(const Tensor& out, const int* tokens) const;
     void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                             const int* tokens, i64 row_lo, i64 row_hi) const;
-    // The plain MLP of layer l (a dense layer's, or a MoE layer's shared experts'): out = its
-    // output on ln2; backward: dln2 += d(ln2) for dout = d(out) (core/model/model.cpp).
-    void mlp_forward(Activations& a, int l, int i, const Tensor& out, bool probed) const;
-    void mlp_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
-                      const Tensor& dout, const Tensor& dln2) const;
-    // The routed experts of MoE layer l (core/model/moe.cpp): out += the gated sum of the
-    // token's experts; backward: dln2 += d(ln2) through the experts and the router, the
-    // auxiliary losses' gradients included (dloss: d(mean loss)/d(token loss)).
-    void moe_forward(Activations& a, int l, int i, const Tensor& out, bool probed) const;
-    void moe_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
-                      const Tensor& dout, const Tensor& dln2, float dloss) const;
-    void block_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
-                        float dloss) const;
-    // ParallelLayers' linear, or ops::matmul_* when there is none. record: an fp8 linear records
-    // its casts' amaxes (false when backward recomputes a block: the same values again).
-    // whole: the kernels on whole tensors even under ParallelLayers (a MoE layer, which every tp
-    // rank runs whole: its router, experts and shared experts are not tensor-parallel).
-    void linear_forward(Linear l, const Tensor& out, const Tensor& inp, const Tensor& weight,
-                        const Tensor* bias, bool record = true, bool whole = false) const;
-    void linear_backward(std::span<const TokenNode> nodes, Linear l, const Tensor& dinp,
-                         const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
-                         const Tensor& inp, const Tensor& weight, bool whole = false) const;
-    // The same on the fp8 casts of inp, weight (and dout) as fp32 tensors (core/model/fp8.cpp):
-    // each cast once over all rows, then linear_backward_rows on the casts.
-    void fp8_linear_forward(int gemm, Linear l, const Tensor& out, const Tensor& inp,
-                            const Tensor& weight, const Tensor* bias, bool record) const;
-    // The LM head (tied to wte) on fp8 casts, when precision.fp8_lm_head: the logits into probs;
-    // in backward, dlogits, lnf and wte become fp32 views of their casts (held in buf), on which
-    // the head's backward then runs as on any operands.
-    void fp8_head_logits(const Tensor& probs, const Tensor& lnf, const Tensor& wte) const;
-    void fp8_head_casts(std::vector<float> (&buf)[3], Tensor& dlogits, Tensor& lnf,
-                        Tensor& wte) const;
-    void fp8_linear_backward(int gemm, std::span<const TokenNode> nodes, Linear l,
-                             const Tensor& dinp, const Tensor& dweight, const Tensor* dbias,
-                             const Tensor& dout, const Tensor& inp, const Tensor& weight) const;
-    // After any casts: dinp (null: none) over all rows, the weight gradients once per node over
-    // the node's rows, in nx (the model's numerics, or the fp8 linears').
-    void linear_backward_rows(const Numerics& nx, std::span<const TokenNode> nodes, Linear l,
-                              const Tensor* dinp, const Tensor& dweight, const Tensor* dbias,
-                              const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                              bool whole = false) const;
-    // Sequence parallelism (see ParallelLayers): the LayerNorm forward/backward and a residual
-    // add on this rank's token rows; plain ops on whole tensors otherwise.
-    void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                           const Tensor& inp, const Tensor& weight, const Tensor& bias) const;
-    void layernorm_backward(std::span<const TokenNode> nodes, const Tensor& dinp,
-                            const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                            const Tensor& inp, const Tensor& weight, const Tensor& mean,
-                            const Tensor& rstd) const;
-    void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) const;
-    void sp_gather(const Tensor& t) const {
-        if (sp_) layers_->sp_gather(t);
-    }
     void before_forward(Unit u) const {
         if (hooks_) hooks_->before_forward(u);
     }
@@ -473,15 +420,6 @@ private:
     void after_backward(Unit u, float* grads) const {
         if (hooks_) hooks_->after_backward(u, grads);
     }
-    // Offers t (a microbatch's (B,T,...) activation or gradient, spread over the ranks as
-    // `split` says) to the probe sink, if any.
-    void probe(const char* phase, int layer, const char* op, const char* tensor, const Tensor& t,
-               ProbeSplit split = ProbeSplit::whole) const {
-        if (probes_) offer_probe(phase, layer, op, tensor, t, split);
-    }
-    void offer_probe(const char* phase, int layer, const char* op, const char* tensor,
-                     const Tensor& t, ProbeSplit split) const;
-    ShardSpec context_pieces(const ShardSpec& local) const;  // local rows -> logical positions
 
     ModelConfig mc_;
     Numerics nx_;

@@ -1,5 +1,6 @@
 // Views of a microbatch's activations and gradient buffers that the model's files share
-// (core/model/model.cpp, moe.cpp, fp8.cpp): token rows, a token node's buffer, an MLP's width.
+// (core/model/model.cpp, layer_ops.cpp, gpt2_block.cpp, moe.cpp): token rows, a token node's
+// buffer, an MLP's width.
 #pragma once
 #include "core/model/model.h"
 

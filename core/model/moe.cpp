@@ -1,4 +1,4 @@
-// The mixture-of-experts feed-forward of GPT (core/model/moe.h): router, top-k, capacity,
+// The routed experts of a MoE layer (core/model/moe.h MoeLayer): router, top-k, capacity,
 // experts on their gathered rows, the gated combine, and their backward with the auxiliary
 // losses. Every kernel runs through kernels/ops.h; the loops here move rows and combine a few
 // numbers per token, each in one fixed order.
@@ -6,7 +6,7 @@
 
 #include "core/base/error.h"
 #include "core/base/mathfun.h"
-#include "core/model/model.h"
+#include "core/model/layer_ops.h"
 #include "core/model/model_rows.h"
 #include "kernels/ops.h"
 
@@ -26,13 +26,6 @@ i64 router_fixed(double v) {
 
 double router_unfixed(i64 v) {
     return std::ldexp(static_cast<double>(v), -kRouterStatBits);
-}
-
-std::int32_t* Activations::routes(int i) const {
-    PX_ASSERT(!routes_.empty(), "MoE routes of a model without MoE layers");
-    PX_ASSERT(i >= 0 && i < shape_.layers, "Activations::routes: layer out of range");
-    const i64 per_layer = shape_.B * shape_.T * mc_.moe_top_k;
-    return routes_.data() + (shape_.recompute ? 0 : i) * per_layer;
 }
 
 namespace {
@@ -244,8 +237,16 @@ void expert_grads(const Numerics& nx, const Tensor& dweight, const Tensor& dbias
 
 }  // namespace
 
-void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool probed) const {
-    PX_ASSERT(!sp_, "MoE layers run on whole tensors (no sequence parallelism)");
+MoeLayer::MoeLayer(const LayerOps& ops, const ExpertLayers* experts, RouterStats* router_stats)
+    : ops_(ops),
+      mc_(ops.config()),
+      nx_(ops.numerics()),
+      experts_(experts),
+      router_stats_(router_stats) {}
+
+void MoeLayer::forward(Activations& a, int l, int i, const Tensor& out, bool probed) const {
+    PX_ASSERT(!ops_.sequence_parallel(),
+              "MoE layers run on whole tensors (no sequence parallelism)");
     PX_ASSERT(mc_.moe_experts % (experts_ ? experts_->size() : 1) == 0,
               "expert parallelism needs whole experts per rank");
     const i64 B = a.shape().B, T = a.shape().T, BT = B * T, C = mc_.hidden;
@@ -257,8 +258,8 @@ void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool prob
     std::int32_t* route = a.routes(i);
 
     // The router: logits, then their softmax in place and the logsumexp.
-    ops::matmul_forward(nx_, probs, ln2, P(l, ROUTERW), nullptr);
-    if (probed) probe("fwd", l, "moe.router", "out", probs);
+    ops::matmul_forward(nx_, probs, ln2, ops_.param(l, ROUTERW), nullptr);
+    if (probed) ops_.probe("fwd", l, "moe.router", "out", probs);
     const Tensor pt = view_f32(p, {BT, E}), lt = view_f32(lse, {BT});
     std::vector<float> sums(static_cast<size_t>(BT));
     ops::row_max(nx_, lt, pt);
@@ -270,7 +271,7 @@ void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool prob
         for (i64 e = 0; e < E; e++) p[r * E + e] = p[r * E + e] / s;
         lse[r] = lse[r] + mathfun::log(s);
     }
-    if (probed) probe("fwd", l, "moe.softmax", "out", probs);
+    if (probed) ops_.probe("fwd", l, "moe.softmax", "out", probs);
 
     // Top-k (ties: the lower expert) and the gates.
 #pragma omp parallel for schedule(static)
@@ -312,7 +313,7 @@ void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool prob
     // rank's experts on the rows every rank of the ep group routed to them (their outputs go
     // back to the rank that routed each row).
     const Dispatch d = make_dispatch(route, BT * K, E);
-    const ExpertLayers* x = experts_.get();
+    const ExpertLayers* x = experts_;
     const Tensor in = a.tensor(EBUF_C), efch = a.layer(EFCH, i), efg = a.layer(EFCH_GELU, i);
     const Tensor eout = a.layer(EOUT, i);
     ExpertRoute r;
@@ -330,7 +331,7 @@ void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool prob
     // One linear of every expert held (stacked (EL·R, I) weights, (EL, R) biases) on its rows.
     auto experts_forward = [&](LayerParam wp, LayerParam bp, i64 R, const Tensor& out_rows,
                                const Tensor& xin) {
-        const Tensor stacked = P(l, wp), biases = P(l, bp);
+        const Tensor stacked = ops_.param(l, wp), biases = ops_.param(l, bp);
         const i64 I = stacked.shape[1];
         for (i64 e = 0; e < EL; e++) {
             const i64 lo = first[static_cast<size_t>(e)];
@@ -358,7 +359,7 @@ void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool prob
             const float g = gate[r * K + j];
             for (i64 c = 0; c < C; c++) o[r * C + c] = std::fma(g, y[q * C + c], o[r * C + c]);
         }
-    if (probed) probe("fwd", l, "moe.combine", "out", out);
+    if (probed) ops_.probe("fwd", l, "moe.combine", "out", out);
     if (!probed || !router_stats_) return;
 
     // Statistics of the step's routing (moe.h RouterStats), per sequence.
@@ -388,7 +389,8 @@ void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool prob
             }
         }
         double balance = 0;
-        for (i64 e = 0; e < E; e++) balance += f[static_cast<size_t>(e)] * mean_p[static_cast<size_t>(e)];
+        for (i64 e = 0; e < E; e++)
+            balance += f[static_cast<size_t>(e)] * mean_p[static_cast<size_t>(e)];
         st.balance += router_fixed(double(E) * balance);
     }
     st.slots += BT * K;
@@ -396,8 +398,8 @@ void GPT::moe_forward(Activations& a, int l, int i, const Tensor& out, bool prob
     st.token_count += BT;
 }
 
-void GPT::moe_backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
-                       const Tensor& dout, const Tensor& dln2, float dloss) const {
+void MoeLayer::backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
+                        const Tensor& dout, const Tensor& dln2, float dloss) const {
     const i64 B = a.shape().B, T = a.shape().T, BT = B * T, C = mc_.hidden;
     const i64 E = mc_.moe_experts, K = mc_.moe_top_k, FE = mc_.expert_ffn();
     const Tensor ln2 = a.layer(LN2, i), probs = a.layer(ROUTER_PROBS, i);
@@ -407,7 +409,7 @@ void GPT::moe_backward(Activations& a, std::span<const TokenNode> nodes, int l, 
     const std::int32_t* route = a.routes(i);
     const Dispatch d = make_dispatch(route, BT * K, E);
     const i64 rows = d.rows();  // the slots this rank routed (kept ones)
-    const ExpertLayers* x = experts_.get();
+    const ExpertLayers* x = experts_;
 
     const Tensor in = a.tensor(EBUF_C), dy = a.tensor(EBUF_C2), dh = a.tensor(EBUF_F);
     const Tensor dfc = a.tensor(EBUF_F2);
@@ -471,7 +473,7 @@ void GPT::moe_backward(Activations& a, std::span<const TokenNode> nodes, int l, 
 
     // The experts, each on its rows; weight gradients per token node.
     auto G = [&](LayerParam pm, size_t n) {
-        return in_node(grad(all_nodes[0].grads, table_.layer_index(l, pm)), all_nodes, n);
+        return in_node(ops_.grad(all_nodes[0].grads, l, pm), all_nodes, n);
     };
     auto node_grads = [&](i64 e, LayerParam wp, LayerParam bp, i64 R, const Tensor& dd,
                           const Tensor& xx, const Tensor& w) {
@@ -489,7 +491,7 @@ void GPT::moe_backward(Activations& a, std::span<const TokenNode> nodes, int l, 
     // on the expert's rows, and its weight gradients per token node.
     auto experts_backward = [&](LayerParam wp, LayerParam bp, i64 R, const Tensor& dinp,
                                 const Tensor& dd, const Tensor& xx) {
-        const Tensor stacked = P(l, wp);
+        const Tensor stacked = ops_.param(l, wp);
         const i64 I = stacked.shape[1];
         for (i64 e = 0; e < EL; e++) {
             const i64 lo = first[static_cast<size_t>(e)];
@@ -563,10 +565,11 @@ void GPT::moe_backward(Activations& a, std::span<const TokenNode> nodes, int l, 
             for (i64 e = 0; e < E; e++) dp[e] = std::fma(zl, pr[e], pr[e] * (dp[e] - dot));
         }
     }
-    probe("bwd", l, "moe.router", "dinp", dlogits);
-    linear_backward_rows(nx_, nodes, Linear::fc, &dln2,
-                         grad(nodes[0].grads, table_.layer_index(l, ROUTERW)), nullptr, dlogits,
-                         ln2, P(l, ROUTERW), /*whole=*/true);
+    ops_.probe("bwd", l, "moe.router", "dinp", dlogits);
+    // On whole tensors, as every tp rank runs a MoE layer: the plain kernels (no layers).
+    linear_backward_rows(nullptr, nx_, nodes, Linear::fc, &dln2,
+                         ops_.grad(nodes[0].grads, l, ROUTERW), nullptr, dlogits, ln2,
+                         ops_.param(l, ROUTERW));
 }
 
 }  // namespace px

@@ -1,5 +1,4 @@
-// Mixture-of-experts feed-forward (model.moe_* keys; the math lives in core/model/moe.cpp as
-// part of GPT). On a MoE layer the MLP is replaced by
+// Mixture-of-experts feed-forward (model.moe_* keys). On a MoE layer the MLP is replaced by
 //
 //   probs   = softmax(ln2 · routerᵀ)                       (B,T,E), fp32, canonical reductions
 //   top-k   each token's K most probable experts (ties: the lower expert index)
@@ -25,13 +24,28 @@
 //                   sequences (f_i: the share of the sequence's K·T router choices that chose i,
 //                   before capacity; P_i: its mean router probability). Gradient through P only.
 //   z-loss          moe_z_loss · mean over tokens of logsumexp(router logits)².
+//
+// Index
+//   RouterStats        one MoE layer's router statistics of a step, in fixed point
+//   router_fixed       a statistic's value to fixed point, and back (router_unfixed)
+//   MoeLayer           the routed experts of a MoE layer (router to combine), forward and backward
 #pragma once
+#include "core/base/config.h"
+#include "core/base/numerics.h"
 #include "core/base/shapes.h"
+#include "core/base/tensor.h"
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace px {
+
+// Of core/model/model.h and layer_ops.h (model.h includes this header for RouterStats).
+class Activations;
+class ExpertLayers;
+class LayerOps;
+struct TokenNode;
 
 // One MoE layer's router statistics over the microbatches a rank ran in a step. The sums of
 // real values are fixed point (units of 2^-kRouterStatBits, each token's or sequence's value
@@ -52,5 +66,34 @@ struct RouterStats {
 // v in units of 2^-kRouterStatBits, rounded to nearest.
 i64 router_fixed(double v);
 double router_unfixed(i64 v);
+
+// The routed experts of a MoE layer, as above, over a model's LayerOps: what a block (the GPT-2
+// block: gpt2_block.h) calls for its MoE layers, after their shared experts' MLP. Every tp rank
+// runs it whole (its router and experts are not tensor-parallel); no sequence parallelism.
+class MoeLayer {
+public:
+    // experts: null when the model part holds every expert and routes locally; otherwise the
+    // ep group the routed rows cross (model.h ExpertLayers). router_stats: one per layer of the
+    // whole model (null: none), see GPT::set_router_stats. Not owned; they outlive the MoeLayer.
+    MoeLayer(const LayerOps& ops, const ExpertLayers* experts, RouterStats* router_stats);
+
+    // out += the gated sum of each token's kept experts on ln2 of local layer i (model layer l),
+    // its routes into a.routes(i). probed: false when backward recomputes the layer (not probed
+    // again, nor counted in the router statistics).
+    void forward(Activations& a, int l, int i, const Tensor& out, bool probed) const;
+    // dln2 += d(ln2) through the experts and the router for dout = d(out), the auxiliary losses'
+    // gradients included (dloss: d(mean loss)/d(token loss)). Weight gradients per token node:
+    // the router's into `nodes`; the experts' too, or under expert parallelism into the nodes of
+    // every rank of the ep group (ExpertLayers::source_nodes).
+    void backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
+                  const Tensor& dout, const Tensor& dln2, float dloss) const;
+
+private:
+    const LayerOps& ops_;
+    const ModelConfig& mc_;
+    const Numerics& nx_;
+    const ExpertLayers* experts_;
+    RouterStats* router_stats_;
+};
 
 }  // namespace px
