@@ -19,7 +19,7 @@
 // skips it). A dp·ZeRO-3 job of GPT-2 shapes with 2 layers, V = 8192, T = 256 (21 M parameters,
 // 85 MB of weights) on 4 in-process ranks (under mpirun: one rank per process) saves twice: per
 // rank (RunCheckpoints: every rank writes its hyperslabs; the first save warms up, the second is
-// measured) and by the old gather path (Job::gather_full on every rank, then rank 0 writes the
+// measured) and by the old gather path (gather_full on every rank, then rank 0 writes the
 // logical state). Measured: the growth of the peak resident size (VmHWM, reset through
 // /proc/self/clear_refs) while each runs; in-process that is the 4 ranks together (shown also
 // divided by 4), under mpirun each process's own. Beside it, the per-rank save's largest staging
@@ -186,7 +186,7 @@ SaveMemory measure_saves(const Config& cfg, comm::Communicator& world, bool meas
     {
         LogicalState s;
         s.table = ParamTable::build(cfg.model);
-        job.gather_full(&s.params, &s.m, &s.v);
+        gather_full(job, &s.params, &s.m, &s.v);
         if (world.rank() == 0)
             write_checkpoint(gathered_path, s, make_checkpoint_meta(cfg, 0, job.history()),
                              cfg.model);

@@ -42,7 +42,7 @@ Result run(Config c) {
             r.formulas = r.formulas && s.comm_bytes_per_step == s.comm_bytes_formula &&
                          s.attention_bytes == s.attention_bytes_formula;
         if (job.cp_rank() != 0) return;
-        r.act_bytes = static_cast<double>(job.activation_bytes());
+        r.act_bytes = static_cast<double>(job.pipeline().activation_bytes());
         r.cp = s;
         r.step_ms = 1e300;
         for (const StepMetrics& m : job.history()) r.step_ms = std::min(r.step_ms, m.step_ms);

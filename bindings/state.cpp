@@ -40,7 +40,7 @@ Local local_of(Job& job, const RankState& s, What what) {
     switch (what) {
         case What::weights: return {s.params + s.weights.lo, s.weights.lo, s.weights.hi};
         // A replica holds the reduced gradient where it writes the state (its ZeRO-2/3 shard).
-        case What::grads: return {job.grads() + s.writes.lo, s.writes.lo, s.writes.hi};
+        case What::grads: return {job.data().grads() + s.writes.lo, s.writes.lo, s.writes.hi};
         case What::adam_m: return {s.m, s.moments.lo, s.moments.hi};
         case What::adam_v: return {s.v, s.moments.lo, s.moments.hi};
     }

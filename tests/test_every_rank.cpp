@@ -63,7 +63,7 @@ std::vector<Held> holdings(const Config& c) {
     h.setup = [&](Job& job) {
         std::lock_guard lock(mu);
         out[static_cast<size_t>(world_rank(mesh, job))] = {
-            job.zero_stage(), job.update_range(), job.model().table().entries};
+            job.data().zero_stage(), job.data().update_range(), job.model().table().entries};
     };
     run_layout(one, {}, h);
     return out;

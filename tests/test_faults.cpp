@@ -120,7 +120,7 @@ std::vector<Holds> holdings(Config c) {
         Holds s;
         s.entries = job.model().table().entries;
         s.total = job.model().table().total;
-        const ShardState own = job.own_shard();
+        const ShardState own = job.data().own_shard();
         s.lo = own.lo, s.hi = own.hi;
         std::lock_guard<std::mutex> lock(mu);
         out[static_cast<size_t>(mesh.rank_of({job.pp_rank(), job.dp_rank(), job.tp_rank()}))] = s;

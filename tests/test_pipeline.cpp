@@ -51,7 +51,7 @@ Config small_job(int layers = 4) {
 using State = LogicalState;
 
 // Each stage's tensors go to the whole model's arena by their tensor id (this does not use
-// Job::gather_full, which a test below checks separately). Tensors held by two stages
+// gather_full, which a test below checks separately). Tensors held by two stages
 // (wte) must agree, every tensor must be on some stage, and every rank's metrics agree.
 State pipeline(const Config& c, bool& stages_agree) {
     State s;
@@ -314,7 +314,7 @@ TEST_CASE("full recomputation is bit-identical to the single device, with less m
     for (int r = 0; r < 2; r++) {
         c.layout.recompute = r ? "full" : "none";
         run_layout(c, {}, test::inspecting([&](Job& job) {
-            if (job.pp_rank() == 0) bytes[r] = job.activation_bytes();
+            if (job.pp_rank() == 0) bytes[r] = job.pipeline().activation_bytes();
         }));
     }
     CHECK(bytes[1] < bytes[0]);
@@ -330,7 +330,7 @@ TEST_CASE("1F1B holds at most pp microbatches in flight on the first stage, GPip
         REQUIRE(sim.ok());
         int sets = -1;
         run_layout(pc, {}, test::inspecting([&](Job& job) {
-            if (job.pp_rank() == 0) sets = job.activation_sets(0);
+            if (job.pp_rank() == 0) sets = job.pipeline().activation_sets(0);
         }));
         INFO(schedule);
         CHECK(sets == sim.peak_in_flight[0]);
@@ -370,7 +370,7 @@ TEST_CASE("gather_full assembles the stages into the single device's state") {
         Job job(c, make_layout(c), RankGroups{&world, &world, nullptr, nullptr});
         job.run();
         std::vector<float> p, mm, vv;
-        job.gather_full(&p, &mm, &vv);
+        gather_full(job, &p, &mm, &vv);
         std::lock_guard<std::mutex> lock(mu);
         if (world.rank() == 1) {
             params = p;
@@ -458,7 +458,7 @@ State dp_pipeline(const Config& c, bool& ranks_agree, comm::Algo algo = comm::Al
         CHECK(job.tp_rank() == at.tp);
         job.run();
         State& s = per_rank[static_cast<size_t>(r)];
-        job.gather_full(&s.params, &s.m, &s.v);
+        gather_full(job, &s.params, &s.m, &s.v);
         s.history = job.history();
     });
     ranks_agree = true;

@@ -104,7 +104,7 @@ TEST_CASE("work on every rank while paused may use collectives, and its errors c
     wait_settled(run);
     std::vector<std::vector<float>> params(4);
     run.on_each_rank([&](Job& job, comm::Communicator& world) {
-        job.gather_full(&params[static_cast<size_t>(world.rank())], nullptr, nullptr);
+        gather_full(job, &params[static_cast<size_t>(world.rank())], nullptr, nullptr);
     });
     for (int r = 1; r < 4; r++) CHECK(params[static_cast<size_t>(r)] == params[0]);
     CHECK_THROWS_WITH(run.on_each_rank([](Job&, comm::Communicator& world) {

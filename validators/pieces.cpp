@@ -233,8 +233,8 @@ void assemble(std::span<float> out, const std::string& probe,
 Holdings::Holdings(const Job& job) {
     const GPT& model = job.model();
     const ParamTable& table = model.table();
-    const Range all{0, table.total}, mine = job.update_range();
-    const int zero = job.zero_stage();
+    const Range all{0, table.total}, mine = job.data().update_range();
+    const int zero = job.data().zero_stage();
     const Range grads = zero >= 2 ? mine : all, weights = zero == 3 ? mine : all;
     auto held = [](const TableEntry& e, Range r) {
         return std::max<i64>(0, std::min(r.hi, e.offset + e.numel()) - std::max(r.lo, e.offset));

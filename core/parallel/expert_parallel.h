@@ -16,7 +16,7 @@
 // runs back on the token's own rank, in k order. An expert's weight gradient is the canonical
 // token tree over its rows: its owner computes every source rank's token nodes (each into that
 // source's accumulator, core/parallel/pipeline.h TreeAccumulator), and the owners of the same
-// experts in the other ep groups combine them in the tree (core/train/job_ep.cpp), as the dense
+// experts in the other ep groups combine them in the tree (core/parallel/expert/part.h), as the dense
 // weights' nodes combine over dp.
 //
 // Communication per MoE layer and microbatch, for a rank that routes R kept rows of C floats

@@ -96,15 +96,15 @@ void FaultInjector::attach(Job& job) {
         // Under ZeRO-2/3 a rank reduces only its shard of the gradient (the rest reads 0 and is
         // never used), under ZeRO-3 it keeps only its shard of the weights: a flip elsewhere
         // would change nothing.
-        const bool sharded = job.zero_stage() >= (f_.kind == "flip_grad" ? 2 : 3);
-        const Range mine = job.update_range();
+        const bool sharded = job.data().zero_stage() >= (f_.kind == "flip_grad" ? 2 : 3);
+        const Range mine = job.data().update_range();
         if (sharded && (offset_ < mine.lo || offset_ >= mine.hi)) {
             const i64 lo = std::max(mine.lo, e.offset) - e.offset;
             const i64 hi = std::min(mine.hi, e.offset + e.numel()) - e.offset;
             throw ConfigError(
                 "fault.element = " + std::to_string(f_.element) + " of " + f_.tensor +
                 " is outside world rank " + std::to_string(f_.rank) + "'s ZeRO-" +
-                std::to_string(job.zero_stage()) + " shard of its " +
+                std::to_string(job.data().zero_stage()) + " shard of its " +
                 (f_.kind == "flip_grad" ? "reduced gradient" : "weights") +
                 (lo < hi ? ", elements " + std::to_string(lo) + ".." + std::to_string(hi - 1)
                          : ", which holds none of that tensor") +
@@ -348,8 +348,8 @@ bool ReplicaCheck::after_step(Job& job) {
     std::fill(step_grads_, step_grads_ + 3, 0);
     if (zero_ != 3)  // ZeRO-3 holds a shard of the weights
         words[weights] = hash_floats(job.model().params(), job.model().table().total) | 1;
-    words[shard_own] = hash_shard(job.own_shard());
-    words[shard_checked] = hash_shard(job.checked_shard());
+    words[shard_own] = hash_shard(job.data().own_shard());
+    words[shard_checked] = hash_shard(job.data().checked_shard());
     words[metrics] = hash_metrics(job.history().back());
     window_.insert(window_.end(), words, words + kWords);
     if (!checking) return false;
@@ -435,7 +435,7 @@ bool ReplicaCheck::after_step(Job& job) {
 
 void ReplicaCheck::start(Job& job) {
     if (!enabled()) return;
-    job.check_updates();
+    job.data().check_updates();
     job.snapshot(snap_);
     window_.clear();
     // The reduced gradient as the update reads it, after every earlier hook (the fault injector).
@@ -445,7 +445,7 @@ void ReplicaCheck::start(Job& job) {
             step_grads_[0] = hash_floats(g, job.model().table().total) | 1;
             return;
         }
-        for (const auto& [at, s] : {std::pair{1, job.own_shard()}, std::pair{2, job.checked_shard()}})
+        for (const auto& [at, s] : {std::pair{1, job.data().own_shard()}, std::pair{2, job.data().checked_shard()}})
             step_grads_[at] = s.w ? hash_floats(g + s.lo, s.hi - s.lo) | 1 : 0;
     };
     job.add_step_hooks(std::move(h));

@@ -1,7 +1,5 @@
-// The MoE router statistics of a step (core/model/moe.h RouterStats): collected by the model
-// during the step's forwards, summed over the dp and pp groups, and offered to the observers as
-// named values per MoE layer.
-#include "core/train/job.h"
+// The MoE router statistics of a step (router_stats.h).
+#include "core/train/router_stats.h"
 
 #include "core/comm/comm.h"
 
@@ -29,39 +27,39 @@ std::vector<NamedValue> router_values(const ModelConfig& mc, const std::vector<R
     return v;
 }
 
-void Job::begin_router_stats() {
-    if (!cfg_.model.is_moe()) return;
-    router_stats_.resize(static_cast<size_t>(cfg_.model.layers));
-    for (RouterStats& s : router_stats_) s.reset(cfg_.model.moe_experts);
-    model_->set_router_stats(router_stats_.data());
+void RouterStatsSum::begin(GPT& model) {
+    const ModelConfig& mc = model.config();
+    if (!mc.is_moe()) return;
+    stats_.resize(static_cast<size_t>(mc.layers));
+    for (RouterStats& s : stats_) s.reset(mc.moe_experts);
+    model.set_router_stats(stats_.data());
 }
 
-// Every count and fixed-point sum is an integer below 2^53, so the sums over the groups are
-// exact doubles whatever their order.
-void Job::end_router_stats(i64 step) {
-    if (!cfg_.model.is_moe()) return;
-    model_->set_router_stats(nullptr);
-    const size_t E = static_cast<size_t>(cfg_.model.moe_experts), per = E + 7;
-    std::vector<double> flat(router_stats_.size() * per);
-    for (size_t l = 0; l < router_stats_.size(); l++) {
-        const RouterStats& s = router_stats_[l];
+std::vector<NamedValue> RouterStatsSum::end(GPT& model, const RankGroups& groups) {
+    const ModelConfig& mc = model.config();
+    if (!mc.is_moe()) return {};
+    model.set_router_stats(nullptr);
+    const size_t E = static_cast<size_t>(mc.moe_experts), per = E + 7;
+    std::vector<double> flat(stats_.size() * per);
+    for (size_t l = 0; l < stats_.size(); l++) {
+        const RouterStats& s = stats_[l];
         double* f = flat.data() + l * per;
         for (size_t e = 0; e < E; e++) f[e] = double(s.tokens[e]);
         const i64 rest[] = {s.slots, s.dropped, s.sequences, s.token_count, s.balance, s.z,
                             s.entropy};
         for (size_t k = 0; k < 7; k++) f[E + k] = double(rest[k]);
     }
-    for (comm::Communicator* c : {groups_.dp, groups_.pp})
+    for (comm::Communicator* c : {groups.dp, groups.pp})
         if (c) c->all_reduce(flat.data(), static_cast<i64>(flat.size()));
-    for (size_t l = 0; l < router_stats_.size(); l++) {
-        RouterStats& s = router_stats_[l];
+    for (size_t l = 0; l < stats_.size(); l++) {
+        RouterStats& s = stats_[l];
         const double* f = flat.data() + l * per;
         for (size_t e = 0; e < E; e++) s.tokens[e] = static_cast<i64>(f[e]);
         i64* rest[] = {&s.slots, &s.dropped, &s.sequences, &s.token_count, &s.balance, &s.z,
                        &s.entropy};
         for (size_t k = 0; k < 7; k++) *rest[k] = static_cast<i64>(f[E + k]);
     }
-    emit_values(step, router_values(cfg_.model, router_stats_));
+    return router_values(mc, stats_);
 }
 
 }  // namespace px

@@ -96,7 +96,7 @@ void SpikeGuard::attach(Job& job) {
     StepHooks h;
     h.grads = [this, &job](i64, float* g) {
         const bool shard = cfg_.layout.zero >= 2 && job.dp_size() > 1;
-        const Range r = shard ? job.update_range() : Range{0, job.model().table().total};
+        const Range r = shard ? job.data().update_range() : Range{0, job.model().table().total};
         grad_hash_ = hash_floats(g + r.lo, r.size());
     };
     h.judge = [this, &job](i64 step, const StepMetrics& m) { return judge(job, step, m); };
@@ -153,16 +153,16 @@ UpdateChoice SpikeGuard::judge(Job& job, i64 step, const StepMetrics& m) {
 }
 
 void SpikeGuard::before_update(Job& job) {
-    const bool shard = job.zero_sharded();
+    const bool shard = job.data().zero_sharded();
     const float* p = job.model().params();
     w_sq_ = job.tensor_sums_of_squares(p, shard);
-    const Range r = job.update_range();
+    const Range r = job.data().update_range();
     w_before_.assign(p + r.lo, p + r.hi);
 }
 
 void SpikeGuard::after_update(Job& job, i64 step) {
-    const bool shard = job.zero_sharded();
-    const Range r = job.update_range();
+    const bool shard = job.data().zero_sharded();
+    const Range r = job.data().update_range();
     const float* p = job.model().params();
     scratch_.resize(static_cast<size_t>(job.model().table().total));
     for (i64 i = r.lo; i < r.hi; i++)

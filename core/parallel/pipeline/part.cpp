@@ -1,0 +1,234 @@
+// Pipeline parallelism's part of a rank's trainer (part.h): the schedule's actions with their
+// activation sets and messages, validation forwards, the tied exchange, the stages' values.
+#include "core/parallel/pipeline/part.h"
+
+#include "core/base/error.h"
+
+#include <cstring>
+
+namespace px {
+
+namespace {
+
+// Tags outside message_tag's range [0, 2·microbatches·S) of a step's messages.
+constexpr int kTiedTag = 1 << 29;      // the two parts of dwte, first <-> last stage
+constexpr int kEvalTagBase = 1 << 28;  // validation forwards: + the receiving virtual stage
+
+}  // namespace
+
+PipelineParallel::PipelineParallel(const RankSetup& rank)
+    : rank_(rank), schedule_(rank.mesh.schedule()) {
+    const Layout& l = rank.layout;
+    // Who owns which tensor of the whole model: a layer's stage's rank; wte and wpe the first
+    // stage (which holds wte's complete gradient as well as the last), ln_f the last.
+    for (int r = 0; r < l.pp; r++) parts_.push_back(px::stage_part(rank.mesh, r));
+    owner_.assign(static_cast<size_t>(ParamTable::num_tensors(rank.cfg.model)), -1);
+    for (int r = 0; r < l.pp; r++) {
+        const ParamTable t = ParamTable::build(rank.cfg.model, parts_[static_cast<size_t>(r)]);
+        for (const TableEntry& e : t.entries)
+            if (owner_[static_cast<size_t>(e.id)] < 0) owner_[static_cast<size_t>(e.id)] = r;
+    }
+}
+
+PipelineParallel::~PipelineParallel() = default;
+
+std::vector<char> PipelineParallel::owned_entries(const GPT& model) const {
+    std::vector<char> owned(model.table().entries.size());
+    for (size_t i = 0; i < owned.size(); i++)
+        owned[i] = owner(model.table().entries[i].id) == rank_.at.pp;
+    return owned;
+}
+
+// Messages: the whole (micro_B,T,C) hidden state, or under sequence parallelism this tp rank's
+// token rows of it (all that a stage's first block reads and its last block writes; the same
+// tp rank of the next stage holds the same rows). Then every chunk's first activation set, its
+// pages mapped: not inside the first step.
+void PipelineParallel::attach(GPT& model) {
+    model_ = &model;
+    const i64 C = rank_.cfg.model.hidden, rows = rank_.micro_B * rank_.Tl;
+    msg_n_ = rows * C;
+    if (const ParallelLayers* pl = model.parallel_layers(); pl && pl->sequence_parallel()) {
+        const TokenRows r = pl->token_rows(rows);
+        msg_lo_ = r.lo * C;
+        msg_n_ = (r.hi - r.lo) * C;
+    }
+    const size_t chunks = static_cast<size_t>(model.num_chunks());
+    slots_.resize(chunks);
+    free_.resize(chunks);
+    live_.assign(chunks,
+                 std::vector<Slot*>(static_cast<size_t>(rank_.layout.microbatches), nullptr));
+    for (int c = 0; c < static_cast<int>(chunks); c++) release(c, acquire(c));
+}
+
+bool PipelineParallel::is_last_virtual(int chunk) const {
+    return stage_of(rank_.at.pp, chunk, rank_.layout.pp) == rank_.layout.num_stages() - 1;
+}
+
+// ---- activation sets -------------------------------------------------------------------------
+
+// A free set of activations whose last outgoing message has landed; a new one if none has.
+// Never waiting on a send here keeps sends asynchronous, as the schedule's deadlock argument
+// requires.
+PipelineParallel::Slot* PipelineParallel::acquire(int chunk) {
+    auto& pool = free_[static_cast<size_t>(chunk)];
+    for (size_t i = 0; i < pool.size(); i++) {
+        Slot* s = pool[i];
+        if (!s->pending.test()) continue;
+        s->pending.wait();  // completed: returns at once (and rethrows a failure)
+        pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(i));
+        return s;
+    }
+    auto slot = std::make_unique<Slot>();
+    slot->acts = model_->make_activations(chunk, rank_.micro_B, rank_.Tl,
+                                          rank_.layout.recompute == Recompute::full);
+    slots_[static_cast<size_t>(chunk)].push_back(std::move(slot));
+    return slots_[static_cast<size_t>(chunk)].back().get();
+}
+
+void PipelineParallel::release(int chunk, Slot* s) {
+    free_[static_cast<size_t>(chunk)].push_back(s);
+}
+
+void PipelineParallel::wait_sends() {
+    for (auto& chunk : slots_)
+        for (auto& s : chunk) s->pending.wait();
+}
+
+int PipelineParallel::activation_sets(int chunk) const {
+    return static_cast<int>(slots_[static_cast<size_t>(chunk)].size());
+}
+
+i64 PipelineParallel::activation_bytes() const {
+    i64 n = 0;
+    for (const auto& chunk : slots_)
+        for (const auto& s : chunk) n += s->acts.bytes();
+    return n;
+}
+
+const Activations* PipelineParallel::first_activations() const {
+    return slots_.empty() || slots_[0].empty() ? nullptr : &slots_[0][0]->acts;
+}
+
+// ---- the step --------------------------------------------------------------------------------
+
+// This rank's list, in order (schedule.h gives each action's meaning).
+void PipelineParallel::run(const StageWork& work) {
+    comm::Communicator* pp = rank_.groups.pp;
+    const int pp_rank = rank_.at.pp;
+    for (const Action& a : schedule_.ranks[static_cast<size_t>(pp_rank)]) {
+        const int c = a.chunk, m = a.microbatch;
+        Slot*& live = live_[static_cast<size_t>(c)][static_cast<size_t>(m)];
+        switch (a.kind) {
+            case Action::recv_act:
+                PX_ASSERT(live == nullptr, "recv_act for a microbatch already in flight");
+                live = acquire(c);
+                recv_message(*pp, message(live->acts.input()), a.peer,
+                             message_tag(schedule_, pp_rank, a));
+                break;
+            case Action::forward:
+                if (live == nullptr) {
+                    PX_ASSERT(stage_of(pp_rank, c, rank_.layout.pp) == 0,
+                              "forward before its input arrived");
+                    live = acquire(c);
+                }
+                work.forward(a, live->acts, is_last_virtual(c));
+                break;
+            case Action::send_act:
+                live->pending = send_message(*pp, message(live->acts.output()), a.peer,
+                                             message_tag(schedule_, pp_rank, a));
+                break;
+            case Action::recv_grad:
+                // Into dresidual, which the pending send of the output does not read.
+                recv_message(*pp, message(live->acts.dresidual()), a.peer,
+                             message_tag(schedule_, pp_rank, a));
+                break;
+            case Action::backward:
+                // The output's send has landed (the gradient that came back needed it): complete
+                // it before a recomputing backward writes the output again.
+                live->pending.wait();
+                work.backward(a, live->acts);
+                if (stage_of(pp_rank, c, rank_.layout.pp) == 0) {  // nothing to send back
+                    release(c, live);
+                    live = nullptr;
+                }
+                break;
+            case Action::send_grad:
+                live->pending = send_message(*pp, message(live->acts.dresidual()), a.peer,
+                                             message_tag(schedule_, pp_rank, a));
+                release(c, live);
+                live = nullptr;
+                break;
+        }
+    }
+    wait_sends();
+    for (const auto& chunk : live_)
+        for (const Slot* s : chunk)
+            PX_ASSERT(s == nullptr, "the schedule left a microbatch in flight");
+}
+
+// A message's tag names its receiving stage, so each channel carries one stage's messages in
+// (batch, microbatch) order on both sides.
+void PipelineParallel::forward_only(const int* tokens, const int* targets, float* losses) {
+    const int pp = rank_.layout.pp, S = rank_.layout.num_stages();
+    for (int c = 0; c < model_->num_chunks(); c++) {
+        const int stage = stage_of(rank_.at.pp, c, pp);
+        Slot* s = acquire(c);
+        if (stage > 0)
+            recv_message(*rank_.groups.pp, message(s->acts.input()), rank_of_stage(stage - 1, pp),
+                         kEvalTagBase + stage);
+        model_->forward(s->acts, c, tokens, targets);
+        if (stage < S - 1)
+            s->pending = send_message(*rank_.groups.pp, message(s->acts.output()),
+                                      rank_of_stage(stage + 1, pp), kEvalTagBase + stage + 1);
+        else
+            std::memcpy(losses, s->acts.losses().f32(),
+                        static_cast<size_t>(rank_.micro_B * rank_.Tl) * sizeof(float));
+        release(c, s);
+    }
+}
+
+double PipelineParallel::from_last_stage(double value) const {
+    if (rank_.groups.pp) rank_.groups.pp->broadcast(&value, 1, rank_.layout.pp - 1);
+    return value;
+}
+
+std::vector<float> PipelineParallel::by_tensor(const GPT& model,
+                                               const std::vector<float>& entry_sums) const {
+    const i64 n = static_cast<i64>(owner_.size());
+    std::vector<float> mine(static_cast<size_t>(n), 0.0f);
+    const std::vector<char> owned = owned_entries(model);
+    for (size_t i = 0; i < owned.size(); i++)
+        if (owned[i]) mine[static_cast<size_t>(model.table().entries[i].id)] = entry_sums[i];
+    if (rank_.layout.pp == 1) return mine;
+    // The owners' values are gathered (copied, not added).
+    std::vector<float> all(static_cast<size_t>(n * rank_.layout.pp)), per_tensor(mine.size());
+    rank_.groups.pp->all_gather(all.data(), mine.data(), n);
+    for (i64 id = 0; id < n; id++)
+        per_tensor[static_cast<size_t>(id)] =
+            all[static_cast<size_t>(owner_[static_cast<size_t>(id)] * n + id)];
+    return per_tensor;
+}
+
+// dwte = dwte(embedding) + dwte(LM head). On one stage, GPT::combine_tied_grads. Across stages
+// the first sends its embedding part and receives the head's into its head region; the last
+// the other way round, into its wte slot. Both then add in the same order.
+void PipelineParallel::reduce_grads(StepGrads& grads) {
+    const GPT& m = *model_;
+    if (grads.tied_combined || !m.part().holds_wte()) return;
+    float* g = grads.g;
+    if (rank_.layout.pp > 1) {
+        // This tp rank's rows of wte: the same rows on the first and the last stage.
+        const TableEntry& wte = m.table().entries[static_cast<size_t>(m.table().wte)];
+        float* emb = g + wte.offset;
+        float* head = g + m.grad_layout().head_offset;
+        const bool first = rank_.first_stage();
+        const int peer = first ? rank_.layout.pp - 1 : 0;
+        comm::Handle h = rank_.groups.pp->send_async(static_cast<const float*>(first ? emb : head),
+                                                     wte.numel(), peer, kTiedTag);
+        rank_.groups.pp->recv(first ? head : emb, wte.numel(), peer, kTiedTag);
+        h.wait();
+    }
+    m.combine_tied_grads(g);
+}
+
+}  // namespace px
