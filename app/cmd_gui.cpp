@@ -1,4 +1,4 @@
-// parallax gui [CONFIG] [--set ...]                          the desktop workbench
+// parallax gui [CONFIG] [--set ...] [--out DIR]              the desktop workbench
 // parallax gui --screenshot DIR [--steps N] [CONFIG]         every panel to DIR/<panel>.png, after
 //                                                            N steps or the job's end
 // parallax gui --measure [--steps N] [CONFIG]                frame time and step-time slowdown
@@ -19,7 +19,7 @@ namespace px::app {
 namespace {
 
 struct GuiOptions {
-    std::string config_path, screenshot_dir, layouts = "dp2";
+    std::string config_path, screenshot_dir, out_dir, layouts = "dp2";
     i64 steps = -1;
     bool measure = false;
     std::vector<std::string> sets;
@@ -27,6 +27,7 @@ struct GuiOptions {
 
 int run_gui(const GuiOptions& opt) {
     Config cfg = job_config(opt.config_path, opt.sets);
+    if (!opt.out_dir.empty()) cfg.output.dir = opt.out_dir;
     if (opt.steps != -1 && (opt.steps < 1 || opt.steps > cfg.train.steps))
         throw ConfigError("--steps " + std::to_string(opt.steps) + " must be in 1..train.steps (" +
                           std::to_string(cfg.train.steps) + ")");
@@ -74,6 +75,8 @@ std::function<int()> add_gui_command(CLI::App& app) {
     sub->add_option("--set", opt->sets,
                     "Override a config key: --set section.key=value (repeatable)")
         ->type_name("KEY=VALUE");
+    sub->add_option("--out", opt->out_dir,
+                    "Output directory of the job's run file (overrides output.dir)");
     return [opt] { return run_gui(*opt); };
 }
 

@@ -11,10 +11,9 @@
 #include "core/model/data.h"
 #include "core/train/job.h"
 #include "core/train/memory.h"
-#include "core/train/run_file_observer.h"
 #include "core/train/runner.h"
+#include "core/train/session.h"
 #include "kernels/ops.h"
-#include "core/train/fp8_monitor.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -23,7 +22,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <utility>
 #include <string>
@@ -205,58 +203,6 @@ private:
     std::chrono::steady_clock::time_point t0_;
 };
 
-// One rank of an MPI launch: this process trains its rank of the layout; rank 0 reports.
-int run_train_mpi(const Config& cfg, const TrainOptions& opt, const comm::MpiEnvironment& mpi) {
-    const bool root = mpi.rank() == 0;
-    const std::string run_path = run_file_path(cfg);
-    Console console(opt.quiet || !cfg.output.progress, run_path);
-    std::vector<Observer*> observers;
-    std::unique_ptr<RunFileObserver> run_file;
-    if (root) {
-        observers.push_back(&console);
-        if (cfg.output.run_file) {
-            run_file = std::make_unique<RunFileObserver>(run_path, cfg);
-            observers.push_back(run_file.get());
-        }
-    }
-    // 1. Ranks: processes; the cores of a node are shared out among its ranks.
-    Config rank_cfg = cfg;
-    rank_cfg.train.threads = threads_per_rank(cfg, comm::local_ranks());
-    const std::unique_ptr<comm::Communicator> world = mpi.world(cfg.layout.timeout_s);
-    LogicalState state;
-    bool agree = true;
-    double last_loss = 0;
-    try {
-        RunHooks hooks;
-        hooks.inspect = [&](Job& job) {
-            last_loss = job.history().empty() ? 0 : job.history().back().loss;
-            if (!opt.dump.empty()) agree = absorb(state, job) && agree;
-        };
-        run_rank(rank_cfg, *world, observers, chain(fp8_monitor_hooks(cfg), hooks));
-        // 2. The dump: every rank's logical part, merged on rank 0 (collective).
-        if (!opt.dump.empty()) agree = gather_state(state, *world, cfg.model) && agree;
-    } catch (const CorruptionError&) {
-        throw;  // a verdict every rank reaches from the same hashes: nobody is left waiting
-    } catch (const std::exception& e) {
-        // Fail the job before leaving, so that the other ranks stop waiting for this one.
-        world->abort("rank " + std::to_string(mpi.rank()) + " failed: " + e.what());
-        throw;
-    }
-    if (root && !opt.dump.empty()) {
-        if (!state.complete())
-            throw Error("the ranks' logical states miss a part when merged on rank 0; this is a "
-                        "bug in Parallax");
-        if (!agree) disagreement(cfg, " on a shared tensor or on the metrics, merged on rank 0");
-        write_dump(opt.dump, state, cfg);
-        std::printf("  dump           %s\n", opt.dump.c_str());
-    }
-    if (!std::isfinite(last_loss)) {
-        if (root) std::fprintf(stderr, "parallax: the training loss is not finite\n");
-        return kRunFailed;
-    }
-    return kOk;
-}
-
 // --fault KIND[:key=value,...] as --set fault.kind=KIND --set fault.key=value ...
 std::vector<std::string> fault_sets(const std::string& spec) {
     std::vector<std::string> sets;
@@ -288,55 +234,54 @@ int run_train(const TrainOptions& opt, const comm::MpiEnvironment* mpi) {
         for (std::string& f : fault_sets(opt.fault)) sets.push_back(std::move(f));
     Config cfg = job_config(opt.config_path, sets);
     if (!opt.out_dir.empty()) cfg.output.dir = opt.out_dir;
-    // Every output path is checked before step 1: a run never computes for nothing. Then the
-    // folders it writes are locked for it (by one process of an MPI job), so that a second run
-    // into them stops instead of writing over this one's files.
-    check_run_outputs(cfg, opt.dump);
-    // The run fits in memory (the dump's copy of the state included), before anything is made.
-    check_memory(cfg, mpi ? MemoryScope::one_rank : MemoryScope::process,
-                 mpi ? comm::local_ranks() : 1, MemoryExtras{!opt.dump.empty()});
-    std::vector<std::unique_ptr<FolderLock>> locks;
-    if (!mpi || mpi->rank() == 0) {
-        namespace fs = std::filesystem;
-        std::vector<std::pair<std::string, std::string>> folders;
-        if (cfg.output.run_file) folders.push_back({cfg.output.dir, "output.dir"});
-        if (!cfg.checkpoint.dir.empty()) folders.push_back({cfg.checkpoint.dir, "checkpoint.dir"});
-        std::vector<fs::path> locked;
-        for (const auto& [dir, key] : folders) {
-            const fs::path at = fs::weakly_canonical(dir.empty() ? "." : dir);
-            if (std::find(locked.begin(), locked.end(), at) != locked.end()) continue;
-            locks.push_back(std::make_unique<FolderLock>(dir, key));
-            locked.push_back(at);
-        }
-    }
-    if (mpi) return run_train_mpi(cfg, opt, *mpi);
-
-    const std::string run_path = run_file_path(cfg);
-    Console console(opt.quiet || !cfg.output.progress, run_path);
-    std::vector<Observer*> observers{&console};
-    std::unique_ptr<RunFileObserver> run_file;
-    if (cfg.output.run_file) {
-        run_file = std::make_unique<RunFileObserver>(run_path, cfg);
-        observers.push_back(run_file.get());
-    }
-
+    // Under mpirun this process is one rank of the layout; rank 0 reports and writes.
+    const bool root = !mpi || mpi->rank() == 0;
+    Console console(opt.quiet || !cfg.output.progress, run_file_path(cfg));
     LogicalState state;
-    RunHooks hooks;
-    if (!opt.dump.empty())
-        hooks.inspect = [&](Job& job) {
-            if (!absorb(state, job))
-                disagreement(cfg, " on a shared tensor or on the metrics (pp rank " +
-                                      std::to_string(job.pp_rank()) + ", dp rank " +
-                                      std::to_string(job.dp_rank()) + ", tp rank " +
-                                      std::to_string(job.tp_rank()) + ")");
-        };
-    run_layout(cfg, observers, chain(fp8_monitor_hooks(cfg), hooks));
-    if (!opt.dump.empty()) {
+    bool agree = true;
+    double last_loss = 0;
+    SessionOptions so;
+    if (root) so.observers.push_back(&console);
+    so.dump = opt.dump;
+    so.writer = root;
+    if (mpi) so.ranks_on_node = comm::local_ranks();
+    so.hooks.inspect = [&](Job& job) {
+        last_loss = job.history().empty() ? 0 : job.history().back().loss;
+        if (opt.dump.empty() || absorb(state, job)) return;
+        if (!mpi)
+            disagreement(cfg, " on a shared tensor or on the metrics (pp rank " +
+                                  std::to_string(job.pp_rank()) + ", dp rank " +
+                                  std::to_string(job.dp_rank()) + ", tp rank " +
+                                  std::to_string(job.tp_rank()) + ")");
+        agree = false;  // merged on rank 0, then judged there
+    };
+    // Outputs checked, folders locked, the run file opened (core/train/session.h).
+    RunSession session(cfg, so);
+    if (mpi) {
+        const std::unique_ptr<comm::Communicator> world = mpi->world(cfg.layout.timeout_s);
+        session.run_rank(*world);
+        // The dump: every rank's logical part, merged on rank 0 (collective).
+        if (!opt.dump.empty()) {
+            try {
+                agree = gather_state(state, *world, cfg.model) && agree;
+            } catch (const std::exception& e) {
+                world->abort("rank " + std::to_string(mpi->rank()) + " failed: " + e.what());
+                throw;
+            }
+        }
+    } else {
+        session.run();
+    }
+    if (root && !opt.dump.empty()) {
+        if (mpi && !state.complete())
+            throw Error("the ranks' logical states miss a part when merged on rank 0; this is a "
+                        "bug in Parallax");
+        if (!agree) disagreement(cfg, " on a shared tensor or on the metrics, merged on rank 0");
         write_dump(opt.dump, state, cfg);
         std::printf("  dump           %s\n", opt.dump.c_str());
     }
-    if (!std::isfinite(console.last_loss())) {
-        std::fprintf(stderr, "parallax: the training loss is not finite\n");
+    if (!std::isfinite(mpi ? last_loss : console.last_loss())) {
+        if (root) std::fprintf(stderr, "parallax: the training loss is not finite\n");
         return kRunFailed;
     }
     return kOk;

@@ -10,9 +10,8 @@
 #include "core/io/output_paths.h"
 #include "core/model/data.h"
 #include "core/train/checkpointing.h"
-#include "core/train/run_file_observer.h"
-#include "core/train/fp8_monitor.h"
 #include "core/train/probe_recorder.h"
+#include "core/train/session.h"
 
 #include <algorithm>
 #include <atomic>
@@ -30,24 +29,21 @@ namespace {
 
 struct PyJob {
     Config cfg;
-    std::vector<std::unique_ptr<FolderLock>> locks;
     JobView view;
-    std::unique_ptr<RunFileObserver> run_file;
     std::vector<py::object> observers;  // called after each step, the ranks paused
-    std::unique_ptr<ProbeRecorder> probes;  // shared by every rank; null: no probes
     bool failure_raised = false;        // the call that saw the job fail raised its error
-    std::unique_ptr<SteppedRun> run;    // last: destroyed first, while what its ranks use lives
+    // The run, set up as every face sets one up (core/train/session.h): its outputs checked,
+    // its folders locked, its run file and probe recorder.
+    std::unique_ptr<RunSession> session;
+    SteppedRun* run = nullptr;       // the session's
+    ProbeRecorder* probes = nullptr;  // shared by every rank; null: no probes
 };
 
 // An ended job (finished or failed) lets go of its folders and its run file at once, not when
-// Python collects it: h5py can open run.h5, and a new job can take the same out=. A finished
-// run closed its run file at its end (RunFileObserver::on_end); a failed one's ranks have left,
-// so nothing writes to it any more.
+// Python collects it: h5py can open run.h5, and a new job can take the same out=.
 void release(PyJob& j) {
     const SteppedRun::Status s = j.run->status();
-    if (s != SteppedRun::Status::finished && s != SteppedRun::Status::failed) return;
-    j.locks.clear();
-    if (s == SteppedRun::Status::failed) j.run_file.reset();
+    if (s == SteppedRun::Status::finished || s == SteppedRun::Status::failed) j.session->release();
 }
 
 // The error e was thrown as, with another message.
@@ -327,45 +323,27 @@ error (CommError, CheckpointError, ...) from the call that waits for it.
                  } else {
                      j->cfg.output.dir = py::str(py::module_::import("os").attr("fspath")(out));
                  }
-                 // Every output path is checked before anything runs, and the folders are
-                 // locked for the job (as `parallax train` does).
-                 check_run_outputs(j->cfg);
-                 std::vector<std::string> locked;
-                 auto lock = [&](const std::string& dir, const char* key) {
-                     const std::string at =
-                         std::filesystem::weakly_canonical(dir.empty() ? "." : dir).string();
-                     if (std::find(locked.begin(), locked.end(), at) != locked.end()) return;
-                     std::vector<std::string> notes;  // a dead process's lock taken over
-                     j->locks.push_back(std::make_unique<FolderLock>(
-                         dir, key, [&](const std::string& s) { notes.push_back(s); }));
-                     locked.push_back(at);
-                     for (const std::string& n : notes)
-                         if (PyErr_WarnEx(PyExc_RuntimeWarning, n.c_str(), 1) != 0)
-                             throw py::error_already_set();
-                 };
-                 if (j->cfg.output.run_file) lock(j->cfg.output.dir, "output.dir");
-                 if (!j->cfg.checkpoint.dir.empty()) lock(j->cfg.checkpoint.dir, "checkpoint.dir");
-                 std::vector<Observer*> observers{&j->view};
-                 if (j->cfg.output.run_file) {
-                     j->run_file = std::make_unique<RunFileObserver>(run_file_path(j->cfg), j->cfg);
-                     observers.push_back(j->run_file.get());
-                 }
-                 RunHooks hooks;
+                 SessionOptions so;
+                 so.observers = {&j->view};
+                 std::vector<std::string> notes;  // a dead process's lock taken over
+                 so.note = [&](const std::string& n) { notes.push_back(n); };
                  if (!probes.is_none()) {
-                     std::vector<std::string> patterns;
-                     if (py::isinstance<py::str>(probes)) patterns.push_back(probes.cast<std::string>());
-                     else patterns = probes.cast<std::vector<std::string>>();
-                     if (probe_stride < 1)
-                         throw ConfigError("probe_stride = " + std::to_string(probe_stride) +
-                                           " must be at least 1");
-                     j->probes = std::make_unique<ProbeRecorder>(patterns, probe_stride);
-                     hooks.setup = [rec = j->probes.get()](Job& job) { job.set_probes(rec); };
+                     if (py::isinstance<py::str>(probes))
+                         so.probes.push_back(probes.cast<std::string>());
+                     else
+                         so.probes = probes.cast<std::vector<std::string>>();
+                     so.probe_stride = probe_stride;
                  }
-                 // The FP8 drift monitor on every rank when the config asks for it.
-                 // A missing or unreadable input file is also an OSError (with_files).
+                 // Outputs checked and folders locked before anything runs, as `parallax train`
+                 // does; the monitors the config asks for are attached on every rank. A missing
+                 // or unreadable input file is also an OSError (with_files).
+                 j->session = std::make_unique<RunSession>(j->cfg, std::move(so));
+                 for (const std::string& n : notes)
+                     if (PyErr_WarnEx(PyExc_RuntimeWarning, n.c_str(), 1) != 0)
+                         throw py::error_already_set();
                  with_files(inputs, [&] {
-                     j->run = std::make_unique<SteppedRun>(
-                         j->cfg, observers, chain(fp8_monitor_hooks(j->cfg), hooks));
+                     j->run = &j->session->start();
+                     j->probes = j->session->probes();
                      wait(*j);  // every rank built (and resumed) and paused before its next step
                  });
                  return j;

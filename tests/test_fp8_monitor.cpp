@@ -91,7 +91,7 @@ Collect monitored(const Config& cfg, i64 stop = 0) {
     Collect c;
     RunHooks hooks;
     if (stop > 0) hooks.setup = [stop](Job& job) { job.stop_after(stop); };
-    run_layout(cfg, {&c}, chain(fp8_monitor_hooks(cfg), hooks));
+    run_layout(cfg, {&c}, hooks);
     return c;
 }
 
@@ -359,10 +359,10 @@ TEST_CASE("fp8 monitor: a run with the monitor on ends in the bits of the run wi
     LogicalState with, without;
     std::vector<float> fp8_with, fp8_without;
     Collect got;
-    run_layout(on, {&got}, chain(fp8_monitor_hooks(on), test::inspecting([&](Job& job) {
-                                     absorb(with, job);
-                                     fp8_with = job.fp8()->state();
-                                 })));
+    run_layout(on, {&got}, test::inspecting([&](Job& job) {
+                   absorb(with, job);
+                   fp8_with = job.fp8()->state();
+               }));
     REQUIRE(got.rows.size() == 4 * 12 * 3 * 3);  // every step
     run_layout(off, {}, test::inspecting([&](Job& job) {
                    absorb(without, job);
@@ -392,7 +392,7 @@ TEST_CASE("fp8 monitor: a monitored job's rows reach the run file's /fp8 and the
     JobView view;
     RunFileObserver file(path, c);
     Collect got;
-    run_layout(c, {&view, &file, &got}, fp8_monitor_hooks(c));
+    run_layout(c, {&view, &file, &got});
     const i64 per_step = 13 * 3;
     // steps 2, 4, 6, and step 6's rows once; 5 is not monitored (every 2)
     REQUIRE(static_cast<i64>(got.rows.size()) == 3 * per_step);
@@ -433,7 +433,7 @@ TEST_CASE("fp8 monitor: a re-run step's rows replace the first run's in the view
     JobView view;
     RunFileObserver file(path, c);
     Collect got;
-    run_layout(c, {&view, &file, &got}, fp8_monitor_hooks(c));
+    run_layout(c, {&view, &file, &got});
     const size_t per_step = 13 * 3;
     REQUIRE(got.rows.size() == 7 * per_step);  // steps 1-4, then 3 and 4 again, then 5
     // The last report of each step is what the view and the file hold, in step order.

@@ -603,7 +603,7 @@ TEST_CASE("An opened run file fills every panel it holds data for: loss, spikes,
     c.output.progress = false;
     {
         RunFileObserver file(dir + "/run.h5", c);
-        run_layout(c, {&file}, fp8_monitor_hooks(c));
+        run_layout(c, {&file});
     }
     const RunSnapshot snap = snapshot_from_run_file(dir + "/run.h5");
     CHECK(snap.state == RunState::finished);

@@ -1,7 +1,5 @@
 #include "app/gui/job_controller.h"
 
-#include "core/train/fp8_monitor.h"
-
 #include <utility>
 
 namespace px::gui {
@@ -34,10 +32,12 @@ JobController::~JobController() {
 void JobController::retire() {
     if (!run_) return;
     run_->hold();
-    // The destructor ends the ranks after the step in progress and joins them: not on the UI's
-    // thread. The view and the trace outlive the ranks that write to them.
-    reapers_.emplace_back([run = std::shared_ptr<SteppedRun>(std::move(run_)), view = view_,
-                           trace = trace_]() mutable { run.reset(); });
+    run_ = nullptr;
+    // The destructor ends the ranks after the step in progress and joins them, then lets go of
+    // the session's folders: not on the UI's thread. The view and the trace outlive the ranks
+    // that write to them.
+    reapers_.emplace_back([session = std::shared_ptr<RunSession>(std::move(session_)), view = view_,
+                           trace = trace_]() mutable { session.reset(); });
 }
 
 void JobController::start(const Config& cfg, bool run, const RunHooks& hooks) {
@@ -45,6 +45,8 @@ void JobController::start(const Config& cfg, bool run, const RunHooks& hooks) {
     validate_config(c);
     const Layout layout = make_in_process_layout(c);  // threads and memory: before any thread
     retire();
+    for (std::thread& t : reapers_) t.join();  // the old run's folders are free again
+    reapers_.clear();
     auto view = std::make_shared<JobView>();
     auto trace = std::make_shared<CommTrace>(Mesh(layout, Mesh::Validated{}));
     RunHooks mine = trace->hooks();
@@ -53,9 +55,11 @@ void JobController::start(const Config& cfg, bool run, const RunHooks& hooks) {
         const int r = job.groups().world->rank();  // cp and ep ranks too: the world rank
         if (r != 0) v->set_memory(r, job.memory());
     };
-    // The FP8 drift monitor on every rank when the config asks for it (fp8_monitor.every).
-    run_ = std::make_unique<SteppedRun>(c, std::vector<Observer*>{v},
-                                        chain(chain(fp8_monitor_hooks(c), hooks), mine));
+    SessionOptions so;
+    so.observers = {v};
+    so.hooks = chain(hooks, mine);
+    session_ = std::make_unique<RunSession>(c, std::move(so));
+    run_ = &session_->start();
     view_ = std::move(view);
     trace_ = std::move(trace);
     cfg_ = c;
@@ -111,12 +115,14 @@ void JobController::poll() {
             break;
         case SteppedRun::Status::finished:
             status_ = JobStatus::finished;
+            session_->release();  // its folders and its run file, for the next run or reader
             break;
         case SteppedRun::Status::failed:
             status_ = JobStatus::failed;
             if (!failure_reported_) {
                 view_->fail(run_->error());
                 failure_reported_ = true;
+                session_->release();
             }
             break;
     }

@@ -1,7 +1,10 @@
-// The workbench's job: one run on its own threads (core/train/stepped_run.h), which the job bar
-// starts, pauses, steps, stops and restarts, and which the panels read only through its
-// JobView's snapshots (core/train/job_view.h) and its CommTrace. Nothing here waits for a step:
-// every call returns at once (a stopped run is ended and joined on a thread of its own).
+// The workbench's job: one run on its own threads (core/train/stepped_run.h), set up as every
+// face sets one up (core/train/session.h: outputs checked, folders locked, the run file, the
+// monitors the config asks for), which the job bar starts, pauses, steps, stops and restarts,
+// and which the panels read only through its JobView's snapshots (core/train/job_view.h) and its
+// CommTrace. Nothing here waits for a step, except a start while a stopped run still ends: a
+// stopped run is ended and joined on a thread of its own, which a new start joins first, so that
+// the new run can take the folders the old one held.
 //
 // Index
 //   JobStatus      none, starting, running, paused, finished, failed, stopped
@@ -10,6 +13,7 @@
 #include "app/gui/comm_trace.h"
 #include "core/base/config.h"
 #include "core/train/job_view.h"
+#include "core/train/session.h"
 #include "core/train/stepped_run.h"
 
 #include <memory>
@@ -30,8 +34,9 @@ public:
     JobController& operator=(const JobController&) = delete;
 
     // Starts cfg as a new run (the previous one, if any, is stopped first): validated here, so a
-    // bad config throws ConfigError naming the key before any thread starts. `run`: advance to
-    // the last step at once; else wait before step 1 for resume() or single_step().
+    // bad config (or an output it cannot write, a folder another run holds) throws ConfigError
+    // naming the key before any thread starts. `run`: advance to the last step at once; else
+    // wait before step 1 for resume() or single_step().
     void start(const Config& cfg, bool run, const RunHooks& hooks = {});
     void pause();           // the ranks stop after the step in progress
     void resume();          // on to the last step
@@ -56,7 +61,8 @@ private:
     JobStatus status_ = JobStatus::none;
     std::shared_ptr<JobView> view_;
     std::shared_ptr<CommTrace> trace_;
-    std::unique_ptr<SteppedRun> run_;
+    std::unique_ptr<RunSession> session_;
+    SteppedRun* run_ = nullptr;  // the session's
     std::vector<std::thread> reapers_;
     std::uint64_t run_id_ = 0, seen_run_ = 0;
     bool failure_reported_ = false;

@@ -536,11 +536,4 @@ void Fp8Monitor::updated(i64 step) {
     for (const RunEvent& e : alerts) job_.report_event(e);
 }
 
-RunHooks fp8_monitor_hooks(const Config& cfg) {
-    RunHooks h;
-    if (cfg.fp8_monitor.every <= 0) return h;
-    h.setup = [m = cfg.fp8_monitor](Job& job) { Fp8Monitor::attach(job, m); };
-    return h;
-}
-
 }  // namespace px

@@ -42,7 +42,6 @@
 //   fp8_accumulate_blocks   the same for a block cast (b-wide tiles of rows, or b x b blocks)
 //   Fp8Thresholds, judge_fp8   the alert rules, on one row
 //   Fp8Monitor          one rank's monitor: observes the casts, reduces, reports
-//   fp8_monitor_hooks   RunHooks that attach a monitor to every rank's job when every > 0
 #pragma once
 #include "core/base/config.h"
 #include "core/base/metrics.h"
@@ -156,9 +155,5 @@ private:
     std::vector<Fp8Stat> rows_;
     double seconds_ = 0;
 };
-
-// RunHooks whose setup attaches an Fp8Monitor to every rank's job (kept alive by the job's step
-// hooks) when cfg.fp8_monitor.every > 0; empty hooks otherwise.
-RunHooks fp8_monitor_hooks(const Config& cfg);
 
 }  // namespace px

@@ -119,7 +119,8 @@ def test_workbench_fp8_panel_draws_the_provoked_drift(tmp_path):
     """`parallax gui --screenshot` after step 34 of the provoked drift: the FP8 panel draws the
     chosen tensor's amax and scale lines and red (over-alert) cells in the saturation heatmap."""
     r = subprocess.run(["xvfb-run", "-a", "-s", "-screen 0 1600x1000x24", EXE, "gui", str(DRIFT),
-                        "--screenshot", str(tmp_path), "--steps", "34"],
+                        "--screenshot", str(tmp_path), "--steps", "34",
+                        "--out", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     img = np.asarray(Image.open(tmp_path / "fp8.png").convert("RGB")).astype(np.int32)

@@ -11,6 +11,7 @@ import os
 import queue
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -90,7 +91,8 @@ def config(tmp_path_factory):
 
 
 def screenshots(env, config, folder, steps, panels=PANELS):
-    r = subprocess.run([EXE, "gui", "--screenshot", str(folder), "--steps", str(steps), config],
+    r = subprocess.run([EXE, "gui", "--screenshot", str(folder), "--steps", str(steps), config,
+                        "--out", str(folder / "run")],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     return {p: np.asarray(Image.open(folder / f"{p}.png").convert("RGB")).astype(np.int32)
@@ -139,7 +141,10 @@ class Window:
 
     def __init__(self, env, config):
         self.env = env
-        args = [EXE, "gui"] + ([config] if config else [])  # None: the embedded default job
+        # None: the embedded default job. Its run file (if the job writes one) goes to a folder
+        # of its own, so that windows of other tests never share one.
+        self.out = tempfile.mkdtemp(prefix="parallax-gui-")
+        args = [EXE, "gui", "--out", self.out] + ([config] if config else [])
         self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.lines = queue.Queue()
@@ -230,6 +235,7 @@ class Window:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        shutil.rmtree(self.out, ignore_errors=True)
 
 
 def test_the_window_driven_by_real_input(display, config):
