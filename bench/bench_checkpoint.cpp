@@ -26,7 +26,7 @@
 // buffer (counted). Checks: both files hold the same tensors (every stored checksum equal).
 #include "core/base/arena.h"
 #include "core/io/checkpoint.h"
-#include "core/comm/inproc.h"
+#include "core/comm/run_ranks.h"
 #include "core/comm/mpi.h"
 #include "core/train/checkpointing.h"
 #include "core/base/rng.h"

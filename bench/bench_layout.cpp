@@ -10,7 +10,7 @@
 #include "core/base/config.h"
 #include "core/train/job.h"
 #include "core/train/runner.h"
-#include "core/parallel/zero.h"
+#include "core/parallel/data/zero.h"
 #include "core/io/state.h"
 
 #include <algorithm>
@@ -211,8 +211,8 @@ int main(int argc, char** argv) {
 
     // The replica check (validate.replica_check_every = 1, core/train/faults.h): every rank
     // hashes its weights after every step, the world all-gathers the hashes, and each agreeing
-    // check copies the rank's weights and moments into its snapshot to re-run from. Measured as whole-run wall time, since
-    // it runs after the step's own timing.
+    // check copies the rank's weights and moments into its snapshot to re-run from. Measured as
+    // whole-run wall time, since it runs after the step's own timing.
     c.numerics.mode = Mode::bitwise;
     c.layout.comm = "auto";
     double wall[2];

@@ -26,7 +26,7 @@
 //   KeyLookupError, IndexLookupError  a key or rank that is not there
 //   FileAccessError, with_files       a library error about a file that is missing or unreadable
 #pragma once
-#include "app/gui/layout_explorer.h"
+#include "views/layout_explorer.h"
 #include "core/base/config.h"
 #include "core/base/metrics.h"
 #include "core/io/checkpoint.h"
@@ -130,9 +130,9 @@ py::object fp8_checkpoint_dict(const CheckpointMeta& m, const Config* cfg);
 
 // cfg's layout run for one step with a recorder around every group (GIL released); ConfigError
 // with the library's sentence when the layout cannot run.
-gui::ExplorerResult explore(const Config& cfg);
-py::dict explored(const gui::ExplorerResult& r);  // parallax.explore_layout's dict
-std::string explored_words(const gui::ExplorerResult& r);  // holds, collectives, memory: lines
+views::ExplorerResult explore(const Config& cfg);
+py::dict explored(const views::ExplorerResult& r);  // parallax.explore_layout's dict
+std::string explored_words(const views::ExplorerResult& r);  // holds, collectives, memory: lines
 
 // The array takes the vector over (a capsule owns it): the floats are not copied. An empty shape
 // is flat.

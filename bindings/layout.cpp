@@ -1,12 +1,12 @@
 // Layouts and pipeline schedules as data: parallax.layout(config) describes the mesh a config
 // makes (make_layout's checks, every rank's coordinates, layers and token ranges), and
 // parallax.schedule(...) gives a schedule's actions per rank and its unit-time simulation
-// (core/parallel/schedule.h), which is what the runtime executes and what notebooks draw.
+// (core/parallel/pipeline/schedule.h), which is what the runtime executes and what notebooks draw.
 #include "bindings/common.h"
 
-#include "app/gui/layout_explorer.h"
+#include "views/layout_explorer.h"
 #include "core/parallel/mesh.h"
-#include "core/parallel/schedule.h"
+#include "core/parallel/pipeline/schedule.h"
 
 #include <map>
 
@@ -117,9 +117,9 @@ std::string layer_text(int layer) { return layer < 0 ? "model" : "layer " + std:
 
 // One line per collective of the traced step: "layer 1 fwd attn.c_proj: tp all_reduce, 2 calls ×
 // 16.0 KiB on ranks 0-3".
-std::vector<std::string> collectives_text(const gui::ExplorerResult& r) {
+std::vector<std::string> collectives_text(const views::ExplorerResult& r) {
     std::vector<std::string> lines;
-    for (const gui::CollectiveUse& u : r.collectives)
+    for (const views::CollectiveUse& u : r.collectives)
         lines.push_back(layer_text(u.layer) + " " + u.phase + " " + u.op + ": " + u.group + " " +
                         u.collective + ", " + std::to_string(u.calls) +
                         (u.calls == 1 ? " call × " : " calls × ") + bytes_text(u.bytes) +
@@ -129,17 +129,17 @@ std::vector<std::string> collectives_text(const gui::ExplorerResult& r) {
 
 }  // namespace
 
-gui::ExplorerResult explore(const Config& cfg) {
-    gui::ExplorerResult r;
+views::ExplorerResult explore(const Config& cfg) {
+    views::ExplorerResult r;
     {
         py::gil_scoped_release nogil;
-        r = gui::explore_layout(cfg);
+        r = views::explore_layout(cfg);
     }
     if (!r.error.empty()) throw ConfigError(r.error);
     return r;
 }
 
-std::string explored_words(const gui::ExplorerResult& r) {
+std::string explored_words(const views::ExplorerResult& r) {
     const py::dict d = explored(r);
     std::string s = "who holds what (weights between steps):\n";
     for (const py::handle& line : d["text"]) s += "  " + line.cast<std::string>() + "\n";
@@ -158,12 +158,12 @@ std::string explored_words(const gui::ExplorerResult& r) {
     return s;
 }
 
-py::dict explored(const gui::ExplorerResult& r) {
+py::dict explored(const views::ExplorerResult& r) {
     py::dict holds, moments, memory_d;
     py::list text, collectives, memory;
-    auto pieces = [](const std::vector<gui::HeldPiece>& ps) {
+    auto pieces = [](const std::vector<views::HeldPiece>& ps) {
         py::list l;
-        for (const gui::HeldPiece& p : ps) {
+        for (const views::HeldPiece& p : ps) {
             py::dict d;
             d["rank"] = p.rank;
             d["rows"] = py::make_tuple(p.slab.row0, p.slab.row0 + p.slab.rows);
@@ -172,10 +172,10 @@ py::dict explored(const gui::ExplorerResult& r) {
         }
         return l;
     };
-    for (const gui::TensorHolding& t : r.tensors) {
+    for (const views::TensorHolding& t : r.tensors) {
         holds[py::str(t.name)] = pieces(t.weights);
         moments[py::str(t.name)] = pieces(t.moments);
-        for (const gui::HeldPiece& p : t.weights) {
+        for (const views::HeldPiece& p : t.weights) {
             const Coord c = r.coords[static_cast<size_t>(p.rank)];
             std::string slice = range_text(p.slab.row0, p.slab.rows, t.rows);
             if (t.rows > 1 || t.cols > 1) slice += ", " + range_text(p.slab.col0, p.slab.cols, t.cols);
@@ -185,7 +185,7 @@ py::dict explored(const gui::ExplorerResult& r) {
                         " holds " + t.name + "[" + slice + "]");
         }
     }
-    for (const gui::CollectiveUse& u : r.collectives) {
+    for (const views::CollectiveUse& u : r.collectives) {
         py::dict d;
         d["phase"] = u.phase;
         d["layer"] = u.layer;
@@ -212,7 +212,7 @@ py::dict explored(const gui::ExplorerResult& r) {
     est["total"] = r.estimate.total;
     py::dict out;
     std::map<int, std::vector<std::int64_t>> by_layer;  // bytes of one step, per world rank
-    for (const gui::CollectiveUse& u : r.collectives) {
+    for (const views::CollectiveUse& u : r.collectives) {
         std::vector<std::int64_t>& b = by_layer[u.layer];
         b.resize(r.coords.size());
         for (const int k : u.ranks) b[static_cast<size_t>(k)] += u.bytes * u.calls;
@@ -242,7 +242,7 @@ void bind_layout(py::module_& m) {
             const Config cfg = make_config(config, sections);
             py::dict d = layout_of(cfg);
             if (!with_explore) return d;
-            const gui::ExplorerResult r = explore(cfg);
+            const views::ExplorerResult r = explore(cfg);
             const py::dict e = explored(r);
             d["holds"] = e["holds"];
             d["moments"] = e["moments"];

@@ -12,7 +12,7 @@
 
 #include "core/base/error.h"
 #include "core/parallel/state_slices.h"
-#include "core/parallel/tp_model.h"
+#include "core/parallel/tensor/tp_model.h"
 
 #include <algorithm>
 

@@ -87,9 +87,9 @@ void attention_backward(const Numerics& nx, const Tensor& dqkv, const Tensor& dp
                         const Tensor& datt, const Tensor& dout, const Tensor& qkv,
                         const Tensor& att, i64 NH);
 
-// Context parallelism (core/parallel/context_parallel.h): the query rows a rank holds, at logical
-// positions pos (Tq, ascending), against the whole sequence's keys and values, in two phases.
-// Each row gets the bits attention_forward gives the row at its position.
+// Context parallelism (core/parallel/context/context_parallel.h): the query rows a rank holds, at
+// logical positions pos (Tq, ascending), against the whole sequence's keys and values, in two
+// phases. Each row gets the bits attention_forward gives the row at its position.
 // Scores of keys [key_lo, key_hi) (they may arrive a range at a time): preatt (B,NH,Tq,T) columns
 // of those keys below each row's position; q (B,Tq,3C) (q third read), kv (B,T,3C) (those k read)
 void attention_queries_scores(const Numerics& nx, const Tensor& preatt, const Tensor& q,

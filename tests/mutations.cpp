@@ -3,7 +3,7 @@
 #include "core/base/error.h"
 #include "core/train/job.h"
 #include "core/base/numerics.h"
-#include "core/parallel/tp_model.h"
+#include "core/parallel/tensor/tp_model.h"
 
 #include <algorithm>
 #include <cstring>

@@ -7,6 +7,7 @@
 // own slot), and the test thread checks it after run_ranks has joined them.
 #include "core/comm/comm.h"
 #include "core/comm/inproc.h"
+#include "core/comm/run_ranks.h"
 #include "core/base/numerics.h"
 
 #include <catch2/catch.hpp>

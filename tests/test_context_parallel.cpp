@@ -7,7 +7,7 @@
 #include "core/io/checkpoint.h"
 #include "core/io/state.h"
 #include "core/model/data.h"
-#include "core/parallel/context_parallel.h"
+#include "core/parallel/context/context_parallel.h"
 #include "core/parallel/mesh.h"
 #include "core/train/checkpointing.h"
 #include "core/train/job.h"

@@ -1,4 +1,4 @@
-// Expert parallelism (core/parallel/expert_parallel.h): every layout of ep with dp,
+// Expert parallelism (core/parallel/expert/expert_parallel.h): every layout of ep with dp,
 // microbatches, pp and recomputation is bit-identical to the single device, router statistics
 // included; a checkpoint written under ep2 resumes under ep4 (and back on one device) bit for
 // bit; the all-to-all bytes are the formula's; layouts that cannot run say which keys to change.

@@ -8,7 +8,7 @@
 #include "core/base/config.h"
 #include "core/base/error.h"
 #include "core/train/faults.h"
-#include "core/parallel/pipeline.h"
+#include "core/parallel/pipeline/pipeline.h"
 #include "core/train/runner.h"
 #include "core/io/state.h"
 #include "tests/test_util.h"

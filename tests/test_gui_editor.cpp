@@ -1,16 +1,16 @@
-// The job bar's config editor without a window (app/gui/config_editor.h): an error is the
+// The job bar's config editor without a window (views/config_editor.h): an error is the
 // library's message beside the key it names, every bad key has its message at once and a fixed
 // one loses it, and every key a panel tells the user to set is offered; and the Events panel's
-// folding of repeats (app/gui/spike_model.h).
-#include "app/gui/config_editor.h"
-#include "app/gui/spike_model.h"
+// folding of repeats (views/spike_model.h).
+#include "views/config_editor.h"
+#include "views/spike_model.h"
 #include "test_util.h"
 
 #include <string>
 #include <vector>
 
 using namespace px;
-using namespace px::gui;
+using namespace px::views;
 using namespace px::test;
 
 TEST_CASE("Config editor: an error is the library's message, beside the key it names", "[gui]") {

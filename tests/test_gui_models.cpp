@@ -1,19 +1,19 @@
-// The workbench's models, without a window (app/gui: the data model apart from the drawing):
+// The workbench's models, without a window (views/: the data model apart from the drawing):
 // the layout-check panel's lockstep grid (a fast-mode check within budget; a planted mutation,
 // tests/mutations.h, turns its cell red at the right step and the first op is named), the layout
 // explorer on the runtime's own ranks (with cp, and
 // with ep: a rank's experts and its rows of a stacked expert tensor), the job controller, the
 // measured pipeline timeline, the teaching models, and the views of the FP8, spike and MoE router
 // panels.
-#include "app/gui/config_editor.h"
-#include "app/gui/fp8_view.h"
-#include "app/gui/job_controller.h"
-#include "app/gui/layout_check.h"
-#include "app/gui/layout_explorer.h"
-#include "app/gui/router_view.h"
-#include "app/gui/run_files.h"
-#include "app/gui/spike_model.h"
-#include "app/gui/teaching.h"
+#include "views/config_editor.h"
+#include "views/fp8_view.h"
+#include "views/job_controller.h"
+#include "views/layout_check.h"
+#include "views/layout_explorer.h"
+#include "views/router_view.h"
+#include "views/run_files.h"
+#include "views/spike_model.h"
+#include "views/teaching.h"
 #include "core/io/runfile.h"
 #include "core/train/run_file_observer.h"
 #include "test_util.h"
@@ -30,7 +30,7 @@
 #include <thread>
 
 using namespace px;
-using namespace px::gui;
+using namespace px::views;
 using namespace px::test;
 
 namespace {

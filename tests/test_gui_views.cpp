@@ -1,11 +1,11 @@
-// The workbench's views of a job under every layout the runtime accepts (app/gui, no window):
+// The workbench's views of a job under every layout the runtime accepts (views/, no window):
 // the trace measures a step of every rank and keeps every rank's memory under cp (ring and
 // Ulysses), ep, tp with sequence parallelism, dp with ZeRO-3 and pp with four microbatches; the
 // layout explorer's picks follow the job bar's fields until the person picks their own; a block
 // that several ranks hold whole is one replicated block, not pieces of it.
-#include "app/gui/config_editor.h"
-#include "app/gui/job_controller.h"
-#include "app/gui/layout_explorer.h"
+#include "views/config_editor.h"
+#include "views/job_controller.h"
+#include "views/layout_explorer.h"
 #include "test_util.h"
 
 #include <chrono>
@@ -14,7 +14,7 @@
 #include <thread>
 
 using namespace px;
-using namespace px::gui;
+using namespace px::views;
 using namespace px::test;
 
 namespace {

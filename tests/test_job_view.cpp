@@ -12,7 +12,7 @@
 #include "core/train/job.h"
 #include "core/train/job_view.h"
 #include "core/train/checkpointing.h"
-#include "core/parallel/pipeline.h"
+#include "core/parallel/pipeline/pipeline.h"
 #include "core/train/runner.h"
 #include "tests/test_util.h"
 

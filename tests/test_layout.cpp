@@ -2,7 +2,7 @@
 // sentences, token ranges as nodes of the canonical tree, and the pipeline schedules (complete,
 // deadlock-free, dependency-respecting, their memory and bubble, their text).
 #include "core/parallel/mesh.h"
-#include "core/parallel/schedule.h"
+#include "core/parallel/pipeline/schedule.h"
 
 #include "core/base/error.h"
 

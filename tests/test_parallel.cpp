@@ -4,7 +4,7 @@
 #include "core/base/error.h"
 #include "core/train/job.h"
 #include "core/train/runner.h"
-#include "core/parallel/zero.h"
+#include "core/parallel/data/zero.h"
 #include "core/io/state.h"
 #include "tests/test_util.h"
 

@@ -9,11 +9,12 @@
 // logical state from tp-sharded stages (LogicalState, gather_full), run_layout and llm.c files;
 // with sequence parallelism, tp2 × pp2+SP (1F1B; 2 and 4 microbatches; GPipe; interleaved with
 // recomputation), dp2 × tp2 × pp2+SP (ZeRO-1), tp4 × pp2+SP and dp2 × tp2 × pp3+SP (ZeRO-2).
-#include "core/comm/inproc.h"
+#include "core/comm/run_ranks.h"
 #include "core/base/config.h"
 #include "core/base/error.h"
 #include "core/train/job.h"
-#include "core/parallel/pipeline.h"
+#include "core/parallel/data/token_tree.h"
+#include "core/parallel/pipeline/pipeline.h"
 #include "core/train/runner.h"
 #include "core/base/rng.h"
 #include "core/io/state.h"

@@ -5,11 +5,11 @@
 // the one a single writer makes from the gathered logical state, and no rank holds the whole
 // model while saving (peak resident memory measured, and the staging buffers counted).
 #include "core/io/checkpoint.h"
-#include "core/comm/inproc.h"
+#include "core/comm/run_ranks.h"
 #include "core/base/config.h"
 #include "core/base/error.h"
 #include "core/train/checkpointing.h"
-#include "core/parallel/pipeline.h"
+#include "core/parallel/pipeline/pipeline.h"
 #include "core/train/runner.h"
 #include "core/io/state.h"
 #include "tests/test_util.h"

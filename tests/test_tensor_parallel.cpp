@@ -11,10 +11,10 @@
 // Catch2 assertions are not thread-safe: rank threads only store what they computed (each into its
 // own slot), and the test thread compares after run_ranks has joined them.
 #include "core/comm/comm.h"
-#include "core/comm/inproc.h"
+#include "core/comm/run_ranks.h"
 #include "core/base/error.h"
 #include "core/base/numerics.h"
-#include "core/parallel/tensor_parallel.h"
+#include "core/parallel/tensor/tensor_parallel.h"
 #include "core/parallel/tree_exchange.h"
 #include "kernels/ops.h"
 

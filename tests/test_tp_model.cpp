@@ -1,9 +1,9 @@
-// Tensor parallelism applied to the whole model (core/parallel/tp_model.h) against the
+// Tensor parallelism applied to the whole model (core/parallel/tensor/tp_model.h) against the
 // single-device run: 5 steps, then loss, grad norm and validation loss histories, every logical
 // weight and every Adam moment compared bit for bit.
 #include "core/base/config.h"
-#include "core/comm/inproc.h"
-#include "core/parallel/tp_model.h"
+#include "core/comm/run_ranks.h"
+#include "core/parallel/tensor/tp_model.h"
 #include "core/train/job.h"
 #include "core/train/runner.h"
 #include "core/io/state.h"

@@ -11,24 +11,27 @@
 //   draw_*_panel           the panels
 //   empty_state            the one-line sentence of a panel without data
 #pragma once
-#include "app/gui/comm_trace.h"
-#include "app/gui/config_editor.h"
-#include "app/gui/fp8_view.h"
-#include "app/gui/job_controller.h"
-#include "app/gui/layout_check.h"
-#include "app/gui/layout_explorer.h"
 #include "app/gui/plot.h"
-#include "app/gui/router_view.h"
-#include "app/gui/spike_model.h"
-#include "app/gui/teaching.h"
 #include "core/train/job_view.h"
 #include "core/train/memory.h"
+#include "views/comm_trace.h"
+#include "views/config_editor.h"
+#include "views/fp8_view.h"
+#include "views/job_controller.h"
+#include "views/layout_check.h"
+#include "views/layout_explorer.h"
+#include "views/router_view.h"
+#include "views/spike_model.h"
+#include "views/teaching.h"
 
 #include <map>
 #include <string>
 #include <vector>
 
 namespace px::gui {
+
+// The panels draw the models of views/ (what each panel shows, computed without a window).
+using namespace px::views;
 
 struct UiRects {
     std::map<std::string, ImVec4> rects;  // name -> x, y, w, h in window pixels

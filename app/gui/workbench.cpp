@@ -1,7 +1,7 @@
 #include "app/gui/workbench.h"
 
 #include "app/gui/panels.h"
-#include "app/gui/run_files.h"
+#include "views/run_files.h"
 #include "core/base/error.h"
 #include "core/train/memory.h"
 #include "core/train/stepped_run.h"

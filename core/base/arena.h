@@ -100,11 +100,11 @@ static_assert(kGpt2Params[kFirstLayerSpec + EPROJB].per_layer &&
 // LS are model.layers here; an activation table resolves them for its run (below).
 i64 resolve_dim(Dim d, const ModelConfig& mc, i64 B = 1, i64 T = 0);
 
-// The local sizes of a tensor-parallel shard (core/parallel/tp_model.h): with tp ranks a model
-// holds 3C/tp rows of qkv (C3), C/tp attention channels (CA), NH/tp heads, F/tp ffn rows and
+// The local sizes of a tensor-parallel shard (core/parallel/tensor/tp_model.h): with tp ranks a
+// model holds 3C/tp rows of qkv (C3), C/tp attention channels (CA), NH/tp heads, F/tp ffn rows and
 // `vocab` rows of wte. The default is the whole model. Expert parallelism
-// (core/parallel/expert_parallel.h) holds experts [expert_lo, expert_lo + experts) of each MoE
-// layer (ModelPart::experts; ParamTable::build and GPT fill these two in from the part).
+// (core/parallel/expert/expert_parallel.h) holds experts [expert_lo, expert_lo + experts) of each
+// MoE layer (ModelPart::experts; ParamTable::build and GPT fill these two in from the part).
 struct TpDims {
     int tp = 1;
     i64 vocab = -1;      // rows of wte held; -1: model.vocab
@@ -186,7 +186,7 @@ struct ParamTable {
 // that parts of it can be handed back and taken again: decommit() returns the whole pages of a
 // range to the system (their contents read as zero afterwards, and a later write maps fresh
 // zero pages), which is how ZeRO-3 frees the weights it does not own and ZeRO-2 the gradients
-// it has reduced (core/parallel/zero.h). resident_bytes() measures what is actually mapped.
+// it has reduced (core/parallel/data/zero.h). resident_bytes() measures what is actually mapped.
 // The arena has no element type: its tables say what lives where, and view() types each piece.
 class Arena {
 public:

@@ -1,4 +1,5 @@
-// The config's single-key checks and the [precision] section's rules (config_checks.h).
+// The config's validation (config_checks.h): the single-key checks, each section's rules, and
+// check_config, which runs them all in order.
 #include "core/base/config_checks.h"
 
 #include <algorithm>
@@ -6,6 +7,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <limits>
 
 namespace px::config_checks {
@@ -404,6 +406,270 @@ void check_fp8_monitor_across(const Fp8MonitorConfig& m, const PrecisionConfig& 
                           "fp8_monitor.compare = " + quote(m.compare) + " names " + quote(c) +
                               ", the run's own recipe (precision.fp8), which the monitor "
                               "measures anyway; compare with another recipe"};
+}
+
+// ---- the whole config ----
+
+namespace {
+
+constexpr i64 kMaxMarkovStates = i64{1} << 22;
+
+// Sizes no machine holds. Counters and ids have fixed widths; and no product of sizes may reach
+// 2^50 elements (4 PiB of fp32), so that every size computed from them fits in 64 bits with room
+// to spare. (Whether a job fits this machine is judged later, from a memory estimate.)
+void check_limits(const Config& c) {
+    const ModelConfig& m = c.model;
+    const TrainConfig& t = c.train;
+    constexpr i64 k32 = i64{1} << 32;
+    at_most("model.vocab", m.vocab, i64{1} << 31, "tokens are 32-bit integers");
+    const char* sampler = "the data sampler's counters are 32 bits";
+    at_most("model.seq_len", m.seq_len, k32 - 2, sampler);
+    at_most("model.layers", m.layers, (INT_MAX - 4) / 12, "tensor ids are 32-bit integers");
+    at_most("train.steps", t.steps, k32, sampler);
+    at_most("train.batch_size", t.batch_size, k32, sampler);
+    at_most("train.val_batches", t.val_batches, k32, sampler);
+    at_most("train.threads", t.threads, 1024, "OpenMP threads per rank; 0 uses all cores");
+    const LayoutConfig& l = c.layout;
+    if (double(l.dp) * double(l.pp) * double(l.cp) * double(l.tp) > double(INT_MAX))
+        throw Problem{{"layout.dp", "layout.pp", "layout.cp", "layout.tp"},
+                      "layout.dp=" + std::to_string(l.dp) + " x layout.pp=" + std::to_string(l.pp) +
+                          " x layout.cp=" + std::to_string(l.cp) +
+                          " x layout.tp=" + std::to_string(l.tp) +
+                          " ranks is more than 2^31 - 1 (ranks are 32-bit integers)"};
+    const double kMax = std::ldexp(1.0, 50);
+    struct Factor {
+        const char* key;
+        i64 value;
+    };
+    auto product = [&](const char* what, std::initializer_list<Factor> factors, double extra = 1) {
+        double n = extra;
+        for (const Factor& f : factors) n *= static_cast<double>(f.value);
+        if (n < kMax) return;
+        Problem p;
+        std::string terms;
+        const Factor* largest = factors.begin();
+        for (const Factor& f : factors) {
+            p.keys.emplace_back(f.key);
+            terms += (terms.empty() ? "" : " x ") + std::string(f.key) + "=" +
+                     std::to_string(f.value);
+            if (f.value > largest->value) largest = &f;
+        }
+        p.text = terms + " gives " + number(n) + " " + what +
+                 ", more than 2^50 (no machine holds that many); lower " + largest->key;
+        throw p;
+    };
+    const Factor L{"model.layers", m.layers}, C{"model.hidden", m.hidden}, F{"model.ffn", m.ffn},
+        V{"model.vocab", m.vocab}, T{"model.seq_len", m.seq_len}, NH{"model.heads", m.heads},
+        B{"train.batch_size", t.batch_size}, VB{"train.val_batches", t.val_batches};
+    product("parameters in attention weights", {L, C, C}, 4);
+    product("parameters in MLP weights", {L, C, F}, 2);
+    product("embedding parameters", {V, C});
+    product("position embedding parameters", {T, C});
+    product("validation tokens", {VB, B, T});
+    product("logits per step", {B, T, V});
+    product("activations per step", {L, B, T, C}, 8);
+    product("activations per step", {L, B, T, F}, 2);
+    product("attention scores per step", {L, B, NH, T, T});
+}
+
+}  // namespace
+
+// Throws the first problem: single keys in table order, then constraints across keys.
+void check_config(const Config& c) {
+    const ModelConfig& m = c.model;
+    const LayoutConfig& l = c.layout;
+    const TrainConfig& t = c.train;
+    const DataConfig& d = c.data;
+    const NumericsConfig& n = c.numerics;
+
+    at_least("model.vocab", m.vocab, 2);
+    at_least("model.seq_len", m.seq_len, 1);
+    at_least("model.layers", m.layers, 1);
+    at_least("model.heads", m.heads, 1);
+    at_least("model.hidden", m.hidden, 1);
+    at_least("model.ffn", m.ffn, 1);
+    positive("model.init_std", m.init_std);
+    check_moe_keys(m);
+
+    at_least("layout.dp", l.dp, 1);
+    at_least("layout.pp", l.pp, 1);
+    at_least("layout.tp", l.tp, 1);
+    at_least("layout.cp", l.cp, 1);
+    at_least("layout.ep", l.ep, 1);
+    one_of("layout.cp_method", l.cp_method, {"ring", "ulysses"});
+    if (l.zero < 0 || l.zero > 3) throw out_of_range("layout.zero", std::to_string(l.zero), "in 0..3");
+    at_least("layout.microbatches", l.microbatches, 0);
+    one_of("layout.schedule", l.schedule, {"gpipe", "1f1b", "interleaved"});
+    at_least("layout.virtual_stages", l.virtual_stages, 1);
+    one_of("layout.recompute", l.recompute, {"none", "full"});
+    one_of("layout.comm", l.comm, {"auto", "canonical", "ring"});
+    positive("layout.timeout_s", l.timeout_s);
+
+    at_least("train.steps", t.steps, 1);
+    at_least("train.batch_size", t.batch_size, 1);
+    at_least("train.microbatches", t.microbatches, 1);
+    positive("train.lr", t.lr);
+    non_negative("train.min_lr", t.min_lr);
+    at_least("train.warmup_steps", t.warmup_steps, 0);
+    non_negative("train.weight_decay", t.weight_decay);
+    finite("train.beta1", t.beta1);
+    if (!(t.beta1 >= 0 && t.beta1 < 1)) throw out_of_range("train.beta1", number(t.beta1), "in [0, 1)");
+    finite("train.beta2", t.beta2);
+    if (!(t.beta2 >= 0 && t.beta2 < 1)) throw out_of_range("train.beta2", number(t.beta2), "in [0, 1)");
+    positive("train.eps", t.eps);
+    non_negative("train.grad_clip", t.grad_clip);
+    below_2_63("train.seed", t.seed);
+    at_least("train.eval_every", t.eval_every, 0);
+    at_least("train.val_batches", t.val_batches, 1);
+    at_least("train.threads", t.threads, 0);
+    non_negative("train.max_memory_gib", t.max_memory_gib);
+    at_least("train.lr_jump_step", t.lr_jump_step, 0);
+    positive("train.lr_jump_factor", t.lr_jump_factor);
+    at_least("train.lr_jump_steps", t.lr_jump_steps, 1);
+
+    one_of("data.source", d.source, {"markov", "mixture", "copy", "bin"});
+    at_least("data.markov_order", d.markov_order, 1);
+    positive("data.markov_alpha", d.markov_alpha);
+    below_2_63("data.markov_seed", d.markov_seed);
+    at_least("data.markov_vocab", d.markov_vocab, 0);
+    at_least("data.mixture_chains", d.mixture_chains, 2);
+    at_least("data.copy_distance", d.copy_distance, 0);
+
+    at_least("numerics.block", n.block, 1);
+    check_precision_keys(c.precision);
+
+    at_least("checkpoint.every", c.checkpoint.every, 0);
+    at_least("checkpoint.keep", c.checkpoint.keep, 1);
+    one_of("numerics.isa", n.isa, {"auto", "avx512", "avx2", "scalar"});
+    at_least("validate.replica_check_every", c.validate.replica_check_every, 0);
+    one_of("fault.kind", c.fault.kind, {"", "kill", "stall", "flip_grad", "flip_weight"});
+    at_least("fault.rank", c.fault.rank, 0);
+    at_least("fault.step", c.fault.step, 1);
+    at_least("fault.element", c.fault.element, 0);
+    if (c.fault.bit < 0 || c.fault.bit > 31)
+        throw out_of_range("fault.bit", std::to_string(c.fault.bit), "in 0..31");
+    non_negative("fault.stall_s", c.fault.stall_s);
+    at_least("data.corrupt_step", d.corrupt_step, 0);
+    one_of("data.corrupt_kind", d.corrupt_kind, {"repeat", "shuffle"});
+    check_spikes_keys(c.spikes);
+    check_fp8_monitor_keys(c.fp8_monitor);
+
+    check_limits(c);
+
+    if (m.hidden % m.heads != 0)
+        throw Problem{{"model.heads", "model.hidden"},
+                      "model.heads=" + std::to_string(m.heads) + " does not divide model.hidden=" +
+                          std::to_string(m.hidden) + ": choose heads that divide hidden (head size = hidden / heads)"};
+    if (t.batch_size % t.microbatches != 0)
+        throw Problem{{"train.microbatches", "train.batch_size"},
+                      "train.microbatches=" + std::to_string(t.microbatches) + " does not divide train.batch_size=" +
+                          std::to_string(t.batch_size) + ": every microbatch must hold the same number of sequences"};
+    if (l.virtual_stages > 1 && l.schedule != "interleaved")
+        throw Problem{{"layout.virtual_stages", "layout.schedule"},
+                      "layout.virtual_stages=" + std::to_string(l.virtual_stages) + " needs layout.schedule = " +
+                          "\"interleaved\", got " + quote(l.schedule) +
+                          ": only the interleaved schedule gives a pipeline rank several model chunks"};
+    if (l.schedule == "interleaved" && l.virtual_stages < 2)
+        throw Problem{{"layout.schedule", "layout.virtual_stages"},
+                      "layout.schedule = \"interleaved\" needs layout.virtual_stages >= 2, got " +
+                          std::to_string(l.virtual_stages) +
+                          ": with one model chunk per rank use layout.schedule = \"1f1b\""};
+    if (l.comm == "ring" && n.mode == Mode::bitwise)
+        throw Problem{{"layout.comm", "numerics.mode"},
+                      "layout.comm = \"ring\" breaks numerics.mode = \"bitwise\": a ring all-reduce sums in ring "
+                      "order, not the canonical tree; use layout.comm = \"auto\" or \"canonical\", or "
+                      "numerics.mode = \"fast\""};
+    check_precision_across(c.precision, n);
+    check_moe_across(c);
+    check_fp8_layers(c.precision, m.layers);
+    check_fp8_monitor_across(c.fp8_monitor, c.precision);
+    if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
+        throw Problem{{"checkpoint.resume", "checkpoint.dir"},
+                      "checkpoint.resume = \"auto\" needs checkpoint.dir: set it to the folder the "
+                      "checkpoints are in, or give checkpoint.resume a checkpoint file"};
+    if (c.checkpoint.every > 0 && c.checkpoint.dir.empty())
+        throw Problem{{"checkpoint.every", "checkpoint.dir"},
+                      "checkpoint.every=" + std::to_string(c.checkpoint.every) +
+                          " needs checkpoint.dir: set it to a folder for the checkpoints, or "
+                          "checkpoint.every = 0"};
+    if (c.validate.replica_check_every > 0 && l.dp < 2)
+        throw Problem{{"validate.replica_check_every", "layout.dp"},
+                      "validate.replica_check_every=" + std::to_string(c.validate.replica_check_every) +
+                          " compares data-parallel replicas, but layout.dp = " + std::to_string(l.dp) +
+                          ": use layout.dp >= 2, or validate.replica_check_every = 0"};
+    if (!c.fault.kind.empty() && c.fault.step > t.steps)
+        throw Problem{{"fault.step", "train.steps"},
+                      "fault.step=" + std::to_string(c.fault.step) + " comes after the last step (train.steps=" +
+                          std::to_string(t.steps) + "), so the fault would never strike: choose a step in 1.." +
+                          std::to_string(t.steps)};
+    if (d.corrupt_step > t.steps)
+        throw Problem{{"data.corrupt_step", "train.steps"},
+                      "data.corrupt_step=" + std::to_string(d.corrupt_step) + " comes after the last step (train.steps=" +
+                          std::to_string(t.steps) + "), so no batch would be corrupted: choose a step in 1.." +
+                          std::to_string(t.steps) + ", or 0 for none"};
+    if (c.spikes.action == "rollback" && c.spikes.rollback_to == "checkpoint" && c.checkpoint.dir.empty())
+        throw Problem{{"spikes.rollback_to", "checkpoint.dir"},
+                      "spikes.rollback_to = \"checkpoint\" needs checkpoint.dir (and checkpoint.every) "
+                      "so that there is a checkpoint to go back to: set them, or spikes.rollback_to = \"memory\""};
+    if (c.spikes.action != "off" && (c.spikes.action != "log" || c.spikes.replay) &&
+        c.validate.replica_check_every > 0)
+        throw Problem{{"spikes.action", "validate.replica_check_every"},
+                      "spikes.action = " + quote(c.spikes.action) + (c.spikes.replay ? " with spikes.replay" : "") +
+                          " changes or re-runs steps, and so does the replica check "
+                          "(validate.replica_check_every=" + std::to_string(c.validate.replica_check_every) +
+                          "): run one of them at a time (spikes.action = \"log\" with spikes.replay = false "
+                          "works beside it)"};
+    if (t.lr_jump_step > t.steps)
+        throw Problem{{"train.lr_jump_step", "train.steps"},
+                      "train.lr_jump_step=" + std::to_string(t.lr_jump_step) +
+                          " comes after the last step (train.steps=" + std::to_string(t.steps) +
+                          "), so the learning rate would never jump: choose a step in 1.." +
+                          std::to_string(t.steps) + ", or 0 for none"};
+    if (t.min_lr > t.lr)
+        throw Problem{{"train.min_lr", "train.lr"},
+                      "train.min_lr=" + number(t.min_lr) + " is larger than train.lr=" + number(t.lr) +
+                          ": the cosine decay must end at or below the peak learning rate"};
+    if (d.source == "bin" && d.train_path.empty())
+        throw Problem{{"data.train_path", "data.source"},
+                      "data.source = \"bin\" needs data.train_path: set it to an llm.c .bin token file, "
+                      "or use data.source = \"markov\""};
+    if (d.source == "copy" && (d.markov_vocab > m.vocab || d.markov_vocab == 1))
+        throw Problem{{"data.markov_vocab", "model.vocab"},
+                      "data.markov_vocab=" + std::to_string(d.markov_vocab) +
+                          ": the copy source draws from 2..model.vocab=" + std::to_string(m.vocab) +
+                          " symbols (0 means model.vocab)"};
+    if (d.source == "markov" || d.source == "mixture") {
+        if (d.markov_vocab > m.vocab)
+            throw Problem{{"data.markov_vocab", "model.vocab"},
+                          "data.markov_vocab=" + std::to_string(d.markov_vocab) + " exceeds model.vocab=" +
+                              std::to_string(m.vocab) + ": the model must be able to emit every symbol"};
+        if (d.markov_vocab == 1)
+            throw Problem{{"data.markov_vocab"},
+                          "data.markov_vocab=1: a Markov chain needs at least 2 symbols (0 means "
+                          "model.vocab)"};
+        i64 V = d.markov_vocab > 0 ? d.markov_vocab : m.vocab;
+        if (d.source == "mixture") {
+            if (d.mixture_chains > V / 2)
+                throw Problem{{"data.mixture_chains",
+                               d.markov_vocab > 0 ? "data.markov_vocab" : "model.vocab"},
+                              "data.mixture_chains=" + std::to_string(d.mixture_chains) + " with " +
+                                  std::to_string(V) + " symbols (" +
+                                  (d.markov_vocab > 0 ? "data.markov_vocab" : "model.vocab") +
+                                  ") leaves a chain fewer than 2 symbols of its own: use at most " +
+                                  std::to_string(V / 2) + " chains, or more symbols"};
+            V /= d.mixture_chains;  // each chain's own symbols
+        }
+        i64 states = 1;  // V^k, counted only until it passes the limit (V = 1 stays 1: no loop)
+        for (i64 k = 0; V >= 2 && k < d.markov_order && states <= kMaxMarkovStates; k++)
+            states *= V;
+        if (states > kMaxMarkovStates)
+            throw Problem{{"data.markov_order", "data.markov_vocab"},
+                          "data.markov_order=" + std::to_string(d.markov_order) + " with " +
+                              std::to_string(V) + " symbols needs " + std::to_string(V) + "^" +
+                              std::to_string(d.markov_order) + " Markov states, " +
+                              "more than the limit of 2^22 = " + std::to_string(kMaxMarkovStates) +
+                              ": lower data.markov_order, or set data.markov_vocab below model.vocab"};
+    }
 }
 
 }  // namespace px::config_checks

@@ -1,5 +1,7 @@
-// The checks the config's validation is made of (core/base/config.cpp), and the [precision]
-// section's rules (core/base/config_checks.cpp). Not for use outside core/base/config*.cpp.
+// The config's validation (core/base/config_checks.cpp): check_config, every rule in order, and
+// the checks it is made of. Its Problems name keys but not the source; core/base/config.cpp gives
+// them one (file and line, or the --set that caused them). Not for use outside
+// core/base/config*.cpp.
 //
 // Index
 //   Problem                      a problem with one or more keys, before it gets its source
@@ -14,6 +16,7 @@
 //   check_spikes_keys            every [spikes] key, and window against min_history
 //   fp8_blocks, check_fp8_layers precision.fp8_layers read against model.layers
 //   fp8_compare_recipes, check_fp8_monitor_keys, check_fp8_monitor_across   [fp8_monitor]
+//   check_config                 every rule: single keys in table order, then across keys
 #pragma once
 #include "core/base/config.h"
 
@@ -54,5 +57,8 @@ void check_fp8_layers(const PrecisionConfig& pr, i64 layers);
 std::vector<std::string> fp8_compare_recipes(const std::string& compare);  // "current", "block"
 void check_fp8_monitor_keys(const Fp8MonitorConfig& m);
 void check_fp8_monitor_across(const Fp8MonitorConfig& m, const PrecisionConfig& pr);
+
+// Every rule: single keys in table order, then constraints across keys; throws the first Problem.
+void check_config(const Config& c);
 
 }  // namespace px::config_checks

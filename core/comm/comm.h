@@ -1,16 +1,15 @@
 // Communication: the Communicator interface that every backend implements (in-process threads,
-// core/comm/inproc.h; MPI processes, core/comm/mpi.h; NCCL later), its errors and its accounting.
+// core/comm/inproc.h; MPI processes, core/comm/mpi.h; NCCL later), its errors and its handles.
+// It includes the vocabulary of an operation (core/comm/request.h) and the accounting
+// (core/comm/stats.h), which every user of a communicator speaks.
 //
 // Index
-//   Algo, algo_for        canonical (bitwise mode) or ring (fast mode), for reducing collectives
-//   Dtype, dtype_of       element types a collective moves: f32, f64, i64; b16, b8 (bits only)
-//   Op, op_name           the kinds of operation; labels of the accounting table
+//   Algo, Dtype, Op       an operation's algorithm, element type and kind (core/comm/request.h)
+//   Request               one operation as plain data: what a backend receives (request.h)
+//   Traffic, CommStats    what operations cost one rank, per group (core/comm/stats.h)
+//   StatRow, StatsBook    one rank's accounting of all its groups, as rows (stats.h)
 //   CommError             a collective or message that failed: names it, its group and the ranks
-//   Traffic, traffic      bytes one rank sends and receives for one operation, by its algorithm
-//   OpStats, CommStats    accounting of one group on one rank: per Op calls, bytes, seconds
-//   StatRow, StatsBook    one rank's accounting of all its groups, as rows for metrics
 //   Handle                an asynchronous operation: wait() completes it or throws its error
-//   Request               one operation as plain data: what a backend receives
 //   Communicator          rank, size, group; collectives, send/recv, async variants, split, abort
 //   Decorator             a communicator around another, handing it every operation
 //   ProgressQueue         for backends: async collectives in issue order on a thread of their own
@@ -49,171 +48,26 @@
 // be used from different threads.
 #pragma once
 #include "core/base/error.h"
-#include "core/base/numerics.h"
 #include "core/base/shapes.h"
+#include "core/comm/request.h"
+#include "core/comm/stats.h"
 
-#include <array>
 #include <condition_variable>
-#include <cstdint>
 #include <deque>
 #include <functional>
-#include <iterator>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 namespace px::comm {
-
-// ---- algorithms and element types ------------------------------------------------------------
-
-enum class Algo : std::uint8_t { canonical, ring };
-inline Algo algo_for(Mode mode) {
-    return mode == Mode::bitwise ? Algo::canonical : Algo::ring;
-}
-const char* algo_name(Algo algo);  // "canonical", "ring"
-
-// f32, f64, i64: any collective. b16 and b8 are 16- and 8-bit floats (bf16, fp16; fp8 e4m3, e5m2)
-// moved as their bits: every collective that moves data (pipeline messages, sequence-parallel
-// gathers, ZeRO-3 gathers of a cast weight), none that adds. The numerics contract sums in fp32
-// (docs/numerics.md), so a 16-bit tensor's partial sums travel as f32 and are rounded once after.
-enum class Dtype : std::uint8_t { f32, f64, i64, b16, b8 };
-const char* dtype_name(Dtype dt);  // "f32", "f64", "i64", "b16", "b8"
-i64 dtype_size(Dtype dt);          // bytes per element
-bool can_reduce(Dtype dt);         // f32, f64, i64
-
-template <class T>
-constexpr Dtype dtype_of() {
-    if constexpr (std::is_same_v<T, float>)
-        return Dtype::f32;
-    else if constexpr (std::is_same_v<T, double>)
-        return Dtype::f64;
-    else if constexpr (std::is_same_v<T, std::uint16_t>)
-        return Dtype::b16;
-    else if constexpr (std::is_same_v<T, std::uint8_t>)
-        return Dtype::b8;
-    else {
-        static_assert(std::is_same_v<T, i64>,
-                      "collectives move float, double, px::i64, or 16/8-bit floats as uint16_t/uint8_t");
-        return Dtype::i64;
-    }
-}
-
-// ---- operations ------------------------------------------------------------------------------
-
-enum class Op : std::uint8_t {
-    all_reduce,      // sum over ranks, in place
-    all_reduce_max,  // max over ranks, in place
-    reduce_scatter,  // rank r gets the sum of chunk r
-    all_gather,      // every rank gets every rank's chunk, in rank order
-    all_gather_v,    // the same with per-rank counts
-    broadcast,       // every rank gets root's buffer
-    all_to_all,      // rank r gets chunk r of every rank
-    all_to_all_v,    // the same with per-pair counts
-    send,            // one message to a peer (blocks until the peer received it)
-    recv,            // one message from a peer
-    barrier,         // no rank leaves before every rank arrived
-    split,           // a new communicator per color
-};
-inline constexpr int kNumOps = 12;
-inline constexpr const char* kOpNames[] = {
-    "all_reduce", "all_reduce_max", "reduce_scatter", "all_gather", "all_gather_v", "broadcast",
-    "all_to_all", "all_to_all_v",   "send",           "recv",       "barrier",      "split",
-};
-static_assert(std::size(kOpNames) == kNumOps, "kOpNames and Op are out of sync");
-static_assert(static_cast<int>(Op::split) == kNumOps - 1, "kNumOps and Op are out of sync");
-inline const char* op_name(Op op) {
-    return kOpNames[static_cast<int>(op)];
-}
-bool is_reducing(Op op);  // all_reduce, all_reduce_max, reduce_scatter
-bool is_p2p(Op op);       // send, recv
 
 // ---- errors ----------------------------------------------------------------------------------
 
 struct CommError : Error {
     using Error::Error;
-};
-
-// ---- one operation as data -------------------------------------------------------------------
-
-// What a backend receives. Element counts, never bytes. Pointers stay owned by the caller and
-// must stay valid until the operation completes (return, or Handle::wait()).
-struct Request {
-    Op op = Op::barrier;
-    Dtype dtype = Dtype::f32;
-    Algo algo = Algo::canonical;  // reducing collectives only
-    void* out = nullptr;          // output; all_reduce and broadcast: the buffer (== in)
-    const void* in = nullptr;     // this rank's contribution
-    i64 n = 0;                    // whole buffer (all_reduce, broadcast, send, recv) or per rank
-    std::vector<i64> counts;      // all_gather_v: per-rank counts; all_to_all_v: in counts
-    std::vector<i64> out_counts;  // all_to_all_v: out counts
-    int peer = 0;                 // broadcast root, send destination, recv source
-    int tag = 0;                  // send/recv
-    int color = 0, key = 0;       // split
-    std::string name;             // split: the new group's name
-};
-
-// Bytes this rank sends and receives for req in a group of `size`, by the algorithm's actual
-// traffic (ring all_reduce: 2(p-1)/p·n·elem each way; broadcast: the root sends (p-1)·n·elem).
-struct Traffic {
-    i64 sent = 0;
-    i64 recv = 0;
-};
-Traffic traffic(const Request& req, int rank, int size);
-
-// First element of chunk c when n elements are cut into p chunks [lo(c), lo(c+1)) whose sizes
-// differ by at most 1: the chunks of all_reduce's reduce-scatter phase, for both algorithms.
-inline i64 chunk_lo(i64 n, int p, int c) {
-    return n * c / p;
-}
-
-// ---- accounting ------------------------------------------------------------------------------
-
-struct OpStats {
-    i64 calls = 0;       // completed operations
-    i64 bytes_sent = 0;  // by traffic()
-    i64 bytes_recv = 0;
-    double seconds = 0;  // wall time from start to completion on this rank (waiting included)
-};
-
-struct CommStats {
-    std::string group;       // "world", "dp", "tp", ...
-    int rank = 0, size = 0;  // this rank in the group
-    std::array<OpStats, kNumOps> ops{};
-    const OpStats& operator[](Op op) const { return ops[static_cast<int>(op)]; }
-    OpStats total() const;  // over all operations
-};
-
-struct StatRow {
-    int world_rank = 0;  // the rank (process, thread) whose book this is
-    int rank = 0;        // in the group
-    std::string group;
-    std::string op;  // op_name
-    i64 calls = 0, bytes_sent = 0, bytes_recv = 0;
-    double seconds = 0;
-};
-std::vector<StatRow> stat_rows(const CommStats& s, int world_rank);  // one row per Op used
-
-// One rank's accounting, shared by all communicators of that rank (world and its splits).
-// Groups are keyed by name: two communicators of one rank with the same name share a record.
-// Thread-safe (async operations complete on a progress thread).
-class StatsBook {
-public:
-    explicit StatsBook(int world_rank) : world_rank_(world_rank) {}
-    int world_rank() const { return world_rank_; }
-    void add_group(const std::string& group, int rank, int size);  // no-op when known
-    void record(const std::string& group, const Request& req, double seconds);
-    CommStats stats(const std::string& group) const;  // zeros when unknown
-    std::vector<StatRow> rows() const;                // every group, every Op used
-    void reset();                                     // all counters to zero
-
-private:
-    int world_rank_;
-    mutable std::mutex mu_;
-    std::vector<CommStats> groups_;
 };
 
 // ---- asynchronous operations -----------------------------------------------------------------

@@ -51,7 +51,7 @@
 #pragma once
 #include "core/comm/comm.h"
 #include "core/base/config.h"
-#include "core/parallel/schedule.h"
+#include "core/parallel/pipeline/schedule.h"
 
 #include <cstdint>
 #include <string>
@@ -64,8 +64,8 @@ namespace px {
 enum class Recompute : std::uint8_t { none, full };
 const char* recompute_name(Recompute r);  // "none", "full"
 
-// Context-parallel attention (core/parallel/context_parallel.h): keys and values around the ring
-// to every rank's queries, or an all-to-all from token rows to whole heads and back (Ulysses).
+// Context-parallel attention (core/parallel/context/context_parallel.h): keys and values around the
+// ring to every rank's queries, or an all-to-all from token rows to whole heads and back (Ulysses).
 enum class CpMethod : std::uint8_t { ring, ulysses };
 const char* cp_method_name(CpMethod m);  // "ring", "ulysses"
 
@@ -101,7 +101,7 @@ struct Layout {
     i64 microbatch_size() const { return batch_size / (static_cast<i64>(dp) * microbatches); }
     i64 token_blocks() const { return num_blocks(batch_size * seq_len, block); }
     // ZeRO-2/3 with dp > 1 on one stage cuts the batch into microbatch ranges first and gives
-    // every replica a piece of each (core/parallel/zero.h ZeroUnits): dp rank d's microbatch k
+    // every replica a piece of each (core/parallel/data/zero.h ZeroUnits): dp rank d's microbatch k
     // is piece d of range k. It reduces each unit's gradient as soon as it is complete, which
     // needs every range and piece to be one node of the token tree (pieces_are_nodes); otherwise
     // (and with pp > 1) each replica owns one range, cut into its microbatches (dp-major), and

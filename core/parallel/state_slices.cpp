@@ -1,8 +1,8 @@
 #include "core/parallel/state_slices.h"
 
 #include "core/base/error.h"
-#include "core/parallel/tp_model.h"
-#include "core/parallel/zero.h"
+#include "core/parallel/tensor/tp_model.h"
+#include "core/parallel/data/zero.h"
 
 #include <algorithm>
 #include <cstring>

@@ -4,7 +4,7 @@
 #include "core/comm/mpi.h"
 #include "core/base/error.h"
 #include "core/io/hdf5_util.h"
-#include "core/parallel/pipeline.h"
+#include "core/parallel/pipeline/pipeline.h"
 
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -54,8 +54,8 @@ i64 step_of(const std::string& path) {
 }
 
 // In-process saves: the writer world rank 0 created, shared with the other ranks' threads. It is
-// used and destroyed only under hdf5_lock() (core/io/hdf5_util.h); null once committed or abandoned (destroying it
-// uncommitted removes its temporary file).
+// used and destroyed only under hdf5_lock() (core/io/hdf5_util.h); null once committed or abandoned
+// (destroying it uncommitted removes its temporary file).
 struct SharedWriter {
     std::unique_ptr<CheckpointWriter> writer;
 };

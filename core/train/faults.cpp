@@ -4,7 +4,7 @@
 #include "core/base/error.h"
 #include "core/train/checkpointing.h"
 #include "core/parallel/mesh.h"
-#include "core/parallel/pipeline.h"
+#include "core/parallel/pipeline/pipeline.h"
 
 #include <csignal>
 #include <chrono>

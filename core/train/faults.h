@@ -32,8 +32,8 @@
 //   weights   the weights it holds as a replica (not under ZeRO-3, where it holds a shard), and
 //             under ZeRO >= 1 its shard's weights and Adam moments, whose update only it
 //             computes, and the second copy of the next dp rank's shard that it keeps and
-//             updates from its own copy of that shard's gradient (Job::check_updates,
-//             core/parallel/zero.h): owner and second copy must agree bit for bit;
+//             updates from its own copy of that shard's gradient (DataParallel::check_updates,
+//             core/parallel/data/zero.h): owner and second copy must agree bit for bit;
 //   metrics   the step's loss, gradient norm and validation loss (the same on every rank).
 // Every step is hashed because a fault does not stay where it struck: under ZeRO-1/2 a flipped
 // weight is overwritten by its owner's shard at the next step, after it spread through that

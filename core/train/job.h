@@ -11,8 +11,8 @@
 // progress bar, the run file, core/train/job_view.h).
 //
 // Why every bit equals the single device's under every layout: the parts' headers
-// (core/parallel/<x>/part.h) and the math they use (core/parallel/pipeline.h: stages, data and
-// tensor parallelism within a stage; zero.h; tp_model.h; context_parallel.h; expert_parallel.h).
+// (core/parallel/<x>/part.h) and the math they use (core/parallel/pipeline/pipeline.h: stages, data
+// and tensor parallelism within a stage; zero.h; tp_model.h; context_parallel.h; expert_parallel.h).
 //
 // Index
 //   LocalSnapshot one rank's state between steps, for re-running steps (the replica check)
@@ -83,8 +83,8 @@ public:
     // run() stops after this step, the learning-rate schedule staying train.steps' (a golden
     // trace recorded fewer steps than the job has).
     void stop_after(i64 step) { stop_after_ = step; }
-    // Probes (core/model/probe.h) on every step from now on (null: none; not owned, must outlive the
-    // job's steps): the model's fwd/bwd probes at the batch rows each microbatch holds, each
+    // Probes (core/model/probe.h) on every step from now on (null: none; not owned, must outlive
+    // the job's steps): the model's fwd/bwd probes at the batch rows each microbatch holds, each
     // microbatch's gradient ("mgrad": of a chunk before it joins the others, under ZeRO-2/3 of a
     // unit before its reduce-scatter), then "grad" for every parameter where the grads hooks
     // run, "optim" after the update. Under ZeRO only this rank's shard of a tensor is valid: its

@@ -4,9 +4,9 @@
 
 #include "core/base/error.h"
 #include "core/io/state.h"
-#include "core/parallel/expert_parallel.h"
-#include "core/parallel/pipeline.h"
-#include "core/parallel/tp_model.h"
+#include "core/parallel/expert/expert_parallel.h"
+#include "core/parallel/pipeline/pipeline.h"
+#include "core/parallel/tensor/tp_model.h"
 
 #include <algorithm>
 #include <cstring>

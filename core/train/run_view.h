@@ -14,7 +14,7 @@
 #include "core/base/config.h"
 #include "core/base/metrics.h"
 #include "core/parallel/part.h"
-#include "core/parallel/schedule.h"
+#include "core/parallel/pipeline/schedule.h"
 
 #include <functional>
 #include <string>
@@ -65,8 +65,9 @@ struct StepHooks {
     std::function<UpdateChoice(i64 step, const StepMetrics& m)> judge;
     std::function<void(i64 step)> updated;  // after the update: the weights of the step are final
     // Around each compute action of the rank's schedule (the forward or the backward of one
-    // microbatch and chunk, core/parallel/schedule.h): done = false just before it, true just
-    // after it. A tracer measures the stage's work with it (the workbench's pipeline timeline).
+    // microbatch and chunk, core/parallel/pipeline/schedule.h): done = false just before it, true
+    // just after it. A tracer measures the stage's work with it (the workbench's pipeline
+    // timeline).
     std::function<void(i64 step, const Action& a, bool done)> compute;
 };
 

@@ -1,6 +1,6 @@
 #include "core/train/runner.h"
 
-#include "core/comm/inproc.h"
+#include "core/comm/run_ranks.h"
 #include "core/comm/mpi.h"
 #include "core/train/memory.h"
 #include "core/base/error.h"

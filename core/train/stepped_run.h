@@ -28,7 +28,7 @@
 #pragma once
 #include "core/base/config.h"
 #include "core/comm/comm.h"
-#include "core/comm/inproc.h"
+#include "core/comm/run_ranks.h"
 #include "core/parallel/mesh.h"
 #include "core/train/job.h"
 #include "core/train/runner.h"

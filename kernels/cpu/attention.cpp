@@ -26,8 +26,9 @@
 // its bits are the single device's. In backward
 // dq is local; dk_j and dv_j reduce over the queries of every rank, so a rank gives, for every key
 // j, the value of each of its nodes of the query-block tree (blocks absent below j, as above), and
-// whoever owns key j combines the nodes of all ranks in the tree (core/parallel/context_parallel.h).
-// The whole-sequence kernels are the same code with pos = 0..T-1.
+// whoever owns key j combines the nodes of all ranks in the tree
+// (core/parallel/context/context_parallel.h). The whole-sequence kernels are the same code with
+// pos = 0..T-1.
 #include "core/base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/vecmath.h"

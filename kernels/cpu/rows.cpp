@@ -1,6 +1,6 @@
 // Row-wise pieces of a softmax whose rows are split between ranks (vocabulary-parallel
-// cross-entropy, core/parallel/tensor_parallel.cpp): each rank takes the max and the exp of its
-// slice of a row, and the sums of the tree nodes it owns. The arithmetic is crossentropy.cpp's
+// cross-entropy, core/parallel/tensor/tensor_parallel.cpp): each rank takes the max and the exp of
+// its slice of a row, and the sums of the tree nodes it owns. The arithmetic is crossentropy.cpp's
 // per element (vecmath's max, exp_sub and block sums), so the pieces combine to its result.
 // Threads take whole rows.
 #include "kernels/cpu/cpu_kernels.h"

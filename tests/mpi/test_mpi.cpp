@@ -9,13 +9,13 @@
 // no MPI (in-process runs, single device) are computed by rank 0 while the others wait in a
 // barrier, which polls and sleeps, so oversubscribed ranks leave it the cores.
 #include "core/comm/comm.h"
-#include "core/comm/inproc.h"
+#include "core/comm/run_ranks.h"
 #include "core/comm/mpi.h"
 #include "core/base/config.h"
 #include "core/train/job.h"
 #include "tests/mutations.h"
 #include "core/base/numerics.h"
-#include "core/parallel/pipeline.h"
+#include "core/parallel/pipeline/pipeline.h"
 #include "core/train/runner.h"
 #include "core/io/state.h"
 #include "tests/test_util.h"

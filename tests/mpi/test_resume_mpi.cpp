@@ -11,7 +11,7 @@
 #include "core/io/checkpoint.h"
 #include "core/comm/mpi.h"
 #include "core/base/config.h"
-#include "core/parallel/pipeline.h"
+#include "core/parallel/pipeline/pipeline.h"
 #include "core/train/runner.h"
 #include "core/io/state.h"
 #include "tests/test_util.h"

@@ -2,7 +2,7 @@
 #include "core/parallel/context/part.h"
 
 #include "core/base/error.h"
-#include "core/parallel/context_parallel.h"
+#include "core/parallel/context/context_parallel.h"
 #include "core/parallel/pipeline/part.h"
 
 namespace px {

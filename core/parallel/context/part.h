@@ -13,7 +13,7 @@
 
 namespace px {
 
-class CpAttention;       // core/parallel/context_parallel.h
+class CpAttention;       // core/parallel/context/context_parallel.h
 class PipelineParallel;  // core/parallel/pipeline/part.h
 
 class ContextParallel final : public TrainerPart {

@@ -5,9 +5,9 @@
 #include "core/base/error.h"
 #include "core/io/checkpoint.h"
 #include "core/model/data.h"
-#include "core/parallel/context_parallel.h"
+#include "core/parallel/context/context_parallel.h"
 #include "core/parallel/state_slices.h"
-#include "core/parallel/zero.h"
+#include "core/parallel/data/zero.h"
 #include "kernels/ops.h"
 
 #include <algorithm>

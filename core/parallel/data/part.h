@@ -18,7 +18,7 @@
 #pragma once
 #include "core/model/optimizer.h"
 #include "core/parallel/part.h"
-#include "core/parallel/pipeline.h"
+#include "core/parallel/data/token_tree.h"
 
 #include <functional>
 #include <memory>
@@ -27,7 +27,7 @@
 namespace px {
 
 class TokenSource;  // core/model/data.h
-class ZeroShards;   // core/parallel/zero.h
+class ZeroShards;   // core/parallel/data/zero.h
 class ZeroUnits;
 struct RankState;   // core/parallel/state_slices.h
 

@@ -3,7 +3,7 @@
 
 #include "core/base/error.h"
 #include "core/parallel/data/part.h"
-#include "core/parallel/expert_parallel.h"
+#include "core/parallel/expert/expert_parallel.h"
 
 #include <algorithm>
 

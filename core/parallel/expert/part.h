@@ -18,7 +18,7 @@
 #pragma once
 #include "core/base/arena.h"
 #include "core/parallel/part.h"
-#include "core/parallel/pipeline.h"
+#include "core/parallel/data/token_tree.h"
 
 #include <memory>
 #include <vector>
@@ -26,7 +26,7 @@
 namespace px {
 
 class DataParallel;  // core/parallel/data/part.h
-class EpExchange;    // core/parallel/expert_parallel.h
+class EpExchange;    // core/parallel/expert/expert_parallel.h
 
 class ExpertParallel final : public TrainerPart {
 public:

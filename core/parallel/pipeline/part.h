@@ -12,8 +12,8 @@
 //                      (validation), the tied exchange, the last stage's values to every stage
 #pragma once
 #include "core/parallel/part.h"
-#include "core/parallel/pipeline.h"
-#include "core/parallel/schedule.h"
+#include "core/parallel/pipeline/pipeline.h"
+#include "core/parallel/pipeline/schedule.h"
 
 #include <functional>
 #include <memory>

@@ -3,7 +3,7 @@
 
 #include "core/base/error.h"
 #include "core/io/checkpoint_llmc.h"
-#include "core/parallel/tp_model.h"
+#include "core/parallel/tensor/tp_model.h"
 
 #include <memory>
 #include <vector>

@@ -11,7 +11,7 @@
 
 namespace px {
 
-class TpLayers;  // core/parallel/tp_model.h
+class TpLayers;  // core/parallel/tensor/tp_model.h
 
 class TensorParallel final : public TrainerPart {
 public:
