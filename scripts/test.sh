@@ -78,12 +78,12 @@ lap "ThreadSanitizer suite:"
 
 # The fuzz suite against AddressSanitizer (leaks included) and UndefinedBehaviorSanitizer, after
 # the deterministic cases of what it found (test_bad_inputs.py): any sanitizer report fails the
-# case. HDF5's own leaks on damaged files are suppressed (tests/lsan.supp says why); Parallax's
-# are reported.
+# case. HDF5's own leaks on damaged files are suppressed (tests/support/lsan.supp says why);
+# Parallax's are reported.
 asan_ok=1
 if [ $sanitizers_built -eq 0 ]; then
     ASAN_OPTIONS="detect_leaks=1" \
-    LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0" \
+    LSAN_OPTIONS="suppressions=$PWD/tests/support/lsan.supp:print_suppressions=0" \
     UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
     PARALLAX_EXE="$PWD/build-asan/app/parallax" \
     PARALLAX_FUZZ_BUDGET_S="${PARALLAX_ASAN_FUZZ_BUDGET_S:-60}" PARALLAX_FUZZ_CASE_TIMEOUT_S=120 \

@@ -21,7 +21,7 @@
 // measured quantities only. Floor: a tensor stored in fp32 carries at least one rounding of each
 // element, ‖e‖ ≤ u‖x‖ with u = 2⁻²⁴, so σ̂ is never taken below u‖r‖ (a tensor on which the
 // orderings happen to agree does not get a zero budget).
-// Measured (tests/test_budget.cpp): the block-32 tree sits closer to the block-16 reference than
+// Measured (tests/validators/test_budget.cpp): the block-32 tree sits closer to the block-16 reference than
 // the fast single device does (they share the sequential order inside each block), so it alone
 // underestimates σ and the fast single device would be out of its budget (ratio 1.39). The
 // alternates must therefore include an ordering as different as the candidates' kernels — the
@@ -66,7 +66,7 @@
 // part of it (the alternates miss the casts), so a tensor's budget is the larger of the two. A
 // fast candidate of the same precision sits far inside it (its casts are r's); a wrong one (a
 // layer that reads the wrong weights, a dropped microbatch, a cast to the wrong format) does not
-// (tests/test_budget.cpp).
+// (tests/validators/test_budget.cpp).
 #pragma once
 #include "core/base/config.h"
 #include "core/base/dtype.h"

@@ -1,7 +1,7 @@
 // Gradient checks in fp64 (docs/validation.md): every CPU op's fp32 backward against central finite
 // differences of an fp64 forward of the same op, within a bound derived from fp32 rounding, and
 // the whole model's loss gradient against central differences of a plain fp64 GPT-2. Used by
-// `parallax gradcheck`, tests/test_ops.cpp, tests/test_model.cpp and tests/test_validators.cpp.
+// `parallax gradcheck`, tests/kernels/test_ops.cpp, tests/model/test_model.cpp and tests/validators/test_validators.cpp.
 // The kernels under test are reached through kernels/ops.h.
 //
 // Files: gradcheck_math.h (EB arithmetic, the fp64 references), gradcheck_ops.cpp (the op table:
@@ -43,7 +43,7 @@
 //   * A kernel gradient must match the finite difference within its EB bound plus the FD error,
 //     and the analytic fp64 backward must match it within the FD error (plus its own rounding):
 //     otherwise the reference itself is wrong and the bound means nothing.
-// The whole-model bound is tests/test_model.cpp's: each gradient passes through ~100 fp32 ops
+// The whole-model bound is tests/model/test_model.cpp's: each gradient passes through ~100 fp32 ops
 // (relative error <= ~100·eps32 = 6e-6 of the magnitudes involved), judged against the tensor's
 // gradient scale: |g - fd| <= 1e-4·max|fd| + 1e-3·|fd| + 1e-9; the loss within 60·6e-8·|loss|
 // + 1e-6 (~60 dependent fp32 ops per value). Differences: h = 1e-5 (truncation ~1e-12, rounding
@@ -135,7 +135,7 @@ struct OpProblem {
 
 struct OpDef {
     const char* name;
-    std::vector<OpShape> shapes;  // the shapes tests/test_ops.cpp checks (odd sizes, deep trees)
+    std::vector<OpShape> shapes;  // the shapes tests/kernels/test_ops.cpp checks (odd sizes, deep trees)
     OpShape small;                // the gradcheck shape: every element checked in milliseconds
     std::function<OpProblem(const OpShape&)> make;
 };

@@ -251,7 +251,7 @@ void convert_typed(void* dst, const void* src, std::size_t n) {
 
 // bf16 <-> f32, the bulk conversions the 16-bit paths use most: f32_to_bf16 and bf16_to_f32
 // written without branches (rounding on the bits, NaN chosen by a select), so that the compiler
-// vectorises them; the same bits, NaN payloads included (tests/test_precision_fast.cpp).
+// vectorises them; the same bits, NaN payloads included (tests/layouts/test_precision_fast.cpp).
 template <>
 void convert_typed<DType::bf16, DType::f32>(void* dst, const void* src, std::size_t n) {
     const auto count = static_cast<std::int64_t>(n);

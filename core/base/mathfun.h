@@ -19,7 +19,7 @@
 //   lt gt eq(F, F) -> M, isnan(F) -> M, mor(M, M), select(M, a, b) = m ? a : b
 //   ibits(F) fbits(I)          reinterpret; iadd isub iand ior, sra<k> sll<k>, cvt(I) -> F
 //
-// Accuracy, measured over every float against double libm (tests/test_ops.cpp, "[exhaustive]"):
+// Accuracy, measured over every float against double libm (tests/kernels/test_ops.cpp, "[exhaustive]"):
 // exp 0.988 ulp, log 0.940 ulp, tanh 0.996 ulp, erf 0.991 ulp. The contract is 2 ulp.
 //
 // An ISA translation unit (compiled with -mavx2 or -mavx512f) defines PX_MATHFUN_NO_SCALAR

@@ -21,7 +21,7 @@
 // per-element computation, and the terms are added in a long fixed-point accumulator (ExactSum)
 // whose integer digits are summed over the ranks, so the sum is the same number in any order and
 // on any layout, and is rounded to fp64 once, from its digits. Every layout therefore reports
-// the rows the single device reports, bit for bit (tests/test_validators.cpp). These are
+// the rows the single device reports, bit for bit (tests/validators/test_validators.cpp). These are
 // statistics of the run, never part of its state: the monitor only reads the casts' inputs and
 // outputs, and a run with it on ends in the bits of the run with it off.
 //

@@ -11,7 +11,7 @@
 // Every routine gives, element by element, the bits of core/base/dtype.h's scalar conversions
 // (round to nearest even; bf16 overflows to infinity; fp8 saturates as the OCP spec says; NaNs
 // as dtype.cpp makes them), so the fast paths and the bitwise paths cast alike
-// (tests/test_precision.cpp checks the AVX-512 table against the scalar one on every exponent,
+// (tests/layouts/test_precision.cpp checks the AVX-512 table against the scalar one on every exponent,
 // the rounding boundaries and the specials).
 //
 // Like matmul_kernels.h this header includes nothing with inline std templates, because the

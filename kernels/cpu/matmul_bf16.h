@@ -12,7 +12,7 @@
 // are summed in fp32 (any order: fast mode), and each bf16 output is rounded once, nearest even:
 //   out  = bf16(Σ inp·bf16(w) + bias)        dinp = bf16(dinp + Σ dout·bf16(w))
 //   dweight (fp32) += Σ doutᵀ·inp            dbias (fp32) += Σ dout (canonical column sums)
-// When every sum is exact in fp32 (small integers, as tests/test_precision.cpp uses), both paths
+// When every sum is exact in fp32 (small integers, as tests/layouts/test_precision.cpp uses), both paths
 // therefore give exactly the bits of the reference backend.
 //
 // Which path (bf16_matmul_info): oneDNN's primitive when its ISA has bf16 instructions, AMX-BF16

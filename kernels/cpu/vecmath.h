@@ -9,7 +9,7 @@
 // Every routine computes, per element (or per block), the same sequence of IEEE operations on
 // every ISA: the vector body and the tail run the same template (the tail through masked loads
 // and stores, so it is the same code on a partial vector), and the scalar table runs it on one
-// float at a time. Hence scalar, AVX2 and AVX-512 give identical bits; tests/test_ops.cpp checks.
+// float at a time. Hence scalar, AVX2 and AVX-512 give identical bits; tests/kernels/test_ops.cpp checks.
 // Each ISA lives in its own translation unit and namespace (px::cpu::scalar, ::avx2, ::avx512),
 // so nothing compiled with -mavx512f reaches code that runs on an older CPU.
 #pragma once

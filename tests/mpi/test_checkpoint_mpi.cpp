@@ -8,7 +8,7 @@
 // Every rank runs every test case (Catch2 with MPI initialised in main); each computes the small
 // job's trained state itself (deterministic, milliseconds).
 #include "core/io/checkpoint.h"
-#include "tests/test_util.h"
+#include "tests/support/test_util.h"
 
 #include "tests/mpi/catch_runner.h"
 

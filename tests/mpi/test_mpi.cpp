@@ -3,7 +3,7 @@
 // training run with ranks as processes gives the single-device reference's bits and the
 // in-process run's, for dp, dp×tp, tp×pp and pp×dp layouts with ZeRO; and a rank that skips a
 // collective, calls another one, or aborts makes the others fail within the timeout, naming it;
-// and a test's swap of two partials (tests/mutations.h) gives the in-process bits.
+// and a test's swap of two partials (tests/support/mutations.h) gives the in-process bits.
 //
 // Every rank runs every test case (Catch2 with MPI initialised in main). References that need
 // no MPI (in-process runs, single device) are computed by rank 0 while the others wait in a
@@ -13,12 +13,12 @@
 #include "core/comm/mpi.h"
 #include "core/base/config.h"
 #include "core/train/job.h"
-#include "tests/mutations.h"
+#include "tests/support/mutations.h"
 #include "core/base/numerics.h"
 #include "core/parallel/pipeline/pipeline.h"
 #include "core/train/runner.h"
 #include "core/io/state.h"
-#include "tests/test_util.h"
+#include "tests/support/test_util.h"
 
 #include "tests/mpi/catch_runner.h"
 

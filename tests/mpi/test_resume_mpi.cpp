@@ -14,7 +14,7 @@
 #include "core/parallel/pipeline/pipeline.h"
 #include "core/train/runner.h"
 #include "core/io/state.h"
-#include "tests/test_util.h"
+#include "tests/support/test_util.h"
 
 #include <hdf5.h>
 #include "tests/mpi/catch_runner.h"

@@ -1,5 +1,5 @@
 """The documentation holds together: the README fits on a screen (at most 300 lines), every
-relative link and image in README.md, docs/*.md and validators/README.md points at a file that
+relative link and image in README.md, docs/*.md, validators/README.md and tests/README.md points at a file that
 exists, every #anchor names a heading of its page (GitHub's slugs), and docs/README.md lists
 every page of docs/ and nothing else. Standard library only; no build needed."""
 import re
@@ -14,7 +14,8 @@ README_MAX_LINES = 300
 
 def pages():
     """The markdown files whose links are checked."""
-    return [ROOT / "README.md", ROOT / "validators" / "README.md", *sorted(DOCS.glob("*.md"))]
+    return [ROOT / "README.md", ROOT / "validators" / "README.md", ROOT / "tests" / "README.md",
+            *sorted(DOCS.glob("*.md"))]
 
 
 def ids(paths):
