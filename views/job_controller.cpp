@@ -45,8 +45,7 @@ void JobController::start(const Config& cfg, bool run, const RunHooks& hooks) {
     validate_config(c);
     const Layout layout = make_in_process_layout(c);  // threads and memory: before any thread
     retire();
-    for (std::thread& t : reapers_) t.join();  // the old run's folders are free again
-    reapers_.clear();
+    wait_stopped();  // the old run's folders are free again
     auto view = std::make_shared<JobView>();
     auto trace = std::make_shared<CommTrace>(Mesh(layout, Mesh::Validated{}));
     RunHooks mine = trace->hooks();
@@ -68,6 +67,11 @@ void JobController::start(const Config& cfg, bool run, const RunHooks& hooks) {
     finishing_ = false;
     status_ = JobStatus::starting;
     if (run) run_->advance_to(c.train.steps);
+}
+
+void JobController::wait_stopped() {
+    for (std::thread& t : reapers_) t.join();
+    reapers_.clear();
 }
 
 void JobController::pause() {

@@ -43,6 +43,8 @@ public:
     void single_step();     // one more step, then pause
     void run_to(i64 step);  // on to `step`, then pause (screenshots, measurements)
     void stop();            // ends the run after the step in progress; its snapshot stays readable
+    // Until every stopped run has ended and let go of its folders (its thread joined).
+    void wait_stopped();
     // Each frame: a run that did its last step is finished (observers' on_end), a failed one
     // marks its view failed. Cheap: a few short locks.
     void poll();

@@ -4,6 +4,7 @@
 #include "views/run_files.h"
 #include "core/base/error.h"
 #include "core/train/memory.h"
+#include "core/train/session.h"
 #include "core/train/stepped_run.h"
 
 #define GL_SILENCE_DEPRECATION
@@ -678,9 +679,12 @@ int measure(const WorkbenchOptions& opt) {
     std::vector<double> headless, attached, frames, builds;
     Workbench wb(opt);
     for (int round = 0; round < 3; round++) {
-        {
+        {  // the same run session as the workbench's job (its run file too), without a window
             JobView view;
-            SteppedRun run(cfg, {&view});
+            SessionOptions so;
+            so.observers = {&view};
+            RunSession session(cfg, std::move(so));
+            SteppedRun& run = session.start();
             run.advance_to(steps);
             while (!run.wait(1.0)) {
             }
@@ -697,6 +701,7 @@ int measure(const WorkbenchOptions& opt) {
         frames.insert(frames.end(), wb.frame_ms.begin(), wb.frame_ms.end());
         builds.insert(builds.end(), wb.build_ms.begin(), wb.build_ms.end());
         wb.job().stop();
+        wb.job().wait_stopped();  // its folders free for the next headless run
     }
     std::sort(frames.begin(), frames.end());
     std::sort(builds.begin(), builds.end());

@@ -375,12 +375,10 @@ void DataParallel::entry_sums(const float* g, EntrySums& s) {
     s.done = true;
 }
 
-void DataParallel::update(const float* g, float grad_norm, float lr, int step,
-                          const TrainConfig& tc) {
-    float* grads = const_cast<float*>(g);
-    opt_->step(*model_, grads, grad_norm, lr, step, tc);
+void DataParallel::update(float* g, float grad_norm, float lr, int step, const TrainConfig& tc) {
+    opt_->step(*model_, g, grad_norm, lr, step, tc);
     if (checked_opt_)  // the replica check's second copy of the next rank's update
-        checked_opt_->step(*model_, checked_w_.data(), grads, grad_norm, lr, step, tc);
+        checked_opt_->step(*model_, checked_w_.data(), g, grad_norm, lr, step, tc);
 }
 
 // ZeRO-1/2: every replica updated its shard. ZeRO-3 holds only its shard between steps (under

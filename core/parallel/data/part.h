@@ -76,7 +76,7 @@ public:
     void backward(GPT& model, Activations& acts, int chunk, int m, float dloss);
     float* grads() const;  // the step's gradient buffer (GradLayout)
     // The update of this rank's shard (and the replica check's second copy of the next one).
-    void update(const float* g, float grad_norm, float lr, int step, const TrainConfig& tc);
+    void update(float* g, float grad_norm, float lr, int step, const TrainConfig& tc);
     AdamW& optimizer() { return *opt_; }  // under ZeRO: the moments of [lo, hi)
     const AdamW& optimizer() const { return *opt_; }
     // Floats [lo, hi) of the parameter table whose update this rank computes (its ZeRO shard, or
