@@ -35,7 +35,10 @@
 //   begin_eval, end_eval, end_run  around validation forwards, and after the last step
 //   save, restore  a snapshot between steps; restore(file) after a checkpoint was read
 //   writes         which tensors this rank writes into a checkpoint
-//   probe, memory, stats  what the part shows of itself
+//   probe, memory, stats  what the part shows of itself (memory: measured)
+// And before any of it, from the config alone: each part's static estimate(...) adds what a rank
+// of the layout will hold for it to the memory estimate (core/parallel/estimate.h; summed and
+// checked against the budget by core/train/memory.h).
 #pragma once
 #include "core/base/config.h"
 #include "core/comm/comm.h"

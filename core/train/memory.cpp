@@ -1,9 +1,16 @@
-// The memory estimate of a job (memory.h): per rank from the config's keys, in doubles.
+// The memory estimate of a job (memory.h): per rank from the config's keys, in doubles; each
+// parallelism's terms come from its part (core/parallel/estimate.h).
 #include "core/train/memory.h"
 
 #include "core/base/arena.h"
 #include "core/base/error.h"
+#include "core/parallel/data/part.h"
+#include "core/parallel/estimate.h"
+#include "core/parallel/expert/part.h"
 #include "core/parallel/mesh.h"
+#include "core/parallel/pipeline/part.h"
+#include "core/parallel/tensor/part.h"
+#include "core/train/precision.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,193 +21,6 @@
 namespace px {
 
 namespace {
-
-constexpr double kFloat = 4;  // bytes: weights, gradients, moments and losses are fp32
-
-// The sizes of a config that the estimate reads, as doubles (none of them overflows).
-struct Sizes {
-    double V, T, L, NH, C, F;  // model
-    double tp, pp, v, S, dp;   // layout: S = pp · v virtual stages
-    double cp;                 // context-parallel ranks: replicas of the weights, each with T/cp
-                               // tokens of a sequence (estimated as whole sequences: an upper
-                               // bound)
-    double ep;                 // expert-parallel ranks: E/ep experts each, rows from ep ranks
-    int zero;                  // effective ZeRO stage (0 with one replica)
-    double M;                  // microbatches per replica and step
-    double B, micro_B, local_B, VB;
-    bool recompute, microbatch_major, eval;
-    std::string schedule;
-    double act_bytes;  // bytes of an activation in the run's dtype
-    double markov;     // bytes of one Markov source's tables (0 for token files)
-    bool init_from, export_llmc;
-    double fp8_state;  // floats of fp8 delayed scaling's scales and histories (every rank's)
-    double E, K, FE, FS, FM;  // MoE (core/base/arena.h Dim): 0 without, FM = F
-    double moe_layers;        // layers that are MoE
-};
-
-Sizes sizes_of(const Config& c) {
-    Sizes s{};
-    const ModelConfig& m = c.model;
-    s.V = double(m.vocab), s.T = double(m.seq_len), s.L = double(m.layers);
-    s.NH = double(m.heads), s.C = double(m.hidden), s.F = double(m.ffn);
-    s.E = double(resolve_dim(Dim::E, m)), s.K = double(resolve_dim(Dim::K, m));
-    s.FE = double(resolve_dim(Dim::FE, m)), s.FS = double(resolve_dim(Dim::FS, m));
-    s.FM = double(resolve_dim(Dim::FM, m));
-    for (i64 l = 0; l < m.layers; l++) s.moe_layers += m.moe_layer(l) ? 1 : 0;
-    s.tp = c.layout.tp, s.pp = c.layout.pp, s.v = c.layout.virtual_stages, s.S = s.pp * s.v;
-    s.dp = c.layout.dp;
-    s.cp = c.layout.cp;
-    s.ep = c.layout.ep;
-    s.zero = c.layout.dp / std::max(c.layout.ep, 1) > 1 ? c.layout.zero : 0;
-    s.M = double(c.layout.microbatches > 0 ? c.layout.microbatches : c.train.microbatches);
-    s.B = double(c.train.batch_size);
-    s.local_B = s.B / s.dp;
-    s.micro_B = s.local_B / s.M;
-    s.VB = double(c.train.val_batches);
-    s.eval = c.train.eval_every > 0;
-    s.recompute = c.layout.recompute == "full";
-    {  // as Layout::microbatch_major decides it (ZeroUnits when every piece is a tree node)
-        Layout l;
-        l.dp = c.layout.dp, l.pp = c.layout.pp, l.zero = s.zero;
-        l.microbatches = static_cast<int>(s.M);
-        l.batch_size = c.train.batch_size, l.seq_len = m.seq_len, l.block = c.numerics.block;
-        s.microbatch_major = l.microbatch_major();
-    }
-    s.schedule = c.layout.schedule;
-    s.act_bytes = double(dtype_size(activation_dtype(c.precision)));
-    if (c.precision.fp8 == "delayed")  // (scale + history) per role of at most 4 linears per
-                                       // layer (precision.fp8_layers) and the LM head
-        s.fp8_state = (4 * s.L + (c.precision.fp8_lm_head ? 1 : 0)) * 3 *
-                      (1 + double(c.precision.fp8_amax_history_len));
-    if (c.data.source == "markov" || c.data.source == "mixture") {
-        const bool mix = c.data.source == "mixture";
-        const double all = double(c.data.markov_vocab > 0 ? c.data.markov_vocab : m.vocab);
-        const double n = mix ? double(c.data.mixture_chains) : 1.0;
-        const double V = mix ? std::floor(all / n) : all;  // each chain's symbols
-        const double states = std::pow(V, double(c.data.markov_order));
-        s.markov = n * (16 * states * V + 24 * states);  // rows and their cdf; pi, its cdf, scratch
-    }
-    s.init_from = !m.init_from.empty();
-    s.export_llmc = !c.output.export_llmc.empty();
-    return s;
-}
-
-// A dimension on one tensor-parallel rank (core/base/arena.h TpDims; the vocabulary is cut in
-// rows, the first ranks taking the extra ones).
-double dim(Dim d, const Sizes& s, double B) {
-    switch (d) {
-        case Dim::one:
-            return 1;
-        case Dim::V:
-            return std::ceil(s.V / s.tp);
-        case Dim::T:
-            return s.T;
-        case Dim::C:
-            return s.C;
-        case Dim::C3:
-            return 3 * s.C / s.tp;
-        case Dim::F:
-            return s.F / s.tp;
-        case Dim::NH:
-            return s.NH / s.tp;
-        case Dim::CA:
-            return s.C / s.tp;
-        case Dim::E:
-            return s.E;
-        case Dim::FE:
-            return s.FE;
-        case Dim::EL:
-            return s.E / s.ep;
-        case Dim::EFE:
-            return s.E / s.ep * s.FE;
-        case Dim::EC:
-            return s.E / s.ep * s.C;
-        case Dim::RFE:
-            return s.ep * s.K * s.FE;
-        case Dim::RC:
-            return s.ep * s.K * s.C;
-        case Dim::FS:
-            return s.FS;
-        case Dim::K:
-            return s.K;
-        case Dim::KFE:
-            return s.K * s.FE;
-        case Dim::KC:
-            return s.K * s.C;
-        case Dim::FM:  // a dense layer's ffn shard, or the shared experts held whole
-            return std::max(s.moe_layers < s.L ? s.F / s.tp : 0.0, s.FS);
-        case Dim::B:
-            return B;
-        case Dim::L:
-        case Dim::LS:
-            return 1;  // counted by the caller
-    }
-    return 1;
-}
-
-// Floats of one parameter spec on a tp rank, with the table's alignment.
-double param_floats(const ParamSpec& p, const Sizes& s) {
-    return dim(p.rows, s, 1) * dim(p.cols, s, 1) + 16;
-}
-
-struct Params {
-    double wte = 0, wpe = 0, layer = 0, lnf = 0;
-};
-
-Params params_of(const Sizes& s) {
-    Params p;
-    p.wte = param_floats(kGpt2Params[0], s);
-    p.wpe = param_floats(kGpt2Params[1], s);
-    // a layer's floats: the mean over the model's dense and MoE layers (a MoE layer's plain MLP
-    // is its shared experts', FS wide, absent without them)
-    double dense = 0, moe = 0;
-    Sizes shared = s;
-    shared.F = s.FS;
-    for (int i = 0; i < kNumLayerParams; i++) {
-        const ParamSpec& spec = kGpt2Params[kFirstLayerSpec + i];
-        if (i < kNumDenseLayerParams) dense += param_floats(spec, s);
-        if (i < FCW || i > FCPROJB)
-            moe += i < kNumDenseLayerParams || s.E > 0 ? param_floats(spec, s) : 0;
-        else if (s.FS > 0)
-            moe += param_floats(spec, shared);
-    }
-    p.layer = (dense * (s.L - s.moe_layers) + moe * s.moe_layers) / s.L;
-    for (int i = kFirstLayerSpec + kNumLayerParams; i < kNumParamSpecs; i++)
-        p.lnf += param_floats(kGpt2Params[i], s);
-    return p;
-}
-
-// Activation bytes of one microbatch on `layers` layers in `chunks` model chunks, `heads` of
-// which end in the LM head (kGpt2Acts: a block's internals per layer, or per chunk when blocks
-// are recomputed; the residual stream per layer; scratch per chunk; the head's tensors per head).
-double activation_bytes(const Sizes& s, double layers, double chunks, double heads) {
-    double total = 0;
-    for (const ActSpec& a : kGpt2Acts) {
-        double n = dim(a.d0, s, s.micro_B) * dim(a.d1, s, s.micro_B) * dim(a.d2, s, s.micro_B) *
-                   dim(a.d3, s, s.micro_B);
-        if (&a == &kGpt2Acts[ATT]) n *= s.T;
-        const auto has = [&](Dim d) { return a.d0 == d || a.d1 == d || a.d2 == d || a.d3 == d; };
-        if (a.head)
-            n *= heads;
-        else if (has(Dim::L))
-            n *= layers;
-        else if (has(Dim::LS))
-            n *= s.recompute ? chunks : layers;
-        else
-            n *= chunks;
-        total += n * (a.type == ActType::f32 ? kFloat : s.act_bytes) + 64 * chunks;
-    }
-    return total;
-}
-
-// Activation sets a chunk keeps at once: the trivial schedule one, GPipe every microbatch,
-// 1F1B at most the pipeline's depth (interleaved: about twice that, over its chunks).
-double slots(const Sizes& s) {
-    if (s.pp == 1) return 1;
-    if (s.schedule == "gpipe") return s.M;
-    if (s.schedule == "interleaved") return std::min(s.M, 2 * s.pp);
-    return std::min(s.M, s.pp);
-}
 
 // The parts of the estimate, in the order they are listed.
 enum Item : size_t {
@@ -226,50 +46,23 @@ constexpr const char* kItemNames[] = {"weights",
                                       "whole-model copies"};
 static_assert(sizeof(kItemNames) / sizeof(kItemNames[0]) == kItems, "a name per Item");
 
-// A group of `ranks` stage ranks (a whole pipeline, or one rank) holding P parameter floats,
-// `layers` layers in `chunks` chunks, `heads` LM heads and `lasts` last stages, times `copies`
-// (replicas × tp ranks).
-struct Group {
-    double P, layers, chunks, heads, ranks, lasts, copies;
-};
-
-void add_group(std::vector<MemoryItem>& items, const Sizes& s, const Params& p, const Group& g) {
-    auto add = [&](size_t i, double bytes) { items[i].bytes += bytes * g.copies; };
-    const double unit = std::max({p.layer, p.wte + p.wpe, p.wte + p.lnf});  // a ZeRO unit
-    const double P = g.P;
-    // weights
-    if (s.zero == 3 && s.microbatch_major)
-        add(kWeights, kFloat * (P / s.dp + 2 * unit * g.ranks));
-    else
-        add(kWeights, kFloat * P);
-    // gradients: the buffer, and the microbatch tree's partial buffers; under ep also one buffer
-    // (and tree) per rank of the ep group for its token nodes of this rank's experts
-    if (s.zero >= 2 && s.microbatch_major)
-        add(kGradients, kFloat * (P / s.dp + 2 * unit * g.ranks));
-    else
-        add(kGradients, kFloat * P * (1 + (s.M > 1 ? std::ceil(std::log2(s.M)) : 0)) *
-                            (1 + (s.ep > 1 ? s.ep : 0)));
-    // AdamW moments
-    add(kMoments, 2 * kFloat * P / (s.zero >= 1 ? s.dp / s.ep : 1));  // ep: over dp/ep replicas
-    // activations
-    add(kActivations, slots(s) * activation_bytes(s, g.layers, g.chunks, g.heads));
-    // the batch: windows, inputs, targets, losses, every token's loss, the replicas' gathered
-    const double BT = s.B * s.T;
-    add(kBatch, g.ranks * kFloat *
-                    (s.local_B * (s.T + 1) + 3 * s.local_B * s.T + BT + (s.dp > 1 ? BT : 0)));
-    // validation losses, on the last stages
-    if (s.eval)
-        add(kValidation, g.lasts * kFloat * s.VB * (s.local_B * s.T + (s.dp > 1 ? 2 * BT : 0)));
-    // data tables
-    add(kData, g.ranks * s.markov);
-    // bookkeeping: the schedule's actions, token ranges, the token tree, tensor tables, fp8 state
-    add(kBookkeeping,
-        g.ranks * (6 * s.M * s.S * 32 + s.dp * s.M * 48 + 2 * s.M * 32 + 3 * (4 + 12 * s.L) * 96 +
-                   kFloat * s.fp8_state));
-    // whole-model copies: weights read whole for a tp shard, the final weights for llm.c
-    const double full = (p.wte + p.wpe + s.L * p.layer + p.lnf) * s.tp;
-    add(kCopies,
-        g.ranks * kFloat * full * ((s.init_from && s.tp > 1 ? 1 : 0) + (s.export_llmc ? 2 : 0)));
+// A group's terms: each parallelism's from its part (core/parallel/<x>/part.h estimate), the
+// job's own (its data tables and tensor tables, the llm.c export's copy of the weights).
+void add_group(std::vector<MemoryItem>& items, const MemorySizes& s, const StageParams& p,
+               const MemoryGroup& g) {
+    MemoryTerms t;
+    DataParallel::estimate(s, p, g, t);
+    if (s.ep > 1) ExpertParallel::estimate(s, p, g, t);
+    PipelineParallel::estimate(s, p, g, t);
+    if (s.tp > 1) TensorParallel::estimate(s, p, g, t);
+    Precision::estimate(s, p, g, t);
+    t.data += g.ranks * s.markov;
+    t.bookkeeping += g.ranks * 3 * (4 + 12 * s.L) * 96;  // tensor tables
+    if (s.export_llmc)  // the final weights gathered whole, and their llm.c copy
+        t.copies += g.ranks * kEstimateFloat * (p.wte + p.wpe + s.L * p.layer + p.lnf) * s.tp * 2;
+    const double per_item[kItems] = {t.weights, t.gradients,  t.moments,     t.activations, t.batch,
+                                     t.validation, t.data, t.bookkeeping, t.copies};
+    for (size_t i = 0; i < kItems; i++) items[i].bytes += per_item[i] * g.copies;
 }
 
 // ---- the budget ----
@@ -357,8 +150,8 @@ constexpr Knob kKnobs[] = {
 }  // namespace
 
 MemoryEstimate estimate_memory(const Config& cfg, MemoryScope scope, const MemoryExtras& extras) {
-    const Sizes s = sizes_of(cfg);
-    const Params p = params_of(s);
+    const MemorySizes s = memory_sizes(cfg);
+    const StageParams p = stage_params(s);
     MemoryEstimate e;
     e.items.resize(kItems);
     for (size_t i = 0; i < kItems; i++) e.items[i].what = kItemNames[i];
@@ -383,7 +176,7 @@ MemoryEstimate estimate_memory(const Config& cfg, MemoryScope scope, const Memor
         for (size_t i = 0; i < kItems; i++) e.items[i].bytes = (a >= b ? first : last)[i].bytes;
     }
     if (extras.dump)  // the logical state: weights and both moments of the whole model
-        e.items[kCopies].bytes += 3 * kFloat * (p.wte + p.wpe + s.L * p.layer + p.lnf) * s.tp;
+        e.items[kCopies].bytes += 3 * kEstimateFloat * (p.wte + p.wpe + s.L * p.layer + p.lnf) * s.tp;
     for (const MemoryItem& i : e.items) e.total += i.bytes;
     return e;
 }

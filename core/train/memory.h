@@ -18,7 +18,9 @@
 // gradients (with the microbatch tree's partial buffers), AdamW moments (ZeRO shards them), the
 // activation sets of the microbatches in flight (per the schedule), the batch's token and loss
 // buffers, validation losses, the Markov source's tables, and bookkeeping (schedules, token
-// ranges, tensor tables). It is computed in doubles, so no size overflows. It leaves out what is
+// ranges, tensor tables). Each parallelism's terms are its part's (core/parallel/estimate.h:
+// DataParallel::estimate, PipelineParallel::estimate, ...), so a parallelism adds its memory
+// where it adds its work. It is computed in doubles, so no size overflows. It leaves out what is
 // small or not anonymous memory (a mapped token file is page cache), so it errs low: a job it
 // refuses cannot run; a job it admits is close to its budget only when the estimate says so.
 #pragma once

@@ -12,6 +12,11 @@
 
 namespace px {
 
+void Precision::estimate(const MemorySizes& s, const StageParams& /*p*/, const MemoryGroup& g,
+                         MemoryTerms& t) {
+    t.bookkeeping += g.ranks * kEstimateFloat * s.fp8_state;
+}
+
 Precision::Precision(const RankSetup& rank) : rank_(rank), scaler_(rank.cfg.precision) {}
 
 void Precision::attach(GPT& model) {

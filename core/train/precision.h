@@ -8,6 +8,7 @@
 //               checkpoints and probes
 #pragma once
 #include "core/model/fp8.h"
+#include "core/parallel/estimate.h"
 #include "core/parallel/part.h"
 #include "core/train/loss_scaler.h"
 
@@ -19,6 +20,10 @@ class Precision final : public TrainerPart {
 public:
     explicit Precision(const RankSetup& rank);
     const char* name() const override { return "precision"; }
+    // The memory estimate's terms (core/parallel/estimate.h): what a rank of group g holds for
+    // precision: fp8 delayed scaling's scales and amax histories, from the config's sizes alone, before anything is made.
+    static void estimate(const MemorySizes& s, const StageParams& p, const MemoryGroup& g,
+                         MemoryTerms& t);
 
     // fp16's dynamic loss scale; a scale of 1 that never moves otherwise.
     const LossScaler& loss_scaler() const { return scaler_; }

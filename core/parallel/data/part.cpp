@@ -11,6 +11,7 @@
 #include "kernels/ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace px {
@@ -37,6 +38,29 @@ void leaf_schedule(i64 lo, i64 hi, i64 blocks_per_leaf, std::vector<unsigned cha
 }
 
 }  // namespace
+
+// Under ZeRO-2/3 microbatch-major (ZeroUnits) a rank holds its shard and, while a unit runs, that
+// unit whole (twice: the unit in flight and the one gathered next); otherwise the whole stage, and
+// its gradient with the microbatch tree's partial buffers. The moments are a ZeRO shard over the
+// replicas of a local array (dp/ep under expert parallelism).
+void DataParallel::estimate(const MemorySizes& s, const StageParams& p, const MemoryGroup& g,
+                            MemoryTerms& t) {
+    const double kF = kEstimateFloat, P = g.P;
+    const double unit = std::max({p.layer, p.wte + p.wpe, p.wte + p.lnf});  // a ZeRO unit
+    const bool units = s.microbatch_major;
+    t.weights += s.zero == 3 && units ? kF * (P / s.dp + 2 * unit * g.ranks) : kF * P;
+    t.gradients += s.zero >= 2 && units
+                       ? kF * (P / s.dp + 2 * unit * g.ranks)
+                       : kF * P * (1 + (s.M > 1 ? std::ceil(std::log2(s.M)) : 0));
+    t.moments += 2 * kF * P / (s.zero >= 1 ? s.dp / s.ep : 1);
+    // the batch: windows, inputs, targets, losses, every token's loss, the replicas' gathered
+    const double BT = s.B * s.T;
+    t.batch += g.ranks * kF *
+               (s.local_B * (s.T + 1) + 3 * s.local_B * s.T + BT + (s.dp > 1 ? BT : 0));
+    if (s.eval)  // validation losses, on the last stages
+        t.validation += g.lasts * kF * s.VB * (s.local_B * s.T + (s.dp > 1 ? 2 * BT : 0));
+    t.bookkeeping += g.ranks * (s.dp * s.M * 48 + 2 * s.M * 32);  // token ranges, the tree
+}
 
 DataParallel::DataParallel(const RankSetup& rank) : rank_(rank) {
     // ZeRO: each replica keeps the AdamW moments of one shard of its parameters and updates

@@ -17,6 +17,7 @@
 //                  the ZeRO shards and their state
 #pragma once
 #include "core/model/optimizer.h"
+#include "core/parallel/estimate.h"
 #include "core/parallel/part.h"
 #include "core/parallel/data/token_tree.h"
 
@@ -46,6 +47,11 @@ public:
     explicit DataParallel(const RankSetup& rank);
     ~DataParallel() override;
     const char* name() const override { return "data"; }
+    // The memory estimate's terms (core/parallel/estimate.h): what a rank of group g holds for
+    // the replicas and ZeRO: the weights, gradients (the microbatch tree's
+    // partials; ZeRO-2/3's shard and units), moments, the batch's buffers and the token ranges, from the config's sizes alone, before anything is made.
+    static void estimate(const MemorySizes& s, const StageParams& p, const MemoryGroup& g,
+                         MemoryTerms& t);
 
     // ---- the batch ------------------------------------------------------------------------
     // This replica's first sequence of microbatch m in the step's batch.

@@ -6,8 +6,14 @@
 #include "core/parallel/expert/expert_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace px {
+
+void ExpertParallel::estimate(const MemorySizes& s, const StageParams& /*p*/, const MemoryGroup& g,
+                              MemoryTerms& t) {
+    t.gradients += kEstimateFloat * g.P * (1 + (s.M > 1 ? std::ceil(std::log2(s.M)) : 0)) * s.ep;
+}
 
 ExpertParallel::ExpertParallel(const RankSetup& rank, const DataParallel& data)
     : rank_(rank), data_(data) {

@@ -17,6 +17,7 @@
 //                    accumulators), the backward's nodes, the experts' reduction, their norm
 #pragma once
 #include "core/base/arena.h"
+#include "core/parallel/estimate.h"
 #include "core/parallel/part.h"
 #include "core/parallel/data/token_tree.h"
 
@@ -34,6 +35,11 @@ public:
     ExpertParallel(const RankSetup& rank, const DataParallel& data);
     ~ExpertParallel() override;
     const char* name() const override { return "expert"; }
+    // The memory estimate's terms (core/parallel/estimate.h): what a rank of group g holds for
+    // expert parallelism: a gradient buffer (and its microbatch tree) per rank
+    // of the ep group, for its token nodes of this rank's experts, from the config's sizes alone, before anything is made.
+    static void estimate(const MemorySizes& s, const StageParams& p, const MemoryGroup& g,
+                         MemoryTerms& t);
 
     void plan(ModelPlan& plan) override;  // the stage's part with this rank's experts
     void attach(GPT& model) override;

@@ -4,6 +4,7 @@
 
 #include "core/base/error.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace px {
@@ -14,7 +15,22 @@ namespace {
 constexpr int kTiedTag = 1 << 29;      // the two parts of dwte, first <-> last stage
 constexpr int kEvalTagBase = 1 << 28;  // validation forwards: + the receiving virtual stage
 
+// Activation sets a chunk keeps at once: the trivial schedule one, GPipe every microbatch,
+// 1F1B at most the pipeline's depth (interleaved: about twice that, over its chunks).
+double sets_in_flight(const MemorySizes& s) {
+    if (s.pp == 1) return 1;
+    if (s.schedule == "gpipe") return s.M;
+    if (s.schedule == "interleaved") return std::min(s.M, 2 * s.pp);
+    return std::min(s.M, s.pp);
+}
+
 }  // namespace
+
+void PipelineParallel::estimate(const MemorySizes& s, const StageParams& /*p*/,
+                                const MemoryGroup& g, MemoryTerms& t) {
+    t.activations += sets_in_flight(s) * activation_set_bytes(s, g.layers, g.chunks, g.heads);
+    t.bookkeeping += g.ranks * 6 * s.M * s.S * 32;  // the schedule's actions
+}
 
 PipelineParallel::PipelineParallel(const RankSetup& rank)
     : rank_(rank), schedule_(rank.mesh.schedule()) {

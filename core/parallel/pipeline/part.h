@@ -11,6 +11,7 @@
 //   PipelineParallel   the part: stage ownership, run (one step's actions), forward_only
 //                      (validation), the tied exchange, the last stage's values to every stage
 #pragma once
+#include "core/parallel/estimate.h"
 #include "core/parallel/part.h"
 #include "core/parallel/pipeline/pipeline.h"
 #include "core/parallel/pipeline/schedule.h"
@@ -34,6 +35,11 @@ public:
     explicit PipelineParallel(const RankSetup& rank);
     ~PipelineParallel() override;
     const char* name() const override { return "pipeline"; }
+    // The memory estimate's terms (core/parallel/estimate.h): what a rank of group g holds for
+    // the schedule: the activation sets of the microbatches in flight on its
+    // chunks, and the schedule's actions, from the config's sizes alone, before anything is made.
+    static void estimate(const MemorySizes& s, const StageParams& p, const MemoryGroup& g,
+                         MemoryTerms& t);
 
     const Schedule& schedule() const { return schedule_; }
     ModelPart stage_part() const { return parts_[static_cast<size_t>(rank_.at.pp)]; }

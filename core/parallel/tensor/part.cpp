@@ -10,6 +10,12 @@
 
 namespace px {
 
+void TensorParallel::estimate(const MemorySizes& s, const StageParams& p, const MemoryGroup& g,
+                              MemoryTerms& t) {
+    if (s.init_from)
+        t.copies += g.ranks * kEstimateFloat * (p.wte + p.wpe + s.L * p.layer + p.lnf) * s.tp;
+}
+
 void TensorParallel::plan(ModelPlan& plan) {
     plan.layers = std::make_shared<const TpLayers>(*rank_.groups.tp, rank_.nx, rank_.cfg.model,
                                                    rank_.cfg.layout.sequence_parallel);

@@ -7,6 +7,7 @@
 // Index
 //   TensorParallel   the part: plan (the parallel layers), load_weights, entry_sums, writes
 #pragma once
+#include "core/parallel/estimate.h"
 #include "core/parallel/part.h"
 
 namespace px {
@@ -17,6 +18,11 @@ class TensorParallel final : public TrainerPart {
 public:
     explicit TensorParallel(const RankSetup& rank) : rank_(rank) {}
     const char* name() const override { return "tensor"; }
+    // The memory estimate's terms (core/parallel/estimate.h): what a rank of group g holds for
+    // tensor parallelism beyond its shards: model.init_from's logical tensors,
+    // read whole before each rank keeps its slices, from the config's sizes alone, before anything is made.
+    static void estimate(const MemorySizes& s, const StageParams& p, const MemoryGroup& g,
+                         MemoryTerms& t);
 
     void plan(ModelPlan& plan) override;
     void attach(GPT& model) override { model_ = &model; }

@@ -1,0 +1,167 @@
+// The memory estimate's model-level pieces (estimate.h).
+#include "core/parallel/estimate.h"
+
+#include "core/parallel/mesh.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace px {
+
+MemorySizes memory_sizes(const Config& c) {
+    MemorySizes s{};
+    const ModelConfig& m = c.model;
+    s.V = double(m.vocab), s.T = double(m.seq_len), s.L = double(m.layers);
+    s.NH = double(m.heads), s.C = double(m.hidden), s.F = double(m.ffn);
+    s.E = double(resolve_dim(Dim::E, m)), s.K = double(resolve_dim(Dim::K, m));
+    s.FE = double(resolve_dim(Dim::FE, m)), s.FS = double(resolve_dim(Dim::FS, m));
+    s.FM = double(resolve_dim(Dim::FM, m));
+    for (i64 l = 0; l < m.layers; l++) s.moe_layers += m.moe_layer(l) ? 1 : 0;
+    s.tp = c.layout.tp, s.pp = c.layout.pp, s.v = c.layout.virtual_stages, s.S = s.pp * s.v;
+    s.dp = c.layout.dp;
+    s.cp = c.layout.cp;
+    s.ep = c.layout.ep;
+    s.zero = c.layout.dp / std::max(c.layout.ep, 1) > 1 ? c.layout.zero : 0;
+    s.M = double(c.layout.microbatches > 0 ? c.layout.microbatches : c.train.microbatches);
+    s.B = double(c.train.batch_size);
+    s.local_B = s.B / s.dp;
+    s.micro_B = s.local_B / s.M;
+    s.VB = double(c.train.val_batches);
+    s.eval = c.train.eval_every > 0;
+    s.recompute = c.layout.recompute == "full";
+    {  // as Layout::microbatch_major decides it (ZeroUnits when every piece is a tree node)
+        Layout l;
+        l.dp = c.layout.dp, l.pp = c.layout.pp, l.zero = s.zero;
+        l.microbatches = static_cast<int>(s.M);
+        l.batch_size = c.train.batch_size, l.seq_len = m.seq_len, l.block = c.numerics.block;
+        s.microbatch_major = l.microbatch_major();
+    }
+    s.schedule = c.layout.schedule;
+    s.act_bytes = double(dtype_size(activation_dtype(c.precision)));
+    if (c.precision.fp8 == "delayed")  // (scale + history) per role of at most 4 linears per
+                                       // layer (precision.fp8_layers) and the LM head
+        s.fp8_state = (4 * s.L + (c.precision.fp8_lm_head ? 1 : 0)) * 3 *
+                      (1 + double(c.precision.fp8_amax_history_len));
+    if (c.data.source == "markov" || c.data.source == "mixture") {
+        const bool mix = c.data.source == "mixture";
+        const double all = double(c.data.markov_vocab > 0 ? c.data.markov_vocab : m.vocab);
+        const double n = mix ? double(c.data.mixture_chains) : 1.0;
+        const double V = mix ? std::floor(all / n) : all;  // each chain's symbols
+        const double states = std::pow(V, double(c.data.markov_order));
+        s.markov = n * (16 * states * V + 24 * states);  // rows and their cdf; pi, its cdf, scratch
+    }
+    s.init_from = !m.init_from.empty();
+    s.export_llmc = !c.output.export_llmc.empty();
+    return s;
+}
+
+// A dimension on one tensor-parallel rank (core/base/arena.h TpDims; the vocabulary is cut in
+// rows, the first ranks taking the extra ones).
+double memory_dim(Dim d, const MemorySizes& s, double B) {
+    switch (d) {
+        case Dim::one:
+            return 1;
+        case Dim::V:
+            return std::ceil(s.V / s.tp);
+        case Dim::T:
+            return s.T;
+        case Dim::C:
+            return s.C;
+        case Dim::C3:
+            return 3 * s.C / s.tp;
+        case Dim::F:
+            return s.F / s.tp;
+        case Dim::NH:
+            return s.NH / s.tp;
+        case Dim::CA:
+            return s.C / s.tp;
+        case Dim::E:
+            return s.E;
+        case Dim::FE:
+            return s.FE;
+        case Dim::EL:
+            return s.E / s.ep;
+        case Dim::EFE:
+            return s.E / s.ep * s.FE;
+        case Dim::EC:
+            return s.E / s.ep * s.C;
+        case Dim::RFE:
+            return s.ep * s.K * s.FE;
+        case Dim::RC:
+            return s.ep * s.K * s.C;
+        case Dim::FS:
+            return s.FS;
+        case Dim::K:
+            return s.K;
+        case Dim::KFE:
+            return s.K * s.FE;
+        case Dim::KC:
+            return s.K * s.C;
+        case Dim::FM:  // a dense layer's ffn shard, or the shared experts held whole
+            return std::max(s.moe_layers < s.L ? s.F / s.tp : 0.0, s.FS);
+        case Dim::B:
+            return B;
+        case Dim::L:
+        case Dim::LS:
+            return 1;  // counted by the caller
+    }
+    return 1;
+}
+
+// Floats of one parameter spec on a tp rank, with the table's alignment.
+namespace {
+
+double param_floats(const ParamSpec& p, const MemorySizes& s) {
+    return memory_dim(p.rows, s, 1) * memory_dim(p.cols, s, 1) + 16;
+}
+
+}  // namespace
+
+
+StageParams stage_params(const MemorySizes& s) {
+    StageParams p;
+    p.wte = param_floats(kGpt2Params[0], s);
+    p.wpe = param_floats(kGpt2Params[1], s);
+    // a layer's floats: the mean over the model's dense and MoE layers (a MoE layer's plain MLP
+    // is its shared experts', FS wide, absent without them)
+    double dense = 0, moe = 0;
+    MemorySizes shared = s;
+    shared.F = s.FS;
+    for (int i = 0; i < kNumLayerParams; i++) {
+        const ParamSpec& spec = kGpt2Params[kFirstLayerSpec + i];
+        if (i < kNumDenseLayerParams) dense += param_floats(spec, s);
+        if (i < FCW || i > FCPROJB)
+            moe += i < kNumDenseLayerParams || s.E > 0 ? param_floats(spec, s) : 0;
+        else if (s.FS > 0)
+            moe += param_floats(spec, shared);
+    }
+    p.layer = (dense * (s.L - s.moe_layers) + moe * s.moe_layers) / s.L;
+    for (int i = kFirstLayerSpec + kNumLayerParams; i < kNumParamSpecs; i++)
+        p.lnf += param_floats(kGpt2Params[i], s);
+    return p;
+}
+
+// Activation bytes of one microbatch on `layers` layers in `chunks` model chunks, `heads` of
+// which end in the LM head (kGpt2Acts: a block's internals per layer, or per chunk when blocks
+// are recomputed; the residual stream per layer; scratch per chunk; the head's tensors per head).
+double activation_set_bytes(const MemorySizes& s, double layers, double chunks, double heads) {
+    double total = 0;
+    for (const ActSpec& a : kGpt2Acts) {
+        double n = memory_dim(a.d0, s, s.micro_B) * memory_dim(a.d1, s, s.micro_B) *
+                   memory_dim(a.d2, s, s.micro_B) * memory_dim(a.d3, s, s.micro_B);
+        if (&a == &kGpt2Acts[ATT]) n *= s.T;
+        const auto has = [&](Dim d) { return a.d0 == d || a.d1 == d || a.d2 == d || a.d3 == d; };
+        if (a.head)
+            n *= heads;
+        else if (has(Dim::L))
+            n *= layers;
+        else if (has(Dim::LS))
+            n *= s.recompute ? chunks : layers;
+        else
+            n *= chunks;
+        total += n * (a.type == ActType::f32 ? kEstimateFloat : s.act_bytes) + 64 * chunks;
+    }
+    return total;
+}
+
+}  // namespace px
