@@ -3,6 +3,7 @@
 // Index
 //   Backend           the kernels of one backend: one entry per op direction (kernels/op_list.h),
 //                     null where it has none
+//   Acts, op_serves   the activation dtypes an op's kernels serve (op_list.h)
 //   backend_from      a Backend whose entries are the static functions of a class, by name
 //   op_of             the op an entry serves
 //   Role, Operands    the part an operand plays in an op, and the dtype a backend wants for each
@@ -19,8 +20,8 @@
 // weight gradients), as its Operands say. A backend serves any set of (device, dtype, mode) keys:
 // the CPU fp32 kernels handle both modes themselves; a cuBLAS backend would register for fast
 // mode only. Adding a backend or a dtype is a class with one static function per entry of
-// op_list.h (or a nullptr constant where it has none), its Backend value from backend_from, and
-// its lines in kRegistry (backend.cpp). The members of Backend come from op_list.h, so a new op
+// op_list.h whose op serves its activation dtype, its Backend value from backend_from, and its
+// lines in kRegistry (backend.cpp). The members of Backend come from op_list.h, so a new op
 // adds no line here (the steps: kernels/ops.h).
 #pragma once
 #include "kernels/ops.h"
@@ -45,12 +46,22 @@ struct Operands {
     DType of(Role r) const;
 };
 
+// The activation dtypes an op's kernels serve (op_list.h): every backend's, or fp32's only.
+enum class Acts : std::uint8_t { any, f32 };
+inline constexpr Acts kOpActs[] = {
+#define PX_OP(op, acts) Acts::acts,
+#include "kernels/op_list.h"
+};
+constexpr bool op_serves(Op op, DType act) {
+    return kOpActs[static_cast<size_t>(op)] == Acts::any || act == DType::f32;
+}
+
 struct Backend {
     const char* name;   // "cpu f32"
     Operands operands;  // the dtype of each role; a backend's key dtype is operands.act
     // One function pointer per entry of op_list.h, named after it:
     //   void (*matmul_forward)(const Numerics&, const Tensor& out, ...);
-#define PX_ENTRY(op, entry, ret, params) ret(*entry) params;
+#define PX_ENTRY(op, entry, ret, params) ret(*entry) params = nullptr;
 #include "kernels/op_list.h"
     // Which kernel runs the matmuls in nx's mode, on which hardware path (ops::matmul_path).
     std::string (*matmul_path)(const Numerics&) = nullptr;
@@ -58,17 +69,17 @@ struct Backend {
     bool has(Op op) const;  // every entry of op is there
 };
 
-// The Backend whose entries are K's static functions (or nullptr constants) named after them,
-// with K::operands and K::matmul_path. A K lacking an entry does not compile: each backend says.
+// The Backend whose entries are K's static functions named after them, for every op that serves
+// K's activation dtype (op_serves; the others' are null), with K::operands and K::matmul_path. A
+// K lacking an entry of an op it serves does not compile: each backend says.
 template <class K>
 constexpr Backend backend_from(const char* name) {
-    return Backend{
-        .name = name,
-        .operands = K::operands,
-#define PX_ENTRY(op, entry, ret, params) .entry = K::entry,
+    Backend b{.name = name, .operands = K::operands};
+#define PX_ENTRY(op, entry, ret, params) \
+    if constexpr (op_serves(Op::op, K::operands.act)) b.entry = K::entry;
 #include "kernels/op_list.h"
-        .matmul_path = K::matmul_path,
-    };
+    b.matmul_path = K::matmul_path;
+    return b;
 }
 
 // The op an entry serves: op_of(&Backend::gelu_backward) is Op::gelu (Op::kCount for none).

@@ -15,7 +15,7 @@ namespace px::ops {
 namespace {
 
 constexpr const char* kOpNames[] = {
-#define PX_OP(op) #op,
+#define PX_OP(op, acts) #op,
 #include "kernels/op_list.h"
 };
 static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == static_cast<size_t>(Op::kCount),

@@ -26,10 +26,11 @@
 //
 // Adding an op:
 //   1. its kernel: kernels/cpu/<op>.cpp, declared in kernels/cpu/cpu_kernels.h;
-//   2. its lines in kernels/op_list.h: the op, and one entry per direction with its signature;
+//   2. its lines in kernels/op_list.h: the op and the activation dtypes it serves, and one entry
+//      per direction with its signature;
 //   3. its public function here (the entry's signature, checked) and its shape checks in ops.cpp;
-//   4. each backend's function of that name (kernels/cpu/backend.cpp adapts the fp32 kernel;
-//      the 16-bit backends' or an explicit nullptr: the build stops until every backend says);
+//   4. each serving backend's function of that name (kernels/cpu/backend.cpp adapts the fp32
+//      kernel, kernels/cpu/bf16_backend.cpp the 16-bit ones: the build stops until each has it);
 //   5. its fp64 reference, struct and one line in op_table() of the gradient check
 //      (validators/gradcheck_math.h, validators/gradcheck_ops.cpp).
 #pragma once
@@ -42,7 +43,7 @@ namespace px::ops {
 
 // The ops, in the order of kernels/op_list.h.
 enum class Op : std::uint8_t {
-#define PX_OP(op) op,
+#define PX_OP(op, acts) op,
 #include "kernels/op_list.h"
     kCount
 };

@@ -253,15 +253,6 @@ struct Narrow {
         f32().row_sum(nx, out, *w);
     }
 
-    // Context parallelism runs fp32 for now.
-    static constexpr std::nullptr_t attention_queries_scores = nullptr;
-    static constexpr std::nullptr_t attention_queries_softmax = nullptr;
-    static constexpr std::nullptr_t attention_queries_backward = nullptr;
-    // The optimizer runs on fp32 master weights (the fp32 backend).
-    static constexpr std::nullptr_t adamw_update = nullptr;
-    static constexpr std::nullptr_t sum_squares = nullptr;
-    static constexpr std::nullptr_t sum_squares_blocks = nullptr;
-
     static std::string matmul_path(const Numerics& nx) {
         return nx.mode == Mode::fast
                    ? "fp32 sgemm on 16-bit values"
