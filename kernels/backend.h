@@ -8,7 +8,7 @@
 //   op_of             the op an entry serves
 //   Role, Operands    the part an operand plays in an op, and the dtype a backend wants for each
 //   find_backend      the backend registered for a device, dtype and numerics mode (null: none)
-//   last_dim, rows    sizes read from an operand
+//   last_dim, rows, row_stride   sizes read from an operand
 //   cpu::f32_backend  the CPU fp32 backend (kernels/cpu/backend.cpp)
 //   cpu::bf16_backend bf16 activations computed by the fp32 kernels (kernels/cpu/bf16_backend.cpp)
 //   cpu::f16_backend  fp16 activations, the same template (kernels/cpu/bf16_backend.cpp)
@@ -102,6 +102,17 @@ inline i64 last_dim(const Tensor& t) {
 inline i64 rows(const Tensor& t) {
     i64 n = 1;
     for (int d = 0; d + 1 < t.ndim; d++) n *= t.shape[d];
+    return n;
+}
+// The distance, in elements, between the rows of t that its first `lead` dimensions make (the
+// other dimensions contiguous within a row, the rows one stride apart: ops.cpp checks): the
+// stride of the innermost of those dimensions that has more than one element; a row's size when
+// there is one row. A contiguous tensor's is its row size; a column slice's, the whole row's.
+inline i64 row_stride(const Tensor& t, int lead) {
+    for (int d = lead - 1; d >= 0; d--)
+        if (t.shape[d] > 1) return t.strides[d];
+    i64 n = 1;
+    for (int d = lead; d < t.ndim; d++) n *= t.shape[d];
     return n;
 }
 

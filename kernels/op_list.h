@@ -47,10 +47,36 @@ PX_ENTRY(layernorm, layernorm_backward, void,
           const Tensor& dout, const Tensor& inp, const Tensor& weight, const Tensor& mean,
           const Tensor& rstd))
 
+PX_OP(rmsnorm, any)
+PX_ENTRY(rmsnorm, rmsnorm_forward, void,
+         (const Numerics&, const Tensor& out, const Tensor& rstd, const Tensor& inp,
+          const Tensor& weight, float eps))
+PX_ENTRY(rmsnorm, rmsnorm_backward, void,
+         (const Numerics&, const Tensor* dinp, const Tensor* dweight, const Tensor& dout,
+          const Tensor& inp, const Tensor& weight, const Tensor& rstd))
+
 PX_OP(gelu, any)
 PX_ENTRY(gelu, gelu_forward, void, (const Numerics&, const Tensor& out, const Tensor& inp))
 PX_ENTRY(gelu, gelu_backward, void,
          (const Numerics&, const Tensor& dinp, const Tensor& inp, const Tensor& dout))
+
+PX_OP(swiglu, any)
+PX_ENTRY(swiglu, swiglu_forward, void,
+         (const Numerics&, const Tensor& out, const Tensor& gate, const Tensor& up))
+PX_ENTRY(swiglu, swiglu_backward, void,
+         (const Numerics&, const Tensor& dgate, const Tensor& dup, const Tensor& gate,
+          const Tensor& up, const Tensor& dout))
+
+PX_OP(rope, any)
+PX_ENTRY(rope, rope_table, void,
+         (const Numerics&, const Tensor& cos, const Tensor& sin, double theta,
+          const ops::RopeScaling& scaling))
+PX_ENTRY(rope, rope_forward, void,
+         (const Numerics&, const Tensor& out, const Tensor& inp, const Tensor& cos,
+          const Tensor& sin, const i64* pos))
+PX_ENTRY(rope, rope_backward, void,
+         (const Numerics&, const Tensor& dinp, const Tensor& dout, const Tensor& cos,
+          const Tensor& sin, const i64* pos))
 
 PX_OP(attention, any)
 PX_ENTRY(attention, attention_forward, void,

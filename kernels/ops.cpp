@@ -1,9 +1,12 @@
 #include "kernels/ops.h"
 
 #include "core/base/error.h"
+#include "core/base/mathfun.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/casts.h"
+#include "kernels/cpu/cpu_kernels.h"
 
+#include <cmath>
 #include <initializer_list>
 #include <mutex>
 #include <string>
@@ -88,6 +91,28 @@ const Backend& dispatch(const Numerics& nx, Op op, std::initializer_list<Arg> op
     return *b;
 }
 
+// t's rows, for an op whose operands may be column slices: its first `lead` dimensions make the
+// rows, the others are contiguous within a row, and the rows are one stride apart (row_stride,
+// backend.h) without overlapping.
+void check_rows(Op op, const Tensor& t, int lead) {
+    bool ok = t.ndim >= lead;
+    i64 inner = 1;
+    for (int d = t.ndim - 1; ok && d >= lead; d--) {
+        ok = t.shape[d] <= 1 || t.strides[d] == inner;
+        inner *= t.shape[d];
+    }
+    const i64 ld = row_stride(t, lead);
+    i64 span = ld, n = 1;
+    for (int d = lead - 1; ok && d >= 0; d--) {
+        ok = t.shape[d] <= 1 || t.strides[d] == span;
+        span *= t.shape[d];
+        n *= t.shape[d];
+    }
+    PX_ASSERT(ok && (n <= 1 || ld >= inner),
+              std::string("op ") + op_name(op) + ": operand '" + t.name +
+                  "' must hold each row contiguous, the rows one stride apart");
+}
+
 // Entry `entry` of the backend for its op, once the operands are checked (dispatch). The wrapper
 // checks its shapes, then calls it.
 template <class Fn>
@@ -153,6 +178,31 @@ void layernorm_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dw
             {G, dbias}})(nx, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
 }
 
+void rmsnorm_forward(const Numerics& nx, const Tensor& out, const Tensor& rstd, const Tensor& inp,
+                     const Tensor& weight, float eps) {
+    const auto run =
+        kernel(nx, &Backend::rmsnorm_forward, {{A, &out}, {S, &rstd}, {A, &inp}, {W, &weight}});
+    const i64 C = last_dim(inp), BT = rows(inp);
+    PX_ASSERT(weight.numel() == C && rstd.numel() == BT && out.numel() == inp.numel(),
+              "rmsnorm shapes");
+    PX_ASSERT(eps >= 0.0f && std::isfinite(eps), "rmsnorm: eps must be finite and not negative");
+    run(nx, out, rstd, inp, weight, eps);
+}
+
+void rmsnorm_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
+                      const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                      const Tensor& rstd) {
+    const auto run =
+        kernel(nx, &Backend::rmsnorm_backward,
+               {{A, &dout}, {A, &inp}, {W, &weight}, {S, &rstd}, {A, dinp}, {G, dweight}});
+    const i64 C = last_dim(inp), BT = rows(inp);
+    PX_ASSERT(weight.numel() == C && rstd.numel() == BT && dout.numel() == inp.numel() &&
+                  (dinp == nullptr || dinp->numel() == inp.numel()) &&
+                  (dweight == nullptr || dweight->numel() == C),
+              "rmsnorm_backward shapes");
+    run(nx, dinp, dweight, dout, inp, weight, rstd);
+}
+
 void gelu_forward(const Numerics& nx, const Tensor& out, const Tensor& inp) {
     const auto run = kernel(nx, &Backend::gelu_forward, {{A, &out}, {A, &inp}});
     PX_ASSERT(out.numel() == inp.numel(), "gelu shapes");
@@ -161,6 +211,113 @@ void gelu_forward(const Numerics& nx, const Tensor& out, const Tensor& inp) {
 
 void gelu_backward(const Numerics& nx, const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
     kernel(nx, &Backend::gelu_backward, {{A, &dinp}, {A, &inp}, {A, &dout}})(nx, dinp, inp, dout);
+}
+
+namespace {
+
+// swiglu's operands: (BT,F) rows each, gate's and up's one stride apart (the halves of one
+// (BT,2F) tensor, or two tensors of one shape).
+void check_swiglu(const Tensor& gate, const Tensor& up, std::initializer_list<const Tensor*> same) {
+    const i64 F = last_dim(gate), BT = rows(gate);
+    for (const Tensor* t : {&gate, &up}) check_rows(Op::swiglu, *t, t->ndim - 1);
+    for (const Tensor* t : same) {
+        check_rows(Op::swiglu, *t, t->ndim - 1);
+        PX_ASSERT(last_dim(*t) == F && rows(*t) == BT,
+                  std::string("swiglu: operand '") + t->name + "' is not (BT,F) as gate");
+    }
+    PX_ASSERT(last_dim(up) == F && rows(up) == BT &&
+                  row_stride(gate, gate.ndim - 1) == row_stride(up, up.ndim - 1),
+              std::string("swiglu: gate '") + gate.name + "' and up '" + up.name +
+                  "' must have one shape (BT,F) and one row stride");
+}
+
+}  // namespace
+
+void swiglu_forward(const Numerics& nx, const Tensor& out, const Tensor& gate, const Tensor& up) {
+    const auto run =
+        kernel(nx, &Backend::swiglu_forward, {{A, &out}, {A, &gate}, {A, &up}}, Layout::rows);
+    check_swiglu(gate, up, {&out});
+    run(nx, out, gate, up);
+}
+
+void swiglu_backward(const Numerics& nx, const Tensor& dgate, const Tensor& dup, const Tensor& gate,
+                     const Tensor& up, const Tensor& dout) {
+    const auto run =
+        kernel(nx, &Backend::swiglu_backward,
+               {{A, &dgate}, {A, &dup}, {A, &gate}, {A, &up}, {A, &dout}}, Layout::rows);
+    check_swiglu(gate, up, {&dout});
+    check_swiglu(dgate, dup, {&gate});
+    run(nx, dgate, dup, gate, up, dout);
+}
+
+std::vector<float> rope_inv_freq(i64 HS, double theta, const RopeScaling& scaling) {
+    if (HS <= 0 || HS % 2 != 0)
+        throw Error("rope: the head size " + std::to_string(HS) +
+                    " is not even; rotary embeddings turn pairs of channels");
+    if (!(theta > 0.0) || !std::isfinite(theta))
+        throw Error("rope: theta " + std::to_string(theta) + " is not a positive finite number");
+    const RopeScaling& s = scaling;
+    if (s.factor != 0.0 &&
+        !(s.factor > 0.0 && s.low_freq_factor > 0.0 && s.high_freq_factor > s.low_freq_factor &&
+          s.original_max_position_embeddings > 0.0 && std::isfinite(s.factor) &&
+          std::isfinite(s.high_freq_factor) && std::isfinite(s.original_max_position_embeddings)))
+        throw Error(
+            "rope: Llama 3.1 scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor "
+            "and original_max_position_embeddings > 0 (factor 0: no scaling)");
+    std::vector<float> inv(static_cast<size_t>(HS / 2));
+    cpu::rope_inv_freq(inv.data(), HS, theta, s.factor, s.low_freq_factor, s.high_freq_factor,
+                       s.original_max_position_embeddings);
+    return inv;
+}
+
+void rope_table(const Numerics& nx, const Tensor& cos, const Tensor& sin, double theta,
+                const RopeScaling& scaling) {
+    const auto run = kernel(nx, &Backend::rope_table, {{S, &cos}, {S, &sin}});
+    PX_ASSERT(cos.ndim == 2 && sin.ndim == 2 && cos.shape == sin.shape,
+              "rope_table: cos and sin must both be (maxT, HS/2)");
+    const i64 maxT = cos.shape[0];
+    for (float f : rope_inv_freq(2 * cos.shape[1], theta, scaling))
+        if (maxT > 0 && !(float(maxT - 1) * f <= mathfun::kTrigMax))
+            throw Error("rope_table: position " + std::to_string(maxT - 1) + " × frequency " +
+                        std::to_string(f) +
+                        " leaves sin/cos's domain |x| <= 2^20; use fewer positions");
+    run(nx, cos, sin, theta, scaling);
+}
+
+namespace {
+
+// rope's operands: x (B,T,NH,HS) with each token's NH·HS channels contiguous, tokens one stride
+// apart; the table's cos and sin (maxT, HS/2), contiguous.
+void check_rope(const Tensor& x, const Tensor& other, const Tensor& cos, const Tensor& sin) {
+    PX_ASSERT(x.ndim == 4 && other.ndim == 4 && x.shape == other.shape,
+              std::string("rope: '") + x.name + "' and '" + other.name + "' must be (B,T,NH,HS)");
+    check_rows(Op::rope, x, 2);
+    check_rows(Op::rope, other, 2);
+    const i64 HS = x.shape[3];
+    if (HS % 2 != 0)
+        throw Error("rope: the head size " + std::to_string(HS) +
+                    " is not even; rotary embeddings turn pairs of channels");
+    PX_ASSERT(cos.ndim == 2 && sin.ndim == 2 && cos.shape == sin.shape && cos.contiguous() &&
+                  sin.contiguous() && cos.shape[1] == HS / 2,
+              "rope: the table's cos and sin must be contiguous (maxT, HS/2)");
+}
+
+}  // namespace
+
+void rope_forward(const Numerics& nx, const Tensor& out, const Tensor& inp, const Tensor& cos,
+                  const Tensor& sin, const i64* pos) {
+    const auto run = kernel(nx, &Backend::rope_forward,
+                            {{A, &out}, {A, &inp}, {S, &cos}, {S, &sin}}, Layout::rows);
+    check_rope(inp, out, cos, sin);
+    run(nx, out, inp, cos, sin, pos);
+}
+
+void rope_backward(const Numerics& nx, const Tensor& dinp, const Tensor& dout, const Tensor& cos,
+                   const Tensor& sin, const i64* pos) {
+    const auto run = kernel(nx, &Backend::rope_backward,
+                            {{A, &dinp}, {A, &dout}, {S, &cos}, {S, &sin}}, Layout::rows);
+    check_rope(dout, dinp, cos, sin);
+    run(nx, dinp, dout, cos, sin, pos);
 }
 
 void attention_forward(const Numerics& nx, const Tensor& out, const Tensor& preatt,

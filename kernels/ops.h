@@ -9,6 +9,9 @@
 //   matmul_*                out = inp · weightᵀ + bias
 //   gemm                    c = a · b on strided views (partial products over a slice of K)
 //   layernorm_*, gelu_*, attention_*, residual_*, embedding_*, crossentropy_*
+//   rmsnorm_*, swiglu_*     Llama's RMSNorm and gated MLP activation
+//   RopeScaling, rope_inv_freq, rope_table, rope_*   rotary position embeddings: the
+//                           frequencies, their cos/sin table (once), the rotation of q or k
 //   attention_queries_*     a rank's query rows of attention (context parallelism)
 //   row_max, exp_sub, row_sum   the pieces of a softmax whose rows are split between ranks
 //   adamw_update, sum_squares, sum_squares_blocks
@@ -38,6 +41,7 @@
 #include "core/base/tensor.h"
 
 #include <string>
+#include <vector>
 
 namespace px::ops {
 
@@ -77,9 +81,68 @@ inline void layernorm_backward(const Numerics& nx, const Tensor& dinp, const Ten
     layernorm_backward(nx, &dinp, &dweight, &dbias, dout, inp, weight, mean, rstd);
 }
 
+// out (BT,C), rstd (BT), inp (BT,C), weight (C): out = x·rstd·weight, rstd = 1/sqrt(mean(x²) + eps)
+// (no mean subtraction, no bias; eps is the model's norm_eps). rstd is an fp32 sum (role acc) for
+// every activation dtype. In bitwise mode Σx² is the canonical tree over C, and the backward's
+// dweight the canonical tree over the call's BT tokens (a caller that splits a batch calls it on
+// each token node's rows, as for layernorm_backward); dinp per row.
+void rmsnorm_forward(const Numerics& nx, const Tensor& out, const Tensor& rstd, const Tensor& inp,
+                     const Tensor& weight, float eps);
+void rmsnorm_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
+                      const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                      const Tensor& rstd);
+inline void rmsnorm_backward(const Numerics& nx, const Tensor& dinp, const Tensor& dweight,
+                             const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                             const Tensor& rstd) {
+    rmsnorm_backward(nx, &dinp, &dweight, dout, inp, weight, rstd);
+}
+
 // out (N), inp (N)
 void gelu_forward(const Numerics& nx, const Tensor& out, const Tensor& inp);
 void gelu_backward(const Numerics& nx, const Tensor& dinp, const Tensor& inp, const Tensor& dout);
+
+// SwiGLU: out (BT,F) = silu(gate)·up, silu(g) = g·sigmoid(g) (mathfun's exp). gate and up are
+// (BT,F) each: two tensors, or column slices of one matmul's (BT,2F) output [gate | up] (gate its
+// columns [0, F), up [F, 2F)). Every operand's rows are contiguous and may be apart (a column
+// slice); gate and up have one row stride, dgate and dup one. out may alias gate or up.
+// Backward: dgate += dout·up·silu'(gate), dup += dout·silu(gate) (gradients accumulate).
+void swiglu_forward(const Numerics& nx, const Tensor& out, const Tensor& gate, const Tensor& up);
+void swiglu_backward(const Numerics& nx, const Tensor& dgate, const Tensor& dup, const Tensor& gate,
+                     const Tensor& up, const Tensor& dout);
+
+// Rotary position embeddings, Hugging Face's LlamaForCausalLM convention ("rotate_half"): the HS
+// channels of a head are HS/2 pairs (i, i + HS/2) (not Meta's interleaved (2i, 2i + 1)), and pair
+// i of the token at position p turns by p·inv_freq[i], inv_freq[i] = theta^(-2i/HS), optionally
+// scaled as Llama 3.1 does:
+//   out[i] = x[i]·cos - x[i + HS/2]·sin,  out[i + HS/2] = x[i + HS/2]·cos + x[i]·sin.
+// Llama 3.1's frequency scaling (Hugging Face's rope_type "llama3"): wavelengths 2π/inv_freq above
+// original_max_position_embeddings / low_freq_factor are slowed by factor, those below
+// original_max_position_embeddings / high_freq_factor kept, those between interpolated. factor 0:
+// no scaling (plain RoPE).
+struct RopeScaling {
+    double factor = 0, low_freq_factor = 1, high_freq_factor = 4;
+    double original_max_position_embeddings = 8192;
+};
+// inv_freq (HS/2), computed in fp64 from IEEE operations only (the same bits on every machine) and
+// rounded once; Hugging Face's fp32 pow may differ by an ulp. Throws px::Error for an odd HS, a
+// theta that is not positive and finite, or scaling that is not factor > 0, 0 < low < high,
+// original > 0.
+std::vector<float> rope_inv_freq(i64 HS, double theta, const RopeScaling& scaling = {});
+// The table, once per model: cos, sin (maxT, HS/2), fp32 (role acc, whatever the activations):
+// cos and sin (core/base/mathfun.h) of the fp32 angle float(p)·inv_freq[i] for p in [0, maxT).
+// Throws px::Error when an angle leaves sin/cos's domain, |x| <= 2^20 (about a million positions).
+void rope_table(const Numerics& nx, const Tensor& cos, const Tensor& sin, double theta,
+                const RopeScaling& scaling = {});
+// out (B,T,NH,HS) = inp (B,T,NH,HS) rotated; cos, sin the table (maxT, HS/2); pos (T): the logical
+// position of each of the T rows, the same for every sequence of the batch (a context-parallel
+// rank's zig-zag chunks: pos ascending, not 0..T-1; null: 0..T-1), each below maxT (px::Error
+// otherwise). A token's NH·HS channels are contiguous, tokens may be apart (a column slice of a
+// fused qkv: strides (T·ld, ld, HS, 1)); out may alias inp (in place).
+void rope_forward(const Numerics& nx, const Tensor& out, const Tensor& inp, const Tensor& cos,
+                  const Tensor& sin, const i64* pos);
+// dinp (B,T,NH,HS) += the inverse rotation of dout (B,T,NH,HS) (gradients accumulate).
+void rope_backward(const Numerics& nx, const Tensor& dinp, const Tensor& dout, const Tensor& cos,
+                   const Tensor& sin, const i64* pos);
 
 // out (B,T,C), att (B,NH,T,T), qkv (B,T,3C); preatt is scratch the size of att
 void attention_forward(const Numerics& nx, const Tensor& out, const Tensor& preatt,

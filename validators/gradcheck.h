@@ -99,6 +99,9 @@ inline constexpr float kLnEps = 1e-5f;
 inline constexpr float kGeluS = 0.7978845608028654f;  // float(sqrt(2/pi))
 inline constexpr float kGeluA = 0.044715f;
 inline constexpr float kGeluA3 = float(3.0 * 0.044715);
+// The RMSNorm problem's eps (Llama 3's norm_eps) and the rope problem's theta.
+inline constexpr float kRmsEps = 1e-5f;
+inline constexpr double kRopeTheta = 10000.0;
 // The AdamW problem's hyperparameters (its step is the shape's T).
 struct AdamWArgs {
     float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
@@ -123,7 +126,7 @@ struct OpProblem {
     OpShape shape;
     int block = 64;
     std::vector<Vec> in;                 // float inputs (the last is R, the d-output, if any)
-    std::vector<int> ids;                // token ids (embedding) or targets (crossentropy)
+    std::vector<int> ids;                // token ids, targets (crossentropy) or positions (rope)
     std::vector<int> diff;               // inputs the backward differentiates ...
     std::vector<std::string> grad_name;  // ... and the outputs holding their gradients
     std::vector<Vec> grad_init;          // what those outputs held before (gradients accumulate)

@@ -9,8 +9,8 @@
 //   EB arithmetic          + - · / and exp_ log_ tanh_ sqrt_ fma_, each adding its rounding
 //   sum_, dot_, max_       reductions, with the depth of the canonical tree (or any order)
 //   lift                   fp32 data as double or EB
-//   *_fwd_ref, *_bwd_ref   the references: layernorm, gelu, attention, residual, embedding,
-//                          crossentropy, matmul; adamw_ref, sum_squares_ref
+//   *_fwd_ref, *_bwd_ref   the references: layernorm, rmsnorm, gelu, swiglu, rope, attention,
+//                          residual, embedding, crossentropy, matmul; adamw_ref, sum_squares_ref
 #pragma once
 #include "validators/gradcheck.h"
 
@@ -93,6 +93,20 @@ inline double tanh_(double a) {
 }
 inline double sqrt_(double a) {
     return std::sqrt(a);
+}
+
+// |a| (exact) and the value a comparison reads.
+inline double abs_(double a) {
+    return std::fabs(a);
+}
+inline EB abs_(EB a) {
+    return {std::fabs(a.v), a.e};
+}
+inline double val(double a) {
+    return a;
+}
+inline double val(EB a) {
+    return a.v;
 }
 
 inline double gamma_d(i64 d) {
@@ -195,6 +209,105 @@ void layernorm_bwd_ref(std::vector<T>& dinp, std::vector<T>& dw, std::vector<T>&
         db[i] = db[i] + sum_(dcol[i], blk);
         dw[i] = dw[i] + dot_(norm[i], dcol[i], blk);
     }
+}
+
+// out (BT,C), rstd (BT) = rmsnorm(x (BT,C), w (C)): out = (x·rstd)·w, rstd = 1/sqrt(Σx²/C + eps).
+template <class T>
+void rmsnorm_fwd_ref(std::vector<T>& out, std::vector<T>& rstd, const std::vector<T>& x,
+                     const std::vector<T>& w, i64 BT, i64 C, float eps, int blk) {
+    out.assign(BT * C, T(0.0));
+    rstd.assign(BT, T(0.0));
+    for (i64 t = 0; t < BT; t++) {
+        const std::vector<T> row(x.begin() + t * C, x.begin() + (t + 1) * C);
+        const T ms = dot_(row, row, blk) / T(double(C));
+        const T s = T(1.0) / sqrt_(ms + T(eps));
+        for (i64 i = 0; i < C; i++) out[t * C + i] = (row[i] * s) * w[i];
+        rstd[t] = s;
+    }
+}
+
+// dinp (BT,C) += per row; dw (C) += Σ over the tokens of norm·dout.
+template <class T>
+void rmsnorm_bwd_ref(std::vector<T>& dinp, std::vector<T>& dw, const std::vector<T>& dout,
+                     const std::vector<T>& x, const std::vector<T>& w, const std::vector<T>& rstd,
+                     i64 BT, i64 C, int blk) {
+    std::vector<std::vector<T>> norm(C, std::vector<T>(BT)), dcol(C, std::vector<T>(BT));
+    for (i64 t = 0; t < BT; t++) {
+        std::vector<T> nr(C), dn(C);
+        for (i64 i = 0; i < C; i++) {
+            nr[i] = x[t * C + i] * rstd[t];
+            dn[i] = w[i] * dout[t * C + i];
+            norm[i][t] = nr[i];
+            dcol[i][t] = dout[t * C + i];
+        }
+        const T dnm = dot_(dn, nr, blk) / T(double(C));
+        for (i64 i = 0; i < C; i++)
+            dinp[t * C + i] = dinp[t * C + i] + (dn[i] - nr[i] * dnm) * rstd[t];
+    }
+    for (i64 i = 0; i < C; i++) dw[i] = dw[i] + dot_(norm[i], dcol[i], blk);
+}
+
+// sigmoid(g) and 1 - sigmoid(g) from t = exp(-|g|) (kernels/cpu/vecmath.h's sigmoid_pair).
+template <class T>
+void sigmoid_pair_ref(T g, T& sig, T& one_minus) {
+    const T t = exp_(T(0.0) - abs_(g));
+    const T d = T(1.0) + t;
+    const T big = T(1.0) / d, small = t / d;
+    sig = val(g) < 0 ? small : big;
+    one_minus = val(g) < 0 ? big : small;
+}
+// out (N) = silu(gate)·up; backward: dgate += (dout·up)·silu'(gate), dup += dout·silu(gate).
+template <class T>
+void swiglu_fwd_ref(std::vector<T>& out, const std::vector<T>& g, const std::vector<T>& u) {
+    out.resize(g.size());
+    for (size_t i = 0; i < g.size(); i++) {
+        T sig, om;
+        sigmoid_pair_ref(g[i], sig, om);
+        out[i] = (g[i] * sig) * u[i];
+    }
+}
+template <class T>
+void swiglu_bwd_ref(std::vector<T>& dg, std::vector<T>& du, const std::vector<T>& g,
+                    const std::vector<T>& u, const std::vector<T>& dout) {
+    for (size_t i = 0; i < g.size(); i++) {
+        T sig, om;
+        sigmoid_pair_ref(g[i], sig, om);
+        const T dsilu = sig * fma_(g[i], om, T(1.0));
+        dg[i] = dg[i] + (dout[i] * u[i]) * dsilu;
+        du[i] = du[i] + dout[i] * (g[i] * sig);
+    }
+}
+
+// out (B,T,NH,HS) = x rotated in pairs (i, i + HS/2) by row pos[t] of the table cos, sin
+// (maxT, HS/2), whose values are inputs (exact); backward: dinp += the inverse rotation of dout.
+template <class T>
+void rope_fwd_ref(std::vector<T>& out, const std::vector<T>& x, const std::vector<T>& cos,
+                  const std::vector<T>& sin, const std::vector<int>& pos, i64 B, i64 Tn, i64 H,
+                  i64 HS) {
+    const i64 h = HS / 2;
+    out.assign(x.size(), T(0.0));
+    for (i64 r = 0; r < B * Tn; r++)
+        for (i64 k = 0; k < H; k++)
+            for (i64 i = 0; i < h; i++) {
+                const i64 at = (r * H + k) * HS + i, tab = i64(pos[r % Tn]) * h + i;
+                const T x1 = x[at], x2 = x[at + h], c = cos[tab], s = sin[tab];
+                out[at] = x1 * c - x2 * s;
+                out[at + h] = x2 * c + x1 * s;
+            }
+}
+template <class T>
+void rope_bwd_ref(std::vector<T>& dinp, const std::vector<T>& dout, const std::vector<T>& cos,
+                  const std::vector<T>& sin, const std::vector<int>& pos, i64 B, i64 Tn, i64 H,
+                  i64 HS) {
+    const i64 h = HS / 2;
+    for (i64 r = 0; r < B * Tn; r++)
+        for (i64 k = 0; k < H; k++)
+            for (i64 i = 0; i < h; i++) {
+                const i64 at = (r * H + k) * HS + i, tab = i64(pos[r % Tn]) * h + i;
+                const T d1 = dout[at], d2 = dout[at + h], c = cos[tab], s = sin[tab];
+                dinp[at] = dinp[at] + (d1 * c + d2 * s);
+                dinp[at + h] = dinp[at + h] + (d2 * c - d1 * s);
+            }
 }
 
 template <class T>

@@ -168,6 +168,124 @@ struct Layernorm {
     }
 };
 
+// out (BT,C), rstd (BT) = rmsnorm(inp (BT,C), weight (C)), eps kRmsEps
+struct Rmsnorm {
+    static constexpr ops::Op op = ops::Op::rmsnorm;
+    static Draw draw(const OpShape& s) {
+        const i64 BT = s.B * s.T, C = s.C;
+        Rng r(13 + BT * 7 + C);
+        Vec x = randv(r, BT * C, -2.0f, 2.0f);
+        for (i64 t = 0; t < BT; t++)  // rows of different scales, so rstd matters
+            for (i64 i = 0; i < C; i++) x[t * C + i] *= 0.25f + float(t % 5);
+        Draw d;
+        d.in = {x, randv(r, C, 0.5f, 1.5f)};
+        d.dout = randv(r, BT * C);
+        d.out = {{"out", Vec(BT * C)}, {"rstd", Vec(BT)}};
+        d.grad = {{"dinp", randv(r, BT * C)}, {"dweight", randv(r, C)}};
+        return d;
+    }
+    template <class T>
+    static void forward(Io<T>& io) {
+        rmsnorm_fwd_ref(io.out[0], io.out[1], io.in[0], io.in[1], io.s.B * io.s.T, io.s.C, kRmsEps,
+                        io.s.block);
+    }
+    template <class T>
+    static void backward(Io<T>& io) {
+        rmsnorm_bwd_ref(io.grad[0], io.grad[1], io.dout, io.in[0], io.in[1], io.out[1],
+                        io.s.B * io.s.T, io.s.C, io.s.block);
+    }
+    static void kernel(const Numerics& nx, Io<float>& io) {
+        const i64 BT = io.s.B * io.s.T, C = io.s.C;
+        const Tensor inp = view(io.in[0], {BT, C}), weight = view(io.in[1], {C}),
+                     rstd = view(io.out[1], {BT});
+        ops::rmsnorm_forward(nx, view(io.out[0], {BT, C}), rstd, inp, weight, kRmsEps);
+        ops::rmsnorm_backward(nx, view(io.grad[0], {BT, C}), view(io.grad[1], {C}),
+                              view(io.dout, {BT, C}), inp, weight, rstd);
+    }
+};
+
+// out (BT,F) = silu(gate (BT,F))·up (BT,F); the shape's C is F
+struct Swiglu {
+    static constexpr ops::Op op = ops::Op::swiglu;
+    static Draw draw(const OpShape& s) {
+        const i64 N = s.B * s.T * s.C;
+        Rng r(29 + N);
+        Vec g = randv(r, N, -8.0f, 8.0f);
+        if (N > 8) {  // zero, tiny, and both tails of the sigmoid
+            g[0] = 0.0f;
+            g[1] = -1e-30f;
+            g[2] = 30.0f;
+            g[3] = -30.0f;
+        }
+        Draw d;
+        d.in = {g, randv(r, N, -2.0f, 2.0f)};
+        d.dout = randv(r, N);
+        d.out = {{"out", Vec(N)}};
+        d.grad = {{"dgate", randv(r, N)}, {"dup", randv(r, N)}};
+        return d;
+    }
+    template <class T>
+    static void forward(Io<T>& io) {
+        swiglu_fwd_ref(io.out[0], io.in[0], io.in[1]);
+    }
+    template <class T>
+    static void backward(Io<T>& io) {
+        swiglu_bwd_ref(io.grad[0], io.grad[1], io.in[0], io.in[1], io.dout);
+    }
+    static void kernel(const Numerics& nx, Io<float>& io) {
+        const i64 BT = io.s.B * io.s.T, F = io.s.C;
+        const Tensor gate = view(io.in[0], {BT, F}), up = view(io.in[1], {BT, F});
+        ops::swiglu_forward(nx, view(io.out[0], {BT, F}), gate, up);
+        ops::swiglu_backward(nx, view(io.grad[0], {BT, F}), view(io.grad[1], {BT, F}), gate, up,
+                             view(io.dout, {BT, F}));
+    }
+};
+
+// out (B,T,NH,HS) = rope(inp), HS = C/NH, at positions ids (T, ascending, not 0..T-1: a
+// context-parallel rank's) of a table of V rows from ops::rope_table (theta kRopeTheta), whose
+// cos and sin are inputs in[1], in[2] (not differentiated).
+struct Rope {
+    static constexpr ops::Op op = ops::Op::rope;
+    static Draw draw(const OpShape& s) {
+        const i64 B = s.B, Tn = s.T, NH = s.NH, HS = s.C / s.NH, h = HS / 2, V = s.V;
+        PX_ASSERT(HS % 2 == 0 && V >= Tn, "gradcheck: rope needs an even HS and V >= T");
+        Rng r(43 + B * 5 + Tn * 3 + s.C + V);
+        Draw d;
+        for (i64 p = 0, left = Tn; left > 0; p++)  // Tn of the V positions, in order
+            if (i64(r.below(V - p)) < left) {
+                d.ids.push_back(int(p));
+                left--;
+            }
+        Vec cos(V * h), sin(V * h);
+        ops::rope_table(Numerics{}, view_f32(cos.data(), {V, h}), view_f32(sin.data(), {V, h}),
+                        kRopeTheta);
+        d.in = {randv(r, B * Tn * NH * HS, -2.0f, 2.0f), cos, sin};
+        d.dout = randv(r, B * Tn * NH * HS);
+        d.out = {{"out", Vec(B * Tn * NH * HS)}};
+        d.grad = {{"dinp", randv(r, B * Tn * NH * HS)}};
+        return d;
+    }
+    template <class T>
+    static void forward(Io<T>& io) {
+        rope_fwd_ref(io.out[0], io.in[0], io.in[1], io.in[2], io.ids, io.s.B, io.s.T, io.s.NH,
+                     io.s.C / io.s.NH);
+    }
+    template <class T>
+    static void backward(Io<T>& io) {
+        rope_bwd_ref(io.grad[0], io.dout, io.in[1], io.in[2], io.ids, io.s.B, io.s.T, io.s.NH,
+                     io.s.C / io.s.NH);
+    }
+    static void kernel(const Numerics& nx, Io<float>& io) {
+        const i64 B = io.s.B, Tn = io.s.T, NH = io.s.NH, HS = io.s.C / NH, V = io.s.V;
+        const std::vector<i64> pos(io.ids.begin(), io.ids.end());
+        const Tensor cos = view(io.in[1], {V, HS / 2}), sin = view(io.in[2], {V, HS / 2});
+        ops::rope_forward(nx, view(io.out[0], {B, Tn, NH, HS}), view(io.in[0], {B, Tn, NH, HS}),
+                          cos, sin, pos.data());
+        ops::rope_backward(nx, view(io.grad[0], {B, Tn, NH, HS}), view(io.dout, {B, Tn, NH, HS}),
+                           cos, sin, pos.data());
+    }
+};
+
 // out (N) = gelu(inp (N))
 struct Gelu {
     static constexpr ops::Op op = ops::Op::gelu;
@@ -434,8 +552,17 @@ const std::vector<OpDef>& op_table() {
         entry<Layernorm>(
             {shp(2, 75, 37, 1, 1, 1, 64), shp(1, 19, 70, 1, 1, 1, 8), shp(3, 5, 16, 1, 1, 1, 64)},
             shp(2, 5, 19, 1, 1, 1, 8)),
+        entry<Rmsnorm>(
+            {shp(2, 75, 37, 1, 1, 1, 64), shp(1, 19, 70, 1, 1, 1, 8), shp(3, 5, 16, 1, 1, 1, 64)},
+            shp(2, 5, 19, 1, 1, 1, 8)),
         entry<Gelu>({shp(1, 1, 1, 1, 1, 1037, 64), shp(1, 1, 1, 1, 1, 5, 8)},
                     shp(1, 1, 1, 1, 1, 37, 8)),
+        entry<Swiglu>({shp(1, 1, 1037, 1, 1, 1, 64), shp(3, 5, 37, 1, 1, 1, 8)},
+                      shp(2, 3, 13, 1, 1, 1, 8)),
+        // HS 22 (pairs of 11: vector tails), 64 (Llama's), 4; more table rows than positions
+        entry<Rope>(
+            {shp(2, 13, 66, 3, 40, 1, 64), shp(1, 7, 128, 2, 300, 1, 64), shp(3, 5, 4, 1, 5, 1, 8)},
+            shp(2, 5, 12, 2, 16, 1, 8)),
         entry<Attention>({shp(1, 150, 16, 2, 1, 1, 64), shp(2, 13, 24, 3, 1, 1, 8),
                           shp(1, 40, 40, 2, 1, 1, 8), shp(1, 1, 8, 1, 1, 1, 64)},
                          shp(2, 11, 12, 2, 1, 1, 4)),

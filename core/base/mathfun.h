@@ -1,9 +1,12 @@
-// The project's own exp, log, tanh and erf in fp32, identical on every path (docs/numerics.md).
+// The project's own exp, log, tanh, erf, sin and cos in fp32, identical on every path
+// (docs/numerics.md).
 //
 // Index
 //   exp_t, log_t, tanh_t, erf_t   the algorithms, written once as templates over a SIMD-ops type S
+//   sincos_t                      sin and cos together (rotary position embeddings' tables)
 //   ScalarOps                     S for one float at a time (std::fma), used by generic code
 //   exp, log, tanh, erf           scalar wrappers over ScalarOps
+//   sin, cos, sincos
 //
 // Why our own: libm differs between versions and machines and has no vector twin that rounds the
 // same way, so a kernel that called it could not promise the same bits on every path. Here every
@@ -20,7 +23,9 @@
 //   ibits(F) fbits(I)          reinterpret; iadd isub iand ior, sra<k> sll<k>, cvt(I) -> F
 //
 // Accuracy, measured over every float against double libm (tests/kernels/test_ops.cpp, "[exhaustive]"):
-// exp 0.988 ulp, log 0.940 ulp, tanh 0.996 ulp, erf 0.991 ulp. The contract is 2 ulp.
+// exp 0.988 ulp, log 0.940 ulp, tanh 0.996 ulp, erf 0.991 ulp. sin 0.795 ulp, cos 0.805 ulp, over
+// every float of [-2^20, 2^20] against long double libm (tests/kernels/test_llama_ops.cpp, also
+// "[exhaustive]"). The contract is 2 ulp.
 //
 // An ISA translation unit (compiled with -mavx2 or -mavx512f) defines PX_MATHFUN_NO_SCALAR
 // before including this file: the scalar wrappers are then invisible there, so no inline copy
@@ -98,6 +103,32 @@ inline constexpr float kErfQ[11] = {0x1.b5e798p-3f,  -0x1.c8c654p-4f,  0x1.c4aac
                                     -0x1.ac729ap-6f, 0x1.87269ep-7f,   -0x1.59470cp-8f,
                                     0x1.fbd128p-10f, -0x1.30cb68p-10f, 0x1.2024a0p-11f,
                                     0x1.564302p-12f, 0x1.448d74p-12f};
+
+// sin, cos: x = n·π/2 + r, n = round(x·2/π) (the kShift trick: |n| < 2^22), |r| <= π/4 + 2^-20.
+// π/2 = kPio2_1 + kPio2_2 + kPio2_3 + kPio2_4 (four floats, 103 bits). n·kPio2_1 is subtracted by
+// one exact fma (x and n·kPio2_1 are multiples of 2^-24 and the difference is below 1), n·kPio2_2
+// as an exact product (hi, lo by fma) with an error-free sum, the last two terms into the low
+// part: r = rh + rl, rl below an ulp of rh. So r is good to fp32 rounding even where x is within
+// 2^-30 of a multiple of π/2, for |x| <= kTrigMax = 2^20 (rotary embeddings: position ×
+// frequency, about 1e5 at 8192 positions; every float of the domain is measured); beyond it, and
+// for ±inf, both are NaN. On r: sin r = r + r³·S(z), cos r = 1 - z/2 + z²·C(z), z = r², S and C
+// of degree 3 (Lawson fits on |r| <= 0.786, relative error 5e-12 and absolute 1e-13 with the
+// float coefficients' rounding below 0.02 ulp); rl enters to first order (rl·cos r, -rl·sin r),
+// 1 - z/2 is split so its rounding and z's are carried. The quadrant n mod 4 swaps and negates.
+inline constexpr float kTrigMax = 0x1p20f;
+inline constexpr float kTwoOverPi = 0x1.45f306p-1f;
+inline constexpr float kPio2_1 = 0x1.921fb6p+0f;
+inline constexpr float kPio2_2 = -0x1.777a5cp-25f;
+inline constexpr float kPio2_3 = -0x1.ee59dap-50f;
+inline constexpr float kPio2_4 = 0x1.98a2e0p-77f;
+inline constexpr float kSinS0 = -0x1.555556p-3f;
+inline constexpr float kSinS1 = 0x1.111108p-7f;
+inline constexpr float kSinS2 = -0x1.a00f98p-13f;
+inline constexpr float kSinS3 = 0x1.6cd6d8p-19f;
+inline constexpr float kCosC0 = 0x1.555556p-5f;
+inline constexpr float kCosC1 = -0x1.6c16b8p-10f;
+inline constexpr float kCosC2 = 0x1.a0111ap-16f;
+inline constexpr float kCosC3 = -0x1.2429b8p-22f;
 
 // --- algorithms ---------------------------------------------------------------------------------
 
@@ -213,6 +244,63 @@ inline typename S::F erf_t(typename S::F x) {
     return S::select(S::isnan(x), S::add(x, x), y);
 }
 
+// sin x and cos x at once (one reduction); see the constants above.
+template <class S>
+inline void sincos_t(typename S::F x, typename S::F& sin_x, typename S::F& cos_x) {
+    using F = typename S::F;
+    using I = typename S::I;
+    const F zero = S::set(0.0f), one = S::set(1.0f);
+    const F kn = S::fma(x, S::set(kTwoOverPi), S::set(kShift));
+    const F n = S::sub(kn, S::set(kShift));
+    const I q = S::isub(S::ibits(kn), S::ibits(S::set(kShift)));  // n as an int: its quadrant
+    const F r1 = S::fma(n, S::set(-kPio2_1), x);                  // exact
+    const F th = S::mul(n, S::set(kPio2_2));
+    const F tl = S::fma(n, S::set(kPio2_2), S::sub(zero, th));  // n·kPio2_2 - th, exact
+    // s + e = r1 - th exactly (two-sum), then the low terms.
+    const F s = S::sub(r1, th);
+    const F sb = S::sub(s, r1);
+    const F e = S::add(S::sub(r1, S::sub(s, sb)), S::sub(S::sub(zero, th), sb));
+    F lo = S::sub(e, tl);
+    lo = S::fma(n, S::set(-kPio2_3), lo);
+    lo = S::fma(n, S::set(-kPio2_4), lo);
+    // rh + rl = s + lo (two-sum: lo may exceed s where r is tiny).
+    const F rh = S::add(s, lo);
+    const F rb = S::sub(rh, s);
+    const F rl = S::add(S::sub(s, S::sub(rh, rb)), S::sub(lo, rb));
+    const F z = S::mul(rh, rh);
+    F ps = S::set(kSinS3);
+    ps = S::fma(ps, z, S::set(kSinS2));
+    ps = S::fma(ps, z, S::set(kSinS1));
+    ps = S::fma(ps, z, S::set(kSinS0));
+    // sin(rh + rl) = rh + (rh·z·S(z) + rl·(1 - z/2)): the small part first, one rounding last.
+    const F sin_r = S::add(rh, S::fma(S::mul(rh, z), ps, S::fma(rl, S::mul(S::set(-0.5f), z), rl)));
+    F pc = S::set(kCosC3);
+    pc = S::fma(pc, z, S::set(kCosC2));
+    pc = S::fma(pc, z, S::set(kCosC1));
+    pc = S::fma(pc, z, S::set(kCosC0));
+    // cos(rh + rl) = w + (((1 - w) - hz) - (zl/2 + rh·rl) + z²·C(z)), w = 1 - hz, hz = z/2 and
+    // zl = rh² - z: (1 - w) - hz is w's rounding error (exact: w >= 0.69).
+    const F hz = S::mul(S::set(0.5f), z);
+    const F w = S::sub(one, hz);
+    const F zl = S::fma(rh, rh, S::sub(zero, z));
+    const F corr = S::sub(S::sub(S::sub(one, w), hz), S::fma(S::set(0.5f), zl, S::mul(rh, rl)));
+    const F cos_r = S::add(w, S::fma(S::mul(z, z), pc, corr));
+    // Quadrant q = n mod 4: sin x = sin r, cos r, -sin r, -cos r; cos x = cos r, -sin r, -cos r,
+    // sin r. The signs are ±1 built from q's bits (a product by them is exact).
+    const auto odd = S::eq(S::cvt(S::iand(q, S::iset(1))), one);
+    const F sin_sign = S::fbits(S::ior(S::ibits(one), S::template sll<30>(S::iand(q, S::iset(2)))));
+    const F cos_sign = S::fbits(
+        S::ior(S::ibits(one), S::template sll<30>(S::iand(S::iadd(q, S::iset(1)), S::iset(2)))));
+    F sv = S::mul(S::select(odd, cos_r, sin_r), sin_sign);
+    F cv = S::mul(S::select(odd, sin_r, cos_r), cos_sign);
+    sv = S::select(S::eq(x, zero), x, sv);  // sin(-0) = -0
+    const auto out = S::gt(S::fbits(S::iand(S::ibits(x), S::iset(0x7fffffff))), S::set(kTrigMax));
+    sv = S::select(out, S::set(NAN), sv);
+    cv = S::select(out, S::set(NAN), cv);
+    sin_x = S::select(S::isnan(x), S::add(x, x), sv);
+    cos_x = S::select(S::isnan(x), S::add(x, x), cv);
+}
+
 #if !defined(PX_MATHFUN_NO_SCALAR)
 // One float at a time. std::fma is the correctly rounded fused multiply-add on every target
 // (a libm call where the target has no FMA instruction: slower, same bits).
@@ -273,6 +361,19 @@ inline float tanh(float x) {
 }
 inline float erf(float x) {
     return erf_t<ScalarOps>(x);
+}
+inline void sincos(float x, float* sin_x, float* cos_x) {
+    sincos_t<ScalarOps>(x, *sin_x, *cos_x);
+}
+inline float sin(float x) {
+    float s, c;
+    sincos_t<ScalarOps>(x, s, c);
+    return s;
+}
+inline float cos(float x) {
+    float s, c;
+    sincos_t<ScalarOps>(x, s, c);
+    return c;
 }
 #endif
 

@@ -6,12 +6,14 @@
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <string>
+#include <vector>
 
 namespace px::cpu {
 
 namespace {
 
 using ops::last_dim;
+using ops::row_stride;
 using ops::rows;
 
 float* f32_or_null(const Tensor* t) {
@@ -62,6 +64,19 @@ void F32::layernorm_backward(const Numerics& nx, const Tensor* dinp, const Tenso
                             last_dim(inp));
 }
 
+void F32::rmsnorm_forward(const Numerics& nx, const Tensor& out, const Tensor& rstd,
+                          const Tensor& inp, const Tensor& weight, float eps) {
+    cpu::rmsnorm_forward(nx, out.f32(), rstd.f32(), inp.f32(), weight.f32(), rows(inp),
+                         last_dim(inp), eps);
+}
+
+void F32::rmsnorm_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
+                           const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                           const Tensor& rstd) {
+    cpu::rmsnorm_backward(nx, f32_or_null(dinp), f32_or_null(dweight), dout.f32(), inp.f32(),
+                          weight.f32(), rstd.f32(), rows(inp), last_dim(inp));
+}
+
 void F32::gelu_forward(const Numerics& nx, const Tensor& out, const Tensor& inp) {
     cpu::gelu_forward(nx, out.f32(), inp.f32(), inp.numel());
 }
@@ -69,6 +84,41 @@ void F32::gelu_forward(const Numerics& nx, const Tensor& out, const Tensor& inp)
 void F32::gelu_backward(const Numerics& nx, const Tensor& dinp, const Tensor& inp,
                         const Tensor& dout) {
     cpu::gelu_backward(nx, dinp.f32(), inp.f32(), dout.f32(), inp.numel());
+}
+
+// Operands may be column slices: rows one stride apart (ops.cpp checked).
+void F32::swiglu_forward(const Numerics& nx, const Tensor& out, const Tensor& gate,
+                         const Tensor& up) {
+    cpu::swiglu_forward(nx, out.f32(), row_stride(out, out.ndim - 1), gate.f32(), up.f32(),
+                        row_stride(gate, gate.ndim - 1), rows(gate), last_dim(gate));
+}
+
+void F32::swiglu_backward(const Numerics& nx, const Tensor& dgate, const Tensor& dup,
+                          const Tensor& gate, const Tensor& up, const Tensor& dout) {
+    cpu::swiglu_backward(nx, dgate.f32(), dup.f32(), row_stride(dgate, dgate.ndim - 1), gate.f32(),
+                         up.f32(), row_stride(gate, gate.ndim - 1), dout.f32(),
+                         row_stride(dout, dout.ndim - 1), rows(gate), last_dim(gate));
+}
+
+void F32::rope_table(const Numerics& nx, const Tensor& cos, const Tensor& sin, double theta,
+                     const ops::RopeScaling& scaling) {
+    const std::vector<float> inv = ops::rope_inv_freq(2 * cos.shape[1], theta, scaling);
+    cpu::rope_table(nx, cos.f32(), sin.f32(), inv.data(), cos.shape[0], 2 * cos.shape[1]);
+}
+
+// x (B,T,NH,HS): its token rows one stride apart (ops.cpp checked).
+void F32::rope_forward(const Numerics& nx, const Tensor& out, const Tensor& inp, const Tensor& cos,
+                       const Tensor& sin, const i64* pos) {
+    cpu::rope_forward(nx, out.f32(), row_stride(out, 2), inp.f32(), row_stride(inp, 2), cos.f32(),
+                      sin.f32(), pos, inp.shape[0], inp.shape[1], inp.shape[2], inp.shape[3],
+                      cos.shape[0]);
+}
+
+void F32::rope_backward(const Numerics& nx, const Tensor& dinp, const Tensor& dout,
+                        const Tensor& cos, const Tensor& sin, const i64* pos) {
+    cpu::rope_backward(nx, dinp.f32(), row_stride(dinp, 2), dout.f32(), row_stride(dout, 2),
+                       cos.f32(), sin.f32(), pos, dout.shape[0], dout.shape[1], dout.shape[2],
+                       dout.shape[3], cos.shape[0]);
 }
 
 void F32::attention_forward(const Numerics& nx, const Tensor& out, const Tensor& preatt,

@@ -111,6 +111,56 @@ private:
     Tensor view_;
 };
 
+// Wide<D> for an operand whose rows may be apart (a column slice: ops::row_stride over its first
+// `lead` dimensions, the rest contiguous, as ops.cpp checked): a contiguous one is Wide<D>'s, a
+// strided one is widened row by row into a contiguous fp32 copy of its shape and store() rounds
+// it back row by row.
+template <DType D>
+class RowsWide {
+public:
+    RowsWide(const Tensor* t, int lead) : from_(t) {
+        if (t->contiguous()) {
+            wide_.emplace(t);
+            return;
+        }
+        for (int d = lead; d < t->ndim; d++) inner_ *= t->shape[d];
+        rows_ = inner_ > 0 ? t->numel() / inner_ : 0;
+        ld_ = ops::row_stride(*t, lead);
+        buf_.resize(static_cast<size_t>(t->numel()));
+        for (i64 r = 0; r < rows_; r++)
+            convert(buf_.data() + r * inner_, DType::f32, row(r), t->dtype,
+                    static_cast<size_t>(inner_));
+        view_ = *t;
+        view_.dtype = DType::f32;
+        view_.data = buf_.data();
+        i64 stride = 1;
+        for (int d = view_.ndim - 1; d >= 0; d--) {
+            view_.strides[d] = stride;
+            stride *= view_.shape[d];
+        }
+    }
+    const Tensor& operator*() const { return wide_ ? **wide_ : view_; }
+    void store() const {
+        if (wide_) {
+            wide_->store();
+            return;
+        }
+        for (i64 r = 0; r < rows_; r++)
+            convert(row(r), from_->dtype, buf_.data() + r * inner_, DType::f32,
+                    static_cast<size_t>(inner_));
+    }
+
+private:
+    std::byte* row(i64 r) const {
+        return static_cast<std::byte*>(from_->data) + bytes_of(from_->dtype, r * ld_);
+    }
+    const Tensor* from_;
+    std::optional<Wide<D>> wide_;
+    i64 inner_ = 1, rows_ = 0, ld_ = 0;
+    std::vector<float> buf_;
+    Tensor view_;
+};
+
 const Backend& f32() {
     return f32_backend;
 }
@@ -154,6 +204,59 @@ struct Narrow {
                                    const Tensor& w, const Tensor& mean, const Tensor& rstd) {
         Wide<D> di(dinp), d(&dout), i(&inp);
         f32().layernorm_backward(nx, di.get(), dweight, dbias, *d, *i, w, mean, rstd);
+        di.store();
+    }
+
+    static void rmsnorm_forward(const Numerics& nx, const Tensor& out, const Tensor& rstd,
+                                const Tensor& inp, const Tensor& w, float eps) {
+        Wide<D> o(&out), i(&inp);
+        f32().rmsnorm_forward(nx, *o, rstd, *i, w, eps);
+        o.store();
+    }
+
+    static void rmsnorm_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
+                                 const Tensor& dout, const Tensor& inp, const Tensor& w,
+                                 const Tensor& rstd) {
+        Wide<D> di(dinp), d(&dout), i(&inp);
+        f32().rmsnorm_backward(nx, di.get(), dweight, *d, *i, w, rstd);
+        di.store();
+    }
+
+    // SwiGLU and rope take column slices (RowsWide); out may alias an input: each is widened
+    // apart, and out is rounded back once.
+    static void swiglu_forward(const Numerics& nx, const Tensor& out, const Tensor& gate,
+                               const Tensor& up) {
+        RowsWide<D> o(&out, out.ndim - 1), g(&gate, gate.ndim - 1), u(&up, up.ndim - 1);
+        f32().swiglu_forward(nx, *o, *g, *u);
+        o.store();
+    }
+
+    static void swiglu_backward(const Numerics& nx, const Tensor& dgate, const Tensor& dup,
+                                const Tensor& gate, const Tensor& up, const Tensor& dout) {
+        RowsWide<D> dg(&dgate, dgate.ndim - 1), du(&dup, dup.ndim - 1), g(&gate, gate.ndim - 1),
+            u(&up, up.ndim - 1), d(&dout, dout.ndim - 1);
+        f32().swiglu_backward(nx, *dg, *du, *g, *u, *d);
+        dg.store();
+        du.store();
+    }
+
+    // The table is fp32 (role acc) whatever the activations.
+    static void rope_table(const Numerics& nx, const Tensor& cos, const Tensor& sin, double theta,
+                           const ops::RopeScaling& scaling) {
+        f32().rope_table(nx, cos, sin, theta, scaling);
+    }
+
+    static void rope_forward(const Numerics& nx, const Tensor& out, const Tensor& inp,
+                             const Tensor& cos, const Tensor& sin, const i64* pos) {
+        RowsWide<D> o(&out, 2), i(&inp, 2);
+        f32().rope_forward(nx, *o, *i, cos, sin, pos);
+        o.store();
+    }
+
+    static void rope_backward(const Numerics& nx, const Tensor& dinp, const Tensor& dout,
+                              const Tensor& cos, const Tensor& sin, const i64* pos) {
+        RowsWide<D> di(&dinp, 2), d(&dout, 2);
+        f32().rope_backward(nx, *di, *d, cos, sin, pos);
         di.store();
     }
 

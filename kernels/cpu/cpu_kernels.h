@@ -4,7 +4,10 @@
 //   matmul       out = inp · weightᵀ + bias            (matmul.cpp, matmul_avx*.cpp, matmul_fast.cpp)
 //   gemm         the canonical GEMM under matmul        (matmul.cpp)
 //   layernorm    pre-norm LayerNorm, eps 1e-5           (layernorm.cpp)
+//   rmsnorm      RMSNorm, eps given (Llama)             (rmsnorm.cpp)
 //   gelu         GELU, tanh approximation               (gelu.cpp)
+//   swiglu       silu(gate)·up (Llama's MLP)            (swiglu.cpp)
+//   rope         rotary position embeddings, their table (rope.cpp)
 //   attention    causal multi-head attention, and its query rows (attention.cpp)
 //   residual     out = a + b                            (residual.cpp)
 //   embedding    token + learned position embeddings    (embedding.cpp)
@@ -28,7 +31,7 @@
 //   * Token reductions (weight gradients) run over the kernel's own BT rows as the tree over
 //     [0, BT). A caller that splits a batch (microbatches, data parallelism) hands each kernel a
 //     row range that is one node of the global tree, so the local tree is that node's subtree.
-//   * exp, log and tanh come from core/base/mathfun.h, never from libm, on every path.
+//   * exp, log, tanh, sin and cos come from core/base/mathfun.h, never from libm, on every path.
 #pragma once
 #include "core/base/numerics.h"
 
@@ -56,9 +59,44 @@ void layernorm_backward(const Numerics& nx, float* dinp, float* dweight, float* 
                         const float* dout, const float* inp, const float* weight, const float* mean,
                         const float* rstd, i64 BT, i64 C);
 
+// out (BT,C), rstd (BT); inp (BT,C), weight (C). out = (x·rstd)·weight, rstd = 1/sqrt(Σx²/C + eps)
+// with Σx² the canonical tree over C (any order in Mode::fast).
+void rmsnorm_forward(const Numerics& nx, float* out, float* rstd, const float* inp,
+                     const float* weight, i64 BT, i64 C, float eps);
+// dinp (BT,C) += (reduction over C per row); dweight (C) += Σ_t norm·dout (reduction over the BT
+// tokens in the canonical tree). Null outputs are skipped.
+void rmsnorm_backward(const Numerics& nx, float* dinp, float* dweight, const float* dout,
+                      const float* inp, const float* weight, const float* rstd, i64 BT, i64 C);
+
 // out (N), inp (N): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
 void gelu_forward(const Numerics& nx, float* out, const float* inp, i64 N);
 void gelu_backward(const Numerics& nx, float* dinp, const float* inp, const float* dout, i64 N);
+
+// out (BT,F) = silu(gate)·up, rows ldo apart; gate, up (BT,F) rows ldi apart (two tensors, or the
+// halves of one (BT,2F)). out may alias gate or up.
+void swiglu_forward(const Numerics& nx, float* out, i64 ldo, const float* gate, const float* up,
+                    i64 ldi, i64 BT, i64 F);
+// dgate, dup (BT,F) += (rows ldd apart); gate, up rows ldi apart; dout (BT,F) rows ldo apart.
+void swiglu_backward(const Numerics& nx, float* dgate, float* dup, i64 ldd, const float* gate,
+                     const float* up, i64 ldi, const float* dout, i64 ldo, i64 BT, i64 F);
+
+// inv_freq (HS/2) = theta^(-2j/HS), then Llama 3.1's scaling when factor > 0 (Hugging Face's
+// rope_type "llama3"): in fp64 from IEEE operations only, rounded once.
+void rope_inv_freq(float* inv_freq, i64 HS, double theta, double factor, double low_freq_factor,
+                   double high_freq_factor, double original_max_position_embeddings);
+// cos, sin (maxT, HS/2): of the fp32 angle float(p)·inv_freq[j], p in [0, maxT) (mathfun).
+void rope_table(const Numerics& nx, float* cos, float* sin, const float* inv_freq, i64 maxT,
+                i64 HS);
+// out (B,T,NH,HS) = x rotated in pairs (i, i + HS/2) by the table's row pos[t] (t when pos is
+// null); the rows of out and inp (NH·HS each) are ldo and ldi apart; out may alias inp. Throws
+// px::Error for a position outside [0, maxT).
+void rope_forward(const Numerics& nx, float* out, i64 ldo, const float* inp, i64 ldi,
+                  const float* cos, const float* sin, const i64* pos, i64 B, i64 T, i64 NH, i64 HS,
+                  i64 maxT);
+// dinp (B,T,NH,HS) += the inverse rotation of dout; rows ldd and ldo apart.
+void rope_backward(const Numerics& nx, float* dinp, i64 ldd, const float* dout, i64 ldo,
+                   const float* cos, const float* sin, const i64* pos, i64 B, i64 T, i64 NH, i64 HS,
+                   i64 maxT);
 
 // out (B,T,C); preatt, att (B,NH,T,T) saved; qkv (B,T,3C) holding q, k, v side by side.
 // Causal: query t sees keys 0..t. Softmax: max (exact), Σ exp over key blocks of T in the

@@ -63,6 +63,19 @@ struct VecMath {
     // Any-order sums for Mode::fast (several vector accumulators).
     float (*fast_sum)(const float* x, i64 n);
     float (*fast_dot)(const float* x, const float* y, i64 n);
+    // s (n) = sin x, c (n) = cos x (mathfun::sincos_t) for x (n).
+    void (*sincos)(float* s, float* c, const float* x, i64 n);
+    // SwiGLU: out (n) = silu(g)·u; dg (n) += silu'(g)·u·dout, du (n) += silu(g)·dout. out may
+    // alias g or u.
+    void (*swiglu_forward)(float* out, const float* g, const float* u, i64 n);
+    void (*swiglu_backward)(float* dg, float* du, const float* g, const float* u, const float* dout,
+                            i64 n);
+    // One head of rotary embeddings, pairs (i, i + h): out (2h) = x (2h) rotated by the angles
+    // whose cos, sin (h) are given; out may alias x. Backward: dinp (2h) += the inverse rotation
+    // of dout (2h).
+    void (*rope_forward)(float* out, const float* x, const float* cos, const float* sin, i64 h);
+    void (*rope_backward)(float* dinp, const float* dout, const float* cos, const float* sin,
+                          i64 h);
 };
 
 inline constexpr int kFmaRowsGroup = 4;
@@ -481,12 +494,83 @@ float fast_dot_n(const float* x, const float* y, i64 n) {
 }
 
 template <class S>
+void sincos_n(float* s, float* c, const float* x, i64 n) {
+    for_each_vec<S>(n, [&](i64 i, i64 k) {
+        typename S::F sv, cv;
+        mathfun::sincos_t<S>(ld<S>(x + i, k), sv, cv);
+        st<S>(s + i, sv, k);
+        st<S>(c + i, cv, k);
+    });
+}
+
+// sigmoid(g) and 1 - sigmoid(g) from t = exp(-|g|) in (0, 1] (no overflow, and 1 - sigmoid
+// without cancellation for either sign): 1/(1 + t) and t/(1 + t), the larger one for g >= 0's
+// sigmoid.
+template <class S>
+inline void sigmoid_pair(typename S::F g, typename S::F& sig, typename S::F& one_minus) {
+    const auto a = S::fbits(S::iand(S::ibits(g), S::iset(0x7fffffff)));
+    const auto t = mathfun::exp_t<S>(S::sub(S::set(0.0f), a));
+    const auto d = S::add(S::set(1.0f), t);
+    const auto big = S::div(S::set(1.0f), d), small = S::div(t, d);
+    const auto neg = S::lt(g, S::set(0.0f));
+    sig = S::select(neg, small, big);
+    one_minus = S::select(neg, big, small);
+}
+
+// silu(g) = g·sigmoid(g); silu'(g) = sigmoid(g)·(1 + g·(1 - sigmoid(g))).
+template <class S>
+void swiglu_forward_n(float* out, const float* g, const float* u, i64 n) {
+    for_each_vec<S>(n, [&](i64 i, i64 k) {
+        const auto gv = ld<S>(g + i, k);
+        typename S::F sig, om;
+        sigmoid_pair<S>(gv, sig, om);
+        st<S>(out + i, S::mul(S::mul(gv, sig), ld<S>(u + i, k)), k);
+    });
+}
+
+template <class S>
+void swiglu_backward_n(float* dg, float* du, const float* g, const float* u, const float* dout,
+                       i64 n) {
+    for_each_vec<S>(n, [&](i64 i, i64 k) {
+        const auto gv = ld<S>(g + i, k), uv = ld<S>(u + i, k), dv = ld<S>(dout + i, k);
+        typename S::F sig, om;
+        sigmoid_pair<S>(gv, sig, om);
+        const auto dsilu = S::mul(sig, S::fma(gv, om, S::set(1.0f)));
+        st<S>(dg + i, S::add(ld<S>(dg + i, k), S::mul(S::mul(dv, uv), dsilu)), k);
+        st<S>(du + i, S::add(ld<S>(du + i, k), S::mul(dv, S::mul(gv, sig))), k);
+    });
+}
+
+// Hugging Face's fp32 sequence, x·cos + rotate_half(x)·sin: two products, then one add.
+template <class S>
+void rope_forward_n(float* out, const float* x, const float* cos, const float* sin, i64 h) {
+    for_each_vec<S>(h, [&](i64 i, i64 k) {
+        const auto x1 = ld<S>(x + i, k), x2 = ld<S>(x + h + i, k);
+        const auto c = ld<S>(cos + i, k), s = ld<S>(sin + i, k);
+        st<S>(out + i, S::sub(S::mul(x1, c), S::mul(x2, s)), k);
+        st<S>(out + h + i, S::add(S::mul(x2, c), S::mul(x1, s)), k);
+    });
+}
+
+template <class S>
+void rope_backward_n(float* dinp, const float* dout, const float* cos, const float* sin, i64 h) {
+    for_each_vec<S>(h, [&](i64 i, i64 k) {
+        const auto d1 = ld<S>(dout + i, k), d2 = ld<S>(dout + h + i, k);
+        const auto c = ld<S>(cos + i, k), s = ld<S>(sin + i, k);
+        st<S>(dinp + i, S::add(ld<S>(dinp + i, k), S::add(S::mul(d1, c), S::mul(d2, s))), k);
+        st<S>(dinp + h + i, S::add(ld<S>(dinp + h + i, k), S::sub(S::mul(d2, c), S::mul(d1, s))),
+              k);
+    });
+}
+
+template <class S>
 constexpr VecMath make_table(Isa isa) {
     return VecMath{
         isa,           exp_n<S>,      log_n<S>,          tanh_n<S>,          erf_n<S>,
         exp_sub_n<S>,  max_n<S>,      gelu_forward_n<S>, gelu_backward_n<S>, adamw_n<S>,
         fma_rows_n<S>, fma_rows_group_n<S>, fma_elem_n<S>, block_sums_n<S>, block_dots_n<S>,
-        fast_sum_n<S>, fast_dot_n<S>};
+        fast_sum_n<S>, fast_dot_n<S>, sincos_n<S>, swiglu_forward_n<S>, swiglu_backward_n<S>,
+        rope_forward_n<S>, rope_backward_n<S>};
 }
 
 }  // namespace px::cpu::impl

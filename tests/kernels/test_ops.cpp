@@ -113,6 +113,65 @@ Named canon_layernorm(const OpProblem& p) {
                  {"dinp", dinp}, {"dweight", dw}, {"dbias", db}};
 }
 
+Named canon_rmsnorm(const OpProblem& p) {
+    const i64 BT = p.shape.B * p.shape.T, C = p.shape.C;
+    const int blk = p.block;
+    const Vec &x = p.in[0], &w = p.in[1], &dout = p.in[2];
+    Vec out(BT * C), rstd(BT);
+    for (i64 t = 0; t < BT; t++) {
+        const float ms = canonical_dot(&x[t * C], &x[t * C], C, blk) / float(C);
+        const float sd = 1.0f / std::sqrt(ms + kRmsEps);
+        for (i64 i = 0; i < C; i++) out[t * C + i] = (x[t * C + i] * sd) * w[i];
+        rstd[t] = sd;
+    }
+    Vec dinp = p.grad_init[0], dw = p.grad_init[1];
+    const i64 nb = num_blocks(BT, blk);
+    Vec pw(nb * C, 0.0f), nr(C), dn(C);
+    for (i64 t = 0; t < BT; t++) {
+        for (i64 i = 0; i < C; i++) {
+            nr[i] = x[t * C + i] * rstd[t];
+            dn[i] = w[i] * dout[t * C + i];
+            float& aw = pw[(t / blk) * C + i];
+            aw = std::fma(nr[i], dout[t * C + i], aw);
+        }
+        const float dnm = canonical_dot(dn.data(), nr.data(), C, blk) / float(C);
+        for (i64 i = 0; i < C; i++) dinp[t * C + i] += (dn[i] - nr[i] * dnm) * rstd[t];
+    }
+    tree_combine_rows(pw.data(), nb, C);
+    for (i64 i = 0; i < C; i++) dw[i] += pw[i];
+    return Named{{"out", out}, {"rstd", rstd}, {"dinp", dinp}, {"dweight", dw}};
+}
+
+Named canon_swiglu(const OpProblem& p) {
+    const size_t N = p.in[0].size();
+    Vec out(N), dg = p.grad_init[0], du = p.grad_init[1];
+    for (size_t i = 0; i < N; i++) {
+        const float g = p.in[0][i], u = p.in[1][i], d = p.in[2][i];
+        const float t = mathfun::exp(0.0f - std::fabs(g)), den = 1.0f + t;
+        const float sig = g < 0.0f ? t / den : 1.0f / den, om = g < 0.0f ? 1.0f / den : t / den;
+        out[i] = (g * sig) * u;
+        dg[i] = dg[i] + (d * u) * (sig * std::fma(g, om, 1.0f));
+        du[i] = du[i] + d * (g * sig);
+    }
+    return Named{{"out", out}, {"dgate", dg}, {"dup", du}};
+}
+
+Named canon_rope(const OpProblem& p) {
+    const i64 BT = p.shape.B * p.shape.T, H = p.shape.NH, HS = p.shape.C / H, h = HS / 2;
+    const Vec &x = p.in[0], &cs = p.in[1], &sn = p.in[2], &dout = p.in[3];
+    Vec out(x.size()), dinp = p.grad_init[0];
+    for (i64 r = 0; r < BT; r++)
+        for (i64 k = 0; k < H; k++)
+            for (i64 i = 0; i < h; i++) {
+                const i64 at = (r * H + k) * HS + i, tab = i64(p.ids[r % p.shape.T]) * h + i;
+                out[at] = x[at] * cs[tab] - x[at + h] * sn[tab];
+                out[at + h] = x[at + h] * cs[tab] + x[at] * sn[tab];
+                dinp[at] += dout[at] * cs[tab] + dout[at + h] * sn[tab];
+                dinp[at + h] += dout[at + h] * cs[tab] - dout[at] * sn[tab];
+            }
+    return Named{{"out", out}, {"dinp", dinp}};
+}
+
 Named canon_gelu(const OpProblem& p) {
     const i64 N = p.shape.N;
     Vec out(N), dinp = p.grad_init[0];
@@ -309,10 +368,17 @@ struct Problem : OpProblem {
 
 std::function<Named()> canon_of(const Problem& p) {
     static const std::vector<std::pair<std::string, Named (*)(const OpProblem&)>> kCanon = {
-        {"layernorm", canon_layernorm}, {"gelu", canon_gelu},
-        {"attention", canon_attention}, {"residual", canon_residual},
-        {"embedding", canon_embedding}, {"crossentropy", canon_crossentropy},
-        {"adamw", canon_adamw},         {"sum_squares", canon_sum_squares},
+        {"layernorm", canon_layernorm},
+        {"rmsnorm", canon_rmsnorm},
+        {"gelu", canon_gelu},
+        {"swiglu", canon_swiglu},
+        {"rope", canon_rope},
+        {"attention", canon_attention},
+        {"residual", canon_residual},
+        {"embedding", canon_embedding},
+        {"crossentropy", canon_crossentropy},
+        {"adamw", canon_adamw},
+        {"sum_squares", canon_sum_squares},
     };
     for (const auto& [name, fn] : kCanon)
         if (name == p.op) return [fn, q = std::make_shared<const Problem>(p)]() { return fn(*q); };
