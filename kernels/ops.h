@@ -85,7 +85,9 @@ inline void layernorm_backward(const Numerics& nx, const Tensor& dinp, const Ten
 // (no mean subtraction, no bias; eps is the model's norm_eps). rstd is an fp32 sum (role acc) for
 // every activation dtype. In bitwise mode Σx² is the canonical tree over C, and the backward's
 // dweight the canonical tree over the call's BT tokens (a caller that splits a batch calls it on
-// each token node's rows, as for layernorm_backward); dinp per row.
+// each token node's rows, as for layernorm_backward); dinp per row. A 4-D inp (B,T,G,C) is G rows
+// per token (Qwen3's qk_norm: a token's heads, normalised each, one weight (C) for all; rstd
+// (B,T,G)): the weight gradient adds a token's G rows in order, then the token tree over B·T.
 void rmsnorm_forward(const Numerics& nx, const Tensor& out, const Tensor& rstd, const Tensor& inp,
                      const Tensor& weight, float eps);
 void rmsnorm_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
@@ -176,7 +178,8 @@ void attention_queries_backward(const Numerics& nx, const Tensor& dq, const Tens
 void residual_forward(const Numerics& nx, const Tensor& out, const Tensor& a, const Tensor& b);
 void residual_backward(const Numerics& nx, const Tensor& da, const Tensor& db, const Tensor& dout);
 
-// out (B,T,C), tokens (B,T) int32 as a raw pointer, wte (V,C), wpe (>=T,C)
+// out (B,T,C), tokens (B,T) int32 as a raw pointer, wte (V,C), wpe (>=T,C); a wpe without data
+// (Tensor{}): no position embedding, out is the wte rows (Llama)
 void embedding_forward(const Numerics& nx, const Tensor& out, const int* tokens, const Tensor& wte,
                        const Tensor& wpe);
 // Backward over the flat tokens [row_lo, row_hi) of dout only (row_hi < 0: to the end), their

@@ -303,7 +303,7 @@ std::vector<Comparison> compare_states(const LogicalState& reference, const Logi
                   {"adam/v/", &LogicalState::v}};
     for (const TableEntry& e : re) {
         // Vectors (rows = Dim::one in the parameter list) are 1-D; matrices (rows, cols).
-        const std::vector<i64> shape = kGpt2Params[e.spec].rows == Dim::one
+        const std::vector<i64> shape = kParams[e.spec].rows == Dim::one
                                            ? std::vector<i64>{e.cols}
                                            : std::vector<i64>{e.rows, e.cols};
         const size_t off = static_cast<size_t>(e.offset), n = static_cast<size_t>(e.numel());

@@ -228,6 +228,10 @@ struct RefGPT {
     double loss(const std::vector<int>& tok, const std::vector<int>& tgt, int B, int T) const;
     double moe64(std::vector<double>& out, const std::vector<double>& ln, int l, int B,
                  int T) const;
+    // The same for model.arch = "llama" (gradcheck_llama.cpp): RMSNorm, RoPE at the fp32 table's
+    // angles, grouped-query attention, Qwen3's qk_norm, SwiGLU, a tied or separate head.
+    double llama_loss(const std::vector<int>& tok, const std::vector<int>& tgt, int B,
+                      int T) const;
 };
 
 struct ModelFdOptions {

@@ -43,6 +43,7 @@ void mlp64(double* out, const double* x, const double* w1, const double* b1, con
 }  // namespace
 
 double RefGPT::loss(const std::vector<int>& tok, const std::vector<int>& tgt, int B, int T) const {
+    if (mc.llama()) return llama_loss(tok, tgt, B, T);
     const int C = static_cast<int>(mc.hidden), NH = static_cast<int>(mc.heads), HS = C / NH;
     const int F = static_cast<int>(mc.ffn), V = static_cast<int>(mc.vocab);
     std::vector<double> x(static_cast<size_t>(B * T * C)), ln(x.size()), y(x.size()), tmp(x.size());

@@ -242,7 +242,7 @@ Holdings::Holdings(const Job& job) {
     for (const TableEntry& e : table.entries) {
         const std::string at =
             (e.layer < 0 ? std::string("-") : std::to_string(e.layer)) + "/";
-        const std::string tensor = kGpt2Params[e.spec].name;
+        const std::string tensor = e.short_name;
         const std::pair<std::string, i64> rows[] = {
             {"grad/" + at + "param/" + tensor, held(e, grads)},
             {"optim/" + at + "param/" + tensor, held(e, weights)},

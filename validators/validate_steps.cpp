@@ -260,7 +260,7 @@ void Checker::state_items(i64 step, const std::vector<const ProbeRecorder*>& vie
         for (const TableEntry& e : table_.entries) {
             const std::string layer = e.layer < 0 ? "-" : std::to_string(e.layer);
             const std::string probe =
-                at + layer + "/" + k.op + "/" + kGpt2Params[e.spec].name;
+                at + layer + "/" + k.op + "/" + e.short_name;
             const std::span<const float> ref(
                 (want.*k.field).data() + e.offset, static_cast<size_t>(e.numel()));
             Item it{k.prefix + e.name, {}, e.numel()};

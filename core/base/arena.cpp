@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 
 namespace px {
 
@@ -27,13 +28,16 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, i64 B, i64 T) {
     case Dim::V: return mc.vocab;
     case Dim::T: return T > 0 ? T : mc.seq_len;
     case Dim::C: return mc.hidden;
-    case Dim::C3: return 3 * mc.hidden;
+    case Dim::C3: return 3 * mc.attn_channels();
     case Dim::F: return mc.ffn;
     case Dim::L:
     case Dim::LS: return mc.layers;
     case Dim::B: return B;
     case Dim::NH: return mc.heads;
-    case Dim::CA: return mc.hidden;
+    case Dim::CA: return mc.attn_channels();
+    case Dim::KV: return mc.kv_channels();
+    case Dim::KVH: return mc.kv_head_count();
+    case Dim::HS: return mc.head_size();
     case Dim::E: return mc.moe_experts;
     case Dim::FE: return mc.is_moe() ? mc.expert_ffn() : 0;
     case Dim::EFE: return mc.moe_experts * resolve_dim(Dim::FE, mc);
@@ -54,14 +58,47 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, i64 B, i64 T) {
     return 0;
 }
 
-bool layer_holds(const ModelConfig& mc, i64 l, int p) {
-    if (!mc.moe_layer(l)) return p < kNumDenseLayerParams;
-    if (p >= FCW && p <= FCPROJB) return mc.moe_shared_experts > 0;
+const char* param_name(const ModelConfig& mc, int spec) {
+    const ParamSpec& s = kParams[spec];
+    return mc.llama() ? s.llama : s.name;
+}
+
+bool arch_holds(const ModelConfig& mc, int spec) {
+    if (param_name(mc, spec) == nullptr) return false;
+    if (spec == kLmHeadSpec) return !mc.tied_head();
+    if (spec - kFirstLayerSpec == QNORMW || spec - kFirstLayerSpec == KNORMW) return mc.qk_norm;
     return true;
 }
 
+bool layer_holds(const ModelConfig& mc, i64 l, int p) {
+    if (!arch_holds(mc, kFirstLayerSpec + p)) return false;
+    const bool routed = (p >= ROUTERW && p <= EPROJB) || p == EUPW;
+    if (!mc.moe_layer(l)) return !routed;
+    if ((p >= FCW && p <= FCPROJB) || p == UPW) return mc.moe_shared_experts > 0;
+    return true;
+}
+
+std::string layer_prefix(const ModelConfig& mc, i64 l) {
+    return (mc.llama() ? "model.layers." : "h.") + std::to_string(l) + ".";
+}
+
+bool arch_keeps(const ModelConfig& mc, const ActSpec& a) {
+    return a.archs == Archs::all || (a.archs == Archs::llama) == mc.llama();
+}
+
+namespace {
+
+// The per-layer storage order of mc's architecture.
+std::span<const LayerParam> layer_order(const ModelConfig& mc) {
+    if (mc.llama()) return kLlamaLayerOrder;
+    return kGpt2LayerOrder;
+}
+
+}  // namespace
+
 int ParamTable::num_tensors(const ModelConfig& mc) {
-    int n = 4;  // wte, wpe, ln_f.weight, ln_f.bias
+    int n = 0;
+    for (int s : {0, 1, kLnfWSpec, kLnfBSpec, kLmHeadSpec}) n += arch_holds(mc, s) ? 1 : 0;
     for (i64 l = 0; l < mc.layers; l++)
         for (int p = 0; p < kNumLayerParams; p++) n += layer_holds(mc, l, p) ? 1 : 0;
     return n;
@@ -74,6 +111,8 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, const TpDims& tp) {
     case Dim::F:
     case Dim::NH:
     case Dim::CA: return resolve_dim(d, mc) / tp.tp;
+    case Dim::KV:
+    case Dim::KVH: return resolve_dim(d, mc) / (kv_split(mc, tp.tp) ? tp.tp : 1);
     case Dim::FM: {  // a dense layer's ffn shard, or a MoE layer's shared experts (held whole)
         const bool dense = !mc.is_moe() || mc.moe_every > 1;
         return std::max(dense ? mc.ffn / tp.tp : 0, resolve_dim(Dim::FS, mc));
@@ -96,6 +135,7 @@ TpDims ModelPart::expert_dims(TpDims tp) const {
 ModelPart ModelPart::whole(const ModelConfig& mc) {
     ModelPart p;
     p.chunks = {{0, static_cast<int>(mc.layers)}};
+    p.tied = mc.tied_head();
     return p;
 }
 
@@ -114,33 +154,42 @@ ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part, const
         PX_ASSERT(s.lo >= prev_hi && s.lo <= s.hi && s.hi <= L,
                   "a model part's layer spans must be disjoint, increasing and inside the model");
     }
+    PX_ASSERT(part.tied == mc.tied_head(), "a model part whose head is tied as its model's is not");
     ParamTable t;
     t.layer_first.assign(static_cast<size_t>(L), -1);
     t.layer_last.assign(static_cast<size_t>(L), -1);
     std::array<int, kNumLayerParams> none;
     none.fill(-1);
     t.layer_entry.assign(static_cast<size_t>(L), none);
-    // id: the index in the whole model's table: wte, wpe, then each layer's tensors in list
-    // order (those it holds), then ln_f (2 + l·kNumDenseLayerParams + p for a dense model).
-    std::vector<int> layer_id(static_cast<size_t>(L) + 1, kFirstLayerSpec);
+    // id: the index in the whole model's table, which holds wte, wpe, then each layer's tensors
+    // in the architecture's order, then ln_f and lm_head (those the architecture has).
+    const std::span<const LayerParam> order = layer_order(mc);
+    std::vector<int> layer_id(static_cast<size_t>(L) + 1, 0);
+    layer_id[0] = (arch_holds(mc, 0) ? 1 : 0) + (arch_holds(mc, 1) ? 1 : 0);
     for (int l = 0; l < L; l++) {
         int n = 0;
-        for (int p = 0; p < kNumLayerParams; p++) n += layer_holds(mc, l, p) ? 1 : 0;
+        for (LayerParam p : order) n += layer_holds(mc, l, p) ? 1 : 0;
         layer_id[static_cast<size_t>(l) + 1] = layer_id[static_cast<size_t>(l)] + n;
     }
     auto id_of = [&](int spec, int layer) {
-        if (layer < 0)
-            return spec < kFirstLayerSpec
-                       ? spec
-                       : layer_id[static_cast<size_t>(L)] + spec - kFirstLayerSpec - kNumLayerParams;
+        if (layer < 0) {
+            if (spec < kFirstLayerSpec) return spec == 0 ? 0 : (arch_holds(mc, 0) ? 1 : 0);
+            int id = layer_id[static_cast<size_t>(L)];
+            for (int g = kLnfWSpec; g < spec; g++) id += arch_holds(mc, g) ? 1 : 0;
+            return id;
+        }
         int id = layer_id[static_cast<size_t>(layer)];
-        for (int p = 0; p < spec - kFirstLayerSpec; p++) id += layer_holds(mc, layer, p) ? 1 : 0;
+        for (LayerParam p : order) {
+            if (kFirstLayerSpec + p == spec) break;
+            id += layer_holds(mc, layer, p) ? 1 : 0;
+        }
         return id;
     };
     auto add = [&](int spec, int layer) {
-        const ParamSpec& s = kGpt2Params[spec];
+        const ParamSpec& s = kParams[spec];
         TableEntry e;
-        e.name = layer >= 0 ? "h." + std::to_string(layer) + "." + s.name : std::string(s.name);
+        e.short_name = param_name(mc, spec);
+        e.name = layer >= 0 ? layer_prefix(mc, layer) + e.short_name : std::string(e.short_name);
         e.spec = spec;
         e.layer = layer;
         e.id = id_of(spec, layer);
@@ -156,19 +205,20 @@ ParamTable ParamTable::build(const ModelConfig& mc, const ModelPart& part, const
         return static_cast<int>(t.entries.size()) - 1;
     };
     if (part.holds_wte()) t.wte = add(0, -1);
-    if (part.embedding) t.wpe = add(1, -1);
+    if (part.embedding && arch_holds(mc, 1)) t.wpe = add(1, -1);
     for (const LayerSpan& span : part.chunks)
         for (int l = span.lo; l < span.hi; l++) {
             const size_t li = static_cast<size_t>(l);
             t.layer_first[li] = static_cast<int>(t.entries.size());
-            for (int p = 0; p < kNumLayerParams; p++)
+            for (LayerParam p : order)
                 if (layer_holds(mc, l, p))
                     t.layer_entry[li][static_cast<size_t>(p)] = add(kFirstLayerSpec + p, l);
             t.layer_last[li] = static_cast<int>(t.entries.size()) - 1;
         }
     if (part.head) {
-        t.lnfw = add(kFirstLayerSpec + kNumLayerParams, -1);
-        t.lnfb = add(kFirstLayerSpec + kNumLayerParams + 1, -1);
+        t.lnfw = add(kLnfWSpec, -1);
+        if (arch_holds(mc, kLnfBSpec)) t.lnfb = add(kLnfBSpec, -1);
+        if (arch_holds(mc, kLmHeadSpec)) t.lm_head = add(kLmHeadSpec, -1);
     }
     return t;
 }
@@ -270,7 +320,9 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, const ActShape& shape) {
     case Dim::F:
     case Dim::FM:
     case Dim::NH:
-    case Dim::CA: return resolve_dim(d, mc, shape.tp);
+    case Dim::CA:
+    case Dim::KV:
+    case Dim::KVH: return resolve_dim(d, mc, shape.tp);
     case Dim::RFE: return shape.expert_sources * resolve_dim(Dim::KFE, mc);
     case Dim::RC: return shape.expert_sources * resolve_dim(Dim::KC, mc);
     default: return resolve_dim(d, mc, shape.B, shape.T);
@@ -281,8 +333,8 @@ ActTable ActTable::build(const ModelConfig& mc, const ActShape& shape) {
     auto size = [&](Dim d) { return resolve_dim(d, mc, shape); };
     ActTable t;
     for (int i = 0; i < kNumActs; i++) {
-        const ActSpec& s = kGpt2Acts[i];
-        i64 n = size(s.d0) * size(s.d1) * size(s.d2) * size(s.d3);
+        const ActSpec& s = kActs[i];
+        i64 n = arch_keeps(mc, s) ? size(s.d0) * size(s.d1) * size(s.d2) * size(s.d3) : 0;
         if (i == ATT) n *= shape.key_len();  // (LS,B,NH,T,keys)
         if (i == DPREATT || i == DATT) n = n / std::max<i64>(shape.T, 1) * shape.key_len();
         if (s.head && !shape.head) n = 0;

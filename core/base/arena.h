@@ -2,16 +2,19 @@
 // carved into named tensors by tables generated from one constexpr list.
 //
 // Index
-//   Dim, ParamSpec, kGpt2Params     the GPT-2 parameter list (the only place it is written)
-//   LayerParam                      indices into that list, checked against it by static_assert
+//   Dim, ParamSpec, kParams         the parameter list of every architecture (the only place it is
+//                                   written): each spec's GPT-2 and Llama name, shape and init
+//   LayerParam, kLayerOrder         indices into that list, checked against it by static_assert,
+//                                   and each architecture's per-layer storage order
+//   param_name, arch_holds          a spec's name in a config's architecture, and whether it has it
 //   LayerSpan, ModelPart            which layers, and whether the embedding and the LM head, a
 //                                   model holds (the whole model, or one pipeline stage)
 //   ParamTable                      the list expanded for a config and a part: names, shapes,
 //                                   offsets, and the tensor ids of the whole model
 //   Arena                           a 64-byte aligned allocation of bytes carved by a table, on a
 //                                   device; view() makes its typed tensors, f32() reads fp32 ones
-//   ActSpec, kGpt2Acts, ActTable    the same for the activations of one microbatch on a run of
-//                                   layers, each with its dtype, sized in bytes
+//   ActSpec, kActs, ActTable        the same for the activations of one microbatch on a run of
+//                                   layers, each with its dtype and architectures, sized in bytes
 #pragma once
 #include "core/base/config.h"
 #include "core/base/tensor.h"
@@ -39,62 +42,110 @@ namespace px {
 // and the biases' EL rows), while the router still scores all E; an expert's rows arrive from
 // every rank of the ep group, so RFE and RC (a token's routed slots of FE or C values, times the
 // ep ranks that may send them: ActShape::expert_sources) size the expert side's buffers.
+// Llama (model.arch = "llama"): CA is the query heads' channels NH·HS (HS = model.head_size(), which
+// may differ from C/NH) and C3 three times that; KV the KV heads' channels KVH·HS (split over tp
+// where tp divides the KV heads, else whole on every rank: kv_split), KVH the KV heads,
+// HS one head's channels.
 enum class Dim : std::uint8_t {
-    one, V, T, C, C3, F, L, LS, B, NH, CA, E, FE, EFE, EC, FS, K, KFE, KC, FM, EL, RFE, RC
+    one, V, T, C, C3, F, L, LS, B, NH, CA, E, FE, EFE, EC, FS, K, KFE, KC, FM, EL, RFE, RC,
+    KV, KVH, HS
 };
 
+// Which architectures a parameter or activation exists in.
+enum class Archs : std::uint8_t { all, gpt2, llama };
+
 struct ParamSpec {
-    const char* name;  // GPT-2 name; per-layer names get the prefix "h.{i}."
+    const char* name;   // GPT-2 name; per-layer names get the prefix "h.{i}." (null: not GPT-2's)
+    const char* llama;  // Hugging Face LlamaForCausalLM name; per-layer ones get "model.layers.{i}."
     bool per_layer;
     Dim rows, cols;    // (rows, cols); vectors use rows = Dim::one
     bool decay;        // AdamW weight decay applies (matrices yes; biases and norms no)
     enum Init : std::uint8_t { normal, residual_normal, zeros, ones } init;
 };
 
-// Order = storage order = llm.c's per-layer order, and the tensor ids that key the RNG.
-inline constexpr ParamSpec kGpt2Params[] = {
-    {"wte", false, Dim::V, Dim::C, true, ParamSpec::normal},
-    {"wpe", false, Dim::T, Dim::C, true, ParamSpec::normal},
-    {"ln_1.weight", true, Dim::one, Dim::C, false, ParamSpec::ones},
-    {"ln_1.bias", true, Dim::one, Dim::C, false, ParamSpec::zeros},
-    {"attn.c_attn.weight", true, Dim::C3, Dim::C, true, ParamSpec::normal},
-    {"attn.c_attn.bias", true, Dim::one, Dim::C3, false, ParamSpec::zeros},
-    {"attn.c_proj.weight", true, Dim::C, Dim::CA, true, ParamSpec::residual_normal},
-    {"attn.c_proj.bias", true, Dim::one, Dim::C, false, ParamSpec::zeros},
-    {"ln_2.weight", true, Dim::one, Dim::C, false, ParamSpec::ones},
-    {"ln_2.bias", true, Dim::one, Dim::C, false, ParamSpec::zeros},
-    {"mlp.c_fc.weight", true, Dim::F, Dim::C, true, ParamSpec::normal},
-    {"mlp.c_fc.bias", true, Dim::one, Dim::F, false, ParamSpec::zeros},
-    {"mlp.c_proj.weight", true, Dim::C, Dim::F, true, ParamSpec::residual_normal},
-    {"mlp.c_proj.bias", true, Dim::one, Dim::C, false, ParamSpec::zeros},
+// One list for every architecture: a spec is a role (the attention's output projection is
+// ATTPROJW in both), named in each architecture that has it. GPT-2's order is its storage order
+// (llm.c's per-layer order); Llama's per-layer order is kLayerOrder's. The tensor ids that key
+// the RNG count the tensors a model holds in its storage order.
+inline constexpr ParamSpec kParams[] = {
+    {"wte", "model.embed_tokens.weight", false, Dim::V, Dim::C, true, ParamSpec::normal},
+    {"wpe", nullptr, false, Dim::T, Dim::C, true, ParamSpec::normal},
+    {"ln_1.weight", "input_layernorm.weight", true, Dim::one, Dim::C, false, ParamSpec::ones},
+    {"ln_1.bias", nullptr, true, Dim::one, Dim::C, false, ParamSpec::zeros},
+    {"attn.c_attn.weight", nullptr, true, Dim::C3, Dim::C, true, ParamSpec::normal},
+    {"attn.c_attn.bias", nullptr, true, Dim::one, Dim::C3, false, ParamSpec::zeros},
+    {"attn.c_proj.weight", "self_attn.o_proj.weight", true, Dim::C, Dim::CA, true,
+     ParamSpec::residual_normal},
+    {"attn.c_proj.bias", nullptr, true, Dim::one, Dim::C, false, ParamSpec::zeros},
+    {"ln_2.weight", "post_attention_layernorm.weight", true, Dim::one, Dim::C, false,
+     ParamSpec::ones},
+    {"ln_2.bias", nullptr, true, Dim::one, Dim::C, false, ParamSpec::zeros},
+    {"mlp.c_fc.weight", "mlp.gate_proj.weight", true, Dim::F, Dim::C, true, ParamSpec::normal},
+    {"mlp.c_fc.bias", nullptr, true, Dim::one, Dim::F, false, ParamSpec::zeros},
+    {"mlp.c_proj.weight", "mlp.down_proj.weight", true, Dim::C, Dim::F, true,
+     ParamSpec::residual_normal},
+    {"mlp.c_proj.bias", nullptr, true, Dim::one, Dim::C, false, ParamSpec::zeros},
     // MoE layers only (core/model/moe.h): the router, and the experts' MLPs stacked by expert
     // (expert e's c_fc rows [e·FE, (e+1)·FE), its c_proj rows [e·C, (e+1)·C)).
-    {"moe.router.weight", true, Dim::E, Dim::C, true, ParamSpec::normal},
-    {"moe.experts.c_fc.weight", true, Dim::EFE, Dim::C, true, ParamSpec::normal},
-    {"moe.experts.c_fc.bias", true, Dim::EL, Dim::FE, false, ParamSpec::zeros},
-    {"moe.experts.c_proj.weight", true, Dim::EC, Dim::FE, true, ParamSpec::residual_normal},
-    {"moe.experts.c_proj.bias", true, Dim::EL, Dim::C, false, ParamSpec::zeros},
-    {"ln_f.weight", false, Dim::one, Dim::C, false, ParamSpec::ones},
-    {"ln_f.bias", false, Dim::one, Dim::C, false, ParamSpec::zeros},
+    {"moe.router.weight", "mlp.gate.weight", true, Dim::E, Dim::C, true, ParamSpec::normal},
+    {"moe.experts.c_fc.weight", "mlp.experts.gate_proj.weight", true, Dim::EFE, Dim::C, true,
+     ParamSpec::normal},
+    {"moe.experts.c_fc.bias", nullptr, true, Dim::EL, Dim::FE, false, ParamSpec::zeros},
+    {"moe.experts.c_proj.weight", "mlp.experts.down_proj.weight", true, Dim::EC, Dim::FE, true,
+     ParamSpec::residual_normal},
+    {"moe.experts.c_proj.bias", nullptr, true, Dim::EL, Dim::C, false, ParamSpec::zeros},
+    // Llama's own: q, k and v apart (grouped-query attention: k and v have KV heads), Qwen3's
+    // per-head norms of q and k, SwiGLU's up projection (gate is mlp.c_fc's role, down c_proj's),
+    // and the experts' stacked up projections.
+    {nullptr, "self_attn.q_proj.weight", true, Dim::CA, Dim::C, true, ParamSpec::normal},
+    {nullptr, "self_attn.k_proj.weight", true, Dim::KV, Dim::C, true, ParamSpec::normal},
+    {nullptr, "self_attn.v_proj.weight", true, Dim::KV, Dim::C, true, ParamSpec::normal},
+    {nullptr, "self_attn.q_norm.weight", true, Dim::one, Dim::HS, false, ParamSpec::ones},
+    {nullptr, "self_attn.k_norm.weight", true, Dim::one, Dim::HS, false, ParamSpec::ones},
+    {nullptr, "mlp.up_proj.weight", true, Dim::F, Dim::C, true, ParamSpec::normal},
+    {nullptr, "mlp.experts.up_proj.weight", true, Dim::EFE, Dim::C, true, ParamSpec::normal},
+    {"ln_f.weight", "model.norm.weight", false, Dim::one, Dim::C, false, ParamSpec::ones},
+    {"ln_f.bias", nullptr, false, Dim::one, Dim::C, false, ParamSpec::zeros},
+    // Llama's untied LM head (model.tie_embeddings = false)
+    {nullptr, "lm_head.weight", false, Dim::V, Dim::C, true, ParamSpec::normal},
 };
-inline constexpr int kNumParamSpecs = sizeof(kGpt2Params) / sizeof(kGpt2Params[0]);
+inline constexpr int kNumParamSpecs = sizeof(kParams) / sizeof(kParams[0]);
 
-// Per-layer parameters, in list order starting at kFirstLayerSpec. A dense layer holds the
-// first kNumDenseLayerParams; a MoE layer holds LN1W..LN2B, FCW..FCPROJB only with shared
-// experts (sized FS), and ROUTERW..EPROJB.
+// Per-layer parameters, in list order starting at kFirstLayerSpec. A dense layer holds those of
+// its architecture before ROUTERW and from QW; a MoE layer holds its norms and attention, the
+// plain MLP (FCW..FCPROJB, UPW) only with shared experts (sized FS), and ROUTERW..EPROJB, EUPW.
 enum LayerParam : int {
     LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB,
     ROUTERW, EFCW, EFCB, EPROJW, EPROJB,
+    QW, KW, VW, QNORMW, KNORMW, UPW, EUPW,
     kNumLayerParams
 };
-inline constexpr int kNumDenseLayerParams = ROUTERW;
 inline constexpr int kFirstLayerSpec = 2;
+// The global specs after the layers'.
+inline constexpr int kLnfWSpec = kFirstLayerSpec + kNumLayerParams, kLnfBSpec = kLnfWSpec + 1,
+                     kLmHeadSpec = kLnfWSpec + 2;
+// The per-layer storage order of each architecture (GPT-2: list order; Llama: Hugging Face's).
+inline constexpr LayerParam kGpt2LayerOrder[] = {
+    LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB,
+    ROUTERW, EFCW, EFCB, EPROJW, EPROJB};
+inline constexpr LayerParam kLlamaLayerOrder[] = {
+    LN1W, QW, KW, VW, QNORMW, KNORMW, ATTPROJW, LN2W, FCW, UPW, FCPROJW, ROUTERW, EFCW, EUPW,
+    EPROJW};
+// The name of spec `spec` in mc's architecture (without a layer's prefix); null where the
+// architecture has no such tensor.
+const char* param_name(const ModelConfig& mc, int spec);
+// Whether mc's architecture has spec `spec` at all (a global one: wpe and ln_f.bias are
+// GPT-2's, lm_head llama's when untied).
+bool arch_holds(const ModelConfig& mc, int spec);
 // Whether layer l of mc holds parameter p (and, for a MoE layer's mlp.*, at width FS).
 bool layer_holds(const ModelConfig& mc, i64 l, int p);
-static_assert(kGpt2Params[kFirstLayerSpec + EPROJB].per_layer &&
-                  !kGpt2Params[kFirstLayerSpec + kNumLayerParams].per_layer &&
-                  !kGpt2Params[kFirstLayerSpec - 1].per_layer,
-              "LayerParam must list the per-layer entries of kGpt2Params in order");
+// The prefix of layer l's names: "h.{l}." (GPT-2) or "model.layers.{l}." (Llama).
+std::string layer_prefix(const ModelConfig& mc, i64 l);
+static_assert(kParams[kFirstLayerSpec + EPROJB].per_layer &&
+                  kParams[kFirstLayerSpec + EUPW].per_layer &&
+                  !kParams[kLnfWSpec].per_layer && !kParams[kFirstLayerSpec - 1].per_layer &&
+                  kLmHeadSpec + 1 == kNumParamSpecs,
+              "LayerParam must list the per-layer entries of kParams in order");
 
 // A dimension's size for a config (and B sequences of T tokens; T = 0: model.seq_len). L and
 // LS are model.layers here; an activation table resolves them for its run (below).
@@ -102,7 +153,8 @@ i64 resolve_dim(Dim d, const ModelConfig& mc, i64 B = 1, i64 T = 0);
 
 // The local sizes of a tensor-parallel shard (core/parallel/tensor/tp_model.h): with tp ranks a
 // model holds 3C/tp rows of qkv (C3), C/tp attention channels (CA), NH/tp heads, F/tp ffn rows and
-// `vocab` rows of wte. The default is the whole model. Expert parallelism
+// `vocab` rows of wte (Llama: CA = NH·HS/tp, and KV·HS/tp KV channels where tp divides the KV
+// heads, all of them otherwise). The default is the whole model. Expert parallelism
 // (core/parallel/expert/expert_parallel.h) holds experts [expert_lo, expert_lo + experts) of each
 // MoE layer (ModelPart::experts; ParamTable::build and GPT fill these two in from the part).
 struct TpDims {
@@ -113,6 +165,8 @@ struct TpDims {
 };
 // A dimension's size in such a shard (T = model.seq_len, B = 1 as above).
 i64 resolve_dim(Dim d, const ModelConfig& mc, const TpDims& tp);
+// Llama: whether tp ranks split the KV heads (tp divides them); else each holds all of them.
+inline bool kv_split(const ModelConfig& mc, int tp) { return mc.kv_head_count() % tp == 0; }
 
 // Layers [lo, hi) of the model.
 struct LayerSpan {
@@ -128,13 +182,16 @@ struct LayerSpan {
 struct ModelPart {
     std::vector<LayerSpan> chunks;  // disjoint, increasing
     bool embedding = true;          // wte (token) and wpe (position) embeddings
-    bool head = true;               // ln_f and the LM head, tied to wte
+    bool head = true;               // ln_f and the LM head
+    bool tied = true;               // the LM head is wte (model.tied_head()), else lm_head
     // The experts of every MoE layer held, [expert_lo, expert_hi) (expert parallelism: an ep
     // rank's share); expert_hi < 0: all of them.
     int expert_lo = 0, expert_hi = -1;
 
     static ModelPart whole(const ModelConfig& mc);  // {[0, L)}, embedding, head
-    bool holds_wte() const { return embedding || head; }
+    bool holds_wte() const { return embedding || (head && tied); }
+    // A gradient buffer keeps the tied head's wte gradient apart (GPT::grad_head).
+    bool head_region() const { return tied && holds_wte(); }
     bool all_experts() const { return expert_hi < 0; }
     // The part's experts in TpDims terms: tp with expert_lo and experts set.
     TpDims expert_dims(TpDims tp) const;
@@ -143,6 +200,7 @@ struct ModelPart {
 
 struct TableEntry {
     std::string name;
+    const char* short_name;  // the spec's name in the architecture, without the layer's prefix
     int spec;      // index into the spec list
     int layer;     // -1 for global tensors
     int id;        // index of this tensor in the whole model's table: keys the RNG, orders norms
@@ -151,20 +209,24 @@ struct TableEntry {
     i64 numel() const { return rows * cols; }
     // A vector (a bias, a LayerNorm's weight) by its spec, never by its size: a matrix may have
     // one row (model.ffn = 1, or a tensor-parallel shard of one row) and is still (rows, cols).
-    bool is_vector() const { return kGpt2Params[spec].rows == Dim::one; }
+    bool is_vector() const { return kParams[spec].rows == Dim::one; }
     std::vector<i64> shape() const {
         return is_vector() ? std::vector<i64>{cols} : std::vector<i64>{rows, cols};
     }
 };
 
 // The parameter list expanded for one config and one part, in the whole model's order: wte,
-// wpe, h.0.*, ..., h.{L-1}.*, ln_f.*, keeping only what the part holds (wte with the embedding
-// or the head). For the whole model, entry i has id i, and offsets are those of the single device.
+// wpe, h.0.*, ..., h.{L-1}.*, ln_f.* (Llama: embed_tokens, layers, norm, lm_head), keeping only
+// what the part holds (wte with the embedding or the tied head). For the whole model, entry i
+// has id i, and offsets are those of the single device.
 struct ParamTable {
     std::vector<TableEntry> entries;
     i64 total = 0;       // floats, including alignment padding (master weights are fp32)
     i64 num_params = 0;  // true parameter count
-    int wte = -1, wpe = -1, lnfw = -1, lnfb = -1;  // entry indices; -1 where the part lacks them
+    // entry indices; -1 where the part lacks them
+    int wte = -1, wpe = -1, lnfw = -1, lnfb = -1, lm_head = -1;
+    int head_last() const { return lm_head >= 0 ? lm_head : lnfb >= 0 ? lnfb : lnfw; }
+    int embedding_last() const { return wpe >= 0 ? wpe : wte; }
     std::vector<int> layer_first;  // per model layer: its first entry, -1 where not held
     std::vector<int> layer_last;   // per model layer: its last entry, -1 where not held
     // per model layer and LayerParam: its entry, -1 where not held (or the layer has none)
@@ -247,24 +309,29 @@ struct ActSpec {
     Dim d0, d1, d2, d3;  // Dim::one pads unused dimensions
     bool head;           // kept only by a run that ends in the LM head
     ActType type;
+    Archs archs = Archs::all;  // the architectures that keep it (empty in the others)
 };
-inline constexpr ActSpec kGpt2Acts[] = {
+// GPT-2's names; Llama keeps its RMSNorms' outputs and rstd in ln1, ln2, lnf (no mean), the
+// SwiGLU gate in fch, up in fch_up and silu(gate)·up in fch_gelu, and the attention's q, k and v,
+// after RoPE, in qkv with each KV head repeated for the query heads it serves (the kernel's
+// multi-head layout), the raw q and k (before the norms of qk_norm) in q_raw and k_raw.
+inline constexpr ActSpec kActs[] = {
     {"encoded", Dim::B, Dim::T, Dim::C, Dim::one, false, ActType::act},    // (B,T,C)
     {"ln1", Dim::LS, Dim::B, Dim::T, Dim::C, false, ActType::act},         // (LS,B,T,C)
-    {"ln1_mean", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32},  // (LS,B,T)
+    {"ln1_mean", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32, Archs::gpt2},
     {"ln1_rstd", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32},  // (LS,B,T)
     {"qkv", Dim::LS, Dim::B, Dim::T, Dim::C3, false, ActType::act},        // (LS,B,T,3C)
     {"atty", Dim::LS, Dim::B, Dim::T, Dim::CA, false, ActType::act},       // (LS,B,T,C)
     {"att", Dim::LS, Dim::B, Dim::NH, Dim::T, false, ActType::act},        // (LS,B,NH,T,T)
     {"residual2", Dim::LS, Dim::B, Dim::T, Dim::C, false, ActType::act},   // (LS,B,T,C)
     {"ln2", Dim::LS, Dim::B, Dim::T, Dim::C, false, ActType::act},         // (LS,B,T,C)
-    {"ln2_mean", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32},  // (LS,B,T)
+    {"ln2_mean", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32, Archs::gpt2},
     {"ln2_rstd", Dim::LS, Dim::B, Dim::T, Dim::one, false, ActType::f32},  // (LS,B,T)
     {"fch", Dim::LS, Dim::B, Dim::T, Dim::FM, false, ActType::act},        // (LS,B,T,F)
     {"fch_gelu", Dim::LS, Dim::B, Dim::T, Dim::FM, false, ActType::act},   // (LS,B,T,F)
     {"residual3", Dim::L, Dim::B, Dim::T, Dim::C, false, ActType::act},    // (L,B,T,C)
     {"lnf", Dim::B, Dim::T, Dim::C, Dim::one, true, ActType::act},         // (B,T,C)
-    {"lnf_mean", Dim::B, Dim::T, Dim::one, Dim::one, true, ActType::f32},  // (B,T)
+    {"lnf_mean", Dim::B, Dim::T, Dim::one, Dim::one, true, ActType::f32, Archs::gpt2},
     {"lnf_rstd", Dim::B, Dim::T, Dim::one, Dim::one, true, ActType::f32},  // (B,T)
     {"probs", Dim::B, Dim::T, Dim::V, Dim::one, true, ActType::act},       // (B,T,V)
     {"losses", Dim::B, Dim::T, Dim::one, Dim::one, true, ActType::f32},    // (B,T)
@@ -294,15 +361,29 @@ inline constexpr ActSpec kGpt2Acts[] = {
     {"ebuf_f", Dim::B, Dim::T, Dim::RFE, Dim::one, false, ActType::act},     // (ep·B·T·K,FE)
     {"ebuf_f2", Dim::B, Dim::T, Dim::RFE, Dim::one, false, ActType::act},    // (ep·B·T·K,FE)
     {"router_d", Dim::B, Dim::T, Dim::E, Dim::one, false, ActType::f32},     // (B,T,E)
+    // Llama: the raw q and k (their norms' inputs), the norms' rstd per head, SwiGLU's up, and
+    // scratch: one microbatch's k or v (and their gradients) and q-wide gradients
+    {"q_raw", Dim::LS, Dim::B, Dim::T, Dim::CA, false, ActType::act, Archs::llama},
+    {"k_raw", Dim::LS, Dim::B, Dim::T, Dim::KV, false, ActType::act, Archs::llama},
+    {"q_rstd", Dim::LS, Dim::B, Dim::T, Dim::NH, false, ActType::f32, Archs::llama},
+    {"k_rstd", Dim::LS, Dim::B, Dim::T, Dim::KVH, false, ActType::f32, Archs::llama},
+    {"fch_up", Dim::LS, Dim::B, Dim::T, Dim::FM, false, ActType::act, Archs::llama},
+    {"dbuf_kv", Dim::B, Dim::T, Dim::KV, Dim::one, false, ActType::act, Archs::llama},
+    {"dbuf_kv2", Dim::B, Dim::T, Dim::KV, Dim::one, false, ActType::act, Archs::llama},
+    {"dbuf_q", Dim::B, Dim::T, Dim::CA, Dim::one, false, ActType::act, Archs::llama},
+    {"dbuf_q2", Dim::B, Dim::T, Dim::CA, Dim::one, false, ActType::act, Archs::llama},
+    {"dbuf_f3", Dim::B, Dim::T, Dim::FM, Dim::one, false, ActType::act, Archs::llama},
 };
 enum ActIndex : int {
     ENCODED, LN1, LN1_MEAN, LN1_RSTD, QKV, ATTY, ATT, RESIDUAL2, LN2, LN2_MEAN, LN2_RSTD, FCH,
     FCH_GELU, RESIDUAL3, LNF, LNF_MEAN, LNF_RSTD, PROBS, LOSSES, DRESIDUAL, DBUF_C, DBUF_C3,
     DBUF_F, DBUF_F2, DPREATT, DATT, ROUTER_PROBS, ROUTER_LSE, MOE_GATES, EFCH, EFCH_GELU, EOUT,
-    EBUF_C, EBUF_C2, EBUF_F, EBUF_F2, ROUTER_D, kNumActs
+    EBUF_C, EBUF_C2, EBUF_F, EBUF_F2, ROUTER_D, Q_RAW, K_RAW, Q_RSTD, K_RSTD, FCH_UP, DBUF_KV,
+    DBUF_KV2, DBUF_Q, DBUF_Q2, DBUF_F3, kNumActs
 };
-static_assert(kNumActs == sizeof(kGpt2Acts) / sizeof(kGpt2Acts[0]),
-              "ActIndex must list kGpt2Acts in order");
+static_assert(kNumActs == sizeof(kActs) / sizeof(kActs[0]), "ActIndex must list kActs in order");
+// Whether mc's architecture keeps activation spec a.
+bool arch_keeps(const ModelConfig& mc, const ActSpec& a);
 
 // The sizes an activation table is built for.
 struct ActShape {

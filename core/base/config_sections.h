@@ -18,6 +18,9 @@
 namespace px {
 
 struct ModelConfig {
+    // The block: "gpt2" (LayerNorm, GELU MLP, learned positions, head tied to wte) or "llama"
+    // (RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention; Qwen3 with qk_norm).
+    std::string arch = "gpt2";
     i64 vocab = 32;           // V, tokens in the vocabulary
     i64 seq_len = 128;        // maximum T (rows of wpe); the data's sequence length
     i64 layers = 4;           // L
@@ -26,6 +29,17 @@ struct ModelConfig {
     i64 ffn = 256;            // F, MLP inner size (GPT-2: 4*hidden)
     double init_std = 0.02;   // std of the normal init of weights (residual projections scaled by 1/sqrt(2L))
     std::string init_from;    // optional llm.c GPT-2 checkpoint (.bin) to load instead of random init
+    // llama only (the keys are ignored by gpt2, whose head is always tied to wte):
+    i64 kv_heads = 0;         // KV heads of grouped-query attention, dividing heads; 0: heads
+    i64 head_dim = 0;         // channels of one head; 0: hidden / heads
+    double norm_eps = 1e-5;   // RMSNorm's epsilon
+    double rope_theta = 500000;  // RoPE base
+    double rope_factor = 0;      // Llama 3.1 frequency scaling: factor (0: off) and its parameters
+    double rope_low_freq_factor = 1;
+    double rope_high_freq_factor = 4;
+    i64 rope_original_max_positions = 8192;
+    bool tie_embeddings = false;  // the LM head is wte (else its own lm_head)
+    bool qk_norm = false;         // Qwen3: RMSNorm of each head's q and k before RoPE
     // Mixture of experts (core/model/moe.h): a MoE layer's feed-forward is a router over
     // moe_experts expert MLPs of moe_ffn channels (0: ffn), each token going to its moe_top_k
     // best, plus moe_shared_experts experts every token goes to (one MLP of shared x moe_ffn).
@@ -42,6 +56,13 @@ struct ModelConfig {
     bool is_moe() const { return moe_experts > 0; }
     bool moe_layer(i64 l) const { return is_moe() && (l + 1) % moe_every == 0; }
     i64 expert_ffn() const { return moe_ffn > 0 ? moe_ffn : ffn; }
+    bool llama() const { return arch == "llama"; }
+    i64 kv_head_count() const { return llama() && kv_heads > 0 ? kv_heads : heads; }
+    i64 head_size() const { return llama() && head_dim > 0 ? head_dim : hidden / heads; }
+    i64 attn_channels() const { return heads * head_size(); }       // NH·HS (q, attention out)
+    i64 kv_channels() const { return kv_head_count() * head_size(); }  // KV·HS (k, v)
+    // The LM head is wte: always for gpt2, by tie_embeddings for llama.
+    bool tied_head() const { return !llama() || tie_embeddings; }
 
     bool operator==(const ModelConfig&) const = default;
 };

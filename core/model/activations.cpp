@@ -18,7 +18,7 @@ Activations::Activations(const ModelConfig& mc, const ActShape& shape)
 }
 
 Tensor Activations::tensor(int a) const {
-    const ActSpec& s = kGpt2Acts[a];
+    const ActSpec& s = kActs[a];
     PX_ASSERT(!s.head || shape_.head, std::string("activation ") + s.name +
                                           " belongs to the head, which this chunk does not run");
     i64 dims[5];
@@ -27,6 +27,7 @@ Tensor Activations::tensor(int a) const {
         if (d != Dim::one) dims[nd++] = resolve_dim(d, mc_, shape_);
     if (a == ATT) dims[nd++] = shape_.key_len();
     if (a == DPREATT || a == DATT) dims[nd - 1] = shape_.key_len();
+    if (!arch_keeps(mc_, s)) dims[0] = 0;  // another architecture's: empty
     if (nd > kMaxDims) {  // (L,B,NH,T,T): fold L into B for the whole-tensor view
         dims[1] *= dims[0];
         for (int i = 0; i < nd - 1; i++) dims[i] = dims[i + 1];
@@ -36,7 +37,7 @@ Tensor Activations::tensor(int a) const {
 }
 
 Tensor Activations::layer(int a, int i) const {
-    const ActSpec& s = kGpt2Acts[a];
+    const ActSpec& s = kActs[a];
     PX_ASSERT(s.d0 == Dim::L || s.d0 == Dim::LS,
               "Activations::layer on a tensor without a layer dimension");
     PX_ASSERT(i >= 0 && i < shape_.layers, "Activations::layer: layer out of range");
@@ -47,6 +48,7 @@ Tensor Activations::layer(int a, int i) const {
     for (Dim d : {s.d1, s.d2, s.d3})
         if (d != Dim::one) dims[nd++] = resolve_dim(d, mc_, shape_);
     if (a == ATT) dims[nd++] = shape_.key_len();
+    if (!arch_keeps(mc_, s)) dims[0] = 0;  // another architecture's: empty
     i64 per_layer = 1;
     for (int j = 0; j < nd; j++) per_layer *= dims[j];
     return arena_.view(table_.dtype[a],

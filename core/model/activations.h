@@ -30,7 +30,7 @@ public:
     Tensor layer(int a, int i) const;  // local layer i (0 .. layers-1) of a per-layer tensor
     Tensor input() const { return tensor(ENCODED); }        // (B,T,C) the chunk's input
     Tensor output() const;                                  // (B,T,C) its last block's output
-    Tensor dresidual() const { return tensor(DRESIDUAL); }  // (B,T,C) see kGpt2Acts
+    Tensor dresidual() const { return tensor(DRESIDUAL); }  // (B,T,C) see kActs
     Tensor losses() const { return tensor(LOSSES); }        // (B,T) fp32, head chunks only
     i64 bytes() const {  // the table's total, and the MoE routes
         return arena_.bytes() + static_cast<i64>(routes_.size() * sizeof(std::int32_t));

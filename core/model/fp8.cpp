@@ -27,12 +27,16 @@ Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp,
         Fp8Gemm g;
         switch (e.spec - kFirstLayerSpec) {
             case QKVW:
+            case QW:  // Llama's q, k and v: three gemms of the qkv kind
+            case KW:
+            case VW:
                 g.kind = Fp8Gemm::qkv;
                 break;
             case ATTPROJW:
                 g.kind = Fp8Gemm::attn_proj;
                 break;
             case FCW:
+            case UPW:  // Llama's gate and up
                 g.kind = Fp8Gemm::fc;
                 break;
             case FCPROJW:
@@ -50,7 +54,7 @@ Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp,
     if (pc.fp8_lm_head) {
         Fp8Gemm g;
         g.kind = Fp8Gemm::lm_head;
-        g.weight_id = table.wte;
+        g.weight_id = mc.tied_head() ? table.wte : table.lm_head;
         g.name = "lm_head";
         head_gemm_ = n_gemms_++;
         gemm_.push_back(std::move(g));

@@ -10,14 +10,13 @@
 // Index
 //   Gpt2Block   forward and backward of block l of the model
 #pragma once
-#include "core/model/layer_ops.h"
-#include "core/model/moe.h"
+#include "core/model/block.h"
 
 #include <span>
 
 namespace px {
 
-class Gpt2Block {
+class Gpt2Block final : public Block {
 public:
     // logit_max: per layer of the whole model (null: none), see GPT::set_logit_max.
     Gpt2Block(const LayerOps& ops, const MoeLayer& moe, float* logit_max)
@@ -25,11 +24,11 @@ public:
 
     // Block l of the model, local layer i of the chunk's activations. probed: false when
     // backward recomputes the block, whose forward was probed already and its fp8 casts recorded.
-    void forward(Activations& a, int l, int i, bool probed = true) const;
+    void forward(Activations& a, int l, int i, bool probed = true) const override;
     // a.dresidual() holds d(residual3) on entry and d(x) on return; weight gradients go to the
     // nodes' buffers (dloss: d(mean loss)/d(token loss), for a MoE layer's auxiliary losses).
     void backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
-                  float dloss) const;
+                  float dloss) const override;
 
 private:
     // The plain MLP of layer l (a dense layer's, or a MoE layer's shared experts'): out = its

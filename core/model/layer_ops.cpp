@@ -136,6 +136,41 @@ void LayerOps::residual_forward(const Tensor& out, const Tensor& a, const Tensor
     ops::residual_forward(nx_, token_view(out, r, BT), token_view(a, r, BT), token_view(b, r, BT));
 }
 
+void LayerOps::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp,
+                               const Tensor& weight) const {
+    PX_ASSERT(!layout_.sp, "RMSNorm under sequence parallelism (the layout refuses it)");
+    ops::rmsnorm_forward(nx_, out, rstd, inp, weight, static_cast<float>(config().norm_eps));
+}
+
+void LayerOps::rmsnorm_backward(std::span<const TokenNode> nodes, const Tensor& dinp,
+                                const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                                const Tensor& weight, const Tensor& rstd) const {
+    PX_ASSERT(!layout_.sp, "RMSNorm under sequence parallelism (the layout refuses it)");
+    if (nodes.size() == 1) {
+        ops::rmsnorm_backward(nx_, dinp, dweight, dout, inp, weight, rstd);
+        return;
+    }
+    ops::rmsnorm_backward(nx_, &dinp, nullptr, dout, inp, weight, rstd);
+    // a node's rows: token rows of G rows each (rstd (B,T) or (B,T,G))
+    const i64 G = inp.ndim == 4 ? inp.shape[2] : 1, C = inp.shape[inp.ndim - 1];
+    for (size_t n = 0; n < nodes.size(); n++) {
+        const i64 lo = nodes[n].lo, hi = nodes[n].hi;
+        const Tensor dw = in_node(dweight, nodes, n);
+        ops::rmsnorm_backward(nx_, nullptr, &dw, subview(dout, lo * G * C, {1, hi - lo, G, C}),
+                              subview(inp, lo * G * C, {1, hi - lo, G, C}), weight,
+                              subview(rstd, lo * G, {1, hi - lo, G}));
+    }
+}
+
+std::vector<i64> LayerOps::positions(i64 T) const {
+    std::vector<i64> pos;
+    if (!layout_.context) return pos;
+    pos.resize(static_cast<size_t>(T));
+    for (const PositionRun& r : layout_.context->runs(T))
+        for (i64 w = r.lo; w < r.hi; w++) pos[static_cast<size_t>(w)] = r.pos + (w - r.lo);
+    return pos;
+}
+
 // ---- attention -------------------------------------------------------------------------------
 
 void LayerOps::attention_forward(const Tensor& out, const Tensor& preatt, const Tensor& att,

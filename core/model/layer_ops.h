@@ -17,6 +17,7 @@
 #include "core/model/model.h"
 
 #include <span>
+#include <vector>
 
 namespace px {
 
@@ -71,6 +72,19 @@ public:
                             const Tensor& inp, const Tensor& weight, const Tensor& mean,
                             const Tensor& rstd) const;
     void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) const;
+    // Llama's RMSNorm (model.norm_eps) on whole tensors; the weight gradient per token node over
+    // the node's rows (a 4-D (B,T,G,C) tensor: G rows per token, kernels/ops.h).
+    void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp,
+                         const Tensor& weight) const;
+    void rmsnorm_backward(std::span<const TokenNode> nodes, const Tensor& dinp,
+                          const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                          const Tensor& weight, const Tensor& rstd) const;
+    // RoPE's table (the model's, for model.seq_len positions) and the logical position of each of
+    // a microbatch's T rows (context parallelism: the runs of the rank's chunks; else empty:
+    // 0..T-1).
+    Tensor rope_cos() const { return model_.rope_cos(); }
+    Tensor rope_sin() const { return model_.rope_sin(); }
+    std::vector<i64> positions(i64 T) const;
     void sp_gather(const Tensor& t) const {
         if (layout_.sp) layout_.layers->sp_gather(t);
     }

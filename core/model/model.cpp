@@ -1,6 +1,6 @@
 #include "core/model/model.h"
 
-#include "core/model/gpt2_block.h"
+#include "core/model/block.h"
 #include "core/model/layer_ops.h"
 #include "core/model/model_rows.h"
 
@@ -47,8 +47,29 @@ GPT::GPT(const ModelConfig& mc, const Numerics& nx, const ModelPart& part,
                           dtype_name(act_dtype_) + " activations; use fp32");
     glayout_.head_offset = table_.total;
     glayout_.total = table_.total +
-                     (part_.holds_wte() ? align16(resolve_dim(Dim::V, mc, dims_) * mc.hidden) : 0);
+                     (part_.head_region() ? align16(resolve_dim(Dim::V, mc, dims_) * mc.hidden) : 0);
     params_ = Arena(bytes_of(DType::f32, table_.total));
+    if (mc_.llama()) {  // RoPE's table, once: the same bits on every rank (core/base/mathfun.h)
+        const i64 h = mc_.head_size() / 2;
+        rope_.assign(static_cast<size_t>(2 * mc_.seq_len * h), 0.0f);
+        ops::RopeScaling scaling;
+        scaling.factor = mc_.rope_factor;
+        scaling.low_freq_factor = mc_.rope_low_freq_factor;
+        scaling.high_freq_factor = mc_.rope_high_freq_factor;
+        scaling.original_max_position_embeddings =
+            static_cast<double>(mc_.rope_original_max_positions);
+        ops::rope_table(nx_, rope_cos(), rope_sin(), mc_.rope_theta, scaling);
+    }
+}
+
+Tensor GPT::rope_cos() const {
+    const i64 h = mc_.head_size() / 2;
+    return view_f32(rope_.data(), {mc_.seq_len, h}, "rope_cos");
+}
+
+Tensor GPT::rope_sin() const {
+    const i64 h = mc_.head_size() / 2;
+    return view_f32(rope_.data() + mc_.seq_len * h, {mc_.seq_len, h}, "rope_sin");
 }
 
 void GPT::set_experts(std::shared_ptr<const ExpertLayers> experts) {
@@ -96,6 +117,10 @@ Tensor GPT::grad_head(float* grads) const {
                     "lm_head(wte)");
 }
 
+Tensor GPT::head_weight() const {
+    return param(part_.tied ? table_.wte : table_.lm_head);
+}
+
 float* GPT::param_ptr(const std::string& name) const {
     const int i = table_.find(name);
     return i < 0 ? nullptr : params_.f32() + table_.entries[i].offset;
@@ -117,7 +142,7 @@ void GPT::init_random(std::uint64_t seed, double init_std) {
             else
                 fill_normal(p, e.numel(), 0.0f, static_cast<float>(std), seed, id, 0);
         };
-        switch (kGpt2Params[e.spec].init) {
+        switch (kParams[e.spec].init) {
             case ParamSpec::normal:
                 normal(init_std);
                 break;
@@ -165,10 +190,11 @@ GradSpan entry_span(const ParamTable& t, int first, int last) {
 std::vector<GradSpan> GPT::unit_params(Unit u) const {
     switch (u.kind) {
         case Unit::embedding:
-            return {entry_span(table_, table_.wte, table_.wpe)};
+            return {entry_span(table_, table_.wte, table_.embedding_last())};
         case Unit::head:
+            if (!part_.tied) return {entry_span(table_, table_.lnfw, table_.head_last())};
             return {entry_span(table_, table_.wte, table_.wte),
-                    entry_span(table_, table_.lnfw, table_.lnfb)};
+                    entry_span(table_, table_.lnfw, table_.head_last())};
         default:
             break;
     }
@@ -178,8 +204,9 @@ std::vector<GradSpan> GPT::unit_params(Unit u) const {
 }
 
 std::vector<GradSpan> GPT::unit_grads(Unit u) const {
-    if (u.kind != Unit::head) return unit_params(u);
-    return {entry_span(table_, table_.lnfw, table_.lnfb), {glayout_.head_offset, glayout_.total}};
+    if (u.kind != Unit::head || !part_.tied) return unit_params(u);
+    return {entry_span(table_, table_.lnfw, table_.head_last()),
+            {glayout_.head_offset, glayout_.total}};
 }
 
 GradSpan GPT::grad_span(int chunk) const {
@@ -191,17 +218,17 @@ GradSpan GPT::grad_span(int chunk) const {
         if (first < 0) first = table_.layer_first[static_cast<size_t>(layers.lo)];
         last = table_.layer_last[static_cast<size_t>(layers.hi - 1)];
     }
-    if (has_embedding(chunk)) last = std::max(last, table_.wpe);
+    if (has_embedding(chunk)) last = std::max(last, table_.embedding_last());
     if (has_head(chunk)) {
         if (first < 0) first = table_.lnfw;
-        last = table_.lnfb;
+        last = table_.head_last();
     }
     GradSpan s;
     if (first < 0) return s;  // an empty chunk
     const TableEntry& e = table_.entries[static_cast<size_t>(last)];
     s.lo = table_.entries[static_cast<size_t>(first)].offset;
     s.hi = e.offset + align16(e.numel());
-    if (has_head(chunk)) s.hi = glayout_.total;  // and the LM head's part of dwte
+    if (has_head(chunk) && part_.tied) s.hi = glayout_.total;  // and the LM head's part of dwte
     return s;
 }
 
@@ -209,7 +236,8 @@ GradSpan GPT::grad_span(int chunk) const {
 // start at the run's (a view of wpe from there), so the kernels, which take position t from the
 // row, see logical positions. Without it, the whole tensor at once.
 void GPT::embedding_forward(const Tensor& out, const int* tokens) const {
-    const Tensor wte = param(table_.wte), wpe = param(table_.wpe);
+    // Llama has no wpe: a tensor without data (ops::embedding_forward adds no position)
+    const Tensor wte = param(table_.wte), wpe = table_.wpe >= 0 ? param(table_.wpe) : Tensor{};
     auto run = [&](const Tensor& o, const int* tok, const Tensor& pe) {
         if (layers_)
             layers_->embedding_forward(o, tok, wte, pe);
@@ -221,7 +249,8 @@ void GPT::embedding_forward(const Tensor& out, const int* tokens) const {
     for (i64 b = 0; b < B; b++)
         for (const PositionRun& r : context_->runs(T)) {
             const i64 n = r.hi - r.lo, row = b * T + r.lo;
-            run(subview(out, row * C, {1, n, C}), tokens + row, subview(wpe, r.pos * C, {n, C}));
+            run(subview(out, row * C, {1, n, C}), tokens + row,
+                wpe.data ? subview(wpe, r.pos * C, {n, C}) : wpe);
         }
 }
 
@@ -235,7 +264,7 @@ void GPT::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tenso
         if (layers_)
             layers_->embedding_backward(dwte, dwpe, d, tok, lo, hi);
         else
-            ops::embedding_backward(nx_, &dwte, &dwpe, d, tok, lo, hi);
+            ops::embedding_backward(nx_, &dwte, dwpe.data ? &dwpe : nullptr, d, tok, lo, hi);
     };
     if (!context_) return run(dout, tokens, row_lo, row_hi);
     const i64 Tl = dout.shape[1], C = dout.shape[2], T = context_->keys(Tl);
@@ -274,7 +303,7 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
     const Numerics& nx = nx_;
     const LayerOps ops = layer_ops();
     const MoeLayer moe(ops, experts_.get(), router_stats_);
-    const Gpt2Block block(ops, moe, logit_max_);
+    const std::unique_ptr<Block> block = make_block(ops, moe, logit_max_);
     const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];
     PX_ASSERT(a.shape().layers == layers.size() && a.shape().head == has_head(chunk),
               "activations made for another chunk");
@@ -286,24 +315,28 @@ void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targe
     }
     for (int l = layers.lo; l < layers.hi; l++) {
         before_forward({Unit::block, l});
-        block.forward(a, l, l - layers.lo);
+        block->forward(a, l, l - layers.lo);
         after_forward({Unit::block, l});
     }
     if (!has_head(chunk)) return;
     before_forward({Unit::head});
     const Tensor last = a.output();
-    ops.layernorm_forward(a.tensor(LNF), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD), last,
-                          param(table_.lnfw), param(table_.lnfb));
+    if (mc_.llama())
+        ops.rmsnorm_forward(a.tensor(LNF), a.tensor(LNF_RSTD), last, param(table_.lnfw));
+    else
+        ops.layernorm_forward(a.tensor(LNF), a.tensor(LNF_MEAN), a.tensor(LNF_RSTD), last,
+                              param(table_.lnfw), param(table_.lnfb));
     ops.sp_gather(a.tensor(LNF));
     ops.probe("fwd", -1, "ln_f", "out", a.tensor(LNF));
-    // LM head tied to wte: logits (B,T,V) = lnf · wteᵀ, written into probs, then softmax in place.
-    const Tensor probs = a.tensor(PROBS);
+    // LM head: logits (B,T,V) = lnf · Wᵀ (W: wte when tied, else lm_head), written into probs,
+    // then softmax in place.
+    const Tensor probs = a.tensor(PROBS), head_w = head_weight();
     if (fp8_ && fp8_->head_gemm() >= 0)
-        ops.fp8_linears().head_logits(probs, a.tensor(LNF), param(table_.wte));
+        ops.fp8_linears().head_logits(probs, a.tensor(LNF), head_w);
     else if (layers_)
-        layers_->head_logits(probs, a.tensor(LNF), param(table_.wte));
+        layers_->head_logits(probs, a.tensor(LNF), head_w);
     else
-        ops::matmul_forward(nx, probs, a.tensor(LNF), param(table_.wte), nullptr);
+        ops::matmul_forward(nx, probs, a.tensor(LNF), head_w, nullptr);
     // The logits, before softmax runs in place.
     ops.probe("fwd", -1, "head", "out", probs, ProbeSplit::vocabulary);
     if (layers_)
@@ -325,7 +358,7 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
     const Numerics& nx = nx_;
     const LayerOps ops = layer_ops();
     const MoeLayer moe(ops, experts_.get(), router_stats_);
-    const Gpt2Block block(ops, moe, logit_max_);
+    const std::unique_ptr<Block> block = make_block(ops, moe, logit_max_);
     const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];
     PX_ASSERT(a.shape().layers == layers.size() && a.shape().head == has_head(chunk),
               "activations made for another chunk");
@@ -342,8 +375,9 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
     if (has_head(chunk)) {
         before_backward({Unit::head}, grads);
         const Tensor probs = a.tensor(PROBS), dbuf_c = a.tensor(DBUF_C);
-        // LM head: dlnf = dlogits · wte, and its wte gradient kept apart (see GradLayout).
-        const Tensor head = grad_head(grads);
+        // LM head: dlnf = dlogits · W, and its W gradient: a tied wte's kept apart (see
+        // GradLayout), an untied lm_head's its own.
+        const Tensor head = part_.tied ? grad_head(grads) : grad(grads, table_.lm_head);
         zero(dbuf_c);
         if (layers_)
             layers_->head_dlogits(probs, targets, dloss);
@@ -354,7 +388,7 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
         // rounded once (as an fp8 linear's dinp).
         const bool head8 = fp8_ && fp8_->head_gemm() >= 0;
         std::vector<float> casts[3];
-        Tensor dlogits = probs, lnf = a.tensor(LNF), wte = param(table_.wte);
+        Tensor dlogits = probs, lnf = a.tensor(LNF), wte = head_weight();
         if (head8) ops.fp8_linears().head_casts(casts, dlogits, lnf, wte);
         const Widened dl(head8 ? &dbuf_c : nullptr);
         const Tensor dlnf = head8 ? *dl : dbuf_c;
@@ -380,9 +414,13 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
         ops.probe("bwd", -1, "head", "dinp", dbuf_c, ProbeSplit::tokens);
         zero(dresidual);
         const Tensor last = a.output();
-        ops.layernorm_backward(nodes, dresidual, grad(grads, table_.lnfw),
-                               grad(grads, table_.lnfb), dbuf_c, last, param(table_.lnfw),
-                               a.tensor(LNF_MEAN), a.tensor(LNF_RSTD));
+        if (mc_.llama())
+            ops.rmsnorm_backward(nodes, dresidual, grad(grads, table_.lnfw), dbuf_c, last,
+                                 param(table_.lnfw), a.tensor(LNF_RSTD));
+        else
+            ops.layernorm_backward(nodes, dresidual, grad(grads, table_.lnfw),
+                                   grad(grads, table_.lnfb), dbuf_c, last, param(table_.lnfw),
+                                   a.tensor(LNF_MEAN), a.tensor(LNF_RSTD));
         ops.probe("bwd", -1, "ln_f", "dinp", dresidual, ProbeSplit::tokens);
         after_backward({Unit::head}, grads);
     }
@@ -390,8 +428,8 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
         before_backward({Unit::block, l}, grads);
         // Recompute: the block's internals were not kept; its forward from the kept input
         // refills them bit for bit (its output, written again, is unchanged).
-        if (a.shape().recompute) block.forward(a, l, l - layers.lo, false);
-        block.backward(a, nodes, l, l - layers.lo, dloss);
+        if (a.shape().recompute) block->forward(a, l, l - layers.lo, false);
+        block->backward(a, nodes, l, l - layers.lo, dloss);
         after_backward({Unit::block, l}, grads);
     }
     if (has_embedding(chunk)) {
@@ -399,7 +437,8 @@ void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, 
         ops.sp_gather(dresidual);  // sequence parallelism: d(encoded) of every token
         for (size_t n = 0; n < nodes.size(); n++) {
             const Tensor dwte = in_node(grad(grads, table_.wte), nodes, n);
-            const Tensor dwpe = in_node(grad(grads, table_.wpe), nodes, n);
+            const Tensor dwpe =
+                table_.wpe >= 0 ? in_node(grad(grads, table_.wpe), nodes, n) : Tensor{};
             embedding_backward(dwte, dwpe, dresidual, tokens, nodes[n].lo, nodes[n].hi);
         }
         after_backward({Unit::embedding}, grads);
@@ -427,6 +466,7 @@ void GPT::backward(float* grads, const int* tokens, const int* targets, float dl
 }
 
 void GPT::combine_tied_grads(float* grads) const {
+    if (!part_.tied) return;  // an untied lm_head's gradient is its own
     PX_ASSERT(part_.holds_wte(), "combine_tied_grads on a model part without wte");
     const TableEntry& e = table_.entries[table_.wte];
     float* dwte = grads + e.offset;
@@ -439,7 +479,7 @@ void GPT::combine_tied_grads(float* grads) const {
 void GPT::probe_params(ProbeSink& sink, i64 step, const char* phase, const char* op,
                        const float* data, i64 lo, i64 hi, i64 node, i64 nodes) const {
     for (const TableEntry& e : table_.entries) {
-        const ProbeKey key{step, phase, e.layer, op, kGpt2Params[e.spec].name};
+        const ProbeKey key{step, phase, e.layer, op, e.short_name};
         const i64 a = std::max(lo, e.offset), b = std::min(hi, e.offset + e.numel());
         if (a >= b || !sink.wants(key)) continue;
         ShardSpec whole;
@@ -447,7 +487,7 @@ void GPT::probe_params(ProbeSink& sink, i64 step, const char* phase, const char*
             whole = layers_->param_shard(e);
         } else {
             std::vector<i64> shape{e.cols};
-            if (kGpt2Params[e.spec].rows != Dim::one) shape.insert(shape.begin(), e.rows);
+            if (kParams[e.spec].rows != Dim::one) shape.insert(shape.begin(), e.rows);
             whole = flat_shard(shape, 0, e.numel());
             if (expert_tensor(e) && !part_.all_experts())  // rows of the (E·R, cols) tensor
                 offset_rows(whole, expert_row_offset(e), e.rows / dims_.experts * mc_.moe_experts);

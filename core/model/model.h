@@ -1,8 +1,8 @@
-// The GPT-2 model: token and learned position embeddings, L pre-LayerNorm blocks (causal
-// multi-head attention, GELU-tanh MLP), a final LayerNorm and an LM head tied to wte.
-// Forward and backward are written out per layer, as llm.c does: the embedding and the head
-// here (model.cpp), a block in gpt2_block.h, a MoE layer's routed experts in moe.h, all on the
-// ops of layer_ops.h. This file knows nothing of parallelism; layouts wrap it from
+// The model: token embeddings (GPT-2: and learned positions), L pre-norm blocks of the config's
+// architecture (model.arch: GPT-2's, gpt2_block.h, or Llama's, llama_block.h, behind block.h),
+// a final norm and an LM head (tied to wte, or Llama's own lm_head). Forward and backward are
+// written out per layer, as llm.c does: the embedding and the head here (model.cpp), a block in
+// its file, a MoE layer's routed experts in moe.h, all on the ops of layer_ops.h. This file knows nothing of parallelism; layouts wrap it from
 // core/parallel, through the layers they provide it (layout_layers.h). A GPT may hold only part
 // of the model (ModelPart: some runs of layers, with or without the embedding and the head),
 // which is what a pipeline stage is; the whole model is the part with everything, and runs
@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <vector>
 
 namespace px {
 
@@ -100,6 +101,10 @@ public:
     Tensor param(int i) const;                         // view into the (fp32) parameter arena
     Tensor grad(float* grads, int i) const;            // the same tensor in a gradient buffer
     Tensor grad_head(float* grads) const;              // (V,C) LM-head part of dwte (local V)
+    Tensor head_weight() const;  // the LM head's (V,C): wte when tied, else lm_head (local V)
+    // Llama's RoPE table (model.seq_len, head_size/2), fp32, made once (ops::rope_table).
+    Tensor rope_cos() const;
+    Tensor rope_sin() const;
     DType activation_dtype() const { return act_dtype_; }
     float* params() const { return params_.f32(); }    // fp32 master weights
     const Arena& param_arena() const { return params_; }
@@ -224,6 +229,7 @@ private:
     ParamTable table_;
     GradLayout glayout_;
     Arena params_;
+    std::vector<float> rope_;  // Llama: RoPE's cos then sin table
     Activations acts_;
     std::shared_ptr<Fp8Scaling> fp8_;  // null: no fp8 matmuls
     float* logit_max_ = nullptr;       // set_logit_max

@@ -72,7 +72,7 @@ void AdamW::step(const GPT& model, float* w, float* grads, float grad_norm, floa
             t.name = e.name.c_str();
             return t;
         };
-        const bool decay = kGpt2Params[e.spec].decay;
+        const bool decay = kParams[e.spec].decay;
         ops::AdamWStep s{lr,
                          static_cast<float>(tc.beta1),
                          static_cast<float>(tc.beta2),

@@ -17,6 +17,10 @@ MemorySizes memory_sizes(const Config& c) {
     s.FE = double(resolve_dim(Dim::FE, m)), s.FS = double(resolve_dim(Dim::FS, m));
     s.FM = double(resolve_dim(Dim::FM, m));
     for (i64 l = 0; l < m.layers; l++) s.moe_layers += m.moe_layer(l) ? 1 : 0;
+    s.CA = double(m.attn_channels()), s.KV = double(m.kv_channels());
+    s.KVH = double(m.kv_head_count()), s.HS = double(m.head_size());
+    s.kv_split = kv_split(m, c.layout.tp);
+    s.model = m;
     s.tp = c.layout.tp, s.pp = c.layout.pp, s.v = c.layout.virtual_stages, s.S = s.pp * s.v;
     s.dp = c.layout.dp;
     s.cp = c.layout.cp;
@@ -68,13 +72,19 @@ double memory_dim(Dim d, const MemorySizes& s, double B) {
         case Dim::C:
             return s.C;
         case Dim::C3:
-            return 3 * s.C / s.tp;
+            return 3 * s.CA / s.tp;
         case Dim::F:
             return s.F / s.tp;
         case Dim::NH:
             return s.NH / s.tp;
         case Dim::CA:
-            return s.C / s.tp;
+            return s.CA / s.tp;
+        case Dim::KV:
+            return s.KV / (s.kv_split ? s.tp : 1);
+        case Dim::KVH:
+            return s.KVH / (s.kv_split ? s.tp : 1);
+        case Dim::HS:
+            return s.HS;
         case Dim::E:
             return s.E;
         case Dim::FE:
@@ -120,36 +130,43 @@ double param_floats(const ParamSpec& p, const MemorySizes& s) {
 
 StageParams stage_params(const MemorySizes& s) {
     StageParams p;
-    p.wte = param_floats(kGpt2Params[0], s);
-    p.wpe = param_floats(kGpt2Params[1], s);
+    const ModelConfig& m = s.model;
+    p.wte = param_floats(kParams[0], s);
+    p.wpe = arch_holds(m, 1) ? param_floats(kParams[1], s) : 0;
+    p.head_wte = m.tied_head() ? p.wte : 0;
     // a layer's floats: the mean over the model's dense and MoE layers (a MoE layer's plain MLP
     // is its shared experts', FS wide, absent without them)
     double dense = 0, moe = 0;
     MemorySizes shared = s;
     shared.F = s.FS;
     for (int i = 0; i < kNumLayerParams; i++) {
-        const ParamSpec& spec = kGpt2Params[kFirstLayerSpec + i];
-        if (i < kNumDenseLayerParams) dense += param_floats(spec, s);
-        if (i < FCW || i > FCPROJB)
-            moe += i < kNumDenseLayerParams || s.E > 0 ? param_floats(spec, s) : 0;
-        else if (s.FS > 0)
-            moe += param_floats(spec, shared);
+        const ParamSpec& spec = kParams[kFirstLayerSpec + i];
+        if (!arch_holds(m, kFirstLayerSpec + i)) continue;
+        const bool routed = (i >= ROUTERW && i <= EPROJB) || i == EUPW;
+        const bool plain = (i >= FCW && i <= FCPROJB) || i == UPW;
+        if (!routed) dense += param_floats(spec, s);
+        if (plain)
+            moe += s.FS > 0 ? param_floats(spec, shared) : 0;
+        else
+            moe += !routed || s.E > 0 ? param_floats(spec, s) : 0;
     }
     p.layer = (dense * (s.L - s.moe_layers) + moe * s.moe_layers) / s.L;
-    for (int i = kFirstLayerSpec + kNumLayerParams; i < kNumParamSpecs; i++)
-        p.lnf += param_floats(kGpt2Params[i], s);
+    // the head's own: ln_f (and its bias), and an untied lm_head
+    for (int i = kLnfWSpec; i < kNumParamSpecs; i++)
+        if (arch_holds(m, i)) p.lnf += param_floats(kParams[i], s);
     return p;
 }
 
 // Activation bytes of one microbatch on `layers` layers in `chunks` model chunks, `heads` of
-// which end in the LM head (kGpt2Acts: a block's internals per layer, or per chunk when blocks
+// which end in the LM head (kActs: a block's internals per layer, or per chunk when blocks
 // are recomputed; the residual stream per layer; scratch per chunk; the head's tensors per head).
 double activation_set_bytes(const MemorySizes& s, double layers, double chunks, double heads) {
     double total = 0;
-    for (const ActSpec& a : kGpt2Acts) {
+    for (const ActSpec& a : kActs) {
+        if (!arch_keeps(s.model, a)) continue;
         double n = memory_dim(a.d0, s, s.micro_B) * memory_dim(a.d1, s, s.micro_B) *
                    memory_dim(a.d2, s, s.micro_B) * memory_dim(a.d3, s, s.micro_B);
-        if (&a == &kGpt2Acts[ATT]) n *= s.T;
+        if (&a == &kActs[ATT]) n *= s.T;
         const auto has = [&](Dim d) { return a.d0 == d || a.d1 == d || a.d2 == d || a.d3 == d; };
         if (a.head)
             n *= heads;

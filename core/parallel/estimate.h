@@ -41,6 +41,9 @@ struct MemorySizes {
     double fp8_state;  // floats of fp8 delayed scaling's scales and histories (every rank's)
     double E, K, FE, FS, FM;  // MoE (core/base/arena.h Dim): 0 without, FM = F
     double moe_layers;        // layers that are MoE
+    double CA, KV, KVH, HS;   // attention channels, KV channels and heads, head size
+    bool kv_split;            // tp ranks split the KV heads (kv_split)
+    ModelConfig model;        // which tensors the architecture has (arch_holds, arch_keeps)
 };
 
 MemorySizes memory_sizes(const Config& c);
@@ -52,7 +55,8 @@ double memory_dim(Dim d, const MemorySizes& s, double B);
 // Floats of a tp rank's tensors, with the table's alignment: wte, wpe, ln_f, and a layer (the
 // mean over the model's dense and MoE layers).
 struct StageParams {
-    double wte = 0, wpe = 0, layer = 0, lnf = 0;
+    double wte = 0, wpe = 0, layer = 0, lnf = 0;  // lnf: the head's own (with an untied lm_head)
+    double head_wte = 0;                          // wte again for the head: tied, else 0
 };
 StageParams stage_params(const MemorySizes& s);
 

@@ -159,7 +159,7 @@ MemoryEstimate estimate_memory(const Config& cfg, MemoryScope scope, const Memor
     if (scope == MemoryScope::process) {
         // Every stage of the pipeline once (the wte of the LM head again on the last one when
         // the pipeline has several), times the replicas and tp ranks.
-        const double P = p.wte + p.wpe + s.L * p.layer + p.lnf + (s.pp > 1 ? p.wte : 0);
+        const double P = p.wte + p.wpe + s.L * p.layer + p.lnf + (s.pp > 1 ? p.head_wte : 0);
         add_group(e.items, s, p, {P, s.L, s.S, 1, s.pp, 1, s.dp * s.cp * s.tp});
         e.ranks = static_cast<i64>(s.dp * s.cp * s.tp * s.pp);  // < 2^31 (validate_config)
     } else {
@@ -170,7 +170,7 @@ MemoryEstimate estimate_memory(const Config& cfg, MemoryScope scope, const Memor
         add_group(first, s, p,
                   {p.wte + p.wpe + layers * p.layer + (one ? p.lnf : 0), layers, s.v,
                    one ? 1.0 : 0.0, 1, one ? 1.0 : 0.0, 1});
-        add_group(last, s, p, {p.wte + p.lnf + layers * p.layer, layers, s.v, 1, 1, 1, 1});
+        add_group(last, s, p, {p.head_wte + p.lnf + layers * p.layer, layers, s.v, 1, 1, 1, 1});
         double a = 0, b = 0;
         for (size_t i = 0; i < kItems; i++) a += first[i].bytes, b += last[i].bytes;
         for (size_t i = 0; i < kItems; i++) e.items[i].bytes = (a >= b ? first : last)[i].bytes;

@@ -73,8 +73,9 @@ void F32::rmsnorm_forward(const Numerics& nx, const Tensor& out, const Tensor& r
 void F32::rmsnorm_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweight,
                            const Tensor& dout, const Tensor& inp, const Tensor& weight,
                            const Tensor& rstd) {
+    const i64 G = inp.ndim == 4 ? inp.shape[2] : 1;  // (B,T,G,C): a token's G rows (ops.h)
     cpu::rmsnorm_backward(nx, f32_or_null(dinp), f32_or_null(dweight), dout.f32(), inp.f32(),
-                          weight.f32(), rstd.f32(), rows(inp), last_dim(inp));
+                          weight.f32(), rstd.f32(), rows(inp) / G, last_dim(inp), G);
 }
 
 void F32::gelu_forward(const Numerics& nx, const Tensor& out, const Tensor& inp) {
@@ -170,8 +171,9 @@ void F32::residual_backward(const Numerics& nx, const Tensor& da, const Tensor& 
 
 void F32::embedding_forward(const Numerics& nx, const Tensor& out, const int* tokens,
                             const Tensor& wte, const Tensor& wpe) {
-    cpu::embedding_forward(nx, out.f32(), tokens, wte.f32(), wpe.f32(), out.shape[0], out.shape[1],
-                           out.shape[2]);
+    // wpe without data: no position embedding (ops.h)
+    cpu::embedding_forward(nx, out.f32(), tokens, wte.f32(), wpe.data ? wpe.f32() : nullptr,
+                           out.shape[0], out.shape[1], out.shape[2]);
 }
 
 // V only bounds the token ids of dwte's rows, so it is unused without dwte.

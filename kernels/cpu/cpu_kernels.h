@@ -63,10 +63,11 @@ void layernorm_backward(const Numerics& nx, float* dinp, float* dweight, float* 
 // with Σx² the canonical tree over C (any order in Mode::fast).
 void rmsnorm_forward(const Numerics& nx, float* out, float* rstd, const float* inp,
                      const float* weight, i64 BT, i64 C, float eps);
-// dinp (BT,C) += (reduction over C per row); dweight (C) += Σ_t norm·dout (reduction over the BT
-// tokens in the canonical tree). Null outputs are skipped.
+// dinp (BT·G,C) += (reduction over C per row); dweight (C) += Σ_t norm·dout (reduction over the BT
+// tokens in the canonical tree, a token's G rows in order first). Null outputs are skipped.
 void rmsnorm_backward(const Numerics& nx, float* dinp, float* dweight, const float* dout,
-                      const float* inp, const float* weight, const float* rstd, i64 BT, i64 C);
+                      const float* inp, const float* weight, const float* rstd, i64 BT, i64 C,
+                      i64 G = 1);
 
 // out (N), inp (N): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
 void gelu_forward(const Numerics& nx, float* out, const float* inp, i64 N);

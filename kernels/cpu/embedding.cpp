@@ -59,14 +59,18 @@ void reduce_tokens(float* dst, const float* dout, const i64* idx, i64 k, i64 C, 
 
 }  // namespace
 
-// out (B,T,C); tokens (B,T); wte (V,C); wpe (>=T,C)
+// out (B,T,C); tokens (B,T); wte (V,C); wpe (>=T,C) or null (none)
 void embedding_forward(const Numerics&, float* out, const int* tokens, const float* wte,
                        const float* wpe, i64 B, i64 T, i64 C) {
 #pragma omp parallel for schedule(static)
     for (i64 n = 0; n < B * T; n++) {
         const float* e = wte + i64(tokens[n]) * C;
-        const float* p = wpe + (n % T) * C;
         float* o = out + n * C;
+        if (wpe == nullptr) {  // no position embedding (Llama: rotary positions in attention)
+            std::copy(e, e + C, o);
+            continue;
+        }
+        const float* p = wpe + (n % T) * C;
         for (i64 i = 0; i < C; i++) o[i] = e[i] + p[i];
     }
 }

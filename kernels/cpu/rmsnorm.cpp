@@ -7,6 +7,9 @@
 //   dinp += (dnorm - norm·(Σdnorm·norm/C))·rstd
 // and over the tokens: dweight += Σ norm·dout.
 //
+// Rows may come G to a token (Qwen3's qk_norm: a token's heads, one weight of head_dim for all):
+// the weight gradient then adds a token's G rows in order, and the tokens as below.
+//
 // Order (Mode::bitwise), as layernorm.cpp: the sums over C are canonical trees over blocks of
 // nx.block channels (fma inside a block for Σx² and Σdnorm·norm). The token sum runs sequentially
 // inside a block of nx.block tokens, vectorised across the C columns, and the token blocks combine
@@ -43,9 +46,12 @@ void rmsnorm_forward(const Numerics& nx, float* out, float* rstd, const float* i
     }
 }
 
-// dinp (BT,C) +=, dweight (C) += (null ones skipped); dout, inp (BT,C); weight (C); rstd (BT)
+// dinp (BT·G,C) +=, dweight (C) += (null ones skipped); dout, inp (BT·G,C); weight (C); rstd (BT·G).
+// G rows per token (a token's heads): the token tree is over the BT tokens, a token's G rows added
+// in order inside its block.
 void rmsnorm_backward(const Numerics& nx, float* dinp, float* dweight, const float* dout,
-                      const float* inp, const float* weight, const float* rstd, i64 BT, i64 C) {
+                      const float* inp, const float* weight, const float* rstd, i64 BT, i64 C,
+                      i64 G) {
     if (BT <= 0 || C <= 0) return;
     const VecMath& vm = vecmath(nx.isa);
     const int blk = nx.block;
@@ -58,8 +64,8 @@ void rmsnorm_backward(const Numerics& nx, float* dinp, float* dweight, const flo
 #pragma omp for schedule(dynamic, 8)
         for (i64 jb = 0; jb < nb; jb++) {
             float* aw = dweight ? pw.data() + jb * C : nullptr;
-            const i64 t1 = std::min(BT, (jb + 1) * blk);
-            for (i64 t = jb * blk; t < t1; t++) {
+            const i64 t1 = std::min(BT, (jb + 1) * blk) * G;
+            for (i64 t = jb * blk * G; t < t1; t++) {
                 const float* x = inp + t * C;
                 const float* d = dout + t * C;
                 const float s = rstd[t];

@@ -104,7 +104,7 @@ TEST_CASE("a model part initialises exactly the single device's numbers, under t
     CHECK(stage.table().wpe == -1);
     CHECK_FALSE(stage.table().has_layer(0));
     CHECK(stage.table().has_layer(4));
-    CHECK(stage.table().entries.size() == static_cast<size_t>(1 + 4 * kNumDenseLayerParams + 2));
+    CHECK(stage.table().entries.size() == static_cast<size_t>(1 + 4 * 12 + 2));
     for (const TableEntry& e : stage.table().entries) {
         const TableEntry& w = whole.table().entries[static_cast<size_t>(e.id)];
         CHECK(w.name == e.name);

@@ -102,7 +102,7 @@ TEST_CASE("activations carry the run's dtype and are sized in bytes from the tab
             CHECK(a.dtype() == dt);
             i64 aligned = 0, packed = 0;
             for (int i = 0; i < kNumActs; i++) {
-                const ActSpec& spec = kGpt2Acts[i];
+                const ActSpec& spec = kActs[i];
                 const DType want = spec.type == ActType::f32 ? DType::f32 : dt;
                 const Tensor t = a.tensor(i);
                 INFO(spec.name);

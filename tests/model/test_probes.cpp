@@ -99,7 +99,7 @@ std::vector<std::string> expected_step(const Config& c, i64 step) {
         const std::string po = phase_op;
         const std::string phase = po.substr(0, po.find('/')), op = po.substr(po.find('/') + 1);
         for (const TableEntry& e : t.entries)
-            add(phase.c_str(), e.layer, op.c_str(), kGpt2Params[e.spec].name);
+            add(phase.c_str(), e.layer, op.c_str(), e.short_name);
     }
     return n;
 }

@@ -99,7 +99,7 @@ Target target_on(const Held& h, bool grad) {
 
 std::string layer_of(const TableEntry& e) { return e.layer < 0 ? "-" : std::to_string(e.layer); }
 std::string grad_probe(const TableEntry& e) {
-    return "grad/" + layer_of(e) + "/param/" + kGpt2Params[e.spec].name;
+    return "grad/" + layer_of(e) + "/param/" + e.short_name;
 }
 
 LayoutResult validate_one(const Config& c, const LayoutSpec& l, const RunHooks& plant = {}) {
@@ -138,7 +138,7 @@ void check_config_fault(const Case& k, const char* kind) {
         const std::string op = std::to_string(kStep) + "/" +
                                (grad ? grad_probe(t.entry)
                                      : "optim/" + layer_of(t.entry) + "/param/" +
-                                           kGpt2Params[t.entry.spec].name);
+                                           t.entry.short_name);
         INFO(k.layout << " " << kind << " on world rank " << r << ": " << t.entry.name << "["
                       << t.element << "] -> " << res.verdict << " " << res.error << " step "
                       << res.first_step << " " << res.first.name << " rank " << res.first_rank

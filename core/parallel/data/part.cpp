@@ -46,7 +46,7 @@ void leaf_schedule(i64 lo, i64 hi, i64 blocks_per_leaf, std::vector<unsigned cha
 void DataParallel::estimate(const MemorySizes& s, const StageParams& p, const MemoryGroup& g,
                             MemoryTerms& t) {
     const double kF = kEstimateFloat, P = g.P;
-    const double unit = std::max({p.layer, p.wte + p.wpe, p.wte + p.lnf});  // a ZeRO unit
+    const double unit = std::max({p.layer, p.wte + p.wpe, p.head_wte + p.lnf});  // a ZeRO unit
     const bool units = s.microbatch_major;
     t.weights += s.zero == 3 && units ? kF * (P / s.dp + 2 * unit * g.ranks) : kF * P;
     t.gradients += s.zero >= 2 && units

@@ -88,7 +88,7 @@ ZeroShards::ZeroShards(const GPT& model, int dp, int rank)
     // The LM head's gradient shadows wte element for element: cut it where wte is cut.
     const ParamTable& t = model.table();
     head_edges_.assign(edges_.size(), 0);
-    if (t.wte < 0) return;  // a pipeline stage without wte
+    if (!model.part().head_region()) return;  // a stage without wte, or an untied head
     const TableEntry& wte = t.entries[static_cast<size_t>(t.wte)];
     for (size_t r = 0; r < edges_.size(); r++)
         head_edges_[r] = std::clamp<i64>(edges_[r] - wte.offset, 0, wte.numel());
@@ -104,7 +104,8 @@ void ZeroShards::reduce_scatter_stage(comm::Communicator& dp, float* grads, comm
         const TableEntry& wte = t.entries[static_cast<size_t>(t.wte)];
         PX_ASSERT(wte.offset == 0, "a table starts with wte");
         dp.all_reduce(grads, wte.numel(), algo);
-        dp.all_reduce(grads + model_.grad_layout().head_offset, wte.numel(), algo);
+        if (model_.part().head_region())
+            dp.all_reduce(grads + model_.grad_layout().head_offset, wte.numel(), algo);
         from = wte.numel();
     }
     std::vector<i64> cuts(edges_.size());
@@ -123,6 +124,7 @@ std::vector<i64> ZeroShards::cuts_in(i64 a, i64 b) const {
 }
 
 void ZeroShards::combine_tied(float* grads) const {
+    if (!model_.part().head_region()) return;  // an untied head: nothing to add
     const TableEntry& wte = model_.table().entries[model_.table().wte];
     const float* head = grads + model_.grad_layout().head_offset;
     for (int r : {rank_, checked_}) {

@@ -37,7 +37,7 @@ PipelineParallel::PipelineParallel(const RankSetup& rank)
     const Layout& l = rank.layout;
     // Who owns which tensor of the whole model: a layer's stage's rank; wte and wpe the first
     // stage (which holds wte's complete gradient as well as the last), ln_f the last.
-    for (int r = 0; r < l.pp; r++) parts_.push_back(px::stage_part(rank.mesh, r));
+    for (int r = 0; r < l.pp; r++) parts_.push_back(px::stage_part(rank.mesh, r, rank.cfg.model));
     owner_.assign(static_cast<size_t>(ParamTable::num_tensors(rank.cfg.model)), -1);
     for (int r = 0; r < l.pp; r++) {
         const ParamTable t = ParamTable::build(rank.cfg.model, parts_[static_cast<size_t>(r)]);
@@ -230,7 +230,7 @@ std::vector<float> PipelineParallel::by_tensor(const GPT& model,
 // the other way round, into its wte slot. Both then add in the same order.
 void PipelineParallel::reduce_grads(StepGrads& grads) {
     const GPT& m = *model_;
-    if (grads.tied_combined || !m.part().holds_wte()) return;
+    if (grads.tied_combined || !m.part().head_region()) return;  // untied: nothing to add
     float* g = grads.g;
     if (rank_.layout.pp > 1) {
         // This tp rank's rows of wte: the same rows on the first and the last stage.

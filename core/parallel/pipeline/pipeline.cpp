@@ -9,9 +9,10 @@
 
 namespace px {
 
-ModelPart stage_part(const Mesh& mesh, int pp_rank) {
+ModelPart stage_part(const Mesh& mesh, int pp_rank, const ModelConfig& mc) {
     const Layout& l = mesh.layout();
     ModelPart part;
+    part.tied = mc.tied_head();
     if (l.pp == 1) {  // one stage runs the trivial schedule on one chunk (Mesh::schedule)
         part.chunks.push_back({0, static_cast<int>(l.layers)});
         return part;

@@ -84,7 +84,7 @@ namespace px {
 
 // Pipeline rank p holds the virtual stages k = c·pp + p (chunk c = 0 .. v-1), with the layers
 // Mesh::layers gives them; the embedding if it holds stage 0, the head if it holds stage S-1.
-ModelPart stage_part(const Mesh& mesh, int pp_rank);
+ModelPart stage_part(const Mesh& mesh, int pp_rank, const ModelConfig& mc);
 
 // A message is a piece of an activation (a hidden state or its gradient): it moves as many
 // elements of the activation's dtype as the tensor holds. The communicators carry fp32 elements

@@ -142,7 +142,7 @@ TpDims TpLayers::dims() const {
 }
 
 void TpLayers::fill_normal(float* p, const TableEntry& e, float std, std::uint64_t seed) const {
-    const ParamSpec& s = kGpt2Params[e.spec];
+    const ParamSpec& s = kParams[e.spec];
     const i64 cols = col_split(e) ? resolve_dim(s.cols, mc_) : e.cols;
     const std::vector<i64> rows = index_map(row_split(e), rank_, e.rows);
     const std::vector<i64> cmap = index_map(col_split(e), rank_, e.cols);
@@ -315,7 +315,7 @@ ColumnShard TpLayers::probe_columns(ProbeSplit s) const {
 // The local tensor is the row ranges' rows, each holding the column ranges' columns, back to
 // back: one slab per row range when there is one column range, else one per row and range.
 ShardSpec TpLayers::param_shard(const TableEntry& e) const {
-    const ParamSpec& ps = kGpt2Params[e.spec];
+    const ParamSpec& ps = kParams[e.spec];
     const bool vector = ps.rows == Dim::one;
     // (a tensor held whole has its local shape: a MoE layer's are FS or expert-parallel wide)
     const i64 R = vector ? 1 : row_split(e) ? resolve_dim(ps.rows, mc_) : e.rows;
@@ -355,7 +355,7 @@ std::unique_ptr<GPT> make_tp_model(comm::Communicator& tp, const Numerics& nx,
 std::vector<i64> logical_indices(const TpLayers& tp, const TableEntry& e, const ModelConfig& mc,
                                  int rank) {
     if (rank < 0) rank = tp.rank();
-    const i64 cols = tp.col_split(e) ? resolve_dim(kGpt2Params[e.spec].cols, mc) : e.cols;
+    const i64 cols = tp.col_split(e) ? resolve_dim(kParams[e.spec].cols, mc) : e.cols;
     const std::vector<i64> rows = index_map(tp.row_split(e), rank, e.rows);
     const std::vector<i64> cmap = index_map(tp.col_split(e), rank, e.cols);
     std::vector<i64> out(static_cast<size_t>(e.numel()));
@@ -431,7 +431,7 @@ std::vector<float> tp_sum_squares(const TpLayers& tp, const GPT& model, const fl
             const TableEntry& e = entries[i];
             const bool sharded = tp.sharded(e);
             if (pass == 0 ? !sharded : (sharded || !zero_sharded)) continue;
-            const ParamSpec& s = kGpt2Params[e.spec];
+            const ParamSpec& s = kParams[e.spec];
             first[i] = total;
             nblocks[i] = num_blocks(resolve_dim(s.rows, mc) * resolve_dim(s.cols, mc), block);
             total += nblocks[i];
