@@ -593,11 +593,10 @@ void check_config(const Config& c) {
 
     if (m.llama()) check_llama_keys(m);
     // What the llama block does not run on yet, refused by key rather than run wrongly.
-    if (m.llama() && l.tp > 1)
-        throw Problem{{"model.arch", "layout.tp"},
-                      "model.arch = \"llama\" runs with layout.tp = 1 for now (its tensor-parallel "
-                      "layers: q, k, v with the KV heads' split, gate and up, are not built yet); "
-                      "use dp, pp or cp"};
+    if (m.llama() && l.sequence_parallel)
+        throw Problem{{"model.arch", "layout.sequence_parallel"},
+                      "model.arch = \"llama\" runs without layout.sequence_parallel for now (its "
+                      "RMSNorms on a rank's token rows are not built yet); use plain tp"};
     if (m.llama() && m.is_moe())
         throw Problem{{"model.arch", "model.moe_experts"},
                       "model.arch = \"llama\" has no MoE layers yet (SwiGLU experts are not built); "

@@ -151,6 +151,16 @@ void LayerOps::rmsnorm_backward(std::span<const TokenNode> nodes, const Tensor& 
         return;
     }
     ops::rmsnorm_backward(nx_, &dinp, nullptr, dout, inp, weight, rstd);
+    rmsnorm_weight_grad(nodes, dweight, dout, inp, weight, rstd);
+}
+
+void LayerOps::rmsnorm_weight_grad(std::span<const TokenNode> nodes, const Tensor& dweight,
+                                   const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                   const Tensor& rstd) const {
+    if (nodes.size() == 1) {
+        ops::rmsnorm_backward(nx_, nullptr, &dweight, dout, inp, weight, rstd);
+        return;
+    }
     // a node's rows: token rows of G rows each (rstd (B,T) or (B,T,G))
     const i64 G = inp.ndim == 4 ? inp.shape[2] : 1, C = inp.shape[inp.ndim - 1];
     for (size_t n = 0; n < nodes.size(); n++) {

@@ -79,6 +79,17 @@ public:
     void rmsnorm_backward(std::span<const TokenNode> nodes, const Tensor& dinp,
                           const Tensor& dweight, const Tensor& dout, const Tensor& inp,
                           const Tensor& weight, const Tensor& rstd) const;
+    // Its weight gradient alone, per token node (dinp not computed).
+    void rmsnorm_weight_grad(std::span<const TokenNode> nodes, const Tensor& dweight,
+                             const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                             const Tensor& rstd) const;
+    // Tensor parallelism: the ranks sharing the layers, this one's index, and the all-gather of a
+    // head-split activation (ParallelLayers::gather_heads).
+    int tp_size() const { return layout_.dims.tp; }
+    int tp_rank() const { return layout_.layers ? layout_.layers->rank() : 0; }
+    void gather_heads(const Tensor& full, const Tensor& local) const {
+        layout_.layers->gather_heads(full, local);
+    }
     // RoPE's table (the model's, for model.seq_len positions) and the logical position of each of
     // a microbatch's T rows (context parallelism: the runs of the rank's chunks; else empty:
     // 0..T-1).

@@ -18,14 +18,19 @@
 #include "core/base/tensor.h"
 #include "core/model/probe.h"
 
+#include "core/base/error.h"
+
 #include <cstdint>
 #include <span>
 #include <vector>
 
 namespace px {
 
-// The linear layers of a block, for ParallelLayers.
-enum class Linear : std::uint8_t { qkv, attn_proj, fc, fc_proj };
+// The linear layers of a block, for ParallelLayers: GPT-2's fused qkv, Llama's q and k or v
+// (column parallel by query heads, and by KV heads where tp divides them, else whole on every
+// rank), the attention's output projection, the MLP's input (GPT-2's c_fc, Llama's gate and up)
+// and output projections.
+enum class Linear : std::uint8_t { qkv, attn_proj, fc, fc_proj, q, kv };
 
 // The layers whose math a layout distributes over ranks (core/parallel/tensor/tp_model.h implements
 // them over a tensor-parallel group). The model only says which layer runs on which tensors; a
@@ -67,6 +72,11 @@ public:
     virtual TokenRows token_rows(i64 BT) const { return {0, BT}; }
     // t (B,T,w) or (BT,w): every rank's token_rows -> all rows, in place (all-gather).
     virtual void sp_gather(const Tensor& /*t*/) const {}
+    // Llama: local (B,T,H,HS), this rank's H heads of a head-split activation -> full
+    // (B,T,tp·H,HS), every rank's heads in rank order (all-gather; bits moved, not added).
+    virtual void gather_heads(const Tensor& /*full*/, const Tensor& /*local*/) const {
+        PX_ASSERT(false, "gather_heads on parallel layers that do not split heads");
+    }
     // As ops::layernorm_backward on token_rows only (full tensors given; a null output is not
     // computed); dweight and dbias get the token reductions over the microbatch's rows
     // [row_lo, row_hi) (one node of the batch's token tree; row_hi < 0: all rows), the same bits

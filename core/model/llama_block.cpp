@@ -31,10 +31,23 @@ Tensor as_heads(const Tensor& t, i64 HS) {
     return subview(t, 0, {t.shape[0], t.shape[1], t.shape[2] / HS, HS});
 }
 
-// The grouped-query attention's KV heads on this rank: query head j reads KV head j / group.
+// dst (B,T,H,HS) contiguous = src (B,T,H,HS), a token's H·HS channels contiguous, tokens apart.
+void copy_heads(const Tensor& dst, const Tensor& src) {
+    const size_t es = dtype_size(src.dtype), row = static_cast<size_t>(src.shape[2] * src.shape[3]);
+    const i64 rows = src.shape[0] * src.shape[1], ld = src.strides[1];
+    for (i64 r = 0; r < rows; r++)
+        std::memcpy(static_cast<std::byte*>(dst.data) + static_cast<size_t>(r) * row * es,
+                    static_cast<const std::byte*>(src.data) + static_cast<size_t>(r * ld) * es,
+                    row * es);
+}
+
+// The grouped-query attention's heads on this rank: NH query heads from q0 and KV KV heads from
+// kv0 of the model's (tensor parallelism: a rank's share; its KV heads all of them where tp does
+// not divide them); query head q0 + j reads KV head (q0 + j) / group.
 struct Groups {
-    i64 B, T, NH, KV, HS, group;
+    i64 B, T, NH, KV, HS, group, q0 = 0, kv0 = 0;
     i64 rows() const { return B * T; }
+    i64 kv_of(i64 j) const { return (q0 + j) / group - kv0; }
 };
 
 // qkv's k (or v) part, heads [0, NH) from column col0 of rows 3·NH·HS apart, each the copy of
@@ -48,14 +61,17 @@ void repeat_kv(const Groups& g, const Tensor& qkv, i64 col0, const Tensor& src) 
     for (i64 r = 0; r < g.rows(); r++)
         for (i64 j = 0; j < g.NH; j++)
             std::memcpy(dst + static_cast<size_t>(r * W + col0 + j * g.HS) * es,
-                        s + static_cast<size_t>(r * g.KV * g.HS + (j / g.group) * g.HS) * es, hs);
+                        s + static_cast<size_t>(r * g.KV * g.HS + g.kv_of(j) * g.HS) * es, hs);
 }
 
-// dst (B,T,KV·HS) = for each KV head, the sum of its query heads' gradients in qkv's part from
-// col0 (rows 3·NH·HS apart), in head order, in fp32 and rounded once to dst's dtype.
+// dst (B,T,KV·HS) = for each KV head, the sum of its query heads' gradients in dqkv's part from
+// col0 (rows of dqkv's width apart), in head order, in fp32 and rounded once to dst's dtype. The
+// KV heads' query heads are all here (q0 = kv0·group).
 void sum_kv(const Groups& g, const Tensor& dst, const Tensor& dqkv, i64 col0) {
-    const DType t = dst.dtype;
-    const size_t es = dtype_size(t);
+    PX_ASSERT(g.q0 == g.kv0 * g.group && g.NH == g.KV * g.group,
+              "sum_kv needs every query head of its KV heads");
+    const DType t = dst.dtype, ts = dqkv.dtype;
+    const size_t es = dtype_size(t), ess = dtype_size(ts);
     const i64 W = dqkv.shape[2];
     const auto* s = static_cast<const std::byte*>(dqkv.data);
     auto* d = static_cast<std::byte*>(dst.data);
@@ -68,7 +84,7 @@ void sum_kv(const Groups& g, const Tensor& dst, const Tensor& dqkv, i64 col0) {
                 for (i64 q = 0; q < g.group; q++) {
                     const i64 j = k * g.group + q;
                     convert(q == 0 ? acc.data() : x.data(), DType::f32,
-                            s + static_cast<size_t>(r * W + col0 + j * g.HS) * es, t,
+                            s + static_cast<size_t>(r * W + col0 + j * g.HS) * ess, ts,
                             static_cast<size_t>(g.HS));
                     if (q > 0)
                         for (i64 c = 0; c < g.HS; c++) acc[c] = acc[c] + x[c];
@@ -90,10 +106,57 @@ Groups groups_of(const LayerOps& o, const Tensor& x) {
     g.NH = resolve_dim(Dim::NH, mc, o.dims());
     g.KV = resolve_dim(Dim::KVH, mc, o.dims());
     g.HS = mc.head_size();
-    PX_ASSERT(g.NH % g.KV == 0 && g.NH / g.KV == mc.heads / mc.kv_head_count(),
-              "a rank's query heads must be whole groups of its KV heads");
-    g.group = g.NH / g.KV;
+    g.group = mc.heads / mc.kv_head_count();
+    g.q0 = o.tp_rank() * g.NH;
+    g.kv0 = kv_split(mc, o.tp_size()) ? o.tp_rank() * g.KV : 0;
     return g;
+}
+
+// The whole model's heads (after gather_heads): every query head, every KV head.
+Groups all_heads(const LayerOps& o, const Groups& g) {
+    Groups a = g;
+    a.NH = o.config().heads;
+    a.KV = o.config().kv_head_count();
+    a.q0 = a.kv0 = 0;
+    return a;
+}
+
+// The weight gradient of a per-head RMSNorm (qk_norm) whose heads are split over tp ranks: every
+// rank gathers the heads' inputs and output gradients and computes the whole sum, as one device
+// does (a token's heads in order, then the token tree); rstd is recomputed from the gathered
+// inputs, the same bits the heads' ranks keep. One rank (or heads held whole): the local rows.
+void head_norm_weight_grad(const LayerOps& o, std::span<const TokenNode> nodes,
+                           const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                           const Tensor& weight, const Tensor& rstd, bool heads_whole) {
+    if (o.tp_size() == 1 || heads_whole) {
+        o.rmsnorm_weight_grad(nodes, dweight, dout, inp, weight, rstd);
+        return;
+    }
+    const i64 B = inp.shape[0], T = inp.shape[1], H = inp.shape[2] * o.tp_size(),
+              HS = inp.shape[3];
+    std::vector<float> x(static_cast<size_t>(B * T * H * HS)), d(x.size()), n(x.size());
+    std::vector<float> r(static_cast<size_t>(B * T * H));
+    const Tensor fx = view_f32(x.data(), {B, T, H, HS}), fd = view_f32(d.data(), {B, T, H, HS});
+    const Tensor fn = view_f32(n.data(), {B, T, H, HS}), fr = view_f32(r.data(), {B, T, H});
+    o.gather_heads(fx, inp);
+    o.gather_heads(fd, dout);
+    ops::rmsnorm_forward(o.numerics(), fn, fr, fx, weight,
+                         static_cast<float>(o.config().norm_eps));
+    o.rmsnorm_weight_grad(nodes, dweight, fd, fx, weight, fr);
+}
+
+// dst (B,T,KV·HS) = sum_kv of qkv's part from col0 when every rank holds every KV head but only
+// its query heads (tp not dividing the KV heads): the part's heads gathered from every rank
+// first (scratch: a (B,T,NH·HS) buffer of this rank's heads), then the whole sum on each.
+void sum_kv_whole(const LayerOps& o, const Groups& g, const Tensor& dst, const Tensor& dqkv,
+                  i64 col0, const Tensor& scratch) {
+    const Groups a = all_heads(o, g);
+    const Tensor mine = as_heads(scratch, g.HS);
+    copy_heads(mine, heads_view(dqkv, col0, g.NH, g.HS));
+    std::vector<float> all(static_cast<size_t>(g.rows() * a.NH * g.HS));
+    const Tensor full = view_f32(all.data(), {g.B, g.T, a.NH, g.HS});
+    o.gather_heads(full, mine);
+    sum_kv(a, dst, view_f32(all.data(), {g.B, g.T, a.NH * g.HS}), 0);
 }
 
 }  // namespace
@@ -143,9 +206,9 @@ void LlamaBlock::attention_forward(Activations& a, int l, int i, const Tensor& p
     const std::vector<i64> pos = o.positions(g.T);
     const i64* at = pos.empty() ? nullptr : pos.data();
 
-    o.linear_forward(Linear::qkv, qr, ln1, P(QW), nullptr, probed);
-    o.linear_forward(Linear::qkv, kr, ln1, P(KW), nullptr, probed);
-    o.linear_forward(Linear::qkv, v, ln1, P(VW), nullptr, probed);
+    o.linear_forward(Linear::q, qr, ln1, P(QW), nullptr, probed);
+    o.linear_forward(Linear::kv, kr, ln1, P(KW), nullptr, probed);
+    o.linear_forward(Linear::kv, v, ln1, P(VW), nullptr, probed);
     // q: its norm (qk_norm) into scratch, then RoPE into qkv's first third
     const Tensor q_rot = heads_view(qkv, 0, g.NH, g.HS);
     Tensor q_in = as_heads(qr, g.HS);
@@ -231,6 +294,7 @@ void LlamaBlock::attention_backward(Activations& a, std::span<const TokenNode> n
     const Tensor dk1 = a.tensor(DBUF_KV), dk2 = a.tensor(DBUF_KV2);
     const Groups g = groups_of(o, ln1);
     const bool qk_norm = o.config().qk_norm;
+    const bool kv_whole = o.tp_size() > 1 && !kv_split(o.config(), o.tp_size());
     const std::vector<i64> pos = o.positions(g.T);
     const i64* at = pos.empty() ? nullptr : pos.data();
 
@@ -248,27 +312,39 @@ void LlamaBlock::attention_backward(Activations& a, std::span<const TokenNode> n
     Tensor dq = dq2;
     if (qk_norm) {
         zero(dq1);
-        o.rmsnorm_backward(nodes, as_heads(dq1, g.HS), G(QNORMW), as_heads(dq2, g.HS),
-                           as_heads(qr, g.HS), P(QNORMW), a.layer(Q_RSTD, i));
+        const Tensor dqn = as_heads(dq1, g.HS);
+        ops::rmsnorm_backward(nx, &dqn, nullptr, as_heads(dq2, g.HS), as_heads(qr, g.HS),
+                              P(QNORMW), a.layer(Q_RSTD, i));
+        head_norm_weight_grad(o, nodes, G(QNORMW), as_heads(dq2, g.HS), as_heads(qr, g.HS),
+                              P(QNORMW), a.layer(Q_RSTD, i), false);
         dq = dq1;
     }
-    o.linear_backward(nodes, Linear::qkv, dln1, G(QW), nullptr, dq, ln1, P(QW));
+    o.linear_backward(nodes, Linear::q, dln1, G(QW), nullptr, dq, ln1, P(QW));
     // k: the repeated heads summed per KV head, RoPE's inverse, its norm's backward
-    sum_kv(g, dk1, dqkv, g.NH * g.HS);
+    if (kv_whole)
+        sum_kv_whole(o, g, dk1, dqkv, g.NH * g.HS, dq2);
+    else
+        sum_kv(g, dk1, dqkv, g.NH * g.HS);
     zero(dk2);
     ops::rope_backward(nx, as_heads(dk2, g.HS), as_heads(dk1, g.HS), o.rope_cos(), o.rope_sin(),
                        at);
     Tensor dk = dk2;
     if (qk_norm) {
         zero(dk1);
-        o.rmsnorm_backward(nodes, as_heads(dk1, g.HS), G(KNORMW), as_heads(dk2, g.HS),
-                           as_heads(kr, g.HS), P(KNORMW), a.layer(K_RSTD, i));
+        const Tensor dkn = as_heads(dk1, g.HS);
+        ops::rmsnorm_backward(nx, &dkn, nullptr, as_heads(dk2, g.HS), as_heads(kr, g.HS),
+                              P(KNORMW), a.layer(K_RSTD, i));
+        head_norm_weight_grad(o, nodes, G(KNORMW), as_heads(dk2, g.HS), as_heads(kr, g.HS),
+                              P(KNORMW), a.layer(K_RSTD, i), kv_whole);
         dk = dk1;
     }
-    o.linear_backward(nodes, Linear::qkv, dln1, G(KW), nullptr, dk, ln1, P(KW));
+    o.linear_backward(nodes, Linear::kv, dln1, G(KW), nullptr, dk, ln1, P(KW));
     // v: the repeated heads summed
-    sum_kv(g, dk1, dqkv, 2 * g.NH * g.HS);
-    o.linear_backward(nodes, Linear::qkv, dln1, G(VW), nullptr, dk1, ln1, P(VW));
+    if (kv_whole)
+        sum_kv_whole(o, g, dk1, dqkv, 2 * g.NH * g.HS, dq2);
+    else
+        sum_kv(g, dk1, dqkv, 2 * g.NH * g.HS);
+    o.linear_backward(nodes, Linear::kv, dln1, G(VW), nullptr, dk1, ln1, P(VW));
 }
 
 // dresidual holds d(residual3) on entry and d(x) on return.

@@ -45,7 +45,7 @@ LogicalState parallel(const Config& c, bool& replicas_agree) {
 
 std::string describe(const Config& c) {
     const LayoutConfig& l = c.layout;
-    return "dp" + std::to_string(l.dp) + " zero" + std::to_string(l.zero) + " mb" +
+    return "dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + " zero" + std::to_string(l.zero) + " mb" +
            std::to_string(l.microbatches) + " pp" + std::to_string(l.pp) + " " + l.schedule +
            " v" + std::to_string(l.virtual_stages) + " cp" + std::to_string(l.cp) + " " +
            l.cp_method + " recompute " + l.recompute + " " + c.precision.activations + " fp8 " +
@@ -137,11 +137,56 @@ TEST_CASE("llama: bf16 activations and fp8 (block) matmuls keep the same bits un
     }
 }
 
+TEST_CASE("llama: tp2 splits the KV heads (kv_heads 2), tp2 and tp4 replicate them (1 and 2)",
+          "[llama]") {
+    for (int kv : {2, 1}) {
+        Config c = llama_job();
+        c.model.kv_heads = kv;
+        c.layout.tp = 2;
+        check_llama(c);
+    }
+    Config c = llama_job();
+    c.layout.tp = 4;  // 2 KV heads over 4 ranks: every rank holds both, its query heads' sums
+    check_llama(c);   // gathered
+}
+
+TEST_CASE("llama: tp with dp, pp, cp, ZeRO-3, a tied head, bf16 and fp8 (block)", "[llama]") {
+    Config c = llama_job();
+    c.layout.dp = 2;
+    c.layout.tp = 2;
+    c.layout.pp = 2;
+    c.layout.microbatches = 2;
+    check_llama(c);
+    for (const char* method : {"ring", "ulysses"}) {
+        c = llama_job();
+        c.layout.cp = 2;
+        c.layout.tp = 2;
+        c.layout.cp_method = method;
+        check_llama(c);
+    }
+    c = llama_job();
+    c.model.tie_embeddings = true;
+    c.layout.dp = 2;
+    c.layout.tp = 2;
+    c.layout.zero = 3;
+    check_llama(c);
+    c = llama_job();
+    c.layout.tp = 2;
+    c.precision.activations = "bf16";
+    check_llama(c);
+    c = llama_job();
+    c.layout.tp = 2;
+    c.precision.fp8 = "block";
+    c.precision.fp8_block_size = 16;  // a rank's 16 channels are whole tiles
+    check_llama(c);
+}
+
 TEST_CASE("llama: what is not built yet is refused naming the keys", "[llama]") {
     Config c = llama_job();
     c.layout.tp = 2;
-    CHECK_THROWS_WITH(validate_config(c),
-                      Catch::Contains("model.arch") && Catch::Contains("layout.tp"));
+    c.layout.sequence_parallel = true;
+    CHECK_THROWS_WITH(validate_config(c), Catch::Contains("model.arch") &&
+                                              Catch::Contains("layout.sequence_parallel"));
     c = llama_job();
     c.model.moe_experts = 4;
     CHECK_THROWS_WITH(validate_config(c),

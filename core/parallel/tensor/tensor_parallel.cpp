@@ -209,20 +209,23 @@ std::vector<i64> block_edges(i64 n, int block, int p) {
     return e;
 }
 
-TpShards make_tp_shards(const Numerics& nx, i64 C, i64 NH, i64 F, i64 V, int tp) {
+TpShards make_tp_shards(const Numerics& nx, i64 C, i64 NH, i64 F, i64 V, int tp, i64 HS,
+                        i64 KV) {
     const std::string t = "layout.tp = " + to_string(tp);
     if (tp < 1) throw ConfigError(t + " must be at least 1");
-    if (NH < 1 || C % NH != 0)
+    if (HS == 0 && (NH < 1 || C % NH != 0))
         throw ConfigError("model.hidden = " + to_string(C) +
                           " is not a multiple of model.heads = " + to_string(NH));
     if (NH % tp != 0)
         throw ConfigError(t + " does not divide model.heads = " + to_string(NH) +
                           " (a rank owns whole heads)");
     if (F % tp != 0) throw ConfigError(t + " does not divide model.ffn = " + to_string(F));
-    const i64 Cr = C / tp, Fr = F / tp;
+    if (HS == 0) HS = C / NH;
+    if (KV == 0) KV = NH;
+    const i64 CA = NH * HS, Cr = CA / tp, Fr = F / tp;
     if (Cr % nx.block != 0 || Fr % nx.block != 0)
         throw ConfigError(
-            t + " gives each rank " + to_string(Cr) + " hidden channels and " + to_string(Fr) +
+            t + " gives each rank " + to_string(Cr) + " attention channels and " + to_string(Fr) +
             " ffn channels; both must be multiples of numerics.block = " + to_string(nx.block) +
             " so that no canonical block is cut between ranks (lower the block or "
             "change tp)");
@@ -232,20 +235,31 @@ TpShards make_tp_shards(const Numerics& nx, i64 C, i64 NH, i64 F, i64 V, int tp)
     s.NH = NH;
     s.F = F;
     s.V = V;
+    s.HS = HS;
+    s.KV = KV;
     s.heads = NH / tp;
-    std::vector<std::vector<Range>> qkv(tp), ch(tp), ffn(tp), voc(tp);
+    s.kv_split = KV % tp == 0;
+    const i64 KVr = s.kv_split ? KV * HS / tp : KV * HS;
+    if (s.kv_split && KV != NH && KVr % nx.block != 0)
+        throw ConfigError(t + " gives each rank " + to_string(KVr) +
+                          " key/value channels (model.kv_heads = " + to_string(KV) +
+                          "); they must be a multiple of numerics.block = " + to_string(nx.block) +
+                          " (lower the block or change tp)");
+    std::vector<std::vector<Range>> qkv(tp), ch(tp), ffn(tp), voc(tp), kv(tp);
     const std::vector<i64> ve = block_edges(V, nx.block, tp);
     for (int r = 0; r < tp; r++) {
         for (i64 part = 0; part < 3; part++)  // q, k, v of this rank's heads
-            qkv[r].push_back({part * C + r * Cr, part * C + (r + 1) * Cr});
+            qkv[r].push_back({part * CA + r * Cr, part * CA + (r + 1) * Cr});
         ch[r].push_back({r * Cr, (r + 1) * Cr});
         ffn[r].push_back({r * Fr, (r + 1) * Fr});
         voc[r].push_back({ve[r], ve[r + 1]});
+        kv[r].push_back(s.kv_split ? Range{r * KVr, (r + 1) * KVr} : Range{0, KVr});
     }
-    s.qkv = make_split("qkv rows", 3 * C, nx.block, std::move(qkv));
-    s.channels = make_split("attention channels", C, nx.block, std::move(ch));
+    s.qkv = make_split("qkv rows", 3 * CA, nx.block, std::move(qkv));
+    s.channels = make_split("attention channels", CA, nx.block, std::move(ch));
     s.ffn = make_split("ffn channels", F, nx.block, std::move(ffn));
     s.vocabulary = make_split("vocabulary", V, nx.block, std::move(voc));
+    if (s.kv_split) s.kv = make_split("key/value channels", KV * HS, nx.block, std::move(kv));
     return s;
 }
 
@@ -443,6 +457,7 @@ void vocab_embedding_forward(comm::Communicator& tp, const Numerics& nx, float* 
     }
     // One owner per row and -0 elsewhere: every order of the sum gives the owner's row.
     tp.all_reduce(out, BT * C, comm::algo_for(nx.mode));
+    if (wpe == nullptr) return;  // no position embedding (Llama)
 #pragma omp parallel for schedule(static)
     for (i64 n = 0; n < BT; n++) add_into(out + n * C, wpe + (n % T) * C, C);
 }

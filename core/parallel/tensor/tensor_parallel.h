@@ -94,14 +94,21 @@ std::vector<i64> block_edges(i64 n, int block, int p);
 struct TpShards {
     int tp = 1;
     i64 C = 0, NH = 0, F = 0, V = 0;
+    i64 HS = 0, KV = 0;   // head size, KV heads (Llama's grouped-query attention; GPT-2: C/NH, NH)
     i64 heads = 0;        // heads per rank, NH/tp
-    DimSplit qkv;         // 3C: rows of qkv.weight (3C, C) and .bias, columns of qkv (B,T,3C)
-    DimSplit channels;    // C by heads: attention output channels, columns of attn.proj (C, C)
+    DimSplit qkv;         // 3·NH·HS: rows of qkv.weight (3C, C) and .bias, columns of qkv (B,T,3C)
+    DimSplit channels;    // NH·HS by heads: attention output channels, columns of attn.proj (C, C);
+                          // Llama: rows of q_proj
+    bool kv_split = true; // Llama: tp divides the KV heads (else every rank holds k_proj, v_proj)
+    DimSplit kv;          // KV·HS by KV heads: rows of k_proj and v_proj (when kv_split)
     DimSplit ffn;         // F: rows of fc (F, C) and fc.bias, columns of fcproj (C, F)
     DimSplit vocabulary;  // V: rows of wte (V, C) (embedding and tied LM head), logits columns
 };
 // Throws ConfigError when tp does not divide NH and F, or C/tp or F/tp is not whole blocks.
-TpShards make_tp_shards(const Numerics& nx, i64 C, i64 NH, i64 F, i64 V, int tp);
+// HS: the head size (0: C/NH), KV: the KV heads (0: NH); Llama's attention channels NH·HS and
+// KV·HS are then split by heads, the KV heads only where tp divides them.
+TpShards make_tp_shards(const Numerics& nx, i64 C, i64 NH, i64 F, i64 V, int tp, i64 HS = 0,
+                        i64 KV = 0);
 
 // SP: rank r holds tokens [e[r], e[r+1]) of the flat B·T token axis, e = block_edges(BT, ...).
 DimSplit token_split(const Numerics& nx, i64 BT, int tp);

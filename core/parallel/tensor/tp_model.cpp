@@ -42,7 +42,8 @@ TpLayers::TpLayers(comm::Communicator& tp, const Numerics& nx, const ModelConfig
       nx_(nx),
       mc_(mc),
       rank_(tp.rank()),
-      shards_(tp::make_tp_shards(nx, mc.hidden, mc.heads, mc.ffn, mc.vocab, tp.size())),
+      shards_(tp::make_tp_shards(nx, mc.hidden, mc.heads, mc.ffn, mc.vocab, tp.size(),
+                                 mc.head_size(), mc.kv_head_count())),
       sp_(sequence_parallel) {}
 
 // ---- sequence parallelism --------------------------------------------------------------------
@@ -106,16 +107,24 @@ void TpLayers::layernorm_backward(const Tensor* dinp, const Tensor* dweight, con
 
 // A MoE layer's MLP tensors (shared experts, router, experts) are held whole by every tp rank.
 bool TpLayers::whole_moe(const TableEntry& e) const {
-    return e.layer >= 0 && mc_.moe_layer(e.layer) && e.spec - kFirstLayerSpec >= FCW;
+    const int p = e.spec - kFirstLayerSpec;
+    const bool mlp = (p >= FCW && p <= EPROJB) || p == UPW || p == EUPW;
+    return e.layer >= 0 && mc_.moe_layer(e.layer) && mlp;
 }
 
 const tp::DimSplit* TpLayers::row_split(const TableEntry& e) const {
-    if (e.spec == 0) return &shards_.vocabulary;  // wte
+    if (e.spec == 0 || e.spec == kLmHeadSpec) return &shards_.vocabulary;  // wte, lm_head
     if (e.layer < 0 || whole_moe(e)) return nullptr;
     switch (e.spec - kFirstLayerSpec) {
         case QKVW:
             return &shards_.qkv;
+        case QW:
+            return &shards_.channels;
+        case KW:
+        case VW:  // whole on every rank where tp does not divide the KV heads
+            return shards_.kv_split ? &shards_.kv : nullptr;
         case FCW:
+        case UPW:
             return &shards_.ffn;
         default:
             return nullptr;
@@ -135,6 +144,35 @@ const tp::DimSplit* TpLayers::col_split(const TableEntry& e) const {
         default:
             return nullptr;
     }
+}
+
+const tp::DimSplit& TpLayers::out_split(Linear l) const {
+    switch (l) {
+        case Linear::qkv:
+            return shards_.qkv;
+        case Linear::q:
+            return shards_.channels;
+        case Linear::kv:
+            return shards_.kv;
+        default:
+            return shards_.ffn;
+    }
+}
+
+void TpLayers::gather_heads(const Tensor& full, const Tensor& local) const {
+    const i64 B = local.shape[0], T = local.shape[1], H = local.shape[2], HS = local.shape[3];
+    const int p = shards_.tp;
+    PX_ASSERT(full.shape[2] == H * p && full.shape[3] == HS, "gather_heads shapes");
+    const Widened l(&local), f(&full);
+    const i64 n = B * T * H * HS;
+    std::vector<float> all(static_cast<size_t>(n * p));
+    comm_.all_gather(all.data(), l.f32(), n);
+    float* out = f.f32();
+    for (int r = 0; r < p; r++)
+        for (i64 bt = 0; bt < B * T; bt++)
+            std::copy_n(all.data() + r * n + bt * H * HS, H * HS,
+                        out + (bt * p + r) * H * HS);
+    f.store();
 }
 
 TpDims TpLayers::dims() const {
@@ -172,8 +210,13 @@ void TpLayers::linear_forward(const Numerics& nx, Linear l, const Tensor& out, c
     switch (l) {
         case Linear::qkv:
         case Linear::fc:
-            tp::column_parallel_forward(comm_, nx, o.f32(), i.f32(), w.f32(), b,
-                                        l == Linear::qkv ? shards_.qkv : shards_.ffn, BT,
+        case Linear::q:
+        case Linear::kv:
+            if (l == Linear::kv && !shards_.kv_split) {  // k, v whole on every rank
+                ops::matmul_forward(nx, *o, *i, *w, bias);
+                break;
+            }
+            tp::column_parallel_forward(comm_, nx, o.f32(), i.f32(), w.f32(), b, out_split(l), BT,
                                         weight.shape[1]);
             break;
         case Linear::attn_proj:
@@ -203,9 +246,16 @@ void TpLayers::linear_backward(const Numerics& nx, Linear l, const Tensor* dinp,
     const Widened di(dinp), d(&dout), i(&inp), w(&weight, inp.dtype);
     switch (l) {
         case Linear::qkv:
-        case Linear::fc: {
-            const tp::DimSplit& oc = l == Linear::qkv ? shards_.qkv : shards_.ffn;
+        case Linear::fc:
+        case Linear::q:
+        case Linear::kv: {
             const i64 C = weight.shape[1];
+            if (l == Linear::kv && !shards_.kv_split) {  // k, v whole: every rank the same
+                PX_ASSERT(!sequence_parallel(), "whole k, v under sequence parallelism");
+                ops::matmul_backward(nx, di.get(), dweight, dbias, *d, *i, *w);
+                break;
+            }
+            const tp::DimSplit& oc = out_split(l);
             if (sequence_parallel() && dinp != nullptr) {  // dX reduce-scattered: this rank's rows
                 const tp::DimSplit tokens = tp::token_split(nx, BT, shards_.tp);
                 const i64 lo = tokens.ranges[static_cast<size_t>(rank_)].front().lo;

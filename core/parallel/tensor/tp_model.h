@@ -62,6 +62,8 @@ public:
     comm::Communicator& comm() const { return comm_; }
     // The splits of a parameter's rows and columns (null: not split, replicated along it).
     const tp::DimSplit* row_split(const TableEntry& e) const;
+    // The output columns a column-parallel linear's rank holds (qkv, q, kv, fc).
+    const tp::DimSplit& out_split(Linear l) const;
     const tp::DimSplit* col_split(const TableEntry& e) const;
     bool sharded(const TableEntry& e) const { return row_split(e) || col_split(e); }
     bool whole_moe(const TableEntry& e) const;  // a MoE layer's MLP tensor: held whole
@@ -70,6 +72,7 @@ public:
     bool sequence_parallel() const override { return sp_ && shards_.tp > 1; }
     TokenRows token_rows(i64 BT) const override;
     void sp_gather(const Tensor& t) const override;
+    void gather_heads(const Tensor& full, const Tensor& local) const override;
     void layernorm_backward(const Tensor* dinp, const Tensor* dweight, const Tensor* dbias,
                             const Tensor& dout, const Tensor& inp, const Tensor& weight,
                             const Tensor& mean, const Tensor& rstd, i64 row_lo,
