@@ -1,6 +1,7 @@
-// parallax convert IN --to OUT: GPT-2 weights between llm.c's checkpoint format and Parallax
-// checkpoints, in either direction (core/io/checkpoint_convert.h does the work); OUT's extension
-// says which. Bad input is a DataError, which main() maps to exit code 2.
+// parallax convert IN --to OUT [--dtype D]: GPT-2 weights between llm.c's checkpoint format,
+// Parallax checkpoints and Hugging Face folders, in any direction (core/io/checkpoint_convert.h
+// does the work); OUT's name says what to write. Bad input is a DataError, which main() maps to
+// exit code 2.
 #include "app/commands.h"
 #include "core/io/checkpoint_convert.h"
 
@@ -13,35 +14,55 @@ namespace px::app {
 std::function<int()> add_convert_command(CLI::App& app) {
     auto in = std::make_shared<std::string>();
     auto out = std::make_shared<std::string>();
+    auto options = std::make_shared<ConvertOptions>();
     CLI::App* cmd = app.add_subcommand(
         "convert",
-        "Convert GPT-2 weights between an llm.c checkpoint (.bin) and a Parallax "
-        "checkpoint (.h5), either way: OUT's extension says which. Exit 0 on success, "
-        "2 on bad input.");
-    cmd->add_option("IN", *in, "the file to convert: an llm.c .bin or a Parallax checkpoint .h5")
+        "Convert GPT-2 weights between an llm.c checkpoint (.bin), a Parallax checkpoint (.h5) "
+        "and a Hugging Face folder (config.json + model.safetensors), any way: OUT's name says "
+        "what to write. Exit 0 on success, 2 on bad input.");
+    cmd->add_option("IN", *in,
+                    "what to convert: an llm.c .bin, a Parallax checkpoint .h5, or a Hugging "
+                    "Face folder (or its model.safetensors)")
         ->required();
-    cmd->add_option("--to", *out, "the file to write: NAME.h5 (Parallax) or NAME.bin (llm.c)")
+    cmd->add_option("--to", *out,
+                    "what to write: NAME.h5 (Parallax), NAME.bin (llm.c), or a folder (Hugging "
+                    "Face: an existing folder, a name without an extension, or one ending in /)")
         ->required()
         ->type_name("OUT");
+    cmd->add_option("--dtype", options->dtype,
+                    "a Hugging Face folder's dtype: fp32, bf16 or fp16 (default: the dtype the "
+                    "weights came in from Hugging Face, else fp32)")
+        ->type_name("D");
     cmd->footer(
-        "OUT ending in .h5: IN is an llm.c GPT-2 checkpoint (fp32, version 1 or 3, e.g. "
-        "gpt2_124M.bin); OUT is a Parallax checkpoint with its weights under /model, zero Adam "
-        "moments, step 0, an empty history and the model config of the header (seq_len = "
-        "max_seq_len, ffn = 4 * hidden). Start a run from it with --set model.init_from=OUT; "
-        "checkpoint.resume refuses it, as it holds no training state.\n"
-        "OUT ending in .bin: IN is a Parallax checkpoint of a GPT-2-shaped model (ffn = 4 * "
-        "hidden), every checksum verified first; OUT is the llm.c fp32 checkpoint (version 3) of "
-        "its weights that llm.c's train_gpt2 reads, the vocabulary padded to a multiple of 128 "
+        "OUT ending in .h5: a Parallax checkpoint with IN's weights under /model, zero Adam "
+        "moments, step 0, an empty history and IN's model config (from llm.c: seq_len = "
+        "max_seq_len, ffn = 4 * hidden; from Hugging Face: config.json's n_positions, n_embd, "
+        "n_layer, n_head, vocab_size, n_inner). Start a run from it with --set "
+        "model.init_from=OUT; checkpoint.resume refuses it, as it holds no training state.\n"
+        "OUT ending in .bin: the llm.c fp32 checkpoint (version 3) of a GPT-2-shaped model (ffn = "
+        "4 * hidden) that llm.c's train_gpt2 reads, the vocabulary padded to a multiple of 128 "
         "with zero rows.\n"
-        "Padding rows are not weights: they are dropped on the way in and written as zeros on "
-        "the way out, so an llm.c version-3 file (zero padding, as llm.c writes it) comes back "
-        "byte for byte from .bin -> .h5 -> .bin. llm.c's bf16 files (version 5) are not read: "
-        "convert the fp32 file. OUT is written to a temporary file next to it and renamed, so a "
-        "failed conversion leaves it as it was.\n"
+        "OUT a folder: a Hugging Face GPT2LMHeadModel folder, config.json and model.safetensors "
+        "(shards and model.safetensors.index.json above 5 GB), which transformers' "
+        "from_pretrained loads; its tensors in --dtype, by default the dtype the weights were "
+        "stored in when they came from Hugging Face, else fp32. The four Conv1D matrices of a "
+        "block are stored transposed, as transformers keeps them; lm_head.weight is tied to the "
+        "embedding and left out, as save_pretrained does.\n"
+        "A Parallax checkpoint is read with every checksum verified first. A Hugging Face input "
+        "is a folder holding config.json (or its model.safetensors, or its index): GPT2LMHeadModel "
+        "in F32, BF16 or F16, with gelu_new, layer_norm_epsilon 1e-5 and tied embeddings; every "
+        "tensor is checked against config.json, a tied lm_head.weight must equal the embedding.\n"
+        "Round trips are byte for byte: an llm.c version-3 file (zero padding, as llm.c writes "
+        "it) through .bin -> .h5 -> .bin, and a Hugging Face model.safetensors through HF -> .h5 "
+        "-> HF (the .h5 records the dtype). llm.c's bf16 files (version 5) are not read: convert "
+        "the fp32 file. Every file is written to a temporary file next to it and renamed, so a "
+        "failed conversion leaves OUT as it was.\n"
         "Examples:\n  parallax convert gpt2_124M.bin --to gpt2_124M.h5\n"
-        "  parallax convert runs/ck/ckpt-00000600.h5 --to model.bin");
-    return [in, out]() -> int {
-        std::fputs(convert_weights(*in, *out).c_str(), stdout);
+        "  parallax convert runs/ck/ckpt-00000600.h5 --to model.bin\n"
+        "  parallax convert gpt2-hf/ --to gpt2.h5\n"
+        "  parallax convert runs/ck/ckpt-00000600.h5 --to gpt2-trained --dtype bf16");
+    return [in, out, options]() -> int {
+        std::fputs(convert_weights(*in, *out, *options).c_str(), stdout);
         return kOk;
     };
 }

@@ -68,6 +68,8 @@ int inspect_file(const std::string& path) {
     print_config_summary(m);
     std::printf("data:     %s, next step %lld\n", m.data_source.c_str(),
                 static_cast<long long>(m.data_next_step));
+    if (!m.source_dtype.empty())
+        std::printf("source:   Hugging Face weights stored as %s\n", m.source_dtype.c_str());
     std::printf("rng:      philox4x32-10, counter base %lld\n",
                 static_cast<long long>(m.rng_counter_base));
     std::printf("scaler:   loss scale %g, growth tracker %lld (%s)\n", m.loss_scale,

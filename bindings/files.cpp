@@ -1,4 +1,5 @@
-// Files from Python: checkpoints (inspect, read), llm.c weights (convert), run files (read).
+// Files from Python: checkpoints (inspect, read), llm.c and Hugging Face weights (convert), run
+// files (read).
 // Saving a checkpoint is Job.save_checkpoint (job.cpp): every rank writes its own hyperslabs.
 #include "bindings/common.h"
 
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 
 namespace px::py_bind {
 
@@ -38,6 +40,7 @@ py::dict meta_dict(const CheckpointMeta& m) {
     d["loss_scale_dynamic"] = m.loss_scale_dynamic;
     d["parallax_version"] = m.parallax_version;
     d["created"] = m.created;
+    d["source_dtype"] = m.source_dtype;
     d["history"] = history_dict(m.history);
     return d;
 }
@@ -128,19 +131,24 @@ state as Job.fp8_state() gives it (gemms: the fp8 matmuls' names, roles, history
 
     m.def(
         "convert",
-        [](const py::object& in, const py::object& out) {
+        [](const py::object& in, const py::object& out, const std::optional<std::string>& dtype) {
             const std::string a = path_of(in), b = path_of(out);
+            ConvertOptions options;
+            options.dtype = dtype.value_or("");
             return with_files({a}, [&] {
                 py::gil_scoped_release nogil;
-                return convert_weights(a, b);
+                return convert_weights(a, b, options);
             });
         },
-        py::arg("input"), py::arg("output"), R"doc(
-Converts GPT-2 weights between llm.c and Parallax, as `parallax convert IN --to OUT`: OUT's
-extension picks the direction (.h5: an llm.c checkpoint becomes a Parallax checkpoint with zero
-Adam moments at step 0, to start a job from with model={"init_from": OUT}; .bin: a Parallax
-checkpoint becomes llm.c's fp32 version-3 file). Returns a sentence saying what was written.
-DataError naming the file on bad input.)doc");
+        py::arg("input"), py::arg("output"), py::arg("dtype") = py::none(), R"doc(
+Converts GPT-2 weights between llm.c, Parallax and Hugging Face, as `parallax convert IN --to OUT
+[--dtype D]`: OUT's name picks the format written (.h5: a Parallax checkpoint with zero Adam
+moments at step 0, to start a job from with model={"init_from": OUT}; .bin: llm.c's fp32
+version-3 file; a folder, existing or named without an extension: a Hugging Face GPT2LMHeadModel
+folder, config.json and model.safetensors, in dtype "fp32", "bf16" or "fp16", by default the
+dtype the weights came in from Hugging Face, else fp32). input is an llm.c .bin, a Parallax
+checkpoint, or a Hugging Face folder (or its model.safetensors). Returns a sentence saying what
+was written. DataError naming the file (and the tensor or config key) on bad input.)doc");
 
     m.def(
         "read_run_file",

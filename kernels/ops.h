@@ -68,6 +68,8 @@ void matmul_backward(const Numerics& nx, const Tensor* dinp, const Tensor* dweig
 // tree computes that node.
 void gemm(const Numerics& nx, const Tensor& c, const Tensor& a, const Tensor& b, bool accumulate);
 
+// LayerNorm's epsilon (GPT-2's layer_norm_epsilon; a Hugging Face config.json must agree).
+inline constexpr float kLayerNormEps = 1e-5f;
 // out (BT,C), mean (BT), rstd (BT), inp (BT,C), weight (C), bias (C)
 void layernorm_forward(const Numerics& nx, const Tensor& out, const Tensor& mean,
                        const Tensor& rstd, const Tensor& inp, const Tensor& weight,

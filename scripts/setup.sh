@@ -7,7 +7,8 @@
 #   scripts/setup.sh --gui      and the workbench (parallax-gui, which `parallax gui` starts)
 #   scripts/setup.sh --python   and the Python module, installed in editable mode over build/
 #   scripts/setup.sh --all      everything the test command needs: the above, the test suites,
-#                               the benchmarks, and the packages the tests use (Xvfb, Jupyter)
+#                               the benchmarks, and the packages the tests use (Xvfb, Jupyter,
+#                               torch and transformers)
 #
 # Each phase prints its name and, when it did something, how long it took.
 set -euo pipefail
@@ -36,6 +37,10 @@ DEB_TESTS=(catch2 xvfb xdotool openssh-client)
 PY_MODULE=(numpy ml_dtypes pybind11 packaging pyproject_metadata:pyproject-metadata
            mesonpy:meson-python)
 PY_TESTS=(h5py pytest xdist:pytest-xdist nbformat nbclient ipykernel matplotlib mypy)
+# The comparison with Hugging Face transformers (tests/python/test_transformers_gpt2.py) only: the
+# library never imports them. PyPI's torch brings its CUDA libraries (about 4 GB installed; 97 s
+# on a developer's machine), so they are the test set-up's, never the quick start's.
+PY_TESTS+=(torch transformers)
 
 t_all=$SECONDS
 t_phase=$SECONDS

@@ -64,7 +64,7 @@ inline const std::array kKeys = {
     PX_KEY(model, init_std, "float > 0",
            "std of the normal weight init; residual projections get init_std/√(2L)"),
     PX_KEY(model, init_from, "string",
-           "weights to start from instead of random init: an llm.c GPT-2 checkpoint (`.bin`) or a Parallax checkpoint (`.h5`, e.g. from `parallax convert`; its weights only: step 0, fresh optimizer). Told apart by their first bytes. The model keys must match the file's (`seq_len` may be smaller: the first rows of `wpe` are taken)"),
+           "weights to start from instead of random init: an llm.c GPT-2 checkpoint (`.bin`), a Parallax checkpoint (`.h5`, e.g. from `parallax convert`; its weights only: step 0, fresh optimizer) or a Hugging Face `GPT2LMHeadModel` folder (`config.json` and `model.safetensors` or its shards, as `save_pretrained` writes; F32, BF16 or F16). A folder is Hugging Face's, a file is told by its first bytes. The model keys must match the file's (for a folder, `config.json`'s `vocab_size`, `n_positions`, `n_embd`, `n_layer`, `n_head`, `n_inner`; a mismatch names both values), except `seq_len`, which may be smaller: the first rows of `wpe` are taken"),
     PX_KEY(model, kv_heads, "int ≥ 0",
            "llama: KV heads of grouped-query attention, dividing `heads` (1: multi-query); each serves heads / kv_heads query heads. 0: `heads` (plain multi-head)"),
     PX_KEY(model, head_dim, "int ≥ 0, even",

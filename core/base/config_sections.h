@@ -28,7 +28,7 @@ struct ModelConfig {
     i64 hidden = 64;          // C
     i64 ffn = 256;            // F, MLP inner size (GPT-2: 4*hidden)
     double init_std = 0.02;   // std of the normal init of weights (residual projections scaled by 1/sqrt(2L))
-    std::string init_from;    // optional llm.c GPT-2 checkpoint (.bin) to load instead of random init
+    std::string init_from;    // weights to load instead of random init: llm.c .bin, Parallax .h5, HF folder
     // llama only (the keys are ignored by gpt2, whose head is always tied to wte):
     i64 kv_heads = 0;         // KV heads of grouped-query attention, dividing heads; 0: heads
     i64 head_dim = 0;         // channels of one head; 0: hidden / heads

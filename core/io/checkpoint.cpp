@@ -98,6 +98,7 @@ std::string meta_text(const CheckpointMeta& m, std::int64_t version) {
     line("rng.counter_base", std::to_string(m.rng_counter_base));
     line("scaler.loss_scale", bits_hex(m.loss_scale));
     line("scaler.growth_tracker", std::to_string(m.growth_tracker));
+    if (!m.source_dtype.empty()) line("model.source_dtype", m.source_dtype);
     return t;
 }
 

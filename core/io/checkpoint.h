@@ -27,6 +27,8 @@
 //                        (ISO 8601 UTC), step (int64, optimizer steps done), seed (uint64),
 //                        config (the job's TOML), checksum_algorithm ("sum-mix64-v1"),
 //                        meta_checksum (uint64, over every meta attribute; see meta_text in .cpp)
+//   /model               attributes: source_dtype (string, only in a checkpoint converted from a
+//                        Hugging Face folder: its weights' safetensors dtype, "F32", "BF16", "F16")
 //   /model/<name>        float32 weights, GPT-2 names and shapes: wte (V,C), wpe (T,C),
 //                        h.{i}.attn.c_attn.weight (3C,C), ..., vectors 1-D: h.{i}.ln_1.bias (C)
 //   /optim               attributes: algorithm ("adamw"), adam_step (int64, t of the last update)
@@ -149,6 +151,10 @@ struct CheckpointMeta {
     // /data skipped_batches: batches the run will never draw (core/train/spikes.h rollbacks).
     std::vector<i64> skipped_batches;
     std::vector<StepMetrics> history;  // one entry per finished step
+    // /model source_dtype: the safetensors dtype ("F32", "BF16", "F16") of the Hugging Face
+    // weights a checkpoint was converted from (parallax convert); empty otherwise. Converting it
+    // back to a Hugging Face folder writes that dtype unless told another.
+    std::string source_dtype;
     std::string parallax_version;   // filled by the writer / read back
     std::string created;            // ISO 8601 UTC, filled by the writer / read back
 };

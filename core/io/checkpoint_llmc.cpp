@@ -5,6 +5,7 @@
 #include "core/base/files.h"
 #include "core/io/checkpoint.h"
 #include "core/io/hdf5_util.h"
+#include "core/io/hf_checkpoint.h"
 #include "core/model/data.h"  // the llm.c magic numbers
 
 #include <algorithm>
@@ -544,6 +545,10 @@ void read_parallax_weights(const std::string& path, const ModelConfig& mc,
 }  // namespace
 
 void read_init_weights(const std::string& path, const ModelConfig& mc, const ParamLookup& params) {
+    if (const std::optional<HfInput> hf = hf_input(path)) {  // a folder, or safetensors in one
+        read_hf_init_weights(*hf, mc, params);
+        return;
+    }
     switch (sniff_weights_file(path, "model.init_from =")) {
         case WeightsFile::parallax:
             read_parallax_weights(path, mc, params);
@@ -558,8 +563,9 @@ void read_init_weights(const std::string& path, const ModelConfig& mc, const Par
     std::string msg = "model.init_from = ";
     throw DataError(msg.append(path).append(
         " is neither a Parallax checkpoint (an HDF5 file such as ckpt-00000100.h5, or one made by "
-        "parallax convert) nor an llm.c GPT-2 checkpoint (a .bin starting with magic 20240326); "
-        "give one of those, or \"\" for random init"));
+        "parallax convert) nor an llm.c GPT-2 checkpoint (a .bin starting with magic 20240326) "
+        "nor a Hugging Face model (a folder holding config.json and model.safetensors); give one "
+        "of those, or \"\" for random init"));
 }
 
 }  // namespace px

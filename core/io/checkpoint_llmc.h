@@ -1,5 +1,6 @@
 // llm.c GPT-2 checkpoints (train_gpt2.c's gpt2_124M.bin and friends), read and written in fp32,
-// and model.init_from, which takes either such a file or a Parallax checkpoint (.h5).
+// and model.init_from, which takes such a file, a Parallax checkpoint (.h5) or a Hugging Face
+// folder.
 //
 // Index
 //   ParamLookup             name -> the model's fp32 storage of that parameter
@@ -9,7 +10,8 @@
 //   write_llmc_checkpoint   writes the model's parameters as a version-3 checkpoint, atomically
 //   llmc_model_config       the ModelConfig an llm.c header describes
 //   WeightsFile, sniff_weights_file   what a weights file is, by its first bytes
-//   read_init_weights       model.init_from: the weights of an llm.c .bin or a checkpoint .h5
+//   read_init_weights       model.init_from: the weights of an llm.c .bin, a checkpoint .h5 or a
+//                           Hugging Face folder
 //
 // The format. 256 little-endian int32: [0] magic 20240326, [1] version (1: no padded vocab;
 // 3: padded vocab in [7]), [2] max_seq_len maxT, [3] vocab V, [4] layers L, [5] heads NH,
@@ -69,8 +71,10 @@ enum class WeightsFile { parallax, llmc, llmc_tokens, other };
 // Throws DataError "<role> <path>: cannot open it ..." when the file cannot be read.
 WeightsFile sniff_weights_file(const std::string& path, const std::string& role);
 
-// model.init_from: loads the weights of `path` into the model's parameters, whichever of the two
-// formats it is (sniff_weights_file): an llm.c checkpoint by read_llmc_checkpoint, or a Parallax
+// model.init_from: loads the weights of `path` into the model's parameters, whichever of the three
+// formats it is: a Hugging Face folder (a folder holding config.json, or a .safetensors file in
+// one: read_hf_init_weights, core/io/hf_checkpoint.h); else, by its first bytes
+// (sniff_weights_file), an llm.c checkpoint by read_llmc_checkpoint, or a Parallax
 // checkpoint by its /model tensors (every checksum verified and every value finite; its Adam
 // moments, step, history and data state are not used: training starts at step 0 with a fresh
 // optimizer). The checkpoint's model must be the config's (model.vocab, layers, heads, hidden,

@@ -259,6 +259,11 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
         }
     }
     {
+        H g = grp("model");  // source_dtype: written only by a conversion from Hugging Face
+        if (H5Aexists(g.get(), "source_dtype") > 0)
+            need(get_string(g.get(), "source_dtype", m.source_dtype), "/model source_dtype");
+    }
+    {
         H g = grp("rng");
         need(get_number(g.get(), "counter_base", H5T_NATIVE_INT64, m.rng_counter_base),
              "/rng counter_base");

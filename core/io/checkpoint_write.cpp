@@ -64,7 +64,8 @@ void broadcast_meta(CheckpointMeta& m, MPI_Comm comm) {
     m.adam_step = nums[4];
     m.growth_tracker = nums[5];
     MPI_Bcast(&m.loss_scale, 1, MPI_DOUBLE, 0, comm);
-    for (std::string* t : {&m.config_toml, &m.data_source, &m.parallax_version, &m.created})
+    for (std::string* t :
+         {&m.config_toml, &m.data_source, &m.parallax_version, &m.created, &m.source_dtype})
         broadcast_string(*t, comm);
     m.history.resize(static_cast<size_t>(nums[6]));
     if (nums[6] > 0)
@@ -250,6 +251,8 @@ CheckpointWriter::CheckpointWriter(const std::string& final_path, const Checkpoi
          put_i64(scaler, "growth_tracker", meta.growth_tracker) && put_i64(scaler, "dynamic", meta.loss_scale_dynamic ? 1 : 0);
     if (!meta.skipped_batches.empty())
         ok = ok && put_string(data, "skipped_batches", join_batches(meta.skipped_batches));
+    if (!meta.source_dtype.empty())
+        ok = ok && put_string(model, "source_dtype", meta.source_dtype);
     if (!ok) w.write_failed("cannot write the checkpoint's attributes");
 
     // Tensors, in the whole model's table order.

@@ -1,5 +1,5 @@
-// What the safetensors reader, writer and set (core/io/safetensors*.cpp) share; not for use
-// outside them.
+// What the safetensors reader, writer and set (core/io/safetensors*.cpp) share, and the Hugging
+// Face folders built on them (core/io/hf_*.cpp); not for use outside them.
 //
 // Index
 //   kMaxHeaderBytes      the largest header accepted (the reference library's limit)

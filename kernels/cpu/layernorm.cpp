@@ -14,6 +14,7 @@
 // never part of a sum.
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/vecmath.h"
+#include "kernels/ops.h"  // kLayerNormEps
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +23,7 @@
 namespace px::cpu {
 
 namespace {
-constexpr float kEps = 1e-5f;
+constexpr float kEps = ops::kLayerNormEps;
 }
 
 // out (BT,C), mean (BT), rstd (BT); inp (BT,C), weight (C), bias (C)

@@ -1,6 +1,7 @@
 """The fuzz suite: seeded, bounded in time. It mutates job configs (keys, values, types, TOML text,
---set), llm.c token files, llm.c GPT-2 checkpoints and HDF5 checkpoints, and runs `parallax
-train`, `validate`, `inspect`, `convert` and resumes on them with tiny models. Every run must end
+--set), llm.c token files, llm.c GPT-2 checkpoints, HDF5 checkpoints and Hugging Face folders
+(config.json's keys and text, model.safetensors' bytes), and runs `parallax train`, `validate`,
+`inspect`, `convert` and resumes on them with tiny models. Every run must end
 within a per-case time limit, by exit 0 or a code of the documented exit-code table
 (docs/faults.md) other than the internal error (1, "a bug in Parallax"), never by a signal or a
 sanitizer report; and a bad-input exit (2) must name a config key or a file.
@@ -10,6 +11,7 @@ PARALLAX_FUZZ_BUDGET_S (wall-clock budget of the whole suite, default 75 s),
 PARALLAX_FUZZ_CASES (at most this many cases), PARALLAX_FUZZ_CASE_TIMEOUT_S (default 30 s),
 PARALLAX_FUZZ_ONLY (run only these case numbers, comma-separated: a failure prints its number).
 Case i draws everything from Random(f"{seed}:{i}"), so it is the same case in any run."""
+import json
 import math
 import os
 import re
@@ -163,6 +165,9 @@ def base(tmp_path_factory):
     ckpts = sorted((d / "ck").glob("ckpt-*.h5"))
     assert ckpts, "the base run wrote no checkpoint"
     shutil.copy(ckpts[-1], d / "ckpt.h5")
+    r = subprocess.run([EXE, "convert", str(d / "ckpt.h5"), "--to", str(d / "hf")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
     os.mkfifo(d / "fifo")
     (d / "folder").mkdir()
     return d
@@ -438,7 +443,50 @@ class Case:
 
 
 def kind_of(rng):
-    return rng.choices(["config", "tokens", "llmc", "h5"], weights=[55, 15, 15, 15])[0]
+    return rng.choices(["config", "tokens", "llmc", "h5", "hf"], weights=[50, 12, 13, 13, 12])[0]
+
+
+HF_VALUES = [None, True, False, 0, -1, 1, 2, 3, 8, 16, 32, 2 ** 31, 2 ** 40, 2 ** 63 - 1, 10 ** 30,
+             -(2 ** 63), 0.5, 1e-05, 1e-06, 8.0, "", "gelu_new", "gelu", "gpt2", "llama",
+             "GPT2LMHeadModel", [], ["GPT2LMHeadModel"], ["LlamaForCausalLM"], {}, [[[]]]]
+
+
+def mutate_hf(rng, folder):
+    """config.json's keys (values of other types and sizes, keys removed, unknown keys) or text,
+    or model.safetensors' bytes (its header above all, truncation, non-finite floats). Returns
+    what was done."""
+    cfg, st = folder / "config.json", folder / "model.safetensors"
+    op = rng.randrange(6)
+    if op <= 1:
+        doc = json.loads(cfg.read_text())
+        key = rng.choice(sorted(doc))
+        if op == 0:
+            doc[key] = rng.choice(HF_VALUES)
+            what = f"config.json {key} = {json.dumps(doc[key])}"
+        else:
+            del doc[key]
+            what = f"config.json without {key}"
+        cfg.write_text(json.dumps(doc, indent=2))
+        return what
+    if op == 2:
+        text, how = mutate_text(rng, cfg.read_text())
+        cfg.write_text(text)
+        return f"config.json {how}"
+    b = bytearray(st.read_bytes())
+    header = 8 + struct.unpack("<Q", bytes(b[:8]))[0]
+    if op == 3:
+        for _ in range(rng.randint(1, 4)):
+            b[rng.randrange(min(header, len(b)))] = rng.randrange(256)
+        st.write_bytes(bytes(b))
+        return "model.safetensors header bytes flipped"
+    if op == 4:
+        n = rng.randrange(len(b))
+        st.write_bytes(bytes(b[:n]))
+        return f"model.safetensors truncated to {n} bytes"
+    at = header + 4 * rng.randrange((len(b) - header) // 4)
+    b[at:at + 4] = struct.pack("<f", rng.choice([math.nan, math.inf, -math.inf]))
+    st.write_bytes(bytes(b))
+    return f"model.safetensors float at byte {at} non-finite"
 
 
 def layouts(rng):
@@ -512,6 +560,21 @@ def build_case(case):
         case.what.append(f"llm.c checkpoint: {how}")
         if rng.random() < 0.6:
             case.args = ["convert", str(dst), "--to", str(d / "out.h5")]
+        else:
+            cfg["model"]["init_from"] = str(dst)
+            case.args = ["train", str(case.config_file(cfg)), "--quiet"]
+        return
+    if kind == "hf":
+        dst = d / "hf"
+        shutil.copytree(base / "hf", dst)
+        case.what.append(mutate_hf(rng, dst))
+        case.files += [dst, dst / "config.json", dst / "model.safetensors"]
+        op = rng.randrange(5)
+        if op <= 2:
+            case.args = ["convert", str(dst if op else dst / "model.safetensors"), "--to",
+                         str(d / "out.h5")]
+        elif op == 3:
+            case.args = ["convert", str(dst), "--to", str(d / "out.bin")]
         else:
             cfg["model"]["init_from"] = str(dst)
             case.args = ["train", str(case.config_file(cfg)), "--quiet"]

@@ -7,7 +7,8 @@ device's bits.
   layout, explore_layout   a layout resolved, and who holds and sends what in one traced step
   schedule        a pipeline schedule as data (actions per rank) and its simulation
   canonical_sum, tree_nodes   the canonical reduction order itself
-  checkpoints     save (Job.save_checkpoint), read_checkpoint, inspect_checkpoint, convert (llm.c)
+  checkpoints     save (Job.save_checkpoint), read_checkpoint, inspect_checkpoint, convert (llm.c,
+                  Hugging Face)
   read_run_file   the metrics, events and FP8 drift monitor rows of a run file
   cast, fp8_cast  the library's casts: bf16 and fp8 arrays as ml_dtypes dtypes, fp8 codes and
                   scales

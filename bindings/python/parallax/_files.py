@@ -1,7 +1,8 @@
-"""Checkpoints and run files read from Python; llm.c checkpoints converted."""
+"""Checkpoints and run files read from Python; llm.c, Parallax and Hugging Face weights
+converted."""
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from parallax._facade import PathArg, core, facade
 
@@ -17,8 +18,8 @@ def read_checkpoint(path: PathArg) -> Dict[str, Any]:
 
 
 @facade(core.convert)
-def convert(input: PathArg, output: PathArg) -> str:
-    return core.convert(input, output)
+def convert(input: PathArg, output: PathArg, dtype: Optional[str] = None) -> str:
+    return core.convert(input, output, dtype)
 
 
 @facade(core.read_run_file)
