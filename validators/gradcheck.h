@@ -226,12 +226,18 @@ struct RefGPT {
     // With MoE layers (core/model/moe.h), their auxiliary losses are added, as the fp32
     // model's backward differentiates them.
     double loss(const std::vector<int>& tok, const std::vector<int>& tgt, int B, int T) const;
-    double moe64(std::vector<double>& out, const std::vector<double>& ln, int l, int B,
-                 int T) const;
     // The same for model.arch = "llama" (gradcheck_llama.cpp): RMSNorm, RoPE at the fp32 table's
-    // angles, grouped-query attention, Qwen3's qk_norm, SwiGLU, a tied or separate head.
+    // angles, grouped-query attention, Qwen3's qk_norm, SwiGLU, a tied or separate head, and
+    // MoE layers of SwiGLU experts (moe64, ffn64).
     double llama_loss(const std::vector<int>& tok, const std::vector<int>& tgt, int B,
                       int T) const;
+    // A MoE layer: out (B·T,C) from ln (B·T,C); returns its auxiliary losses.
+    double moe64(std::vector<double>& out, const std::vector<double>& ln, int l, int B,
+                 int T) const;
+    // Layer l's feed-forward on one token's x (C): routed expert e's (e >= 0), or the plain MLP
+    // (e < 0: a dense layer's, or a MoE layer's shared experts'), of the architecture's kind:
+    // GPT-2's GELU MLP with biases, Llama's SwiGLU without.
+    void ffn64(double* out, const double* x, int l, int e) const;
 };
 
 struct ModelFdOptions {

@@ -1,8 +1,9 @@
 // The Llama model in plain fp64 (gradcheck.h RefGPT::llama_loss), for the whole-model gradient
-// check of model.arch = "llama": written from the definition, not from the fp32 code.
+// check of model.arch = "llama": written from the definition, not from the fp32 code. Its MoE
+// layers are RefGPT::moe64 (router, top-k, capacity, gates, auxiliary losses), whose experts
+// and shared experts are SwiGLU MLPs without biases here (RefGPT::ffn64).
 #include "validators/gradcheck.h"
 
-#include "core/base/error.h"
 #include "kernels/ops.h"
 
 #include <algorithm>
@@ -43,12 +44,9 @@ void rope64(double* x, const std::vector<double>& cosv, const std::vector<double
 
 double RefGPT::llama_loss(const std::vector<int>& tok, const std::vector<int>& tgt, int B,
                           int T) const {
-    if (mc.is_moe())
-        throw ConfigError("gradcheck: the fp64 Llama reference has no MoE layers yet; check a "
-                          "dense llama model (model.moe_experts = 0)");
     const int C = static_cast<int>(mc.hidden), NH = static_cast<int>(mc.heads);
     const int KVH = static_cast<int>(mc.kv_head_count()), HS = static_cast<int>(mc.head_size());
-    const int F = static_cast<int>(mc.ffn), V = static_cast<int>(mc.vocab);
+    const int V = static_cast<int>(mc.vocab);
     const int CA = NH * HS, KVC = KVH * HS, group = NH / KVH, BT = B * T;
     const double eps = mc.norm_eps;
     // The angles as the fp32 table forms them: float(p)·inv_freq in fp32, then cos and sin.
@@ -69,7 +67,7 @@ double RefGPT::llama_loss(const std::vector<int>& tok, const std::vector<int>& t
     std::vector<double> x(static_cast<size_t>(BT * C)), ln(x.size()), tmp(x.size());
     std::vector<double> q(static_cast<size_t>(BT * CA)), y(q.size());
     std::vector<double> k(static_cast<size_t>(BT * KVC)), v(k.size());
-    std::vector<double> g(static_cast<size_t>(F)), u(static_cast<size_t>(F));
+    double aux = 0;  // the MoE layers' auxiliary losses
     for (int r = 0; r < BT; r++)
         for (int i = 0; i < C; i++) x[r * C + i] = P(table.wte)[tok[r] * C + i];
     for (int l = 0; l < mc.layers; l++) {
@@ -118,12 +116,14 @@ double RefGPT::llama_loss(const std::vector<int>& tok, const std::vector<int>& t
             linear64(&tmp[r * C], &y[r * CA], W(ATTPROJW), CA, C);
             for (int i = 0; i < C; i++) x[r * C + i] += tmp[r * C + i];
             rmsnorm64(&ln[r * C], &x[r * C], W(LN2W), C, eps);
-            linear64(g.data(), &ln[r * C], W(FCW), C, F);
-            linear64(u.data(), &ln[r * C], W(UPW), C, F);
-            for (int j = 0; j < F; j++) g[j] = g[j] / (1.0 + std::exp(-g[j])) * u[j];
-            linear64(&tmp[r * C], g.data(), W(FCPROJW), F, C);
-            for (int i = 0; i < C; i++) x[r * C + i] += tmp[r * C + i];
         }
+        // SwiGLU (ffn64), or a MoE layer: the router, its SwiGLU experts and shared experts
+        if (!mc.moe_layer(l))
+            for (int r = 0; r < BT; r++) ffn64(&tmp[r * C], &ln[r * C], l, -1);
+        else
+            aux += moe64(tmp, ln, l, B, T);
+        for (int r = 0; r < BT; r++)
+            for (int i = 0; i < C; i++) x[r * C + i] += tmp[r * C + i];
     }
     const double* head = P(mc.tied_head() ? table.wte : table.lm_head);
     double total = 0;
@@ -136,7 +136,7 @@ double RefGPT::llama_loss(const std::vector<int>& tok, const std::vector<int>& t
         for (double lv : logits) sum += std::exp(lv - mx);
         total += std::log(sum) - (logits[tgt[r]] - mx);
     }
-    return total / BT;
+    return total / BT + aux;
 }
 
 }  // namespace px::gradcheck

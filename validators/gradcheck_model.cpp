@@ -40,12 +40,41 @@ void mlp64(double* out, const double* x, const double* w1, const double* b1, con
     linear64(out, h.data(), w2, b2, F, C);
 }
 
+// out (C) = down(silu(gate(x)) · up(x)) of a SwiGLU MLP of F channels, without biases.
+void swiglu64(double* out, const double* x, const double* gate, const double* up,
+              const double* down, int C, int F) {
+    std::vector<double> g(static_cast<size_t>(F)), u(static_cast<size_t>(F));
+    linear64(g.data(), x, gate, nullptr, C, F);
+    linear64(u.data(), x, up, nullptr, C, F);
+    for (int j = 0; j < F; j++) g[j] = g[j] / (1.0 + std::exp(-g[j])) * u[j];
+    linear64(out, g.data(), down, nullptr, F, C);
+}
+
 }  // namespace
+
+void RefGPT::ffn64(double* out, const double* x, int l, int e) const {
+    const int C = static_cast<int>(mc.hidden);
+    auto W = [&](LayerParam q) { return P(table.layer_index(l, q)); };
+    if (e < 0) {
+        const int F = static_cast<int>(table.entries[table.layer_index(l, FCW)].rows);
+        if (mc.llama())
+            swiglu64(out, x, W(FCW), W(UPW), W(FCPROJW), C, F);
+        else
+            mlp64(out, x, W(FCW), W(FCB), W(FCPROJW), W(FCPROJB), C, F);
+        return;
+    }
+    const int FE = static_cast<int>(mc.expert_ffn());
+    if (mc.llama())
+        swiglu64(out, x, W(EFCW) + e * FE * C, W(EUPW) + e * FE * C, W(EPROJW) + e * C * FE, C, FE);
+    else
+        mlp64(out, x, W(EFCW) + e * FE * C, W(EFCB) + e * FE, W(EPROJW) + e * C * FE,
+              W(EPROJB) + e * C, C, FE);
+}
 
 double RefGPT::loss(const std::vector<int>& tok, const std::vector<int>& tgt, int B, int T) const {
     if (mc.llama()) return llama_loss(tok, tgt, B, T);
     const int C = static_cast<int>(mc.hidden), NH = static_cast<int>(mc.heads), HS = C / NH;
-    const int F = static_cast<int>(mc.ffn), V = static_cast<int>(mc.vocab);
+    const int V = static_cast<int>(mc.vocab);
     std::vector<double> x(static_cast<size_t>(B * T * C)), ln(x.size()), y(x.size()), tmp(x.size());
     std::vector<double> qkv(static_cast<size_t>(B * T * 3 * C));
     double aux = 0;  // the MoE layers' auxiliary losses
@@ -88,8 +117,7 @@ double RefGPT::loss(const std::vector<int>& tok, const std::vector<int>& tgt, in
             layernorm64(&ln[r * C], &x[r * C], W(LN2W), W(LN2B), C);
         }
         if (!mc.moe_layer(l)) {
-            for (int r = 0; r < B * T; r++)
-                mlp64(&tmp[r * C], &ln[r * C], W(FCW), W(FCB), W(FCPROJW), W(FCPROJB), C, F);
+            for (int r = 0; r < B * T; r++) ffn64(&tmp[r * C], &ln[r * C], l, -1);
         } else {
             aux += moe64(tmp, ln, l, B, T);
         }
@@ -114,7 +142,7 @@ double RefGPT::loss(const std::vector<int>& tok, const std::vector<int>& tgt, in
 double RefGPT::moe64(std::vector<double>& out, const std::vector<double>& ln, int l, int B,
                      int T) const {
     const int C = static_cast<int>(mc.hidden), E = static_cast<int>(mc.moe_experts);
-    const int K = static_cast<int>(mc.moe_top_k), FE = static_cast<int>(mc.expert_ffn());
+    const int K = static_cast<int>(mc.moe_top_k);
     auto W = [&](LayerParam q) { return P(table.layer_index(l, q)); };
     const int BT = B * T;
     std::vector<double> p(static_cast<size_t>(BT * E)), lse(static_cast<size_t>(BT));
@@ -177,15 +205,11 @@ double RefGPT::moe64(std::vector<double>& out, const std::vector<double>& ln, in
         double* o = &out[static_cast<size_t>(r * C)];
         const double* x = &ln[static_cast<size_t>(r * C)];
         std::fill(o, o + C, 0.0);
-        if (mc.moe_shared_experts > 0)
-            mlp64(o, x, W(FCW), W(FCB), W(FCPROJW), W(FCPROJB), C,
-                  static_cast<int>(mc.moe_shared_experts) * FE);
+        if (mc.moe_shared_experts > 0) ffn64(o, x, l, -1);
         for (int j = 0; j < K; j++) {
             const size_t s = static_cast<size_t>(r * K + j);
             if (!kept[s]) continue;
-            const int e = choice[s];
-            mlp64(y.data(), x, W(EFCW) + e * FE * C, W(EFCB) + e * FE, W(EPROJW) + e * C * FE,
-                  W(EPROJB) + e * C, C, FE);
+            ffn64(y.data(), x, l, choice[s]);
             for (int c = 0; c < C; c++) o[c] += gate[s] * y[static_cast<size_t>(c)];
         }
     }

@@ -373,13 +373,17 @@ inline constexpr ActSpec kActs[] = {
     {"dbuf_q", Dim::B, Dim::T, Dim::CA, Dim::one, false, ActType::act, Archs::llama},
     {"dbuf_q2", Dim::B, Dim::T, Dim::CA, Dim::one, false, ActType::act, Archs::llama},
     {"dbuf_f3", Dim::B, Dim::T, Dim::FM, Dim::one, false, ActType::act, Archs::llama},
+    // Llama's MoE layers: the SwiGLU experts' up projection per routed row (efch holds their
+    // gate, efch_gelu silu(gate)·up), and its gradient's scratch
+    {"efch_up", Dim::LS, Dim::B, Dim::T, Dim::RFE, false, ActType::act, Archs::llama},
+    {"ebuf_f3", Dim::B, Dim::T, Dim::RFE, Dim::one, false, ActType::act, Archs::llama},
 };
 enum ActIndex : int {
     ENCODED, LN1, LN1_MEAN, LN1_RSTD, QKV, ATTY, ATT, RESIDUAL2, LN2, LN2_MEAN, LN2_RSTD, FCH,
     FCH_GELU, RESIDUAL3, LNF, LNF_MEAN, LNF_RSTD, PROBS, LOSSES, DRESIDUAL, DBUF_C, DBUF_C3,
     DBUF_F, DBUF_F2, DPREATT, DATT, ROUTER_PROBS, ROUTER_LSE, MOE_GATES, EFCH, EFCH_GELU, EOUT,
     EBUF_C, EBUF_C2, EBUF_F, EBUF_F2, ROUTER_D, Q_RAW, K_RAW, Q_RSTD, K_RSTD, FCH_UP, DBUF_KV,
-    DBUF_KV2, DBUF_Q, DBUF_Q2, DBUF_F3, kNumActs
+    DBUF_KV2, DBUF_Q, DBUF_Q2, DBUF_F3, EFCH_UP, EBUF_F3, kNumActs
 };
 static_assert(kNumActs == sizeof(kActs) / sizeof(kActs[0]), "ActIndex must list kActs in order");
 // Whether mc's architecture keeps activation spec a.

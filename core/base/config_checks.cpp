@@ -597,10 +597,6 @@ void check_config(const Config& c) {
         throw Problem{{"model.arch", "layout.sequence_parallel"},
                       "model.arch = \"llama\" runs without layout.sequence_parallel for now (its "
                       "RMSNorms on a rank's token rows are not built yet); use plain tp"};
-    if (m.llama() && m.is_moe())
-        throw Problem{{"model.arch", "model.moe_experts"},
-                      "model.arch = \"llama\" has no MoE layers yet (SwiGLU experts are not built); "
-                      "set model.moe_experts = 0 or use model.arch = \"gpt2\""};
     if (!(m.llama() && m.head_dim > 0) && m.hidden % m.heads != 0)
         throw Problem{{"model.heads", "model.hidden"},
                       "model.heads=" + std::to_string(m.heads) + " does not divide model.hidden=" +

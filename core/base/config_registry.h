@@ -92,7 +92,7 @@ inline const std::array kKeys = {
     PX_KEY(model, moe_ffn, "int ≥ 0",
            "inner size of one expert's MLP; 0: `ffn`"),
     PX_KEY(model, moe_shared_experts, "int ≥ 0",
-           "experts every token goes to besides its top k (DeepSeek's shared experts), fused into one MLP of `moe_shared_experts` × `moe_ffn` channels: the layer's `mlp.*` tensors"),
+           "experts every token goes to besides its top k (DeepSeek's shared experts), fused into one MLP of `moe_shared_experts` × `moe_ffn` channels: the layer's `mlp.*` tensors (llama: `mlp.gate_proj`, `up_proj`, `down_proj`; its routed experts are SwiGLU MLPs without biases, docs/layouts.md)"),
     PX_KEY(model, moe_every, "int 1 … L",
            "MoE on every n-th layer: layer l (0-based) is MoE when (l + 1) mod n = 0, the others dense"),
     PX_KEY(model, moe_capacity_factor, "float ≥ 0",

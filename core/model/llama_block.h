@@ -10,7 +10,8 @@
 // multi-head kernel on qkv (B,T,3·NH·HS) with each KV head repeated for its query heads (a copy,
 // exact); backward sums the repeated heads' dk and dv of a KV head in query-head order, inside
 // the token, before RoPE's inverse: a per-token sum, so every split of the tokens gives the same
-// bits. On a MoE layer the routed experts replace the MLP (moe.h) as for GPT-2.
+// bits. On a MoE layer (Qwen3-MoE's, DeepSeek's) the MLP is the shared experts' SwiGLU (if any)
+// plus the routed experts (moe.h), SwiGLU MLPs without biases.
 //
 // Index
 //   LlamaBlock   forward and backward of block l of the model

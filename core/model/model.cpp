@@ -82,7 +82,7 @@ void GPT::set_experts(std::shared_ptr<const ExpertLayers> experts) {
 
 bool GPT::expert_tensor(const TableEntry& e) {
     const int p = e.spec - kFirstLayerSpec;
-    return e.layer >= 0 && p >= EFCW && p <= EPROJB;
+    return e.layer >= 0 && ((p >= EFCW && p <= EPROJB) || p == EUPW);
 }
 
 i64 GPT::expert_row_offset(const TableEntry& e) const {

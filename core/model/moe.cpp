@@ -175,22 +175,22 @@ void to_sources(const ExpertLayers& x, const ExpertRoute& r, const float* src, i
     x.exchange(dst, out, staged.data(), in);
 }
 
-// dweight (OC,C) and dbias (OC) += the weight gradient of one expert over one token node: its
-// rows [lo, hi) (dout (rows,OC), inp (rows,C), tokens token_of[q] ascending, all inside the
-// node's tokens [t0, t1)), in the canonical order of moe.h: per block of the node's tokens, the
-// sum over the block's rows in token order, then the canonical tree over the blocks, absent
+// dweight (OC,C) and dbias (OC; null: none) += the weight gradient of one expert over one token
+// node: its rows [lo, hi) (dout (rows,OC), inp (rows,C), tokens token_of[q] ascending, all inside
+// the node's tokens [t0, t1)), in the canonical order of moe.h: per block of the node's tokens,
+// the sum over the block's rows in token order, then the canonical tree over the blocks, absent
 // blocks skipped. Fast mode: one matmul_backward over the rows.
-void expert_grads(const Numerics& nx, const Tensor& dweight, const Tensor& dbias,
+void expert_grads(const Numerics& nx, const Tensor& dweight, const Tensor* dbias,
                   const Tensor& dout, const Tensor& inp, const Tensor& weight,
                   const std::vector<i64>& token_of, i64 lo, i64 hi, i64 t0, i64 t1) {
     const i64 OC = dweight.shape[0], C = dweight.shape[1];
     if (hi <= lo) return;
     const Tensor d = rows_of(dout, OC, lo, hi), x = rows_of(inp, C, lo, hi);
     if (nx.mode == Mode::fast) {
-        ops::matmul_backward(nx, nullptr, &dweight, &dbias, d, x, weight);
+        ops::matmul_backward(nx, nullptr, &dweight, dbias, d, x, weight);
         return;
     }
-    const i64 nb = num_blocks(t1 - t0, nx.block), w = OC * C + OC;
+    const i64 nb = num_blocks(t1 - t0, nx.block), w = OC * C + (dbias ? OC : 0);
     const MergeSchedule ms = make_merge_schedule(nb);
     std::vector<float> stack(static_cast<size_t>((ms.depth + 1) * w));
     std::vector<unsigned char> present(static_cast<size_t>(ms.depth) + 1, 0);
@@ -207,7 +207,7 @@ void expert_grads(const Numerics& nx, const Tensor& dweight, const Tensor& dbias
             Tensor at = view_f32(const_cast<float*>(dp) + q * OC, {OC, q1 - q});  // doutᵀ
             at.strides = {1, OC};
             ops::gemm(nx, view_f32(top, {OC, C}), at, rows_of(inp, C, q, q1), false);
-            for (i64 o = 0; o < OC; o++) {
+            for (i64 o = 0; dbias && o < OC; o++) {
                 float acc = 0.0f;
                 for (i64 r = q; r < q1; r++) acc = acc + dp[r * OC + o];
                 top[OC * C + o] = acc;
@@ -230,9 +230,162 @@ void expert_grads(const Numerics& nx, const Tensor& dweight, const Tensor& dbias
     PX_ASSERT(sp == 1 && q == hi, "an expert's rows must lie inside its token node");
     if (!present[0]) return;
     float* dw = dweight.f32();
-    float* db = dbias.f32();
     for (i64 k = 0; k < OC * C; k++) dw[k] = dw[k] + stack[static_cast<size_t>(k)];
+    if (!dbias) return;
+    float* db = dbias->f32();
     for (i64 o = 0; o < OC; o++) db[o] = db[o] + stack[static_cast<size_t>(OC * C + o)];
+}
+
+// The experts a rank holds, on their gathered rows: local expert e takes rows [first[e],
+// first[e + 1]) of every buffer below, in token order.
+struct ExpertRows {
+    const LayerOps& ops;
+    int l;  // the model layer
+    const std::vector<i64>& first;
+    // Backward only: each row's token, and the token nodes the weight gradients go to.
+    const std::vector<i64>* token_of = nullptr;
+    std::span<const TokenNode> nodes = {};
+    i64 experts() const { return static_cast<i64>(first.size()) - 1; }
+    i64 rows() const { return first.back(); }
+    i64 lo(i64 e) const { return first[static_cast<size_t>(e)]; }
+    i64 hi(i64 e) const { return first[static_cast<size_t>(e) + 1]; }
+};
+constexpr int kNoBias = -1;
+
+// out (rows,R) = inp (rows,I) · w_eᵀ (+ b_e) on each expert's rows: w the stacked (EL·R, I)
+// weight, bias its (EL, R) biases or kNoBias.
+void experts_linear_forward(const ExpertRows& x, const Tensor& out, const Tensor& inp, LayerParam w,
+                            int bias) {
+    const Tensor stacked = x.ops.param(x.l, w);
+    const i64 R = stacked.shape[0] / std::max<i64>(x.experts(), 1), I = stacked.shape[1];
+    for (i64 e = 0; e < x.experts(); e++) {
+        if (x.hi(e) == x.lo(e)) continue;
+        Tensor b;
+        if (bias != kNoBias) b = expert_bias(x.ops.param(x.l, static_cast<LayerParam>(bias)), e);
+        ops::matmul_forward(x.ops.numerics(), rows_of(out, R, x.lo(e), x.hi(e)),
+                            rows_of(inp, I, x.lo(e), x.hi(e)), expert_part(stacked, e, R),
+                            bias != kNoBias ? &b : nullptr);
+    }
+}
+
+// dinp (rows,I) += dout (rows,R) · w_e on each expert's rows, and w_e's (and b_e's) gradient
+// per token node from dout and inp, in the canonical order (expert_grads).
+void experts_linear_backward(const ExpertRows& x, const Tensor& dinp, const Tensor& dout,
+                             const Tensor& inp, LayerParam w, int bias) {
+    const Numerics& nx = x.ops.numerics();
+    const Tensor stacked = x.ops.param(x.l, w);
+    const i64 R = stacked.shape[0] / std::max<i64>(x.experts(), 1), I = stacked.shape[1];
+    const std::vector<i64>& token_of = *x.token_of;
+    auto G = [&](int pm, size_t n) {
+        return in_node(x.ops.grad(x.nodes[0].grads, x.l, static_cast<LayerParam>(pm)), x.nodes, n);
+    };
+    for (i64 e = 0; e < x.experts(); e++) {
+        const i64 lo = x.lo(e), hi = x.hi(e);
+        if (hi == lo) continue;
+        const Tensor we = expert_part(stacked, e, R), di = rows_of(dinp, I, lo, hi);
+        ops::matmul_backward(nx, &di, nullptr, nullptr, rows_of(dout, R, lo, hi),
+                             rows_of(inp, I, lo, hi), we);
+        auto at = [&](i64 t) {
+            return std::lower_bound(token_of.begin() + lo, token_of.begin() + hi, t) -
+                   token_of.begin();
+        };
+        for (size_t n = 0; n < x.nodes.size(); n++) {
+            Tensor db;
+            if (bias != kNoBias) db = expert_bias(G(bias, n), e);
+            const TokenNode& node = x.nodes[n];
+            expert_grads(nx, expert_part(G(w, n), e, R), bias != kNoBias ? &db : nullptr, dout, inp,
+                         we, token_of, at(node.lo), at(node.hi), node.lo, node.hi);
+        }
+    }
+}
+
+// One MoE layer's expert buffers over the rows of the experts held. Forward: the gathered inputs
+// in, the first projection h (GPT-2's c_fc, Llama's gate), Llama's up projection, the
+// activation act (gelu(h), or silu(h)·up) and the outputs. Backward adds d(out), which becomes
+// d(in), and FE-wide scratch for d(act), d(h) and d(up).
+struct ExpertBufs {
+    Tensor in, h, up, act, out;
+    Tensor dy, dact, dh, dup;
+};
+
+// The experts' MLP of an architecture, forward and backward on ExpertBufs.
+struct ExpertMlp {
+    void (*forward)(const ExpertRows&, const ExpertBufs&);
+    void (*backward)(const ExpertRows&, const ExpertBufs&);
+};
+
+// FE-wide rows [0, rows) of a buffer.
+Tensor ffn_rows(const ExpertRows& x, const Tensor& t, i64 FE) {
+    return rows_of(t, FE, 0, x.rows());
+}
+
+// GPT-2: out = c_proj(gelu(c_fc(in) + b_fc)) + b_proj.
+void gelu_experts_forward(const ExpertRows& x, const ExpertBufs& t) {
+    const i64 FE = x.ops.config().expert_ffn();
+    experts_linear_forward(x, t.h, t.in, EFCW, EFCB);
+    if (x.rows() > 0)
+        ops::gelu_forward(x.ops.numerics(), ffn_rows(x, t.act, FE), ffn_rows(x, t.h, FE));
+    experts_linear_forward(x, t.out, t.act, EPROJW, EPROJB);
+}
+
+void gelu_experts_backward(const ExpertRows& x, const ExpertBufs& t) {
+    const i64 FE = x.ops.config().expert_ffn(), C = x.ops.config().hidden;
+    if (x.rows() > 0) zero(ffn_rows(x, t.dact, FE));
+    experts_linear_backward(x, t.dact, t.dy, t.act, EPROJW, EPROJB);
+    if (x.rows() > 0) {
+        zero(ffn_rows(x, t.dh, FE));
+        ops::gelu_backward(x.ops.numerics(), ffn_rows(x, t.dh, FE), ffn_rows(x, t.h, FE),
+                           ffn_rows(x, t.dact, FE));
+        zero(rows_of(t.dy, C, 0, x.rows()));  // d(expert input) from here on
+    }
+    experts_linear_backward(x, t.dy, t.dh, t.in, EFCW, EFCB);
+}
+
+// Llama: out = down(silu(gate(in)) · up(in)), no biases.
+void swiglu_experts_forward(const ExpertRows& x, const ExpertBufs& t) {
+    const i64 FE = x.ops.config().expert_ffn();
+    experts_linear_forward(x, t.h, t.in, EFCW, kNoBias);
+    experts_linear_forward(x, t.up, t.in, EUPW, kNoBias);
+    if (x.rows() > 0)
+        ops::swiglu_forward(x.ops.numerics(), ffn_rows(x, t.act, FE), ffn_rows(x, t.h, FE),
+                            ffn_rows(x, t.up, FE));
+    experts_linear_forward(x, t.out, t.act, EPROJW, kNoBias);
+}
+
+// d(in) sums gate's part, then up's, on each row (the order of the dense SwiGLU MLP).
+void swiglu_experts_backward(const ExpertRows& x, const ExpertBufs& t) {
+    const i64 FE = x.ops.config().expert_ffn(), C = x.ops.config().hidden;
+    if (x.rows() > 0) zero(ffn_rows(x, t.dact, FE));
+    experts_linear_backward(x, t.dact, t.dy, t.act, EPROJW, kNoBias);
+    if (x.rows() > 0) {
+        zero(ffn_rows(x, t.dh, FE));
+        zero(ffn_rows(x, t.dup, FE));
+        ops::swiglu_backward(x.ops.numerics(), ffn_rows(x, t.dh, FE), ffn_rows(x, t.dup, FE),
+                             ffn_rows(x, t.h, FE), ffn_rows(x, t.up, FE), ffn_rows(x, t.dact, FE));
+        zero(rows_of(t.dy, C, 0, x.rows()));  // d(expert input) from here on
+    }
+    experts_linear_backward(x, t.dy, t.dh, t.in, EFCW, kNoBias);
+    experts_linear_backward(x, t.dy, t.dup, t.in, EUPW, kNoBias);
+}
+
+// The experts' MLP of mc's architecture: the one place this file tells them apart.
+ExpertMlp expert_mlp(const ModelConfig& mc) {
+    if (mc.llama()) return {swiglu_experts_forward, swiglu_experts_backward};
+    return {gelu_experts_forward, gelu_experts_backward};
+}
+
+// A layer's expert buffers (backward's scratch included).
+ExpertBufs expert_bufs(const Activations& a, int i) {
+    ExpertBufs t;
+    t.in = a.tensor(EBUF_C);
+    t.h = a.layer(EFCH, i);
+    t.up = a.layer(EFCH_UP, i);
+    t.act = a.layer(EFCH_GELU, i);
+    t.dy = a.tensor(EBUF_C2);
+    t.dact = a.tensor(EBUF_F);
+    t.dh = a.tensor(EBUF_F2);
+    t.dup = a.tensor(EBUF_F3);
+    return t;
 }
 
 }  // namespace
@@ -250,7 +403,7 @@ void MoeLayer::forward(Activations& a, int l, int i, const Tensor& out, bool pro
     PX_ASSERT(mc_.moe_experts % (experts_ ? experts_->size() : 1) == 0,
               "expert parallelism needs whole experts per rank");
     const i64 B = a.shape().B, T = a.shape().T, BT = B * T, C = mc_.hidden;
-    const i64 E = mc_.moe_experts, K = mc_.moe_top_k, FE = mc_.expert_ffn();
+    const i64 E = mc_.moe_experts, K = mc_.moe_top_k;
     const Tensor ln2 = a.layer(LN2, i), probs = a.layer(ROUTER_PROBS, i);
     float* p = probs.f32();
     float* lse = a.layer(ROUTER_LSE, i).f32();
@@ -314,39 +467,20 @@ void MoeLayer::forward(Activations& a, int l, int i, const Tensor& out, bool pro
     // back to the rank that routed each row).
     const Dispatch d = make_dispatch(route, BT * K, E);
     const ExpertLayers* x = experts_;
-    const Tensor in = a.tensor(EBUF_C), efch = a.layer(EFCH, i), efg = a.layer(EFCH_GELU, i);
+    ExpertBufs bufs = expert_bufs(a, i);
     const Tensor eout = a.layer(EOUT, i);
     ExpertRoute r;
     if (x) {
         r = make_route(*x, d, E);
         std::vector<float> mine(static_cast<size_t>(d.rows() * C));
         gather_rows(mine.data(), C, ln2, d, K, C);
-        to_owners(*x, r, mine.data(), C, in.f32());
+        to_owners(*x, r, mine.data(), C, bufs.in.f32());
     } else {
-        gather_rows(in.f32(), C, ln2, d, K, C);
+        gather_rows(bufs.in.f32(), C, ln2, d, K, C);
     }
-    const std::vector<i64>& first = x ? r.first : d.first;
-    const i64 EL = x ? r.EL : E;
-    const Tensor yown = x ? a.tensor(EBUF_C2) : eout;  // the experts' outputs, their rows
-    // One linear of every expert held (stacked (EL·R, I) weights, (EL, R) biases) on its rows.
-    auto experts_forward = [&](LayerParam wp, LayerParam bp, i64 R, const Tensor& out_rows,
-                               const Tensor& xin) {
-        const Tensor stacked = ops_.param(l, wp), biases = ops_.param(l, bp);
-        const i64 I = stacked.shape[1];
-        for (i64 e = 0; e < EL; e++) {
-            const i64 lo = first[static_cast<size_t>(e)];
-            const i64 hi = first[static_cast<size_t>(e) + 1];
-            if (hi == lo) continue;
-            const Tensor b = expert_bias(biases, e);
-            ops::matmul_forward(nx_, rows_of(out_rows, R, lo, hi), rows_of(xin, I, lo, hi),
-                                expert_part(stacked, e, R), &b);
-        }
-    };
-    experts_forward(EFCW, EFCB, FE, efch, in);
-    const i64 rows = first.back();
-    if (rows > 0) ops::gelu_forward(nx_, rows_of(efg, FE, 0, rows), rows_of(efch, FE, 0, rows));
-    experts_forward(EPROJW, EPROJB, C, yown, efg);
-    if (x) to_sources(*x, r, yown.f32(), C, eout.f32());
+    bufs.out = x ? a.tensor(EBUF_C2) : eout;  // the experts' outputs, their rows
+    expert_mlp(mc_).forward(ExpertRows{ops_, l, x ? r.first : d.first}, bufs);
+    if (x) to_sources(*x, r, bufs.out.f32(), C, eout.f32());
 
     // The combine: out = fma(gate_j, expert_j, out) in k order, kept slots only.
     float* o = out.f32();
@@ -401,7 +535,7 @@ void MoeLayer::forward(Activations& a, int l, int i, const Tensor& out, bool pro
 void MoeLayer::backward(Activations& a, std::span<const TokenNode> nodes, int l, int i,
                         const Tensor& dout, const Tensor& dln2, float dloss) const {
     const i64 B = a.shape().B, T = a.shape().T, BT = B * T, C = mc_.hidden;
-    const i64 E = mc_.moe_experts, K = mc_.moe_top_k, FE = mc_.expert_ffn();
+    const i64 E = mc_.moe_experts, K = mc_.moe_top_k;
     const Tensor ln2 = a.layer(LN2, i), probs = a.layer(ROUTER_PROBS, i);
     const float* p = probs.f32();
     const float* lse = a.layer(ROUTER_LSE, i).f32();
@@ -411,9 +545,8 @@ void MoeLayer::backward(Activations& a, std::span<const TokenNode> nodes, int l,
     const i64 rows = d.rows();  // the slots this rank routed (kept ones)
     const ExpertLayers* x = experts_;
 
-    const Tensor in = a.tensor(EBUF_C), dy = a.tensor(EBUF_C2), dh = a.tensor(EBUF_F);
-    const Tensor dfc = a.tensor(EBUF_F2);
-    const Tensor efch = a.layer(EFCH, i), efg = a.layer(EFCH_GELU, i), eout = a.layer(EOUT, i);
+    const ExpertBufs bufs = expert_bufs(a, i);
+    const Tensor in = bufs.in, dy = bufs.dy, eout = a.layer(EOUT, i);
     // This rank's routed rows: their inputs and d(expert output), in the experts' buffers or,
     // under expert parallelism, as [ln2 | d(expert output)] rows to send to the experts' owners.
     std::vector<float> mine;
@@ -467,51 +600,11 @@ void MoeLayer::backward(Activations& a, std::span<const TokenNode> nodes, int l,
             token_of[static_cast<size_t>(q)] = d.slot_of[static_cast<size_t>(q)] / K;
         all_nodes.assign(nodes.begin(), nodes.end());
     }
-    const std::vector<i64>& first = x ? route_x.first : d.first;
-    const i64 EL = x ? route_x.EL : E;
-    const i64 own = first.back();
-
-    // The experts, each on its rows; weight gradients per token node.
-    auto G = [&](LayerParam pm, size_t n) {
-        return in_node(ops_.grad(all_nodes[0].grads, l, pm), all_nodes, n);
-    };
-    auto node_grads = [&](i64 e, LayerParam wp, LayerParam bp, i64 R, const Tensor& dd,
-                          const Tensor& xx, const Tensor& w) {
-        const i64 lo = first[static_cast<size_t>(e)], hi = first[static_cast<size_t>(e) + 1];
-        auto at = [&](i64 t) {
-            return std::lower_bound(token_of.begin() + lo, token_of.begin() + hi, t) -
-                   token_of.begin();
-        };
-        for (size_t n = 0; n < all_nodes.size(); n++)
-            expert_grads(nx_, expert_part(G(wp, n), e, R), expert_bias(G(bp, n), e), dd, xx, w,
-                         token_of, at(all_nodes[n].lo), at(all_nodes[n].hi), all_nodes[n].lo,
-                         all_nodes[n].hi);
-    };
-    // One linear of every expert held (stacked (EL·R, I) weights): dinp (rows, I) += dout · w_e
-    // on the expert's rows, and its weight gradients per token node.
-    auto experts_backward = [&](LayerParam wp, LayerParam bp, i64 R, const Tensor& dinp,
-                                const Tensor& dd, const Tensor& xx) {
-        const Tensor stacked = ops_.param(l, wp);
-        const i64 I = stacked.shape[1];
-        for (i64 e = 0; e < EL; e++) {
-            const i64 lo = first[static_cast<size_t>(e)];
-            const i64 hi = first[static_cast<size_t>(e) + 1];
-            if (hi == lo) continue;
-            const Tensor w = expert_part(stacked, e, R), di = rows_of(dinp, I, lo, hi);
-            ops::matmul_backward(nx_, &di, nullptr, nullptr, rows_of(dd, R, lo, hi),
-                                 rows_of(xx, I, lo, hi), w);
-            node_grads(e, wp, bp, R, dd, xx, w);
-        }
-    };
-    if (own > 0) zero(rows_of(dh, FE, 0, own));
-    experts_backward(EPROJW, EPROJB, C, dh, dy, efg);
-    if (own > 0) {
-        zero(rows_of(dfc, FE, 0, own));
-        ops::gelu_backward(nx_, rows_of(dfc, FE, 0, own), rows_of(efch, FE, 0, own),
-                           rows_of(dh, FE, 0, own));
-        zero(rows_of(dy, C, 0, own));  // d(expert input) from here on
-    }
-    experts_backward(EFCW, EFCB, FE, dy, dfc, in);
+    // The experts, each on its rows; weight gradients per token node. dy holds d(input) after.
+    ExpertRows rows_x{ops_, l, x ? route_x.first : d.first};
+    rows_x.token_of = &token_of;
+    rows_x.nodes = all_nodes;
+    expert_mlp(mc_).backward(rows_x, bufs);
     // d(ln2) += each kept slot's input gradient, in k order (back from the experts' owners).
     std::vector<float> back;
     if (x) {

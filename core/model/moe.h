@@ -8,6 +8,9 @@
 //           are dropped (their gate contributes nothing). 0: dropless.
 //   out     shared(ln2) (a plain MLP of moe_shared_experts · moe_ffn channels, or +0), then
 //           out = fma(gate_j, expert_{e_j}(ln2), out) for j = 0 .. K-1, the kept slots only
+//   expert  the block's own MLP at moe_ffn channels: GPT-2's c_proj(gelu(c_fc(x))) with biases, or
+//           Llama's (model.arch = "llama", Qwen3-MoE's) down(silu(gate(x)) · up(x)) without
+//           biases; the shared experts are the layer's plain MLP of the same kind
 //
 // Every decision is a function of one sequence's tokens, so the same slots drop, and every
 // expert sees the same rows, however the batch is cut into ranks and microbatches.
@@ -67,8 +70,8 @@ struct RouterStats {
 i64 router_fixed(double v);
 double router_unfixed(i64 v);
 
-// The routed experts of a MoE layer, as above, over a model's LayerOps: what a block (the GPT-2
-// block: gpt2_block.h) calls for its MoE layers, after their shared experts' MLP. Every tp rank
+// The routed experts of a MoE layer, as above, over a model's LayerOps: what a block
+// (gpt2_block.h, llama_block.h) calls for its MoE layers, after their shared experts' MLP. Every tp rank
 // runs it whole (its router and experts are not tensor-parallel); no sequence parallelism.
 class MoeLayer {
 public:

@@ -1,6 +1,7 @@
 // The Llama / Qwen3 block (model.arch = "llama", core/model/llama_block.h) under the layouts: every
 // one bit-identical to the single device (loss, grad norm and validation loss of every step, every
-// weight and Adam moment), as GPT-2's are; and what it does not run on yet refused by key.
+// weight and Adam moment), as GPT-2's are, its MoE layers (SwiGLU experts) included; and what it
+// does not run on yet refused by key.
 //
 // The jobs: 2 layers (4 for the interleaved pipeline), C = 32, 4 query heads over 2 KV heads of 8
 // channels (grouped-query attention), Qwen3's qk_norm on, an untied lm_head, T = 64 in blocks of
@@ -181,16 +182,67 @@ TEST_CASE("llama: tp with dp, pp, cp, ZeRO-3, a tied head, bf16 and fp8 (block)"
     check_llama(c);
 }
 
+// A Qwen3-MoE-shaped job: every layer MoE, four SwiGLU experts of 32 channels, top-2 with
+// capacity 1 (tokens drop), one shared expert (DeepSeek's; Qwen3-MoE has none), token blocks
+// of 16, both auxiliary losses.
+Config llama_moe_job() {
+    Config c = llama_job();
+    c.model.moe_experts = 4;
+    c.model.moe_top_k = 2;
+    c.model.moe_ffn = 32;
+    c.model.moe_capacity_factor = 1.0;
+    c.model.moe_shared_experts = 1;
+    c.model.moe_aux_loss = 0.01;
+    c.model.moe_z_loss = 0.001;
+    c.numerics.block = 16;
+    return c;
+}
+
+TEST_CASE("llama MoE: SwiGLU experts are bit-identical under dp2, ep2, pp2 and recompute",
+          "[llama]") {
+    {  // the job does route and drop: a router statistic per MoE layer, some slots dropped
+        test::ValueLog values;
+        Job job(llama_moe_job());
+        job.add_observer(&values);
+        job.run();
+        REQUIRE(values.got.count("moe.h.1.drop_fraction") == 1);
+        double dropped = 0;
+        for (double v : values.got["moe.h.0.drop_fraction"]) dropped += v;
+        CHECK(dropped > 0);
+    }
+    Config c = llama_moe_job();
+    c.layout.dp = 2;
+    check_llama(c);
+    c.layout.ep = 2;  // each rank holds two experts; rows cross the ep group both ways
+    check_llama(c);
+    c.layout.microbatches = 2;
+    c.layout.recompute = "full";
+    check_llama(c);
+    c = llama_moe_job();
+    c.layout.pp = 2;
+    c.layout.microbatches = 2;
+    check_llama(c);
+    // Qwen3-MoE's own shape: no shared expert; here MoE every second layer (a dense SwiGLU MLP
+    // of model.ffn beside them), untied head, under dp2·ep2
+    c = llama_moe_job();
+    c.model.moe_shared_experts = 0;
+    c.model.moe_every = 2;
+    c.layout.dp = 2;
+    c.layout.ep = 2;
+    check_llama(c);
+}
+
 TEST_CASE("llama: what is not built yet is refused naming the keys", "[llama]") {
     Config c = llama_job();
     c.layout.tp = 2;
     c.layout.sequence_parallel = true;
     CHECK_THROWS_WITH(validate_config(c), Catch::Contains("model.arch") &&
                                               Catch::Contains("layout.sequence_parallel"));
-    c = llama_job();
-    c.model.moe_experts = 4;
-    CHECK_THROWS_WITH(validate_config(c),
-                      Catch::Contains("model.arch") && Catch::Contains("model.moe_experts"));
+    c = llama_moe_job();
+    CHECK_NOTHROW(validate_config(c));
+    c.precision.activations = "bf16";  // as for GPT-2: the experts' gathered matmuls are fp32
+    CHECK_THROWS_WITH(validate_config(c), Catch::Contains("model.moe_experts") &&
+                                              Catch::Contains("precision.activations"));
     c = llama_job();
     c.model.kv_heads = 3;
     CHECK_THROWS_WITH(validate_config(c),

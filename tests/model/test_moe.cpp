@@ -1,7 +1,8 @@
 // Mixture of experts (core/model/moe.h): one expert is the dense MLP bit for bit; the gradients
 // (router, experts, shared experts, auxiliary losses) agree with an fp64 model's central
-// differences; capacity drops follow the documented order; every layout of dp, microbatches,
-// ZeRO, pp and recomputation is bit-identical to the single device, router statistics included.
+// differences, for GPT-2's experts and for Llama's SwiGLU ones; capacity drops follow the
+// documented order; every layout of dp, microbatches, ZeRO, pp and recomputation is
+// bit-identical to the single device, router statistics included.
 #include "core/base/config.h"
 #include "core/base/error.h"
 #include "core/model/model.h"
@@ -133,6 +134,47 @@ TEST_CASE("MoE gradients agree with central differences of an fp64 model") {
                 router++;
         }
         CHECK(router > 0);  // the router's gradient is checked, not only zeros
+    }
+}
+
+TEST_CASE("Llama MoE (SwiGLU experts) gradients agree with central differences of an fp64 model") {
+    struct Variant {
+        const char* what;
+        double capacity;
+        i64 shared, every;
+        bool norm;
+    };
+    for (const Variant v :
+         {Variant{"dropless, renormalised gates, no shared expert", 0.0, 0, 1, true},
+          Variant{"capacity 1.0 (drops), raw gates, a shared expert, MoE every 2nd layer", 1.0,
+                  1, 2, false}}) {
+        ModelConfig mc = moe_model();
+        mc.arch = "llama";
+        mc.kv_heads = 1;
+        mc.qk_norm = true;
+        mc.rope_theta = 10000;
+        mc.moe_capacity_factor = v.capacity;
+        mc.moe_shared_experts = v.shared;
+        mc.moe_every = v.every;
+        mc.moe_norm_topk = v.norm;
+        mc.moe_aux_loss = 0.05;
+        mc.moe_z_loss = 0.01;
+        Numerics nx;
+        nx.block = 4;
+        gradcheck::ModelFdOptions o;
+        o.B = 2;
+        o.T = 9;
+        const gradcheck::ModelProbe probe = gradcheck::model_fd_samples(mc, nx, o);
+        INFO(v.what);
+        CHECK(std::abs(probe.loss32 - probe.loss64) <= probe.loss_bound);
+        int up = 0;  // the experts' up projections are among the tensors checked
+        for (const std::string& n : probe.names) up += n.find("mlp.experts.up_proj") != n.npos;
+        CHECK(up == (v.every == 1 ? 2 : 1));
+        for (const gradcheck::ModelSample& s : probe.samples) {
+            INFO(probe.names[static_cast<size_t>(s.tensor)]
+                 << " element " << s.element << ": analytic " << s.analytic << " fd " << s.fd);
+            CHECK(s.ok());
+        }
     }
 }
 
