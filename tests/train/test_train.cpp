@@ -142,6 +142,17 @@ TEST_CASE("tiny.toml converges to within 0.05 nats/token of the source's entropy
     CHECK(val > floor - 0.05);
 }
 
+TEST_CASE("llama-tiny.toml (the Llama-3 block) converges to within 0.02 nats/token of the floor") {
+    Config c = load_config("examples/llama-tiny.toml");
+    c.output.run_file = false;
+    Job job(c);
+    job.run();
+    const double val = job.history().back().val_loss, floor = job.loss_floor();
+    INFO("val " << val << " entropy rate " << job.entropy_rate() << " window floor " << floor);
+    CHECK(val - floor < 0.02);
+    CHECK(val > floor - 0.05);  // sampling noise only below the true floor
+}
+
 TEST_CASE("the copy source: the tiny model learns to copy 32 tokens back and reaches its floor") {
     // Windows of 65 tokens repeating their first 32 (uniform over 16 symbols): 31 of the 64
     // targets are new (ln 16 each), 33 are copies. A model that sees the whole window can reach
