@@ -592,11 +592,6 @@ void check_config(const Config& c) {
     check_limits(c);
 
     if (m.llama()) check_llama_keys(m);
-    // What the llama block does not run on yet, refused by key rather than run wrongly.
-    if (m.llama() && l.sequence_parallel)
-        throw Problem{{"model.arch", "layout.sequence_parallel"},
-                      "model.arch = \"llama\" runs without layout.sequence_parallel for now (its "
-                      "RMSNorms on a rank's token rows are not built yet); use plain tp"};
     if (!(m.llama() && m.head_dim > 0) && m.hidden % m.heads != 0)
         throw Problem{{"model.heads", "model.hidden"},
                       "model.heads=" + std::to_string(m.heads) + " does not divide model.hidden=" +

@@ -138,14 +138,37 @@ void LayerOps::residual_forward(const Tensor& out, const Tensor& a, const Tensor
 
 void LayerOps::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp,
                                const Tensor& weight) const {
-    PX_ASSERT(!layout_.sp, "RMSNorm under sequence parallelism (the layout refuses it)");
-    ops::rmsnorm_forward(nx_, out, rstd, inp, weight, static_cast<float>(config().norm_eps));
+    const float eps = static_cast<float>(config().norm_eps);
+    if (!layout_.sp) {
+        ops::rmsnorm_forward(nx_, out, rstd, inp, weight, eps);
+        return;
+    }
+    const i64 BT = rstd.numel();
+    const TokenRows r = layout_.layers->token_rows(BT);
+    ops::rmsnorm_forward(nx_, token_view(out, r, BT), token_view(rstd, r, BT),
+                         token_view(inp, r, BT), weight, eps);
 }
 
 void LayerOps::rmsnorm_backward(std::span<const TokenNode> nodes, const Tensor& dinp,
                                 const Tensor& dweight, const Tensor& dout, const Tensor& inp,
                                 const Tensor& weight, const Tensor& rstd) const {
-    PX_ASSERT(!layout_.sp, "RMSNorm under sequence parallelism (the layout refuses it)");
+    if (layout_.sp) {  // as layernorm_backward: the rank's token rows, weights node by node
+        const i64 BT = rstd.numel();
+        const Tensor none{};
+        if (nodes.size() == 1) {
+            layout_.layers->layernorm_backward(&dinp, &dweight, nullptr, dout, inp, weight, none,
+                                               rstd, 0, BT);
+            return;
+        }
+        layout_.layers->layernorm_backward(&dinp, nullptr, nullptr, dout, inp, weight, none, rstd,
+                                           0, BT);
+        for (size_t n = 0; n < nodes.size(); n++) {
+            const Tensor dw = in_node(dweight, nodes, n);
+            layout_.layers->layernorm_backward(nullptr, &dw, nullptr, dout, inp, weight, none,
+                                               rstd, nodes[n].lo, nodes[n].hi);
+        }
+        return;
+    }
     if (nodes.size() == 1) {
         ops::rmsnorm_backward(nx_, dinp, dweight, dout, inp, weight, rstd);
         return;

@@ -80,7 +80,8 @@ public:
     // As ops::layernorm_backward on token_rows only (full tensors given; a null output is not
     // computed); dweight and dbias get the token reductions over the microbatch's rows
     // [row_lo, row_hi) (one node of the batch's token tree; row_hi < 0: all rows), the same bits
-    // on every rank.
+    // on every rank. A mean without data (Tensor{}): Llama's RMSNorm (ops::rmsnorm_backward; no
+    // dbias).
     virtual void layernorm_backward(const Tensor* /*dinp*/, const Tensor* /*dweight*/,
                                     const Tensor* /*dbias*/, const Tensor& /*dout*/,
                                     const Tensor& /*inp*/, const Tensor& /*weight*/,

@@ -173,12 +173,16 @@ void LlamaBlock::forward(Activations& a, int l, int i, bool probed) const {
     const Tensor ln2 = a.layer(LN2, i), residual3 = a.layer(RESIDUAL3, i);
     const Tensor proj = a.tensor(DBUF_C);  // staging for the projections (free in forward)
 
+    // Sequence parallelism: the RMSNorms and residual adds on this rank's tokens; all-gather
+    // before the column-parallel linears, reduce-scatter in the row-parallel ones.
     o.rmsnorm_forward(ln1, a.layer(LN1_RSTD, i), residual, P(LN1W));
+    o.sp_gather(ln1);
     out("ln_1", ln1, ProbeSplit::whole);
     attention_forward(a, l, i, proj, probed);
     o.residual_forward(residual2, residual, proj);
     out("residual_1", residual2, ProbeSplit::tokens);
     o.rmsnorm_forward(ln2, a.layer(LN2_RSTD, i), residual2, P(LN2W));
+    o.sp_gather(ln2);
     out("ln_2", ln2, ProbeSplit::whole);
     if (!o.config().moe_layer(l)) {
         mlp_forward(a, l, i, proj, probed);
@@ -203,6 +207,7 @@ void LlamaBlock::attention_forward(Activations& a, int l, int i, const Tensor& p
     const Tensor v = a.tensor(DBUF_KV), kn = a.tensor(DBUF_KV2);
     const Groups g = groups_of(o, ln1);
     const bool qk_norm = o.config().qk_norm;
+    const float eps = static_cast<float>(o.config().norm_eps);
     const std::vector<i64> pos = o.positions(g.T);
     const i64* at = pos.empty() ? nullptr : pos.data();
 
@@ -214,14 +219,14 @@ void LlamaBlock::attention_forward(Activations& a, int l, int i, const Tensor& p
     Tensor q_in = as_heads(qr, g.HS);
     if (qk_norm) {
         const Tensor qn = as_heads(a.tensor(DBUF_Q), g.HS);
-        o.rmsnorm_forward(qn, a.layer(Q_RSTD, i), q_in, P(QNORMW));
+        ops::rmsnorm_forward(nx, qn, a.layer(Q_RSTD, i), q_in, P(QNORMW), eps);
         q_in = qn;
     }
     ops::rope_forward(nx, q_rot, q_in, o.rope_cos(), o.rope_sin(), at);
     // k: its norm, RoPE in place, and each KV head repeated for its query heads; v repeated
     const Tensor k_rot = as_heads(kn, g.HS);
     if (qk_norm) {
-        o.rmsnorm_forward(k_rot, a.layer(K_RSTD, i), as_heads(kr, g.HS), P(KNORMW));
+        ops::rmsnorm_forward(nx, k_rot, a.layer(K_RSTD, i), as_heads(kr, g.HS), P(KNORMW), eps);
         ops::rope_forward(nx, k_rot, k_rot, o.rope_cos(), o.rope_sin(), at);
     } else {
         ops::rope_forward(nx, k_rot, as_heads(kr, g.HS), o.rope_cos(), o.rope_sin(), at);
@@ -356,12 +361,15 @@ void LlamaBlock::backward(Activations& a, std::span<const TokenNode> nodes, int 
     const Tensor residual = i == 0 ? a.tensor(ENCODED) : a.layer(RESIDUAL3, i - 1);
     const Tensor dresidual = a.tensor(DRESIDUAL), dbuf_c = a.tensor(DBUF_C);
 
+    // (Sequence parallelism: this rank's rows of d(residual3), all-gathered for down_proj.)
+    o.sp_gather(dresidual);
     zero(dbuf_c);
     if (o.has(l, FCW)) mlp_backward(a, nodes, l, i, dresidual, dbuf_c);
     if (o.config().moe_layer(l)) moe_.backward(a, nodes, l, i, dresidual, dbuf_c, dloss);
     o.probe("bwd", l, "mlp.fc", "dinp", dbuf_c, ProbeSplit::tokens);
     o.rmsnorm_backward(nodes, dresidual, G(LN2W), dbuf_c, a.layer(RESIDUAL2, i), P(LN2W),
                        a.layer(LN2_RSTD, i));
+    o.sp_gather(dresidual);
     o.probe("bwd", l, "ln_2", "dinp", dresidual, ProbeSplit::whole);
     zero(dbuf_c);
     attention_backward(a, nodes, l, i, dresidual, dbuf_c);

@@ -237,7 +237,8 @@ void column_parallel_backward_sp(comm::Communicator& tp, const Numerics& nx, flo
                                  float* dweight_r, float* dbias_r, const float* dout_r,
                                  const float* inp, const float* weight_r, const DimSplit& oc,
                                  const DimSplit& tokens, i64 BT, i64 C);
-// LayerNorm backward on a token slice: dinp_r is per token (local, exact); dweight and dbias
+// LayerNorm backward on a token slice (mean_r null: Llama's RMSNorm, no dbias): dinp_r is per
+// token (local, exact); dweight and dbias
 // (C) += the token reductions over the whole batch: token-node partials + tree exchange, so every
 // rank gets the single device's bits (replicated). dout_r, inp_r, dinp_r (BT_r, C); mean_r, rstd_r
 // (BT_r); weight (C)

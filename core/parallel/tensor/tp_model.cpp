@@ -73,10 +73,15 @@ void TpLayers::layernorm_backward(const Tensor* dinp, const Tensor* dweight, con
     if (row_hi < 0) row_hi = BT;
     PX_ASSERT(sequence_parallel() || (row_lo == 0 && row_hi == BT),
               "a LayerNorm's rows without sequence parallelism (the model slices them itself)");
+    const bool rms = mean.data == nullptr;  // Llama's RMSNorm: no mean, no bias
     if (!sequence_parallel()) {
-        ops::layernorm_backward(nx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+        if (rms)
+            ops::rmsnorm_backward(nx_, dinp, dweight, dout, inp, weight, rstd);
+        else
+            ops::layernorm_backward(nx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
         return;
     }
+    auto mean_at = [&](i64 lo) { return rms ? nullptr : mean.f32() + lo; };
     const tp::DimSplit tokens = tp::token_split(nx_, BT, shards_.tp);
     const Range mine = tokens.ranges[static_cast<size_t>(rank_)].front();
     const Widened di(dinp), d(&dout), i(&inp);
@@ -85,7 +90,7 @@ void TpLayers::layernorm_backward(const Tensor* dinp, const Tensor* dweight, con
     if (row_lo == 0 && row_hi == BT) {  // the microbatch is one node: its own token split
         const i64 lo = mine.lo;
         tp::sp_layernorm_backward(comm_, nx_, dinp ? di.f32() + lo * C : nullptr, dw, db,
-                                  d.f32() + lo * C, i.f32() + lo * C, weight.f32(), mean.f32() + lo,
+                                  d.f32() + lo * C, i.f32() + lo * C, weight.f32(), mean_at(lo),
                                   rstd.f32() + lo, tokens, C);
         di.store();
         return;
@@ -102,7 +107,7 @@ void TpLayers::layernorm_backward(const Tensor* dinp, const Tensor* dweight, con
     const tp::DimSplit node = tp::make_split("tokens", row_hi - row_lo, nx_.block, in_node);
     const i64 lo = std::clamp(mine.lo, row_lo, row_hi);  // this rank's first row in the node
     tp::sp_layernorm_backward(comm_, nx_, nullptr, dw, db, d.f32() + lo * C, i.f32() + lo * C,
-                              weight.f32(), mean.f32() + lo, rstd.f32() + lo, node, C);
+                              weight.f32(), mean_at(lo), rstd.f32() + lo, node, C);
 }
 
 // A MoE layer's MLP tensors (shared experts, router, experts) are held whole by every tp rank.
@@ -251,8 +256,18 @@ void TpLayers::linear_backward(const Numerics& nx, Linear l, const Tensor* dinp,
         case Linear::kv: {
             const i64 C = weight.shape[1];
             if (l == Linear::kv && !shards_.kv_split) {  // k, v whole: every rank the same
-                PX_ASSERT(!sequence_parallel(), "whole k, v under sequence parallelism");
-                ops::matmul_backward(nx, di.get(), dweight, dbias, *d, *i, *w);
+                if (!sequence_parallel() || dinp == nullptr) {
+                    ops::matmul_backward(nx, di.get(), dweight, dbias, *d, *i, *w);
+                    break;
+                }
+                // dX whole on every rank (0 + the sum, exact), then this rank's token rows of it
+                // added, as a reduce-scatter would give them
+                std::vector<float> full(static_cast<size_t>(BT * C), 0.0f);
+                const Tensor fx = view_f32(full.data(), {BT, C});
+                ops::matmul_backward(nx, &fx, dweight, dbias, *d, *i, *w);
+                const Range mine = tp::token_split(nx, BT, shards_.tp)
+                                       .ranges[static_cast<size_t>(rank_)].front();
+                for (i64 j = mine.lo * C; j < mine.hi * C; j++) di.f32()[j] += full[static_cast<size_t>(j)];
                 break;
             }
             const tp::DimSplit& oc = out_split(l);
