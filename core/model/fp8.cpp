@@ -60,6 +60,18 @@ Fp8Scaling::Fp8Scaling(const ModelConfig& mc, const PrecisionConfig& pc, int tp,
         gemm_.push_back(std::move(g));
     }
     if (!delayed_) {
+        // Llama: the query heads' channels, and the KV heads' where tp splits them, too.
+        const i64 kv = kv_split(mc, tp) ? mc.kv_channels() / tp : block_;
+        if (tp > 1 && mc.llama() &&
+            ((mc.attn_channels() / tp) % block_ != 0 || kv % block_ != 0))
+            throw ConfigError(
+                "precision.fp8 = \"block\" under layout.tp = " + std::to_string(tp) +
+                ": each rank's " + std::to_string(mc.attn_channels() / tp) +
+                " query channels and " + std::to_string(kv) +
+                " key/value channels (model.heads, model.kv_heads, model.head_dim) must be whole "
+                "tiles of precision.fp8_block_size = " + std::to_string(block_) +
+                " (a tile may not span two ranks); choose a block size that divides them, or "
+                "another layout.tp");
         if (tp > 1 && ((mc.hidden / tp) % block_ != 0 || (mc.ffn / tp) % block_ != 0))
             throw ConfigError(
                 "precision.fp8 = \"block\" under layout.tp = " + std::to_string(tp) +

@@ -9,10 +9,12 @@
 #include <catch2/catch.hpp>
 
 #include "core/base/config.h"
+#include "core/io/checkpoint.h"
 #include "core/train/job.h"
 #include "core/train/runner.h"
 #include "tests/support/test_util.h"
 
+#include <filesystem>
 #include <string>
 
 using namespace px;
@@ -125,10 +127,13 @@ TEST_CASE("llama: bf16 activations and fp8 (block) matmuls keep the same bits un
           "[llama]") {
     for (const char* fp8 : {"off", "block"}) {
         Config c = llama_job();
-        if (std::string(fp8) == "off")
+        if (std::string(fp8) == "off") {
             c.precision.activations = "bf16";
-        else
+        } else {  // both blocks' linears and the untied lm_head in fp8
             c.precision.fp8 = fp8;
+            c.precision.fp8_keep_ends_bf16 = false;
+            c.precision.fp8_lm_head = true;
+        }
         c.layout.dp = 2;
         check_llama(c);
         c.layout.dp = 1;
@@ -178,7 +183,14 @@ TEST_CASE("llama: tp with dp, pp, cp, ZeRO-3, a tied head, bf16 and fp8 (block)"
     c = llama_job();
     c.layout.tp = 2;
     c.precision.fp8 = "block";
-    c.precision.fp8_block_size = 16;  // a rank's 16 channels are whole tiles
+    c.precision.fp8_keep_ends_bf16 = false;  // every block's linears in fp8 (the head's tiles
+    c.precision.fp8_block_size = 16;         // may not span tp ranks' vocabulary: bf16)
+    // k_proj's 16 rows over 2 ranks would cut a 16-tile between them: refused by key
+    CHECK_THROWS_WITH(check_llama(c), Catch::Contains("model.kv_heads") &&
+                                          Catch::Contains("precision.fp8_block_size = 16"));
+    c.precision.fp8_block_size = 8;  // tiles of 8: each rank's 8 key/value rows whole
+    check_llama(c);
+    c.model.kv_heads = 1;  // one KV head, whole on both ranks
     check_llama(c);
 }
 
@@ -251,6 +263,55 @@ TEST_CASE("llama: sequence parallelism (RMSNorms on a rank's tokens) under tp2, 
     c.layout.cp = 2;
     c.layout.tp = 2;
     c.layout.sequence_parallel = true;
+    check_llama(c);
+}
+
+TEST_CASE("llama: a checkpoint resumes under another layout, bit-identical (HF names inside)",
+          "[llama]") {
+    struct Pair {
+        int dp, tp, pp, zero;
+        int dp2, tp2, pp2, zero2;
+    };
+    // dp2·tp2 (KV heads split) -> tp4 (KV heads whole); pp2 -> dp2·ZeRO-3; tp2·pp2 -> one device
+    for (const Pair& p : {Pair{2, 2, 1, 0, 1, 4, 1, 0}, Pair{1, 1, 2, 0, 2, 1, 1, 3},
+                          Pair{1, 2, 2, 0, 1, 1, 1, 0}}) {
+        INFO("dp" << p.dp << " tp" << p.tp << " pp" << p.pp << " zero" << p.zero << " -> dp"
+                  << p.dp2 << " tp" << p.tp2 << " pp" << p.pp2 << " zero" << p.zero2);
+        Config c = llama_job();
+        c.train.steps = 6;
+        c.train.eval_every = 3;
+        c.train.val_batches = 1;
+        c.numerics.block = 4;  // tp4's shards of the 32 attention channels are whole blocks
+        const LogicalState ref = single_device(c);
+        const std::string dir = test::temp_dir("llama_resume");
+        Config w = c;
+        w.layout.dp = p.dp, w.layout.tp = p.tp, w.layout.pp = p.pp, w.layout.zero = p.zero;
+        w.layout.microbatches = p.pp > 1 ? 2 : 0;
+        w.checkpoint.dir = dir;
+        w.checkpoint.every = 3;
+        bool agree = false;
+        parallel(w, agree);
+        const std::string ckpt = checkpoint_path(dir, 3);
+        REQUIRE(std::filesystem::exists(ckpt));
+        Config r = c;
+        r.layout.dp = p.dp2, r.layout.tp = p.tp2, r.layout.pp = p.pp2, r.layout.zero = p.zero2;
+        r.checkpoint.resume = ckpt;
+        const LogicalState got = parallel(r, agree);
+        REQUIRE(got.history.size() == 6);
+        check_same_bits(ref, got);
+        const LogicalState last = read_checkpoint(checkpoint_path(dir, 6), c.model);
+        CHECK(test::same_bits(ref.params, last.params));
+    }
+}
+
+TEST_CASE("llama: the replica check, the spike guard and the FP8 monitor change no bit", "[llama]") {
+    Config c = llama_job();
+    c.layout.dp = 2;
+    c.validate.replica_check_every = 1;
+    c.precision.fp8 = "delayed";
+    c.precision.fp8_keep_ends_bf16 = false;
+    c.fp8_monitor.every = 1;
+    c.spikes.action = "log";
     check_llama(c);
 }
 
