@@ -69,6 +69,28 @@ py::dict layout_of(const Config& cfg) {
         tokens.append(row);
     }
     d["token_ranges"] = tokens;
+    // Attention's heads on the tp ranks (views::head_layout, as the layout explorer draws them).
+    const views::HeadLayout h = views::head_layout(cfg.model, l.tp);
+    py::dict heads;
+    heads["kind"] = h.kind();
+    heads["heads"] = h.heads;
+    heads["kv_heads"] = h.kv_heads;
+    heads["head_dim"] = h.head_dim;
+    heads["group"] = h.group;
+    heads["split"] = h.split;
+    heads["text"] = h.summary();
+    py::list per_rank;
+    for (const views::RankHeads& r : h.ranks) {
+        py::dict rd;
+        rd["tp_rank"] = r.tp_rank;
+        rd["q"] = py::make_tuple(r.q.lo, r.q.hi);
+        rd["kv"] = py::make_tuple(r.kv.lo, r.kv.hi);
+        rd["kv_read"] = py::make_tuple(r.kv_read.lo, r.kv_read.hi);
+        rd["text"] = h.rank_text(r.tp_rank);
+        per_rank.append(rd);
+    }
+    heads["ranks"] = per_rank;
+    d["attention_heads"] = heads;
     return d;
 }
 
@@ -261,8 +283,13 @@ does not fit the model, the batch or the numerics): a dict with dp, tp, pp, cp, 
 microbatches,
 microbatch_size, schedule, virtual_stages, recompute, sequence_parallel, world_size, text (the
 mesh in words), ranks (per world rank: pp, dp, tp, cp, layers, the world ranks of its dp, tp,
-pp, cp and ep groups, and for a MoE model the experts [lo, hi) it holds) and token_ranges (per dp rank and microbatch: its sequences and token blocks of
-the batch's canonical tree). Ranks are numbered tp innermost, then cp, dp and pp:
+pp, cp and ep groups, and for a MoE model the experts [lo, hi) it holds), token_ranges (per dp rank and microbatch: its sequences and token blocks of
+the batch's canonical tree) and attention_heads (how the heads sit on the tp ranks: kind
+("multi-head", "grouped-query" or "multi-query"), heads, kv_heads, head_dim, group (query heads
+per KV head), split (tp divides kv_heads: each rank holds only its own KV heads; else k_proj and
+v_proj whole on every rank), text, and ranks: per tp rank its query heads q, the KV heads kv it
+holds and kv_read, those its query heads read, each [lo, hi), and its line of text). Ranks are
+numbered tp innermost, then cp, dp and pp:
 rank = ((pp·dp + dp_rank)·cp + cp_rank)·tp + tp_rank.
 
 explore=True also runs one step of the layout with a recorder around every group (as
@@ -270,7 +297,10 @@ explore_layout, whose keys it adds: holds, moments, holds_text (its "text"), col
 collectives_text, bytes_per_layer, memory, estimate), and `text` then goes on in words: who
 holds what, every collective of each layer with its calls and bytes, memory per rank.
 >>> parallax.layout(layout={"dp": 2, "tp": 2}, numerics={"block": 32})["world_size"]
-4)doc");
+4
+>>> parallax.layout(model={"arch": "llama", "kv_heads": 2}, layout={"tp": 4},
+...                 numerics={"block": 16})["attention_heads"]["ranks"][3]["text"]
+'tp rank 3: q head 3, kv heads 0-1 (whole on every rank: tp=4 does not divide kv_heads=2), reads kv head 1')doc");
 
     m.def(
         "explore_layout",

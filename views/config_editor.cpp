@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cmath>
+#include <map>
 #include <sstream>
 #include <utility>
 
@@ -15,14 +18,25 @@ namespace px::views {
 
 namespace {
 
-// What the editor shows, in this order.
+// What the editor shows, in this order; the llama block's keys together, after the sizes.
 const char* const kEditorKeys[] = {
+    "model.arch",
     "model.layers",
     "model.hidden",
     "model.heads",
     "model.ffn",
     "model.vocab",
     "model.seq_len",
+    "model.kv_heads",
+    "model.head_dim",
+    "model.norm_eps",
+    "model.rope_theta",
+    "model.rope_factor",
+    "model.rope_low_freq_factor",
+    "model.rope_high_freq_factor",
+    "model.rope_original_max_positions",
+    "model.tie_embeddings",
+    "model.qk_norm",
     "model.moe_experts",
     "model.moe_top_k",
     "model.moe_ffn",
@@ -56,6 +70,15 @@ std::string value_text(const Config& cfg, const std::string& key) {
     const toml::node_view<const toml::node> n = t.at_path(key);
     if (!n) return "";
     if (const auto* s = n.as_string()) return s->get();
+    if (const auto* f = n.as_floating_point()) {
+        // The shortest text that reads back exactly, as config_to_toml writes it (1e-05, not
+        // toml++'s 1.0000000000000001e-05; 0.003, not 0.003000000), a float's point kept.
+        char buf[64];
+        const auto r = std::to_chars(buf, buf + sizeof buf, f->get());
+        std::string t(buf, r.ptr);
+        if (std::isfinite(f->get()) && t.find_first_of(".e") == std::string::npos) t += ".0";
+        return t;
+    }
     std::ostringstream out;
     out << n;
     return out.str();
@@ -69,13 +92,24 @@ void ConfigEditor::load_base(const Config& base) {
     base_ = base;
     fields_.clear();
     general_error_.clear();
+    std::map<std::string, std::string> docs;  // "model.kv_heads" -> its meaning
+    for (const SectionDoc& s : config_reference())
+        for (const KeyDoc& k : s.keys) docs[s.name + "." + k.name] = k.meaning;
     for (const char* key : kEditorKeys) {
         EditorField f;
         f.key = key;
         f.base = value_text(base, key);
         f.text = f.base;
+        f.doc = docs[key];
+        f.llama_only = f.doc.rfind("llama:", 0) == 0;
         fields_.push_back(std::move(f));
     }
+}
+
+bool ConfigEditor::ignored(const EditorField& f) const {
+    if (!f.llama_only) return false;
+    const EditorField* arch = field("model.arch");
+    return (arch ? arch->text : base_.model.arch) != "llama";
 }
 
 const EditorField* ConfigEditor::field(const std::string& key) const {

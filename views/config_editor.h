@@ -3,11 +3,13 @@
 // user to set, each as text, over a base config (a file or the embedded default). build()
 // applies the edits as `--set` would and checks the layout as a job does; every bad key gets its
 // own message, the library's problem text without its "--set ...:" or "<source>:" prefix,
-// beside the key it names.
+// beside the key it names. Each key carries its meaning from the key registry, and the keys
+// only the llama block reads (the registry's "llama:" keys) say so: ignored() while model.arch
+// is another block's, so the panel greys them rather than hiding what a job would carry.
 //
 // Index
-//   EditorField   one key: its text, the base config's text, its error
-//   ConfigEditor  fields(), set(), build(), errors; load_base()
+//   EditorField   one key: its text, the base config's text, its error, its meaning
+//   ConfigEditor  fields(), set(), build(), errors; load_base(); ignored()
 #pragma once
 #include "core/base/config.h"
 
@@ -22,6 +24,8 @@ struct EditorField {
     std::string text;   // as edited
     std::string base;   // the base config's value, as text
     std::string error;  // the library's message when build() failed on this key; "" otherwise
+    std::string doc;    // what the key means (the key registry's sentence)
+    bool llama_only = false;  // read by model.arch = "llama" only (the registry's "llama:" keys)
     bool edited() const { return text != base; }
 };
 
@@ -35,6 +39,8 @@ public:
     EditorField* field(const std::string& key);                 // null when not edited here
     const EditorField* field(const std::string& key) const;
     bool set(const std::string& key, const std::string& text);  // false: not a field
+    // A llama-only key while model.arch (as edited) is not "llama": the job ignores its value.
+    bool ignored(const EditorField& f) const;
 
     // The base with every edited field applied (apply_overrides), validated as a job validates
     // it (make_in_process_layout: the mesh's checks, threads and memory). On error: nullopt,

@@ -131,6 +131,7 @@ ExplorerResult explore_layout(const Config& cfg) {
         r.layers.push_back(mesh.layers(r.coords.back().pp, 0));
     }
     r.estimate = estimate_memory(c, MemoryScope::one_rank);
+    r.heads = head_layout(c.model, r.layout.tp);
     const ParamTable whole = ParamTable::build(c.model);
     for (const TableEntry& e : whole.entries) {
         TensorHolding t;
@@ -192,6 +193,73 @@ ExplorerResult explore_layout(const Config& cfg) {
     for (CollectiveUse& u : r.collectives) std::sort(u.ranks.begin(), u.ranks.end());
     r.ready = true;
     return r;
+}
+
+const char* HeadLayout::kind() const {
+    if (kv_heads == heads) return "multi-head";
+    return kv_heads == 1 ? "multi-query" : "grouped-query";
+}
+
+namespace {
+
+// "q head 3" or "q heads 0-1".
+std::string heads_text(const char* what, HeadRange h) {
+    std::string s =
+        std::string(what) + (h.size() == 1 ? " head " : " heads ") + std::to_string(h.lo);
+    if (h.size() > 1) s += "-" + std::to_string(h.hi - 1);
+    return s;
+}
+
+}  // namespace
+
+std::string HeadLayout::rank_text(int t) const {
+    const RankHeads& h = ranks[static_cast<size_t>(t)];
+    std::string s = "tp rank " + std::to_string(t) + ": " + heads_text("q", h.q) + ", " +
+                    heads_text("kv", h.kv);
+    if (tp == 1) return s + " (one rank holds every head)";
+    if (split) return s + " (split)";
+    return s + " (whole on every rank: tp=" + std::to_string(tp) + " does not divide kv_heads=" +
+           std::to_string(kv_heads) + "), reads " + heads_text("kv", h.kv_read);
+}
+
+std::string HeadLayout::summary() const {
+    std::string s = std::string(kind()) + " attention: " + std::to_string(heads) + " query heads";
+    if (kv_heads == heads)
+        s += ", each with its own KV head";
+    else
+        s += " share " + std::to_string(kv_heads) + (kv_heads == 1 ? " KV head" : " KV heads") +
+             " (" + std::to_string(group) + " each)";
+    s += ", " + std::to_string(head_dim) + " channels a head; ";
+    if (tp == 1) return s + "one tp rank holds every head";
+    s += "tp=" + std::to_string(tp);
+    if (split)
+        return s + " divides kv_heads=" + std::to_string(kv_heads) +
+               ": each rank holds its own KV heads";
+    return s + " does not divide kv_heads=" + std::to_string(kv_heads) +
+           ": every rank holds all KV heads (k_proj and v_proj whole)";
+}
+
+HeadLayout head_layout(const ModelConfig& mc, int tp) {
+    HeadLayout h;
+    h.tp = tp;
+    h.heads = static_cast<int>(mc.heads);
+    h.kv_heads = static_cast<int>(mc.kv_head_count());
+    h.head_dim = static_cast<int>(mc.head_size());
+    PX_ASSERT(tp >= 1 && h.heads % tp == 0 && h.kv_heads >= 1 && h.heads % h.kv_heads == 0,
+              "head_layout: tp must divide model.heads, and the KV heads model.heads");
+    h.group = h.heads / h.kv_heads;
+    h.split = kv_split(mc, tp);
+    const int q = h.heads / tp;
+    for (int t = 0; t < tp; t++) {
+        RankHeads r;
+        r.tp_rank = t;
+        r.q = {t * q, (t + 1) * q};
+        r.kv_read = {r.q.lo / h.group, (r.q.hi - 1) / h.group + 1};
+        r.kv = h.split ? HeadRange{t * h.kv_heads / tp, (t + 1) * h.kv_heads / tp}
+                       : HeadRange{0, h.kv_heads};
+        h.ranks.push_back(r);
+    }
+    return h;
 }
 
 std::vector<HeldBlock> held_blocks(const TensorHolding& t, bool moments) {

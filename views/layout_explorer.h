@@ -11,12 +11,17 @@
 //     sink that captures nothing names the op that runs next (a collective belongs to the op
 //     whose probe follows it);
 //   memory per rank: Job::memory() after the step, beside the estimate (core/train/memory.h)
-//     that the job was admitted by.
+//     that the job was admitted by;
+//   how attention's heads sit on the tp ranks (head_layout): the tensor-parallel model's cut as
+//     a formula, which the gui_views suite checks against the rows of q_proj, k_proj and v_proj
+//     the explored ranks hold.
 //
 // Index
 //   HeldPiece, TensorHolding   one rank's slab of one tensor; every rank's slabs of one tensor
 //   ExpertRange                the experts of every MoE layer that one rank holds
 //   CollectiveUse              one collective of one op: group, op, bytes, calls, ranks
+//   HeadRange, RankHeads, HeadLayout, head_layout   the attention heads each tp rank holds:
+//                              its query heads, its KV heads, split or whole on every rank
 //   ExplorerResult             everything the panel draws
 //   HeldBlock, held_blocks     a tensor's distinct blocks, each with every rank holding it whole
 //   ExplorerPicks              the layout the person explores: the job bar's until they pick
@@ -46,7 +51,7 @@ struct HeldPiece {
 };
 
 struct TensorHolding {
-    std::string name;  // GPT-2 name, "h.0.attn.c_attn.weight"
+    std::string name;  // "h.0.attn.c_attn.weight"; llama: "model.layers.0.self_attn.q_proj.weight"
     int layer = -1;
     i64 rows = 1, cols = 1;          // logical shape as (rows, cols); a vector is one row
     std::vector<HeldPiece> weights;  // the weights each rank holds between steps
@@ -72,6 +77,44 @@ struct CollectiveUse {
     std::vector<int> ranks;  // world ranks that issue it
 };
 
+// Heads [lo, hi) of a model's attention.
+struct HeadRange {
+    int lo = 0, hi = 0;
+    int size() const { return hi - lo; }
+    bool operator==(const HeadRange&) const = default;
+};
+
+// One tensor-parallel rank's attention heads.
+struct RankHeads {
+    int tp_rank = 0;
+    HeadRange q;        // query heads it computes: its rows of q_proj (its columns of o_proj)
+    HeadRange kv;       // KV heads it holds: its rows of k_proj and v_proj (all when not split)
+    HeadRange kv_read;  // the KV heads its query heads read (query head h reads h / group)
+    bool operator==(const RankHeads&) const = default;
+};
+
+// How attention's heads sit on the tp ranks, as the tensor-parallel model cuts them
+// (core/parallel/tensor/tp_model.cpp): q_proj by query heads, k_proj and v_proj by KV heads where
+// tp divides them (kv_split), else whole on every rank. GPT-2's c_attn is multi-head: as many KV
+// heads as query heads, split with them.
+struct HeadLayout {
+    int tp = 1;
+    int heads = 0, kv_heads = 0, head_dim = 0;
+    int group = 1;                 // query heads per KV head: heads / kv_heads
+    bool split = true;             // tp divides kv_heads: each rank holds only its own KV heads
+    std::vector<RankHeads> ranks;  // per tp rank
+    const char* kind() const;      // "multi-head", "grouped-query" or "multi-query"
+    // "tp rank 0: q heads 0-1, kv head 0 (split)"; whole: "..., kv heads 0-1 (whole on every
+    // rank: tp=4 does not divide kv_heads=2), reads kv head 1"
+    std::string rank_text(int tp_rank) const;
+    // "grouped-query attention: 4 query heads share 2 KV heads (2 each), 16 channels a head;
+    // tp=2 divides kv_heads=2: each rank holds its own KV heads"
+    std::string summary() const;
+    bool operator==(const HeadLayout&) const = default;
+};
+// The heads of mc's attention on tp ranks; tp must divide model.heads (the layout checks it).
+HeadLayout head_layout(const ModelConfig& mc, int tp);
+
 struct ExplorerResult {
     bool ready = false;
     std::string error;  // the layout cannot run: the library's message
@@ -84,6 +127,7 @@ struct ExplorerResult {
     std::vector<CollectiveUse> collectives;  // in the order the ops run
     std::vector<MemoryStats> memory;         // per world rank, after the step
     MemoryEstimate estimate;                 // one rank's, as the job was admitted by
+    HeadLayout heads;                        // the attention heads on the tp ranks
     double seconds = 0;                      // the traced step, wall time
 };
 

@@ -1,11 +1,14 @@
 // The job bar: the config editor (checked as typed: every bad key's message beside it, in the
-// library's words), start / pause / single step / stop / restart, and opening a finished run's
-// file. It only records what
-// was asked (JobPanelState::requested); the workbench acts on it after the frame.
+// library's words; the llama block's keys folded into one group, greyed while model.arch is
+// not "llama"), start / pause / single step / stop / restart, and opening a finished run's
+// file. It only records what was asked (JobPanelState::requested); the workbench acts on it
+// after the frame.
 #include "app/gui/panels.h"
 
 #include <imgui.h>
 #include <imgui_stdlib.h>
+
+#include <algorithm>
 
 namespace px::gui {
 
@@ -58,25 +61,82 @@ void draw_job_panel(const RunData& d, JobPanelState& s) {
                            n == 1 ? "problem" : "problems");
         if (d.rects) d.rects->mark("editor_problems");
     }
+    // The llama block's keys fold into one group, unfolded while model.arch is "llama" and shown
+    // there by their names within the section (kv_heads); under another arch they stay editable,
+    // greyed: that job ignores them.
+    const EditorField* arch = s.editor.field("model.arch");
+    const std::string arch_text = arch ? arch->text : std::string();
+    if (arch_text != s.arch_seen) {
+        s.llama_open = arch_text == "llama";
+        s.arch_seen = arch_text;
+    }
+    for (const EditorField& f : s.editor.fields())  // a message is never folded away
+        if (f.llama_only && !f.error.empty()) s.llama_open = true;
+    const float indent = ImGui::GetFontSize() * 0.6f;
+    auto label = [](const EditorField& f) {
+        return f.llama_only ? f.key.substr(f.key.find('.') + 1) : f.key;
+    };
+    float key_w = ImGui::GetFontSize() * 12.0f;  // the widest key shown
+    for (const EditorField& f : s.editor.fields())
+        if (!f.llama_only || s.llama_open)
+            key_w = std::max(key_w, ImGui::CalcTextSize(label(f).c_str()).x +
+                                        (f.llama_only ? indent : 0) + ImGui::GetFontSize());
     if (ImGui::BeginTable("editor", 3, ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_RowBg)) {
-        ImGui::TableSetupColumn("key", ImGuiTableColumnFlags_WidthFixed,
-                                ImGui::GetFontSize() * 12.0f);
+        ImGui::TableSetupColumn("key", ImGuiTableColumnFlags_WidthFixed, key_w);
         ImGui::TableSetupColumn("value", ImGuiTableColumnFlags_WidthFixed,
                                 ImGui::GetFontSize() * 6.0f);
         ImGui::TableSetupColumn("error", ImGuiTableColumnFlags_WidthStretch);
         bool edited = false;
+        bool group_drawn = false;
+        const ImVec4 grey = ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled);
         for (EditorField& f : s.editor.fields()) {
+            if (f.llama_only && !group_drawn) {
+                group_drawn = true;
+                ImGui::TableNextRow();
+                ImGui::TableNextColumn();
+                ImGui::SetNextItemOpen(s.llama_open, ImGuiCond_Always);
+                const bool used = arch_text == "llama";
+                if (!used) ImGui::PushStyleColor(ImGuiCol_Text, grey);
+                s.llama_open = ImGui::TreeNodeEx(
+                    "llama block (model.*)##llama",
+                    ImGuiTreeNodeFlags_SpanFullWidth | ImGuiTreeNodeFlags_NoTreePushOnOpen);
+                if (d.rects) d.rects->mark("editor_llama");
+                ImGui::TableNextColumn();
+                ImGui::TableNextColumn();
+                const std::string note =
+                    used ? "(model.arch = llama)" : "(ignored by " + arch_text + ")";
+                ImGui::TextUnformatted(note.c_str());
+                if (!used) ImGui::PopStyleColor();
+            }
+            if (f.llama_only && !s.llama_open) continue;
+            const bool ignored = s.editor.ignored(f);
             ImGui::TableNextRow();
             ImGui::TableNextColumn();
             ImGui::AlignTextToFramePadding();
-            if (f.edited())
-                ImGui::TextColored(ImVec4(1.0f, 0.85f, 0.4f, 1.0f), "%s", f.key.c_str());
+            if (f.llama_only) ImGui::Indent(indent);
+            const std::string name = label(f);
+            if (ignored)
+                ImGui::TextDisabled("%s", name.c_str());
+            else if (f.edited())
+                ImGui::TextColored(ImVec4(1.0f, 0.85f, 0.4f, 1.0f), "%s", name.c_str());
             else
+                ImGui::TextUnformatted(name.c_str());
+            if (f.llama_only) ImGui::Unindent(indent);
+            if (!f.doc.empty() && ImGui::IsItemHovered()) {
+                ImGui::BeginTooltip();
+                ImGui::PushTextWrapPos(ImGui::GetFontSize() * 28.0f);
                 ImGui::TextUnformatted(f.key.c_str());
+                if (ignored) ImGui::TextDisabled("ignored while model.arch is not \"llama\"");
+                ImGui::TextUnformatted(f.doc.c_str());
+                ImGui::PopTextWrapPos();
+                ImGui::EndTooltip();
+            }
             ImGui::TableNextColumn();
             ImGui::SetNextItemWidth(-1);
             ImGui::PushID(f.key.c_str());
+            if (ignored) ImGui::PushStyleColor(ImGuiCol_Text, grey);
             edited |= ImGui::InputText("##v", &f.text);
+            if (ignored) ImGui::PopStyleColor();
             ImGui::PopID();
             if (d.rects) d.rects->mark("field:" + f.key);
             ImGui::TableNextColumn();

@@ -1,7 +1,8 @@
 // Layout explorer (teaching view): pick dp / tp / pp / cp / ep / ZeRO / sp and see, from one step
 // the runtime itself runs (LayoutExplorer), which rank holds which block of a weight matrix (under
 // ep, which experts' rows of a stacked expert tensor), which collectives each layer issues with
-// their bytes, and the memory per rank.
+// their bytes, and the memory per rank. For a llama job also how attention's heads sit on the tp
+// ranks: each rank's query heads and its KV heads, split between them or whole on every rank.
 #include "app/gui/panels.h"
 
 #include "core/train/memory.h"
@@ -92,6 +93,76 @@ void draw_holding(const TensorHolding& t, bool moments, ImVec2 size) {
     if (blocks.empty())
         dl->AddText(ImVec2(a.x + 8, a.y + 8), IM_COL32(170, 170, 180, 255),
                     "no rank holds it between steps");
+}
+
+// The heads on the tp ranks (HeadLayout): a row of query heads, each in its tp rank's colour, over
+// a row of KV heads, each under the query heads that read it: in its holder's colour where tp
+// splits them, in stripes of every tp rank's colour where each rank holds all of them. Then one
+// line per tp rank (the first 8).
+void draw_heads(const HeadLayout& h) {
+    ImGui::TextUnformatted(h.summary().c_str());
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    const float lh = ImGui::GetTextLineHeight();
+    const float label_w = ImGui::CalcTextSize("KV heads (k_proj, v_proj)").x + 10;
+    const float w = std::min(ImGui::GetContentRegionAvail().x * 0.5f, 90.0f * h.heads);
+    const float box_h = lh * 1.35f, gap = lh * 1.1f;
+    const ImVec2 o = ImGui::GetCursorScreenPos();
+    ImGui::Dummy(ImVec2(label_w + w, 2 * box_h + gap));
+    const ImU32 text = IM_COL32(215, 215, 222, 255), dark = IM_COL32(10, 10, 14, 255);
+    dl->AddText(ImVec2(o.x, o.y + (box_h - lh) / 2), text, "query heads (q_proj)");
+    dl->AddText(ImVec2(o.x, o.y + box_h + gap + (box_h - lh) / 2), text,
+                "KV heads (k_proj, v_proj)");
+    const float x0 = o.x + label_w, qw = w / static_cast<float>(h.heads);
+    auto label = [&](ImVec2 p0, ImVec2 p1, const char* s, bool plate) {
+        const ImVec2 ts = ImGui::CalcTextSize(s);
+        if (ts.x + 4 > p1.x - p0.x) return;
+        const ImVec2 at((p0.x + p1.x - ts.x) / 2, (p0.y + p1.y - ts.y) / 2);
+        if (plate)
+            dl->AddRectFilled(ImVec2(at.x - 3, at.y - 1), ImVec2(at.x + ts.x + 3, at.y + ts.y),
+                              IM_COL32(22, 24, 30, 230));
+        dl->AddText(at, plate ? text : dark, s);
+    };
+    char name[48];
+    for (const RankHeads& r : h.ranks)
+        for (int q = r.q.lo; q < r.q.hi; q++) {
+            const ImVec2 p0(x0 + qw * static_cast<float>(q) + 1, o.y);
+            const ImVec2 p1(x0 + qw * static_cast<float>(q + 1) - 1, o.y + box_h);
+            dl->AddRectFilled(p0, p1, rank_colour(r.tp_rank));
+            std::snprintf(name, sizeof name, "q%d", q);
+            label(p0, p1, name, false);
+        }
+    std::vector<int> all(static_cast<size_t>(h.tp));
+    for (int t = 0; t < h.tp; t++) all[static_cast<size_t>(t)] = t;
+    const float ky = o.y + box_h + gap;
+    for (int k = 0; k < h.kv_heads; k++) {
+        const ImVec2 p0(x0 + qw * static_cast<float>(k * h.group) + 1, ky);
+        const ImVec2 p1(x0 + qw * static_cast<float>((k + 1) * h.group) - 1, ky + box_h);
+        // Each query head's line down to the KV head it reads.
+        for (int q = k * h.group; q < (k + 1) * h.group; q++) {
+            const float x = x0 + qw * (static_cast<float>(q) + 0.5f);
+            dl->AddLine(ImVec2(x, o.y + box_h), ImVec2((p0.x + p1.x) / 2, ky),
+                        IM_COL32(200, 200, 210, 255), 1.5f);
+        }
+        int holder = 0;
+        for (const RankHeads& r : h.ranks)
+            if (k >= r.kv.lo && k < r.kv.hi) holder = r.tp_rank;
+        const bool whole = !h.split && h.tp > 1;
+        if (whole)
+            draw_replicated(dl, p0, p1, all);
+        else
+            dl->AddRectFilled(p0, p1, rank_colour(holder));
+        std::snprintf(name, sizeof name, "kv%d%s", k, whole ? " (every rank)" : "");
+        label(p0, p1, name, whole);
+    }
+    const int shown = std::min(h.tp, 8);
+    for (int t = 0; t < shown; t++) {
+        const ImVec2 p = ImGui::GetCursorScreenPos();
+        dl->AddRectFilled(p, ImVec2(p.x + lh, p.y + lh), rank_colour(t));
+        ImGui::Dummy(ImVec2(lh, lh));
+        ImGui::SameLine();
+        ImGui::TextUnformatted(h.rank_text(t).c_str());
+    }
+    if (shown < h.tp) ImGui::TextDisabled("... and %d more tp ranks", h.tp - shown);
 }
 
 }  // namespace
@@ -204,14 +275,25 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
         if (k % 3 != 2 && k + 1 < l.world_size()) ImGui::SameLine(0, 24);
     }
     if (d.rects) d.rects->mark("explorer_ranks");
+    // Llama: the attention heads on the tp ranks (colour = tp rank, world ranks 0..tp-1).
+    if (r.config.model.llama()) {
+        ImGui::Separator();
+        ImGui::BeginGroup();
+        draw_heads(r.heads);
+        ImGui::EndGroup();
+        if (d.rects) d.rects->mark("explorer_heads");
+        ImGui::Separator();
+    }
     // Which matrix.
     std::vector<int> matrices;
     for (size_t i = 0; i < r.tensors.size(); i++)
         if (r.tensors[i].rows > 1) matrices.push_back(static_cast<int>(i));
     if (s.tensor < 0 || s.tensor >= static_cast<int>(r.tensors.size())) {
-        // The first attention matrix; under ep the first stacked expert matrix, whose rows the
-        // ep ranks share out.
-        const char* first = l.ep > 1 ? "moe.experts.c_fc.weight" : "attn.c_attn.weight";
+        // The first attention matrix (llama: k_proj, whose rows tp splits or leaves whole); under
+        // ep the first stacked expert matrix, whose rows the ep ranks share out.
+        const bool llama = r.config.model.llama();
+        const char* first = l.ep > 1 ? (llama ? "mlp.experts.gate_proj" : "moe.experts.c_fc.weight")
+                                     : (llama ? "self_attn.k_proj.weight" : "attn.c_attn.weight");
         s.tensor = matrices.empty() ? 0 : matrices.front();
         for (int i : matrices)
             if (r.tensors[static_cast<size_t>(i)].name.find(first) != std::string::npos) {
@@ -219,8 +301,11 @@ void draw_layout_explorer_panel(const RunData& d, LayoutExplorerPanelState& s) {
                 break;
             }
     }
-    ImGui::SetNextItemWidth(ImGui::GetFontSize() * 16);
-    if (ImGui::BeginCombo("weight matrix", r.tensors[static_cast<size_t>(s.tensor)].name.c_str())) {
+    // Wide enough for the name shown (Hugging Face's llama names are long).
+    const char* shown = r.tensors[static_cast<size_t>(s.tensor)].name.c_str();
+    ImGui::SetNextItemWidth(std::max(ImGui::GetFontSize() * 16,
+                                     ImGui::CalcTextSize(shown).x + ImGui::GetFrameHeight() * 1.6f));
+    if (ImGui::BeginCombo("weight matrix", shown)) {
         for (int i : matrices)
             if (ImGui::Selectable(r.tensors[static_cast<size_t>(i)].name.c_str(), i == s.tensor))
                 s.tensor = i;

@@ -54,6 +54,8 @@ struct JobPanelState {
     std::string message;                    // the last action's outcome or error
     std::string open_path;                  // a run.h5 or validate.json to open
     JobAction requested = JobAction::none;  // what the person asked for this frame
+    bool llama_open = false;  // the llama keys' group unfolded (at first: when arch is llama)
+    std::string arch_seen;    // model.arch as last drawn: a new value folds or unfolds the group
 };
 void draw_job_panel(const RunData& d, JobPanelState& s);
 

@@ -394,6 +394,16 @@ void Workbench::print_state() {
             held.push_back({{"ranks", b.ranks}, {"replicated", b.replicated()}});
     }
     j["explorer_held"] = held;
+    nlohmann::json heads = nlohmann::json::object();  // llama: the attention heads on the tp ranks
+    if (r.ready && r.error.empty() && r.config.model.llama()) {
+        heads["split"] = r.heads.split;
+        heads["kind"] = r.heads.kind();
+        heads["ranks"] = nlohmann::json::array();
+        for (const RankHeads& h : r.heads.ranks)
+            heads["ranks"].push_back({{"q", {h.q.lo, h.q.hi}}, {"kv", {h.kv.lo, h.kv.hi}},
+                                      {"text", r.heads.rank_text(h.tp_rank)}});
+    }
+    j["explorer_heads"] = heads;
     j["job_tp"] = job_.status() != JobStatus::none ? job_.config().layout.tp : 0;
     nlohmann::json errors = nlohmann::json::object();
     for (const EditorField& f : job_s_.editor.fields())

@@ -539,6 +539,20 @@ def test_layouts_and_schedules_as_data():
     assert [r["ep_group"] for r in moe["ranks"]] == [[0, 1], [0, 1], [2, 3], [2, 3]]
     assert [tuple(r["experts"]) for r in moe["ranks"]] == [(0, 2), (2, 4), (0, 2), (2, 4)]
     assert "rank 3: pp 0, dp 3, tp 0, experts [2,4)" in moe["text"]
+    # the attention heads on the tp ranks: GPT-2's multi-head split with the query heads; a
+    # llama job's 2 KV heads split under tp2, whole on every rank under tp4
+    h = lay["attention_heads"]
+    assert h["kind"] == "multi-head" and h["split"] and h["ranks"][1]["q"] == h["ranks"][1]["kv"]
+    for tp, split in ((2, True), (4, False)):
+        h = parallax.layout(model={"arch": "llama", "kv_heads": 2}, layout={"tp": tp},
+                            numerics={"block": 16})["attention_heads"]
+        assert (h["kind"], h["group"], h["split"]) == ("grouped-query", 2, split), h
+        assert [r["q"] for r in h["ranks"]] == [(t * 4 // tp, (t + 1) * 4 // tp) for t in range(tp)]
+        assert [r["kv"] for r in h["ranks"]] == ([(0, 1), (1, 2)] if split else [(0, 2)] * 4)
+        assert [r["kv_read"] for r in h["ranks"]] == ([(0, 1), (1, 2)] if split else
+                                                      [(0, 1), (0, 1), (1, 2), (1, 2)])
+    assert h["ranks"][3]["text"] == ("tp rank 3: q head 3, kv heads 0-1 (whole on every rank: "
+                                     "tp=4 does not divide kv_heads=2), reads kv head 1")
     for pp, m in ((2, 4), (4, 8), (4, 4)):
         for kind in ("gpipe", "1f1b"):
             s = parallax.schedule(kind, pp=pp, microbatches=m)

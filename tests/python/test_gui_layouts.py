@@ -3,7 +3,9 @@ through test_gui's Window: a cp2 job started with a click shows both ranks, each
 measured step, in the Pipeline panel and both ranks' memory in Memory & comm; the layout explorer
 follows the job bar's fields as they are typed (no Start), keeps the person's own pick through a
 Start, runs its own numerics.block; a weight that both dp ranks hold whole is painted as
-replicated (diagonal stripes of both ranks' colours), not as two halves."""
+replicated (diagonal stripes of both ranks' colours), not as two halves; for a llama job it
+shows the attention heads on the tp ranks, the KV heads split under tp2 and whole on every rank
+under tp4 (which does not divide 2 KV heads), and the editor unfolds the llama block's keys."""
 import numpy as np
 
 from test_gui import (  # noqa: F401  (display: the module's Xvfb fixture, reused)
@@ -13,6 +15,17 @@ import pytest
 
 # TINY with sequences of 64 tokens: cp = 2 cuts each into 4 zig-zag chunks of one 16-token block.
 CP2 = TINY.replace("seq_len = 32", "seq_len = 64") + "[layout]\ncp = 2\n"
+
+
+# examples/llama-tiny.toml's model (4 query heads over 2 KV heads) on TINY's short job, tp2 with
+# blocks of 16 channels: a tp rank's one KV head of 16 channels is one block.
+LLAMA = TINY.replace("[model]\n", """[model]
+arch = "llama"
+kv_heads = 2
+rope_theta = 10000
+""").replace("ffn = 128", "ffn = 192") + "[layout]\ntp = 2\n"
+# Where the explorer's screenshot draws the query heads over the KV heads (fractions x0, y0, x1, y1).
+HEADS_PICTURE = (0.09, 0.12, 0.36, 0.20)
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +125,50 @@ def test_replicated_weights_are_painted_as_replicated(display, tmp_path):
     assert blue.sum() > 5000 and orange.sum() > 5000, (blue.sum(), orange.sum())
     both = int((blue.any(axis=1) & orange.any(axis=1)).sum())  # rows with both colours
     assert both > 0.9 * inner.shape[0], f"{both} of {inner.shape[0]} rows hold both colours"
+
+
+def test_the_explorer_shows_the_kv_heads_of_a_llama_job(display, tmp_path):
+    path = tmp_path / "llama.toml"
+    path.write_text(LLAMA)
+    w = Window(display, str(path))
+    try:
+        s = w.state()
+        # The editor: arch and the llama block's keys, unfolded for a llama job.
+        assert s["fields"]["model.arch"] == "llama" and s["fields"]["model.kv_heads"] == "2"
+        assert "editor_llama" in s["rects"] and "field:model.kv_heads" in s["rects"], s["rects"]
+        w.click("tab:layout_explorer", s)
+        s = w.wait_for(lambda s: not s["explorer_busy"] and s["explorer_ranks"] == 2
+                       and s["explorer_heads"])
+        h = s["explorer_heads"]
+        assert h["split"] and h["kind"] == "grouped-query", h
+        assert [r["q"] for r in h["ranks"]] == [[0, 2], [2, 4]], h
+        assert [r["kv"] for r in h["ranks"]] == [[0, 1], [1, 2]], h
+        assert h["ranks"][0]["text"] == "tp rank 0: q heads 0-1, kv head 0 (split)", h
+        assert "explorer_heads" in s["rects"]
+        # The matrix shown first is k_proj: one shard per tp rank.
+        assert s["explorer_tensor"] == "model.layers.0.self_attn.k_proj.weight", s
+        held = s["explorer_held"]
+        assert [b["ranks"] for b in held] == [[0], [1]], held
+        assert not any(b["replicated"] for b in held), held
+        # tp4 does not divide the 2 KV heads: every rank holds k_proj whole.
+        w.type_text("explorer_tp", "explorer_tp", "4")
+        s = w.wait_for(lambda s: not s["explorer_picks"]["follow"])
+        w.click("explore", s)
+        s = w.wait_for(lambda s: not s["explorer_busy"] and s["explorer_ranks"] == 4)
+        h = s["explorer_heads"]
+        assert not h["split"], h
+        assert [r["q"] for r in h["ranks"]] == [[0, 1], [1, 2], [2, 3], [3, 4]], h
+        assert all(r["kv"] == [0, 2] for r in h["ranks"]), h
+        assert h["ranks"][3]["text"] == ("tp rank 3: q head 3, kv heads 0-1 (whole on every rank: "
+                                         "tp=4 does not divide kv_heads=2), reads kv head 1"), h
+        held = s["explorer_held"]
+        assert len(held) == 1 and held[0]["replicated"] and held[0]["ranks"] == [0, 1, 2, 3], held
+    finally:
+        w.close()
+    # The picture: under tp2 the query heads in rank 0's and rank 1's colours, each KV head in
+    # one rank's colour (split), above the k_proj matrix cut between the two.
+    img = screenshots(display, str(path), tmp_path / "llama", 2, ["layout_explorer"])
+    top = region(img["layout_explorer"], HEADS_PICTURE)
+    blue = (top[..., 2] > 200) & (top[..., 0] < 120)  # tp rank 0
+    orange = (top[..., 0] > 200) & (top[..., 2] < 100)  # tp rank 1
+    assert blue.sum() > 3000 and orange.sum() > 3000, (blue.sum(), orange.sum())

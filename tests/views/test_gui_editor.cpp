@@ -1,11 +1,14 @@
 // The job bar's config editor without a window (views/config_editor.h): an error is the
 // library's message beside the key it names, every bad key has its message at once and a fixed
-// one loses it, and every key a panel tells the user to set is offered; and the Events panel's
+// one loses it, every key a panel tells the user to set is offered, and the llama block's keys
+// are offered and marked ignored while model.arch is gpt2; and the Events panel's
 // folding of repeats (views/spike_model.h).
 #include "views/config_editor.h"
 #include "views/spike_model.h"
 #include "tests/support/test_util.h"
 
+#include <algorithm>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -166,4 +169,66 @@ TEST_CASE("Config editor: cp, its attention and ep are keys; ep needs experts", 
     CHECK(c->layout.ep == 2);
     CHECK(c->model.moe_ffn == 32);
     CHECK(!e.has_error());
+}
+
+TEST_CASE("Config editor: the llama block's keys are offered, ignored while arch is gpt2",
+          "[gui][editor]") {
+    ConfigEditor e(small_job());
+    const char* llama_keys[] = {"model.kv_heads",
+                                "model.head_dim",
+                                "model.norm_eps",
+                                "model.rope_theta",
+                                "model.rope_factor",
+                                "model.rope_low_freq_factor",
+                                "model.rope_high_freq_factor",
+                                "model.rope_original_max_positions",
+                                "model.tie_embeddings",
+                                "model.qk_norm"};
+    REQUIRE(e.field("model.arch"));
+    CHECK(e.field("model.arch")->text == "gpt2");  // a string, without quotes
+    CHECK(!e.field("model.arch")->llama_only);
+    CHECK(!e.ignored(*e.field("model.arch")));
+    for (const char* key : llama_keys) {
+        INFO(key);
+        REQUIRE(e.field(key));
+        CHECK(e.field(key)->text == value_text(small_job(), key));
+        CHECK(e.field(key)->llama_only);  // from the registry's "llama:" sentence
+        CHECK(e.field(key)->doc.rfind("llama:", 0) == 0);
+        CHECK(e.ignored(*e.field(key)));
+    }
+    CHECK(!e.field("model.heads")->llama_only);
+    CHECK(!e.field("model.heads")->doc.empty());
+    CHECK(e.field("model.tie_embeddings")->text == "false");
+
+    // The llama keys are contiguous after the sizes, so the panel can fold them as one group.
+    const std::vector<EditorField>& f = e.fields();
+    size_t first = f.size(), last = 0;
+    for (size_t i = 0; i < f.size(); i++)
+        if (f[i].llama_only) first = std::min(first, i), last = std::max(last, i);
+    CHECK(last - first + 1 == std::size(llama_keys));
+
+    // Typed arch = llama: the keys count, and a GQA job builds from the editor alone.
+    e.set("model.arch", "llama");
+    for (const char* key : llama_keys) CHECK(!e.ignored(*e.field(key)));
+    e.set("model.kv_heads", "2");
+    e.set("model.qk_norm", "true");
+    e.set("model.rope_theta", "10000");
+    e.set("model.ffn", "64");
+    e.set("layout.tp", "2");
+    e.set("numerics.block", "8");  // a tp rank's 1 KV head of 8 channels is one block
+    std::optional<Config> c = e.build();
+    INFO(e.general_error());
+    REQUIRE(c.has_value());
+    CHECK(c->model.llama());
+    CHECK(c->model.kv_heads == 2);
+    CHECK(c->model.qk_norm);
+    CHECK(c->model.rope_theta == 10000);
+    // A bad llama key gets its message beside it, as every key does.
+    e.set("model.kv_heads", "3");
+    CHECK(!e.build().has_value());
+    CHECK(e.field("model.kv_heads")->error.find("model.kv_heads") != std::string::npos);
+    e.set("model.arch", "bert");
+    e.set("model.kv_heads", "2");
+    CHECK(!e.build().has_value());
+    CHECK(e.field("model.arch")->error.find("model.arch") != std::string::npos);
 }

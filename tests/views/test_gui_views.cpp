@@ -2,7 +2,8 @@
 // the trace measures a step of every rank and keeps every rank's memory under cp (ring and
 // Ulysses), ep, tp with sequence parallelism, dp with ZeRO-3 and pp with four microbatches; the
 // layout explorer's picks follow the job bar's fields until the person picks their own; a block
-// that several ranks hold whole is one replicated block, not pieces of it.
+// that several ranks hold whole is one replicated block, not pieces of it; the attention heads
+// on the tp ranks (query heads split, KV heads split or whole) are the rows the ranks hold.
 #include "views/config_editor.h"
 #include "views/job_controller.h"
 #include "views/layout_explorer.h"
@@ -203,4 +204,107 @@ TEST_CASE("explorer picks follow the job bar's fields until the person picks the
     CHECK(c.layout.ep == 1);
     CHECK(c.numerics.block == 32);
     CHECK(c.model.hidden == base.model.hidden);
+}
+
+namespace {
+
+// A Llama-shaped job: 4 query heads of 8 channels over 2 KV heads, blocks of 8 channels (one KV
+// head), so tp2 splits the KV heads and tp4 holds them whole on every rank.
+Config llama_job(int tp, i64 kv_heads) {
+    Config c = small_job();
+    c.model.arch = "llama";
+    c.model.kv_heads = kv_heads;
+    c.model.ffn = 64;
+    c.model.rope_theta = 10000;
+    c.numerics.block = 8;
+    c.train.threads = 1;
+    c.layout.tp = tp;
+    return c;
+}
+
+// The heads whose rows of a (heads · head_dim, C) projection the slab holds.
+HeadRange rows_as_heads(const Slab& s, int head_dim) {
+    return {static_cast<int>(s.row0 / head_dim), static_cast<int>((s.row0 + s.rows) / head_dim)};
+}
+
+}  // namespace
+
+TEST_CASE("head_layout: query heads split, KV heads split where tp divides them, else whole") {
+    Config c = llama_job(2, 2);
+    HeadLayout h = head_layout(c.model, 2);
+    CHECK(std::string(h.kind()) == "grouped-query");
+    CHECK(h.group == 2);
+    CHECK(h.head_dim == 8);
+    CHECK(h.split);
+    REQUIRE(h.ranks.size() == 2);
+    CHECK(h.ranks[0].q == HeadRange{0, 2});
+    CHECK(h.ranks[1].q == HeadRange{2, 4});
+    CHECK(h.ranks[0].kv == HeadRange{0, 1});
+    CHECK(h.ranks[1].kv == HeadRange{1, 2});
+    CHECK(h.ranks[1].kv_read == HeadRange{1, 2});
+    CHECK(h.rank_text(0) == "tp rank 0: q heads 0-1, kv head 0 (split)");
+    CHECK(h.summary().find("tp=2 divides kv_heads=2") != std::string::npos);
+
+    h = head_layout(c.model, 4);  // 4 does not divide 2 KV heads: each rank holds both
+    CHECK(!h.split);
+    REQUIRE(h.ranks.size() == 4);
+    for (int t = 0; t < 4; t++) {
+        CHECK(h.ranks[t].q == HeadRange{t, t + 1});
+        CHECK(h.ranks[t].kv == HeadRange{0, 2});
+        CHECK(h.ranks[t].kv_read == HeadRange{t / 2, t / 2 + 1});
+    }
+    CHECK(h.rank_text(3) ==
+          "tp rank 3: q head 3, kv heads 0-1 (whole on every rank: tp=4 does not divide "
+          "kv_heads=2), reads kv head 1");
+    CHECK(h.summary().find("does not divide kv_heads=2") != std::string::npos);
+
+    c.model.kv_heads = 1;  // multi-query: one KV head, whole on every rank under tp2
+    h = head_layout(c.model, 2);
+    CHECK(std::string(h.kind()) == "multi-query");
+    CHECK(!h.split);
+    CHECK(h.ranks[1].kv == HeadRange{0, 1});
+    CHECK(h.rank_text(1).find("kv head 0 (whole on every rank: tp=2 does not divide kv_heads=1)") !=
+          std::string::npos);
+
+    const Config gpt2 = with_tp_shapes(small_job());  // multi-head: KV heads are query heads
+    h = head_layout(gpt2.model, 2);
+    CHECK(std::string(h.kind()) == "multi-head");
+    CHECK(h.split);
+    CHECK(h.ranks[1].kv == h.ranks[1].q);
+    CHECK(head_layout(gpt2.model, 1).rank_text(0) ==
+          "tp rank 0: q heads 0-3, kv heads 0-3 (one rank holds every head)");
+}
+
+TEST_CASE("head_layout agrees with the rows of q_proj and k_proj the explored ranks hold") {
+    for (const int tp : {2, 4}) {
+        DYNAMIC_SECTION("tp" << tp) {
+            Config c = llama_job(tp, 2);
+            c.layout.dp = 2;  // the tp ranks of both replicas hold the same heads
+            const ExplorerResult r = explore_layout(c);
+            INFO(r.error);
+            REQUIRE(r.error.empty());
+            const HeadLayout& h = r.heads;
+            CHECK(h == head_layout(c.model, tp));
+            CHECK(h.split == (tp == 2));
+            int checked = 0;
+            for (const TensorHolding& t : r.tensors) {
+                const bool q = t.name.find("self_attn.q_proj.weight") != std::string::npos;
+                const bool k = t.name.find("self_attn.k_proj.weight") != std::string::npos ||
+                               t.name.find("self_attn.v_proj.weight") != std::string::npos;
+                if (!q && !k) continue;
+                INFO(t.name);
+                REQUIRE(t.weights.size() == static_cast<size_t>(2 * tp));
+                for (const HeldPiece& p : t.weights) {
+                    const RankHeads& mine = h.ranks[static_cast<size_t>(r.coords[static_cast<size_t>(p.rank)].tp)];
+                    CHECK(rows_as_heads(p.slab, h.head_dim) == (q ? mine.q : mine.kv));
+                    CHECK(p.slab.cols == t.cols);
+                    checked++;
+                }
+                // Split: one shard per tp rank; whole: one block every rank holds.
+                const std::vector<HeldBlock> b = held_blocks(t, false);
+                CHECK(b.size() == static_cast<size_t>(q || h.split ? tp : 1));
+            }
+            CHECK(checked == 3 * 2 * 2 * tp);  // q, k, v of 2 layers on 2·tp ranks
+        }
+    }
 }
