@@ -141,11 +141,13 @@ state as Job.fp8_state() gives it (gemms: the fp8 matmuls' names, roles, history
             });
         },
         py::arg("input"), py::arg("output"), py::arg("dtype") = py::none(), R"doc(
-Converts GPT-2 weights between llm.c, Parallax and Hugging Face, as `parallax convert IN --to OUT
-[--dtype D]`: OUT's name picks the format written (.h5: a Parallax checkpoint with zero Adam
-moments at step 0, to start a job from with model={"init_from": OUT}; .bin: llm.c's fp32
-version-3 file; a folder, existing or named without an extension: a Hugging Face GPT2LMHeadModel
-folder, config.json and model.safetensors, in dtype "fp32", "bf16" or "fp16", by default the
+Converts weights between llm.c (GPT-2), Parallax and Hugging Face (GPT-2, Llama, Qwen3,
+Qwen3-MoE), as `parallax convert IN --to OUT [--dtype D]`: OUT's name picks the format written
+(.h5: a Parallax checkpoint with zero Adam moments at step 0, to start a job from with
+model={"init_from": OUT}; .bin: llm.c's fp32 version-3 file of a GPT-2; a folder, existing or
+named without an extension: a Hugging Face folder of the model's class (GPT2LMHeadModel,
+LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM), config.json and model.safetensors, in
+dtype "fp32", "bf16" or "fp16", by default the
 dtype the weights came in from Hugging Face, else fp32). input is an llm.c .bin, a Parallax
 checkpoint, or a Hugging Face folder (or its model.safetensors). Returns a sentence saying what
 was written. DataError naming the file (and the tensor or config key) on bad input.)doc");

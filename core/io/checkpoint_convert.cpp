@@ -1,7 +1,7 @@
-// Converting GPT-2 weights (parallax convert IN --to OUT, parallax.convert) between llm.c's
-// checkpoint format, Parallax checkpoints and Hugging Face folders (docs/files.md), in any
-// direction: IN is read into the logical fp32 weights of its model, which OUT's format is written
-// from. OUT's name says its format, IN's content says its own.
+// Converting weights (parallax convert IN --to OUT, parallax.convert) between llm.c's checkpoint
+// format (GPT-2), Parallax checkpoints and Hugging Face folders (GPT-2, Llama, Qwen3, Qwen3-MoE;
+// docs/files.md), in any direction: IN is read into the logical fp32 weights of its model, which
+// OUT's format is written from. OUT's name says its format, IN's content says its own.
 //
 // Index
 //   Format, format_text      the three formats
@@ -83,6 +83,16 @@ std::string model_text(const ModelConfig& mc) {
         .append(" T=")
         .append(std::to_string(mc.seq_len));
     if (mc.ffn != 4 * mc.hidden) t.append(" F=").append(std::to_string(mc.ffn));
+    if (mc.llama())
+        t.append(" KV=")
+            .append(std::to_string(mc.kv_head_count()))
+            .append(" HS=")
+            .append(std::to_string(mc.head_size()));
+    if (mc.is_moe())
+        t.append(" E=")
+            .append(std::to_string(mc.moe_experts))
+            .append(" k=")
+            .append(std::to_string(mc.moe_top_k));
     return t;
 }
 
@@ -237,6 +247,11 @@ std::string write_parallax(const std::string& out, Weights& w) {
 
 std::string write_llmc(const std::string& out, Weights& w) {
     const ModelConfig& mc = w.mc;
+    if (mc.llama())
+        throw DataError("cannot write llm.c checkpoint " + out + " from " + w.source +
+                        ": it holds a llama model (model.arch = \"llama\"), and llm.c's format "
+                        "holds GPT-2 only; write a Parallax checkpoint (.h5) or a Hugging Face "
+                        "folder");
     if (mc.ffn != 4 * mc.hidden) {
         std::string msg = "cannot write llm.c checkpoint " + out + " from " + w.source;
         throw DataError(msg.append(": it holds a model with model.ffn = ")
@@ -271,13 +286,12 @@ std::string write_hf(const std::string& out, Weights& w, const std::string& dtyp
     }
     const std::vector<std::string> files = write_hf_folder(
         out, w.mc, [&w](const std::string& name) { return w.param(name); }, dtype);
+    const char* cls = hf_architecture_for(w.mc).name;
     std::string names;
     for (const std::string& f : files) names.append(names.empty() ? "" : ", ").append(file_name(f));
-    return std::string("Hugging Face folder ") + out + ": GPT2LMHeadModel in " +
-           safe_dtype_name(dtype) + " (" + names +
-           ")\nload it with transformers' "
-           "GPT2LMHeadModel.from_pretrained(\"" +
-           out + "\")\n";
+    return std::string("Hugging Face folder ") + out + ": " + cls + " in " +
+           safe_dtype_name(dtype) + " (" + names + ")\nload it with transformers' " + cls +
+           ".from_pretrained(\"" + out + "\")\n";
 }
 
 }  // namespace

@@ -117,7 +117,13 @@ i64 file_size(std::FILE* f, const std::string& path) {
     return i64(st.st_size);
 }
 
-// llm.c's GPT-2 has a dense MLP in every layer.
+// llm.c's GPT-2: its block, with a dense MLP in every layer.
+void refuse_llama(const ModelConfig& mc, const char* what) {
+    if (mc.llama())
+        throw ConfigError(std::string("model.arch = \"llama\", but llm.c checkpoints hold GPT-2 "
+                                      "only; ") +
+                          what);
+}
 void refuse_moe(const ModelConfig& mc, const char* what) {
     if (mc.is_moe())
         throw ConfigError("model.moe_experts = " + std::to_string(mc.moe_experts) +
@@ -125,6 +131,7 @@ void refuse_moe(const ModelConfig& mc, const char* what) {
 }
 
 void check_config(const std::string& path, const LlmcHeader& h, const ModelConfig& mc) {
+    refuse_llama(mc, "start a llama model from a Parallax checkpoint or a Hugging Face folder");
     refuse_moe(mc, "set model.moe_experts = 0 to start from one");
     if (mc.ffn != 4 * mc.hidden)
         throw ConfigError("model.ffn = " + std::to_string(mc.ffn) +
@@ -282,6 +289,7 @@ void read_llmc_checkpoint(const std::string& path, const ModelConfig& mc,
 
 void write_llmc_checkpoint(const std::string& path, const ModelConfig& mc,
                            const ParamLookup& params) {
+    refuse_llama(mc, "this model cannot be exported to llm.c");
     refuse_moe(mc, "this model cannot be exported to llm.c");
     if (mc.ffn != 4 * mc.hidden)
         throw ConfigError("model.ffn = " + std::to_string(mc.ffn) +

@@ -1,8 +1,7 @@
-// Hugging Face model folders (core/io/hf_checkpoint.h): the architectures' tables, and the
-// weights checked and read through them, or written.
+// Hugging Face model folders (core/io/hf_checkpoint.h): the weights checked and read through an
+// architecture's name table (core/io/hf_architectures.cpp), or written.
 //
 // Index
-//   kGpt2Names, kGpt2Sizes, kGpt2Fixed, kHfArchitectures   GPT2LMHeadModel's tables
 //   Expected, expected_tensors   a table expanded for a config: every HF name, its role and shape
 //   read_hf_weights              check every tensor, then read the parameters
 //   read_hf_init_weights         model.init_from's case: config.json against the job's keys first
@@ -13,7 +12,6 @@
 #include "core/base/error.h"
 #include "core/base/files.h"
 #include "core/io/safetensors_internal.h"
-#include "kernels/ops.h"  // kLayerNormEps
 
 #include <algorithm>
 #include <bit>
@@ -29,137 +27,99 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// ---- GPT2LMHeadModel ----
-
-// transformers' GPT2LMHeadModel state dict. Its four matrices per block are Conv1D modules, which
-// keep their weight as (in, out): the transpose of Parallax's (out, in).
-constexpr HfNameRow kGpt2Names[] = {
-    {"transformer.wte.weight", "wte"},
-    {"transformer.wpe.weight", "wpe"},
-    {"transformer.h.{i}.ln_1.weight", "h.{i}.ln_1.weight"},
-    {"transformer.h.{i}.ln_1.bias", "h.{i}.ln_1.bias"},
-    {"transformer.h.{i}.attn.c_attn.weight", "h.{i}.attn.c_attn.weight", HfTransform::transpose},
-    {"transformer.h.{i}.attn.c_attn.bias", "h.{i}.attn.c_attn.bias"},
-    {"transformer.h.{i}.attn.c_proj.weight", "h.{i}.attn.c_proj.weight", HfTransform::transpose},
-    {"transformer.h.{i}.attn.c_proj.bias", "h.{i}.attn.c_proj.bias"},
-    {"transformer.h.{i}.ln_2.weight", "h.{i}.ln_2.weight"},
-    {"transformer.h.{i}.ln_2.bias", "h.{i}.ln_2.bias"},
-    {"transformer.h.{i}.mlp.c_fc.weight", "h.{i}.mlp.c_fc.weight", HfTransform::transpose},
-    {"transformer.h.{i}.mlp.c_fc.bias", "h.{i}.mlp.c_fc.bias"},
-    {"transformer.h.{i}.mlp.c_proj.weight", "h.{i}.mlp.c_proj.weight", HfTransform::transpose},
-    {"transformer.h.{i}.mlp.c_proj.bias", "h.{i}.mlp.c_proj.bias"},
-    {"transformer.ln_f.weight", "ln_f.weight"},
-    {"transformer.ln_f.bias", "ln_f.bias"},
-    // The head is the embedding (tie_word_embeddings): save_pretrained drops it, older files
-    // and other writers keep a copy.
-    {"lm_head.weight", "wte", HfTransform::none, HfStore::folder, HfRole::tied},
-    // The causal mask and its fill value were saved as buffers by transformers before 4.x made
-    // them non-persistent; Parallax's attention computes the mask.
-    {"transformer.h.{i}.attn.bias", "", HfTransform::none, HfStore::folder, HfRole::buffer},
-    {"transformer.h.{i}.attn.masked_bias", "", HfTransform::none, HfStore::folder, HfRole::buffer},
-};
-
-// In this order: n_inner's default needs n_embd first.
-constexpr HfSizeKey kGpt2Sizes[] = {
-    {"vocab_size", &ModelConfig::vocab, "model.vocab"},
-    {"n_positions", &ModelConfig::seq_len, "model.seq_len"},
-    {"n_embd", &ModelConfig::hidden, "model.hidden"},
-    {"n_layer", &ModelConfig::layers, "model.layers"},
-    {"n_head", &ModelConfig::heads, "model.heads"},
-    {"n_inner", &ModelConfig::ffn, "model.ffn", &ModelConfig::hidden, 4},
-};
-
-static_assert(float(1e-5) == ops::kLayerNormEps,
-              "GPT-2's layer_norm_epsilon is the kernels' epsilon");
-// clang-format off
-constexpr HfFixedKey kGpt2Fixed[] = {
-    {"activation_function", {HfValue::string, "gelu_new"}, true,
-     "Parallax's GELU is the tanh approximation, gelu_new"},
-    {"layer_norm_epsilon", {HfValue::number, "", false, 1e-5}, true,
-     "its LayerNorm's epsilon is 1e-5"},
-    {"tie_word_embeddings", {HfValue::boolean, "", true}, true,
-     "its LM head is the token embedding wte: one matrix"},
-    {"scale_attn_weights", {HfValue::boolean, "", true}, true,
-     "attention scores are scaled by 1/sqrt(head size)"},
-    {"scale_attn_by_inverse_layer_idx", {HfValue::boolean, "", false}, true,
-     "attention scores are not scaled by the layer's index"},
-    {"add_cross_attention", {HfValue::boolean, "", false}, true,
-     "its blocks have no cross-attention"},
-};
-// clang-format on
-
-// GPT2Config's defaults of the keys Parallax does not use (dropout: Parallax trains without it).
-constexpr const char* kGpt2Written =
-    R"({"attn_pdrop": 0.1, "embd_pdrop": 0.1, "resid_pdrop": 0.1, "initializer_range": 0.02,
-        "reorder_and_upcast_attn": false, "summary_activation": null,
-        "summary_first_dropout": 0.1, "summary_proj_to_labels": true,
-        "summary_type": "cls_index", "summary_use_proj": true, "use_cache": true})";
-
-constexpr HfArchitecture kHfArchitectures[] = {
-    {"GPT2LMHeadModel", "gpt2", kGpt2Sizes, kGpt2Fixed, kGpt2Names, kGpt2Written},
-};
-
 // ---- a table expanded for a config ----
 
 struct Expected {
     std::string hf;
     const HfNameRow* row = nullptr;
     int entry = -1;          // in the file's ParamTable (param and tied rows)
+    i64 expert = -1;         // a stacked row's expert
     std::vector<i64> shape;  // in the file (param and tied rows)
 };
 
-bool per_layer(const char* pattern) {
-    return std::strstr(pattern, "{i}") != nullptr;
+bool has(const char* pattern, const char* what) {
+    return std::strstr(pattern, what) != nullptr;
 }
 
-// Every tensor the architecture's table names for the model mc, in the state dict's order: a run
-// of per-layer rows goes layer by layer (h.0.*, then h.1.*, ...), as transformers lists and
-// shards them.
+// Every tensor the architecture's table names for the model mc (table = ParamTable::build(mc)),
+// in the state dict's order: a run of per-layer rows goes layer by layer (h.0.*, then h.1.*, ...),
+// a run of an expert's rows expert by expert, as transformers lists and shards them. A row is in
+// when its parameter is in mc's table, a tied row when mc's head is tied. With a cap, stops after
+// `cap` parameter tensors (a config's claim of many layers or experts costs no more than the
+// files hold); without one, checks that every parameter of the table is some row's.
 std::vector<Expected> expected_tensors(const HfArchitecture& arch, const ModelConfig& mc,
-                                       const ParamTable& table) {
+                                       const ParamTable& table, i64 cap = -1) {
     std::unordered_map<std::string, int> entry_of;
     for (size_t i = 0; i < table.entries.size(); i++)
         entry_of.emplace(table.entries[i].name, int(i));
     std::vector<Expected> out;
-    auto add = [&](const HfNameRow& row, i64 i) {
-        Expected e;
-        e.hf = hf_name(row.hf, i);
-        e.row = &row;
+    std::vector<bool> covered(table.entries.size());
+    i64 params = 0;
+    const auto full = [&] { return cap >= 0 && params >= cap; };
+    // The row for layer i (and expert e), if mc has it.
+    auto add = [&](const HfNameRow& row, i64 i, i64 e) {
+        if (full()) return;
+        Expected x;
+        x.hf = hf_name(row.hf, i, e);
+        x.row = &row;
         if (row.role != HfRole::buffer) {
+            if (row.role == HfRole::tied && !mc.tied_head()) return;
             const auto it = entry_of.find(hf_name(row.px, i));
-            PX_ASSERT(it != entry_of.end(), "the name table names no parameter " + e.hf);
-            e.entry = it->second;
-            e.shape = table.entries[size_t(it->second)].shape();
+            if (it == entry_of.end()) {
+                PX_ASSERT(row.role == HfRole::param, "a tied row names no parameter: " + x.hf);
+                return;  // a parameter this config does not have
+            }
+            x.entry = it->second;
+            const TableEntry& t = table.entries[size_t(it->second)];
+            x.shape = t.shape();
             if (row.transform == HfTransform::transpose) {
-                PX_ASSERT(e.shape.size() == 2, "a transposed row must be a matrix: " + e.hf);
-                std::swap(e.shape[0], e.shape[1]);
+                PX_ASSERT(x.shape.size() == 2, "a transposed row must be a matrix: " + x.hf);
+                std::swap(x.shape[0], x.shape[1]);
+            }
+            if (row.transform == HfTransform::stack) {
+                PX_ASSERT(x.shape.size() == 2 && mc.moe_experts > 0 && t.rows % mc.moe_experts == 0,
+                          "a stacked row must be a matrix of moe_experts blocks: " + x.hf);
+                x.expert = e;
+                x.shape[0] = t.rows / mc.moe_experts;
+            }
+            if (row.role == HfRole::param) {
+                covered[size_t(x.entry)] = true;
+                params++;
             }
         }
-        out.push_back(std::move(e));
+        out.push_back(std::move(x));
+    };
+    // Rows [r, end) for layer i: a run of stacked rows expert by expert.
+    auto add_rows = [&](const std::span<const HfNameRow> rows, i64 i) {
+        for (size_t r = 0; r < rows.size();) {
+            if (!has(rows[r].hf, "{e}")) {
+                add(rows[r++], i, 0);
+                continue;
+            }
+            size_t end = r;
+            while (end < rows.size() && has(rows[end].hf, "{e}")) end++;
+            const bool held = entry_of.count(hf_name(rows[r].px, i)) > 0;
+            for (i64 e = 0; held && e < mc.moe_experts && !full(); e++)
+                for (size_t k = r; k < end; k++) add(rows[k], i, e);
+            r = end;
+        }
     };
     const std::span<const HfNameRow> rows = arch.names;
     for (size_t r = 0; r < rows.size();) {
-        if (!per_layer(rows[r].hf)) {
-            add(rows[r++], 0);
+        if (!has(rows[r].hf, "{i}")) {
+            add_rows(rows.subspan(r++, 1), 0);
             continue;
         }
         size_t end = r;
-        while (end < rows.size() && per_layer(rows[end].hf)) end++;
-        for (i64 i = 0; i < mc.layers; i++)
-            for (size_t k = r; k < end; k++) add(rows[k], i);
+        while (end < rows.size() && has(rows[end].hf, "{i}")) end++;
+        for (i64 i = 0; i < mc.layers && !full(); i++) add_rows(rows.subspan(r, end - r), i);
         r = end;
     }
+    if (cap < 0)
+        for (size_t i = 0; i < covered.size(); i++)
+            PX_ASSERT(covered[i], std::string("the name table of ") + arch.name +
+                                      " has no row for parameter " + table.entries[i].name);
     return out;
-}
-
-std::string sizes_text(const HfConfig& cfg) {
-    std::string s;
-    for (const HfSizeKey& k : cfg.arch->sizes)
-        s.append(s.empty() ? "" : ", ")
-            .append(k.hf)
-            .append(" = ")
-            .append(std::to_string(cfg.model.*k.field));
-    return s;
 }
 
 bool readable(SafeDType t) {
@@ -185,23 +145,6 @@ std::string number(float x) {
 }
 
 }  // namespace
-
-std::span<const HfArchitecture> hf_architectures() {
-    return kHfArchitectures;
-}
-
-const HfArchitecture* find_hf_architecture(std::string_view name) {
-    for (const HfArchitecture& a : kHfArchitectures)
-        if (name == a.name) return &a;
-    return nullptr;
-}
-
-std::string hf_name(const char* pattern, i64 layer) {
-    std::string s = pattern;
-    const size_t at = s.find("{i}");
-    if (at != std::string::npos) s.replace(at, 3, std::to_string(layer));
-    return s;
-}
 
 std::optional<HfInput> hf_input(const std::string& path) {
     auto ends = [&](const char* suffix) {
@@ -233,26 +176,27 @@ HfReadReport read_hf_weights(const HfInput& in, const HfConfig& cfg, const Model
     const HfArchitecture& arch = *cfg.arch;
     const SafetensorsSet set(in.weights);  // every header checked
     const std::string missing_tail = std::string(", which ") + arch.name + " with the sizes of " +
-                                     cfg.path + " (" + sizes_text(cfg) +
+                                     cfg.path + " (" + hf_sizes_text(cfg) +
                                      ") holds; the weights are " +
                                      "incomplete, or saved for another config.json";
 
     // 0. Fewer tensors than the config's model has parameters: one is missing. Found before the
     //    model's table is built, whose size config.json alone sets (n_layer = 10^8 is a table of
-    //    a billion entries, while the files' headers are bounded by their size).
+    //    a billion entries, while the files' headers are bounded by their size): every layer has
+    //    a tensor, so a model of one layer more than the files have tensors has too many
+    //    parameter tensors, and it names the first one missing.
     const std::vector<std::string> names = set.names();
-    i64 required = 0;
-    for (const HfNameRow& row : arch.names)
-        if (row.role == HfRole::param) required += per_layer(row.hf) ? cfg.model.layers : 1;
-    if (required > i64(names.size()))
-        for (const HfNameRow& row : arch.names) {
-            if (row.role != HfRole::param) continue;
-            const i64 layers = per_layer(row.hf) ? cfg.model.layers : 1;
-            for (i64 i = 0; i < layers; i++)
-                if (!set.has(hf_name(row.hf, i)))
-                    throw DataError("safetensors " + set.path() + " has no tensor " +
-                                    st::quoted(hf_name(row.hf, i)) + missing_tail);
-        }
+    const i64 held = i64(names.size());
+    ModelConfig head = cfg.model;
+    head.layers = std::min(head.layers, held + 1);
+    const std::vector<Expected> first_ones =
+        expected_tensors(arch, head, ParamTable::build(head), held + 1);
+    if (std::count_if(first_ones.begin(), first_ones.end(),
+                      [](const Expected& e) { return e.row->role == HfRole::param; }) > held)
+        for (const Expected& e : first_ones)
+            if (e.row->role == HfRole::param && !set.has(e.hf))
+                throw DataError("safetensors " + set.path() + " has no tensor " + st::quoted(e.hf) +
+                                missing_tail);
 
     const ParamTable file_table = ParamTable::build(cfg.model);
     const ParamTable table = ParamTable::build(mc);
@@ -260,7 +204,7 @@ HfReadReport read_hf_weights(const HfInput& in, const HfConfig& cfg, const Model
     auto where = [&](const std::string& hf) {
         return "safetensors file " + set.file_of(hf).path() + ": tensor " + st::quoted(hf);
     };
-    const std::string disagree = "; the weights and " + cfg.path + " (" + sizes_text(cfg) +
+    const std::string disagree = "; the weights and " + cfg.path + " (" + hf_sizes_text(cfg) +
                                  ") disagree: give the config.json saved with these weights";
 
     // 1. Names: every tensor of the files is in the table, every parameter is in the files.
@@ -334,7 +278,7 @@ HfReadReport read_hf_weights(const HfInput& in, const HfConfig& cfg, const Model
     }
 
     // 4. The parameters, in the job's shapes: a tensor with more rows in the file (wpe, positions
-    //    beyond model.seq_len) gives its first rows.
+    //    beyond model.seq_len) gives its first rows; a stacked row its expert's block.
     std::unordered_map<std::string, size_t> job_entry;
     for (size_t i = 0; i < table.entries.size(); i++) job_entry.emplace(table.entries[i].name, i);
     for (const Expected& e : want) {
@@ -346,12 +290,21 @@ HfReadReport read_hf_weights(const HfInput& in, const HfConfig& cfg, const Model
         PX_ASSERT(t.cols == f.cols && t.rows <= f.rows, "shapes checked by the caller: " + f.name);
         float* dst = params(t.name);
         PX_ASSERT(dst != nullptr, "the model has no parameter named " + t.name);
-        set.read_f32(e.hf, buf.data(), f.rows * f.cols);
-        if (e.row->transform == HfTransform::none) {
-            std::copy(buf.begin(), buf.begin() + t.rows * t.cols, dst);
-        } else {  // the file holds (cols, rows_in_file)
-            for (i64 r = 0; r < t.rows; r++)
-                for (i64 c = 0; c < t.cols; c++) dst[r * t.cols + c] = buf[size_t(c * f.rows + r)];
+        const i64 n = numel(e.shape);
+        set.read_f32(e.hf, buf.data(), n);
+        switch (e.row->transform) {
+            case HfTransform::none:
+                std::copy(buf.begin(), buf.begin() + t.rows * t.cols, dst);
+                break;
+            case HfTransform::transpose:  // the file holds (cols, rows_in_file)
+                for (i64 r = 0; r < t.rows; r++)
+                    for (i64 c = 0; c < t.cols; c++)
+                        dst[r * t.cols + c] = buf[size_t(c * f.rows + r)];
+                break;
+            case HfTransform::stack:
+                PX_ASSERT(t.rows == f.rows, "a stacked tensor has no rows to drop: " + f.name);
+                std::copy(buf.begin(), buf.begin() + n, dst + e.expert * n);
+                break;
         }
     }
     return report;
@@ -360,19 +313,7 @@ HfReadReport read_hf_weights(const HfInput& in, const HfConfig& cfg, const Model
 void read_hf_init_weights(const HfInput& in, const ModelConfig& mc, const ParamLookup& params) {
     const HfConfig cfg = read_hf_config(in);
     const std::string from = "model.init_from = " + in.folder + ": ";
-    if (mc.is_moe())
-        throw ConfigError(from + "model.moe_experts = " + std::to_string(mc.moe_experts) + " but " +
-                          cfg.arch->name +
-                          " has dense MLPs only; set model.moe_experts = 0 to start from it");
-    std::vector<std::string> bad;
-    for (const HfSizeKey& k : cfg.arch->sizes) {
-        const i64 file = cfg.model.*k.field, job = mc.*k.field;
-        const bool positions = k.field == &ModelConfig::seq_len;  // may be fewer: rows of wpe
-        if (file == job || (positions && job < file)) continue;
-        bad.push_back(std::string(k.key) + " = " + std::to_string(job) + " in this config but " +
-                      k.hf + " = " + std::to_string(file) + " in " + cfg.path +
-                      (positions ? " (model.seq_len may be at most that)" : ""));
-    }
+    const std::vector<std::string> bad = hf_config_differences(cfg, mc);
     if (!bad.empty()) {
         std::string msg = from + "the Hugging Face model differs from this config's: ";
         for (size_t i = 0; i < bad.size(); i++) msg.append(i ? "; " : "").append(bad[i]);
@@ -390,11 +331,12 @@ std::optional<SafeDType> hf_write_dtype(std::string_view name) {
 
 std::vector<std::string> write_hf_folder(const std::string& folder, const ModelConfig& mc,
                                          const ParamLookup& params, SafeDType dtype,
-                                         u64 max_shard_bytes, const HfArchitecture& arch) {
+                                         u64 max_shard_bytes) {
     if (!readable(dtype))
         throw Error(std::string("cannot write a Hugging Face folder in ") + safe_dtype_name(dtype) +
                     "; write F32, BF16 or F16");
-    const std::string config = hf_config_text(mc, dtype, arch);  // refuses what it cannot be
+    const std::string config = hf_config_text(mc, dtype);  // refuses what no class is
+    const HfArchitecture& arch = hf_architecture_for(mc);
 
     // 1. Every parameter in the file's layout and dtype, checked before anything is written.
     const ParamTable table = ParamTable::build(mc);
@@ -406,9 +348,10 @@ std::vector<std::string> write_hf_folder(const std::string& folder, const ModelC
     for (const Expected& e : want) {
         if (e.row->role != HfRole::param) continue;
         const TableEntry& t = table.entries[size_t(e.entry)];
-        const float* src = params(t.name);
-        PX_ASSERT(src != nullptr, "the model has no parameter named " + t.name);
-        const i64 n = t.rows * t.cols;
+        const i64 n = numel(e.shape);
+        const i64 at = e.expert >= 0 ? e.expert * n : 0;  // a stacked row: its expert's block
+        PX_ASSERT(params(t.name) != nullptr, "the model has no parameter named " + t.name);
+        const float* src = params(t.name) + at;
         f32.assign(src, src + n);
         if (e.row->transform == HfTransform::transpose)
             for (i64 r = 0; r < t.rows; r++)
@@ -423,7 +366,7 @@ std::vector<std::string> write_hf_folder(const std::string& folder, const ModelC
             if (!std::isfinite(back[size_t(k)]))
                 throw Error("not writing Hugging Face folder " + folder + ": parameter " + t.name +
                             " (" + e.hf + ") holds " + number(f32[size_t(k)]) + " at element " +
-                            std::to_string(k) +
+                            std::to_string(at + k) +
                             (std::isfinite(f32[size_t(k)])
                                  ? std::string(", beyond the range of ") + safe_dtype_name(to) +
                                        ": write a wider dtype (fp32 or bf16)"

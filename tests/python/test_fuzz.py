@@ -1,6 +1,7 @@
 """The fuzz suite: seeded, bounded in time. It mutates job configs (keys, values, types, TOML text,
 --set), llm.c token files, llm.c GPT-2 checkpoints, HDF5 checkpoints and Hugging Face folders
-(config.json's keys and text, model.safetensors' bytes), and runs `parallax train`, `validate`,
+(GPT-2, Llama and Qwen3-MoE ones: config.json's keys, RoPE's parameters and text,
+model.safetensors' bytes), and runs `parallax train`, `validate`,
 `inspect`, `convert` and resumes on them with tiny models. Every run must end
 within a per-case time limit, by exit 0 or a code of the documented exit-code table
 (docs/faults.md) other than the internal error (1, "a bug in Parallax"), never by a signal or a
@@ -168,9 +169,36 @@ def base(tmp_path_factory):
     r = subprocess.run([EXE, "convert", str(d / "ckpt.h5"), "--to", str(d / "hf")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+    # The llama family's folders: one training step of each model, its checkpoint converted.
+    for name, model in HF_LLAMA_MODELS.items():
+        cfg = base_config(d)
+        cfg["model"] = dict(model)
+        (d / f"{name}.toml").write_text(toml_text(cfg))
+        r = subprocess.run([EXE, "train", str(d / f"{name}.toml"), "--quiet", "--set",
+                            "train.steps=1", "--set", f"checkpoint.dir={d / name}-ck"],
+                           capture_output=True, text=True, timeout=120, cwd=d)
+        assert r.returncode == 0, r.stderr
+        ckpt = sorted((d / f"{name}-ck").glob("ckpt-*.h5"))[-1]
+        r = subprocess.run([EXE, "convert", str(ckpt), "--to", str(d / name)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
     os.mkfifo(d / "fifo")
     (d / "folder").mkdir()
     return d
+
+
+# The llama family's tiny models whose Hugging Face folders the hf cases mutate too: a
+# LlamaForCausalLM (grouped-query attention, Llama 3.1's RoPE scaling, a tied head) and a
+# Qwen3MoeForCausalLM (per-head q and k norms, a dense layer and a MoE layer of stacked experts).
+HF_LLAMA_MODELS = {
+    "hf_llama": {"arch": "llama", "vocab": 16, "seq_len": 8, "layers": 2, "heads": 2,
+                 "hidden": 8, "ffn": 12, "kv_heads": 1, "norm_eps": 1e-6, "rope_theta": 10000.0,
+                 "rope_factor": 8.0, "rope_original_max_positions": 4, "tie_embeddings": True},
+    "hf_qwen3_moe": {"arch": "llama", "vocab": 16, "seq_len": 8, "layers": 2, "heads": 2,
+                     "hidden": 8, "ffn": 12, "kv_heads": 1, "head_dim": 4, "qk_norm": True,
+                     "moe_experts": 2, "moe_top_k": 1, "moe_ffn": 6, "moe_every": 2,
+                     "moe_capacity_factor": 0.0, "moe_z_loss": 0.0},
+}
 
 
 # ---- value pools ---------------------------------------------------------------------------------
@@ -447,8 +475,11 @@ def kind_of(rng):
 
 
 HF_VALUES = [None, True, False, 0, -1, 1, 2, 3, 8, 16, 32, 2 ** 31, 2 ** 40, 2 ** 63 - 1, 10 ** 30,
-             -(2 ** 63), 0.5, 1e-05, 1e-06, 8.0, "", "gelu_new", "gelu", "gpt2", "llama",
-             "GPT2LMHeadModel", [], ["GPT2LMHeadModel"], ["LlamaForCausalLM"], {}, [[[]]]]
+             -(2 ** 63), 0.5, 1e-05, 1e-06, 8.0, 0.0, -4.0, 1e300, "", "gelu_new", "gelu", "silu",
+             "gpt2", "llama", "qwen3", "qwen3_moe", "default", "llama3", "yarn", "GPT2LMHeadModel",
+             [], [0], ["full_attention"], ["GPT2LMHeadModel"], ["LlamaForCausalLM"],
+             ["Qwen3ForCausalLM"], ["Qwen3MoeForCausalLM"], {}, {"rope_type": "llama3"},
+             {"type": "linear", "factor": 2.0}, [[[]]]]
 
 
 def mutate_hf(rng, folder):
@@ -459,13 +490,16 @@ def mutate_hf(rng, folder):
     op = rng.randrange(6)
     if op <= 1:
         doc = json.loads(cfg.read_text())
-        key = rng.choice(sorted(doc))
+        obj, at = doc, ""
+        if isinstance(doc.get("rope_parameters"), dict) and rng.random() < 0.3:
+            obj, at = doc["rope_parameters"], "rope_parameters."  # RoPE's keys inside it
+        key = rng.choice(sorted(obj))
         if op == 0:
-            doc[key] = rng.choice(HF_VALUES)
-            what = f"config.json {key} = {json.dumps(doc[key])}"
+            obj[key] = rng.choice(HF_VALUES)
+            what = f"config.json {at}{key} = {json.dumps(obj[key])}"
         else:
-            del doc[key]
-            what = f"config.json without {key}"
+            del obj[key]
+            what = f"config.json without {at}{key}"
         cfg.write_text(json.dumps(doc, indent=2))
         return what
     if op == 2:
@@ -565,8 +599,12 @@ def build_case(case):
             case.args = ["train", str(case.config_file(cfg)), "--quiet"]
         return
     if kind == "hf":
+        which = rng.choice(["hf", *HF_LLAMA_MODELS])
+        if which in HF_LLAMA_MODELS:
+            cfg["model"] = dict(HF_LLAMA_MODELS[which])
         dst = d / "hf"
-        shutil.copytree(base / "hf", dst)
+        shutil.copytree(base / which, dst)
+        case.what.append(f"{which} folder")
         case.what.append(mutate_hf(rng, dst))
         case.files += [dst, dst / "config.json", dst / "model.safetensors"]
         op = rng.randrange(5)
