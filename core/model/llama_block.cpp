@@ -41,18 +41,9 @@ void copy_heads(const Tensor& dst, const Tensor& src) {
                     row * es);
 }
 
-// The grouped-query attention's heads on this rank: NH query heads from q0 and KV KV heads from
-// kv0 of the model's (tensor parallelism: a rank's share; its KV heads all of them where tp does
-// not divide them); query head q0 + j reads KV head (q0 + j) / group.
-struct Groups {
-    i64 B, T, NH, KV, HS, group, q0 = 0, kv0 = 0;
-    i64 rows() const { return B * T; }
-    i64 kv_of(i64 j) const { return (q0 + j) / group - kv0; }
-};
+}  // namespace
 
-// qkv's k (or v) part, heads [0, NH) from column col0 of rows 3·NH·HS apart, each the copy of
-// its KV head of src (B,T,KV·HS): a repeat, exact in any dtype.
-void repeat_kv(const Groups& g, const Tensor& qkv, i64 col0, const Tensor& src) {
+void repeat_kv(const KvGroups& g, const Tensor& qkv, i64 col0, const Tensor& src) {
     const size_t es = dtype_size(src.dtype), hs = static_cast<size_t>(g.HS) * es;
     const i64 W = qkv.shape[2];
     auto* dst = static_cast<std::byte*>(qkv.data);
@@ -67,7 +58,7 @@ void repeat_kv(const Groups& g, const Tensor& qkv, i64 col0, const Tensor& src) 
 // dst (B,T,KV·HS) = for each KV head, the sum of its query heads' gradients in dqkv's part from
 // col0 (rows of dqkv's width apart), in head order, in fp32 and rounded once to dst's dtype. The
 // KV heads' query heads are all here (q0 = kv0·group).
-void sum_kv(const Groups& g, const Tensor& dst, const Tensor& dqkv, i64 col0) {
+void sum_kv(const KvGroups& g, const Tensor& dst, const Tensor& dqkv, i64 col0) {
     PX_ASSERT(g.q0 == g.kv0 * g.group && g.NH == g.KV * g.group,
               "sum_kv needs every query head of its KV heads");
     const DType t = dst.dtype, ts = dqkv.dtype;
@@ -95,13 +86,11 @@ void sum_kv(const Groups& g, const Tensor& dst, const Tensor& dqkv, i64 col0) {
     }
 }
 
-}  // namespace
-
 namespace {
 
-Groups groups_of(const LayerOps& o, const Tensor& x) {
+KvGroups groups_of(const LayerOps& o, const Tensor& x) {
     const ModelConfig& mc = o.config();
-    Groups g{};
+    KvGroups g{};
     g.B = x.shape[0], g.T = x.shape[1];
     g.NH = resolve_dim(Dim::NH, mc, o.dims());
     g.KV = resolve_dim(Dim::KVH, mc, o.dims());
@@ -113,8 +102,8 @@ Groups groups_of(const LayerOps& o, const Tensor& x) {
 }
 
 // The whole model's heads (after gather_heads): every query head, every KV head.
-Groups all_heads(const LayerOps& o, const Groups& g) {
-    Groups a = g;
+KvGroups all_heads(const LayerOps& o, const KvGroups& g) {
+    KvGroups a = g;
     a.NH = o.config().heads;
     a.KV = o.config().kv_head_count();
     a.q0 = a.kv0 = 0;
@@ -148,9 +137,9 @@ void head_norm_weight_grad(const LayerOps& o, std::span<const TokenNode> nodes,
 // dst (B,T,KV·HS) = sum_kv of qkv's part from col0 when every rank holds every KV head but only
 // its query heads (tp not dividing the KV heads): the part's heads gathered from every rank
 // first (scratch: a (B,T,NH·HS) buffer of this rank's heads), then the whole sum on each.
-void sum_kv_whole(const LayerOps& o, const Groups& g, const Tensor& dst, const Tensor& dqkv,
+void sum_kv_whole(const LayerOps& o, const KvGroups& g, const Tensor& dst, const Tensor& dqkv,
                   i64 col0, const Tensor& scratch) {
-    const Groups a = all_heads(o, g);
+    const KvGroups a = all_heads(o, g);
     const Tensor mine = as_heads(scratch, g.HS);
     copy_heads(mine, heads_view(dqkv, col0, g.NH, g.HS));
     std::vector<float> all(static_cast<size_t>(g.rows() * a.NH * g.HS));
@@ -205,7 +194,7 @@ void LlamaBlock::attention_forward(Activations& a, int l, int i, const Tensor& p
     const Tensor ln1 = a.layer(LN1, i), qkv = a.layer(QKV, i), atty = a.layer(ATTY, i);
     const Tensor qr = a.layer(Q_RAW, i), kr = a.layer(K_RAW, i);
     const Tensor v = a.tensor(DBUF_KV), kn = a.tensor(DBUF_KV2);
-    const Groups g = groups_of(o, ln1);
+    const KvGroups g = groups_of(o, ln1);
     const bool qk_norm = o.config().qk_norm;
     const float eps = static_cast<float>(o.config().norm_eps);
     const std::vector<i64> pos = o.positions(g.T);
@@ -297,7 +286,7 @@ void LlamaBlock::attention_backward(Activations& a, std::span<const TokenNode> n
     const Tensor dqkv = a.tensor(DBUF_C3);
     const Tensor dq1 = a.tensor(DBUF_Q), dq2 = a.tensor(DBUF_Q2);
     const Tensor dk1 = a.tensor(DBUF_KV), dk2 = a.tensor(DBUF_KV2);
-    const Groups g = groups_of(o, ln1);
+    const KvGroups g = groups_of(o, ln1);
     const bool qk_norm = o.config().qk_norm;
     const bool kv_whole = o.tp_size() > 1 && !kv_split(o.config(), o.tp_size());
     const std::vector<i64> pos = o.positions(g.T);

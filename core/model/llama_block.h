@@ -15,12 +15,29 @@
 //
 // Index
 //   LlamaBlock   forward and backward of block l of the model
+//   KvGroups, repeat_kv, sum_kv   the KV heads' repeat for the attention kernel and its backward
 #pragma once
 #include "core/model/block.h"
 
 #include <span>
 
 namespace px {
+
+// The grouped-query attention's heads on this rank: NH query heads from q0 and KV KV heads from
+// kv0 of the model's (tensor parallelism: a rank's share; its KV heads all of them where tp does
+// not divide them); query head q0 + j reads KV head (q0 + j) / group.
+struct KvGroups {
+    i64 B, T, NH, KV, HS, group, q0 = 0, kv0 = 0;
+    i64 rows() const { return B * T; }
+    i64 kv_of(i64 j) const { return (q0 + j) / group - kv0; }
+};
+// qkv's k (or v) part, heads [0, NH) from column col0 of rows 3·NH·HS apart, each the copy of
+// its KV head of src (B,T,KV·HS): a repeat, exact in any dtype.
+void repeat_kv(const KvGroups& g, const Tensor& qkv, i64 col0, const Tensor& src);
+// dst (B,T,KV·HS) = for each KV head, the sum of its query heads' gradients in dqkv's part from
+// col0 (rows of dqkv's width apart), in head order, in fp32 and rounded once to dst's dtype. The
+// KV heads' query heads must all be here (q0 = kv0·group).
+void sum_kv(const KvGroups& g, const Tensor& dst, const Tensor& dqkv, i64 col0);
 
 class LlamaBlock final : public Block {
 public:

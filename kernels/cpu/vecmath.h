@@ -451,8 +451,13 @@ void block_dots_n(float* part, const float* x, const float* y, i64 n, int block)
     block_reduce_n<S, true>(part, x, y, n, block);
 }
 
+// Inlined into its callers: called out of line, it takes its vector in a ymm/zmm register, so the
+// caller tail-calls it without vzeroupper and returns to the kernels' SSE code (built for plain
+// x86-64) with the upper halves dirty, which slows every SSE instruction after it until the next
+// vzeroupper (4x on a row of RMSNorm's backward on an AMD EPYC under KVM). Inlined, the caller
+// returns a float and the compiler puts vzeroupper before its ret.
 template <class S>
-inline float hsum(typename S::F v) {
+[[gnu::always_inline]] inline float hsum(typename S::F v) {
     alignas(64) float lanes[64];
     S::store(lanes, v);
     float r = 0.0f;
