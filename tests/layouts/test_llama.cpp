@@ -143,6 +143,21 @@ TEST_CASE("llama: bf16 activations and fp8 (block) matmuls keep the same bits un
     }
 }
 
+TEST_CASE("llama: fp16 activations (loss scaling) keep the same bits under dp2, tp2 and pp2",
+          "[llama]") {
+    Config c = llama_job();
+    c.precision.activations = "fp16";
+    c.layout.dp = 2;
+    check_llama(c);
+    c.layout.dp = 1;
+    c.layout.tp = 2;
+    check_llama(c);
+    c.layout.tp = 1;
+    c.layout.pp = 2;
+    c.layout.microbatches = 2;
+    check_llama(c);
+}
+
 TEST_CASE("llama: tp2 splits the KV heads (kv_heads 2), tp2 and tp4 replicate them (1 and 2)",
           "[llama]") {
     for (int kv : {2, 1}) {
