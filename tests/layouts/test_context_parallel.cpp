@@ -41,15 +41,6 @@ Config cp_job() {
     return c;
 }
 
-LogicalState parallel(const Config& c, bool& replicas_agree) {
-    LogicalState s;
-    replicas_agree = true;
-    run_layout(c, {}, test::inspecting([&](Job& job) {
-                   replicas_agree = absorb(s, job) && replicas_agree;
-               }));
-    return s;
-}
-
 // c under its layout equals c on one device, bit for bit.
 void check_cp(Config c) {
     Config one = c;
@@ -58,7 +49,7 @@ void check_cp(Config c) {
     one.layout.recompute = c.layout.recompute;
     const LogicalState ref = single_device(one);
     bool agree = false;
-    const LogicalState got = parallel(c, agree);
+    const LogicalState got = test::layout_state(c, agree);
     INFO("cp" << c.layout.cp << " " << c.layout.cp_method << " dp" << c.layout.dp << " tp"
               << c.layout.tp << " pp" << c.layout.pp << " sp " << c.layout.sequence_parallel);
     CHECK(agree);

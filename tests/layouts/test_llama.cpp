@@ -37,15 +37,6 @@ Config llama_job() {
     return c;
 }
 
-LogicalState parallel(const Config& c, bool& replicas_agree) {
-    LogicalState s;
-    replicas_agree = true;
-    run_layout(c, {}, test::inspecting([&](Job& job) {
-                   replicas_agree = absorb(s, job) && replicas_agree;
-               }));
-    return s;
-}
-
 std::string describe(const Config& c) {
     const LayoutConfig& l = c.layout;
     return "dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + " zero" + std::to_string(l.zero) + " mb" +
@@ -64,7 +55,7 @@ void check_llama(const Config& c) {
     one.layout.recompute = c.layout.recompute;
     const LogicalState ref = single_device(one);
     bool agree = false;
-    const LogicalState got = parallel(c, agree);
+    const LogicalState got = test::layout_state(c, agree);
     INFO(describe(c));
     CHECK(agree);
     check_same_bits(ref, got);
@@ -305,13 +296,13 @@ TEST_CASE("llama: a checkpoint resumes under another layout, bit-identical (HF n
         w.checkpoint.dir = dir;
         w.checkpoint.every = 3;
         bool agree = false;
-        parallel(w, agree);
+        test::layout_state(w, agree);
         const std::string ckpt = checkpoint_path(dir, 3);
         REQUIRE(std::filesystem::exists(ckpt));
         Config r = c;
         r.layout.dp = p.dp2, r.layout.tp = p.tp2, r.layout.pp = p.pp2, r.layout.zero = p.zero2;
         r.checkpoint.resume = ckpt;
-        const LogicalState got = parallel(r, agree);
+        const LogicalState got = test::layout_state(r, agree);
         REQUIRE(got.history.size() == 6);
         check_same_bits(ref, got);
         const LogicalState last = read_checkpoint(checkpoint_path(dir, 6), c.model);

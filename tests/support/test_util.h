@@ -107,6 +107,17 @@ inline LogicalState single_device(const Config& cfg) {
     return s;
 }
 
+// c run on its in-process ranks to the end: the logical state gathered from every rank, and
+// whether the replicas of each tensor agreed bit for bit.
+inline LogicalState layout_state(const Config& c, bool& replicas_agree) {
+    LogicalState s;
+    replicas_agree = true;
+    run_layout(c, {}, inspecting([&](Job& job) {
+                   replicas_agree = absorb(s, job) && replicas_agree;
+               }));
+    return s;
+}
+
 // One metric of every step of a run, e.g. series(s, &StepMetrics::loss).
 inline std::vector<double> series(const LogicalState& s, double StepMetrics::*field) {
     std::vector<double> out;
