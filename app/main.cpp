@@ -33,6 +33,8 @@ int run_main(int argc, char** argv, const px::comm::MpiEnvironment* mpi) {
     commands.emplace_back(app.get_subcommand("validate"), run_validate);
     auto run_record = px::app::add_record_command(app);
     commands.emplace_back(app.get_subcommand("record"), run_record);
+    auto run_compare = px::app::add_compare_command(app);
+    commands.emplace_back(app.get_subcommand("compare"), run_compare);
     auto run_gui = px::app::add_gui_launcher(app, argv[0]);
     commands.emplace_back(app.get_subcommand("gui"), run_gui);
     auto run_config = px::app::add_config_command(app);

@@ -6,6 +6,7 @@
 
 #include "core/base/error.h"
 #include "validators/trace.h"
+#include "validators/trace_compare.h"
 #include "validators/validate.h"
 
 #include <memory>
@@ -237,9 +238,34 @@ names (* within a part, ** across parts). Returns the bytes of tensors written. 
 against it with validate(..., golden=path). Ctrl-C (KeyboardInterrupt) stops it after the step in
 progress, before anything is written.)doc");
 
+    m.def(
+        "compare",
+        [](const py::object& ref, const py::object& run) {
+            auto os = py::module_::import("os");
+            const std::string a = py::str(os.attr("fspath")(ref));
+            const std::string b = py::str(os.attr("fspath")(run));
+            std::string text;
+            {
+                py::gil_scoped_release release;
+                text = with_files({a, b}, [&] {
+                    const TraceReader r(a), c(b);
+                    return compare_traces(r, c).json();
+                });
+            }
+            return py::module_::import("json").attr("loads")(text);
+        },
+        py::arg("reference"), py::arg("run"), R"doc(
+Compares a run's trace with a reference trace op by op under the error budget, as `parallax
+compare`: a dict with the verdict ("consistent with rounding" or the first op over budget),
+within (bool), first_over (probe, step, op, rank, ratio, or None), split (the first over-budget
+probe's ratio on each of the run's ranks), max_ratio and worst, unit and layers (the budget's u
+and L), kappa, every probe's row (probe, rank, step, op, elements, error, scale, rel, depth,
+budget, ratio, worst_at, worst_ref, worst_run) and the probes only one trace holds.)doc");
+
     py::class_<TraceReader>(m, "Trace", R"doc(
 A golden trace, opened and checked (DataError naming the file otherwise).
-Trace(path): info (dict: config, patterns, stride, steps, order, data_hash), names() (the probes
+Trace(path): info (dict: config, patterns, stride, steps, data_hash, source, precision, layout),
+names() (the probes
 in the reference's order of execution), read(name) (a probe's logical tensor, its checksum
 verified: a numpy array that owns the data read).)doc")
         .def(py::init([](const py::object& path) {
@@ -257,6 +283,9 @@ verified: a numpy array that owns the data read).)doc")
                                    d["stride"] = i.stride;
                                    d["steps"] = i.steps;
                                    d["data_hash"] = i.data_hash;
+                                   d["source"] = i.source;
+                                   d["precision"] = i.precision;
+                                   d["layout"] = i.layout_json;
                                    return d;
                                })
         .def("names", [](const TraceReader& t) { return t.info().order; })

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 namespace px {
 
@@ -91,7 +92,10 @@ void write_trace(const std::string& path, const ProbeRecorder& rec, const TraceI
             !put_string(file.get(), "patterns", joined(info.patterns)) ||
             !put_i64(file.get(), "stride", info.stride) ||
             !put_i64(file.get(), "steps", info.steps) ||
-            (!info.data_hash.empty() && !put_string(file.get(), "data_hash", info.data_hash)))
+            (!info.data_hash.empty() && !put_string(file.get(), "data_hash", info.data_hash)) ||
+            !put_string(file.get(), "source", info.source) ||
+            (!info.precision.empty() && !put_string(file.get(), "precision", info.precision)) ||
+            (!info.layout_json.empty() && !put_string(file.get(), "layout", info.layout_json)))
             fail(path, "cannot write the attributes");
         const std::string order = joined(info.order);
         const hsize_t n = std::max<hsize_t>(order.size(), 1);
@@ -181,7 +185,41 @@ struct TraceReader::Impl {
     std::string path;
     TraceInfo info;
     H file;
+    std::unordered_map<std::string, std::vector<TracePiece>> pieces;  // /pieces, by probe
 };
+
+namespace {
+
+// "3,0,17" -> {3, 0, 17}; false on anything else.
+bool parse_index_list(const std::string& s, std::vector<i64>& out) {
+    out.clear();
+    std::stringstream in(s);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+        if (item.empty()) return false;
+        char* end = nullptr;
+        const long long v = std::strtoll(item.c_str(), &end, 10);
+        if (*end != '\0' || v < 0) return false;
+        out.push_back(v);
+    }
+    return !out.empty();
+}
+
+// A uint8 dataset of text (/order, /pieces), whole.
+std::string read_text(hid_t file, const char* name, const std::string& path) {
+    H ds(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
+    H space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
+    const hssize_t n = space.ok() ? H5Sget_simple_extent_npoints(space.get()) : -1;
+    if (n < 0) fail(path, std::string("/") + name + " is missing or damaged");
+    if (const std::string big = oversized(ds.get(), std::string("/") + name); !big.empty())
+        fail(path, big + "; the trace is damaged");
+    std::string buf(static_cast<size_t>(n), '\0');
+    if (H5Dread(ds.get(), H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
+        fail(path, std::string("cannot read /") + name);
+    return buf;
+}
+
+}  // namespace
 
 TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
     impl_->path = path;
@@ -209,16 +247,30 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
     info.patterns = split_lines(patterns);
     if (H5Aexists(f, "data_hash") > 0 && !get_string(f, "data_hash", info.data_hash))
         fail(path, "its data_hash attribute is damaged");
-    H ds(H5Dopen2(f, "order", H5P_DEFAULT), H5Dclose);
-    H space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
-    const hssize_t n = space.ok() ? H5Sget_simple_extent_npoints(space.get()) : -1;
-    if (n < 0) fail(path, "/order is missing or damaged");
-    if (const std::string big = oversized(ds.get(), "/order"); !big.empty())
-        fail(path, big + "; the trace is damaged");
-    std::string buf(static_cast<size_t>(n), '\0');
-    if (H5Dread(ds.get(), H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
-        fail(path, "cannot read /order");
-    info.order = split_lines(buf);
+    for (const char* key : {"source", "precision", "layout"}) {
+        if (H5Aexists(f, key) <= 0) continue;
+        std::string value;
+        if (!get_string(f, key, value)) fail(path, std::string("its ") + key + " attribute is damaged");
+        (key[0] == 's' ? info.source : key[0] == 'p' ? info.precision : info.layout_json) = value;
+    }
+    info.order = split_lines(read_text(f, "order", path));
+    if (H5Lexists(f, "pieces", H5P_DEFAULT) > 0) {
+        for (const std::string& line : split_lines(read_text(f, "pieces", path))) {
+            std::vector<std::string> cols;
+            std::stringstream in(line);
+            std::string col;
+            while (std::getline(in, col, '\t')) cols.push_back(col);
+            TracePiece p;
+            char* end = nullptr;
+            bool ok = cols.size() == 4;
+            if (ok) p.rank = static_cast<int>(std::strtol(cols[1].c_str(), &end, 10));
+            ok = ok && *end == '\0' && p.rank >= 0 && parse_index_list(cols[2], p.slab.lo) &&
+                 parse_index_list(cols[3], p.slab.hi) && p.slab.lo.size() == p.slab.hi.size();
+            for (size_t d = 0; ok && d < p.slab.lo.size(); d++) ok = p.slab.lo[d] <= p.slab.hi[d];
+            if (!ok) fail(path, "/pieces has a damaged line: \"" + line + "\"");
+            impl_->pieces[cols[0]].push_back(std::move(p));
+        }
+    }
 }
 
 TraceReader::~TraceReader() {
@@ -258,6 +310,59 @@ std::vector<float> TraceReader::read(const std::string& name, std::vector<i64>* 
         fail(path, "cannot read probe " + name);
     if (checksum_f32(out.data(), count) != stored)
         fail(path, "probe " + name + " fails its checksum: the file is damaged; record it again");
+    return out;
+}
+
+const std::vector<TracePiece>& TraceReader::pieces(const std::string& name) const {
+    static const std::vector<TracePiece> none;
+    const auto it = impl_->pieces.find(name);
+    return it == impl_->pieces.end() ? none : it->second;
+}
+
+std::vector<TracePiece> TraceReader::replicas(const std::string& name) const {
+    QuietHdf5 quiet;
+    const std::string& path = impl_->path;
+    const std::string gpath = "replicas/" + name;
+    std::vector<TracePiece> out;
+    const hid_t f = impl_->file.get();
+    if (H5Lexists(f, "replicas", H5P_DEFAULT) <= 0) return out;
+    // Each level of the probe's path must exist before the next is asked (H5Lexists).
+    for (size_t at = gpath.find('/'); at != std::string::npos; at = gpath.find('/', at + 1))
+        if (H5Lexists(f, gpath.substr(0, at).c_str(), H5P_DEFAULT) <= 0) return out;
+    if (H5Lexists(f, gpath.c_str(), H5P_DEFAULT) <= 0) return out;
+    H grp(H5Gopen2(f, gpath.c_str(), H5P_DEFAULT), H5Gclose);
+    H5G_info_t gi{};
+    if (!grp.ok() || H5Gget_info(grp.get(), &gi) < 0) fail(path, "/" + gpath + " is damaged");
+    for (hsize_t k = 0; k < gi.nlinks; k++) {
+        char member[64] = {};
+        if (H5Lget_name_by_idx(grp.get(), ".", H5_INDEX_NAME, H5_ITER_INC, k, member,
+                               sizeof member, H5P_DEFAULT) < 0)
+            fail(path, "/" + gpath + " is damaged");
+        TracePiece p;
+        char* end = nullptr;
+        p.rank = static_cast<int>(std::strtol(member, &end, 10));
+        if (*end != '\0' || p.rank < 0) fail(path, "/" + gpath + "/" + member + " is not a rank");
+        const std::string where = "/" + gpath + "/" + member;
+        H ds(H5Dopen2(grp.get(), member, H5P_DEFAULT), H5Dclose);
+        std::vector<i64> lo, hi;
+        if (!ds.ok() || !get_i64_array(ds.get(), "lo", lo) || !get_i64_array(ds.get(), "hi", hi) ||
+            lo.size() != hi.size())
+            fail(path, where + " lacks its lo/hi attributes");
+        p.slab = Hyperslab{lo, hi};
+        H space(H5Dget_space(ds.get()), H5Sclose);
+        const hssize_t n = space.ok() ? H5Sget_simple_extent_npoints(space.get()) : -1;
+        bool ok = n >= 0;
+        for (size_t d = 0; ok && d < lo.size(); d++) ok = lo[d] <= hi[d];
+        if (!ok || p.slab.numel() != n) fail(path, where + ": its size is not its slab's");
+        p.values.resize(static_cast<size_t>(n));
+        std::uint64_t stored = 0;
+        if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p.values.data()) < 0 ||
+            !get_number(ds.get(), "checksum", H5T_NATIVE_UINT64, stored))
+            fail(path, "cannot read " + where);
+        if (checksum_f32(p.values.data(), n) != stored)
+            fail(path, where + " fails its checksum: the file is damaged; record it again");
+        out.push_back(std::move(p));
+    }
     return out;
 }
 

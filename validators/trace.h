@@ -24,6 +24,16 @@
 //   /probes/<step>/<phase>/<layer>/<op>/<tensor>   float32 in the probe's logical shape (the
 //                                      probe name is the path), attribute checksum (uint64, the
 //                                      checkpoint checksum of its elements)
+// Optional, written by other recorders (the PyTorch recorder, parallax.torch):
+//   / attributes source ("parallax" when absent, or "torch"), precision ("fp32", "bf16", "fp16",
+//                "fp8"; absent: the config's), layout (JSON: {"world": N, "axes": {"dp": ..,
+//                "tp": .., "pp": ..}, "ranks": [{"dp": 0, "tp": 0, "pp": 0}, ...]}; "" or
+//                absent: one device); a torch trace's config is ""
+//   /pieces      uint8: newline-joined lines "<probe>\t<rank>\t<lo,lo,..>\t<hi,hi,..>", the
+//                hyperslab of each probe each rank held
+//   /replicas/<probe>/<rank>   float32: a rank's piece that differs, bit for bit, from the
+//                logical tensor in /probes (assembled from the lowest rank holding each element),
+//                attributes lo, hi (int64 arrays, the slab) and checksum
 #pragma once
 #include "core/base/config.h"
 #include "core/train/runner.h"
@@ -46,6 +56,17 @@ struct TraceInfo {
     i64 stride = 1, steps = 0;
     std::vector<std::string> order;  // probe names, the reference's order of execution
     std::string data_hash;  // data_fingerprint of the recorded steps ("0x..."); "": not recorded
+    std::string source = "parallax";  // who recorded it: "parallax" or "torch"
+    std::string precision;            // "fp32", "bf16", "fp16", "fp8"; "": the config's
+    std::string layout_json;          // the recording layout's ranks (format above); "": one device
+};
+
+// A rank's hyperslab of a probe, as /pieces lists it; with its values when it is a replica that
+// differs from the logical tensor (/replicas).
+struct TracePiece {
+    int rank = 0;
+    Hyperslab slab;
+    std::vector<float> values;  // only for TraceReader::replicas
 };
 
 // A hash of the tokens (inputs and targets) of every sequence of steps 1..steps of cfg's data
@@ -73,6 +94,11 @@ public:
     const std::string& path() const;
     // One probe's logical tensor; DataError when it is missing or its checksum does not verify.
     std::vector<float> read(const std::string& name, std::vector<i64>* shape) const;
+    // Which rank held which slab of the probe (/pieces); empty when the trace does not say.
+    const std::vector<TracePiece>& pieces(const std::string& name) const;
+    // The ranks' pieces of the probe that differ from its logical tensor (/replicas), checksums
+    // verified; empty when none do.
+    std::vector<TracePiece> replicas(const std::string& name) const;
 
     struct Impl;
 

@@ -11,6 +11,7 @@
 #include <ctime>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace px {
 
@@ -189,6 +190,19 @@ inline bool get_number(hid_t obj, const char* key, hid_t mem_type, T& out) {
     const H5T_class_t cls = H5Tget_class(ftype.get());
     if (cls != H5T_INTEGER && cls != H5T_FLOAT) return false;
     return H5Aread(attr.get(), mem_type, &out) >= 0;
+}
+
+// A 1-D integer attribute of at most 32 elements (a hyperslab's corner), read as int64.
+inline bool get_i64_array(hid_t obj, const char* key, std::vector<std::int64_t>& out) {
+    if (H5Aexists(obj, key) <= 0) return false;
+    H attr(H5Aopen(obj, key, H5P_DEFAULT), H5Aclose);
+    if (!attr.ok()) return false;
+    H space(H5Aget_space(attr.get()), H5Sclose);
+    const hssize_t n = space.ok() ? H5Sget_simple_extent_npoints(space.get()) : -1;
+    H ftype(H5Aget_type(attr.get()), H5Tclose);
+    if (n < 1 || n > 32 || !ftype.ok() || H5Tget_class(ftype.get()) != H5T_INTEGER) return false;
+    out.resize(static_cast<size_t>(n));
+    return H5Aread(attr.get(), H5T_NATIVE_INT64, out.data()) >= 0;
 }
 
 // Parallax's files hold every dataset whole (contiguous, allocated when created), so a dataset

@@ -20,7 +20,8 @@
 //          depend on the microbatch cut: a reference must run with the layout's microbatch count
 //          (dp × microbatches) to have the same ones. wte holds the embedding's part only (the
 //          LM head's part joins after the reduction)
-//   grad   a parameter's complete, reduced gradient of the step, before the update
+//   grad   a parameter's complete, reduced gradient of the step, before clipping and the update;
+//          and "grad/-/clip/norm" (shape (1)), the global gradient norm that clipping sees
 //   optim  after the update: the weight (op "param"), Adam's moments (ops "adam.m", "adam.v")
 //
 // Index

@@ -227,6 +227,11 @@ StepMetrics Job::step() {
     StepMetrics m;
     m.step = step_ + 1;
     m.grad_norm = grad_norm(g);
+    if (probes_) {  // the global norm clipping sees (every rank computes the same bits)
+        const ProbeKey key{step_ + 1, "grad", -1, "clip", "norm"};
+        const float norm = static_cast<float>(m.grad_norm);
+        if (probes_->wants(key)) probes_->capture(key, &norm, flat_shard({1}, 0, 1));
+    }
     m.loss = pipeline_->from_last_stage(rank_.last_stage() ? data_->step_loss() : 0);
     m.lr = lr_at(tc, step_);
     // The judges (spike detection) see the step's metrics and may skip or clip its update.

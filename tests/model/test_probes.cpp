@@ -100,6 +100,7 @@ std::vector<std::string> expected_step(const Config& c, i64 step) {
         const std::string phase = po.substr(0, po.find('/')), op = po.substr(po.find('/') + 1);
         for (const TableEntry& e : t.entries)
             add(phase.c_str(), e.layer, op.c_str(), e.short_name);
+        if (po == "grad/param") add("grad", -1, "clip", "norm");  // the norm clipping sees
     }
     return n;
 }
@@ -162,6 +163,11 @@ TEST_CASE(
                         job.model().numerics().block) /
               static_cast<float>(losses.size()) ==
           static_cast<float>(job.history()[2].loss));
+
+    // The clipping norm's probe is the step's grad norm.
+    CHECK(rec.unshard("2/grad/-/clip/norm", &shape) ==
+          std::vector<float>{static_cast<float>(job.history()[1].grad_norm)});
+    CHECK(shape == std::vector<i64>{1});
 
     // The final weights and moments with probes on are those without.
     const LogicalState off = single_device(c);

@@ -4,6 +4,8 @@ device's bits.
   Config          a job config (TOML file, dict or keyword sections)
   Job             a training job driven a few steps at a time; metrics and state as numpy arrays
   validate        the single-device reference against parallel layouts, step by step
+  compare         two traces (Parallax's or a PyTorch run's, parallax.torch) op by op under the
+                  error budget
   layout, explore_layout   a layout resolved, and who holds and sends what in one traced step
   schedule        a pipeline schedule as data (actions per rank) and its simulation
   canonical_sum, tree_nodes   the canonical reduction order itself
@@ -29,7 +31,7 @@ from parallax._layouts import Schedule, explore_layout, layout, schedule
 from parallax._numerics import (canonical_dot, canonical_sum, cast, fp8_cast, numpy_dtype,
                                 tree_nodes, tree_split, tree_sum)
 from parallax._validation import (AxisResult, Comparison, LayoutResult, Trace, ValidationReport,
-                                  record_trace, validate)
+                                  compare, record_trace, validate)
 
 __version__: str = _core.__version__
 
@@ -37,8 +39,8 @@ __all__ = [
     "AxisResult", "CheckpointError", "CommError", "Comparison", "Config", "ConfigError",
     "ConfigKeyError", "CorruptionError", "DataError", "InternalError", "Job", "LayoutResult",
     "ParallaxError", "RankIndexError", "Schedule", "StorageError", "Trace", "ValidationReport",
-    "canonical_dot", "canonical_sum", "cast", "config_keys", "convert", "default_config_toml",
-    "explore_layout", "fp8_cast", "inspect_checkpoint", "layout", "numpy_dtype", "read_checkpoint",
-    "read_run_file", "record_trace", "schedule", "tree_nodes", "tree_split", "tree_sum",
-    "validate",
+    "canonical_dot", "canonical_sum", "cast", "compare", "config_keys", "convert",
+    "default_config_toml", "explore_layout", "fp8_cast", "inspect_checkpoint", "layout",
+    "numpy_dtype", "read_checkpoint", "read_run_file", "record_trace", "schedule", "tree_nodes",
+    "tree_split", "tree_sum", "validate",
 ]

@@ -274,6 +274,11 @@ def record_trace(path: PathArg, config: ConfigSource = None, *, steps: int = 20,
                              stride=stride, **sections)
 
 
+@facade(core.compare)
+def compare(reference: PathArg, run: PathArg) -> Dict[str, Any]:
+    return core.compare(reference, run)
+
+
 @facade(core.Trace)
 class Trace:
     __slots__ = ("_impl",)
