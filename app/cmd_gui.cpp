@@ -2,6 +2,9 @@
 // parallax gui --screenshot DIR [--steps N] [CONFIG]         every panel to DIR/<panel>.png, after
 //                                                            N steps or the job's end
 // parallax gui --measure [--steps N] [CONFIG]                frame time and step-time slowdown
+// --open FILE (a run.h5, a validate.json, a compare report, a golden trace) and --compare REF RUN
+// (two traces, op by op; one alone: its probes) show in the panels at the start, in the window
+// and in its screenshots.
 // The window, its panels and its models are in app/gui/ (workbench.h).
 #include "app/commands.h"
 #include "app/gui/workbench.h"
@@ -23,6 +26,8 @@ struct GuiOptions {
     i64 steps = -1;
     bool measure = false;
     std::vector<std::string> sets;
+    std::string open_path;
+    std::vector<std::string> compare;  // REF RUN, or one trace alone
 };
 
 int run_gui(const GuiOptions& opt) {
@@ -37,6 +42,9 @@ int run_gui(const GuiOptions& opt) {
     w.config = cfg;
     w.screenshot_dir = opt.screenshot_dir;
     w.check_layouts = opt.layouts;
+    w.open_path = opt.open_path;
+    if (!opt.compare.empty()) w.compare_reference = opt.compare[0];
+    if (opt.compare.size() == 2) w.compare_run = opt.compare[1];
     w.measure = opt.measure;
     // Screenshots without --steps wait for the job to end.
     w.steps = opt.steps > 0 ? opt.steps : cfg.train.steps;
@@ -69,6 +77,18 @@ std::function<int()> add_gui_command(CLI::App& app) {
                     "they wait for), or per measured run (default 30)");
     sub->add_option("--layouts", opt->layouts, "The layout check's layouts for --screenshot")
         ->capture_default_str();
+    sub->add_option("--open", opt->open_path,
+                    "Open a run.h5, a validate.json, a compare report (parallax compare --json) or "
+                    "a golden trace at the start, as the job bar's Open (with --screenshot: "
+                    "instead of the layout check)")
+        ->check(CLI::ExistingFile);
+    sub->add_option("--compare", opt->compare,
+                    "Compare two traces op by op in the layout check panel at the start, as its "
+                    "Compare button (one trace alone: its probes by step; with --screenshot: "
+                    "instead of the layout check)")
+        ->expected(1, 2)
+        ->type_name("REF.h5 [RUN.h5]")
+        ->check(CLI::ExistingFile);
     sub->add_flag("--measure", opt->measure,
                   "Print the frame time with the job running and the job's step time with the "
                   "workbench attached against headless");

@@ -370,6 +370,7 @@ std::string TraceComparison::text() const {
 
 std::string TraceComparison::json() const {
     nlohmann::ordered_json j;
+    j["schema"] = "parallax-compare";  // what the workbench's Open tells from a validate.json
     j["reference"] = ref_path;
     j["run"] = run_path;
     j["reference_source"] = ref_source;

@@ -111,7 +111,8 @@ struct TraceComparison {
     bool within() const { return first_over < 0; }
     std::string verdict() const;         // one line: "consistent with rounding" or the first op
     std::string text() const;            // the verdict, the split, and the ops' largest ratios
-    std::string json() const;            // every row, the verdict and the split
+    std::string json() const;            // every row, the verdict and the split (schema
+                                         // "parallax-compare"; views/trace_view.h reads it back)
 };
 
 // ref against run, probe by probe. DataError naming the probe when the traces disagree on its

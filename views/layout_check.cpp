@@ -1,8 +1,10 @@
 #include "views/layout_check.h"
 
 #include "views/run_files.h"
+#include "views/trace_view.h"
 #include "core/base/error.h"
 #include "validators/trace.h"
+#include "validators/trace_compare.h"
 
 #include <algorithm>
 #include <chrono>
@@ -167,6 +169,40 @@ void LayoutCheck::start_golden(const std::string& trace_path, const std::string&
     threads_.push_back(std::move(t));
 }
 
+void LayoutCheck::start_compare(const std::string& reference_path, const std::string& run_path) {
+    auto ref = std::make_shared<TraceReader>(reference_path);  // DataError: not a trace
+    auto cand = std::make_shared<TraceReader>(run_path);
+    auto run = std::make_shared<Run>();
+    {
+        std::lock_guard lk(mu_);
+        begin_run(run, "compare", 0, {});
+        v_.header = "comparing " + run_path + " against " + reference_path + " op by op";
+    }
+    std::thread t([this, run, ref, cand] {
+        CheckView done;
+        std::string error;
+        try {
+            // A cancelled comparison leaves by Cancelled at its next probe (dropped below).
+            const Cancel cancel{[run] { return run->cancel.load(); }};
+            done = check_from_comparison(compare_traces(*ref, *cand, cancel));
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+        std::lock_guard lk(mu_);
+        if (run_ != run) return;
+        if (error.empty()) {
+            v_ = std::move(done);
+        } else {
+            v_.error = error;
+        }
+        v_.running = false;
+        v_.version = ++version_;
+        busy_ = false;
+    });
+    std::lock_guard lk(mu_);
+    threads_.push_back(std::move(t));
+}
+
 void LayoutCheck::on_step(const std::string& layout, i64 step, int rank,
                           const std::vector<Comparison>& cmp, const std::vector<double>& ratios) {
     LayoutGrid* g = nullptr;
@@ -228,7 +264,8 @@ std::uint32_t budget_colour(const CheckCell& c) {
 }
 
 std::uint32_t cell_colour(const CheckCell& c, const std::string& mode) {
-    return mode == "fast" ? budget_colour(c) : ulp_colour(c);
+    if (mode == "trace") return c.done ? rgba(70, 120, 190) : rgba(60, 60, 66);
+    return mode == "fast" || mode == "compare" ? budget_colour(c) : ulp_colour(c);
 }
 
 }  // namespace px::views

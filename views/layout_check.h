@@ -4,11 +4,16 @@
 // own, while a grid of tensors × steps fills in from its ValidateWatch. A caller may pass
 // RunHooks that wrap the layouts' ranks (a tracer, or a test's planted bug).
 //
+// The same panel shows two traces compared op by op (`parallax compare`,
+// validators/trace_compare.h; start_compare runs it here, views/trace_view.h makes the grid) and
+// one trace's probes alone.
+//
 // Index
 //   CheckCell       one tensor at one step of one layout: worst ULP over ranks, first element
 //   LayoutGrid      one layout's grid, verdict and first divergence
 //   CheckView       what the panel draws, copied out under the model's lock
-//   LayoutCheck     start / cancel / view / busy; ulp_colour
+//   LayoutCheck     start / start_golden / start_compare / cancel / view / busy
+//   ulp_colour, budget_colour, cell_colour   a cell's colour
 #pragma once
 #include "core/base/config.h"
 #include "core/train/runner.h"
@@ -31,7 +36,10 @@ struct CheckCell {
     int rank = -1;                        // the lowest rank with a difference
     i64 first = -1;                       // its first differing element (flat)
     double reference = 0, candidate = 0;  // both values there
-    double ratio = -1;                    // fast mode: the worst error / budget; -1: none
+    double ratio = -1;                    // fast mode, compare: the worst error / budget; -1: none
+    double rel = -1, budget = 0;  // compare: ‖run − ref‖₂ / ‖ref‖₂ and its budget
+    std::vector<i64> at;          // compare: the largest difference's index (both values
+                                  // in reference, candidate)
 };
 
 struct LayoutGrid {
@@ -42,15 +50,18 @@ struct LayoutGrid {
     bool finished = false;
     LayoutResult result;  // once finished: verdict, first step, first op
     std::string summary;  // one line: verdict and first divergence, as parallax validate says
+    int first_row = -1, first_col = -1;  // compare: the first over-budget cell; -1: none
 };
 
 struct CheckView {
     bool running = false;
-    std::string mode;  // "bitwise", "fast"
+    std::string mode;  // "bitwise", "fast", "golden trace <path>", "compare", "trace"
     i64 steps = 0;
     i64 reference_steps = 0;
     std::vector<LayoutGrid> layouts;
-    std::string error;  // the whole check could not run (a bad layout list)
+    std::string error;               // the whole check could not run (a bad layout list)
+    std::string header;              // compare, trace: the traces and their attributes
+    std::vector<std::string> notes;  // compare: under the grid (the split by ranks, ...)
     std::uint64_t version = 0;
 };
 
@@ -71,6 +82,10 @@ public:
     // reference run, with the trace's job (its config): TraceReader's DataError, or a bad
     // layout's ConfigError, here. The grid fills in when the trace's probes have been compared.
     void start_golden(const std::string& trace_path, const std::string& layouts);
+    // Two traces compared op by op (compare_traces, on a thread: a trace of a real model is
+    // gigabytes) into one grid (check_from_comparison). Both are opened here: TraceReader's
+    // DataError naming the file that is not a trace.
+    void start_compare(const std::string& reference_path, const std::string& run_path);
     void cancel();      // stops every check at its next step, and joins them
     bool busy() const;  // a check is running
     CheckView view() const;
@@ -107,7 +122,8 @@ std::uint32_t ulp_colour(const CheckCell& c);
 // log scale), never red; over it orange (just over) to red (100 times and more); NaN magenta;
 // not yet run grey. A cell without a ratio (an older report) falls back to ulp_colour.
 std::uint32_t budget_colour(const CheckCell& c);
-// The colour of a cell in a check of `mode` ("fast": budget_colour, else ulp_colour).
+// The colour of a cell in a check of `mode` ("fast", "compare": budget_colour; "trace": a probe
+// recorded blue, not recorded grey; else ulp_colour).
 std::uint32_t cell_colour(const CheckCell& c, const std::string& mode);
 
 }  // namespace px::views

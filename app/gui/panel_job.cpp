@@ -152,7 +152,9 @@ void draw_job_panel(const RunData& d, JobPanelState& s) {
         if (edited) s.editor.build();
     }
     ImGui::Separator();
-    ImGui::TextUnformatted("Open a run.h5, a validate.json or a golden trace (.h5):");
+    ImGui::TextWrapped(
+        "Open a run.h5, a validate.json, a compare report (parallax compare --json) or a golden "
+        "trace (.h5):");
     ImGui::SetNextItemWidth(-ImGui::GetFontSize() * 4.5f);
     ImGui::InputText("##open", &s.open_path);
     if (d.rects) d.rects->mark("field:open");

@@ -77,6 +77,8 @@ struct LayoutCheckPanelState {
     int layout = 0, row = -1, col = -1;  // the selected layout and cell
     std::string message;
     bool start_requested = false;
+    std::string reference_trace, run_trace;  // Compare: both; one of them alone: its probes
+    bool compare_requested = false;
 };
 void draw_layout_check_panel(const RunData& d, LayoutCheckPanelState& s);
 

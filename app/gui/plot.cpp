@@ -420,6 +420,22 @@ HeatmapHit draw_heatmap(const char* id, const Heatmap& h, ImVec2 size, int selec
             const ImVec2 p0(a.x + c * cw, a.y + r * ch);
             dl->AddRect(p0, ImVec2(p0.x + cw, p0.y + ch), col, 0, 0, th);
         };
+        const bool marked =
+            h.mark_row >= 0 && h.mark_col >= 0 && h.mark_row < h.rows && h.mark_col < h.cols;
+        if (marked) {
+            outline(h.mark_row, h.mark_col, kYellow, 3);
+            if (!h.mark_label.empty()) {  // right of the cell, else left of it; inside the frame
+                const ImVec2 ts = ImGui::CalcTextSize(h.mark_label.c_str());
+                float x = a.x + (h.mark_col + 1) * cw + 6;
+                if (x + ts.x + 6 > b.x) x = a.x + h.mark_col * cw - ts.x - 12;
+                const float y =
+                    std::clamp(a.y + h.mark_row * ch + ch / 2 - lh / 2, a.y + 2, b.y - lh - 2);
+                dl->AddRectFilled(ImVec2(x - 3, y - 1), ImVec2(x + ts.x + 3, y + lh + 1),
+                                  IM_COL32(40, 40, 48, 235));
+                dl->AddRect(ImVec2(x - 3, y - 1), ImVec2(x + ts.x + 3, y + lh + 1), kYellow);
+                dl->AddText(ImVec2(x, y), kYellow, h.mark_label.c_str());
+            }
+        }
         if (selected_row >= 0 && selected_col >= 0 && selected_row < h.rows &&
             selected_col < h.cols)
             outline(selected_row, selected_col, IM_COL32(255, 255, 255, 255), 2);
@@ -433,7 +449,10 @@ HeatmapHit draw_heatmap(const char* id, const Heatmap& h, ImVec2 size, int selec
             }
         }
         // The hovered row's label (else the selected row's), highlighted where its row is.
-        const int named = hit.row >= 0 ? hit.row : selected_row;
+        const int named = hit.row >= 0        ? hit.row
+                          : selected_row >= 0 ? selected_row
+                          : marked            ? h.mark_row
+                                              : -1;
         if (h.row_label && every > 1 && named >= 0 && named < h.rows) {
             const std::string s = h.row_label(named);
             const ImVec2 ts = ImGui::CalcTextSize(s.c_str());

@@ -70,6 +70,10 @@ struct Heatmap {
     int col_step = 1;   // the numbers of consecutive columns differ by this (every N steps)
     // The colour bar: stops from bottom to top, each a colour and a label.
     std::vector<std::pair<ImU32, std::string>> legend;
+    // A cell marked for the reader (the first divergence): outlined in yellow, its label beside
+    // it, its row named as a selected row's is; -1: none.
+    int mark_row = -1, mark_col = -1;
+    std::string mark_label;
 };
 
 struct HeatmapHit {

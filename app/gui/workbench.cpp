@@ -2,6 +2,7 @@
 
 #include "app/gui/panels.h"
 #include "views/run_files.h"
+#include "views/trace_view.h"
 #include "core/base/error.h"
 #include "core/train/memory.h"
 #include "core/train/session.h"
@@ -85,7 +86,13 @@ public:
     LayoutExplorer& explorer() { return explorer_; }
     const RunData& data() const { return data_; }
     LayoutCheckPanelState& check_panel() { return check_s_; }
-    void start_job(bool run);      // the editor's config; errors beside the keys
+    const std::string& open_message() const { return job_s_.message; }
+    void start_job(bool run);  // the editor's config; errors beside the keys
+    // As the job bar's Open: false, with the error in the job bar's message, when it cannot.
+    bool open_file(const std::string& path);
+    // The layout check panel's Compare: both traces op by op (on the check's thread), or the one
+    // given alone; false, with the error in the panel's message, when it cannot start.
+    bool compare(const std::string& reference, const std::string& run);
     std::vector<double> frame_ms;  // wall time of each frame, from its events to its swap
     std::vector<double> build_ms;  // of which: the models and panels (ImGui), before GL
 
@@ -236,6 +243,74 @@ void Workbench::start_job(bool run) {
     }
 }
 
+bool Workbench::open_file(const std::string& path) {
+    try {
+        if (path.size() > 5 && path.substr(path.size() - 5) == ".json") {
+            // A compare report (parallax compare --json), its traces in the panel's fields, or a
+            // validate.json.
+            if (is_compare_report(path)) {
+                const TraceComparison tc = comparison_from_report(path);
+                check_s_.view = check_from_comparison(tc);
+                check_s_.reference_trace = tc.ref_path;
+                check_s_.run_trace = tc.run_path;
+            } else {
+                check_s_.view = check_from_report(path);
+            }
+            check_s_.from_file = true;
+            check_s_.layout = 0;
+            check_s_.row = check_s_.col = -1;
+            job_s_.message = "opened " + path + " in the layout check panel";
+        } else {
+            try {
+                data_.snap = snapshot_from_run_file(path);
+                data_.config = data_.snap.config;
+                data_.source = path;
+                opened_file_ = true;
+                job_s_.message = "opened " + path + " (Start returns to the live job)";
+            } catch (const std::exception& not_a_run) {
+                // A golden trace: the layout check's layouts against it.
+                try {
+                    check_.start_golden(path, check_s_.layouts);
+                } catch (const std::exception& e) {
+                    throw Error(std::string(not_a_run.what()) + "; as a golden trace: " + e.what());
+                }
+                check_s_.from_file = false;
+                job_s_.message = "checking " + check_s_.layouts + " against the golden trace " +
+                                 path + " in the layout check panel";
+            }
+        }
+    } catch (const std::exception& e) {
+        job_s_.message = e.what();
+        return false;
+    }
+    return true;
+}
+
+bool Workbench::compare(const std::string& reference, const std::string& run) {
+    check_s_.reference_trace = reference;
+    check_s_.run_trace = run;
+    check_s_.layout = 0;
+    check_s_.row = check_s_.col = -1;
+    try {
+        if (!reference.empty() && !run.empty()) {
+            check_.start_compare(reference, run);
+            check_s_.from_file = false;
+        } else if (!reference.empty() || !run.empty()) {
+            check_s_.view = check_from_trace(reference.empty() ? run : reference);
+            check_s_.from_file = true;
+        } else {
+            throw ConfigError(
+                "give a reference trace and a run trace to compare them (one alone shows its "
+                "probes by step)");
+        }
+        check_s_.message.clear();
+    } catch (const std::exception& e) {
+        check_s_.message = e.what();
+        return false;
+    }
+    return true;
+}
+
 void Workbench::draw_panel(Panel p) {
     switch (p) {
         case Panel::loss:
@@ -299,39 +374,13 @@ void Workbench::act() {
         case JobAction::stop:
             job_.stop();
             break;
-        case JobAction::open: {
-            const std::string& path = job_s_.open_path;
-            try {
-                if (path.size() > 5 && path.substr(path.size() - 5) == ".json") {
-                    check_s_.view = check_from_report(path);
-                    check_s_.from_file = true;
-                    job_s_.message = "opened " + path + " in the layout check panel";
-                } else {
-                    try {
-                        data_.snap = snapshot_from_run_file(path);
-                        data_.config = data_.snap.config;
-                        data_.source = path;
-                        opened_file_ = true;
-                        job_s_.message = "opened " + path + " (Start returns to the live job)";
-                    } catch (const std::exception& not_a_run) {
-                        // A golden trace: the layout check's layouts against it.
-                        try {
-                            check_.start_golden(path, check_s_.layouts);
-                        } catch (const std::exception& e) {
-                            throw Error(std::string(not_a_run.what()) +
-                                        "; as a golden trace: " + e.what());
-                        }
-                        check_s_.from_file = false;
-                        job_s_.message = "checking " + check_s_.layouts +
-                                         " against the golden trace " + path +
-                                         " in the layout check panel";
-                    }
-                }
-            } catch (const std::exception& e) {
-                job_s_.message = e.what();
-            }
+        case JobAction::open:
+            open_file(job_s_.open_path);
             break;
-        }
+    }
+    if (check_s_.compare_requested) {
+        check_s_.compare_requested = false;
+        compare(check_s_.reference_trace, check_s_.run_trace);
     }
     if (check_s_.start_requested) {
         check_s_.start_requested = false;
@@ -414,6 +463,8 @@ void Workbench::print_state() {
     fields["open"] = job_s_.open_path;
     fields["check_layouts"] = check_s_.layouts;
     fields["check_steps"] = std::to_string(check_s_.steps);
+    fields["reference_trace"] = check_s_.reference_trace;
+    fields["run_trace"] = check_s_.run_trace;
     fields["explorer_tp"] = std::to_string(expl_s_.picks.tp);
     fields["explorer_block"] = std::to_string(expl_s_.picks.block);
     j["fields"] = fields;
@@ -423,6 +474,9 @@ void Workbench::print_state() {
     check["running"] = cv.running;
     check["mode"] = cv.mode;
     check["steps"] = cv.steps;
+    check["header"] = cv.header;
+    check["error"] = cv.error;
+    check["message"] = check_s_.message;
     check["layouts"] = nlohmann::json::array();
     for (const LayoutGrid& g : cv.layouts) {
         i64 done = 0, differing = 0, over = 0, cells = 0;
@@ -441,7 +495,9 @@ void Workbench::print_state() {
                                     {"cells", cells},
                                     {"cells_done", done},
                                     {"differing", differing},
-                                    {"over_budget", over}});
+                                    {"over_budget", over},
+                                    {"summary", g.summary},
+                                    {"first_cell", {g.first_row, g.first_col}}});
     }
     j["check"] = check;
     j["fp8_rows"] = data_.snap.fp8.size();
@@ -643,7 +699,8 @@ int screenshots(const WorkbenchOptions& opt) {
     const i64 steps = std::min(opt.steps, opt.config.train.steps);
     wb.job().run_to(steps);
     wb.check_panel().steps = static_cast<int>(std::min<i64>(steps, 20));
-    wb.check().start(opt.config, opt.check_layouts, wb.check_panel().steps);
+    const bool files = !opt.open_path.empty() || !opt.compare_reference.empty();
+    if (!files) wb.check().start(opt.config, opt.check_layouts, wb.check_panel().steps);
     const auto t0 = Clock::now();
     while (true) {
         const auto f0 = Clock::now();
@@ -663,6 +720,23 @@ int screenshots(const WorkbenchOptions& opt) {
     if (wb.job().status() == JobStatus::failed) {
         std::fprintf(stderr, "parallax gui: the job failed: %s\n", wb.data().snap.error.c_str());
         return 3;  // the run itself failed (app/commands.h kRunFailed)
+    }
+    // The files after the job's steps (an opened run file replaces the job in the panels).
+    if (files) {
+        if (!opt.open_path.empty() && !wb.open_file(opt.open_path))
+            throw DataError(wb.open_message());
+        if (!opt.compare_reference.empty() && !wb.compare(opt.compare_reference, opt.compare_run))
+            throw DataError(wb.check_panel().message);
+        while (wb.check().busy()) {
+            const auto f0 = Clock::now();
+            wb.frame();
+            if (ms_since(t0) > 600e3)
+                throw Error("the screenshot run did not finish within 10 minutes");
+            pace(f0);
+        }
+        wb.frame();  // the finished view
+        if (!wb.check().view().error.empty() && !wb.check_panel().from_file)
+            throw DataError(wb.check().view().error);
     }
     for (int i = 0; i < static_cast<int>(std::size(kPanels)); i++) {
         wb.frame(i);  // one frame to lay the panel out, one to capture it
@@ -745,6 +819,8 @@ int run_workbench(const WorkbenchOptions& opt) {
     if (!opt.screenshot_dir.empty()) return screenshots(opt);
     if (opt.measure) return measure(opt);
     Workbench wb(opt);
+    if (!opt.open_path.empty()) wb.open_file(opt.open_path);
+    if (!opt.compare_reference.empty()) wb.compare(opt.compare_reference, opt.compare_run);
     Pacer pacer;
     while (wb.open()) pacer.wait_and_frame(wb);
     return 0;

@@ -11,7 +11,8 @@
 //                 steps, what the panels show, editor errors, where the named widgets are), so
 //                 a test can drive the window with real input events (xdotool) and observe it.
 //   screenshot    runs the job `steps` steps, a layout check and the layout explorer, renders
-//                 every panel alone and writes DIR/<panel>.png, then exits.
+//                 every panel alone and writes DIR/<panel>.png, then exits. A file to open or
+//                 two traces to compare replace the layout check (the panel shows them).
 //   measure       frame time with the job running, and the job's step time with the window
 //                 attached against the same job headless (alternating runs), printed.
 #pragma once
@@ -27,8 +28,10 @@ struct WorkbenchOptions {
     std::string screenshot_dir;         // screenshot mode when not empty
     i64 steps = 20;                     // screenshot mode: steps the job runs first
     std::string check_layouts = "dp2";  // screenshot mode: the layout check's layouts
-    bool measure = false;               // measure mode
-    i64 measure_steps = 30;             // measure mode: steps per run
+    std::string open_path;              // opened at the start, as the job bar's Open does
+    std::string compare_reference, compare_run;  // compared at the start (the panel's Compare)
+    bool measure = false;                        // measure mode
+    i64 measure_steps = 30;                      // measure mode: steps per run
     int width = 1600, height = 1000;
 };
 

@@ -212,7 +212,10 @@ class Window:
             time.sleep(0.3)
             self.xdo("keyup", "a")
             self.xdo("keyup", "ctrl")
-            self.xdo("type", "--delay", "30", "--", text)
+            if text:
+                self.xdo("type", "--delay", "30", "--", text)
+            else:
+                self.xdo("key", "BackSpace")  # the selection deleted: an empty field
             time.sleep(0.2)
             self.xdo("key", "Tab")  # an integer field takes its value when it loses focus
             time.sleep(0.2)
@@ -410,6 +413,103 @@ def test_finished_files_open_in_every_panel(display, config, tmp_path):
         for g in s["check"]["layouts"]:
             assert g["verdict"] == "match" and g["cells"] == g["rows"] * 6 > 0, g
             assert g["cells_done"] == g["cells"], g
+    finally:
+        w.close()
+
+
+@pytest.fixture(scope="module")
+def traces(config, tmp_path_factory):
+    """Three traces of the tiny job, 3 steps each: the reference, another canonical tree
+    (numerics.block 8: every sum in another order, within budget) and a learning rate 10% high
+    (over budget from step 1's update on); and the compare report of the last against the
+    first."""
+    folder = tmp_path_factory.mktemp("gui_traces")
+    paths = {}
+    for name, sets in {"ref": [], "tree": ["numerics.block=8"], "lr": ["train.lr=0.0033"]}.items():
+        paths[name] = str(folder / f"{name}.h5")
+        args = [EXE, "record", config, "--out", paths[name], "--steps", "3"]
+        r = subprocess.run(args + [a for k in sets for a in ("--set", k)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+    paths["report"] = str(folder / "compare.json")
+    r = subprocess.run([EXE, "compare", paths["ref"], paths["lr"], "--json", paths["report"]],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr  # over budget
+    return paths
+
+
+def compare_shot(env, config, folder, *args):
+    r = subprocess.run([EXE, "gui", "--screenshot", str(folder), "--steps", "2", config,
+                        "--out", str(folder / "run"), *args],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return np.asarray(Image.open(folder / "layout_check.png").convert("RGB")).astype(np.int32)
+
+
+def test_two_traces_compared_in_the_layout_check(display, config, traces, tmp_path):
+    """`parallax gui --screenshot DIR --compare REF RUN`: the layout check panel shows the two
+    traces' grid of ops × steps coloured by error / budget. A learning rate 10% high: red and
+    orange cells (over budget) and the first divergence outlined in yellow. Another summation
+    order: green cells, none red, nothing outlined. The compare report opened with --open draws
+    the panel that --compare of its two traces drew."""
+    over = compare_shot(display, config, tmp_path / "over", "--compare", traces["ref"], traces["lr"])
+    within = compare_shot(display, config, tmp_path / "within", "--compare", traces["ref"],
+                          traces["tree"])
+    report = compare_shot(display, config, tmp_path / "report", "--open", traces["report"])
+    for name, img in {"over": over, "within": within, "report": report}.items():
+        assert img.shape[0] >= 600 and img.shape[1] >= 800, name
+        assert img.std() > 5, f"{name}: blank"
+        light = int((img.min(axis=2) > 150).sum())
+        assert light > 400, f"{name}: no text ({light} light pixels)"
+        frac, least, colours = PLOTS["layout_check"]
+        n = coloured(region(img, frac))
+        assert n >= least, f"{name}: {n} coloured pixels in the grid, want >= {least}"
+        assert distinct(img) >= colours, f"{name}: {distinct(img)} colours"
+    grid = (0.15, 0.18, 0.90, 0.90)
+
+    def red(img):  # over budget: orange to red (budget_colour), red channel full, blue low
+        g = region(img, grid)
+        return int(((g[..., 0] >= 250) & (g[..., 1] <= 115) & (g[..., 2] <= 45)).sum())
+
+    def green(img):  # within budget: green to yellow-green, green the strongest channel
+        g = region(img, grid)
+        return int(((g[..., 1] > g[..., 0] + 15) & (g[..., 1] > g[..., 2] + 60)).sum())
+
+    def yellow(img):  # the first divergence's outline and label (plot::kYellow)
+        return int((np.abs(img - np.array([240, 210, 80])).sum(axis=2) < 12).sum())
+
+    assert red(over) > 20000, red(over)
+    assert yellow(over) > 100, yellow(over)
+    assert red(within) == 0 and green(within) > 20000, (red(within), green(within))
+    assert yellow(within) < 20, yellow(within)
+    # The report draws what its comparison drew (the report's file name is the only difference).
+    same = int((np.abs(report - over).sum(axis=2) > 30).sum())
+    assert same < 0.02 * over.shape[0] * over.shape[1], f"{same} pixels differ"
+
+
+def test_traces_compared_in_the_window(display, config, traces):
+    """The two paths typed into the layout check panel and Compare pressed: the grid, its verdict
+    and its first divergence; one path alone and the button shows that trace's probes."""
+    w = Window(display, config)
+    try:
+        w.click("tab:layout_check")
+        w.type_text("field:reference_trace", "reference_trace", traces["ref"])
+        w.type_text("field:run_trace", "run_trace", traces["lr"])
+        w.click("compare")
+        s = w.wait_for(lambda s: s["check"]["mode"] == "compare" and not s["check"]["running"]
+                       and s["check"]["layouts"])
+        g = s["check"]["layouts"][0]
+        assert g["verdict"] == "over budget", s["check"]
+        assert g["summary"].startswith("over budget: step 1, optim/-/param/wte"), g
+        assert g["first_cell"][1] == 0 and g["first_cell"][0] >= 0, g
+        assert g["cells"] == g["rows"] * 3 == g["cells_done"] and g["over_budget"] > 0, g
+        assert "compare_verdict" in s["rects"]
+        w.type_text("field:run_trace", "run_trace", "")
+        w.click("compare")
+        s = w.wait_for(lambda s: s["check"]["mode"] == "trace")
+        g = s["check"]["layouts"][0]
+        assert g["cells_done"] == g["cells"] == g["rows"] * 3, g
+        assert "source parallax" in s["check"]["header"], s["check"]
     finally:
         w.close()
 

@@ -14,6 +14,7 @@
 #include "views/run_files.h"
 #include "views/spike_model.h"
 #include "views/teaching.h"
+#include "views/trace_view.h"
 #include "core/io/runfile.h"
 #include "core/train/run_file_observer.h"
 #include "tests/support/test_util.h"
@@ -543,6 +544,184 @@ TEST_CASE("Finished runs open in the panels: a run file, a validate.json, a gold
     CHECK(gv.layouts[0].result.verdict == "match");
     CHECK(gv.steps == 2);
     CHECK_THROWS(check.start_golden(dir + "/run.h5", "dp2"));
+}
+
+TEST_CASE("Traces: two recorded traces compared op by op as one grid of ops x steps", "[gui]") {
+    const std::string dir = "build/test_gui_models_traces";
+    std::filesystem::create_directories(dir);
+    Config c = small_job();
+    c.train.steps = 3;
+    Config tree = c, lr = c;
+    tree.numerics.block = 37;  // another canonical tree: every sum in another order
+    lr.train.lr *= 1.1;        // a wrong run: the first update differs by far more than rounding
+    for (const auto& [cfg, name] :
+         std::vector<std::pair<Config, std::string>>{{c, "ref"}, {tree, "tree"}, {lr, "lr"}})
+        record_trace(cfg, {"**"}, 1, 3, dir + "/" + name + ".h5");
+    const TraceReader ref(dir + "/ref.h5");
+
+    // Every row of the comparison sits in the cell of its op and step, with its ratio.
+    auto check_cells = [](const CheckView& v, const TraceComparison& tc) {
+        const LayoutGrid& g = v.layouts.at(0);
+        for (const CompareRow& w : tc.rows) {
+            const int row = row_of(g, w.op());
+            REQUIRE(row >= 0);
+            const CheckCell& k = g.cells[static_cast<size_t>(row)][static_cast<size_t>(w.step - 1)];
+            CHECK(k.done);
+            CHECK(k.ratio == w.ratio);
+            CHECK(k.rel == w.rel);
+            CHECK((k.rank >= 0) == (w.error != 0));
+        }
+    };
+
+    SECTION("another summation order: within budget, nothing red, nothing marked") {
+        const TraceComparison tc = compare_traces(ref, TraceReader(dir + "/tree.h5"));
+        REQUIRE(tc.within());
+        const CheckView v = check_from_comparison(tc);
+        CHECK(v.mode == "compare");
+        CHECK(v.steps == 3);
+        CHECK(v.header.find("ref.h5 (parallax) against run") != std::string::npos);
+        REQUIRE(v.layouts.size() == 1);
+        const LayoutGrid& g = v.layouts[0];
+        CHECK(g.result.verdict == "within budget");
+        CHECK(g.result.ok());
+        CHECK(g.summary == tc.verdict());
+        CHECK(g.summary.rfind("consistent with rounding", 0) == 0);
+        CHECK(g.first_row == -1);
+        CHECK(g.first_col == -1);
+        // Rows: the ops of one step, in the reference's order; columns: the three steps.
+        CHECK(g.tensors.size() * 3 == tc.rows.size());
+        CHECK(g.tensors.front() == "fwd/-/embed/out");
+        check_cells(v, tc);
+        int differing = 0;
+        for (const std::vector<CheckCell>& line : g.cells) {
+            REQUIRE(line.size() == 3);
+            for (const CheckCell& k : line) {
+                CHECK(k.ratio <= 1);
+                CHECK(!is_red(cell_colour(k, v.mode)));
+                differing += k.rank >= 0;
+            }
+        }
+        CHECK(differing > static_cast<int>(tc.rows.size()) / 2);  // the orders really differ
+    }
+
+    SECTION("a learning rate 10% high: over budget, the first update marked") {
+        const TraceComparison tc = compare_traces(ref, TraceReader(dir + "/lr.h5"));
+        REQUIRE(!tc.within());
+        const CheckView v = check_from_comparison(tc);
+        const LayoutGrid& g = v.layouts.at(0);
+        CHECK(g.result.verdict == "over budget");
+        CHECK(!g.result.ok());
+        CHECK(g.summary == tc.verdict());
+        CHECK(g.summary.find("over budget: step 1, optim/-/param/wte") != std::string::npos);
+        CHECK(g.result.first_step == 1);
+        CHECK(g.result.first.name == "optim/-/param/wte");
+        CHECK(g.first_row == row_of(g, "optim/-/param/wte"));
+        CHECK(g.first_col == 0);
+        check_cells(v, tc);
+        const CheckCell& first =
+            g.cells[static_cast<size_t>(g.first_row)][static_cast<size_t>(g.first_col)];
+        CHECK(first.ratio > 1);
+        CHECK(first.rank == 0);
+        CHECK(first.candidate != first.reference);
+        CHECK(first.at.size() == 2);  // wte (V, C)
+        // Step 1 before the update is bit-identical (dark green); from step 2 on the forward
+        // differs by far more than rounding.
+        const std::vector<CheckCell>& embed =
+            g.cells[static_cast<size_t>(row_of(g, "fwd/-/embed/out"))];
+        CHECK(embed[0].rank < 0);
+        CHECK(cell_colour(embed[0], v.mode) == ulp_colour(embed[0]));
+        const std::vector<CheckCell>& loss =
+            g.cells[static_cast<size_t>(row_of(g, "fwd/-/loss/out"))];
+        CHECK(loss[0].rank < 0);
+        CHECK(loss[1].ratio > 1);
+        CHECK(loss[1].rank == 0);
+
+        // The same comparison read back from `parallax compare --json`'s report.
+        const std::string report = dir + "/compare.json";
+        {
+            std::ofstream out(report);
+            out << tc.json();
+        }
+        CHECK(is_compare_report(report));
+        const CheckView r = check_from_compare_report(report);
+        const LayoutGrid& rg = r.layouts.at(0);
+        CHECK(r.header == v.header);
+        CHECK(rg.tensors == g.tensors);
+        CHECK(rg.first_row == g.first_row);
+        CHECK(rg.first_col == g.first_col);
+        CHECK(rg.summary == g.summary);
+        check_cells(r, tc);
+        CHECK(!is_compare_report(dir + "/ref.h5"));
+        CHECK_THROWS_AS(check_from_compare_report(dir + "/ref.h5"), DataError);
+
+        // The panel's model runs it on its thread and shows the same grid.
+        LayoutCheck check;
+        check.start_compare(dir + "/ref.h5", dir + "/lr.h5");
+        REQUIRE(check.wait(300));
+        const CheckView a = check.view();
+        INFO(a.error);
+        REQUIRE(a.layouts.size() == 1);
+        CHECK(a.layouts[0].tensors == g.tensors);
+        CHECK(a.layouts[0].summary == g.summary);
+        CHECK(!a.running);
+        CHECK_THROWS_AS(check.start_compare(dir + "/ref.h5", report), DataError);
+    }
+
+    SECTION("a replica that differs is a row of its own under its op") {
+        TraceComparison tc;
+        tc.ref_path = "ref.h5";
+        tc.run_path = "run.h5";
+        tc.ref_source = "parallax";
+        tc.run_source = "torch";
+        auto row = [](const std::string& probe, int rank, double ratio) {
+            CompareRow w;
+            w.probe = probe;
+            w.rank = rank;
+            w.step = std::stoll(probe.substr(0, 1));
+            w.error = ratio > 0 ? 1 : 0;
+            w.ratio = ratio;
+            return w;
+        };
+        tc.rows = {row("1/grad/-/param/wte", -1, 0.5), row("1/grad/-/param/wte", 1, 3e4),
+                   row("1/optim/-/param/wte", -1, 0),  row("2/grad/-/param/wte", -1, 0.2),
+                   row("2/grad/-/param/wte", 1, 2e4),  row("2/grad/-/param/wte", 3, 5e3)};
+        tc.first_over = 1;
+        tc.split = {PieceRatio{0, "dp 0", {}, 0, 0.5}, PieceRatio{1, "dp 1", {}, 1, 3e4}};
+        const CheckView v = check_from_comparison(tc);
+        const LayoutGrid& g = v.layouts.at(0);
+        CHECK(g.tensors == std::vector<std::string>{"grad/-/param/wte", "grad/-/param/wte (rank 1)",
+                                                    "grad/-/param/wte (rank 3)",
+                                                    "optim/-/param/wte"});
+        CHECK(g.first_row == 1);
+        CHECK(g.first_col == 0);
+        CHECK(g.result.first.name == "grad/-/param/wte (rank 1)");
+        CHECK(g.result.first_rank == 1);
+        CHECK(!g.cells[2][0].done);  // rank 3 differed at step 2 only
+        CHECK(g.cells[2][1].ratio == 5e3);
+        CHECK(g.cells[3][0].rank < 0);  // bit-identical
+        REQUIRE(v.notes.size() == 3);   // the split's heading and its two ranks
+        CHECK(v.notes[2].find("rank 1 (dp 1)") != std::string::npos);
+        CHECK(v.notes[2].find("3e+04") != std::string::npos);
+    }
+
+    SECTION("one trace alone: its probes by step under its attributes") {
+        const CheckView v = check_from_trace(dir + "/ref.h5");
+        CHECK(v.mode == "trace");
+        CHECK(v.steps == 3);
+        CHECK(v.header.find("source parallax") != std::string::npos);
+        CHECK(v.header.find("precision the config's (u = 2^-24)") != std::string::npos);
+        CHECK(v.header.find("layout one device") != std::string::npos);
+        const LayoutGrid& g = v.layouts.at(0);
+        CHECK(g.tensors.size() * 3 == ref.info().order.size());
+        CHECK(g.tensors.front() == "fwd/-/embed/out");
+        for (const std::vector<CheckCell>& line : g.cells)
+            for (const CheckCell& k : line) {
+                CHECK(k.done);
+                CHECK(k.ratio < 0);
+                CHECK(cell_colour(k, v.mode) != cell_colour(CheckCell{}, v.mode));
+            }
+        CHECK_THROWS_AS(check_from_trace(dir + "/nothing.h5"), DataError);
+    }
 }
 
 TEST_CASE("Spikes: a rolled-back spike opens from its run file with its first run's evidence",
