@@ -61,6 +61,12 @@ PARALLAX_EXE="$PWD/build/app/parallax" \
 count $?
 lap "layering check and pytest:"
 
+# The bug zoo (tests/zoo/README.md): its torchrun launches are shared by the file's tests through
+# one fixture, so it runs as one pytest process of its own (each launch uses up to 4 processes).
+PARALLAX_EXE="$PWD/build/app/parallax" "$PYTHON" -m pytest -q --durations=5 tests/zoo
+count $?
+lap "bug zoo:"
+
 wait "$sanitizers_pid"
 sanitizers_built=$?
 [ $sanitizers_built -eq 0 ] || { echo "test: a sanitizer build failed:"; tail -40 build/sanitizers.log; }
