@@ -27,7 +27,8 @@
 // Optional, written by other recorders (the PyTorch recorder, parallax.torch):
 //   / attributes source ("parallax" when absent, or "torch"), precision ("fp32", "bf16", "fp16",
 //                "fp8"; absent: the config's), layout (JSON: {"world": N, "axes": {"dp": ..,
-//                "tp": .., "pp": ..}, "ranks": [{"dp": 0, "tp": 0, "pp": 0}, ...]}; "" or
+//                "fsdp": .., "tp": .., "pp": ..}, "ranks": [{"dp": 0, "tp": 0, "pp": 0}, ...]};
+//                "" or
 //                absent: one device); a torch trace's config is ""
 //   /pieces      uint8: newline-joined lines "<probe>\t<rank>\t<lo,lo,..>\t<hi,hi,..>", the
 //                hyperslab of each probe each rank held

@@ -121,10 +121,15 @@ std::vector<std::vector<std::pair<std::string, i64>>> rank_coords(const std::str
     nlohmann::json j;
     try {
         j = nlohmann::json::parse(layout_json);
+        // An axis of one rank says nothing about where an error sits: left out.
+        auto spans = [&](const char* axis) {
+            return !j.contains("axes") || !j["axes"].contains(axis) ||
+                   j["axes"][axis].get<i64>() > 1;
+        };
         for (const auto& r : j.at("ranks")) {
             std::vector<std::pair<std::string, i64>> c;
-            for (const char* axis : {"pp", "dp", "tp", "cp", "ep"})
-                if (r.contains(axis)) c.emplace_back(axis, r.at(axis).get<i64>());
+            for (const char* axis : {"pp", "dp", "fsdp", "tp", "cp", "ep"})
+                if (r.contains(axis) && spans(axis)) c.emplace_back(axis, r.at(axis).get<i64>());
             out.push_back(std::move(c));
         }
     } catch (const nlohmann::json::exception& e) {
@@ -267,8 +272,11 @@ TraceComparison compare_traces(const TraceReader& ref, const TraceReader& run,
         // The first over-budget probe, by the run's pieces: which rank's part breaks.
         if (tc.first_over >= 0 && tc.split.empty() &&
             tc.rows[static_cast<size_t>(tc.first_over)].probe == name) {
+            std::set<int> replicated;  // ranks whose own copy differs: judged by their replica
+            for (const CompareRow& w : tc.rows)
+                if (w.probe == name && w.rank >= 0) replicated.insert(w.rank);
             for (const TracePiece& piece : run.pieces(name)) {
-                if (piece.slab.lo.size() != rshape.size()) continue;
+                if (piece.slab.lo.size() != rshape.size() || replicated.count(piece.rank)) continue;
                 bool inside = true;
                 for (size_t d = 0; d < rshape.size(); d++) inside = inside && piece.slab.hi[d] <= rshape[d];
                 if (!inside) continue;

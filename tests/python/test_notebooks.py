@@ -22,7 +22,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 def test_there_are_notebooks():
     assert [p.stem for p in NOTEBOOKS] == ["01_parallelism_tour", "02_why_bits_differ",
                                            "03_layout_validation", "04_precision_and_spikes",
-                                           "05_mixture_of_experts", "06_llama_and_gqa"]
+                                           "05_mixture_of_experts", "06_llama_and_gqa",
+                                           "07_check_your_pytorch_layout"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
