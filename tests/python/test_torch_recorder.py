@@ -357,11 +357,13 @@ def _fsdp(rank, out, kind):
         train(model, opt, batches(), rec, rows=slice(2 * rank, 2 * rank + 2))
 
 
-def _tp(rank, out):
+def tp_llama(tp=2):
+    """hf_model("llama") under Megatron's plan through DTensor over a `tp` mesh: q/k/v and
+    gate/up colwise, o/down rowwise. Returns the model and its mesh."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
     model = hf_model("llama")
     plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
             "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
@@ -369,6 +371,11 @@ def _tp(rank, out):
             "mlp.down_proj": RowwiseParallel()}
     for layer in model.model.layers:
         parallelize_module(layer, mesh, plan)
+    return model, mesh
+
+
+def _tp(rank, out):
+    model, mesh = tp_llama()
     opt = torch.optim.AdamW(model.parameters(), **ADAM)
     with pxt.record(model, os.path.join(out, "tp.h5"), optimizer=opt, mesh=mesh) as rec:
         train(model, opt, batches(), rec)  # every tp rank runs the whole batch

@@ -25,7 +25,8 @@ torch = pytest.importorskip("torch", reason="torch is not installed (scripts/set
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 parallax = pytest.importorskip("parallax", reason="the parallax module is not built/installed")
 import parallax.torch as pxt  # noqa: E402
-from test_torch_recorder import PARALLAX_MODEL, T, V, grad_norm, hf_model, token_file  # noqa: E402
+from test_torch_recorder import (PARALLAX_MODEL, V, T, grad_norm, hf_model,  # noqa: E402
+                                 token_file, tp_llama)
 
 B, STEPS = 4, 3
 ADAM = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)  # PyTorch's lr and eps
@@ -71,17 +72,7 @@ def _fsdp(rank, folder):
 
 
 def _tp(rank, folder, bug=False):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    model = hf_model("llama")
-    plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel()}
-    for layer in model.model.layers:
-        parallelize_module(layer, mesh, plan)
+    model, mesh = tp_llama()
     if bug:  # block 0's o_proj output replaced by this rank's partial product: no all-reduce
         def partial(module, args, out):
             x = args[0].to_local() if hasattr(args[0], "to_local") else args[0]
