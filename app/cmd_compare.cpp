@@ -9,8 +9,6 @@
 #include "validators/trace_compare.h"
 
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 
@@ -30,16 +28,7 @@ int run_compare(const CompareOptions& opt) {
     const TraceComparison tc = compare_traces(ref, run);
     std::fputs(tc.text().c_str(), stdout);
     if (!opt.json.empty()) {
-        const std::string tmp = opt.json + ".tmp";
-        {
-            std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-            f << tc.json() << "\n";
-            f.close();
-            if (!f) throw StorageError("cannot write the report " + opt.json);
-        }
-        std::error_code ec;
-        std::filesystem::rename(tmp, opt.json, ec);
-        if (ec) throw StorageError("cannot write the report " + opt.json + ": " + ec.message());
+        write_report(opt.json, tc.json() + "\n");
         std::printf("report: %s\n", opt.json.c_str());
     }
     return tc.within() ? kOk : kRunFailed;

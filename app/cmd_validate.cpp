@@ -15,7 +15,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,21 +32,6 @@ struct ValidateOptions {
     std::string json, md, out_dir;
     std::string golden;
 };
-
-// A report, whose path check_output_file checked before the run (a failure now is the file
-// system's: StorageError, exit 7).
-void write_text(const std::string& path, const std::string& text) {
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        f << text;
-        f.close();
-        if (!f) throw StorageError("cannot write the report " + path);
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) throw StorageError("cannot write the report " + path + ": " + ec.message());
-}
 
 void print_layout(const LayoutResult& r) {
     std::fprintf(stderr, "  %s: %s (%lld steps, %.1f s)\n", r.layout.c_str(), r.verdict.c_str(),
@@ -154,8 +138,8 @@ int run_validate(const ValidateOptions& opt, const comm::MpiEnvironment* mpi) {
         rep = validate_layouts(cfg, layouts, opt.steps, &print_layout);
     }
     std::printf("\n%s", rep.table().c_str());
-    write_text(json, rep.to_json());
-    write_text(md, rep.to_markdown());
+    write_report(json, rep.to_json());
+    write_report(md, rep.to_markdown());
     std::printf("\nreports: %s, %s\n", json.c_str(), md.c_str());
     if (rep.any_error()) return kRunFailed;
     return rep.all_ok() ? kOk : kDiverged;

@@ -53,6 +53,11 @@ std::function<int()> add_config_command(CLI::App& app);  // parallax config [--k
 // starts with `who` (e.g. "parallax (rank 1 of 4)") and says the kind of failure.
 int run_reporting(const std::string& who, const std::function<int()>& run);
 
+// Writes a report (JSON, Markdown) whose path check_output_file checked before the work: through
+// a temporary file renamed over it, so a reader never sees half of one. A failure now is the file
+// system's: StorageError (exit 7).
+void write_report(const std::string& path, const std::string& text);
+
 // The key reference as docs/config.md holds it: one Markdown table per section, from the key
 // registry (parallax config --markdown).
 std::string config_reference_markdown();

@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 
 namespace px::app {
 
@@ -31,6 +33,19 @@ int run_reporting(const std::string& who, const std::function<int()>& run) {
         std::fprintf(stderr, "%s: error: %s\n", w, e.what());
         return kInternal;
     }
+}
+
+void write_report(const std::string& path, const std::string& text) {
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+        f << text;
+        f.close();
+        if (!f) throw StorageError("cannot write the report " + path);
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) throw StorageError("cannot write the report " + path + ": " + ec.message());
 }
 
 }  // namespace px::app

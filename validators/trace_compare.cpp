@@ -107,6 +107,13 @@ std::vector<i64> unravel(i64 flat, const std::vector<i64>& shape) {
     return at;
 }
 
+// Whether a slab of the probe's rank lies inside its shape.
+bool fits(const Hyperslab& slab, const std::vector<i64>& shape) {
+    for (size_t d = 0; d < shape.size(); d++)
+        if (slab.hi[d] > shape[d]) return false;
+    return true;
+}
+
 std::string index_text(const std::vector<i64>& at) {
     std::string s = "[";
     for (size_t d = 0; d < at.size(); d++) s += (d ? ", " : "") + std::to_string(at[d]);
@@ -194,7 +201,7 @@ TraceComparison compare_traces(const TraceReader& ref, const TraceReader& run,
     const std::set<std::string> in_run(run.info().order.begin(), run.info().order.end());
     const std::set<std::string> in_ref(ref.info().order.begin(), ref.info().order.end());
     for (const std::string& name : ref.info().order)
-        if (parse_probe(name).layer + 1 > tc.layers) tc.layers = parse_probe(name).layer + 1;
+        tc.layers = std::max(tc.layers, parse_probe(name).layer + 1);
     for (const std::string& name : run.info().order)
         if (!in_ref.count(name)) tc.only_run.push_back(name);
     const auto coords = rank_coords(run.info().layout_json, run.path());
@@ -238,12 +245,14 @@ TraceComparison compare_traces(const TraceReader& ref, const TraceReader& run,
                 w.worst_run = s.worst_run;
             }
         };
+        auto keep = [&](const CompareRow& w) {  // a row, and whether it is the verdict's
+            tc.rows.push_back(w);
+            if (tc.first_over < 0 && !w.within()) tc.first_over = static_cast<i64>(tc.rows.size()) - 1;
+        };
         Sums whole;
         whole.add(r.data(), c.data(), row.elements, 0);
         finish(row, whole, rshape);
-        tc.rows.push_back(row);
-        const bool first_over_here = tc.first_over < 0 && !row.within();
-        if (first_over_here) tc.first_over = static_cast<i64>(tc.rows.size()) - 1;
+        keep(row);
 
         // The run's replicas that differ from its logical tensor: each judged as its own piece.
         for (const TracePiece& rep : run.replicas(name)) {
@@ -251,11 +260,10 @@ TraceComparison compare_traces(const TraceReader& ref, const TraceReader& run,
                 throw DataError(fmt::format("trace {}: replica of {} on rank {} has a slab of "
                                             "another rank than the probe",
                                             run.path(), name, rep.rank));
-            for (size_t d = 0; d < rshape.size(); d++)
-                if (rep.slab.hi[d] > rshape[d])
-                    throw DataError(fmt::format("trace {}: replica of {} on rank {} lies outside "
-                                                "the probe's shape {}",
-                                                run.path(), name, rep.rank, index_text(rshape)));
+            if (!fits(rep.slab, rshape))
+                throw DataError(fmt::format("trace {}: replica of {} on rank {} lies outside "
+                                            "the probe's shape {}",
+                                            run.path(), name, rep.rank, index_text(rshape)));
             Sums s;
             // Sums::add wants the logical index of the first element of each run.
             for_each_run(rshape, rep.slab, [&](i64 logical, i64 local, i64 n) {
@@ -265,8 +273,7 @@ TraceComparison compare_traces(const TraceReader& ref, const TraceReader& run,
             w.rank = rep.rank;
             w.elements = rep.slab.numel();
             finish(w, s, rshape);
-            tc.rows.push_back(w);
-            if (tc.first_over < 0 && !w.within()) tc.first_over = static_cast<i64>(tc.rows.size()) - 1;
+            keep(w);
         }
 
         // The first over-budget probe, by the run's pieces: which rank's part breaks.
@@ -276,10 +283,9 @@ TraceComparison compare_traces(const TraceReader& ref, const TraceReader& run,
             for (const CompareRow& w : tc.rows)
                 if (w.probe == name && w.rank >= 0) replicated.insert(w.rank);
             for (const TracePiece& piece : run.pieces(name)) {
-                if (piece.slab.lo.size() != rshape.size() || replicated.count(piece.rank)) continue;
-                bool inside = true;
-                for (size_t d = 0; d < rshape.size(); d++) inside = inside && piece.slab.hi[d] <= rshape[d];
-                if (!inside) continue;
+                if (piece.slab.lo.size() != rshape.size() || !fits(piece.slab, rshape) ||
+                    replicated.count(piece.rank))
+                    continue;
                 Sums s;
                 for_each_run(rshape, piece.slab, [&](i64 logical, i64, i64 n) {
                     s.add(r.data() + logical, c.data() + logical, n, logical);

@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 import pytest
+from llmc_tokens import token_file
 
 torch = pytest.importorskip("torch", reason="torch is not installed (scripts/setup.sh --all)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
@@ -32,7 +33,6 @@ h5py = pytest.importorskip("h5py")
 import parallax.torch as pxt  # noqa: E402
 
 V, T, B, STEPS = 97, 32, 4, 2
-TOKEN_MAGIC = 20240520
 LLAMA = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=96, vocab_size=V, max_position_embeddings=T)
 GPT2 = dict(vocab_size=V, n_positions=T, n_embd=64, n_layer=2, n_head=4, resid_pdrop=0.0,
@@ -208,14 +208,6 @@ def test_recording_changes_no_loss_bit_for_bit(tmp_path, kind):
         runs.append((losses, [p.detach().clone() for p in model.parameters()]))
     assert runs[0][0] == runs[1][0]
     assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
-
-
-def token_file(path, tokens):
-    header = np.zeros(256, dtype="<i4")
-    header[:3] = [TOKEN_MAGIC, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype="<u2").tobytes())
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])

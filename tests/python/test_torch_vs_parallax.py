@@ -25,8 +25,8 @@ torch = pytest.importorskip("torch", reason="torch is not installed (scripts/set
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 parallax = pytest.importorskip("parallax", reason="the parallax module is not built/installed")
 import parallax.torch as pxt  # noqa: E402
-from test_torch_recorder import (PARALLAX_MODEL, V, T, grad_norm, hf_model,  # noqa: E402
-                                 token_file, tp_llama)
+from llmc_tokens import token_file  # noqa: E402
+from test_torch_recorder import PARALLAX_MODEL, V, T, grad_norm, hf_model, tp_llama  # noqa: E402
 
 B, STEPS = 4, 3
 ADAM = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)  # PyTorch's lr and eps

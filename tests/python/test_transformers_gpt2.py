@@ -20,6 +20,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from llmc_tokens import token_file
 
 torch = pytest.importorskip("torch", reason="torch is not installed (scripts/setup.sh --all)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
@@ -28,7 +29,6 @@ parallax = pytest.importorskip("parallax", reason="the parallax module is not bu
 EXE = os.environ.get("PARALLAX_EXE")
 SIZES = dict(n_embd=64, n_layer=2, n_head=4, n_positions=32, vocab_size=97)
 MODEL_KEYS = {"vocab": 97, "seq_len": 32, "layers": 2, "heads": 4, "hidden": 64, "ffn": 256}
-TOKEN_MAGIC = 20240520
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
@@ -52,14 +52,6 @@ def hf_name(name):
 def hf_layout(name, a):
     """A Parallax tensor as transformers holds it: Conv1D keeps (in, out), Parallax (out, in)."""
     return a.T if name.endswith(CONV1D) else a
-
-
-def token_file(path, tokens):
-    header = np.zeros(256, dtype="<i4")
-    header[:3] = [TOKEN_MAGIC, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype="<u2").tobytes())
 
 
 def random_model(seed):

@@ -26,13 +26,13 @@ import subprocess
 
 import numpy as np
 import pytest
+from llmc_tokens import token_file
 
 torch = pytest.importorskip("torch", reason="torch is not installed (scripts/setup.sh --all)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 parallax = pytest.importorskip("parallax", reason="the parallax module is not built/installed")
 
 EXE = os.environ.get("PARALLAX_EXE")
-TOKEN_MAGIC = 20240520
 V, T = 97, 32
 COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               intermediate_size=96, vocab_size=V, max_position_embeddings=T)
@@ -70,14 +70,6 @@ def convert(src, dst, *extra):
         return 0, parallax.convert(src, dst)
     except parallax.DataError as e:
         return 2, str(e)
-
-
-def token_file(path, tokens):
-    header = np.zeros(256, dtype="<i4")
-    header[:3] = [TOKEN_MAGIC, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype="<u2").tobytes())
 
 
 def random_model(name, seed):
