@@ -185,39 +185,43 @@ class Window:
         self.xdo("mouseup", "1")
         time.sleep(0.15)
 
+    def press(self, *keys, hold=0.3):
+        """Keys held down together for `hold` seconds: Dear ImGui 1.86 reads keys as held states
+        once per frame, so a press and release within one frame (a loaded machine's slow frame)
+        would be missed."""
+        for k in keys:
+            self.xdo("keydown", k)
+        time.sleep(hold)
+        for k in reversed(keys):
+            self.xdo("keyup", k)
+
+    def replace_text(self, rect, text, attempt):
+        """Click, select all, type (or delete the selection); each retry holds keys longer."""
+        hold = 0.3 * (attempt + 1)
+        self.click(rect)
+        time.sleep(0.1 * attempt)  # a slow frame activates the field before the keys come
+        self.press("ctrl", "a", hold=hold)
+        if text:
+            self.xdo("type", "--delay", str(30 * (attempt + 1)), "--", text)
+        else:
+            self.press("BackSpace", hold=hold / 2)  # the selection deleted: an empty field
+        time.sleep(0.2 * (attempt + 1))
+
     def type_into(self, key, text):
         """Replaces the field's text, as a person does: click, ctrl+a, type. Checked through the
-        state line, and done again when a loaded machine let a key slip between two frames."""
-        for _ in range(3):
-            self.click("field:" + key)
-            # ctrl+a held for a few frames: Dear ImGui 1.86 reads keys as held states once per
-            # frame, so a press and release within one frame would be missed.
-            self.xdo("keydown", "ctrl")
-            self.xdo("keydown", "a")
-            time.sleep(0.3)
-            self.xdo("keyup", "a")
-            self.xdo("keyup", "ctrl")
-            self.xdo("type", "--delay", "30", "--", text)
-            time.sleep(0.2)
+        state line, and done again, slower, when a loaded machine let a key slip between two
+        frames."""
+        for attempt in range(5):
+            self.replace_text("field:" + key, text, attempt)
             if self.state()["fields"][key] == text:
                 return
         raise AssertionError(f"could not type {text!r} into {key}")
 
     def type_text(self, rect, field, text):
         """Like type_into, for a field outside the config editor (state()["fields"][field])."""
-        for _ in range(3):
-            self.click(rect)
-            self.xdo("keydown", "ctrl")
-            self.xdo("keydown", "a")
-            time.sleep(0.3)
-            self.xdo("keyup", "a")
-            self.xdo("keyup", "ctrl")
-            if text:
-                self.xdo("type", "--delay", "30", "--", text)
-            else:
-                self.xdo("key", "BackSpace")  # the selection deleted: an empty field
-            time.sleep(0.2)
-            self.xdo("key", "Tab")  # an integer field takes its value when it loses focus
+        for attempt in range(5):
+            self.replace_text(rect, text, attempt)
+            self.press("Tab", hold=0.2)  # an integer field takes its value when it loses focus
             time.sleep(0.2)
             if self.state()["fields"][field] == text:
                 return
