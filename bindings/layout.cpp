@@ -352,28 +352,36 @@ executes exactly these lists. Make one with parallax.schedule().)doc")
             "other pp rank of a send or recv; -1 for compute).")
         .def(
             "simulate",
-            [](const Schedule& s, int forward_slots, int backward_slots, bool rendezvous) {
-                const SimResult r =
-                    check_schedule(s, SimOptions{forward_slots, backward_slots, rendezvous});
+            [](const Schedule& s, int forward_slots, int backward_slots, bool rendezvous,
+               int weight_slots) {
+                const SimResult r = check_schedule(
+                    s, SimOptions{forward_slots, backward_slots, rendezvous, weight_slots});
                 py::dict d;
                 d["ok"] = r.ok();
                 d["problem"] = r.problem;
                 d["makespan"] = r.makespan;
                 d["bubble"] = r.bubble;
+                d["bubble_rate"] = r.bubble_rate;
                 d["peak_in_flight"] = r.peak_in_flight;
+                d["peak_pending_w"] = r.peak_pending_w;
                 d["start"] = r.start;
                 return d;
             },
             py::arg("forward_slots") = 1, py::arg("backward_slots") = 1,
-            py::arg("rendezvous") = false, R"doc(
-Runs the lists in unit time (a forward takes forward_slots, a backward backward_slots,
-communication none; rendezvous: blocking sends) and checks completeness, dependencies and
-deadlock freedom. Returns ok, problem (a sentence, "" when ok), makespan (slots), bubble (idle
-fraction), peak_in_flight (per rank: most forwards awaiting their backward) and start (per rank,
-per action: the slot it started in, -1 for communication and never-run actions).)doc")
+            py::arg("rendezvous") = false, py::arg("weight_slots") = 0, R"doc(
+Runs the lists in unit time (a forward takes forward_slots; B, the input-gradient part of a
+backward, backward_slots; W, its weight-gradient part, weight_slots: a whole backward takes both,
+and a zero-bubble schedule's W takes backward_slots when weight_slots is 0; communication none;
+rendezvous: blocking sends) and checks completeness, dependencies and deadlock freedom. Returns
+ok, problem (a sentence, "" when ok), makespan (slots), bubble (idle fraction of the makespan),
+bubble_rate (idle per busy slot, as the papers state bubbles: (pp-1)/m for 1F1B at
+forward_slots=1, backward_slots=1, weight_slots=1), peak_in_flight (per rank: most forwards
+awaiting their backward, or their W), peak_pending_w (per rank: most Bs awaiting their W) and
+start (per rank, per action: the slot it started in, -1 for communication and never-run
+actions).)doc")
         .def(
             "text", [](const Schedule& s) { return to_text(s); },
-            "The simulated timeline as a grid, one row per rank (F<m>, B<m>, '.' idle).")
+            "The simulated timeline as a grid, one row per rank (F<m>, B<m>, W<m>, '.' idle).")
         .def(
             "actions_text", [](const Schedule& s) { return actions_text(s); },
             "Each rank's list with its communication (>A0:1 sends microbatch 0's activation to "
@@ -388,12 +396,15 @@ per action: the slot it started in, -1 for communication and never-run actions).
     m.def(
         "schedule",
         [](const std::string& kind, int pp, int microbatches, int virtual_stages) {
-            return make_schedule(parse_schedule(kind), pp, microbatches, virtual_stages);
+            const ScheduleKind k = parse_schedule(kind);
+            if (k == ScheduleKind::zbv && virtual_stages == 1) virtual_stages = 2;  // its V
+            return make_schedule(k, pp, microbatches, virtual_stages);
         },
         py::arg("kind") = "1f1b", py::arg("pp") = 2, py::arg("microbatches") = 4,
         py::arg("virtual_stages") = 1, R"doc(
-A pipeline schedule: kind "gpipe", "1f1b" or "interleaved" (virtual_stages >= 2 model chunks per
-rank, microbatches a multiple of pp), over pp ranks and that many microbatches per step.
+A pipeline schedule: kind "gpipe", "1f1b", "interleaved" (virtual_stages >= 2 model chunks per
+rank, microbatches a multiple of pp), "zb-h1" or "zbv" (zero bubble: each backward split into B
+and W, W deferred; zbv two chunks per rank in a V), over pp ranks and that many microbatches.
 ConfigError when the combination is impossible.
 >>> parallax.schedule("1f1b", pp=4, microbatches=8).simulate()["bubble"]
 0.2727...)doc");

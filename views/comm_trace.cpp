@@ -70,7 +70,8 @@ RunHooks CommTrace::hooks() {
             Rank& k = ranks_[static_cast<size_t>(r)];
             const double t = std::chrono::duration<double>(now - k.start).count();
             if (!done) {
-                k.spans.push_back({a.kind == Action::forward, a.microbatch, a.chunk, t, t});
+                k.spans.push_back({a.kind == Action::forward, a.kind == Action::backward_weight,
+                                   a.microbatch, a.chunk, t, t});
             } else if (!k.spans.empty()) {
                 k.spans.back().t1 = t;
             }
@@ -203,10 +204,13 @@ Timeline measured_timeline(const Mesh& mesh, const std::vector<RankStep>& steps,
             b.lane = static_cast<int>(lane);
             b.t0 = off + sp.t0;
             b.t1 = off + std::max(sp.t1, sp.t0);
-            b.kind = sp.forward ? TimelineBar::forward : TimelineBar::backward;
+            b.kind = sp.forward  ? TimelineBar::forward
+                     : sp.weight ? TimelineBar::weight
+                                 : TimelineBar::backward;
             b.microbatch = sp.microbatch;
             char label[32];
-            std::snprintf(label, sizeof label, "%c%d", sp.forward ? 'F' : 'B', sp.microbatch);
+            std::snprintf(label, sizeof label, "%c%d", sp.forward ? 'F' : sp.weight ? 'W' : 'B',
+                          sp.microbatch);
             b.label = label;
             if (l.virtual_stages > 1) b.label += static_cast<char>('a' + sp.chunk % 26);
             busy += b.t1 - b.t0;

@@ -38,7 +38,8 @@ struct CommEvent {
 };
 
 struct ComputeSpan {
-    bool forward = true;    // else the backward
+    bool forward = true;    // else a backward (or B)
+    bool weight = false;    // W of a zero-bubble schedule (forward false)
     int microbatch = 0;     // of this dp rank's share of the step
     int chunk = 0;          // the model chunk (interleaved schedules: virtual stages)
     double t0 = 0, t1 = 0;  // seconds since the rank's step began
@@ -89,7 +90,7 @@ private:
 };
 
 struct TimelineBar {
-    enum Kind { forward, backward, recv_wait, send, collective };
+    enum Kind { forward, backward, recv_wait, send, collective, weight };  // weight: W
     int lane = 0;  // index into Timeline::lanes
     double t0 = 0, t1 = 0;
     Kind kind = forward;

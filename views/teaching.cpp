@@ -17,8 +17,10 @@ void ScheduleModel::make() {
     schedule = Schedule{};
     sim = SimResult{};
     try {
-        schedule = make_schedule(parse_schedule(kind), pp, microbatches, virtual_stages);
-        sim = check_schedule(schedule);
+        const ScheduleKind k = parse_schedule(kind);
+        if (k == ScheduleKind::zbv) virtual_stages = 2;  // its V
+        schedule = make_schedule(k, pp, microbatches, virtual_stages);
+        sim = check_schedule(schedule, kUnitFBW);
     } catch (const Error& e) {
         error = e.what();
         schedule = Schedule{};
@@ -29,13 +31,25 @@ double bubble_formula(int pp, int microbatches, int virtual_stages) {
     return (pp - 1.0) / (static_cast<double>(virtual_stages) * microbatches + pp - 1.0);
 }
 
+double bubble_rate_formula(const std::string& kind, int pp, int microbatches,
+                           int virtual_stages) {
+    const double p1 = pp - 1.0, m = microbatches;
+    if (kind == "interleaved") return p1 / (virtual_stages * m);
+    if (kind == "zb-h1") return p1 / (3 * m);
+    if (kind == "zbv") return p1 / (6 * m);
+    return p1 / m;
+}
+
 std::string compute_label(const Action& a, int virtual_stages) {
     char buf[32];
+    const char letter = a.kind == Action::forward           ? 'F'
+                        : a.kind == Action::backward_weight ? 'W'
+                                                            : 'B';
     if (virtual_stages > 1)
-        std::snprintf(buf, sizeof buf, "%c%d%c", a.kind == Action::forward ? 'F' : 'B',
-                      a.microbatch, static_cast<char>('a' + a.chunk % 26));
+        std::snprintf(buf, sizeof buf, "%c%d%c", letter, a.microbatch,
+                      static_cast<char>('a' + a.chunk % 26));
     else
-        std::snprintf(buf, sizeof buf, "%c%d", a.kind == Action::forward ? 'F' : 'B', a.microbatch);
+        std::snprintf(buf, sizeof buf, "%c%d", letter, a.microbatch);
     return buf;
 }
 

@@ -6,6 +6,7 @@
 // Index
 //   ScheduleModel     make(kind, pp, microbatches, v): the plan, its simulation, the bubble
 //   bubble_formula    (pp-1)/(v·m + pp-1)
+//   bubble_rate_formula  idle per work at F = B = W: 1F1B (pp-1)/m, ZB-H1 (pp-1)/(3m), ...
 //   compute_label     "F3", "B0", and with v > 1 the chunk as a letter: "F3b"
 //   SumRow, NumericsModel   one reduction summed in several orders, against the canonical tree
 #pragma once
@@ -22,7 +23,7 @@ struct ScheduleModel {
     std::string kind = "1f1b";
     int pp = 4, microbatches = 8, virtual_stages = 1;
     Schedule schedule;
-    SimResult sim;
+    SimResult sim;  // at F = B = W = one slot (kUnitFBW)
     std::string error;  // the library's message when the combination is impossible
     // Rebuilds from the fields above (error set, schedule empty, when it cannot be made).
     void make();
@@ -31,6 +32,11 @@ struct ScheduleModel {
 // The idle fraction of GPipe and 1F1B with unit forward and backward, and of interleaved 1F1B
 // with v chunks: (pp - 1) / (v·m + pp - 1).
 double bubble_formula(int pp, int microbatches, int virtual_stages);
+
+// Idle time per unit of work, as the papers state each schedule's bubble with F = B = W (a
+// whole backward 2): GPipe and 1F1B (pp-1)/m, interleaved (pp-1)/(v·m), ZB-H1 (pp-1)/(3m), ZBV
+// (pp-1)/(6m) (its chunks are half a stage; the first microbatch's way down the V; m >= pp).
+double bubble_rate_formula(const std::string& kind, int pp, int microbatches, int virtual_stages);
 
 std::string compute_label(const Action& a, int virtual_stages);
 

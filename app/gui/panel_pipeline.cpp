@@ -22,6 +22,8 @@ ImU32 bar_colour(TimelineBar::Kind k) {
             return plot::kBlue;
         case TimelineBar::backward:
             return plot::kOrange;
+        case TimelineBar::weight:
+            return plot::kGreen;
         case TimelineBar::recv_wait:
             return IM_COL32(90, 90, 100, 255);
         case TimelineBar::send:
@@ -35,7 +37,8 @@ ImU32 bar_colour(TimelineBar::Kind k) {
 void legend() {
     const std::pair<TimelineBar::Kind, const char*> items[] = {
         {TimelineBar::forward, "forward"},
-        {TimelineBar::backward, "backward"},
+        {TimelineBar::backward, "backward (B: input gradient, under zb-h1 and zbv)"},
+        {TimelineBar::weight, "W: weight gradients, deferred (zb-h1, zbv)"},
         {TimelineBar::recv_wait, "waiting in a receive"},
         {TimelineBar::send, "send posted"},
         {TimelineBar::collective, "collective of dp, tp, cp or ep (thin band)"}};
@@ -65,16 +68,18 @@ void draw_pipeline_panel(const RunData& d, PipelinePanelState& s) {
     }
     const Mesh mesh(layout, Mesh::Validated{});
     const Schedule plan = mesh.schedule();
-    const SimResult sim = check_schedule(plan);
+    const SimResult sim = check_schedule(plan, kUnitFBW);
     ImGui::Text("%s, pp = %d, %d microbatches%s", schedule_name(layout.schedule), layout.pp,
                 layout.microbatches,
                 layout.virtual_stages > 1
                     ? (", v = " + std::to_string(layout.virtual_stages)).c_str()
                     : "");
     ImGui::Text(
-        "bubble by formula (pp-1)/(v*m+pp-1): %.1f%%   planned (unit-time simulation): %.1f%%",
-        100 * bubble_formula(layout.pp, layout.microbatches, layout.virtual_stages),
-        100 * sim.bubble);
+        "idle per work by the paper's formula: %.1f%%   planned (F = B = W = 1 slot): %.1f%% "
+        "(%.1f%% of the makespan)",
+        100 * bubble_rate_formula(schedule_name(layout.schedule), layout.pp, layout.microbatches,
+                                  layout.virtual_stages),
+        100 * sim.bubble_rate, 100 * sim.bubble);
     legend();
     const float h = ImGui::GetContentRegionAvail().y;
     // Measured.
@@ -108,7 +113,7 @@ void draw_pipeline_panel(const RunData& d, PipelinePanelState& s) {
         empty_state(tl.problem.c_str());
     }
     // The plan, in unit slots.
-    ImGui::Text("plan (forward and backward one slot each): %d slots", sim.makespan);
+    ImGui::Text("plan (F, B and W one slot each, a whole backward two): %d slots", sim.makespan);
     std::vector<std::string> lanes;
     std::vector<plot::GanttBar> bars;
     for (int p = 0; p < plan.pp; p++) {
@@ -118,8 +123,11 @@ void draw_pipeline_panel(const RunData& d, PipelinePanelState& s) {
             const Action& a = acts[i];
             const int s0 = sim.start.empty() ? -1 : sim.start[static_cast<size_t>(p)][i];
             if (!a.is_compute() || s0 < 0) continue;
-            const bool f = a.kind == Action::forward;
-            bars.push_back({p, static_cast<double>(s0), s0 + 1.0, f ? plot::kBlue : plot::kOrange,
+            const ImU32 c = a.kind == Action::forward           ? plot::kBlue
+                            : a.kind == Action::backward_weight ? plot::kGreen
+                                                                : plot::kOrange;
+            bars.push_back({p, static_cast<double>(s0),
+                            static_cast<double>(s0 + slots_of(a, kUnitFBW)), c,
                             compute_label(a, plan.virtual_stages)});
         }
     }

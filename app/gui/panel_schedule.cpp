@@ -11,14 +11,19 @@ namespace px::gui {
 
 void draw_schedule_panel(const RunData&, SchedulePanelState& s) {
     ScheduleModel& m = s.model;
-    static const char* const kinds[] = {"gpipe", "1f1b", "interleaved"};
-    int kind = m.kind == "gpipe" ? 0 : m.kind == "interleaved" ? 2 : 1;
+    constexpr int n = static_cast<int>(std::size(kScheduleKinds));
+    const char* kinds[n];
+    int kind = 1;
+    for (int i = 0; i < n; i++) {
+        kinds[i] = schedule_name(kScheduleKinds[i]);
+        if (m.kind == kinds[i]) kind = i;
+    }
     bool changed = !s.made;
     ImGui::SetNextItemWidth(ImGui::GetFontSize() * 8);
-    if (ImGui::Combo("schedule", &kind, kinds, 3)) {
+    if (ImGui::Combo("schedule", &kind, kinds, n)) {
         m.kind = kinds[kind];
-        if (kind == 2 && m.virtual_stages < 2) m.virtual_stages = 2;
-        if (kind != 2) m.virtual_stages = 1;
+        const int chunks = chunks_required(kScheduleKinds[kind]);
+        m.virtual_stages = chunks > 0 ? chunks : std::max(m.virtual_stages, 2);
         changed = true;
     }
     const float fw = ImGui::GetFontSize() * 5.5f;
@@ -44,10 +49,10 @@ void draw_schedule_panel(const RunData&, SchedulePanelState& s) {
     }
     const SimResult& sim = m.sim;
     ImGui::Text(
-        "%d slots; bubble %.1f%% simulated, %.1f%% by (pp-1)/(v*m+pp-1); peak forwards in flight "
-        "on rank 0: %d",
-        sim.makespan, 100 * sim.bubble,
-        100 * bubble_formula(m.pp, m.microbatches, m.virtual_stages),
+        "F = B = W = 1 slot: %d slots; idle per work %.1f%% simulated, %.1f%% by the paper's "
+        "formula; peak forwards in flight on rank 0: %d",
+        sim.makespan, 100 * sim.bubble_rate,
+        100 * bubble_rate_formula(m.kind, m.pp, m.microbatches, m.virtual_stages),
         sim.peak_in_flight.empty() ? 0 : sim.peak_in_flight[0]);
     if (!sim.ok()) ImGui::TextColored(ImVec4(1, 0.45f, 0.4f, 1), "%s", sim.problem.c_str());
     int slot = s.slot < 0 ? sim.makespan : s.slot;
@@ -67,12 +72,14 @@ void draw_schedule_panel(const RunData&, SchedulePanelState& s) {
             const Action& a = acts[i];
             const int s0 = sim.start[static_cast<size_t>(p)][i];
             if (!a.is_compute() || s0 < 0) continue;
-            const bool f = a.kind == Action::forward;
             const bool done = s0 < slot;
-            ImU32 c = f ? plot::kBlue : plot::kOrange;
+            ImU32 c = a.kind == Action::forward           ? plot::kBlue
+                      : a.kind == Action::backward_weight ? plot::kGreen
+                                                          : plot::kOrange;
             if (!done) c = (c & 0x00FFFFFF) | 0x40000000;
             const std::string label = compute_label(a, m.virtual_stages);
-            bars.push_back({p, static_cast<double>(s0), s0 + 1.0, c, label});
+            bars.push_back({p, static_cast<double>(s0),
+                            static_cast<double>(s0 + slots_of(a, kUnitFBW)), c, label});
             if (s0 == slot - 1) now += "  rank " + std::to_string(p) + ": " + action_text(a);
         }
     }

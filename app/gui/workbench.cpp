@@ -534,7 +534,8 @@ void Workbench::print_state() {
         const Timeline tl = measured_timeline(data_.trace->mesh(), data_.trace->last_steps());
         std::vector<int> bars(tl.lanes.size(), 0);
         for (const TimelineBar& b : tl.bars)
-            if (b.kind == TimelineBar::forward || b.kind == TimelineBar::backward)
+            if (b.kind == TimelineBar::forward || b.kind == TimelineBar::backward ||
+                b.kind == TimelineBar::weight)
                 bars[static_cast<size_t>(b.lane)]++;
         for (size_t i = 0; i < tl.lanes.size(); i++)
             pipe["lanes"].push_back({{"name", tl.lanes[i]}, {"compute_bars", bars[i]}});

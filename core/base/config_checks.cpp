@@ -534,7 +534,7 @@ void check_config(const Config& c) {
     one_of("layout.cp_method", l.cp_method, {"ring", "ulysses"});
     if (l.zero < 0 || l.zero > 3) throw out_of_range("layout.zero", std::to_string(l.zero), "in 0..3");
     at_least("layout.microbatches", l.microbatches, 0);
-    one_of("layout.schedule", l.schedule, {"gpipe", "1f1b", "interleaved"});
+    one_of("layout.schedule", l.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv"});
     at_least("layout.virtual_stages", l.virtual_stages, 1);
     one_of("layout.recompute", l.recompute, {"none", "full"});
     one_of("layout.comm", l.comm, {"auto", "canonical", "ring"});
@@ -600,7 +600,11 @@ void check_config(const Config& c) {
         throw Problem{{"train.microbatches", "train.batch_size"},
                       "train.microbatches=" + std::to_string(t.microbatches) + " does not divide train.batch_size=" +
                           std::to_string(t.batch_size) + ": every microbatch must hold the same number of sequences"};
-    if (l.virtual_stages > 1 && l.schedule != "interleaved")
+    if (l.schedule == "zbv" && l.virtual_stages > 2)
+        throw Problem{{"layout.virtual_stages", "layout.schedule"},
+                      "layout.schedule = \"zbv\" runs two model chunks per rank (a V), got layout.virtual_stages=" +
+                          std::to_string(l.virtual_stages) + ": leave it out or set it to 2"};
+    if (l.virtual_stages > 1 && l.schedule != "interleaved" && l.schedule != "zbv")
         throw Problem{{"layout.virtual_stages", "layout.schedule"},
                       "layout.virtual_stages=" + std::to_string(l.virtual_stages) + " needs layout.schedule = " +
                           "\"interleaved\", got " + quote(l.schedule) +

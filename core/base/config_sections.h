@@ -83,8 +83,8 @@ struct LayoutConfig {
                                      // share out each MoE layer's experts
     int zero = 0;                    // ZeRO stage 0..3 over the dp ranks
     int microbatches = 0;            // per dp rank and step; when > 0 overrides train.microbatches
-    std::string schedule = "1f1b";   // pipeline schedule: "gpipe", "1f1b" or "interleaved"
-    int virtual_stages = 1;          // v, model chunks per pp rank; >= 2 only with "interleaved"
+    std::string schedule = "1f1b";   // pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, zbv
+    int virtual_stages = 1;          // v, model chunks per pp rank; >= 2 with interleaved, zbv 2
     std::string recompute = "none";  // activation recomputation: "none" or "full" (per block)
     bool sequence_parallel = false;  // tp > 1: residual stream and LayerNorms sharded by tokens
                                      // (all-gather / reduce-scatter around the tp linears)

@@ -46,11 +46,22 @@ void LayerOps::linear_backward(std::span<const TokenNode> nodes, Linear l, const
                                const Tensor& dweight, const Tensor* dbias, const Tensor& dout,
                                const Tensor& inp, const Tensor& weight, bool whole) const {
     Fp8Scaling* const fp8 = layout_.fp8;
-    if (const int g = fp8 ? fp8->gemm_of(weight.id) : -1; g >= 0)
+    const ParallelLayers* layers = whole ? nullptr : layout_.layers;
+    if (const int g = fp8 ? fp8->gemm_of(weight.id) : -1; g >= 0) {
         fp8_linears().backward(g, nodes, l, dinp, dweight, dbias, dout, inp, weight);
-    else
-        linear_backward_rows(whole ? nullptr : layout_.layers, nx_, nodes, l, &dinp, dweight, dbias,
-                             dout, inp, weight);
+    } else if (WeightGradQueue* q = layout_.defer) {
+        // B: dinp now. W: the weight gradients from a copy of dout (backward scratch).
+        const Tensor none{};
+        linear_backward_rows(layers, nx_, nodes, l, &dinp, none, nullptr, dout, inp, weight);
+        q->defer([=, &nx = nx_, nodes = std::vector<TokenNode>(nodes.begin(), nodes.end()),
+                  dout = q->keep(dout), inp = q->input(inp),
+                  db = dbias ? *dbias : Tensor{}] {
+            linear_backward_rows(layers, nx, nodes, l, nullptr, dweight, db.data ? &db : nullptr,
+                                 dout, inp, weight);
+        });
+    } else {
+        linear_backward_rows(layers, nx_, nodes, l, &dinp, dweight, dbias, dout, inp, weight);
+    }
 }
 
 void linear_backward_rows(const ParallelLayers* layers, const Numerics& nx,
@@ -64,11 +75,13 @@ void linear_backward_rows(const ParallelLayers* layers, const Numerics& nx,
         else
             ops::matmul_backward(nx, di, dw, db, d, i, weight);
     };
+    const bool weights = dweight.data != nullptr;  // none: dinp alone (a deferring B)
     if (nodes.size() == 1) {
-        backward(dinp, &dweight, dbias, dout, inp);
+        backward(dinp, weights ? &dweight : nullptr, weights ? dbias : nullptr, dout, inp);
         return;
     }
-    backward(dinp, nullptr, nullptr, dout, inp);
+    if (dinp) backward(dinp, nullptr, nullptr, dout, inp);
+    if (!weights) return;
     const i64 BT = inp.numel() / inp.shape[inp.ndim - 1];
     for (size_t n = 0; n < nodes.size(); n++) {
         const Tensor dw = in_node(dweight, nodes, n);
@@ -95,12 +108,69 @@ void LayerOps::layernorm_forward(const Tensor& out, const Tensor& mean, const Te
                            token_view(rstd, r, BT), token_view(inp, r, BT), weight, bias);
 }
 
+// A norm's weight (and bias) gradients, node by node over the node's rows: under sequence
+// parallelism through `layers` (this rank's token rows; a LayerNorm when mean has data, else an
+// RMSNorm), else the kernels on the node's rows (an RMSNorm's rows may be (B,T,G,C): G per token).
+// Free of LayerOps, whose pass may end before a deferred W runs.
+namespace {
+void norm_weight_grads(const ParallelLayers* layers, bool sp, const Numerics& nx,
+                       std::span<const TokenNode> nodes, const Tensor& dweight, const Tensor* dbias,
+                       const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                       const Tensor& mean, const Tensor& rstd) {
+    const bool rms = mean.data == nullptr;
+    const i64 BT = rstd.numel();
+    if (!sp && rms && nodes.size() == 1) {  // (B,T) or (B,T,G) statistics, whole
+        ops::rmsnorm_backward(nx, nullptr, &dweight, dout, inp, weight, rstd);
+        return;
+    }
+    const i64 G = rms && inp.ndim == 4 ? inp.shape[2] : 1, C = inp.shape[inp.ndim - 1];
+    for (size_t n = 0; n < nodes.size(); n++) {
+        const i64 lo = nodes[n].lo, hi = nodes[n].hi;
+        const Tensor dw = in_node(dweight, nodes, n);
+        const Tensor db = dbias ? in_node(*dbias, nodes, n) : Tensor{};
+        if (sp) {
+            layers->layernorm_backward(nullptr, &dw, dbias ? &db : nullptr, dout, inp, weight,
+                                       mean, rstd, lo, hi);
+        } else if (rms) {
+            ops::rmsnorm_backward(nx, nullptr, &dw, subview(dout, lo * G * C, {1, hi - lo, G, C}),
+                                  subview(inp, lo * G * C, {1, hi - lo, G, C}), weight,
+                                  subview(rstd, lo * G, {1, hi - lo, G}));
+        } else {
+            ops::layernorm_backward(nx, nullptr, &dw, &db, node_rows(dout, lo, hi, BT),
+                                    node_rows(inp, lo, hi, BT), weight,
+                                    node_rows(mean, lo, hi, BT), node_rows(rstd, lo, hi, BT));
+        }
+    }
+}
+}  // namespace
+
+// The weight gradients of a norm after its dinp: now, or (a deferring B) kept for W with copies
+// of what the backward's scratch or a recompute would overwrite.
+void LayerOps::norm_weights(std::span<const TokenNode> nodes, const Tensor& dweight,
+                            const Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                            const Tensor& weight, const Tensor& mean, const Tensor& rstd) const {
+    const ParallelLayers* layers = layout_.layers;
+    const bool sp = layout_.sp;
+    WeightGradQueue* q = layout_.defer;
+    if (!q) {
+        norm_weight_grads(layers, sp, nx_, nodes, dweight, dbias, dout, inp, weight, mean, rstd);
+        return;
+    }
+    q->defer([=, &nx = nx_, nodes = std::vector<TokenNode>(nodes.begin(), nodes.end()),
+              dout = q->keep(dout), inp = q->input(inp),
+              mean = mean.data ? q->input(mean) : Tensor{}, rstd = q->input(rstd),
+              db = dbias ? *dbias : Tensor{}] {
+        norm_weight_grads(layers, sp, nx, nodes, dweight, db.data ? &db : nullptr, dout, inp,
+                          weight, mean, rstd);
+    });
+}
+
 void LayerOps::layernorm_backward(std::span<const TokenNode> nodes, const Tensor& dinp,
                                   const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                                   const Tensor& inp, const Tensor& weight, const Tensor& mean,
                                   const Tensor& rstd) const {
     const i64 BT = mean.numel();
-    if (nodes.size() == 1) {
+    if (nodes.size() == 1 && !layout_.defer) {
         if (layout_.sp)
             layout_.layers->layernorm_backward(&dinp, &dweight, &dbias, dout, inp, weight, mean,
                                                rstd, 0, BT);
@@ -113,17 +183,7 @@ void LayerOps::layernorm_backward(std::span<const TokenNode> nodes, const Tensor
                                            0, BT);
     else
         ops::layernorm_backward(nx_, &dinp, nullptr, nullptr, dout, inp, weight, mean, rstd);
-    for (size_t n = 0; n < nodes.size(); n++) {
-        const i64 lo = nodes[n].lo, hi = nodes[n].hi;
-        const Tensor dw = in_node(dweight, nodes, n), db = in_node(dbias, nodes, n);
-        if (layout_.sp)
-            layout_.layers->layernorm_backward(nullptr, &dw, &db, dout, inp, weight, mean, rstd, lo,
-                                               hi);
-        else
-            ops::layernorm_backward(nx_, nullptr, &dw, &db, node_rows(dout, lo, hi, BT),
-                                    node_rows(inp, lo, hi, BT), weight, node_rows(mean, lo, hi, BT),
-                                    node_rows(rstd, lo, hi, BT));
-    }
+    norm_weights(nodes, dweight, &dbias, dout, inp, weight, mean, rstd);
 }
 
 void LayerOps::residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) const {
@@ -152,47 +212,39 @@ void LayerOps::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tens
 void LayerOps::rmsnorm_backward(std::span<const TokenNode> nodes, const Tensor& dinp,
                                 const Tensor& dweight, const Tensor& dout, const Tensor& inp,
                                 const Tensor& weight, const Tensor& rstd) const {
-    if (layout_.sp) {  // as layernorm_backward: the rank's token rows, weights node by node
-        const i64 BT = rstd.numel();
-        const Tensor none{};
-        if (nodes.size() == 1) {
+    const Tensor none{};  // an RMSNorm: no mean, no bias
+    if (nodes.size() == 1 && !layout_.defer) {
+        if (layout_.sp)
             layout_.layers->layernorm_backward(&dinp, &dweight, nullptr, dout, inp, weight, none,
-                                               rstd, 0, BT);
-            return;
-        }
+                                               rstd, 0, rstd.numel());
+        else
+            ops::rmsnorm_backward(nx_, dinp, dweight, dout, inp, weight, rstd);
+        return;
+    }
+    if (layout_.sp)  // as layernorm_backward: the rank's token rows, weights node by node
         layout_.layers->layernorm_backward(&dinp, nullptr, nullptr, dout, inp, weight, none, rstd,
-                                           0, BT);
-        for (size_t n = 0; n < nodes.size(); n++) {
-            const Tensor dw = in_node(dweight, nodes, n);
-            layout_.layers->layernorm_backward(nullptr, &dw, nullptr, dout, inp, weight, none,
-                                               rstd, nodes[n].lo, nodes[n].hi);
-        }
-        return;
-    }
-    if (nodes.size() == 1) {
-        ops::rmsnorm_backward(nx_, dinp, dweight, dout, inp, weight, rstd);
-        return;
-    }
-    ops::rmsnorm_backward(nx_, &dinp, nullptr, dout, inp, weight, rstd);
-    rmsnorm_weight_grad(nodes, dweight, dout, inp, weight, rstd);
+                                           0, rstd.numel());
+    else
+        ops::rmsnorm_backward(nx_, &dinp, nullptr, dout, inp, weight, rstd);
+    norm_weights(nodes, dweight, nullptr, dout, inp, weight, none, rstd);
 }
 
 void LayerOps::rmsnorm_weight_grad(std::span<const TokenNode> nodes, const Tensor& dweight,
                                    const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                    const Tensor& rstd) const {
-    if (nodes.size() == 1) {
-        ops::rmsnorm_backward(nx_, nullptr, &dweight, dout, inp, weight, rstd);
+    // On whole tensors (never sequence-parallel rows): a per-head norm's (B,T,G,C) rows.
+    const ParallelLayers* layers = layout_.layers;
+    if (!layout_.defer) {
+        norm_weight_grads(layers, false, nx_, nodes, dweight, nullptr, dout, inp, weight, Tensor{},
+                          rstd);
         return;
     }
-    // a node's rows: token rows of G rows each (rstd (B,T) or (B,T,G))
-    const i64 G = inp.ndim == 4 ? inp.shape[2] : 1, C = inp.shape[inp.ndim - 1];
-    for (size_t n = 0; n < nodes.size(); n++) {
-        const i64 lo = nodes[n].lo, hi = nodes[n].hi;
-        const Tensor dw = in_node(dweight, nodes, n);
-        ops::rmsnorm_backward(nx_, nullptr, &dw, subview(dout, lo * G * C, {1, hi - lo, G, C}),
-                              subview(inp, lo * G * C, {1, hi - lo, G, C}), weight,
-                              subview(rstd, lo * G, {1, hi - lo, G}));
-    }
+    WeightGradQueue* q = layout_.defer;
+    q->defer([=, &nx = nx_, nodes = std::vector<TokenNode>(nodes.begin(), nodes.end()),
+              dout = q->keep(dout), inp = q->input(inp), rstd = q->input(rstd)] {
+        norm_weight_grads(layers, false, nx, nodes, dweight, nullptr, dout, inp, weight, Tensor{},
+                          rstd);
+    });
 }
 
 std::vector<i64> LayerOps::positions(i64 T) const {

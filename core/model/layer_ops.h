@@ -15,6 +15,7 @@
 //                         plain kernels
 #pragma once
 #include "core/model/model.h"
+#include "core/model/weight_grads.h"
 
 #include <span>
 #include <vector>
@@ -32,6 +33,10 @@ public:
         Fp8Scaling* fp8 = nullptr;                // null: no fp8 matmuls
         ProbeSink* probes = nullptr;              // null: nothing is probed
         const ProbeContext* probe_ctx = nullptr;  // step and batch rows of the probes; may be null
+        // Non-null: the backward computes input gradients only, and the linears' and norms'
+        // weight gradients wait in the queue (a zero-bubble schedule's W). fp8 linears compute
+        // theirs at once (their casts' scales move with every call).
+        WeightGradQueue* defer = nullptr;
     };
     LayerOps(const GPT& model, const Layout& layout)
         : model_(model), nx_(model.numerics()), layout_(layout) {}
@@ -117,6 +122,10 @@ public:
     }
 
 private:
+    // A norm's weight gradients after its dinp: now, or kept in layout_.defer.
+    void norm_weights(std::span<const TokenNode> nodes, const Tensor& dweight, const Tensor* dbias,
+                      const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                      const Tensor& mean, const Tensor& rstd) const;
     void offer_probe(const char* phase, int layer, const char* op, const char* tensor,
                      const Tensor& t, ProbeSplit split) const;
     ShardSpec context_pieces(const ShardSpec& local) const;  // local rows -> logical positions
@@ -126,8 +135,8 @@ private:
     Layout layout_;
 };
 
-// After any casts: dinp (null: none) over all rows, the weight gradients once per node over the
-// node's rows, in nx (the model's numerics, or the fp8 linears'), through `layers` (null: the
+// After any casts: dinp (null: none) over all rows, the weight gradients (dweight without
+// data: none) once per node over the node's rows, in nx (the model's numerics, or the fp8 linears'), through `layers` (null: the
 // plain kernels).
 void linear_backward_rows(const ParallelLayers* layers, const Numerics& nx,
                           std::span<const TokenNode> nodes, Linear l, const Tensor* dinp,

@@ -289,14 +289,15 @@ void GPT::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tenso
     run(view_f32(d.data(), {seqs, T, C}, "dencoded"), tok.data(), first - base, first - base + n);
 }
 
-LayerOps GPT::layer_ops() const {
+LayerOps GPT::layer_ops(WeightGradQueue* defer) const {
     return LayerOps(*this, {.dims = dims_,
                             .layers = layers_.get(),
                             .sp = sp_,
                             .context = context_.get(),
                             .fp8 = fp8_.get(),
                             .probes = probes_,
-                            .probe_ctx = probe_ctx_});
+                            .probe_ctx = probe_ctx_,
+                            .defer = defer});
 }
 
 void GPT::forward(Activations& a, int chunk, const int* tokens, const int* targets) const {
@@ -354,9 +355,12 @@ void GPT::backward(Activations& a, int chunk, float* grads, const int* tokens, c
 }
 
 void GPT::backward(Activations& a, int chunk, std::span<const TokenNode> nodes, const int* tokens,
-                   const int* targets, float dloss) const {
+                   const int* targets, float dloss, WeightGradQueue* defer) const {
     const Numerics& nx = nx_;
-    const LayerOps ops = layer_ops();
+    PX_ASSERT(!defer || (!hooks_ && defer->empty()),
+              "a deferring backward under unit hooks, or on a queue not yet run");
+    if (defer) defer->keep_inputs = a.shape().recompute;
+    const LayerOps ops = layer_ops(defer);
     const MoeLayer moe(ops, experts_.get(), router_stats_);
     const std::unique_ptr<Block> block = make_block(ops, moe, logit_max_);
     const LayerSpan layers = part_.chunks[static_cast<size_t>(chunk)];

@@ -35,7 +35,8 @@
 
 namespace px {
 
-class LayerOps;  // core/model/layer_ops.h
+class LayerOps;         // core/model/layer_ops.h
+class WeightGradQueue;  // core/model/weight_grads.h
 
 // A gradient buffer holds one gradient per parameter, laid out as the ParamTable, then the LM
 // head's contribution to wte kept apart (V,C): wte is used twice, and the two token reductions
@@ -172,9 +173,12 @@ public:
     // every weight gradient is computed once per node, over the node's rows alone, into the
     // node's buffer; input gradients once over all rows. Each node's gradients are then bit for
     // bit those of a microbatch of exactly its rows. Not under unit hooks (the layout check
-    // runs such layouts dp-major).
+    // runs such layouts dp-major). With `defer`, the B of a zero-bubble schedule: the input
+    // gradients and the weight gradients that cannot wait (embedding, LM head, MoE experts, fp8
+    // linears); the linears' and norms' weight gradients wait in the queue until defer->run()
+    // (core/model/weight_grads.h), which fills the same buffers with the same bits.
     void backward(Activations& a, int chunk, std::span<const TokenNode> nodes, const int* tokens,
-                  const int* targets, float dloss) const;
+                  const int* targets, float dloss, WeightGradQueue* defer = nullptr) const;
 
     // ---- the whole model on one device ------------------------------------------------------
     // tokens, targets (B,T). Fills the per-token losses (B,T) (the mean is the caller's, since
@@ -198,7 +202,7 @@ private:
     bool has_embedding(int chunk) const { return chunk == 0 && part_.embedding; }
     bool has_head(int chunk) const { return chunk == num_chunks() - 1 && part_.head; }
     // The ops its layers run on (core/model/layer_ops.h), from the current settings.
-    LayerOps layer_ops() const;
+    LayerOps layer_ops(WeightGradQueue* defer = nullptr) const;
     // The embedding of the rows of `out` (B,T,C) / its backward over one token node, at their
     // logical positions (context parallelism: runs of the sequence; otherwise rows mod T).
     void embedding_forward(const Tensor& out, const int* tokens) const;

@@ -21,7 +21,9 @@ MemorySizes memory_sizes(const Config& c) {
     s.KVH = double(m.kv_head_count()), s.HS = double(m.head_size());
     s.kv_split = kv_split(m, c.layout.tp);
     s.model = m;
-    s.tp = c.layout.tp, s.pp = c.layout.pp, s.v = c.layout.virtual_stages, s.S = s.pp * s.v;
+    s.tp = c.layout.tp, s.pp = c.layout.pp, s.v = c.layout.virtual_stages;
+    if (c.layout.schedule == "zbv" && s.pp > 1) s.v = 2;  // its V, as make_layout sets it
+    s.S = s.pp * s.v;
     s.dp = c.layout.dp;
     s.cp = c.layout.cp;
     s.ep = c.layout.ep;

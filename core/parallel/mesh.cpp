@@ -92,6 +92,8 @@ Layout make_layout(const LayoutConfig& lc, const ModelConfig& mc, const TrainCon
     }
     l.schedule = parse_schedule(lc.schedule);
     l.virtual_stages = lc.virtual_stages;
+    // zbv's V runs two chunks per rank: layout.virtual_stages may stay at its default of 1.
+    if (l.schedule == ScheduleKind::zbv && l.virtual_stages == 1 && lc.pp > 1) l.virtual_stages = 2;
     if (lc.recompute == "none")
         l.recompute = Recompute::none;
     else if (lc.recompute == "full")
@@ -183,7 +185,17 @@ void validate_layout(const Layout& l) {
 
     // Schedule and collectives.
     const bool interleaved = l.schedule == ScheduleKind::interleaved;
-    if (l.virtual_stages > 1 && !interleaved)
+    const bool vee = l.schedule == ScheduleKind::zbv;
+    if (vee && l.pp > 1 && l.virtual_stages != 2)
+        throw ConfigError("layout.schedule = \"zbv\" runs two model chunks per rank (a V), got "
+                          "layout.virtual_stages=" +
+                          str(l.virtual_stages) + ": leave it out or set it to 2");
+    if (splits_backward(l.schedule) && l.zero >= 2 && l.pp > 1)
+        throw ConfigError("layout.schedule = \"" + std::string(schedule_name(l.schedule)) +
+                          "\" defers weight gradients, which ZeRO-" + str(l.zero) +
+                          " reduce-scatters as each layer's backward ends: use layout.zero = 0 "
+                          "or 1 with it, or layout.schedule = \"1f1b\"");
+    if (l.virtual_stages > 1 && !interleaved && !vee)
         throw ConfigError(
             "layout.virtual_stages=" + str(l.virtual_stages) +
             " needs layout.schedule = \"interleaved\", got \"" + schedule_name(l.schedule) +
@@ -290,6 +302,10 @@ void validate_layout(const Layout& l) {
     if (l.pp > l.layers)
         throw ConfigError("layout.pp=" + str(l.pp) + " is more than model.layers=" + str(l.layers) +
                           " (each pipeline stage needs at least one layer)");
+    if (vee && l.pp > 1 && 2 * static_cast<i64>(l.pp) > l.layers)
+        throw ConfigError("layout.schedule = \"zbv\" cuts the model into 2 × layout.pp = " +
+                          str(2 * static_cast<i64>(l.pp)) + " chunks, more than model.layers=" +
+                          str(l.layers) + " (each chunk needs at least one layer)");
     if (interleaved && l.layers % (static_cast<i64>(l.pp) * l.virtual_stages) != 0)
         throw ConfigError(
             "the interleaved schedule needs model.layers divisible by "
@@ -491,7 +507,8 @@ void Mesh::require_world_size(int ranks) const {
 LayerRange Mesh::layers(int pp_rank, int chunk) const {
     PX_ASSERT(pp_rank >= 0 && pp_rank < l_.pp && chunk >= 0 && chunk < l_.virtual_stages,
               "stage out of range");
-    const i64 S = l_.num_stages(), L = l_.layers, k = stage_of(pp_rank, chunk, l_.pp);
+    const i64 S = l_.num_stages(), L = l_.layers,
+              k = stage_of(pp_rank, chunk, l_.pp, placement_of(l_.schedule));
     auto boundary = [&](i64 j) { return static_cast<int>((j * L + S - 1) / S); };  // ceil(j·L/S)
     return {boundary(k), boundary(k + 1)};
 }

@@ -97,6 +97,9 @@ struct Layout {
     int world_size() const { return dp * pp * cp * tp; }
     i64 local_seq_len() const { return seq_len / cp; }  // a cp rank's tokens of a sequence
     int num_stages() const { return pp * virtual_stages; }  // virtual stages S
+    // The pp rank of virtual stage k (the schedule's placement: looped, or zbv's V).
+    int stage_rank(int k) const { return rank_of_stage(k, pp, placement_of(schedule)); }
+    int last_stage_rank() const { return stage_rank(num_stages() - 1); }  // holds the loss
     // Sequences per microbatch, and the leaves of the batch's token tree.
     i64 microbatch_size() const { return batch_size / (static_cast<i64>(dp) * microbatches); }
     i64 token_blocks() const { return num_blocks(batch_size * seq_len, block); }

@@ -87,7 +87,7 @@ struct RankSetup {
     i64 local_B = 0;   // of a replica's step: micro_B · microbatches
 
     bool first_stage() const { return at.pp == 0; }
-    bool last_stage() const { return at.pp == layout.pp - 1; }
+    bool last_stage() const { return at.pp == layout.last_stage_rank(); }  // the loss's stage
     // The owners of the batch's tokens over which gradients and losses reduce: the dp group, or
     // the dp × cp ranks under context parallelism.
     comm::Communicator* data_group() const { return layout.cp > 1 ? groups.data : groups.dp; }

@@ -161,14 +161,23 @@ void Job::forward(const Action& a, Activations& acts, bool last) {
     compute_hooks(a, true);
 }
 
-void Job::backward(const Action& a, Activations& acts) {
+void Job::backward(const Action& a, Activations& acts, WeightGradQueue* defer) {
     const int c = a.chunk, m = a.microbatch;
     compute_hooks(a, false);
     set_probe_rows(m);
     for (auto& p : parts_) p->begin_backward(c, m);
     data_->backward(*model_, acts, c, m,
-                    precision_->dloss(rank_.cfg.train.batch_size * rank_.T));  // × the loss scale
+                    precision_->dloss(rank_.cfg.train.batch_size * rank_.T),  // × the loss scale
+                    defer);
     for (auto& p : parts_) p->end_backward(c, m);
+    compute_hooks(a, true);
+}
+
+// W of a zero-bubble schedule: what B of (chunk, microbatch) kept.
+void Job::weight_backward(const Action& a, WeightGradQueue& defer) {
+    compute_hooks(a, false);
+    set_probe_rows(a.microbatch);
+    data_->weight_backward(a.chunk, a.microbatch, defer);
     compute_hooks(a, true);
 }
 
@@ -203,7 +212,10 @@ StepMetrics Job::step() {
     }
     router_.begin(*model_);
     pipeline_->run({[this](const Action& a, Activations& acts, bool last) { forward(a, acts, last); },
-                    [this](const Action& a, Activations& acts) { backward(a, acts); }});
+                    [this](const Action& a, Activations& acts, WeightGradQueue* defer) {
+                        backward(a, acts, defer);
+                    },
+                    [this](const Action& a, WeightGradQueue& defer) { weight_backward(a, defer); }});
     model_->set_probes(nullptr, nullptr);
     if (rank_.cfg.model.is_moe()) emit_values(step_ + 1, router_.end(*model_, rank_.groups));
     if (watch_logits_) {

@@ -196,7 +196,8 @@ private:
     T* add(std::unique_ptr<T> part);   // appended to parts_, in seam order
     void init_weights();
     void forward(const Action& a, Activations& acts, bool last);
-    void backward(const Action& a, Activations& acts);
+    void backward(const Action& a, Activations& acts, WeightGradQueue* defer);
+    void weight_backward(const Action& a, WeightGradQueue& defer);
     void compute_hooks(const Action& a, bool done);  // StepHooks::compute of every hook
     void microbatch_grad(int m, float* grads, i64 lo, i64 hi);  // probes and hooks
     void probe_update();  // the "optim" probes of the step just done

@@ -163,14 +163,18 @@ MemoryEstimate estimate_memory(const Config& cfg, MemoryScope scope, const Memor
         add_group(e.items, s, p, {P, s.L, s.S, 1, s.pp, 1, s.dp * s.cp * s.tp});
         e.ranks = static_cast<i64>(s.dp * s.cp * s.tp * s.pp);  // < 2^31 (validate_config)
     } else {
-        // The larger of the first and the last stage (each with the longest chunks).
+        // The larger of the first and the last stage (each with the longest chunks). zbv's V
+        // puts both on rank 0, as one stage does; its other ranks hold layers alone.
         const double layers = s.v * chunk_layers;
-        const bool one = s.pp == 1;
+        const bool one = s.pp == 1 || s.schedule == "zbv";
         std::vector<MemoryItem> first(kItems), last(kItems);
         add_group(first, s, p,
                   {p.wte + p.wpe + layers * p.layer + (one ? p.lnf : 0), layers, s.v,
                    one ? 1.0 : 0.0, 1, one ? 1.0 : 0.0, 1});
-        add_group(last, s, p, {p.head_wte + p.lnf + layers * p.layer, layers, s.v, 1, 1, 1, 1});
+        if (one)
+            add_group(last, s, p, {layers * p.layer, layers, s.v, 0, 1, 0, 1});
+        else
+            add_group(last, s, p, {p.head_wte + p.lnf + layers * p.layer, layers, s.v, 1, 1, 1, 1});
         double a = 0, b = 0;
         for (size_t i = 0; i < kItems; i++) a += first[i].bytes, b += last[i].bytes;
         for (size_t i = 0; i < kItems; i++) e.items[i].bytes = (a >= b ? first : last)[i].bytes;

@@ -303,7 +303,7 @@ TEST_CASE("values out of range name the key, the value and the rule", "[config]"
         {"[layout]\nzero = -1", "layout.zero = -1 is out of range: must be in 0..3"},
         {"[layout]\nmicrobatches = -1", "layout.microbatches = -1 is out of range: must be >= 0"},
         {"[layout]\nschedule = \"zb\"",
-         "layout.schedule must be \"gpipe\", \"1f1b\" or \"interleaved\", got \"zb\""},
+         "layout.schedule must be \"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\" or \"zbv\", got \"zb\""},
         {"[layout]\nvirtual_stages = 0", "layout.virtual_stages = 0 is out of range: must be >= 1"},
         {"[layout]\nrecompute = \"selective\"",
          "layout.recompute must be \"none\" or \"full\", got \"selective\""},

@@ -196,7 +196,7 @@ TEST_CASE("every schedule runs a chunk's backwards in increasing microbatch orde
         for (int p = 0; p < s.pp; p++) {
             std::vector<int> next(static_cast<size_t>(s.virtual_stages), 0);
             for (const Action& a : s.ranks[static_cast<size_t>(p)])
-                if (a.kind == Action::backward) CHECK(a.microbatch == next[a.chunk]++);
+                if (a.is_input_backward()) CHECK(a.microbatch == next[a.chunk]++);
         }
     };
     for (int pp : {2, 3, 4})
@@ -206,6 +206,10 @@ TEST_CASE("every schedule runs a chunk's backwards in increasing microbatch orde
         }
     for (int m : {2, 4, 8}) check(interleaved_1f1b(2, m, 2));
     check(interleaved_1f1b(4, 8, 2));
+    for (int m : {1, 4, 8}) {
+        check(zb_h1(4, m));
+        check(zbv(4, m));
+    }
 }
 
 TEST_CASE("GPipe and 1F1B at pp2 and pp4 are bit-identical to the single device") {
@@ -786,4 +790,64 @@ TEST_CASE("tp2 × pp2 exports the single device's llm.c file and starts from one
     const State got = pipeline(tp_pp(from, 1, "gpipe", 2), agree);
     check_same(ref, got, agree);
     fs::remove_all(dir);
+}
+
+// ---- zero-bubble schedules --------------------------------------------------------------------
+
+// ZB-H1 and ZBV defer each microbatch's weight gradients (W) past later microbatches' input
+// gradients (B). The bits hold because a microbatch's W lands in its own token nodes and the
+// nodes combine in the token tree, whatever order the Ws come in: with m >= 3 an accumulation in
+// arrival order ((w0 + w1) + w2) would differ from the tree's ((w0 + w1) + (w2 + w3)) and fail.
+TEST_CASE("zero-bubble schedules (ZB-H1, ZBV) are bit-identical to the single device") {
+    const Config four = small_job(4), eight = small_job(8);
+    const State ref4 = single_device(four), ref8 = single_device(eight);
+    for (int m : {1, 2, 4, 8}) check_pipeline(four, ref4, 2, "zb-h1", m);
+    for (int m : {2, 4}) check_pipeline(eight, ref8, 4, "zb-h1", m);
+    for (int m : {1, 2, 4, 8}) check_pipeline(four, ref4, 2, "zbv", m);  // V: 2·2 chunks of 1 layer
+    check_pipeline(eight, ref8, 4, "zbv", 4);
+    check_pipeline(four, ref4, 2, "zb-h1", 4, 1, "full");  // W from kept copies of the inputs
+    check_pipeline(four, ref4, 2, "zbv", 4, 2, "full");
+    // dp2 × pp2 × tp2 with ZeRO-1 and several microbatches per replica.
+    const Config tp = tp_pp_job();
+    const State ref_tp = single_device(tp);
+    for (const char* schedule : {"zb-h1", "zbv"})
+        for (int m : {2, 4}) {
+            bool agree = false;
+            const State got = dp_pipeline(tp_pp(tp, 2, schedule, m, 1), agree);
+            INFO("dp2 tp2 pp2 " << schedule << ", " << m << " microbatches per replica, ZeRO-1");
+            check_same(ref_tp, got, agree);
+        }
+}
+
+TEST_CASE("ZB-H1 holds 1F1B's activation sets on the first stage, each until its W") {
+    Config c = with_layout(small_job(4), 4, "zb-h1", 8);
+    c.train.eval_every = 0;
+    c.train.steps = 1;
+    std::vector<int> sets(4, 0);
+    run_layout(c, {}, test::inspecting([&](Job& job) {
+        sets[static_cast<size_t>(job.pp_rank())] = job.pipeline().activation_sets(0);
+    }));
+    const SimResult sim = check_schedule(zb_h1(4, 8));
+    REQUIRE(sim.ok());
+    for (int p = 0; p < 4; p++) {
+        INFO("rank " << p);
+        // a set per microbatch between its forward and its W (plus one whose gradient was still
+        // being sent when the next forward needed a set)
+        CHECK(sets[static_cast<size_t>(p)] >= sim.peak_in_flight[static_cast<size_t>(p)]);
+        CHECK(sets[static_cast<size_t>(p)] <= sim.peak_in_flight[static_cast<size_t>(p)] + 1);
+    }
+    CHECK(sets[0] == 4);  // 1F1B's pp on the first stage
+}
+
+TEST_CASE("zero-bubble layouts that cannot work are refused with a sentence naming the keys") {
+    Config c = with_layout(small_job(4), 2, "zbv", 4, 3);
+    CHECK_THROWS_WITH(run_layout(c), Catch::Contains("layout.virtual_stages=3") &&
+                                         Catch::Contains("set it to 2"));
+    c = with_layout(small_job(6), 4, "zbv", 4);
+    CHECK_THROWS_WITH(run_layout(c), Catch::Contains("2 × layout.pp = 8 chunks, more than "
+                                                     "model.layers=6"));
+    c = with_layout(small_job(4), 2, "zb-h1", 4);
+    c.layout.dp = 2;
+    c.layout.zero = 2;
+    CHECK_THROWS_WITH(run_layout(c), Catch::Contains("defers weight gradients, which ZeRO-2"));
 }

@@ -481,25 +481,34 @@ namespace {
 void check_work_and_dependencies(const Schedule& s, const SimResult& r,
                                  const SimOptions& opt = {}) {
     const int S = s.num_stages();
-    std::map<std::pair<int, int>, int> fwd, bwd;  // (stage, microbatch) -> start slot
+    // (stage, microbatch) -> start slot of its forward, its backward (or B), its W
+    std::map<std::pair<int, int>, int> fwd, bwd, wgt;
     for (int p = 0; p < s.pp; p++) {
         for (size_t i = 0; i < s.ranks[p].size(); i++) {
             const Action& a = s.ranks[p][i];
             if (!a.is_compute()) continue;
-            auto& table = a.kind == Action::forward ? fwd : bwd;
-            const auto key = std::make_pair(stage_of(p, a.chunk, s.pp), a.microbatch);
+            auto& table = a.kind == Action::forward           ? fwd
+                          : a.kind == Action::backward_weight ? wgt
+                                                              : bwd;
+            const auto key =
+                std::make_pair(stage_of(p, a.chunk, s.pp, s.placement()), a.microbatch);
             CHECK(table.count(key) == 0);
             table[key] = r.start[p][i];
         }
     }
-    REQUIRE(fwd.size() == static_cast<size_t>(S * s.microbatches));
-    REQUIRE(bwd.size() == static_cast<size_t>(S * s.microbatches));
+    const size_t cells = static_cast<size_t>(S * s.microbatches);
+    REQUIRE(fwd.size() == cells);
+    REQUIRE(bwd.size() == cells);
+    REQUIRE(wgt.size() == (s.splits() ? cells : 0));
+    // A backward's own time: B alone when split, else B and W (SimOptions).
+    const int b_slots = opt.backward_slots + (s.splits() ? 0 : opt.weight_slots);
     for (int k = 0; k < S; k++) {
         for (int m = 0; m < s.microbatches; m++) {
             INFO("stage " << k << " microbatch " << m);
             if (k > 0) CHECK(fwd[{k, m}] >= fwd[{k - 1, m}] + opt.forward_slots);
             CHECK(bwd[{k, m}] >= fwd[{k, m}] + opt.forward_slots);
-            if (k < S - 1) CHECK(bwd[{k, m}] >= bwd[{k + 1, m}] + opt.backward_slots);
+            if (k < S - 1) CHECK(bwd[{k, m}] >= bwd[{k + 1, m}] + b_slots);
+            if (s.splits()) CHECK(wgt[{k, m}] >= bwd[{k, m}] + b_slots);
         }
     }
 }
@@ -570,6 +579,95 @@ TEST_CASE("interleaved 1F1B: complete, deadlock-free, smaller bubble", "[layout]
     CHECK_THAT(error_of([] { interleaved_1f1b(2, 3, 2); }),
                Contains("the interleaved schedule needs microbatches divisible by layout.pp") &&
                    Contains("microbatches=3, layout.pp=2"));
+}
+
+// The zero-bubble paper's claims, executed: with every F, B and W one slot (1F1B's whole
+// backward two), the idle time per unit of work is (p-1)/m for 1F1B, (p-1)/(3m) for ZB-H1 and,
+// for ZBV (chunks of half a stage, so 6m slots of work per rank), only the first microbatch's
+// way down the V: p-1 slots, (p-1)/(6m).
+TEST_CASE("zero-bubble schedules: the bubble of each at unit costs, exactly",
+          "[layout][schedule]") {
+    const SimOptions unit{1, 1, false, 1};  // F = B = W = 1 slot
+    for (const int pp : {2, 4}) {
+        for (const int m : {4, 8}) {
+            INFO("pp=" << pp << " m=" << m);
+            const double p1 = pp - 1;
+            const Schedule f1b = one_f_one_b(pp, m), h1 = zb_h1(pp, m), v = zbv(pp, m);
+            const SimResult r1 = check_schedule(f1b, unit), rh = check_schedule(h1, unit),
+                            rv = check_schedule(v, unit);
+            REQUIRE(r1.ok());
+            REQUIRE(rh.ok());
+            REQUIRE(rv.ok());
+            CHECK(r1.makespan == 3 * (m + pp - 1));
+            CHECK(r1.bubble_rate == Approx(p1 / m).epsilon(1e-12));
+            CHECK(rh.makespan == 3 * m + pp - 1);
+            CHECK(rh.bubble_rate == Approx(p1 / (3 * m)).epsilon(1e-12));
+            CHECK(rv.makespan == 6 * m + pp - 1);
+            CHECK(rv.bubble_rate == Approx(p1 / (6 * m)).epsilon(1e-12));
+            check_work_and_dependencies(h1, rh, unit);
+            check_work_and_dependencies(v, rv, unit);
+            // Memory: ZB-H1 holds 1F1B's pp microbatches on rank 0 (and pp on every rank until
+            // their W); ZBV at most 2·pp chunk activations (pp microbatches of half a stage).
+            CHECK(rh.peak_in_flight[0] == r1.peak_in_flight[0]);
+            for (int p = 0; p < pp; p++) {
+                CHECK(rh.peak_in_flight[p] <= pp);
+                CHECK(rv.peak_in_flight[p] <= 2 * pp);
+                CHECK(r1.peak_pending_w[p] == 0);
+            }
+            CHECK(rh.peak_pending_w[pp - 1] == pp);  // the last rank defers the most Ws
+            // The V: virtual stages 0 and 2pp-1 (the embedding and the loss) on rank 0.
+            CHECK(rank_of_stage(0, pp, v.placement()) == 0);
+            CHECK(rank_of_stage(2 * pp - 1, pp, v.placement()) == 0);
+            CHECK(rank_of_stage(pp, pp, v.placement()) == pp - 1);
+        }
+    }
+    // At the defaults (no weight_slots) a split schedule's W takes B's time, an unsplit backward
+    // B's alone: 1F1B's text grids stay as they were.
+    CHECK(check_schedule(zb_h1(2, 4)).makespan == 13);
+    CHECK(check_schedule(one_f_one_b(2, 4)).makespan == 10);
+    // Any pp and m: complete, dependencies kept, no deadlock with asynchronous sends.
+    for (const int pp : {1, 2, 3, 5})
+        for (const int m : {1, 2, 3, 7})
+            for (const Schedule& s : {zb_h1(pp, m), zbv(pp, m)}) {
+                INFO(schedule_name(s.kind) << " pp=" << pp << " m=" << m);
+                const SimResult r = check_schedule(s, unit);
+                REQUIRE(r.ok());
+                check_work_and_dependencies(s, r, unit);
+            }
+}
+
+TEST_CASE("zero-bubble schedules: lists, text and what check_schedule refuses",
+          "[layout][schedule]") {
+    CHECK(parse_schedule("zb-h1") == ScheduleKind::zb_h1);
+    CHECK(parse_schedule("zbv") == ScheduleKind::zbv);
+    CHECK_THAT(error_of([] { parse_schedule("zb-h2"); }),
+               Catch::Contains("\"zb-h1\" or \"zbv\", got \"zb-h2\""));
+    CHECK(make_schedule(ScheduleKind::zbv, 2, 4, 2).virtual_stages == 2);
+    CHECK_THAT(error_of([] { make_schedule(ScheduleKind::zbv, 2, 4, 1); }),
+               Catch::Contains("runs 2 model chunks per rank"));
+    // ZB-H1 on two ranks: rank 1 (last) sends B0 back before any W, and closes with its W.
+    CHECK(actions_text(zb_h1(2, 2)) ==
+          "rank 0: F0 >A0:1 F1 >A1:1 <G0:1 B0 W0 <G1:1 B1 W1\n"
+          "rank 1: <A0:0 F0 B0 >G0:0 <A1:0 F1 B1 >G1:0 W0 W1\n");
+    const SimOptions unit{1, 1, false, 1};
+    CHECK(to_text(zb_h1(2, 2), unit) ==
+          "zb-h1, pp=2, microbatches=2: 7 slots, bubble 14.3%\n"
+          "rank 0 | F0 F1 .  B0 W0 B1 W1\n"
+          "rank 1 | .  F0 B0 F1 B1 W0 W1\n");
+    // Whole backwards in a split schedule, B and W in 1F1B: named.
+    Schedule mixed = zb_h1(2, 1);
+    for (Action& a : mixed.ranks[0])
+        if (a.kind == Action::backward_input) a.kind = Action::backward;
+    CHECK_THAT(check_schedule(mixed).problem,
+               Catch::Contains("runs B and W apart"));
+    // W before its B.
+    Schedule early = zb_h1(2, 1);
+    auto& r1 = early.ranks[1];
+    const auto w = std::find_if(r1.begin(), r1.end(),
+                                [](const Action& a) { return a.kind == Action::backward_weight; });
+    std::rotate(r1.begin() + 1, w, w + 1);
+    CHECK_THAT(check_schedule(early).problem,
+               Catch::Contains("runs before backward_input(m=0, chunk 0)"));
 }
 
 TEST_CASE("blocking sends deadlock 1F1B; asynchronous sends do not", "[layout][schedule]") {
@@ -699,12 +797,12 @@ TEST_CASE("make_schedule and the layout's schedule", "[layout][schedule]") {
     CHECK(make_schedule(ScheduleKind::interleaved, 2, 4, 2).virtual_stages == 2);
     CHECK_THAT(
         error_of([] { make_schedule(ScheduleKind::one_f_one_b, 2, 4, 2); }),
-        Contains("layout.virtual_stages=2 needs layout.schedule = \"interleaved\", got \"1f1b\""));
+        Contains("layout.virtual_stages=2 does not fit layout.schedule = \"1f1b\""));
     CHECK_THAT(error_of([] { make_schedule(ScheduleKind::gpipe, 0, 4); }),
                Contains("layout.pp = 0 is out of range"));
     CHECK_THAT(error_of([] { one_f_one_b(2, 0); }), Contains("microbatches = 0 is out of range"));
     CHECK(parse_schedule("1f1b") == ScheduleKind::one_f_one_b);
-    CHECK_THAT(error_of([] { parse_schedule("zb-h1"); }), Contains("layout.schedule must be"));
+    CHECK_THAT(error_of([] { parse_schedule("zb-h2"); }), Contains("layout.schedule must be"));
 
     Layout l = base();
     l.pp = 2;

@@ -74,6 +74,7 @@ TEST_CASE("the estimate follows what the ranks of a layout hold", "[memory]") {
         {"pp2 gpipe mb4", 1, 2, 1, 0, 4, "gpipe"}, {"tp2", 1, 1, 2, 0, 1, "1f1b"},
         {"dp2 ep2", 2, 1, 1, 0, 1, "1f1b", 2},     {"dp4 ep4 mb2", 4, 1, 1, 0, 2, "1f1b", 4},
         {"dp2 ep2 tp2", 2, 1, 2, 0, 1, "1f1b", 2},  {"dp4 ep2 zero1", 4, 1, 1, 1, 1, "1f1b", 2},
+        {"pp2 zb-h1 mb4", 1, 2, 1, 0, 4, "zb-h1"}, {"pp2 zbv mb4", 1, 2, 1, 0, 4, "zbv"},
     };
     // The dense model under every layout but ep, and a MoE one (4 experts, top-2, a shared
     // expert, MoE every 2nd layer) under every layout.
@@ -98,6 +99,7 @@ TEST_CASE("the estimate follows what the ranks of a layout hold", "[memory]") {
         c.layout.microbatches = l.microbatches;
         c.layout.schedule = l.schedule;
         c.layout.ep = l.ep;
+        if (std::string(l.schedule) == "zbv") c.model.layers = 4;  // 2 × pp chunks
         const MemoryEstimate e = estimate_memory(c, MemoryScope::process);
         const MemoryStats m = measured(c);
         INFO((moe ? "MoE " : "") << l.name << ": estimated weights " << item(e, "weights")

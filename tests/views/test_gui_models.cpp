@@ -432,6 +432,15 @@ TEST_CASE("Teaching models: the schedule's bubble and the canonical sums", "[gui
     CHECK(s.error.empty());
     CHECK(s.sim.ok());
     CHECK(s.sim.bubble == Approx(bubble_formula(4, 8, 1)));
+    for (const char* kind : {"1f1b", "zb-h1", "zbv"}) {  // the explorer's idle per work
+        INFO(kind);
+        s.kind = kind;
+        s.make();
+        REQUIRE(s.error.empty());
+        CHECK(s.sim.bubble_rate == Approx(bubble_rate_formula(kind, 4, 8, s.virtual_stages)));
+    }
+    CHECK(s.virtual_stages == 2);  // zbv's V
+    s.virtual_stages = 1;
     s.kind = "interleaved";
     s.virtual_stages = 2;
     s.microbatches = 6;  // not a multiple of pp

@@ -43,8 +43,8 @@ class Schedule:
         return self._impl.actions
 
     def simulate(self, forward_slots: int = 1, backward_slots: int = 1,
-                 rendezvous: bool = False) -> Dict[str, Any]:
-        return self._impl.simulate(forward_slots, backward_slots, rendezvous)
+                 rendezvous: bool = False, weight_slots: int = 0) -> Dict[str, Any]:
+        return self._impl.simulate(forward_slots, backward_slots, rendezvous, weight_slots)
 
     def text(self) -> str:
         return self._impl.text()

@@ -5,6 +5,7 @@
 #include "core/base/error.h"
 #include "core/io/checkpoint.h"
 #include "core/model/data.h"
+#include "core/model/weight_grads.h"
 #include "core/parallel/context/context_parallel.h"
 #include "core/parallel/state_slices.h"
 #include "core/parallel/data/zero.h"
@@ -300,8 +301,10 @@ void DataParallel::begin_step() {
     for (TreeAccumulator& a : acc_) a.reset();
 }
 
-void DataParallel::backward(GPT& model, Activations& acts, int c, int m, float dloss) {
+void DataParallel::backward(GPT& model, Activations& acts, int c, int m, float dloss,
+                            WeightGradQueue* defer) {
     if (units_) {  // the hooks zero, reduce-scatter and accumulate unit by unit
+        PX_ASSERT(!defer, "deferred weight gradients under ZeRO-2/3's unit hooks");
         units_->begin_microbatch(m, [this, m](float* g, i64 lo, i64 hi) {
             if (tap_) tap_(m, g, lo, hi);
         });
@@ -313,11 +316,22 @@ void DataParallel::backward(GPT& model, Activations& acts, int c, int m, float d
     const std::vector<Range>& rows = leaf_rows_[static_cast<size_t>(m)];
     std::vector<TokenNode> nodes;
     for (size_t i = 0; i < bufs.size(); i++) nodes.push_back({rows[i].lo, rows[i].hi, bufs[i]});
-    model.backward(acts, c, nodes, tokens(m), targets(m), dloss);
-    // The tap sees the microbatch's first node (all of it when it is one).
-    const GradSpan span = model.grad_span(c);
-    if (tap_) tap_(m, bufs[0], span.lo, span.hi);
+    model.backward(acts, c, nodes, tokens(m), targets(m), dloss, defer);
+    if (!defer) end_microbatch(c, m);
+}
+
+// The microbatch's weight gradients are all in its nodes: the tap sees its first node (all of it
+// when it is one), and the nodes combine in the token tree.
+void DataParallel::end_microbatch(int c, int m) {
+    TreeAccumulator& acc = acc_[static_cast<size_t>(c)];
+    const GradSpan span = model_->grad_span(c);
+    if (tap_) tap_(m, acc.leaf_buffer(m), span.lo, span.hi);
     acc.end(m);
+}
+
+void DataParallel::weight_backward(int c, int m, WeightGradQueue& defer) {
+    defer.run();
+    end_microbatch(c, m);
 }
 
 float* DataParallel::grads() const {

@@ -78,8 +78,13 @@ public:
     // StepHooks::microbatch_grad).
     using GradTap = std::function<void(int m, float* grads, i64 lo, i64 hi)>;
     void set_tap(GradTap tap) { tap_ = std::move(tap); }
-    // Microbatch m's backward on chunk c into its token nodes (or ZeRO-2/3's units).
-    void backward(GPT& model, Activations& acts, int chunk, int m, float dloss);
+    // Microbatch m's backward on chunk c into its token nodes (or ZeRO-2/3's units). With
+    // `defer` (a zero-bubble schedule's B; not under ZeRO-2/3's units) the weight gradients that
+    // can wait stay in the queue, and the microbatch's nodes stay open until weight_backward.
+    void backward(GPT& model, Activations& acts, int chunk, int m, float dloss,
+                  WeightGradQueue* defer = nullptr);
+    // W: the deferred weight gradients of (chunk, m), then its nodes combine in the token tree.
+    void weight_backward(int chunk, int m, WeightGradQueue& defer);
     float* grads() const;  // the step's gradient buffer (GradLayout)
     // The update of this rank's shard (and the replica check's second copy of the next one).
     void update(float* g, float grad_norm, float lr, int step, const TrainConfig& tc);
@@ -126,6 +131,7 @@ public:
     void memory(MemoryStats& m) const override;
 
 private:
+    void end_microbatch(int chunk, int m);  // its nodes complete: tap, then the token tree
     void combine_nodes_across_replicas(float* g);
     void gather_losses(std::vector<float>& all, const std::vector<float>& local, i64 batches,
                        bool by_microbatch);

@@ -85,6 +85,13 @@ float* TreeAccumulator::take() {
     return b;
 }
 
+float* TreeAccumulator::leaf_buffer(int k) const {
+    const Node& n = nodes_[static_cast<size_t>(leaf_[static_cast<size_t>(k)].front())];
+    PX_ASSERT(n.buf != nullptr && !n.done, "TreeAccumulator: microbatch " + std::to_string(k) +
+                                               " is not between begin and end");
+    return n.buf;
+}
+
 std::vector<float*> TreeAccumulator::begin(int k) {
     std::vector<float*> bufs;
     for (int id : leaf_[static_cast<size_t>(k)]) {

@@ -37,6 +37,8 @@ public:
     // Where microbatch k's backward accumulates, one buffer per leaf of it (spans zeroed).
     std::vector<float*> begin(int k);
     void end(int k);  // k is complete: combine every node whose children are complete
+    // Between begin(k) and end(k): the buffer of microbatch k's first leaf.
+    float* leaf_buffer(int k) const;
     bool complete() const;  // every target is in its buffer
     // The targets (ascending) and their buffers: complete() once every microbatch has ended.
     const std::vector<Range>& targets() const { return targets_; }

@@ -17,11 +17,41 @@ constexpr int kEvalTagBase = 1 << 28;  // validation forwards: + the receiving v
 
 // Activation sets a chunk keeps at once: the trivial schedule one, GPipe every microbatch,
 // 1F1B at most the pipeline's depth (interleaved: about twice that, over its chunks).
+// (ZB-H1: pp on every rank, each until its W. ZBV: each chunk keeps the sets of its own peak,
+// from the schedule's simulation, each half of a rank's layers.)
 double sets_in_flight(const MemorySizes& s) {
     if (s.pp == 1) return 1;
     if (s.schedule == "gpipe") return s.M;
     if (s.schedule == "interleaved") return std::min(s.M, 2 * s.pp);
+    if (s.schedule == "zbv") {
+        const SimResult r = check_schedule(zbv(static_cast<int>(s.pp), static_cast<int>(s.M)));
+        double most = 0;
+        for (const std::vector<int>& chunks : r.peak_chunk_in_flight) {
+            double sets = 0;
+            for (const int c : chunks) sets += c;
+            most = std::max(most, sets / 2);
+        }
+        return most;
+    }
     return std::min(s.M, s.pp);
+}
+
+// What B keeps for W of one microbatch on `layers` layers (zero-bubble schedules): the output
+// gradient of each linear and norm whose weight gradient waits (column-parallel ones cut over tp),
+// and under recompute the block internals those read, which the next block's recompute refills.
+double deferred_bytes(const MemorySizes& s, double layers, double chunks, double heads) {
+    const double rows = s.micro_B * s.T;
+    const double per_token = s.model.llama()
+                                 ? 4 * s.C + (s.CA + 2 * s.KV + 2 * s.F) / s.tp  // o, down; q k v, gate up
+                                 : 4 * s.C + (3 * s.C + s.F) / s.tp;  // proj, fc_proj, ln1, ln2; qkv, fc
+    double bytes = rows * layers * per_token * s.act_bytes + rows * heads * s.C * s.act_bytes;
+    if (s.recompute) {  // the internals of every layer, not one slot
+        MemorySizes kept = s;
+        kept.recompute = false;
+        bytes += activation_set_bytes(kept, layers, chunks, heads) -
+                 activation_set_bytes(s, layers, chunks, heads);
+    }
+    return bytes;
 }
 
 }  // namespace
@@ -29,11 +59,13 @@ double sets_in_flight(const MemorySizes& s) {
 void PipelineParallel::estimate(const MemorySizes& s, const StageParams& /*p*/,
                                 const MemoryGroup& g, MemoryTerms& t) {
     t.activations += sets_in_flight(s) * activation_set_bytes(s, g.layers, g.chunks, g.heads);
+    if (s.pp > 1 && (s.schedule == "zb-h1" || s.schedule == "zbv"))  // Bs awaiting their W
+        t.activations += std::min(s.M, s.pp) * deferred_bytes(s, g.layers, g.chunks, g.heads);
     t.bookkeeping += g.ranks * 6 * s.M * s.S * 32;  // the schedule's actions
 }
 
 PipelineParallel::PipelineParallel(const RankSetup& rank)
-    : rank_(rank), schedule_(rank.mesh.schedule()) {
+    : rank_(rank), schedule_(rank.mesh.schedule()), placement_(schedule_.placement()) {
     const Layout& l = rank.layout;
     // Who owns which tensor of the whole model: a layer's stage's rank; wte and wpe the first
     // stage (which holds wte's complete gradient as well as the last), ln_f the last.
@@ -77,7 +109,8 @@ void PipelineParallel::attach(GPT& model) {
 }
 
 bool PipelineParallel::is_last_virtual(int chunk) const {
-    return stage_of(rank_.at.pp, chunk, rank_.layout.pp) == rank_.layout.num_stages() - 1;
+    return stage_of(rank_.at.pp, chunk, rank_.layout.pp, placement_) ==
+           rank_.layout.num_stages() - 1;
 }
 
 // ---- activation sets -------------------------------------------------------------------------
@@ -117,12 +150,27 @@ int PipelineParallel::activation_sets(int chunk) const {
 i64 PipelineParallel::activation_bytes() const {
     i64 n = 0;
     for (const auto& chunk : slots_)
-        for (const auto& s : chunk) n += s->acts.bytes();
+        for (const auto& s : chunk) n += s->acts.bytes() + static_cast<i64>(s->deferred.bytes());
     return n;
 }
 
 const Activations* PipelineParallel::first_activations() const {
     return slots_.empty() || slots_[0].empty() ? nullptr : &slots_[0][0]->acts;
+}
+
+// The set of microbatch m on virtual stage k when k is this rank's and m is in flight there.
+PipelineParallel::Slot* PipelineParallel::local_stage(int k, int m) const {
+    const int pp = rank_.layout.pp;
+    if (rank_of_stage(k, pp, placement_) != rank_.at.pp) return nullptr;
+    return live_[static_cast<size_t>(chunk_of_stage(k, pp))][static_cast<size_t>(m)];
+}
+
+// What a message between the two stages would carry, copied within the rank.
+void PipelineParallel::copy_message(const Tensor& from, const Tensor& to) const {
+    const Tensor src = message(from), dst = message(to);
+    PX_ASSERT(src.dtype == dst.dtype && src.numel() == dst.numel(),
+              "a local stage's message of another shape");
+    std::memcpy(dst.data, src.data, static_cast<size_t>(bytes_of(src.dtype, src.numel())));
 }
 
 // ---- the step --------------------------------------------------------------------------------
@@ -131,6 +179,7 @@ const Activations* PipelineParallel::first_activations() const {
 void PipelineParallel::run(const StageWork& work) {
     comm::Communicator* pp = rank_.groups.pp;
     const int pp_rank = rank_.at.pp;
+    const bool split = schedule_.splits();
     for (const Action& a : schedule_.ranks[static_cast<size_t>(pp_rank)]) {
         const int c = a.chunk, m = a.microbatch;
         Slot*& live = live_[static_cast<size_t>(c)][static_cast<size_t>(m)];
@@ -143,9 +192,13 @@ void PipelineParallel::run(const StageWork& work) {
                 break;
             case Action::forward:
                 if (live == nullptr) {
-                    PX_ASSERT(stage_of(pp_rank, c, rank_.layout.pp) == 0,
-                              "forward before its input arrived");
+                    const int k = stage_of(pp_rank, c, rank_.layout.pp, placement_);
                     live = acquire(c);
+                    if (k > 0) {  // the previous stage is this rank's (zbv's turn of the V)
+                        const Slot* prev = local_stage(k - 1, m);
+                        PX_ASSERT(prev != nullptr, "forward before its input arrived");
+                        copy_message(prev->acts.output(), live->acts.input());
+                    }
                 }
                 work.forward(a, live->acts, is_last_virtual(c));
                 break;
@@ -159,18 +212,32 @@ void PipelineParallel::run(const StageWork& work) {
                              message_tag(schedule_, pp_rank, a));
                 break;
             case Action::backward:
+            case Action::backward_input:
                 // The output's send has landed (the gradient that came back needed it): complete
                 // it before a recomputing backward writes the output again.
                 live->pending.wait();
-                work.backward(a, live->acts);
-                if (stage_of(pp_rank, c, rank_.layout.pp) == 0) {  // nothing to send back
-                    release(c, live);
+                work.backward(a, live->acts, split ? &live->deferred : nullptr);
+                if (const int k = stage_of(pp_rank, c, rank_.layout.pp, placement_); k > 0) {
+                    // the previous stage is this rank's: its output gradient, as recv_grad
+                    // would have delivered it
+                    if (Slot* prev = local_stage(k - 1, m))
+                        copy_message(live->acts.dresidual(), prev->acts.dresidual());
+                }
+                if (!split && stage_of(pp_rank, c, rank_.layout.pp, placement_) == 0) {
+                    release(c, live);  // nothing to send back
                     live = nullptr;
                 }
                 break;
             case Action::send_grad:
                 live->pending = send_message(*pp, message(live->acts.dresidual()), a.peer,
                                              message_tag(schedule_, pp_rank, a));
+                if (!split) {  // under a split schedule W still reads the set
+                    release(c, live);
+                    live = nullptr;
+                }
+                break;
+            case Action::backward_weight:
+                work.weight(a, live->deferred);
                 release(c, live);
                 live = nullptr;
                 break;
@@ -186,25 +253,37 @@ void PipelineParallel::run(const StageWork& work) {
 // (batch, microbatch) order on both sides.
 void PipelineParallel::forward_only(const int* tokens, const int* targets, float* losses) {
     const int pp = rank_.layout.pp, S = rank_.layout.num_stages();
+    Slot* prev = nullptr;  // the previous chunk's set, when its stage precedes this one's
     for (int c = 0; c < model_->num_chunks(); c++) {
-        const int stage = stage_of(rank_.at.pp, c, pp);
+        const int stage = stage_of(rank_.at.pp, c, pp, placement_);
         Slot* s = acquire(c);
-        if (stage > 0)
-            recv_message(*rank_.groups.pp, message(s->acts.input()), rank_of_stage(stage - 1, pp),
-                         kEvalTagBase + stage);
+        if (stage > 0 && rank_of_stage(stage - 1, pp, placement_) == rank_.at.pp) {
+            PX_ASSERT(prev != nullptr, "validation: a local stage's input before its forward");
+            copy_message(prev->acts.output(), s->acts.input());
+        } else if (stage > 0) {
+            recv_message(*rank_.groups.pp, message(s->acts.input()),
+                         rank_of_stage(stage - 1, pp, placement_), kEvalTagBase + stage);
+        }
+        if (prev) release(c - 1, prev);
+        prev = nullptr;
         model_->forward(s->acts, c, tokens, targets);
-        if (stage < S - 1)
+        const bool next_local =
+            stage < S - 1 && rank_of_stage(stage + 1, pp, placement_) == rank_.at.pp;
+        if (stage < S - 1 && !next_local)
             s->pending = send_message(*rank_.groups.pp, message(s->acts.output()),
-                                      rank_of_stage(stage + 1, pp), kEvalTagBase + stage + 1);
-        else
+                                      rank_of_stage(stage + 1, pp, placement_), kEvalTagBase + stage + 1);
+        else if (stage == S - 1)
             std::memcpy(losses, s->acts.losses().f32(),
                         static_cast<size_t>(rank_.micro_B * rank_.Tl) * sizeof(float));
-        release(c, s);
+        if (next_local)
+            prev = s;  // read by the next chunk
+        else
+            release(c, s);
     }
 }
 
 double PipelineParallel::from_last_stage(double value) const {
-    if (rank_.groups.pp) rank_.groups.pp->broadcast(&value, 1, rank_.layout.pp - 1);
+    if (rank_.groups.pp) rank_.groups.pp->broadcast(&value, 1, rank_.layout.last_stage_rank());
     return value;
 }
 
@@ -232,13 +311,14 @@ void PipelineParallel::reduce_grads(StepGrads& grads) {
     const GPT& m = *model_;
     if (grads.tied_combined || !m.part().head_region()) return;  // untied: nothing to add
     float* g = grads.g;
-    if (rank_.layout.pp > 1) {
-        // This tp rank's rows of wte: the same rows on the first and the last stage.
+    if (rank_.layout.pp > 1 && rank_.layout.last_stage_rank() != 0) {
+        // This tp rank's rows of wte: the same rows on the first and the last stage. (zbv's V
+        // puts both on rank 0: it adds them there, as the single device does.)
         const TableEntry& wte = m.table().entries[static_cast<size_t>(m.table().wte)];
         float* emb = g + wte.offset;
         float* head = g + m.grad_layout().head_offset;
         const bool first = rank_.first_stage();
-        const int peer = first ? rank_.layout.pp - 1 : 0;
+        const int peer = first ? rank_.layout.last_stage_rank() : 0;
         comm::Handle h = rank_.groups.pp->send_async(static_cast<const float*>(first ? emb : head),
                                                      wte.numel(), peer, kTiedTag);
         rank_.groups.pp->recv(first ? head : emb, wte.numel(), peer, kTiedTag);

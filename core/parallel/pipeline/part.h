@@ -15,6 +15,7 @@
 #include "core/parallel/part.h"
 #include "core/parallel/pipeline/pipeline.h"
 #include "core/parallel/pipeline/schedule.h"
+#include "core/model/weight_grads.h"
 
 #include <functional>
 #include <memory>
@@ -25,9 +26,12 @@ namespace px {
 // What the trainer computes at a compute action of the schedule, on the action's activation
 // set: a forward (`last`: the chunk ends the model, so its losses are the microbatch's), or a
 // backward (the gradient arrived in acts.dresidual() when the chunk does not end the model).
+// Under a zero-bubble schedule `backward` runs B with a queue to keep the weight gradients in,
+// and `weight` runs W from that queue (null for a whole backward).
 struct StageWork {
     std::function<void(const Action& a, Activations& acts, bool last)> forward;
-    std::function<void(const Action& a, Activations& acts)> backward;
+    std::function<void(const Action& a, Activations& acts, WeightGradQueue* defer)> backward;
+    std::function<void(const Action& a, WeightGradQueue& defer)> weight;
 };
 
 class PipelineParallel final : public TrainerPart {
@@ -64,7 +68,7 @@ public:
     // Activation sets made for chunk c: the most (microbatch, chunk) forwards held at once (plus
     // any whose outgoing message was still in flight), e.g. min(pp, m) on 1F1B's first stage.
     int activation_sets(int chunk) const;
-    i64 activation_bytes() const;
+    i64 activation_bytes() const;  // the sets, with what B kept for W
     const Activations* first_activations() const;  // chunk 0's first set (null: none yet)
 
     void attach(GPT& model) override;
@@ -76,14 +80,18 @@ private:
     struct Slot {  // one microbatch's activations on one chunk, and its outgoing message
         Activations acts;
         comm::Handle pending;
+        WeightGradQueue deferred;  // B's kept weight gradients, until W (zero-bubble schedules)
     };
     Slot* acquire(int chunk);
     void release(int chunk, Slot* s);
     bool is_last_virtual(int chunk) const;
+    Slot* local_stage(int k, int m) const;
+    void copy_message(const Tensor& from, const Tensor& to) const;
     Tensor message(const Tensor& state) const { return subview(state, msg_lo_, {msg_n_}); }
 
     const RankSetup& rank_;
     Schedule schedule_;
+    Placement placement_;
     std::vector<ModelPart> parts_;  // every pp rank's
     std::vector<int> owner_;        // per tensor id of the whole model: the pp rank owning it
     GPT* model_ = nullptr;

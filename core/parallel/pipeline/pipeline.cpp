@@ -21,8 +21,9 @@ ModelPart stage_part(const Mesh& mesh, int pp_rank, const ModelConfig& mc) {
         const LayerRange r = mesh.layers(pp_rank, c);
         part.chunks.push_back({r.lo, r.hi});
     }
-    part.embedding = pp_rank == rank_of_stage(0, l.pp);
-    part.head = pp_rank == rank_of_stage(l.num_stages() - 1, l.pp);
+    const Placement pl = placement_of(l.schedule);
+    part.embedding = pp_rank == rank_of_stage(0, l.pp, pl);
+    part.head = pp_rank == rank_of_stage(l.num_stages() - 1, l.pp, pl);
     return part;
 }
 

@@ -6,6 +6,8 @@
 #include "core/base/error.h"
 
 #include <algorithm>
+#include <array>
+#include <optional>
 #include <cstdio>
 #include <deque>
 #include <map>
@@ -21,19 +23,30 @@ const char* schedule_name(ScheduleKind kind) {
             return "1f1b";
         case ScheduleKind::interleaved:
             return "interleaved";
+        case ScheduleKind::zb_h1:
+            return "zb-h1";
+        case ScheduleKind::zbv:
+            return "zbv";
     }
     return "?";
 }
 
+int chunks_required(ScheduleKind k) {
+    if (k == ScheduleKind::zbv) return 2;
+    return k == ScheduleKind::interleaved ? 0 : 1;
+}
+
 ScheduleKind parse_schedule(const std::string& name) {
-    for (const auto k : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved})
+    for (const ScheduleKind k : kScheduleKinds)
         if (name == schedule_name(k)) return k;
-    throw ConfigError("layout.schedule must be \"gpipe\", \"1f1b\" or \"interleaved\", got \"" +
-                      name + "\"");
+    throw ConfigError(
+        "layout.schedule must be \"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\" or \"zbv\", got "
+        "\"" +
+        name + "\"");
 }
 
 std::string action_text(const Action& a) {
-    if (a.kind > Action::recv_grad) return "an action of unknown kind";
+    if (a.kind > Action::backward_weight) return "an action of unknown kind";
     std::string s = std::string(kActionNames[a.kind]) + "(m=" + std::to_string(a.microbatch) +
                     ", chunk " + std::to_string(a.chunk) + ")";
     if (a.is_send()) s += " to rank " + std::to_string(a.peer);
@@ -64,28 +77,31 @@ void check_args(int pp, int microbatches, int virtual_stages) {
 // stage is on another rank. (With pp = 1 every stage is local and nothing is sent.)
 void add_p2p(Schedule& s) {
     const int pp = s.pp, S = s.num_stages();
+    const Placement pl = s.placement();
     for (int p = 0; p < pp; p++) {
         std::vector<Action> out;
         for (const Action& a : s.ranks[p]) {
-            const int k = stage_of(p, a.chunk, pp);
-            const bool prev_remote = k > 0 && rank_of_stage(k - 1, pp) != p;
-            const bool next_remote = k < S - 1 && rank_of_stage(k + 1, pp) != p;
+            const int k = stage_of(p, a.chunk, pp, pl);
+            const bool prev_remote = k > 0 && rank_of_stage(k - 1, pp, pl) != p;
+            const bool next_remote = k < S - 1 && rank_of_stage(k + 1, pp, pl) != p;
             if (a.kind == Action::forward) {
                 if (prev_remote)
                     out.push_back(
-                        {Action::recv_act, a.microbatch, a.chunk, rank_of_stage(k - 1, pp)});
+                        {Action::recv_act, a.microbatch, a.chunk, rank_of_stage(k - 1, pp, pl)});
                 out.push_back(a);
                 if (next_remote)
                     out.push_back(
-                        {Action::send_act, a.microbatch, a.chunk, rank_of_stage(k + 1, pp)});
+                        {Action::send_act, a.microbatch, a.chunk, rank_of_stage(k + 1, pp, pl)});
+            } else if (a.kind == Action::backward_weight) {
+                out.push_back(a);  // W: nothing comes in or goes out
             } else {
                 if (next_remote)
                     out.push_back(
-                        {Action::recv_grad, a.microbatch, a.chunk, rank_of_stage(k + 1, pp)});
+                        {Action::recv_grad, a.microbatch, a.chunk, rank_of_stage(k + 1, pp, pl)});
                 out.push_back(a);
                 if (prev_remote)
                     out.push_back(
-                        {Action::send_grad, a.microbatch, a.chunk, rank_of_stage(k - 1, pp)});
+                        {Action::send_grad, a.microbatch, a.chunk, rank_of_stage(k - 1, pp, pl)});
             }
         }
         s.ranks[p] = std::move(out);
@@ -189,11 +205,107 @@ Schedule interleaved_1f1b(int pp, int microbatches, int virtual_stages) {
     return s;
 }
 
+// ZB-H1 (Qi et al. 2024, section 2.1): rank p keeps 1F1B's warm-up of pp-p-1 forwards, then
+// runs p rounds of F and B with W left out (the gradient goes back a W earlier than 1F1B
+// would send it, so the ranks before it start their backwards sooner), then F B W until the
+// forwards are done, B W until the backwards are, and the p deferred Ws last, where the
+// ranks before it would otherwise wait for the final gradients. Rank 0 holds pp microbatches,
+// as in 1F1B; rank p holds pp-p until B and p more until their W.
+Schedule zb_h1(int pp, int microbatches) {
+    check_args(pp, microbatches, 1);
+    Schedule s = empty_schedule(ScheduleKind::zb_h1, pp, microbatches, 1);
+    const int M = microbatches;
+    for (int p = 0; p < pp; p++) {
+        auto& list = s.ranks[p];
+        int f = 0, b = 0, w = 0;
+        auto F = [&] { list.push_back(compute(Action::forward, f++, 0)); };
+        auto B = [&] { list.push_back(compute(Action::backward_input, b++, 0)); };
+        auto W = [&] { list.push_back(compute(Action::backward_weight, w++, 0)); };
+        while (f < std::min(pp - p - 1, M)) F();
+        for (int i = 0; i < p && f < M; i++) F(), B();
+        while (f < M) F(), B(), W();
+        while (b < M) B(), W();
+        while (w < M) W();
+    }
+    add_p2p(s);
+    return s;
+}
+
+// ZBV (Qi et al., the V schedule of the zero-bubble work): the lists come from running the
+// pipeline in unit time and letting each free rank take, in order of preference, a B whose
+// gradient is there (chunk 0 first: it is nearer the end of the backward chain), a forward
+// (chunk 1 first: it carries microbatches to the loss) while the rank holds fewer than 2·pp
+// chunk activations (until their W), or else a W. Each rank runs its chunks' microbatches in
+// increasing order.
+Schedule zbv(int pp, int microbatches) {
+    check_args(pp, microbatches, 2);
+    Schedule s = empty_schedule(ScheduleKind::zbv, pp, microbatches, 2);
+    const int M = microbatches, S = 2 * pp;
+    const Placement pl = Placement::vee;
+    constexpr int kNever = -1;
+    // Per (stage, microbatch): the slot its F and its B ended (kNever: not yet).
+    std::vector<int> f_end(static_cast<size_t>(S * M), kNever), b_end = f_end;
+    auto at = [&](int k, int m) { return static_cast<size_t>(k * M + m); };
+    auto done = [](int end, int t) { return end != kNever && end <= t; };
+    // Per rank and chunk: the next microbatch of each of F, B, W.
+    std::vector<std::array<int, 2>> nf(static_cast<size_t>(pp), {0, 0}), nb = nf, nw = nf;
+    std::vector<int> held(static_cast<size_t>(pp), 0);
+    const int total = 3 * S * M;
+    int scheduled = 0;
+    for (int t = 0; scheduled < total; t++) {
+        PX_ASSERT(t < 4 * total + 4 * S, "zbv: the list schedule does not finish");
+        std::vector<std::pair<int, Action>> chosen;
+        for (int p = 0; p < pp; p++) {
+            const size_t r = static_cast<size_t>(p);
+            std::optional<Action> pick;
+            for (const int c : {0, 1}) {  // B: chunk 0 first
+                const int m = nb[r][c], k = stage_of(p, c, pp, pl);
+                if (pick || m >= M || !done(f_end[at(k, m)], t)) continue;
+                if (k == S - 1 || done(b_end[at(k + 1, m)], t))
+                    pick = compute(Action::backward_input, m, c);
+            }
+            for (const int c : {1, 0}) {  // F: chunk 1 first
+                const int m = nf[r][c], k = stage_of(p, c, pp, pl);
+                if (pick || m >= M || held[r] >= S) continue;
+                if (k == 0 || done(f_end[at(k - 1, m)], t)) pick = compute(Action::forward, m, c);
+            }
+            for (const int c : {0, 1}) {  // W: whatever is pending
+                const int m = nw[r][c];
+                if (pick || m >= nb[r][c]) continue;
+                if (done(b_end[at(stage_of(p, c, pp, pl), m)], t))
+                    pick = compute(Action::backward_weight, m, c);
+            }
+            if (pick) chosen.push_back({p, *pick});
+        }
+        for (const auto& [p, a] : chosen) {  // all ranks decided at t; their work ends at t+1
+            const size_t r = static_cast<size_t>(p);
+            const int k = stage_of(p, a.chunk, pp, pl);
+            if (a.kind == Action::forward) {
+                f_end[at(k, a.microbatch)] = t + 1;
+                nf[r][a.chunk]++;
+                held[r]++;
+            } else if (a.kind == Action::backward_input) {
+                b_end[at(k, a.microbatch)] = t + 1;
+                nb[r][a.chunk]++;
+            } else {
+                nw[r][a.chunk]++;
+                held[r]--;
+            }
+            s.ranks[r].push_back(a);
+            scheduled++;
+        }
+    }
+    add_p2p(s);
+    return s;
+}
+
 Schedule make_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages) {
-    if (kind != ScheduleKind::interleaved && virtual_stages != 1)
+    if (chunks_required(kind) > 0 && virtual_stages != chunks_required(kind))
         throw ConfigError("layout.virtual_stages=" + std::to_string(virtual_stages) +
-                          " needs layout.schedule = \"interleaved\", got \"" + schedule_name(kind) +
-                          "\"");
+                          " does not fit layout.schedule = \"" + schedule_name(kind) + "\": it runs " +
+                          std::to_string(chunks_required(kind)) + " model chunk" +
+                          (chunks_required(kind) == 1 ? "" : "s") +
+                          " per rank (interleaved runs several)");
     switch (kind) {
         case ScheduleKind::gpipe:
             return gpipe(pp, microbatches);
@@ -201,19 +313,38 @@ Schedule make_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_
             return one_f_one_b(pp, microbatches);
         case ScheduleKind::interleaved:
             return interleaved_1f1b(pp, microbatches, virtual_stages);
+        case ScheduleKind::zb_h1:
+            return zb_h1(pp, microbatches);
+        case ScheduleKind::zbv:
+            return zbv(pp, microbatches);
     }
     throw InternalError("make_schedule: unknown schedule kind");
 }
 
 int message_tag(const Schedule& s, int rank, const Action& a) {
     PX_ASSERT(a.is_send() || a.is_recv(), "message_tag of a compute action");
-    const int k = stage_of(rank, a.chunk, s.pp);
+    const int k = stage_of(rank, a.chunk, s.pp, s.placement());
     const bool grad = a.kind == Action::send_grad || a.kind == Action::recv_grad;
     const int k_dst = a.kind == Action::send_act ? k + 1 : a.kind == Action::send_grad ? k - 1 : k;
     return (a.microbatch * s.num_stages() + k_dst) * 2 + (grad ? 1 : 0);
 }
 
 // ---- simulation ------------------------------------------------------------------------------
+
+int slots_of(const Action& a, const SimOptions& opt) {
+    switch (a.kind) {
+        case Action::forward:
+            return opt.forward_slots;
+        case Action::backward:
+            return opt.backward_slots + opt.weight_slots;
+        case Action::backward_input:
+            return opt.backward_slots;
+        case Action::backward_weight:
+            return opt.weight_time();
+        default:
+            return 0;
+    }
+}
 
 namespace {
 
@@ -226,13 +357,18 @@ struct Message {
 
 class Simulator {
 public:
-    Simulator(const Schedule& s, const SimOptions& opt) : s_(s), opt_(opt) {}
+    Simulator(const Schedule& s, const SimOptions& opt)
+        : s_(s), opt_(opt), pl_(s.placement()) {}
 
     SimResult run() {
         const int pp = s_.pp;
         r_.start.resize(s_.ranks.size());
         for (size_t p = 0; p < s_.ranks.size(); p++) r_.start[p].assign(s_.ranks[p].size(), -1);
         r_.peak_in_flight.assign(s_.ranks.size(), 0);
+        r_.peak_pending_w.assign(s_.ranks.size(), 0);
+        r_.peak_chunk_in_flight.assign(s_.ranks.size(),
+                                       std::vector<int>(std::max(s_.virtual_stages, 0), 0));
+        chunk_in_flight_ = r_.peak_chunk_in_flight;
         if (!check_shape() || !check_actions() || !check_counts()) return r_;
 
         const size_t cells =
@@ -244,6 +380,7 @@ public:
         clock_.assign(pp, 0);
         pc_.assign(pp, 0);
         in_flight_.assign(pp, 0);
+        pending_w_.assign(pp, 0);
 
         // Advance every rank as far as it can go, until nobody can.
         for (bool progress = true; progress;) {
@@ -283,15 +420,16 @@ public:
         }
         if (r_.makespan > 0)
             r_.bubble = 1.0 - static_cast<double>(busy) / (static_cast<double>(pp) * r_.makespan);
+        if (busy > 0)
+            r_.bubble_rate =
+                (static_cast<double>(pp) * r_.makespan - static_cast<double>(busy)) / busy;
         return r_;
     }
 
 private:
     enum class Step { ran, blocked, failed };
 
-    int duration(const Action& a) const {
-        return a.kind == Action::forward ? opt_.forward_slots : opt_.backward_slots;
-    }
+    int duration(const Action& a) const { return slots_of(a, opt_); }
     size_t cell(int stage, int microbatch) const {
         return static_cast<size_t>(stage) * static_cast<size_t>(s_.microbatches) +
                static_cast<size_t>(microbatch);
@@ -319,8 +457,9 @@ private:
             return failed("the schedule has lists for " + std::to_string(s_.ranks.size()) +
                           " ranks but pp=" + std::to_string(s_.pp) +
                           ": every pipeline rank needs its list");
-        if (opt_.forward_slots < 1 || opt_.backward_slots < 1)
-            return failed("SimOptions: forward_slots and backward_slots must be >= 1");
+        if (opt_.forward_slots < 1 || opt_.backward_slots < 1 || opt_.weight_slots < 0)
+            return failed(
+                "SimOptions: forward_slots and backward_slots must be >= 1, weight_slots >= 0");
         return true;
     }
 
@@ -329,8 +468,16 @@ private:
         const int pp = s_.pp, S = s_.num_stages();
         for (int p = 0; p < pp; p++) {
             for (const Action& a : s_.ranks[p]) {
-                if (a.kind > Action::recv_grad)
+                if (a.kind > Action::backward_weight)
                     return failed("rank " + std::to_string(p) + " has an action of unknown kind");
+                const bool split_kind =
+                    a.kind == Action::backward_input || a.kind == Action::backward_weight;
+                if (a.kind == Action::backward && s_.splits())
+                    return failed(at(p, a) + ": " + schedule_name(s_.kind) +
+                                  " runs B and W apart (backward_input, backward_weight)");
+                if (split_kind && !s_.splits())
+                    return failed(at(p, a) + ": " + schedule_name(s_.kind) +
+                                  " runs whole backwards; only zb-h1 and zbv split them");
                 if (a.microbatch < 0 || a.microbatch >= s_.microbatches || a.chunk < 0 ||
                     a.chunk >= s_.virtual_stages)
                     return failed(at(p, a) +
@@ -338,7 +485,7 @@ private:
                                   std::to_string(s_.microbatches) + " microbatches and " +
                                   std::to_string(s_.virtual_stages) + " chunks");
                 if (a.is_compute()) continue;
-                const int k = stage_of(p, a.chunk, pp);
+                const int k = stage_of(p, a.chunk, pp, pl_);
                 const bool towards_next = a.kind == Action::send_act || a.kind == Action::recv_grad;
                 const int other = towards_next ? k + 1 : k - 1;
                 if (other < 0 || other >= S)
@@ -346,7 +493,7 @@ private:
                                   std::to_string(k) +
                                   (other < 0 ? " is the first (its input is the tokens)"
                                              : " is the last (the loss consumes its output)"));
-                const int want = rank_of_stage(other, pp);
+                const int want = rank_of_stage(other, pp, pl_);
                 if (want == p)
                     return failed(at(p, a) + " does not fit the pipeline: virtual stage " +
                                   std::to_string(other) +
@@ -363,7 +510,7 @@ private:
     // exactly once (check_actions has rejected any it does not need).
     bool check_counts() {
         const int pp = s_.pp, S = s_.num_stages(), M = s_.microbatches, V = s_.virtual_stages;
-        constexpr int kinds = Action::recv_grad + 1;
+        constexpr int kinds = Action::backward_weight + 1;
         std::vector<int> count(static_cast<size_t>(pp) * kinds * M * V, 0);
         auto slot = [&](int p, int kind, int m, int c) {
             return ((static_cast<size_t>(p) * kinds + kind) * M + m) * V + c;
@@ -378,9 +525,9 @@ private:
         }
         for (int p = 0; p < pp; p++) {
             for (int c = 0; c < V; c++) {
-                const int k = stage_of(p, c, pp);
-                const bool prev_remote = k > 0 && rank_of_stage(k - 1, pp) != p;
-                const bool next_remote = k < S - 1 && rank_of_stage(k + 1, pp) != p;
+                const int k = stage_of(p, c, pp, pl_);
+                const bool prev_remote = k > 0 && rank_of_stage(k - 1, pp, pl_) != p;
+                const bool next_remote = k < S - 1 && rank_of_stage(k + 1, pp, pl_) != p;
                 for (int m = 0; m < M; m++) {
                     auto need = [&](Action::Kind kind, bool needed, int peer) {
                         if (!needed || count[slot(p, kind, m, c)] == 1) return true;
@@ -390,15 +537,18 @@ private:
                                       "and the messages "
                                       "between its stages");
                     };
-                    if (!need(Action::forward, true, -1) || !need(Action::backward, true, -1) ||
+                    const bool split = s_.splits();
+                    if (!need(Action::forward, true, -1) || !need(Action::backward, !split, -1) ||
+                        !need(Action::backward_input, split, -1) ||
+                        !need(Action::backward_weight, split, -1) ||
                         !need(Action::recv_act, prev_remote,
-                              prev_remote ? rank_of_stage(k - 1, pp) : -1) ||
+                              prev_remote ? rank_of_stage(k - 1, pp, pl_) : -1) ||
                         !need(Action::send_act, next_remote,
-                              next_remote ? rank_of_stage(k + 1, pp) : -1) ||
+                              next_remote ? rank_of_stage(k + 1, pp, pl_) : -1) ||
                         !need(Action::recv_grad, next_remote,
-                              next_remote ? rank_of_stage(k + 1, pp) : -1) ||
+                              next_remote ? rank_of_stage(k + 1, pp, pl_) : -1) ||
                         !need(Action::send_grad, prev_remote,
-                              prev_remote ? rank_of_stage(k - 1, pp) : -1))
+                              prev_remote ? rank_of_stage(k - 1, pp, pl_) : -1))
                         return false;
                 }
             }
@@ -411,12 +561,12 @@ private:
         const int pp = s_.pp, S = s_.num_stages();
         const size_t index = pc_[p];
         const Action& a = s_.ranks[p][index];
-        const int k = stage_of(p, a.chunk, pp);
+        const int k = stage_of(p, a.chunk, pp, pl_);
         const size_t me = cell(k, a.microbatch);
         switch (a.kind) {
             case Action::forward: {
                 if (k > 0) {
-                    const bool local = rank_of_stage(k - 1, pp) == p;
+                    const bool local = rank_of_stage(k - 1, pp, pl_) == p;
                     if (local && fwd_end_[cell(k - 1, a.microbatch)] < 0)
                         return fail_step(at(p, a) +
                                          " runs before forward(m=" + std::to_string(a.microbatch) +
@@ -430,15 +580,29 @@ private:
                 run_compute(p, a, index);
                 fwd_end_[me] = clock_[p];
                 r_.peak_in_flight[p] = std::max(r_.peak_in_flight[p], ++in_flight_[p]);
+                int& peak = r_.peak_chunk_in_flight[p][a.chunk];
+                peak = std::max(peak, ++chunk_in_flight_[p][a.chunk]);
                 return Step::ran;
             }
+            case Action::backward_weight: {
+                if (bwd_end_[me] < 0)
+                    return fail_step(at(p, a) + " runs before backward_input(m=" +
+                                     std::to_string(a.microbatch) + ", chunk " +
+                                     std::to_string(a.chunk) + ") on this rank");
+                run_compute(p, a, index);
+                in_flight_[p]--;
+                chunk_in_flight_[p][a.chunk]--;
+                pending_w_[p]--;
+                return Step::ran;
+            }
+            case Action::backward_input:
             case Action::backward: {
                 if (fwd_end_[me] < 0)
                     return fail_step(at(p, a) +
                                      " runs before forward(m=" + std::to_string(a.microbatch) +
                                      ", chunk " + std::to_string(a.chunk) + ") on this rank");
                 if (k < S - 1) {
-                    const bool local = rank_of_stage(k + 1, pp) == p;
+                    const bool local = rank_of_stage(k + 1, pp, pl_) == p;
                     if (local && bwd_end_[cell(k + 1, a.microbatch)] < 0)
                         return fail_step(at(p, a) +
                                          " runs before backward(m=" + std::to_string(a.microbatch) +
@@ -452,7 +616,12 @@ private:
                 }
                 run_compute(p, a, index);
                 bwd_end_[me] = clock_[p];
-                in_flight_[p]--;
+                if (a.kind == Action::backward) {
+                    in_flight_[p]--;
+                    chunk_in_flight_[p][a.chunk]--;
+                } else {
+                    r_.peak_pending_w[p] = std::max(r_.peak_pending_w[p], ++pending_w_[p]);
+                }
                 return Step::ran;
             }
             case Action::send_act:
@@ -500,9 +669,9 @@ private:
         if (snd.kind != send_kind || rcv.kind != recv_kind || snd.peer != dst || rcv.peer != src)
             return Step::blocked;
         if (snd.microbatch != microbatch || rcv.microbatch != microbatch) return Step::blocked;
-        const int snd_stage = stage_of(src, snd.chunk, s_.pp);
+        const int snd_stage = stage_of(src, snd.chunk, s_.pp, pl_);
         if ((grad ? snd_stage - 1 : snd_stage + 1) != dst_stage ||
-            stage_of(dst, rcv.chunk, s_.pp) != dst_stage)
+            stage_of(dst, rcv.chunk, s_.pp, pl_) != dst_stage)
             return Step::blocked;
         // A send whose data is not computed yet waits here; step(src) reports it on its turn.
         if ((grad ? bwd_end_ : fwd_end_)[cell(snd_stage, microbatch)] < 0) return Step::blocked;
@@ -534,6 +703,7 @@ private:
 
     const Schedule& s_;
     const SimOptions& opt_;
+    Placement pl_;
     SimResult r_;
     std::vector<int> fwd_end_,
         bwd_end_;  // per (virtual stage, microbatch): slot its compute ended, -1 not yet
@@ -541,7 +711,9 @@ private:
         got_grad_;            // per (virtual stage, microbatch): slot its input / gradient arrived
     std::vector<int> clock_;  // per rank: the slot at which its next action may start
     std::vector<size_t> pc_;  // per rank: index of its next action
-    std::vector<int> in_flight_;  // per rank: forwards without their backward yet
+    std::vector<int> in_flight_;  // per rank: forwards without their backward (split: W) yet
+    std::vector<int> pending_w_;  // per rank: Bs without their W yet
+    std::vector<std::vector<int>> chunk_in_flight_;  // per rank, per chunk: as in_flight_
     std::map<std::tuple<int, int, bool>, std::deque<Message>>
         channels_;  // (src, dst, grad) -> posted sends
 };
@@ -553,8 +725,10 @@ std::string chunk_suffix(const Schedule& s, int chunk) {
 }
 
 std::string compute_label(const Schedule& s, const Action& a) {
-    return std::string(a.kind == Action::forward ? "F" : "B") + std::to_string(a.microbatch) +
-           chunk_suffix(s, a.chunk);
+    const char* letter = a.kind == Action::forward           ? "F"
+                         : a.kind == Action::backward_weight ? "W"
+                                                             : "B";
+    return letter + std::to_string(a.microbatch) + chunk_suffix(s, a.chunk);
 }
 
 std::string header(const Schedule& s) {
@@ -616,7 +790,7 @@ std::string to_text(const Schedule& s, const SimOptions& opt) {
             const Action& a = s.ranks[p][i];
             if (!a.is_compute()) continue;
             const int t = r.start[p][i];
-            const int d = a.kind == Action::forward ? opt.forward_slots : opt.backward_slots;
+            const int d = slots_of(a, opt);
             grid[p][t] = compute_label(s, a);
             width = std::max(width, grid[p][t].size());
             for (int j = 1; j < d; j++) grid[p][t + j].assign(1, '=');

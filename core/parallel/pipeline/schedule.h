@@ -4,7 +4,8 @@
 // simulates them to prove they are complete and cannot deadlock.
 //
 // Index
-//   ScheduleKind, schedule_name, parse_schedule   gpipe | 1f1b | interleaved, and their names
+//   ScheduleKind, schedule_name, parse_schedule   gpipe | 1f1b | interleaved | zb-h1 | zbv
+//   Placement, placement_of, splits_backward      looped or V-shaped stages; B/W split or not
 //   Action, action_text                           one step of one rank; "recv_act(m=1, chunk 0)
 //   from rank 0" Schedule                                      per pp rank, its actions in
 //   execution order stage_of, rank_of_stage, chunk_of_stage       virtual stage k = chunk · pp +
@@ -56,6 +57,19 @@
 // follows the compute it depends on, so no deadlock is possible when the dependencies are acyclic
 // — which check_schedule verifies by running the lists.
 //
+// Zero-bubble schedules (Qi et al., arXiv 2401.10241) split a backward in two actions:
+//   backward_input(m, c)   B: the input gradient (what the previous stage waits for), with the
+//                          same inputs as backward; its weight-gradient half is kept for W.
+//   backward_weight(m, c)  W: the weight gradients of (m, c), from what B kept; after B on this
+//                          rank, anywhere later in its list. Nothing is sent for W.
+// A schedule uses either backward or B and W (splits_backward). W being deferred changes when
+// a weight gradient is computed, never its value: a microbatch's weight gradients combine in the
+// token tree whatever order they arrive in (core/parallel/data/token_tree.h).
+//
+// Placement. Looped (every schedule but zbv): virtual stage k = chunk · pp + rank. V-shaped
+// (zbv, two chunks): chunk 0 runs down the ranks, chunk 1 back up: stage k is on rank k for
+// k < pp and on rank 2pp-1-k after, so the last stage (the loss) is on rank 0, next to the first.
+//
 // Message order. On each channel (source rank, destination rank, activation or gradient) the
 // receiver's recvs come in the order of the sender's sends (check_schedule verifies it), so a
 // runtime may use one tag per channel; message_tag gives each message its own tag as well.
@@ -69,27 +83,56 @@ namespace px {
 
 // ---- kinds -----------------------------------------------------------------------------------
 
-enum class ScheduleKind : std::uint8_t { gpipe, one_f_one_b, interleaved };
-const char* schedule_name(ScheduleKind kind);          // "gpipe", "1f1b", "interleaved"
+enum class ScheduleKind : std::uint8_t { gpipe, one_f_one_b, interleaved, zb_h1, zbv };
+inline constexpr ScheduleKind kScheduleKinds[] = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b,
+                                                  ScheduleKind::interleaved, ScheduleKind::zb_h1,
+                                                  ScheduleKind::zbv};
+const char* schedule_name(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved", "zb-h1", "zbv"
 ScheduleKind parse_schedule(const std::string& name);  // inverse; ConfigError naming the key
+
+enum class Placement : std::uint8_t { looped, vee };
+inline Placement placement_of(ScheduleKind k) {
+    return k == ScheduleKind::zbv ? Placement::vee : Placement::looped;
+}
+// Whether the schedule runs B and W apart (backward_input, backward_weight).
+inline bool splits_backward(ScheduleKind k) {
+    return k == ScheduleKind::zb_h1 || k == ScheduleKind::zbv;
+}
+// Model chunks per rank the schedule needs: zbv two; interleaved at least two; others one.
+int chunks_required(ScheduleKind k);  // 0: any count >= 2 (interleaved)
 
 // ---- actions ---------------------------------------------------------------------------------
 
 struct Action {
-    enum Kind : std::uint8_t { forward, backward, send_act, recv_act, send_grad, recv_grad };
+    enum Kind : std::uint8_t {
+        forward,
+        backward,
+        send_act,
+        recv_act,
+        send_grad,
+        recv_grad,
+        backward_input,   // B of a zero-bubble schedule
+        backward_weight,  // W of a zero-bubble schedule
+    };
     Kind kind = forward;
     int microbatch = 0;  // 0 .. microbatches-1, within this dp rank's share of the step
     int chunk = 0;       // this rank's model chunk, 0 .. v-1 (virtual stage chunk · pp + rank)
     int peer = -1;       // send/recv: the other pp rank; compute: -1
 
-    bool is_compute() const { return kind == forward || kind == backward; }
+    bool is_compute() const {
+        return kind == forward || kind == backward || kind == backward_input ||
+               kind == backward_weight;
+    }
+    // A backward that computes the input gradient (and sends it back): backward or B.
+    bool is_input_backward() const { return kind == backward || kind == backward_input; }
     bool is_send() const { return kind == send_act || kind == send_grad; }
     bool is_recv() const { return kind == recv_act || kind == recv_grad; }
     bool operator==(const Action&) const = default;
 };
-inline constexpr const char* kActionNames[] = {"forward",  "backward",  "send_act",
-                                               "recv_act", "send_grad", "recv_grad"};
-static_assert(std::size(kActionNames) == Action::recv_grad + 1,
+inline constexpr const char* kActionNames[] = {
+    "forward",   "backward",  "send_act",       "recv_act",
+    "send_grad", "recv_grad", "backward_input", "backward_weight"};
+static_assert(std::size(kActionNames) == Action::backward_weight + 1,
               "kActionNames and Action::Kind are out of sync");
 
 // "forward(m=2, chunk 0)", "send_act(m=2, chunk 0) to rank 1", for messages.
@@ -105,19 +148,35 @@ struct Schedule {
     std::vector<std::vector<Action>> ranks;  // ranks[p]: rank p's actions, in execution order
 
     int num_stages() const { return pp * virtual_stages; }  // S, virtual stages
+    Placement placement() const { return placement_of(kind); }
+    bool splits() const { return splits_backward(kind); }
 };
 
-// clang-format off
-inline int stage_of(int rank, int chunk, int pp) { return chunk * pp + rank; }
-inline int rank_of_stage(int stage, int pp) { return stage % pp; }
-inline int chunk_of_stage(int stage, int pp) { return stage / pp; }
-// clang-format on
+// Virtual stage of a rank's chunk, and back (Placement above).
+inline int stage_of(int rank, int chunk, int pp, Placement pl) {
+    if (pl == Placement::vee) return chunk == 0 ? rank : 2 * pp - 1 - rank;
+    return chunk * pp + rank;
+}
+inline int rank_of_stage(int stage, int pp, Placement pl) {
+    if (pl == Placement::vee) return stage < pp ? stage : 2 * pp - 1 - stage;
+    return stage % pp;
+}
+inline int chunk_of_stage(int stage, int pp) { return stage / pp; }  // either placement
 
 // Each takes pp >= 1 and microbatches >= 1 (interleaved: v >= 1 and microbatches a multiple of
 // pp) and throws ConfigError otherwise. The result includes the sends and recvs.
 Schedule gpipe(int pp, int microbatches);
 Schedule one_f_one_b(int pp, int microbatches);
 Schedule interleaved_1f1b(int pp, int microbatches, int virtual_stages);
+// ZB-H1: 1F1B's warm-up, then B without W on rank p for its first p microbatches, then F B W;
+// the p deferred Ws close the list. With F = B = W in time the bubble is (pp-1)/(3m) of the
+// work (1F1B's is (pp-1)/m), at 1F1B's peak of pp microbatches in flight on rank 0.
+Schedule zb_h1(int pp, int microbatches);
+// ZBV: two chunks per rank in a V (Placement::vee); each rank's list is a greedy unit-time
+// list schedule (B first, then F, then W to fill), holding at most 2·pp chunk activations
+// (1F1B's memory). With F = B = W per chunk its only idle time is the first microbatch's way
+// down the V: pp-1 chunk slots, (pp-1)/(6m) of the work, for m >= pp.
+Schedule zbv(int pp, int microbatches);
 Schedule make_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages = 1);
 
 // The tag of the message a send or recv action moves: equal on both sides, distinct for every
@@ -128,8 +187,13 @@ int message_tag(const Schedule& s, int rank, const Action& a);
 
 struct SimOptions {
     int forward_slots = 1;    // time of one forward of one chunk
-    int backward_slots = 1;   // time of one backward of one chunk (recompute: add a forward)
+    int backward_slots = 1;   // time of B, the input-gradient part of a backward (recompute:
+                              // add a forward)
     bool rendezvous = false;  // sends block until the peer's recv is posted (blocking send)
+    int weight_slots = 0;     // time of W, the weight-gradient part; a backward that is not
+                              // split takes backward_slots + weight_slots. 0 for a schedule that
+                              // splits: W takes backward_slots (the ZB paper's T_B = T_W).
+    int weight_time() const { return weight_slots > 0 ? weight_slots : backward_slots; }
 };
 
 struct SimResult {
@@ -137,11 +201,24 @@ struct SimResult {
     bool ok() const { return problem.empty(); }
     int makespan = 0;   // slots until the last rank finishes (communication takes no time)
     double bubble = 0;  // idle fraction: 1 - busy slots / (pp · makespan)
-    // Per rank: the most (microbatch, chunk) forwards that were waiting for their backward.
+    // Idle per work, as the Megatron-LM and zero-bubble papers state bubbles: (pp · makespan -
+    // busy) / busy. 1F1B: (pp-1)/m; ZB-H1: (pp-1)/(3m) with F = B = W.
+    double bubble_rate = 0;
+    // Per rank: the most Bs whose W was pending at once (weight-gradient inputs kept).
+    std::vector<int> peak_pending_w;
+    // Per rank: the most (microbatch, chunk) forwards that were waiting for their backward
+    // (split: for their W; their activations are held until then).
     std::vector<int> peak_in_flight;
+    // Per rank, per chunk: the same for that chunk's forwards (a chunk's sets are its own).
+    std::vector<std::vector<int>> peak_chunk_in_flight;
     // Per rank, per action: the slot it started in (-1: never ran).
     std::vector<std::vector<int>> start;
 };
+
+// The slots a compute action takes under opt (0 for communication).
+int slots_of(const Action& a, const SimOptions& opt);
+// F = B = W = one slot, a whole backward two: how the papers compare schedules.
+inline constexpr SimOptions kUnitFBW{1, 1, false, 1};
 
 // Runs every rank's list in order under the rules above (recv blocks until the matching send
 // was posted; compute takes its slots; communication none) and checks: every rank runs the
@@ -155,7 +232,7 @@ SimResult check_schedule(const Schedule& s, const SimOptions& opt = {});
 //     1f1b, pp=2, microbatches=2: 6 slots, bubble 33.3%
 //     rank 0 | F0 F1 .  B0 .  B1
 //     rank 1 | .  F0 B0 F1 B1 .
-// Cells: F<m> / B<m> (with v > 1 the chunk as a letter: F3a, F3b, ...), "." idle; a compute of
+// Cells: F<m> / B<m> / W<m> (with v > 1 the chunk as a letter: F3a, F3b, ...), "." idle; a compute of
 // several slots continues with "=". A schedule that fails check_schedule is shown as its lists,
 // after the problem.
 std::string to_text(const Schedule& s, const SimOptions& opt = {});
