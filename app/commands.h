@@ -42,6 +42,8 @@ std::function<int()> add_check_command(CLI::App& app);  // parallax check determ
 std::function<int()> add_validate_command(CLI::App& app, const comm::MpiEnvironment* mpi = nullptr);
 std::function<int()> add_record_command(CLI::App& app);  // parallax record [CONFIG] --out TRACE.h5
 std::function<int()> add_compare_command(CLI::App& app);  // parallax compare REF.h5 RUN.h5
+// parallax plan CONFIG --gpus N --cluster FILE.toml: layouts for N devices, ranked
+std::function<int()> add_plan_command(CLI::App& app);
 // parallax gui [CONFIG] [--screenshot DIR]: the workbench's own executable, parallax-gui, has
 // the command; parallax's `gui` starts it with the same arguments (building it first in a build
 // tree where it is not built yet). `self`: this program's argv[0].

@@ -35,6 +35,8 @@ int run_main(int argc, char** argv, const px::comm::MpiEnvironment* mpi) {
     commands.emplace_back(app.get_subcommand("record"), run_record);
     auto run_compare = px::app::add_compare_command(app);
     commands.emplace_back(app.get_subcommand("compare"), run_compare);
+    auto run_plan = px::app::add_plan_command(app);
+    commands.emplace_back(app.get_subcommand("plan"), run_plan);
     auto run_gui = px::app::add_gui_launcher(app, argv[0]);
     commands.emplace_back(app.get_subcommand("gui"), run_gui);
     auto run_config = px::app::add_config_command(app);

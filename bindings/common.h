@@ -56,6 +56,7 @@ void bind_job(py::module_& m);
 void bind_validate(py::module_& m);
 void bind_files(py::module_& m);
 void bind_precision(py::module_& m);
+void bind_plan(py::module_& m);  // plan.cpp: the layout planner
 
 // A ConfigError that Python also sees as a KeyError (Config()["nope"]), and one it also sees as
 // an IndexError (job.rank(99)).

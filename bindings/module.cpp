@@ -82,4 +82,5 @@ PYBIND11_MODULE(_core, m) {
     bind_validate(m);
     bind_files(m);
     bind_precision(m);
+    bind_plan(m);
 }

@@ -469,7 +469,13 @@ void check_limits(const Config& c) {
     product("logits per step", {B, T, V});
     product("activations per step", {L, B, T, C}, 8);
     product("activations per step", {L, B, T, F}, 2);
-    product("attention scores per step", {L, B, NH, T, T});
+    // Attention scores are made a microbatch of a replica at a time: L·micro_B·NH·T² at most.
+    const i64 replicas_mb = i64(std::max(1, l.dp)) *
+                            std::max<i64>(1, l.microbatches > 0 ? l.microbatches : t.microbatches);
+    const Factor MB{"train.batch_size", t.batch_size % replicas_mb == 0
+                                            ? t.batch_size / replicas_mb
+                                            : t.batch_size};
+    product("attention scores per microbatch", {L, MB, NH, T, T});
 }
 
 // The llama block's keys (model.arch = "llama"): GQA's KV heads, the head size, RMSNorm's epsilon

@@ -1,12 +1,65 @@
 // The memory estimate's model-level pieces (estimate.h).
 #include "core/parallel/estimate.h"
 
+#include "core/parallel/data/token_tree.h"
 #include "core/parallel/mesh.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <map>
+#include <mutex>
 
 namespace px {
+
+namespace {
+
+// The partial gradient buffers of a replica's token-tree accumulator in a step (the microbatches'
+// nodes combined in microbatch order, as DataParallel runs them): ceil(log2 M) when every range is
+// a node; more when a replica's or a microbatch's tokens are several nodes (dp = 3, ...). The most
+// over the replicas, every one up to 24 of them, else over the first 16 and 8 spread over the rest
+// (ranges of the same shape make the same buffers, and a layout of thousands of replicas has a
+// few shapes).
+double tree_buffers(const Config& c, double M) {
+    const double nodes_formula = M > 1 ? std::ceil(std::log2(M)) : 0;
+    const i64 dp = c.layout.dp, m = static_cast<i64>(M), T = c.model.seq_len, blk = c.numerics.block;
+    const i64 B = c.train.batch_size;
+    if (c.layout.cp > 1 || dp < 1 || m < 1 || blk < 1 || B % (dp * m) != 0) return nodes_formula;
+    const i64 mbs = B / (dp * m), N = B * T, nb = num_blocks(N, blk);
+    if ((mbs * T) % blk != 0) return nodes_formula;  // make_layout refuses it
+    // Remembered per shape: the planner and check_memory's search ask again and again.
+    static std::mutex mu;
+    static std::map<std::array<i64, 5>, double> known;
+    const std::array<i64, 5> key{B, T, blk, dp, m};
+    {
+        std::lock_guard lk(mu);
+        if (const auto it = known.find(key); it != known.end()) return it->second;
+    }
+    std::vector<i64> ranks;
+    for (i64 d = 0; d < dp; d++)
+        if (dp <= 24 || d < 16 || (d - 16) % std::max<i64>(1, (dp - 16) / 8) == 0 || d == dp - 1)
+            ranks.push_back(d);
+    double most = 0;
+    float result = 0;
+    for (i64 d : ranks) {
+        std::vector<std::vector<Range>> leaves;
+        for (i64 k = 0; k < m; k++) {
+            const i64 lo = (d * m + k) * mbs * T / blk, hi = (d * m + k + 1) * mbs * T / blk;
+            leaves.push_back(maximal_nodes(nb, lo, std::min(hi, nb)));
+        }
+        TreeAccumulator acc(nb, std::move(leaves), &result, 1, GradSpan{0, 1});
+        for (int k = 0; k < m; k++) {
+            acc.begin(k);
+            acc.end(k);
+        }
+        most = std::max(most, double(acc.buffers()));
+    }
+    std::lock_guard lk(mu);
+    known[key] = most;
+    return most;
+}
+
+}  // namespace
 
 MemorySizes memory_sizes(const Config& c) {
     MemorySizes s{};
@@ -29,6 +82,7 @@ MemorySizes memory_sizes(const Config& c) {
     s.ep = c.layout.ep;
     s.zero = c.layout.dp / std::max(c.layout.ep, 1) > 1 ? c.layout.zero : 0;
     s.M = double(c.layout.microbatches > 0 ? c.layout.microbatches : c.train.microbatches);
+    s.tree_buffers = tree_buffers(c, s.M);
     s.B = double(c.train.batch_size);
     s.local_B = s.B / s.dp;
     s.micro_B = s.local_B / s.M;

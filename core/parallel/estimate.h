@@ -32,6 +32,8 @@ struct MemorySizes {
     double ep;                 // expert-parallel ranks: E/ep experts each, rows from ep ranks
     int zero;                  // effective ZeRO stage (0 with one replica)
     double M;                  // microbatches per replica and step
+    double tree_buffers;       // partial gradient buffers a replica's token tree makes in a step
+                               // (TreeAccumulator; core/parallel/data/token_tree.h)
     double B, micro_B, local_B, VB;
     bool recompute, microbatch_major, eval;
     std::string schedule;

@@ -52,7 +52,7 @@ void DataParallel::estimate(const MemorySizes& s, const StageParams& p, const Me
     t.weights += s.zero == 3 && units ? kF * (P / s.dp + 2 * unit * g.ranks) : kF * P;
     t.gradients += s.zero >= 2 && units
                        ? kF * (P / s.dp + 2 * unit * g.ranks)
-                       : kF * P * (1 + (s.M > 1 ? std::ceil(std::log2(s.M)) : 0));
+                       : kF * P * (1 + s.v * s.tree_buffers);  // a token tree per chunk
     t.moments += 2 * kF * P / (s.zero >= 1 ? s.dp / s.ep : 1);
     // the batch: windows, inputs, targets, losses, every token's loss, the replicas' gathered
     const double BT = s.B * s.T;
