@@ -64,8 +64,8 @@ struct StepHooks {
     // norm given (> 0) joins train.grad_clip.
     std::function<UpdateChoice(i64 step, const StepMetrics& m)> judge;
     std::function<void(i64 step)> updated;  // after the update: the weights of the step are final
-    // Around each compute action of the rank's schedule (the forward or the backward of one
-    // microbatch and chunk, core/parallel/pipeline/schedule.h): done = false just before it, true
+    // Around each compute action of the rank's schedule (the forward or the backward, or under a
+    // zero-bubble schedule the B or the W, of one microbatch and chunk, core/parallel/pipeline/schedule.h): done = false just before it, true
     // just after it. A tracer measures the stage's work with it (the workbench's pipeline
     // timeline).
     std::function<void(i64 step, const Action& a, bool done)> compute;

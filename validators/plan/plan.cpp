@@ -45,15 +45,9 @@ std::vector<int> microbatch_counts(i64 local_B, int pp) {
     return out;
 }
 
-// Every kind the schedule module offers, by its names: a new kind appears here by itself.
+// Every kind the schedule module offers: a new kind appears here by itself.
 std::vector<ScheduleKind> schedule_kinds() {
-    std::vector<ScheduleKind> kinds;
-    for (int k = 0; k < 256; k++) {
-        const auto kind = static_cast<ScheduleKind>(k);
-        if (std::string(schedule_name(kind)) == "?") break;
-        kinds.push_back(kind);
-    }
-    return kinds;
+    return {std::begin(kScheduleKinds), std::end(kScheduleKinds)};
 }
 
 double time_of(const Candidate& c) { return c.time.step; }
@@ -112,8 +106,11 @@ Plan plan_layouts(const Config& base, const ClusterSpec& cl, const PlanOptions& 
                             for (ScheduleKind kind : kinds) {
                                 if (pp == 1 && kind != kinds.front()) break;  // no pipeline
                                 std::vector<int> vs{1};
+                                // interleaved: several chunks; zbv sets its two itself
                                 for (int v : divisors(mc.layers / pp))
-                                    if (v >= 2 && v <= 8 && pp > 1) vs.push_back(v);
+                                    if (v >= 2 && v <= 8 && pp > 1 &&
+                                        kind == ScheduleKind::interleaved)
+                                        vs.push_back(v);
                                 for (int v : vs)
                                     for (const char* rc : {"none", "full"}) {
                                         Config c = base;

@@ -113,9 +113,10 @@ SimOptions sim_options(double forward_s, double backward_s, double weight_s, int
         return std::max(least, static_cast<int>(std::lround(s / slot)));
     };
     o.forward_slots = slots(forward_s, 1);
-    // Schedules that split the backward take the weight-gradient pass apart (weight_slots); the
-    // others run it inside each backward.
-    o.backward_slots = slots(backward_s + weight_s, 1);
+    // B and W apart (weight_slots): a schedule that splits the backward runs W as its own
+    // action, the others run both in each backward.
+    o.backward_slots = slots(backward_s, 1);
+    o.weight_slots = weight_s > 0 ? slots(weight_s, 1) : 0;
     return o;
 }
 
@@ -196,7 +197,9 @@ Candidate predict(const Config& cfg, const ClusterSpec& cl, const ModelFlops& f)
 
     double pipeline = chunks * (Fs + Bs);
     if (l.pp > 1) {
-        const SimOptions so = sim_options(Fs, Bs, 0);
+        // W, the weight gradients, is half a backward's matmul FLOPs (no recompute in it).
+        const double Ws = (B - recompute_f) / 2;
+        const SimOptions so = sim_options(Fs, Bs - Ws, Ws);
         const SimResult r = check_schedule(*schedule_of(l), so);
         if (!r.ok()) throw Error("the planner's schedule simulation failed: " + r.problem);
         pipeline = double(r.makespan) * Fs / so.forward_slots;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 namespace px {
 
@@ -23,15 +25,20 @@ double sets_in_flight(const MemorySizes& s) {
     if (s.pp == 1) return 1;
     if (s.schedule == "gpipe") return s.M;
     if (s.schedule == "interleaved") return std::min(s.M, 2 * s.pp);
-    if (s.schedule == "zbv") {
-        const SimResult r = check_schedule(zbv(static_cast<int>(s.pp), static_cast<int>(s.M)));
+    if (s.schedule == "zbv") {  // cached: the planner asks for many layouts of one shape
+        static std::mutex mu;
+        static std::map<std::pair<int, int>, double> known;
+        const std::pair<int, int> key{static_cast<int>(s.pp), static_cast<int>(s.M)};
+        std::lock_guard<std::mutex> lock(mu);
+        if (const auto it = known.find(key); it != known.end()) return it->second;
+        const SimResult r = check_schedule(zbv(key.first, key.second));
         double most = 0;
         for (const std::vector<int>& chunks : r.peak_chunk_in_flight) {
             double sets = 0;
             for (const int c : chunks) sets += c;
             most = std::max(most, sets / 2);
         }
-        return most;
+        return known[key] = most;
     }
     return std::min(s.M, s.pp);
 }
