@@ -371,6 +371,46 @@ TEST_CASE("Job controller: a run steps, pauses, and its pipeline timeline is mea
     CHECK_THROWS_AS(job.start(bad, true), ConfigError);
 }
 
+TEST_CASE("Job controller: a zero-bubble pipeline's timeline measures B and W apart", "[gui]") {
+    Config c = small_job();
+    c.train.steps = 2;
+    c.layout.pp = 2;
+    c.layout.microbatches = 2;
+    c.layout.schedule = "zb-h1";
+    JobController job;
+    job.start(c, true);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (job.status() != JobStatus::finished &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120)) {
+        job.poll();
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    REQUIRE(job.status() == JobStatus::finished);
+    REQUIRE(job.trace());
+    const Timeline tl = measured_timeline(job.trace()->mesh(), job.trace()->last_steps());
+    INFO(tl.problem);
+    REQUIRE(tl.problem.empty());
+    std::map<std::pair<int, std::string>, TimelineBar> span;  // (lane, "W0") -> its bar
+    for (const TimelineBar& b : tl.bars)
+        if (b.kind == TimelineBar::forward || b.kind == TimelineBar::backward ||
+            b.kind == TimelineBar::weight) {
+            CHECK(b.t1 > b.t0);
+            CHECK(span.emplace(std::make_pair(b.lane, b.label), b).second);
+        }
+    CHECK(span.size() == 12);  // 2 stages × 2 microbatches × F, B and W
+    for (int lane = 0; lane < 2; lane++)
+        for (const char* m : {"0", "1"}) {
+            const TimelineBar& b = span[{lane, std::string("B") + m}];
+            const TimelineBar& w = span[{lane, std::string("W") + m}];
+            CHECK(b.kind == TimelineBar::backward);
+            CHECK(w.kind == TimelineBar::weight);
+            CHECK(b.t1 <= w.t0);  // W after its B
+        }
+    // The last stage sends B0's gradient back before its W0 runs (the point of the split).
+    CHECK(span[{1, "B0"}].t1 <= span[{0, "B0"}].t0);
+    CHECK(span[{1, "B1"}].t1 <= span[{1, "W0"}].t0);
+}
+
 TEST_CASE("Job controller: pp = 1 measures each rank's forward, backward and collectives",
           "[gui]") {
     Config c = small_job();
