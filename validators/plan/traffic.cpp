@@ -200,7 +200,7 @@ std::vector<PlannedOp> step_traffic(const Config& cfg, const Coord& at) {
         shards = std::make_unique<tp::TpShards>(tp::make_tp_shards(
             nx, mc.hidden, mc.heads, mc.ffn, mc.vocab, l.tp, mc.head_size(), mc.kv_head_count()));
     const Stage st = make_stage(mesh, mc, at, shards.get());
-    const bool last = at.pp == pp - 1;
+    const bool last = at.pp == l.last_stage_rank();  // zbv's V: rank 0
     int layers = 0;
     for (const LayerSpan& c : st.part.chunks) layers += c.size();
     const int zero_ranks = l.dp / l.ep;
@@ -361,7 +361,7 @@ std::vector<PlannedOp> step_traffic(const Config& cfg, const Coord& at) {
             }
         }
     }
-    if (pp > 1 && st.part.head_region()) {
+    if (pp > 1 && st.part.head_region() && l.last_stage_rank() != 0) {  // zbv adds them locally
         const i64 n = st.table.entries[static_cast<size_t>(st.table.wte)].numel();
         b.add("pp", pp, at.pp, request(comm::Op::send, n), 1, Phase::update,
               "tied embedding gradient to the other end of the pipeline");
@@ -422,7 +422,7 @@ std::vector<PlannedOp> step_traffic(const Config& cfg, const Coord& at) {
     }
     if (pp > 1) {
         comm::Request r = request(comm::Op::broadcast, 1, comm::Dtype::f64);
-        r.peer = pp - 1;  // the root: the last stage
+        r.peer = l.last_stage_rank();  // the root: the last stage
         b.add("pp", pp, at.pp, r, 1, Phase::update, "the step's loss from the last stage");
     }
 

@@ -35,7 +35,7 @@ double sets_in_flight(const MemorySizes& s) {
         double most = 0;
         for (const std::vector<int>& chunks : r.peak_chunk_in_flight) {
             double sets = 0;
-            for (const int c : chunks) sets += c;
+            for (const int c : chunks) sets += c + 1.0;  // + a set whose message is in flight
             most = std::max(most, sets / 2);
         }
         return known[key] = most;
