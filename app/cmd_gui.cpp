@@ -4,7 +4,7 @@
 // parallax gui --measure [--steps N] [CONFIG]                frame time and step-time slowdown
 // --open FILE (a run.h5, a validate.json, a compare report, a golden trace) and --compare REF RUN
 // (two traces, op by op; one alone: its probes) show in the panels at the start, in the window
-// and in its screenshots.
+// and in its screenshots; --cluster FILE and --calibrate RUN.h5 are the plan panel's inputs.
 // The window, its panels and its models are in app/gui/ (workbench.h).
 #include "app/commands.h"
 #include "app/gui/workbench.h"
@@ -28,6 +28,8 @@ struct GuiOptions {
     std::vector<std::string> sets;
     std::string open_path;
     std::vector<std::string> compare;  // REF RUN, or one trace alone
+    std::string cluster;               // the plan panel's cluster file
+    std::vector<std::string> calibrate;  // and the run files it calibrates from
 };
 
 int run_gui(const GuiOptions& opt) {
@@ -45,6 +47,9 @@ int run_gui(const GuiOptions& opt) {
     w.open_path = opt.open_path;
     if (!opt.compare.empty()) w.compare_reference = opt.compare[0];
     if (opt.compare.size() == 2) w.compare_run = opt.compare[1];
+    w.plan_cluster = opt.cluster;
+    for (const std::string& f : opt.calibrate)
+        w.plan_calibrate += (w.plan_calibrate.empty() ? "" : ",") + f;
     w.measure = opt.measure;
     // Screenshots without --steps wait for the job to end.
     w.steps = opt.steps > 0 ? opt.steps : cfg.train.steps;
@@ -88,6 +93,14 @@ std::function<int()> add_gui_command(CLI::App& app) {
                     "instead of the layout check)")
         ->expected(1, 2)
         ->type_name("REF.h5 [RUN.h5]")
+        ->check(CLI::ExistingFile);
+    sub->add_option("--cluster", opt->cluster,
+                    "The plan panel's cluster file (default: examples/clusters/cpu-inprocess.toml "
+                    "beside the working directory or this program; with --screenshot: the plan "
+                    "of the job's world size on it)")
+        ->check(CLI::ExistingFile);
+    sub->add_option("--calibrate", opt->calibrate,
+                    "Run files (.h5) the plan panel fits the cluster's figures to first")
         ->check(CLI::ExistingFile);
     sub->add_flag("--measure", opt->measure,
                   "Print the frame time with the job running and the job's step time with the "

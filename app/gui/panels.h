@@ -7,7 +7,8 @@
 // Index
 //   UiRects                where named widgets were drawn (the state line reports them)
 //   RunData                what every panel reads this frame
-//   JobPanelState .. NumericsPanelState   each panel's own state (RouterPanelState: MoE)
+//   JobPanelState .. NumericsPanelState   each panel's own state (RouterPanelState: MoE,
+//                          PlanPanelState: the layout planner)
 //   draw_*_panel           the panels
 //   empty_state            the one-line sentence of a panel without data
 #pragma once
@@ -20,9 +21,12 @@
 #include "views/job_controller.h"
 #include "views/layout_check.h"
 #include "views/layout_explorer.h"
+#include "views/plan_view.h"
 #include "views/router_view.h"
 #include "views/spike_model.h"
 #include "views/teaching.h"
+
+#include <nlohmann/json_fwd.hpp>
 
 #include <map>
 #include <string>
@@ -121,6 +125,31 @@ struct RouterPanelState {
     plot::PlotView drop_view, balance_view, entropy_view, loss_view;
 };
 void draw_router_panel(const RunData& d, RouterPanelState& s);
+
+// The layout planner for the job's config, and the job's layout predicted beside the run.
+struct PlanPanelState {
+    Planner* planner = nullptr;
+    std::vector<std::string> clusters;  // examples/clusters/*.toml found (the combo's entries)
+    std::string cluster;                // the cluster file planned with (the combo sets it)
+    int gpus = 0;                       // devices; 0 until drawn: the config's world size
+    std::string calibrate;              // run files, comma-separated; empty: the file's figures
+    bool plan_requested = false;
+    PlanOutcome outcome;  // the planner's latest
+    std::uint64_t seen = 0;
+    PlanComparison comparison;  // the job's layout beside its run, remade as steps go by
+    i64 compared_steps = -1;
+    std::string compared_source;
+};
+void draw_plan_panel(const RunData& d, PlanPanelState& s);
+// The cluster files found beside the working directory or the executable; `cluster` (else
+// cpu-inprocess.toml) chosen, `calibrate` the run files.
+void init_plan_panel(PlanPanelState& s, Planner* planner, const std::string& cluster,
+                     const std::string& calibrate);
+// What Plan asks the planner for: the config, the devices, the cluster, the run files.
+PlanRequest plan_request(const PlanPanelState& s, const Config& config);
+// The panel for the state line (F12): the planner's outcome, its rows and the comparison; its
+// inputs into `fields` (plan_gpus, plan_cluster, plan_calibrate).
+nlohmann::json plan_state(const PlanPanelState& s, nlohmann::json& fields);
 
 struct EventsPanelState {};
 void draw_events_panel(const RunData& d, EventsPanelState& s);

@@ -45,6 +45,7 @@ enum class Panel {
     layout_check,
     pipeline,
     memory,
+    plan,
     fp8,
     router,
     events,
@@ -63,6 +64,7 @@ constexpr PanelInfo kPanels[] = {
     {Panel::layout_check, "layout_check", "Layout check"},
     {Panel::pipeline, "pipeline", "Pipeline"},
     {Panel::memory, "memory", "Memory & comm"},
+    {Panel::plan, "plan", "Plan"},
     {Panel::fp8, "fp8", "FP8 & spikes"},
     {Panel::router, "router", "Router (MoE)"},
     {Panel::events, "events", "Events"},
@@ -84,6 +86,8 @@ public:
     JobController& job() { return job_; }
     LayoutCheck& check() { return check_; }
     LayoutExplorer& explorer() { return explorer_; }
+    Planner& planner() { return planner_; }
+    PlanPanelState& plan_panel() { return plan_s_; }
     const RunData& data() const { return data_; }
     LayoutCheckPanelState& check_panel() { return check_s_; }
     const std::string& open_message() const { return job_s_.message; }
@@ -108,6 +112,7 @@ private:
     JobController job_;
     LayoutCheck check_;
     LayoutExplorer explorer_;
+    Planner planner_;
     RunData data_;
     UiRects rects_;
     bool opened_file_ = false;  // the panels show an opened run file, not the job
@@ -116,6 +121,7 @@ private:
     LayoutCheckPanelState check_s_;
     PipelinePanelState pipe_s_;
     MemoryPanelState mem_s_;
+    PlanPanelState plan_s_;
     Fp8PanelState fp8_s_;
     RouterPanelState router_s_;
     EventsPanelState events_s_;
@@ -187,6 +193,7 @@ Workbench::Workbench(const WorkbenchOptions& opt) : opt_(opt) {
     job_s_.job = &job_;
     check_s_.check = &check_;
     expl_s_.explorer = &explorer_;
+    init_plan_panel(plan_s_, &planner_, opt.plan_cluster, opt.plan_calibrate);
     data_.config = opt.config;
     data_.source = "live job";
     data_.rects = &rects_;
@@ -325,6 +332,9 @@ void Workbench::draw_panel(Panel p) {
         case Panel::memory:
             draw_memory_panel(data_, mem_s_);
             break;
+        case Panel::plan:
+            draw_plan_panel(data_, plan_s_);
+            break;
         case Panel::fp8:
             draw_fp8_panel(data_, fp8_s_);
             break;
@@ -377,6 +387,10 @@ void Workbench::act() {
         case JobAction::open:
             open_file(job_s_.open_path);
             break;
+    }
+    if (plan_s_.plan_requested) {
+        plan_s_.plan_requested = false;
+        planner_.start(plan_request(plan_s_, current_config()));
     }
     if (check_s_.compare_requested) {
         check_s_.compare_requested = false;
@@ -467,6 +481,7 @@ void Workbench::print_state() {
     fields["run_trace"] = check_s_.run_trace;
     fields["explorer_tp"] = std::to_string(expl_s_.picks.tp);
     fields["explorer_block"] = std::to_string(expl_s_.picks.block);
+    j["plan"] = plan_state(plan_s_, fields);
     j["fields"] = fields;
     // What the panels hold: the layout check's grids, the FP8 rows, the spike evidence, memory.
     const CheckView cv = check_s_.from_file ? check_s_.view : check_.view();
@@ -658,7 +673,7 @@ public:
         if (wb.input_) settle_ = 3;
         const bool busy = wb.job().status() == JobStatus::running ||
                           wb.job().status() == JobStatus::starting || wb.check().busy() ||
-                          wb.explorer().busy();
+                          wb.explorer().busy() || wb.planner().busy();
         // While the job runs, a frame takes at most a tenth of a core: software OpenGL
         // (llvmpipe) draws a frame in tens of ms, and a core it holds is one the job's OpenMP
         // threads wait for at their barriers (the job must never wait on a frame).
@@ -702,6 +717,7 @@ int screenshots(const WorkbenchOptions& opt) {
     wb.check_panel().steps = static_cast<int>(std::min<i64>(steps, 20));
     const bool files = !opt.open_path.empty() || !opt.compare_reference.empty();
     if (!files) wb.check().start(opt.config, opt.check_layouts, wb.check_panel().steps);
+    wb.plan_panel().plan_requested = true;  // the job's world size on the cluster (--cluster)
     const auto t0 = Clock::now();
     while (true) {
         const auto f0 = Clock::now();
@@ -713,7 +729,8 @@ int screenshots(const WorkbenchOptions& opt) {
         const bool job_done = st == JobStatus::failed ||
                               (steps >= opt.config.train.steps ? st == JobStatus::finished
                                                                : at_steps);
-        if (job_done && !wb.check().busy() && !wb.explorer().busy()) break;
+        if (job_done && !wb.check().busy() && !wb.explorer().busy() && !wb.planner().busy())
+            break;
         if (ms_since(t0) > 600e3)
             throw Error("the screenshot run did not finish within 10 minutes");
         pace(f0);

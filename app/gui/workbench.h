@@ -10,7 +10,8 @@
 //   interactive   until the window closes. F12 prints one JSON state line on stdout (status,
 //                 steps, what the panels show, editor errors, where the named widgets are), so
 //                 a test can drive the window with real input events (xdotool) and observe it.
-//   screenshot    runs the job `steps` steps, a layout check and the layout explorer, renders
+//   screenshot    runs the job `steps` steps, a layout check, the layout explorer and a plan of
+//                 the job's world size (the plan panel's cluster file), renders
 //                 every panel alone and writes DIR/<panel>.png, then exits. A file to open or
 //                 two traces to compare replace the layout check (the panel shows them).
 //   measure       frame time with the job running, and the job's step time with the window
@@ -30,6 +31,7 @@ struct WorkbenchOptions {
     std::string check_layouts = "dp2";  // screenshot mode: the layout check's layouts
     std::string open_path;              // opened at the start, as the job bar's Open does
     std::string compare_reference, compare_run;  // compared at the start (the panel's Compare)
+    std::string plan_cluster, plan_calibrate;    // the plan panel's cluster file and run files
     bool measure = false;                        // measure mode
     i64 measure_steps = 30;                      // measure mode: steps per run
     int width = 1600, height = 1000;

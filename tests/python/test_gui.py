@@ -50,7 +50,7 @@ block = 16
 run_file = false
 """
 
-PANELS = ["loss", "layout_check", "pipeline", "memory", "fp8", "router", "events",
+PANELS = ["loss", "layout_check", "pipeline", "memory", "plan", "fp8", "router", "events",
           "layout_explorer", "schedule", "numerics"]
 # Panels that draw a plot: (its region as fractions of the image: x0, y0, x1, y1), the least
 # number of strongly coloured pixels in it, and the least number of distinct colours overall.
@@ -645,3 +645,85 @@ def test_a_dense_job_until_experts_are_set(display, config):
         assert "explorer_ep" in s["rects"] and s["editor_errors"] == {}
     finally:
         w.close()
+
+
+# The tiny job on two data-parallel ranks, no evaluation: its last step's collectives are the
+# step's own, which the planner predicts byte for byte.
+DP2 = TINY.replace("eval_every = 5", "eval_every = 0") + "[layout]\ndp = 2\n"
+CPU_CLUSTER = os.path.join(EXAMPLES, "clusters", "cpu-inprocess.toml")
+
+
+@pytest.fixture(scope="module")
+def dp2_config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gui_plan") / "tiny-dp2.toml"
+    path.write_text(DP2)
+    return str(path)
+
+
+def test_the_plan_panel_ranks_layouts_and_meets_the_run(display, dp2_config):
+    """The Plan tab of a dp2 job: the devices field holds the job's world size, the cluster the
+    in-process CPU ranks' file found beside the tree; Plan ranks the layouts, the fittest first.
+    Then the job runs, and its own layout's prediction stands beside its measurements: memory per
+    rank, step time, rank 0's bytes sent and the dp group's bytes per step, the last two equal."""
+    w = Window(display, dp2_config)
+    try:
+        w.click("tab:plan")
+        s = w.state()
+        assert s["fields"]["plan_gpus"] == "2", s["fields"]
+        assert s["fields"]["plan_cluster"].endswith("cpu-inprocess.toml"), s["fields"]
+        assert any(c.endswith("a100-ib200.toml") for c in s["plan"]["clusters"]), s["plan"]
+        assert not s["plan"]["ready"]
+        w.click("plan_button", s)
+        s = w.wait_for(lambda s: s["plan"]["ready"] and not s["plan"]["busy"])
+        p = s["plan"]
+        assert p["error"] == "" and p["gpus"] == 2 and p["candidates"] >= 10, p
+        rows = p["rows"]
+        assert rows[0]["fits"] and rows[0]["memory_bytes"] < p["usable_bytes"], rows[0]
+        steps = [r["step_s"] for r in rows if r["fits"]]
+        # fastest first (ties within 1e-6 go to the one that computes less)
+        assert all(a <= b * (1 + 1e-6) for a, b in zip(steps, steps[1:])) and steps[0] > 0, steps
+        assert "plan_table" in s["rects"] and "plan_comparison" not in s["rects"]
+
+        w.click("start", s)
+        s = w.wait_for(lambda s: s["steps_done"] >= 6 and s["plan"]["comparison"]["steps"] >= 6,
+                       timeout=120)
+        c = s["plan"]["comparison"]
+        assert c["error"] == "" and c["layout"] == "dp2 m1", c
+        rows = {r["what"]: r for r in c["rows"]}
+        mem = rows["memory per rank (largest)"]
+        assert 0.5 < mem["measured"] / mem["predicted"] < 2, mem
+        step = next(r for k, r in rows.items() if k.startswith("step time"))
+        assert step["measured"] > 0 and step["predicted"] > 0, step
+        sent = rows["comm sent per step, rank 0"]
+        assert sent["measured"] == sent["predicted"] > 0, sent
+        dp = next(r for k, r in rows.items() if k.startswith("comm dp "))
+        assert dp["measured"] == dp["predicted"] > 0, dp
+        assert "plan_comparison" in s["rects"]
+    finally:
+        w.close()
+
+
+def test_the_plan_panel_screenshot(display, dp2_config, tmp_path):
+    """`parallax gui --screenshot DIR --steps 6 --cluster cpu-inprocess.toml`: the plan panel
+    shows its ranked table (rows of text down the panel) and, under it, the job's layout beside
+    its measurements (text in the lower half too), with the job's row highlighted in blue."""
+    folder = tmp_path / "shots"
+    r = subprocess.run([EXE, "gui", "--screenshot", str(folder), "--steps", "6", dp2_config,
+                        "--out", str(folder / "run"), "--cluster", CPU_CLUSTER],
+                       env=display, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    img = np.asarray(Image.open(folder / "plan.png").convert("RGB")).astype(np.int32)
+    assert img.shape[0] >= 600 and img.shape[1] >= 800
+
+    def text_rows(frac):  # pixel rows of a region that hold light text
+        g = region(img, frac)
+        return int(((g.min(axis=2) > 150).sum(axis=1) > 3).sum())
+
+    table = (0.0, 0.10, 1.0, 0.55)
+    assert text_rows(table) > 150, text_rows(table)  # a table: many lines of text, not one
+    light = int((region(img, table).min(axis=2) > 150).sum())
+    assert light > 5000, light
+    assert text_rows((0.0, 0.60, 1.0, 0.95)) > 40  # the comparison under it
+    blue = region(img, table)
+    job_row = int(((np.abs(blue - np.array([40, 80, 130])).sum(axis=2) < 10)).sum())
+    assert job_row > 2000, f"the job's row is not highlighted ({job_row} pixels)"

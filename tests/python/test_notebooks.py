@@ -23,7 +23,7 @@ def test_there_are_notebooks():
     assert [p.stem for p in NOTEBOOKS] == ["01_parallelism_tour", "02_why_bits_differ",
                                            "03_layout_validation", "04_precision_and_spikes",
                                            "05_mixture_of_experts", "06_llama_and_gqa",
-                                           "07_check_your_pytorch_layout"]
+                                           "07_check_your_pytorch_layout", "08_plan_a_layout"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -79,3 +79,30 @@ def test_python_plan_gives_the_candidates():
                      for x in c)
     # ranked by step time; times within a millionth are a tie, broken by compute, then memory
     assert c[0]["fits"] and c[0]["time_s"]["step"] <= c[1]["time_s"]["step"] * (1 + 1e-6)
+
+
+def test_python_plan_pins_degrees_and_meets_a_run(tmp_path):
+    """only_tp/only_pp/only_cp restrict the search; predicted_vs_measured puts a dp2 run's own
+    layout beside its run file: rank 0's bytes per step equal, the step time measured, and the
+    calibrated prediction nearer the measured step than the file's."""
+    parallax = pytest.importorskip("parallax")
+    pinned = parallax.plan(TINY, gpus=4, cluster=CPU, only_tp=[2], only_pp=[1], only_cp=[1],
+                           numerics={"block": 32})
+    assert pinned and all(c["tp"] == 2 and c["pp"] == 1 and c["cp"] == 1 for c in pinned)
+    out = tmp_path / "run"
+    r = run("train", TINY, "--out", str(out), "--set", "train.steps=6", "--set", "layout.dp=2",
+            "--set", "train.eval_every=0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_file = str(out / "run.h5")
+    pv = parallax.predicted_vs_measured(run_file, cluster=CPU, calibrate=[run_file])
+    assert pv["layout"] == "dp2 m1" and pv["steps"] == 6, pv
+    rows = {x["what"]: x for x in pv["rows"]}
+    sent = rows["comm sent per step, rank 0"]
+    assert sent["measured"] == sent["predicted"] > 0, sent
+    before = next(x for k, x in rows.items() if k.startswith("step time (in-process"))
+    after = rows["step time (calibrated)"]
+    assert after["measured"] == before["measured"] > 0
+    assert abs(after["predicted"] / after["measured"] - 1) < 1e-3  # fitted on this very run
+    assert rows["memory, rank 0"]["measured"] > 0
+    with pytest.raises(parallax.ConfigError, match="no/such.toml"):
+        parallax.predicted_vs_measured(run_file, cluster="no/such.toml")

@@ -3,10 +3,12 @@
 // Ulysses), ep, tp with sequence parallelism, dp with ZeRO-3 and pp with four microbatches; the
 // layout explorer's picks follow the job bar's fields until the person picks their own; a block
 // that several ranks hold whole is one replicated block, not pieces of it; the attention heads
-// on the tp ranks (query heads split, KV heads split or whole) are the rows the ranks hold.
+// on the tp ranks (query heads split, KV heads split or whole) are the rows the ranks hold; the
+// plan view ranks a plan's rows, and a run's measured bytes per group are its predicted ones.
 #include "views/config_editor.h"
 #include "views/job_controller.h"
 #include "views/layout_explorer.h"
+#include "views/plan_view.h"
 #include "tests/support/test_util.h"
 
 #include <chrono>
@@ -307,4 +309,78 @@ TEST_CASE("head_layout agrees with the rows of q_proj and k_proj the explored ra
             CHECK(checked == 3 * 2 * 2 * tp);  // q, k, v of 2 layers on 2·tp ranks
         }
     }
+}
+
+TEST_CASE("the plan view: a job's measured bytes per group are its layout's predicted ones") {
+    const plan::ClusterSpec cluster = plan::load_cluster("examples/clusters/cpu-inprocess.toml");
+    Config base = with_tp_shapes(small_job());
+    base.train.steps = 3;
+    base.train.threads = 1;
+    base.train.eval_every = 0;  // the last step's collectives are the step's own
+    std::vector<Case> cases;
+    Config c = base;
+    c.layout.dp = 2;
+    c.layout.zero = 1;
+    cases.push_back({"dp2 zero1", c});
+    c = base;
+    c.layout.tp = 2;
+    cases.push_back({"tp2", c});
+    c = base;
+    c.layout.pp = 2;
+    c.layout.microbatches = 2;
+    cases.push_back({"pp2", c});
+    for (const Case& k : cases) {
+        DYNAMIC_SECTION(k.name) {
+            JobController job;
+            run_paused(job, k.cfg, 3);
+            RunSnapshot s;
+            job.update(s);
+            const MeasuredRun m = measured_run(s, job.trace());
+            CHECK(m.memory.size() == 2);
+            CHECK(m.step_s > 0);
+            const PlanComparison cmp = compare_with_run(k.cfg, cluster, nullptr, m);
+            REQUIRE(cmp.error.empty());
+            CHECK(cmp.layout.find(k.name) != std::string::npos);
+            int groups = 0;
+            for (const PlanComparisonRow& r : cmp.rows) {
+                INFO(r.what);
+                if (r.what.rfind("memory", 0) == 0) CHECK((r.ratio() > 0.5 && r.ratio() < 2));
+                if (r.what.rfind("comm ", 0) == 0 && r.measured >= 0) {
+                    CHECK(r.measured == r.predicted);
+                    groups += r.what.rfind("comm sent", 0) != 0;
+                }
+            }
+            CHECK(groups >= 1);
+        }
+    }
+}
+
+TEST_CASE("the plan view: ranked rows, their largest terms, the cluster files, errors by name") {
+    CHECK(default_cluster(cluster_files({"."})).ends_with("examples/clusters/cpu-inprocess.toml"));
+    PlanRequest req;
+    req.config = with_tp_shapes(small_job());
+    req.gpus = 4;
+    req.cluster = "examples/clusters/cpu-inprocess.toml";
+    const PlanOutcome o = make_plan(req);
+    REQUIRE(o.error.empty());
+    REQUIRE(o.plan.fitting > 1);
+    for (int i = 0; i + 1 < o.plan.fitting; i++)  // ties (within 1e-6) go to the one computing less
+        CHECK(o.plan.candidates[i].time.step <= o.plan.candidates[i + 1].time.step * (1 + 1e-6));
+    const plan::TimeTerms& t = o.plan.candidates.front().time;
+    const std::vector<TermShare> top = top_terms(t, 3);
+    REQUIRE(!top.empty());
+    double sum = 0;
+    for (size_t i = 0; i < top.size(); i++) {
+        sum += top[i].seconds;
+        if (i) CHECK(top[i - 1].seconds >= top[i].seconds);
+    }
+    CHECK(sum <= t.step * (1 + 1e-12));
+    req.cluster = "no/such/cluster.toml";
+    CHECK(make_plan(req).error.find("no/such/cluster.toml") != std::string::npos);
+    Planner planner;  // the same on a thread
+    req.cluster = "examples/clusters/cpu-inprocess.toml";
+    planner.start(req);
+    for (int i = 0; i < 6000 && (planner.busy() || planner.version() == 0); i++)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CHECK(planner.outcome().plan.candidates.size() == o.plan.candidates.size());
 }

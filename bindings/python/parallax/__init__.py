@@ -13,6 +13,7 @@ device's bits.
                   Hugging Face)
   read_run_file   the metrics, events and FP8 drift monitor rows of a run file
   plan            layouts for N devices of a cluster file, ranked by predicted step time
+  predicted_vs_measured   a run file's own layout predicted beside what it measured
   cast, fp8_cast  the library's casts: bf16 and fp8 arrays as ml_dtypes dtypes, fp8 codes and
                   scales
 Errors are parallax.ParallaxError subclasses (ConfigError is also a ValueError) carrying the
@@ -29,7 +30,7 @@ from parallax._config import Config, config_keys, default_config_toml
 from parallax._files import convert, inspect_checkpoint, read_checkpoint, read_run_file
 from parallax._job import Job
 from parallax._layouts import Schedule, explore_layout, layout, schedule
-from parallax._plan import plan
+from parallax._plan import plan, predicted_vs_measured
 from parallax._numerics import (canonical_dot, canonical_sum, cast, fp8_cast, numpy_dtype,
                                 tree_nodes, tree_split, tree_sum)
 from parallax._validation import (AxisResult, Comparison, LayoutResult, Trace, ValidationReport,
@@ -43,6 +44,6 @@ __all__ = [
     "ParallaxError", "RankIndexError", "Schedule", "StorageError", "Trace", "ValidationReport",
     "canonical_dot", "canonical_sum", "cast", "compare", "config_keys", "convert",
     "default_config_toml", "explore_layout", "fp8_cast", "inspect_checkpoint", "layout",
-    "numpy_dtype", "plan", "read_checkpoint", "read_run_file", "record_trace", "schedule",
+    "numpy_dtype", "plan", "predicted_vs_measured", "read_checkpoint", "read_run_file", "record_trace", "schedule",
     "tree_nodes", "tree_split", "tree_sum", "validate",
 ]
