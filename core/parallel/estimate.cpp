@@ -27,6 +27,9 @@ double tree_buffers(const Config& c, double M) {
     if (c.layout.cp > 1 || dp < 1 || m < 1 || blk < 1 || B % (dp * m) != 0) return nodes_formula;
     const i64 mbs = B / (dp * m), N = B * T, nb = num_blocks(N, blk);
     if ((mbs * T) % blk != 0) return nodes_formula;  // make_layout refuses it
+    // Too many microbatches to run the accumulator on (it walks each one's nodes): the formula,
+    // which counts a node per level (the shape of every layout whose ranges are nodes).
+    if (m > 4096) return nodes_formula;
     // Remembered per shape: the planner and check_memory's search ask again and again.
     static std::mutex mu;
     static std::map<std::array<i64, 5>, double> known;

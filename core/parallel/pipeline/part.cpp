@@ -25,6 +25,9 @@ double sets_in_flight(const MemorySizes& s) {
     if (s.pp == 1) return 1;
     if (s.schedule == "gpipe") return s.M;
     if (s.schedule == "interleaved") return std::min(s.M, 2 * s.pp);
+    // zbv: its list scheduler holds at most 2·pp chunk sets; past a few thousand microbatches
+    // the simulation would be long, and that bound (plus a set per chunk in flight) is the count.
+    if (s.schedule == "zbv" && s.M * s.pp > 65536) return std::min(s.M, s.pp) + 1;
     if (s.schedule == "zbv") {  // cached: the planner asks for many layouts of one shape
         static std::mutex mu;
         static std::map<std::pair<int, int>, double> known;
