@@ -66,6 +66,11 @@ const std::vector<KeyDef>& keys() {
          "true for ranks that are threads of one machine (in-process CPU ranks): the node's peak "
          "and memory are shared by the ranks on it (default false: each device has its own)",
          field(&ClusterSpec::ranks_share_node)},
+        {"cluster", "cores", Kind::integer, 0, 1 << 20, false, "int ≥ 0",
+         "with ranks_share_node: the cores the ranks share. A rank runs on one core while no more "
+         "ranks than cores can run; more ranks time-share them, and one waiting in the pipeline's "
+         "bubble lends its core to the others (default 0: a core per rank)",
+         field(&ClusterSpec::cores)},
         {"compute", "fp32", Kind::number, 0, 1e9, true, "float > 0",
          "peak dense fp32 TFLOP/s per device", field(&ClusterSpec::fp32_tflops)},
         {"compute", "bf16", Kind::number, -1, 1e9, false, "float ≥ 0",

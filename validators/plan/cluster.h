@@ -30,6 +30,9 @@ struct ClusterSpec {
     // In-process CPU ranks are threads on one machine: the node's peak and memory are shared by
     // its ranks.
     bool ranks_share_node = false;
+    // With ranks_share_node: the cores the ranks share (0: as many as the ranks). More ranks
+    // than cores time-share them, and a rank waiting in the pipeline's bubble lends its core.
+    int cores = 0;
     double fp32_tflops = 0, bf16_tflops = 0, fp16_tflops = 0, fp8_tflops = 0;  // 0: none
     double achievable = 0.5;  // fraction of the peak a step's matmuls reach
     double hbm_gib = 80;      // device memory

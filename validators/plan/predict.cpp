@@ -139,8 +139,13 @@ Candidate predict(const Config& cfg, const ClusterSpec& cl, const ModelFlops& f)
     const int N = l.world_size();
     const int sharing = cl.ranks_share_node ? std::min(N, cl.gpus_per_node) : 1;
     c.fits = e.total * sharing <= cl.usable_bytes();
+    // Ranks sharing `cores` cores: each runs on a core of its own while they suffice; beyond,
+    // the ranks' work takes crowd = N / cores times as long, but a stage idle in the bubble
+    // hands its core to the others (the pipeline's time is at least the work, not work + bubble).
+    const int cores = cl.ranks_share_node && cl.cores > 0 ? cl.cores : 0;
+    const double crowd = cores > 0 && N > cores ? double(N) / cores : 1;
     const std::string dtype = cfg.precision.fp8 != "off" ? "fp8" : cfg.precision.activations;
-    const double peak = peak_tflops(cl, dtype) * 1e12 / sharing;
+    const double peak = peak_tflops(cl, dtype) * 1e12 / (cores > 0 ? std::min(N, cores) : sharing);
     const double rate = peak * cl.achievable;
     const double tokens = double(l.microbatch_size()) * double(l.seq_len) / (l.tp * l.cp);
     const int S = l.num_stages(), v = l.virtual_stages, M = l.microbatches;
@@ -205,11 +210,13 @@ Candidate predict(const Config& cfg, const ClusterSpec& cl, const ModelFlops& f)
         pipeline = double(r.makespan) * Fs / so.forward_slots;
         c.schedule_bubble = r.bubble;
     }
+    const double busy = chunks * (Fs + Bs) * crowd;
+    if (crowd > 1) pipeline = std::max(pipeline, busy);
     TimeTerms& t = c.time;
-    t.compute = chunks * (F + B);
-    t.tp_comm = chunks * (tp_f + tp_b);
-    t.pp_comm = l.pp > 1 ? chunks * msg : 0;
-    t.bubble = std::max(0.0, pipeline - chunks * (Fs + Bs));
+    t.compute = chunks * (F + B) * crowd;
+    t.tp_comm = chunks * (tp_f + tp_b) * crowd;
+    t.pp_comm = l.pp > 1 ? chunks * msg * crowd : 0;
+    t.bubble = std::max(0.0, pipeline - busy);
     // The gradient reduction overlaps the last microbatch's backward, all but its last bucket
     // (a layer's gradients); under ZeroUnits each microbatch's units reduce under the next ones.
     const double stage_layers = std::max(1.0, chunk_layers * v);
