@@ -32,55 +32,31 @@ std::string plan_gib(double bytes) {
     return buf;
 }
 
-std::string plan_secs(double s) {
-    char buf[32];
-    if (s >= 1)
-        std::snprintf(buf, sizeof buf, "%.3g s", s);
-    else if (s >= 1e-3)
-        std::snprintf(buf, sizeof buf, "%.3g ms", s * 1e3);
-    else
-        std::snprintf(buf, sizeof buf, "%.3g us", s * 1e6);
-    return buf;
-}
-
-struct PlanTerm {
-    const char* name;
-    double plan::TimeTerms::*field;
-};
-constexpr PlanTerm kPlanTerms[] = {
-    {"compute", &plan::TimeTerms::compute},
-    {"tp comm", &plan::TimeTerms::tp_comm},
-    {"pp messages", &plan::TimeTerms::pp_comm},
-    {"bubble", &plan::TimeTerms::bubble},
-    {"dp reduction (exposed)", &plan::TimeTerms::dp_exposed},
-    {"ZeRO-3 gathers (exposed)", &plan::TimeTerms::gather_exposed},
-    {"update collectives", &plan::TimeTerms::update},
-    {"cp/ep traffic", &plan::TimeTerms::other},
-};
+using plan::format_seconds;
 
 // The best's largest terms beside the runner-up's, and the terms that differ most.
 std::string why_best(const plan::Candidate& a, const plan::Candidate& b) {
     std::string s = "why " + a.label() + " wins over the runner-up " + b.label() + ": step " +
-                    plan_secs(a.time.step) + " vs " + plan_secs(b.time.step) + "\n";
-    std::vector<const PlanTerm*> order;
-    for (const PlanTerm& t : kPlanTerms) order.push_back(&t);
-    std::sort(order.begin(), order.end(), [&](const PlanTerm* x, const PlanTerm* y) {
+                    format_seconds(a.time.step) + " vs " + format_seconds(b.time.step) + "\n";
+    std::vector<const plan::TimeTermName*> order;
+    for (const plan::TimeTermName& t : plan::kTimeTerms) order.push_back(&t);
+    std::sort(order.begin(), order.end(), [&](const plan::TimeTermName* x, const plan::TimeTermName* y) {
         return a.time.*(x->field) > a.time.*(y->field);
     });
     s += "  its largest terms:";
     for (size_t i = 0; i < 3 && i < order.size(); i++)
-        s += std::string(i ? "," : "") + " " + order[i]->name + " " + plan_secs(a.time.*(order[i]->field)) +
-             " (runner-up " + plan_secs(b.time.*(order[i]->field)) + ")";
+        s += std::string(i ? "," : "") + " " + order[i]->name + " " + format_seconds(a.time.*(order[i]->field)) +
+             " (runner-up " + format_seconds(b.time.*(order[i]->field)) + ")";
     s += "\n";
-    std::sort(order.begin(), order.end(), [&](const PlanTerm* x, const PlanTerm* y) {
+    std::sort(order.begin(), order.end(), [&](const plan::TimeTermName* x, const plan::TimeTermName* y) {
         return b.time.*(x->field) - a.time.*(x->field) > b.time.*(y->field) - a.time.*(y->field);
     });
     s += "  where it gains:";
     int n = 0;
-    for (const PlanTerm* t : order) {
+    for (const plan::TimeTermName* t : order) {
         const double d = b.time.*(t->field) - a.time.*(t->field);
         if (d <= 0 || n == 3) break;
-        s += std::string(n++ ? "," : "") + " " + t->name + " -" + plan_secs(d);
+        s += std::string(n++ ? "," : "") + " " + t->name + " -" + format_seconds(d);
     }
     if (n == 0) s += " nothing: it ties";
     s += "\n";
@@ -128,10 +104,10 @@ int run_plan(const PlanCmdOptions& opt) {
         const plan::Candidate& c = p.candidates[static_cast<size_t>(i)];
         const plan::TimeTerms& t = c.time;
         std::printf("%3d  %-42s %10s %10s %9s %9s %9s %9s %9s %5.1f%% %11.4g\n", i + 1,
-                    c.label().c_str(), plan_gib(c.memory_bytes).c_str(), plan_secs(t.step).c_str(),
-                    plan_secs(t.compute).c_str(), plan_secs(t.tp_comm).c_str(), plan_secs(t.bubble).c_str(),
-                    plan_secs(t.dp_exposed).c_str(),
-                    plan_secs(t.pp_comm + t.gather_exposed + t.update + t.other).c_str(), 100 * c.mfu,
+                    c.label().c_str(), plan_gib(c.memory_bytes).c_str(), format_seconds(t.step).c_str(),
+                    format_seconds(t.compute).c_str(), format_seconds(t.tp_comm).c_str(), format_seconds(t.bubble).c_str(),
+                    format_seconds(t.dp_exposed).c_str(),
+                    format_seconds(t.pp_comm + t.gather_exposed + t.update + t.other).c_str(), 100 * c.mfu,
                     c.tokens_per_s);
     }
     std::printf("\n");

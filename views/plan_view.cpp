@@ -17,21 +17,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Term {
-    const char* name;
-    double plan::TimeTerms::*field;
-};
-// The exposed terms, whose sum is the step (plan.h TimeTerms).
-constexpr Term kTerms[] = {
-    {"compute", &plan::TimeTerms::compute},
-    {"tp comm", &plan::TimeTerms::tp_comm},
-    {"pp messages", &plan::TimeTerms::pp_comm},
-    {"bubble", &plan::TimeTerms::bubble},
-    {"dp reduction (exposed)", &plan::TimeTerms::dp_exposed},
-    {"ZeRO-3 gathers (exposed)", &plan::TimeTerms::gather_exposed},
-    {"update collectives", &plan::TimeTerms::update},
-    {"cp/ep traffic", &plan::TimeTerms::other},
-};
 
 double median(std::vector<double> v) {
     if (v.empty()) return 0;
@@ -44,7 +29,7 @@ double median(std::vector<double> v) {
 
 std::vector<TermShare> top_terms(const plan::TimeTerms& t, int n) {
     std::vector<TermShare> all;
-    for (const Term& k : kTerms)
+    for (const plan::TimeTermName& k : plan::kTimeTerms)
         if (t.*(k.field) > 0) all.push_back({k.name, t.*(k.field)});
     std::stable_sort(all.begin(), all.end(),
                      [](const TermShare& a, const TermShare& b) { return a.seconds > b.seconds; });

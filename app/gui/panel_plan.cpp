@@ -23,20 +23,11 @@ namespace px::gui {
 
 namespace {
 
-std::string secs(double s) {
-    char buf[32];
-    if (s >= 1)
-        std::snprintf(buf, sizeof buf, "%.3g s", s);
-    else if (s >= 1e-3)
-        std::snprintf(buf, sizeof buf, "%.3g ms", s * 1e3);
-    else
-        std::snprintf(buf, sizeof buf, "%.3g us", s * 1e6);
-    return buf;
-}
+using plan::format_seconds;
 
 std::string value(const PlanComparisonRow& r, double v) {
     if (v < 0) return "-";
-    return r.unit == "seconds" ? secs(v) : format_bytes(v);
+    return r.unit == "seconds" ? format_seconds(v) : format_bytes(v);
 }
 
 // The config's world size: the devices the panel plans for until the person types another.
@@ -90,7 +81,7 @@ void plan_table(const RunData& d, const PlanOutcome& o, const std::string& job_l
                 ImGui::TextUnformatted("yes");
             else
                 ImGui::TextColored(ImVec4(1.0f, 0.45f, 0.4f, 1), "no");
-            cell(secs(c.time.step));
+            cell(format_seconds(c.time.step));
             ImGui::TableNextColumn();
             ImGui::Text("%.1f%%", 100 * c.mfu);
             ImGui::TableNextColumn();

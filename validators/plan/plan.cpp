@@ -54,6 +54,17 @@ double time_of(const Candidate& c) { return c.time.step; }
 
 }  // namespace
 
+std::string format_seconds(double s) {
+    char buf[32];
+    if (s >= 1)
+        std::snprintf(buf, sizeof buf, "%.3g s", s);
+    else if (s >= 1e-3)
+        std::snprintf(buf, sizeof buf, "%.3g ms", s * 1e3);
+    else
+        std::snprintf(buf, sizeof buf, "%.3g us", s * 1e6);
+    return buf;
+}
+
 std::string Candidate::label() const {
     std::string s = "dp" + std::to_string(dp);
     if (tp > 1) s += " tp" + std::to_string(tp);

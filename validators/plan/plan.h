@@ -54,6 +54,25 @@ struct TimeTerms {
     double step = 0;         // the sum of the exposed terms
 };
 
+// The exposed terms, whose sum is the step, with the names the plan shows them by.
+struct TimeTermName {
+    const char* name;
+    double TimeTerms::*field;
+};
+inline constexpr TimeTermName kTimeTerms[] = {
+    {"compute", &TimeTerms::compute},
+    {"tp comm", &TimeTerms::tp_comm},
+    {"pp messages", &TimeTerms::pp_comm},
+    {"bubble", &TimeTerms::bubble},
+    {"dp reduction (exposed)", &TimeTerms::dp_exposed},
+    {"ZeRO-3 gathers (exposed)", &TimeTerms::gather_exposed},
+    {"update collectives", &TimeTerms::update},
+    {"cp/ep traffic", &TimeTerms::other},
+};
+
+// A time as the plan prints it: "1.23 s", "45.6 ms", "789 us".
+std::string format_seconds(double s);
+
 struct Candidate {
     int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0, microbatches = 1, virtual_stages = 1;
     std::string schedule, recompute;  // names as the config writes them
